@@ -1,0 +1,113 @@
+"""Executions (one occurrence of a task), their audit events, and worker registrations.
+
+Status columns are written only by :mod:`executions.transitions`.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class ExecutionStatus(models.TextChoices):
+    SCHEDULED = "SCHEDULED"  #: waiting for its due time (first run or a retry)
+    PENDING = "PENDING"  #: published to the broker, waiting for a worker
+    RUNNING = "RUNNING"  #: claimed by a worker; the runner is working on it
+    SUCCEEDED = "SUCCEEDED"  #: terminal: the runner reported success
+    FAILED = "FAILED"  #: terminal: permanently failed, attempts exhausted or not retryable
+    CANCELLED = "CANCELLED"  #: terminal: cancelled by a user or by the platform
+
+
+TERMINAL_STATUSES = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
+ACTIVE_STATUSES = frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING, ExecutionStatus.RUNNING})
+
+
+class Execution(models.Model):
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="executions")
+    #: The occurrence this execution stands for; unique per task, so materialising twice is harmless.
+    scheduled_for = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.SCHEDULED)
+    attempt = models.PositiveIntegerField(default=1)
+    #: When the monitor should next publish it (scheduled_for, or the retry time).
+    due_at = models.DateTimeField()
+    priority = models.PositiveSmallIntegerField(default=5)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    external_run_id = models.CharField(max_length=255, blank=True)
+    #: Runner-private data needed to poll or cancel the external run (RunHandle.data).
+    run_handle = models.JSONField(default=dict, blank=True)
+    #: When an asynchronous run should next be polled (null: nothing to poll).
+    next_poll_at = models.DateTimeField(null=True, blank=True)
+    poll_count = models.PositiveIntegerField(default=0)
+    message_id = models.CharField(max_length=100, blank=True)
+
+    created_at = models.DateTimeField(db_default=Now())
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    output = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-scheduled_for", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "scheduled_for"], name="execution_unique_occurrence"),
+            models.CheckConstraint(condition=Q(attempt__gte=1), name="execution_attempt_positive"),
+        ]
+        indexes = [
+            # The monitor's due query: only SCHEDULED rows, by due time.
+            models.Index(fields=["due_at"], condition=Q(status="SCHEDULED"), name="execution_due_idx"),
+            models.Index(fields=["enqueued_at"], condition=Q(status="PENDING"), name="execution_pending_idx"),
+            models.Index(fields=["next_poll_at"], condition=Q(status="RUNNING"), name="execution_poll_idx"),
+            models.Index(fields=["lease_owner"], condition=Q(status="RUNNING"), name="execution_lease_idx"),
+            models.Index(fields=["task", "-scheduled_for"], name="execution_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"execution {self.pk} of task {self.task_id} ({self.status})"
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"tms-{self.pk}-{self.attempt}"
+
+
+class ExecutionEvent(models.Model):
+    """Append-only audit row written in the same transaction as every status transition."""
+
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="events")
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16)
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(db_default=Now())
+    actor = models.CharField(max_length=200, help_text="Who made the transition: monitor, worker id, user, ...")
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["execution", "id"], name="event_execution_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.from_status or '-'} -> {self.to_status}"
+
+
+class WorkerStatus(models.TextChoices):
+    ALIVE = "ALIVE"  #: heartbeating
+    STOPPED = "STOPPED"  #: shut down cleanly
+    DEAD = "DEAD"  #: stopped heartbeating; its executions were handed back
+
+
+class Worker(models.Model):
+    id = models.CharField(max_length=200, primary_key=True, help_text="host:pid")
+    hostname = models.CharField(max_length=150)
+    pid = models.PositiveIntegerField()
+    status = models.CharField(max_length=8, choices=WorkerStatus.choices, default=WorkerStatus.ALIVE)
+    started_at = models.DateTimeField(db_default=Now())
+    last_heartbeat = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-last_heartbeat"]
+
+    def __str__(self) -> str:
+        return self.id

@@ -1,0 +1,31 @@
+"""Periodic system jobs, registered in code for beat's DatabaseScheduler.
+
+They are (re)created after every ``migrate``, so operators see them in the admin's "Periodic
+tasks" and can pause them or change their interval there: an existing entry is left as the
+operator set it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from executions.conf import tms_settings
+
+#: name -> (Celery task name, seconds between runs)
+def periodic_jobs() -> dict[str, tuple[str, float]]:
+    conf = tms_settings()
+    return {
+        "tms: materialise upcoming executions": ("tms.materialise", conf.MATERIALISE_INTERVAL),
+    }
+
+
+def register_periodic_tasks(**kwargs: Any) -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    using = kwargs.get("using", "default")
+    for name, (task, seconds) in periodic_jobs().items():
+        if PeriodicTask.objects.using(using).filter(name=name).exists():
+            continue
+        every = max(1, round(seconds))
+        schedule, _ = IntervalSchedule.objects.using(using).get_or_create(every=every, period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.using(using).create(name=name, task=task, interval=schedule, description="TMS system job")

@@ -1,0 +1,317 @@
+"""The only module that writes an execution's status.
+
+Every transition is one conditional UPDATE (``WHERE id = … AND status IN (allowed sources)``,
+plus the attempt number and the lease owner for a worker's writes) that reports whether it won,
+and it writes its :class:`~executions.models.ExecutionEvent` in the same transaction. A caller
+that loses changes nothing and must stop working on that execution. Time always comes from the
+database clock (``now()``), never from the host.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import CharField, DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Cast, Concat, Now
+
+from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
+from executions.models import ExecutionStatus as S
+
+#: For each target status, the statuses an execution may come from.
+ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.SCHEDULED, S.PENDING}),  # published (again) by a monitor
+    S.RUNNING: frozenset({S.PENDING}),  # claimed by a worker
+    S.SUCCEEDED: frozenset({S.RUNNING}),
+    S.FAILED: frozenset({S.RUNNING}),
+    S.SCHEDULED: frozenset({S.RUNNING}),  # an attempt failed and another one is due later
+    S.CANCELLED: frozenset({S.SCHEDULED, S.PENDING, S.RUNNING}),
+}
+assert not any(ALLOWED_SOURCES[target] & TERMINAL_STATUSES for target in ALLOWED_SOURCES), "terminal is final"
+
+
+def _db_now_plus(seconds: float) -> ExpressionWrapper:
+    return ExpressionWrapper(Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField())
+
+
+def _bounded(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    marker = f"\n… [{len(text) - limit} characters cut]"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+def _event(execution_id: int, from_status: str, to_status: str, attempt: int, actor: str, detail: str = "") -> ExecutionEvent:
+    return ExecutionEvent(
+        execution_id=execution_id,
+        from_status=from_status,
+        to_status=to_status,
+        attempt=attempt,
+        actor=actor[:200],
+        detail=detail,
+    )
+
+
+# --- creation ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewExecution:
+    task_id: str
+    scheduled_for: datetime
+    priority: int
+
+
+def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str = "") -> list[int]:
+    """Insert SCHEDULED executions, skipping occurrences that already exist; return the new ids.
+
+    ``INSERT … ON CONFLICT (task, scheduled_for) DO NOTHING RETURNING id`` makes materialising
+    the same occurrence twice, or in two processes at once, create it exactly once.
+    """
+    if not rows:
+        return []
+    table = Execution._meta.db_table
+    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', 0, '', '', '')"] * len(rows))
+    task_field = Execution._meta.get_field("task")
+    time_field = Execution._meta.get_field("scheduled_for")
+    params: list[object] = []
+    for row in rows:
+        when = time_field.get_db_prep_value(row.scheduled_for, connection)
+        params += [task_field.get_db_prep_value(row.task_id, connection), when, S.SCHEDULED, when, row.priority]
+    sql = (
+        f"INSERT INTO {table} (task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
+        " external_run_id, run_handle, poll_count, message_id, output, error)"
+        f" VALUES {placeholders} ON CONFLICT (task_id, scheduled_for) DO NOTHING RETURNING id"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+        ExecutionEvent.objects.bulk_create([_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids])
+    return ids
+
+
+# --- monitor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """An execution taken by a monitor, to be published as a message."""
+
+    execution_id: int
+    attempt: int
+    priority: int
+    message_id: str
+
+
+def _take(base: Q, *, limit: int, actor: str, detail: str, from_status: str) -> list[Dispatch]:
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("take the executions inside the transaction that publishes them")
+    locked = (
+        Execution.objects.filter(base)
+        .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
+        .select_for_update(skip_locked=True, of=("self",))
+        .values_list("id", "attempt", "priority")[:limit]
+    )
+    taken = list(locked)
+    if not taken:
+        return []
+    token = uuid.uuid4().hex[:12]
+    ids = [row[0] for row in taken]
+    Execution.objects.filter(base, id__in=ids).update(
+        status=S.PENDING,
+        enqueued_at=Now(),
+        message_id=Concat(Cast("id", output_field=CharField()), Value(f"-{token}")),
+    )
+    ExecutionEvent.objects.bulk_create([_event(i, from_status, S.PENDING, a, actor, detail) for i, a, _ in taken])
+    return [Dispatch(i, a, p, f"{i}-{token}") for i, a, p in taken]
+
+
+def executions_take_due(*, limit: int, actor: str) -> list[Dispatch]:
+    """Move up to ``limit`` due SCHEDULED executions to PENDING (``FOR UPDATE SKIP LOCKED``).
+
+    Must run inside the transaction that publishes the returned messages: if publishing fails the
+    transaction rolls back and the rows stay SCHEDULED. A worker whose claim arrives before the
+    commit waits on the row lock and then sees PENDING, so the early message is not wasted.
+    """
+    return _take(Q(status=S.SCHEDULED, due_at__lte=Now()), limit=limit, actor=actor, detail="", from_status=S.SCHEDULED)
+
+
+def executions_take_stale_pending(*, limit: int, older_than: float, actor: str) -> list[Dispatch]:
+    """Re-take PENDING executions nobody claimed for ``older_than`` seconds (message lost)."""
+    cutoff = ExpressionWrapper(Now() - Value(timedelta(seconds=older_than)), output_field=DateTimeField())
+    return _take(
+        Q(status=S.PENDING, enqueued_at__lt=cutoff),
+        limit=limit,
+        actor=actor,
+        detail=f"unclaimed for {older_than:g}s: published again",
+        from_status=S.PENDING,
+    )
+
+
+def next_due_in() -> float | None:
+    """Seconds until the earliest SCHEDULED execution is due (0 if overdue), or None if none."""
+    nxt = Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list("due_at", flat=True).first()
+    if nxt is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s - " + ("now()" if connection.vendor == "postgresql" else "CURRENT_TIMESTAMP"), [nxt])
+        (delta,) = cursor.fetchone()
+    if isinstance(delta, timedelta):
+        return max(0.0, delta.total_seconds())
+    return 0.0
+
+
+# --- worker -----------------------------------------------------------------------------------
+
+
+def _fenced(execution_id: int, attempt: int, worker_id: str) -> Q:
+    return Q(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner=worker_id)
+
+
+def execution_claim(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """PENDING → RUNNING for ``attempt``, leased to ``worker_id``. False if another claim won."""
+    with transaction.atomic():
+        won = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt).update(
+            status=S.RUNNING,
+            lease_owner=worker_id,
+            lease_expires_at=_db_now_plus(lease_seconds),
+            started_at=Now(),
+        )
+        if won:
+            _event(execution_id, S.PENDING, S.RUNNING, attempt, worker_id).save()
+    return bool(won)
+
+
+def execution_record_run(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    external_run_id: str,
+    run_handle: Mapping[str, object],
+    poll_in: float | None,
+) -> bool:
+    """Store the external run id (before anything waits on it); fenced by lease and attempt.
+
+    With ``poll_in`` the worker also releases its lease: the run is asynchronous and the monitor
+    dispatches a short poll message when ``next_poll_at`` comes.
+    """
+    values: dict[str, object] = {"external_run_id": external_run_id[:255], "run_handle": dict(run_handle)}
+    if poll_in is not None:
+        values |= {"next_poll_at": _db_now_plus(poll_in), "lease_owner": "", "lease_expires_at": None}
+    return bool(Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(**values))
+
+
+def execution_succeed(*, execution_id: int, attempt: int, worker_id: str, output: str, max_chars: int) -> bool:
+    """RUNNING → SUCCEEDED; fenced by lease and attempt."""
+    with transaction.atomic():
+        won = Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
+            status=S.SUCCEEDED,
+            finished_at=Now(),
+            output=_bounded(output, max_chars),
+            lease_owner="",
+            lease_expires_at=None,
+            next_poll_at=None,
+        )
+        if won:
+            _event(execution_id, S.RUNNING, S.SUCCEEDED, attempt, worker_id).save()
+    return bool(won)
+
+
+def execution_fail(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    error: str,
+    output: str,
+    retry_in: float | None,
+    max_chars: int,
+) -> str | None:
+    """End a failed attempt: RUNNING → SCHEDULED (attempt + 1, due in ``retry_in`` seconds), or,
+    with ``retry_in=None``, RUNNING → FAILED. Returns the new status, or None if the write lost.
+    """
+    common: dict[str, object] = {
+        "error": _bounded(error, max_chars),
+        "output": _bounded(output, max_chars),
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "next_poll_at": None,
+    }
+    if retry_in is None:
+        target, detail = S.FAILED, f"permanently failed after attempt {attempt}: {error[:500]}"
+        values = common | {"status": S.FAILED, "finished_at": Now()}
+        event_attempt = attempt
+    else:
+        target, detail = S.SCHEDULED, f"attempt {attempt} failed, retry in {retry_in:.3g}s: {error[:500]}"
+        values = common | {
+            "status": S.SCHEDULED,
+            "attempt": F("attempt") + 1,
+            "due_at": _db_now_plus(retry_in),
+            "external_run_id": "",
+            "run_handle": {},
+            "poll_count": 0,
+        }
+        event_attempt = attempt + 1
+    with transaction.atomic():
+        won = Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(**values)
+        if won:
+            _event(execution_id, S.RUNNING, target, event_attempt, worker_id, detail).save()
+    return target if won else None
+
+
+def execution_extend_leases(*, worker_id: str, lease_seconds: float) -> int:
+    """Heartbeat: push the lease expiry of every execution ``worker_id`` holds. Returns the count."""
+    return Execution.objects.filter(status=S.RUNNING, lease_owner=worker_id).update(
+        lease_expires_at=_db_now_plus(lease_seconds)
+    )
+
+
+# --- users and the platform -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    won: bool
+    #: Status before the cancel (the current one if it lost).
+    from_status: str | None
+    external_run_id: str = ""
+    run_handle: Mapping[str, object] | None = None
+    attempt: int = 0
+
+
+def execution_cancel(*, execution_id: int, actor: str, reason: str = "") -> CancelOutcome:
+    """SCHEDULED | PENDING | RUNNING → CANCELLED. A worker still on it loses its next write.
+
+    The row is locked first only to learn the status it is leaving (for the audit event and so
+    the caller can stop a RUNNING external run); the UPDATE itself is still conditional.
+    """
+    sources = ALLOWED_SOURCES[S.CANCELLED]
+    with transaction.atomic():
+        row = (
+            Execution.objects.select_for_update()
+            .filter(pk=execution_id)
+            .values("status", "attempt", "external_run_id", "run_handle")
+            .first()
+        )
+        if row is None or row["status"] not in sources:
+            return CancelOutcome(False, row["status"] if row else None)
+        won = Execution.objects.filter(pk=execution_id, status=row["status"], attempt=row["attempt"]).update(
+            status=S.CANCELLED,
+            finished_at=Now(),
+            lease_owner="",
+            lease_expires_at=None,
+            next_poll_at=None,
+            error=reason[:1000],
+        )
+        if not won:  # pragma: no cover - the row lock makes this unreachable
+            return CancelOutcome(False, row["status"])
+        _event(execution_id, row["status"], S.CANCELLED, row["attempt"], actor, reason).save()
+    return CancelOutcome(True, row["status"], row["external_run_id"], row["run_handle"], row["attempt"])
+
+
+def executions_cancel_many(*, execution_ids: Iterable[int], actor: str, reason: str) -> list[CancelOutcome]:
+    return [execution_cancel(execution_id=i, actor=actor, reason=reason) for i in execution_ids]

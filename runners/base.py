@@ -1,0 +1,151 @@
+"""The runner interface every backend implements.
+
+A runner adapts one kind of external executor (an HTTP endpoint, a local process, a Kubernetes
+Job, ...). It never touches the database: the worker-side services call it and record what it
+returns. Backends are configured like Django's CACHES, as aliases in ``TMS_RUNNERS`` with a
+dotted ``BACKEND`` path and ``OPTIONS``; see :mod:`runners.registry`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import serializers
+
+
+class RunState(enum.StrEnum):
+    RUNNING = "running"  #: the external run is still going
+    SUCCEEDED = "succeeded"  #: the external run finished and reported success
+    FAILED = "failed"  #: the external run finished and reported failure (or could not start)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a runner reports about a run: its state, a bounded output excerpt and an error."""
+
+    state: RunState
+    output: str = ""
+    error: str = ""
+    #: False when retrying cannot help (bad request, missing binary, ...): the attempt ends FAILED.
+    retryable: bool = True
+
+    @classmethod
+    def running(cls, output: str = "") -> RunResult:
+        return cls(RunState.RUNNING, output=output)
+
+    @classmethod
+    def succeeded(cls, output: str = "") -> RunResult:
+        return cls(RunState.SUCCEEDED, output=output)
+
+    @classmethod
+    def failed(cls, error: str, *, output: str = "", retryable: bool = True) -> RunResult:
+        return cls(RunState.FAILED, output=output, error=error, retryable=retryable)
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not RunState.RUNNING
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a runner needs to start one attempt of one execution."""
+
+    execution_id: int
+    attempt: int
+    task_id: str
+    #: The task's runner config, already validated by :meth:`BaseRunner.validate_config`.
+    config: Mapping[str, Any]
+    #: Seconds the attempt may take in all; the runner must not block for longer than this.
+    timeout: float
+    #: URL the external job may POST its status to (heartbeat, success, failure), if any.
+    callback_url: str | None = None
+    #: Local path of the task's uploaded artifact (binary or script), if it has one.
+    artifact_path: str | None = None
+    tracing_id: str = ""
+
+    @property
+    def idempotency_key(self) -> str:
+        """Deterministic per execution and attempt: a repeated start must adopt, never relaunch."""
+        return f"tms-{self.execution_id}-{self.attempt}"
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """How to find a started run again, possibly from another worker process."""
+
+    external_run_id: str
+    #: Runner-private, JSON-serialisable data needed to poll or cancel the run.
+    data: Mapping[str, Any] = field(default_factory=dict)
+    #: Set when ``start`` already ran the work to completion (synchronous runners).
+    result: RunResult | None = None
+
+
+class RunnerError(Exception):
+    """A runner could not talk to its executor (network error, API error, ...)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class BaseRunner:
+    """Base class for runner backends.
+
+    Subclasses declare the ``OPTIONS`` they accept in :attr:`option_defaults`, a DRF serializer
+    for the per-task config in :attr:`config_serializer_class`, and implement :meth:`start`,
+    :meth:`poll` and :meth:`cancel`.
+    """
+
+    #: Accepted OPTIONS and their defaults; any other option is a configuration error.
+    option_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: Validates a task's ``config`` for this runner; errors become per-field 400s.
+    config_serializer_class: ClassVar[type[serializers.Serializer] | None] = None
+    #: Whether ``cancel`` really stops the external run.
+    supports_cancel: ClassVar[bool] = False
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.option_defaults))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{alias!r}]: unknown OPTIONS {', '.join(unknown)} for "
+                f"{type(self).__name__} (accepted: {', '.join(sorted(self.option_defaults)) or 'none'})"
+            )
+        self.alias = alias
+        self.options = {**self.option_defaults, **options}
+
+    def validate_config(self, config: Any) -> dict[str, Any]:
+        """Return the normalised config, or raise ``serializers.ValidationError`` per field."""
+        if self.config_serializer_class is None:
+            if config not in (None, {}):
+                raise serializers.ValidationError("This runner takes no config.")
+            return {}
+        if not isinstance(config, Mapping):
+            raise serializers.ValidationError("Expected a JSON object.")
+        serializer = self.config_serializer_class(data=config)
+        serializer.is_valid(raise_exception=True)
+        unknown = sorted(set(config) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return dict(serializer.validated_data)
+
+    def start(self, spec: RunSpec) -> RunHandle:
+        """Start the attempt described by ``spec`` and return its handle.
+
+        Must be idempotent on ``spec.idempotency_key``: if a run with that key already exists,
+        adopt it and return its handle instead of launching a second one. A synchronous runner
+        does the work here and returns the handle with ``result`` set.
+        """
+        raise NotImplementedError("subclasses of BaseRunner must provide a start() method")
+
+    def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:
+        """Report the current state of a started run. Must not block for long."""
+        raise NotImplementedError("subclasses of BaseRunner must provide a poll() method")
+
+    def cancel(self, spec: RunSpec, handle: RunHandle) -> None:
+        """Stop the external run if it is still going; a no-op when it already ended."""
+        raise NotImplementedError("subclasses of BaseRunner must provide a cancel() method")

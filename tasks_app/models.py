@@ -1,0 +1,95 @@
+"""The Task: what to run, on which runner, and when."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class TaskStatus(models.TextChoices):
+    ACTIVE = "ACTIVE"  #: materialised and run per its schedule
+    PAUSED = "PAUSED"  #: kept, but no new executions are created
+    COMPLETED = "COMPLETED"  #: its schedule has no further occurrence
+    DELETED = "DELETED"  #: removed by its owner; history is kept
+
+
+class OverlapPolicy(models.TextChoices):
+    ALLOW = "allow"  #: start every occurrence, even while the previous one runs
+    SKIP = "skip"  #: skip an occurrence while the previous one still runs
+    QUEUE_ONE = "queue_one"  #: keep at most one occurrence waiting behind a running one
+    CANCEL_PREVIOUS = "cancel_previous"  #: cancel the running occurrence, start the new one
+
+
+class MisfirePolicy(models.TextChoices):
+    SKIP = "skip"  #: run nothing that was missed
+    RUN_ONCE = "run_once"  #: one catch-up run for everything missed
+    RUN_ALL = "run_all"  #: every missed occurrence, bounded by a maximum
+
+
+def default_timeout() -> timedelta:
+    return timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_tasks")
+    name = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.ACTIVE)
+
+    runner = models.CharField(max_length=64, help_text="Alias of a runner in TMS_RUNNERS.")
+    config = models.JSONField(default=dict, blank=True, help_text="Runner config, validated by the runner.")
+
+    # Schedule: one-shot at start_at, or every `interval`, or on `cron` in `timezone`.
+    start_at = models.DateTimeField()
+    interval = models.DurationField(null=True, blank=True)
+    cron = models.CharField(max_length=120, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    end_at = models.DateTimeField(null=True, blank=True)
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    jitter = models.DurationField(default=timedelta(0), blank=True)
+    misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
+    overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
+
+    # Retries and limits.
+    max_attempts = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1), MaxValueValidator(100)])
+    retry_backoff = models.DurationField(default=timedelta(seconds=5), help_text="Delay before the first retry.")
+    retry_backoff_max = models.DurationField(default=timedelta(minutes=10), help_text="Cap on the retry delay.")
+    retry_jitter = models.BooleanField(default=True, help_text="Randomise retry delays (full jitter).")
+    timeout = models.DurationField(default=default_timeout)
+    priority = models.PositiveSmallIntegerField(default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first.")
+
+    notification_target = models.CharField(max_length=500, blank=True)
+    tracing_id = models.CharField(max_length=64, blank=True)
+
+    # Materialisation cursor: the next occurrence not yet turned into an execution (null: none left).
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    runs_materialised = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["next_run_at"], condition=Q(status="ACTIVE"), name="task_due_active_idx"),
+            models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(priority__lte=9), name="task_priority_0_9"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="task_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=Q(end_at__isnull=True) | Q(end_at__gte=models.F("start_at")), name="task_end_after_start"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or str(self.id)
+
+    @property
+    def is_recurring(self) -> bool:
+        return self.interval is not None or bool(self.cron)

@@ -1,0 +1,54 @@
+"""Suite-wide fixtures. The suite runs against the real PostgreSQL and RabbitMQ: if either is
+unreachable the whole run fails at once (it never skips)."""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlparse
+
+import pytest
+from django.conf import settings
+
+
+def _reachable(url: str, default_port: int) -> tuple[str, int, bool]:
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or default_port
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return host, port, True
+    except OSError:
+        return host, port, False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        pytest.exit(f"The suite needs PostgreSQL; DATABASE_URL points at {db['ENGINE']}.", returncode=3)
+    missing = []
+    host, port, ok = _reachable(f"postgres://{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}", 5432)
+    if not ok:
+        missing.append(f"PostgreSQL at {host}:{port}")
+    host, port, ok = _reachable(settings.CELERY_BROKER_URL, 5672)
+    if not ok:
+        missing.append(f"RabbitMQ at {host}:{port}")
+    if missing:
+        pytest.exit("Required services are not reachable: " + ", ".join(missing) + " (see `make services`).", returncode=3)
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username="alice", password="alice-password")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user(username="bob", password="bob-password")
+
+
+@pytest.fixture
+def api_client(user):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(user)
+    return client

@@ -1,0 +1,11 @@
+"""The Celery application shared by workers, beat and the monitor's publisher."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.base")
+
+app = Celery("tms_project")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,1 @@
+"""Settings package: ``base`` reads everything from the environment, ``test`` adjusts for pytest."""

@@ -1,0 +1,208 @@
+"""TMS settings. Every value comes from the environment (12-factor) through django-environ.
+
+With neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` set, the platform runs on an embedded
+default (a SQLite file in WAL mode and kombu's filesystem broker under ``var/``), so one command
+starts everything on a laptop. Production and the tests set both, to PostgreSQL and RabbitMQ.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from kombu import Exchange, Queue
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(environ.Env().str("TMS_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me-in-production")
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "runners",
+    "tasks_app",
+    "executions",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tms_project.urls"
+WSGI_APPLICATION = "tms_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+# https://django-environ.readthedocs.io/en/latest/types.html#environ-env-db-url
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tms.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock up front so
+    # concurrent writers wait (busy timeout) instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
+MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
+MEDIA_URL = "media/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
+}
+
+# --- REST framework ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+        "rest_framework.filters.SearchFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "tms_project.api_errors.exception_handler",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "TMS API",
+    "DESCRIPTION": "Distributed task scheduler: register tasks, watch their executions.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery -----------------------------------------------------------------------------------
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+TMS_EMBEDDED_BROKER = CELERY_BROKER_URL.startswith("filesystem://")
+if TMS_EMBEDDED_BROKER:
+    _broker_dir = VAR_DIR / "broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+else:
+    # Publisher confirms: publish() returns only once the broker has taken the message.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_DELIVERY_MODE = "persistent"
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = False
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+#: Queue that carries execution work. Priorities 0-9 map to RabbitMQ's x-max-priority.
+TMS_QUEUE = env.str("TMS_QUEUE", default="tms.executions")
+CELERY_TASK_DEFAULT_QUEUE = TMS_QUEUE
+CELERY_TASK_QUEUES = (
+    Queue(
+        TMS_QUEUE,
+        Exchange(TMS_QUEUE, type="direct", durable=True),
+        routing_key=TMS_QUEUE,
+        durable=True,
+        queue_arguments=None if TMS_EMBEDDED_BROKER else {"x-max-priority": 9},
+    ),
+)
+CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER else 9
+CELERY_TASK_DEFAULT_PRIORITY = 5
+
+# --- TMS --------------------------------------------------------------------------------------
+# Read through executions.conf.tms_settings; see that module for what each knob does.
+TMS = {
+    "MATERIALISE_HORIZON": env.float("TMS_MATERIALISE_HORIZON", default=300.0),
+    "MATERIALISE_INTERVAL": env.float("TMS_MATERIALISE_INTERVAL", default=5.0),
+    "MATERIALISE_BATCH": env.int("TMS_MATERIALISE_BATCH", default=500),
+    "MONITOR_BATCH": env.int("TMS_MONITOR_BATCH", default=500),
+    "MONITOR_MAX_SLEEP": env.float("TMS_MONITOR_MAX_SLEEP", default=1.0),
+    "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
+    "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
+    "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
+    "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
+    "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
+}
+
+TMS_RUNNERS = {
+    "noop": {"BACKEND": "runners.noop.NoopRunner"},
+    "sleep": {"BACKEND": "runners.noop.SleepRunner"},
+    "http": {
+        "BACKEND": "runners.http.HttpRunner",
+        "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},
+    },
+}
