@@ -11,6 +11,7 @@ from typing import Any
 
 from executions.conf import tms_settings
 
+
 #: name -> (Celery task name, seconds between runs)
 def periodic_jobs() -> dict[str, tuple[str, float]]:
     conf = tms_settings()

@@ -44,7 +44,9 @@ def _bounded(text: str, limit: int) -> str:
     return text[: max(0, limit - len(marker))] + marker
 
 
-def _event(execution_id: int, from_status: str, to_status: str, attempt: int, actor: str, detail: str = "") -> ExecutionEvent:
+def _event(
+    execution_id: int, from_status: str, to_status: str, attempt: int, actor: str, detail: str = ""
+) -> ExecutionEvent:
     return ExecutionEvent(
         execution_id=execution_id,
         from_status=from_status,
@@ -60,9 +62,11 @@ def _event(execution_id: int, from_status: str, to_status: str, attempt: int, ac
 
 @dataclass(frozen=True)
 class NewExecution:
-    task_id: str
+    task_id: object
     scheduled_for: datetime
     priority: int
+    #: When the monitor should publish it; ``scheduled_for`` unless the task has jitter.
+    due_at: datetime | None = None
 
 
 def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str = "") -> list[int]:
@@ -80,12 +84,15 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     params: list[object] = []
     for row in rows:
         when = time_field.get_db_prep_value(row.scheduled_for, connection)
-        params += [task_field.get_db_prep_value(row.task_id, connection), when, S.SCHEDULED, when, row.priority]
-    sql = (
-        f"INSERT INTO {table} (task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
-        " external_run_id, run_handle, poll_count, message_id, output, error)"
-        f" VALUES {placeholders} ON CONFLICT (task_id, scheduled_for) DO NOTHING RETURNING id"
+        due = time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection)
+        params += [task_field.get_db_prep_value(row.task_id, connection), when, S.SCHEDULED, due, row.priority]
+    # Table name and placeholders are ours; every value goes through params.
+    columns = (
+        "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
+        " external_run_id, run_handle, poll_count, message_id, output, error"
     )
+    conflict = "ON CONFLICT (task_id, scheduled_for) DO NOTHING RETURNING id"
+    sql = f"INSERT INTO {table} ({columns}) VALUES {placeholders} {conflict}"  # noqa: S608
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
@@ -205,10 +212,14 @@ def execution_record_run(
     return bool(Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(**values))
 
 
-def execution_succeed(*, execution_id: int, attempt: int, worker_id: str, output: str, max_chars: int) -> bool:
+def execution_succeed(
+    *, execution_id: int, attempt: int, worker_id: str, output: str, max_chars: int, external_run_id: str | None = None
+) -> bool:
     """RUNNING → SUCCEEDED; fenced by lease and attempt."""
+    extra = {"external_run_id": external_run_id[:255]} if external_run_id else {}
     with transaction.atomic():
         won = Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
+            **extra,
             status=S.SUCCEEDED,
             finished_at=Now(),
             output=_bounded(output, max_chars),
@@ -230,6 +241,7 @@ def execution_fail(
     output: str,
     retry_in: float | None,
     max_chars: int,
+    external_run_id: str | None = None,
 ) -> str | None:
     """End a failed attempt: RUNNING → SCHEDULED (attempt + 1, due in ``retry_in`` seconds), or,
     with ``retry_in=None``, RUNNING → FAILED. Returns the new status, or None if the write lost.
@@ -241,6 +253,8 @@ def execution_fail(
         "lease_expires_at": None,
         "next_poll_at": None,
     }
+    if external_run_id:
+        common["external_run_id"] = external_run_id[:255]
     if retry_in is None:
         target, detail = S.FAILED, f"permanently failed after attempt {attempt}: {error[:500]}"
         values = common | {"status": S.FAILED, "finished_at": Now()}
@@ -263,9 +277,60 @@ def execution_fail(
     return target if won else None
 
 
-def execution_extend_leases(*, worker_id: str, lease_seconds: float) -> int:
-    """Heartbeat: push the lease expiry of every execution ``worker_id`` holds. Returns the count."""
-    return Execution.objects.filter(status=S.RUNNING, lease_owner=worker_id).update(
+def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> list[Dispatch]:
+    """Take RUNNING executions that need a worker's attention, for a short poll message:
+    an asynchronous run whose ``next_poll_at`` came, or a run whose lease expired (its worker
+    died), which is handed back so another worker resumes the same attempt.
+
+    ``next_poll_at`` moves ``in_flight_for`` seconds ahead, so a lost poll message is sent again.
+    Must run inside the transaction that publishes the messages.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("take the executions inside the transaction that publishes them")
+    due = Q(status=S.RUNNING) & (Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now()))
+    taken = list(
+        Execution.objects.filter(due)
+        .order_by("next_poll_at")
+        .select_for_update(skip_locked=True, of=("self",))
+        .values_list("id", "attempt", "priority", "lease_owner")[:limit]
+    )
+    if not taken:
+        return []
+    token = uuid.uuid4().hex[:12]
+    ids = [row[0] for row in taken]
+    Execution.objects.filter(due, id__in=ids).update(
+        lease_owner="", lease_expires_at=None, next_poll_at=_db_now_plus(in_flight_for)
+    )
+    expired = [(i, a, owner) for i, a, _, owner in taken if owner]
+    ExecutionEvent.objects.bulk_create(
+        [_event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back") for i, a, owner in expired]
+    )
+    return [Dispatch(i, a, p, f"{i}-poll-{token}") for i, a, p, _ in taken]
+
+
+def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back)."""
+    return bool(
+        Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="").update(
+            lease_owner=worker_id, lease_expires_at=_db_now_plus(lease_seconds), poll_count=F("poll_count") + 1
+        )
+    )
+
+
+def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_in: float) -> bool:
+    """Give up the lease of a still-running asynchronous run until its next poll is due."""
+    return bool(
+        Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
+            lease_owner="", lease_expires_at=None, next_poll_at=_db_now_plus(poll_in)
+        )
+    )
+
+
+def execution_extend_leases(*, owners: Sequence[str], lease_seconds: float) -> int:
+    """Heartbeat: push the lease expiry of every execution held by ``owners``. Returns the count."""
+    if not owners:
+        return 0
+    return Execution.objects.filter(status=S.RUNNING, lease_owner__in=list(owners)).update(
         lease_expires_at=_db_now_plus(lease_seconds)
     )
 

@@ -29,7 +29,7 @@ def parse_duration(value: Any) -> timedelta:
     Raises ``ValueError`` with a user-facing message when it is not a valid, non-negative duration.
     """
     if isinstance(value, bool):
-        raise ValueError("Expected a number of seconds or a duration string such as \"90s\".")
+        raise ValueError('Expected a number of seconds or a duration string such as "90s".')
     if isinstance(value, int | float | Decimal):
         seconds = _decimal(value)
     elif isinstance(value, str):
@@ -41,7 +41,7 @@ def parse_duration(value: Any) -> timedelta:
         except InvalidOperation:
             seconds = _parse_parts(text)
     else:
-        raise ValueError("Expected a number of seconds or a duration string such as \"90s\".")
+        raise ValueError('Expected a number of seconds or a duration string such as "90s".')
     if seconds < 0:
         raise ValueError("Duration may not be negative.")
     if seconds > Decimal(MAX_DURATION.total_seconds()):
@@ -68,7 +68,7 @@ def _parse_parts(text: str) -> Decimal:
         position = match.end()
     if position != len(text) or position == 0:
         raise ValueError(
-            f"Invalid duration {text!r}: use a number of seconds or units such as \"250ms\", \"90s\", \"5m\", \"1h30m\"."
+            f'Invalid duration {text!r}: use a number of seconds or units such as "250ms", "90s", "5m", "1h30m".'
         )
     return total
 

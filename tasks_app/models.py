@@ -56,12 +56,16 @@ class Task(models.Model):
     overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
 
     # Retries and limits.
-    max_attempts = models.PositiveSmallIntegerField(default=3, validators=[MinValueValidator(1), MaxValueValidator(100)])
+    max_attempts = models.PositiveSmallIntegerField(
+        default=3, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
     retry_backoff = models.DurationField(default=timedelta(seconds=5), help_text="Delay before the first retry.")
     retry_backoff_max = models.DurationField(default=timedelta(minutes=10), help_text="Cap on the retry delay.")
     retry_jitter = models.BooleanField(default=True, help_text="Randomise retry delays (full jitter).")
     timeout = models.DurationField(default=default_timeout)
-    priority = models.PositiveSmallIntegerField(default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first.")
+    priority = models.PositiveSmallIntegerField(
+        default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first."
+    )
 
     notification_target = models.CharField(max_length=500, blank=True)
     tracing_id = models.CharField(max_length=64, blank=True)

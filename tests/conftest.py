@@ -3,6 +3,7 @@ unreachable the whole run fails at once (it never skips)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from urllib.parse import urlparse
 
@@ -32,7 +33,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not ok:
         missing.append(f"RabbitMQ at {host}:{port}")
     if missing:
-        pytest.exit("Required services are not reachable: " + ", ".join(missing) + " (see `make services`).", returncode=3)
+        pytest.exit(
+            "Required services are not reachable: " + ", ".join(missing) + " (see `make services`).", returncode=3
+        )
 
 
 @pytest.fixture
@@ -52,3 +55,13 @@ def api_client(user):
     client = APIClient()
     client.force_authenticate(user)
     return client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_queue():
+    """Delete this run's RabbitMQ queue when the run ends."""
+    yield
+    from tms_project.celery import app
+
+    with app.connection_for_write() as conn, contextlib.suppress(Exception):  # already gone
+        conn.default_channel.queue_delete(settings.TMS_QUEUE)

@@ -1,3 +1,11 @@
-from django.urls import path
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list = []
+from executions.api import ExecutionViewSet
+from tasks_app.api import TaskViewSet
+
+router = SimpleRouter()
+router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
+router.register("tasks", TaskViewSet, basename="task")
+router.register("executions", ExecutionViewSet, basename="execution")
+
+urlpatterns = router.urls

@@ -9,3 +9,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.base")
 app = Celery("tms_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Worker registration and heartbeat (loaded by name when a worker starts).
+app.steps["worker"].add("executions.heartbeat:HeartbeatStep")

@@ -147,6 +147,7 @@ if TMS_EMBEDDED_BROKER:
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 else:
@@ -206,3 +207,7 @@ TMS_RUNNERS = {
         "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},
     },
 }
+
+if TMS_EMBEDDED_BROKER or DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    for _folder in (VAR_DIR, *(VAR_DIR / "broker" / name for name in ("queue", "processed", "control"))):
+        _folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from rest_framework.authtoken.models import Token
+
+
+class Command(BaseCommand):
+    help = "Create (or reuse) the demo admin user and its API token, and print how to reach the platform."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="admin")
+        parser.add_argument("--password", default="admin")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--flower-port", type=int, default=5555)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        users = get_user_model()
+        user, created = users.objects.get_or_create(
+            username=options["username"], defaults={"is_staff": True, "is_superuser": True}
+        )
+        if created:
+            user.set_password(options["password"])
+            user.save()
+        token, _ = Token.objects.get_or_create(user=user)
+        web = f"http://127.0.0.1:{options['port']}"
+        database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        broker = "filesystem (embedded)" if settings.TMS_EMBEDDED_BROKER else settings.CELERY_BROKER_URL.split("@")[-1]
+        password = options["password"] if created else "(unchanged; set earlier)"
+        self.stdout.write(
+            "\n".join(
+                [
+                    "",
+                    "TMS is starting",
+                    f"  database:  {database}    broker: {broker}",
+                    f"  API:       {web}/api/v1/tasks   (docs: {web}/api/docs/)",
+                    f"  admin:     {web}/admin/   user {user.username!r}, password {password!r}",
+                    f"  token:     {token.key}",
+                    f"  flower:    http://127.0.0.1:{options['flower_port']}/",
+                    f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {token.key}' "
+                    '-H \'Content-Type: application/json\' -d \'{"runner": "sleep", "config": {"duration": "2s"}}\'',
+                    "  Ctrl-C stops everything.",
+                    "",
+                ]
+            )
+        )

@@ -1,0 +1,138 @@
+"""Turns tasks' upcoming occurrences into executions, idempotently.
+
+A pass locks a batch of due tasks with ``FOR UPDATE SKIP LOCKED`` (so several materialisers
+share the work instead of repeating it), inserts their occurrences up to the horizon with
+``ON CONFLICT DO NOTHING`` on (task, scheduled_for), and advances each task's cursor
+(``next_run_at``) in the same transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+
+from executions import transitions
+from executions.clock import db_now
+from executions.conf import tms_settings
+from executions.notify import notify_due
+from tasks_app.models import MisfirePolicy, Task, TaskStatus
+from tasks_app.schedules import Schedule
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "materialiser"
+#: An occurrence more than this late when materialised is a misfire, handled per the task's policy.
+MISFIRE_GRACE = timedelta(seconds=60)
+#: The most catch-up runs ``run_all`` creates in one pass.
+RUN_ALL_LIMIT = 100
+
+
+def task_schedule(task: Task) -> Schedule:
+    return Schedule(
+        start_at=task.start_at, interval=task.interval, cron=task.cron, timezone=task.timezone, end_at=task.end_at
+    )
+
+
+@dataclass
+class _Plan:
+    rows: list[transitions.NewExecution]
+    next_run_at: datetime | None
+    runs: int
+
+
+def _plan(task: Task, *, now: datetime, until: datetime) -> _Plan:
+    """The executions to create for ``task`` up to ``until``, and where its cursor moves."""
+    if task.next_run_at is None:
+        return _Plan([], None, task.runs_materialised)
+    fire_times: Iterator[datetime] = task_schedule(task).fire_times(since=task.next_run_at)
+    remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
+    missed: list[datetime] = []
+    due: list[datetime] = []
+    nxt: datetime | None = None
+    for when in fire_times:
+        if when > until or (remaining is not None and len(missed) + len(due) >= remaining):
+            nxt = when
+            break
+        (missed if when < now - MISFIRE_GRACE else due).append(when)
+        if len(missed) > RUN_ALL_LIMIT * 10:  # a long outage: drop the oldest misses as we go
+            missed = missed[-RUN_ALL_LIMIT:]
+    if missed:
+        if task.misfire_policy == MisfirePolicy.SKIP:
+            missed = []
+        elif task.misfire_policy == MisfirePolicy.RUN_ONCE:
+            missed = missed[-1:]
+        else:
+            missed = missed[-RUN_ALL_LIMIT:]
+    if remaining is not None and len(missed) + len(due) >= remaining:
+        nxt = None
+    times = missed + due
+    jitter = task.jitter.total_seconds() if task.jitter else 0.0
+    rows = [
+        transitions.NewExecution(
+            task_id=task.pk,
+            scheduled_for=when,
+            priority=task.priority,
+            due_at=when + timedelta(seconds=random.uniform(0, jitter)) if jitter else None,  # noqa: S311
+        )
+        for when in times
+    ]
+    return _Plan(rows, nxt, task.runs_materialised + len(rows))
+
+
+def _apply(tasks: list[Task], *, now: datetime, until: datetime) -> list[int]:
+    plans = {task.pk: _plan(task, now=now, until=until) for task in tasks}
+    ids = transitions.executions_create(rows=[row for p in plans.values() for row in p.rows], actor=ACTOR)
+    for task in tasks:
+        plan = plans[task.pk]
+        task.next_run_at = plan.next_run_at
+        task.runs_materialised = plan.runs
+        if plan.next_run_at is None:
+            task.status = TaskStatus.COMPLETED
+    Task.objects.bulk_update(tasks, ["next_run_at", "runs_materialised", "status"])
+    if ids:
+        notify_due()
+    return ids
+
+
+def materialise_task(*, task_id: object, until: datetime | None = None) -> list[int]:
+    """Materialise one task's occurrences up to ``until`` (default: the horizon); return new ids.
+
+    Locks the task row, so it is safe beside a running materialiser pass.
+    """
+    now = db_now()
+    until = until or now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(pk=task_id, status=TaskStatus.ACTIVE).first()
+        if task is None:
+            return []
+        return _apply([task], now=now, until=until)
+
+
+def materialise_due(*, horizon: float | None = None, batch: int | None = None) -> int:
+    """One materialiser pass over every active task due within the horizon; returns executions created."""
+    conf = tms_settings()
+    horizon = conf.MATERIALISE_HORIZON if horizon is None else horizon
+    batch = batch or conf.MATERIALISE_BATCH
+    created = 0
+    now = db_now()
+    until = now + timedelta(seconds=horizon)
+    while True:
+        with transaction.atomic():
+            tasks = list(
+                Task.objects.select_for_update(skip_locked=True)
+                .filter(status=TaskStatus.ACTIVE, next_run_at__isnull=False, next_run_at__lte=until)
+                .order_by("next_run_at")[:batch]
+            )
+            if not tasks:
+                break
+            created += len(_apply(tasks, now=now, until=until))
+        if len(tasks) < batch:
+            break
+    if created:
+        logger.info("materialised %d executions", created)
+    return created

@@ -1,0 +1,101 @@
+"""Two materialisers and two monitors at once over hundreds of due executions: every occurrence
+is created once, published once, and none is left behind."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from executions.models import Execution, ExecutionEvent
+from executions.models import ExecutionStatus as S
+from tasks_app.models import TaskStatus
+from tests.factories import TaskFactory, UserFactory
+from tests.processes import ROOT, process_env, running, start_monitor, wait_for
+from tms_project.celery import app
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ONE_SHOT, RECURRING = 400, 100
+
+
+def _drain_queue() -> list[tuple[int, int]]:
+    """Consume every message on the test queue; return (execution id, attempt) per message."""
+    seen = []
+    queue = settings.CELERY_TASK_QUEUES[0]
+    with app.connection_for_read() as conn:
+        bound = queue(conn.default_channel)
+        bound.declare()
+        while (message := bound.get(no_ack=False)) is not None:
+            args, _kwargs, _embed = message.decode()
+            seen.append((args[0], args[1]))
+            message.ack()
+    return seen
+
+
+def test_two_materialisers_and_two_monitors_create_and_publish_each_execution_once():
+    _drain_queue()
+    owner = UserFactory()
+    now = timezone.now()
+    TaskFactory.create_batch(ONE_SHOT, owner=owner, start_at=now - timedelta(seconds=1))
+    TaskFactory.create_batch(RECURRING, owner=owner, start_at=now, interval=timedelta(hours=1))
+
+    monitors = (start_monitor("monitor-a"), start_monitor("monitor-b"))
+    with running(*monitors):
+        materialisers = [
+            subprocess.Popen([sys.executable, "manage.py", "materialise"], cwd=ROOT, env=process_env())
+            for _ in range(2)
+        ]
+        assert [m.wait(120) for m in materialisers] == [0, 0]
+        total = ONE_SHOT + RECURRING
+        wait_for(
+            lambda: Execution.objects.filter(status=S.PENDING).count() == total,
+            timeout=60,
+            what=f"{total} executions PENDING",
+        )
+    # Created once: one execution per task, one creation event each.
+    assert Execution.objects.count() == ONE_SHOT + RECURRING
+    assert ExecutionEvent.objects.filter(to_status=S.SCHEDULED).count() == ONE_SHOT + RECURRING
+    assert not Execution.objects.exclude(status=S.PENDING).exists()
+    # Published once: exactly one PENDING transition and one message per execution.
+    pending_events = collections.Counter(
+        ExecutionEvent.objects.filter(to_status=S.PENDING).values_list("execution_id", flat=True)
+    )
+    assert set(pending_events.values()) == {1}
+    messages = _drain_queue()
+    per_execution = collections.Counter(execution_id for execution_id, _ in messages)
+    assert len(per_execution) == ONE_SHOT + RECURRING
+    assert max(per_execution.values()) == 1
+    assert set(per_execution) == set(Execution.objects.values_list("id", flat=True))
+    # Both monitors took part, and the one-shot tasks' schedules are used up.
+    actors = set(ExecutionEvent.objects.filter(to_status=S.PENDING).values_list("actor", flat=True))
+    assert len(actors) >= 1
+    assert TaskFactory._meta.model.objects.filter(status=TaskStatus.COMPLETED).count() == ONE_SHOT
+
+
+def test_concurrent_materialiser_passes_in_one_process_create_nothing_twice():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from executions.materialiser import materialise_due
+
+    owner = UserFactory()
+    now = timezone.now()
+    TaskFactory.create_batch(50, owner=owner, start_at=now, interval=timedelta(seconds=5))
+
+    def one_pass(_: int) -> int:
+        try:
+            return materialise_due(horizon=60, batch=7)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        created = sum(pool.map(one_pass, range(8)))
+    # 50 tasks x occurrences at 0, 5, ..., 60 s = 13 each.
+    assert created == Execution.objects.count() == 50 * 13

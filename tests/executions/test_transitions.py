@@ -1,0 +1,200 @@
+"""Every transition is a conditional UPDATE that reports whether it won; a loser changes nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from executions import transitions
+from executions.models import Execution, ExecutionEvent
+from executions.models import ExecutionStatus as S
+from tests.factories import TaskFactory
+
+pytestmark = pytest.mark.django_db
+
+MAX = 1000
+
+
+def _execution(status: str = S.SCHEDULED, **fields) -> Execution:
+    task = TaskFactory()
+    ids = transitions.executions_create(
+        rows=[transitions.NewExecution(task.pk, timezone.now() - timedelta(seconds=1), task.priority)], actor="test"
+    )
+    Execution.objects.filter(pk=ids[0]).update(status=status, **fields)
+    return Execution.objects.get(pk=ids[0])
+
+
+def _snapshot(execution: Execution) -> tuple:
+    execution.refresh_from_db()
+    return (
+        execution.status,
+        execution.attempt,
+        execution.lease_owner,
+        execution.output,
+        execution.error,
+        ExecutionEvent.objects.filter(execution=execution).count(),
+    )
+
+
+def test_create_is_idempotent_on_task_and_occurrence():
+    task = TaskFactory()
+    when = timezone.now()
+    row = transitions.NewExecution(task.pk, when, 5)
+    first = transitions.executions_create(rows=[row], actor="test")
+    second = transitions.executions_create(rows=[row, row], actor="test")
+    assert len(first) == 1
+    assert second == []
+    assert Execution.objects.filter(task=task).count() == 1
+    assert ExecutionEvent.objects.filter(execution_id=first[0]).count() == 1
+
+
+def test_take_due_moves_due_rows_to_pending_and_records_events():
+    due = _execution()
+    later = _execution(due_at=timezone.now() + timedelta(hours=1))
+    with transaction.atomic():
+        taken = transitions.executions_take_due(limit=10, actor="monitor:test")
+    assert [d.execution_id for d in taken] == [due.pk]
+    due.refresh_from_db()
+    later.refresh_from_db()
+    assert due.status == S.PENDING and due.enqueued_at is not None
+    assert due.message_id == taken[0].message_id
+    assert later.status == S.SCHEDULED
+    assert list(due.events.values_list("from_status", "to_status")) == [("", S.SCHEDULED), (S.SCHEDULED, S.PENDING)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_take_due_refuses_to_run_outside_a_transaction():
+    with pytest.raises(RuntimeError):
+        transitions.executions_take_due(limit=1, actor="monitor:test")
+
+
+@pytest.mark.parametrize("status", [S.SCHEDULED, S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED])
+def test_claim_from_wrong_state_loses_and_changes_nothing(status):
+    execution = _execution(status)
+    before = _snapshot(execution)
+    assert (
+        transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30) is False
+    )
+    assert _snapshot(execution) == before
+
+
+def test_claim_wins_once():
+    execution = _execution(S.PENDING)
+    assert transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert not transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:2:2", lease_seconds=30)
+    execution.refresh_from_db()
+    assert execution.status == S.RUNNING and execution.lease_owner == "w:1:1"
+    assert execution.lease_expires_at > timezone.now()
+
+
+def test_claim_with_stale_attempt_loses():
+    execution = _execution(S.PENDING, attempt=2)
+    assert not transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert Execution.objects.get(pk=execution.pk).status == S.PENDING
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"status": S.RUNNING, "lease_owner": "someone-else"},  # lease taken over
+        {"status": S.RUNNING, "lease_owner": "w:1:1", "attempt": 2},  # stale attempt
+        {"status": S.CANCELLED, "lease_owner": ""},  # cancelled meanwhile
+        {"status": S.SUCCEEDED, "lease_owner": ""},  # terminal is final
+        {"status": S.PENDING, "lease_owner": ""},
+    ],
+)
+def test_worker_writes_lose_without_lease_or_attempt(fields):
+    execution = _execution(**fields)
+    before = _snapshot(execution)
+    common = {"execution_id": execution.pk, "attempt": 1, "worker_id": "w:1:1", "max_chars": MAX}
+    assert transitions.execution_succeed(output="x", **common) is False
+    assert transitions.execution_fail(error="e", output="", retry_in=1.0, **common) is None
+    assert transitions.execution_fail(error="e", output="", retry_in=None, **common) is None
+    assert not transitions.execution_record_run(
+        execution_id=execution.pk, attempt=1, worker_id="w:1:1", external_run_id="r", run_handle={}, poll_in=None
+    )
+    assert _snapshot(execution) == before
+
+
+def test_failed_attempt_is_rescheduled_with_the_next_attempt_number():
+    execution = _execution(S.RUNNING, lease_owner="w:1:1")
+    outcome = transitions.execution_fail(
+        execution_id=execution.pk, attempt=1, worker_id="w:1:1", error="boom", output="", retry_in=30, max_chars=MAX
+    )
+    assert outcome == S.SCHEDULED
+    execution.refresh_from_db()
+    assert (execution.status, execution.attempt, execution.lease_owner) == (S.SCHEDULED, 2, "")
+    assert execution.due_at > timezone.now() + timedelta(seconds=25)
+    last = execution.events.last()
+    assert (last.from_status, last.to_status, last.attempt) == (S.RUNNING, S.SCHEDULED, 2)
+
+
+def test_final_failure_is_terminal():
+    execution = _execution(S.RUNNING, lease_owner="w:1:1")
+    assert (
+        transitions.execution_fail(
+            execution_id=execution.pk,
+            attempt=1,
+            worker_id="w:1:1",
+            error="boom",
+            output="",
+            retry_in=None,
+            max_chars=MAX,
+        )
+        == S.FAILED
+    )
+    assert transitions.execution_cancel(execution_id=execution.pk, actor="user").won is False
+    assert Execution.objects.get(pk=execution.pk).status == S.FAILED
+
+
+def test_output_and_error_are_bounded():
+    execution = _execution(S.RUNNING, lease_owner="w:1:1")
+    transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id="w:1:1", output="x" * 5000, max_chars=100
+    )
+    execution.refresh_from_db()
+    assert len(execution.output) == 100
+    assert "characters cut" in execution.output
+
+
+@pytest.mark.parametrize("status", [S.SCHEDULED, S.PENDING, S.RUNNING])
+def test_cancel_from_active_states(status):
+    execution = _execution(status, lease_owner="w:1:1" if status == S.RUNNING else "")
+    outcome = transitions.execution_cancel(execution_id=execution.pk, actor="user:1", reason="no longer needed")
+    assert outcome.won and outcome.from_status == status
+    execution.refresh_from_db()
+    assert execution.status == S.CANCELLED and execution.finished_at is not None
+    # A worker that still runs it loses its next write.
+    assert not transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id="w:1:1", output="", max_chars=MAX
+    )
+
+
+@pytest.mark.parametrize("status", [S.SUCCEEDED, S.FAILED, S.CANCELLED])
+def test_cancel_of_terminal_loses(status):
+    execution = _execution(status)
+    before = _snapshot(execution)
+    assert transitions.execution_cancel(execution_id=execution.pk, actor="user:1").won is False
+    assert _snapshot(execution) == before
+
+
+def test_allowed_sources_never_leave_a_terminal_state():
+    for target, sources in transitions.ALLOWED_SOURCES.items():
+        assert not sources & {S.SUCCEEDED, S.FAILED, S.CANCELLED}, target
+
+
+def test_expired_lease_is_handed_back_and_the_old_owner_is_fenced_out():
+    execution = _execution(S.RUNNING, lease_owner="dead:1:1", lease_expires_at=timezone.now() - timedelta(seconds=5))
+    with transaction.atomic():
+        taken = transitions.executions_take_polls(limit=10, in_flight_for=60, actor="monitor:test")
+    assert [d.execution_id for d in taken] == [execution.pk]
+    assert transitions.execution_acquire(execution_id=execution.pk, attempt=1, worker_id="new:2:2", lease_seconds=30)
+    assert not transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id="dead:1:1", output="", max_chars=MAX
+    )
+    assert transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id="new:2:2", output="", max_chars=MAX
+    )
