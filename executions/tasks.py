@@ -6,7 +6,8 @@ from celery import shared_task
 from celery.signals import worker_init
 from django.db import InterfaceError, OperationalError
 
-from executions import materialiser, worker_services
+from executions import heartbeat, materialiser, worker_services
+from executions.conf import tms_settings
 from executions.worker_identity import lease_owner, set_node_id
 
 #: Database outages are retried by republishing with backoff; the row stays the source of truth.
@@ -45,3 +46,8 @@ def poll_execution(execution_id: int, attempt: int) -> str:
 @shared_task(name="tms.materialise", ignore_result=True)
 def materialise() -> int:
     return materialiser.materialise_due()
+
+
+@shared_task(name="tms.liveness", ignore_result=True)
+def liveness() -> list[str]:
+    return heartbeat.workers_mark_dead(timeout=tms_settings().WORKER_TIMEOUT)

@@ -268,6 +268,8 @@ def execution_fail(
             "external_run_id": "",
             "run_handle": {},
             "poll_count": 0,
+            "handbacks": 0,
+            "orphaned": False,
         }
         event_attempt = attempt + 1
     with transaction.atomic():
@@ -297,24 +299,36 @@ def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> li
     if not taken:
         return []
     token = uuid.uuid4().hex[:12]
-    ids = [row[0] for row in taken]
-    Execution.objects.filter(due, id__in=ids).update(
-        lease_owner="", lease_expires_at=None, next_poll_at=_db_now_plus(in_flight_for)
-    )
+    polls = [i for i, _, _, owner in taken if not owner]
     expired = [(i, a, owner) for i, a, _, owner in taken if owner]
-    ExecutionEvent.objects.bulk_create(
-        [_event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back") for i, a, owner in expired]
-    )
+    in_flight = _db_now_plus(in_flight_for)
+    if polls:
+        Execution.objects.filter(id__in=polls).update(next_poll_at=in_flight)
+    if expired:
+        Execution.objects.filter(id__in=[i for i, _, _ in expired]).update(
+            lease_owner="", lease_expires_at=None, next_poll_at=in_flight, handbacks=F("handbacks") + 1, orphaned=True
+        )
+        ExecutionEvent.objects.bulk_create(
+            [_event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back") for i, a, owner in expired]
+        )
     return [Dispatch(i, a, p, f"{i}-poll-{token}") for i, a, p, _ in taken]
 
 
 def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
-    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back)."""
-    return bool(
-        Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="").update(
-            lease_owner=worker_id, lease_expires_at=_db_now_plus(lease_seconds), poll_count=F("poll_count") + 1
-        )
-    )
+    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back).
+
+    Taking over a handed-back execution writes a "resumed" event, so the timeline shows who
+    resumed it and when.
+    """
+    free = Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="")
+    lease = {"lease_owner": worker_id, "lease_expires_at": _db_now_plus(lease_seconds), "poll_count": F("poll_count") + 1}
+    if free.filter(orphaned=False).update(**lease):
+        return True
+    with transaction.atomic():
+        if not free.filter(orphaned=True).update(**lease, orphaned=False):
+            return False
+        _event(execution_id, S.RUNNING, S.RUNNING, attempt, worker_id, "resumed after the previous lease expired").save()
+    return True
 
 
 def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_in: float) -> bool:
@@ -326,13 +340,21 @@ def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_i
     )
 
 
-def execution_extend_leases(*, owners: Sequence[str], lease_seconds: float) -> int:
-    """Heartbeat: push the lease expiry of every execution held by ``owners``. Returns the count."""
+def execution_extend_lease(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """Push the lease expiry of an execution this worker is working on; False if the lease is lost."""
+    return bool(
+        Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
+            lease_expires_at=_db_now_plus(lease_seconds)
+        )
+    )
+
+
+def executions_expire_leases(*, owners: Sequence[str]) -> int:
+    """End the leases held by ``owners`` (processes known to be dead) now, so the monitor hands
+    their executions to another worker without waiting for the leases to run out."""
     if not owners:
         return 0
-    return Execution.objects.filter(status=S.RUNNING, lease_owner__in=list(owners)).update(
-        lease_expires_at=_db_now_plus(lease_seconds)
-    )
+    return Execution.objects.filter(status=S.RUNNING, lease_owner__in=list(owners)).update(lease_expires_at=Now())
 
 
 # --- users and the platform -------------------------------------------------------------------

@@ -195,6 +195,7 @@ TMS = {
     "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
+    "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
     "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
 }
