@@ -309,7 +309,10 @@ def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> li
             lease_owner="", lease_expires_at=None, next_poll_at=in_flight, handbacks=F("handbacks") + 1, orphaned=True
         )
         ExecutionEvent.objects.bulk_create(
-            [_event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back") for i, a, owner in expired]
+            [
+                _event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back")
+                for i, a, owner in expired
+            ]
         )
     return [Dispatch(i, a, p, f"{i}-poll-{token}") for i, a, p, _ in taken]
 
@@ -321,13 +324,19 @@ def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_
     resumed it and when.
     """
     free = Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="")
-    lease = {"lease_owner": worker_id, "lease_expires_at": _db_now_plus(lease_seconds), "poll_count": F("poll_count") + 1}
+    lease = {
+        "lease_owner": worker_id,
+        "lease_expires_at": _db_now_plus(lease_seconds),
+        "poll_count": F("poll_count") + 1,
+    }
     if free.filter(orphaned=False).update(**lease):
         return True
     with transaction.atomic():
         if not free.filter(orphaned=True).update(**lease, orphaned=False):
             return False
-        _event(execution_id, S.RUNNING, S.RUNNING, attempt, worker_id, "resumed after the previous lease expired").save()
+        _event(
+            execution_id, S.RUNNING, S.RUNNING, attempt, worker_id, "resumed after the previous lease expired"
+        ).save()
     return True
 
 
