@@ -279,6 +279,10 @@ def execution_fail(
     return target if won else None
 
 
+#: Polls and resumptions of work already running go ahead of starting new work.
+POLL_PRIORITY = 9
+
+
 def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> list[Dispatch]:
     """Take RUNNING executions that need a worker's attention, for a short poll message:
     an asynchronous run whose ``next_poll_at`` came, or a run whose lease expired (its worker
@@ -314,7 +318,7 @@ def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> li
                 for i, a, owner in expired
             ]
         )
-    return [Dispatch(i, a, p, f"{i}-poll-{token}") for i, a, p, _ in taken]
+    return [Dispatch(i, a, POLL_PRIORITY, f"{i}-poll-{token}") for i, a, _, _ in taken]
 
 
 def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
