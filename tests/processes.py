@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from executions.harness import processes
 from executions.harness.processes import ROOT, ManagedProcess
@@ -52,7 +52,11 @@ def wait_for(
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        try:
+            value = predicate()
+        except (OperationalError, InterfaceError):  # the database is restarting: ask again
+            connection.close()
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
