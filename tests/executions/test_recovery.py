@@ -209,10 +209,13 @@ def test_broker_restart_during_load_loses_nothing(owner, api_client):
         wait_for(lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() >= 5, timeout=30)
         subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
         try:
-            # The API keeps accepting tasks while the broker is down.
+            # The API keeps accepting tasks while the broker is down, and the monitor keeps
+            # their executions SCHEDULED until it can publish them.
             created = api_client.post("/api/v1/tasks", {"runner": "sleep", "config": {"duration": "100ms"}})
             assert created.status_code == 201
             time.sleep(3)
+            (waiting,) = Execution.objects.filter(task_id=created.data["id"])
+            assert waiting.status == S.SCHEDULED
         finally:
             subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
         tasks.append(created.data["id"])
@@ -276,3 +279,27 @@ def test_work_that_crashes_its_worker_ends_failed_after_max_attempts(owner):
     assert _terminal_events(execution) == 1
     # Two attempts, each started once and restarted once (MAX_HANDBACKS=1) before giving up.
     assert execution.events.filter(detail__startswith="lease of").count() == 4
+
+
+def test_worker_that_cannot_heartbeat_for_its_timeout_exits():
+    from django.conf import settings
+
+    from tests.tcp_proxy import TcpProxy
+
+    db = settings.DATABASES["default"]
+    proxy = TcpProxy(int(db["PORT"] or 5432))
+    url = f"postgres://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}"
+    worker = start_worker(concurrency=1, DATABASE_URL=url, **FAST)
+    try:
+        with running(worker):
+            wait_worker_ready(worker)
+            wait_for(lambda: "registered" in worker.log(), timeout=10, what="the worker to register")
+            proxy.cut()  # the database is gone for this worker only
+            cut_at = time.monotonic()
+            wait_for(lambda: not worker.alive, timeout=30, what="the worker to exit")
+            exited_after = time.monotonic() - cut_at
+    finally:
+        proxy.close()
+    assert "could not heartbeat" in worker.log()
+    # It waited for its timeout (3 s) before giving up, and did not linger long after it.
+    assert 3 <= exited_after < 20
