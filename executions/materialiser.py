@@ -39,16 +39,16 @@ def task_schedule(task: Task) -> Schedule:
 
 
 @dataclass
-class _Plan:
+class Plan:
     rows: list[transitions.NewExecution]
     next_run_at: datetime | None
     runs: int
 
 
-def _plan(task: Task, *, now: datetime, until: datetime) -> _Plan:
+def plan_task(task: Task, *, now: datetime, until: datetime) -> Plan:
     """The executions to create for ``task`` up to ``until``, and where its cursor moves."""
     if task.next_run_at is None:
-        return _Plan([], None, task.runs_materialised)
+        return Plan([], None, task.runs_materialised)
     fire_times: Iterator[datetime] = task_schedule(task).fire_times(since=task.next_run_at)
     remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
     missed: list[datetime] = []
@@ -81,11 +81,11 @@ def _plan(task: Task, *, now: datetime, until: datetime) -> _Plan:
         )
         for when in times
     ]
-    return _Plan(rows, nxt, task.runs_materialised + len(rows))
+    return Plan(rows, nxt, task.runs_materialised + len(rows))
 
 
 def _apply(tasks: list[Task], *, now: datetime, until: datetime) -> list[int]:
-    plans = {task.pk: _plan(task, now=now, until=until) for task in tasks}
+    plans = {task.pk: plan_task(task, now=now, until=until) for task in tasks}
     ids = transitions.executions_create(rows=[row for p in plans.values() for row in p.rows], actor=ACTOR)
     for task in tasks:
         plan = plans[task.pk]
