@@ -9,7 +9,6 @@ share the work instead of repeating it), inserts their occurrences up to the hor
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from executions.clock import db_now
 from executions.conf import tms_settings
 from executions.notify import notify_due
 from tasks_app.models import MisfirePolicy, Task, TaskStatus
-from tasks_app.schedules import Schedule
+from tasks_app.schedules import Schedule, jitter_for
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +70,15 @@ def plan_task(task: Task, *, now: datetime, until: datetime) -> Plan:
     if remaining is not None and len(missed) + len(due) >= remaining:
         nxt = None
     times = missed + due
-    jitter = task.jitter.total_seconds() if task.jitter else 0.0
     rows = [
         transitions.NewExecution(
             task_id=task.pk,
             scheduled_for=when,
             priority=task.priority,
-            due_at=when + timedelta(seconds=random.uniform(0, jitter)) if jitter else None,  # noqa: S311
+            # Deterministic per occurrence: materialising it again gives the same due time.
+            due_at=when + jitter_for(key=f"{task.pk}:{when.isoformat()}", max_jitter=task.jitter)
+            if task.jitter
+            else None,
         )
         for when in times
     ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -34,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, ClassVar
@@ -185,7 +185,7 @@ def _literal_ip(host: str) -> IPAddress | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class AddressPolicy:
     """Where the runner may connect: public addresses, plus the operator's ``allowed_networks``."""
 
@@ -549,7 +549,7 @@ class HttpConfigSerializer(serializers.Serializer):
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Reply:
     """The final response of one exchange (after redirects), with its body read up to a cap."""
 
@@ -574,6 +574,12 @@ class _Reply:
     @property
     def origin(self) -> str:
         return _origin(self.url)
+
+    def capped(self, limit: int) -> _Reply:
+        """This reply with its body cut to ``limit`` bytes."""
+        if len(self.body) <= limit:
+            return self
+        return dataclasses.replace(self, body=self.body[:limit], truncated=True, limit=limit)
 
 
 def _origin(url: str) -> str:
@@ -791,6 +797,8 @@ class HttpRunner(BaseRunner):
         headers = self._headers(spec, target=config["url"])
         if content_type and "Content-Type" not in headers:
             headers["Content-Type"] = content_type
+        limit = self._limit(config)
+        is_async = bool(config.get("async"))
         try:
             reply = self._exchange(
                 method,
@@ -799,21 +807,23 @@ class HttpRunner(BaseRunner):
                 body=body,
                 seconds=self._seconds(spec),
                 follow_redirects=bool(config.get("follow_redirects", True)),
-                limit=self._limit(config),
+                # An async answer is parsed for its status URL, so read it whole (within reason).
+                limit=max(limit, _STATUS_DOCUMENT_MAX_BYTES) if is_async else limit,
             )
         except RunnerError as exc:
             return RunHandle(key, result=RunResult.failed(str(exc), retryable=exc.retryable))
         run_id = self._run_id(reply) or key
+        shown = reply.capped(limit)
         if not _status_is_success(reply.status, config.get("expected_status")):
             return RunHandle(
                 run_id,
                 result=RunResult.failed(
-                    _status_error(reply), output=reply.text, retryable=_status_is_retryable(reply.status)
+                    _status_error(shown), output=shown.text, retryable=_status_is_retryable(reply.status)
                 ),
             )
-        if not config.get("async"):
-            return RunHandle(run_id, result=RunResult.succeeded(reply.text))
-        return self._accepted(spec, reply, run_id)
+        if not is_async:
+            return RunHandle(run_id, result=RunResult.succeeded(shown.text))
+        return self._accepted(spec, reply, run_id, limit=limit)
 
     def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:
         """GET the status URL of an async run and read its status document.
@@ -997,7 +1007,7 @@ class HttpRunner(BaseRunner):
                 return run_id
         return None
 
-    def _accepted(self, spec: RunSpec, reply: _Reply, run_id: str) -> RunHandle:
+    def _accepted(self, spec: RunSpec, reply: _Reply, run_id: str, *, limit: int) -> RunHandle:
         """Turn the answer of an async start into a handle on its status URL."""
         document = _json_document(reply.body) if not reply.truncated else None
         if isinstance(document, Mapping) and run_id == spec.idempotency_key:
@@ -1009,13 +1019,13 @@ class HttpRunner(BaseRunner):
             finished = _FAILED_STATUSES | _SUCCEEDED_STATUSES | _CANCELLED_STATUSES
             if isinstance(document, Mapping) and str(document.get("status", "")).strip().lower() in finished:
                 # The endpoint finished the job within the request and answered with its status document.
-                return RunHandle(run_id, result=self._document_result(reply, limit=self._limit(spec.config)))
+                return RunHandle(run_id, result=self._document_result(reply, limit=limit))
             return RunHandle(
                 run_id,
                 result=RunResult.failed(
                     f"async endpoint {reply.origin} answered HTTP {reply.status} without a status URL "
                     "(Location header or status_url field)",
-                    output=reply.text,
+                    output=reply.capped(limit).text,
                     retryable=False,
                 ),
             )
@@ -1031,16 +1041,18 @@ class HttpRunner(BaseRunner):
     @staticmethod
     def _document_result(reply: _Reply, *, limit: int) -> RunResult:
         """Read ``{"status": ..., "output": ..., "error": ...}`` into a RunResult."""
-        document = None if reply.truncated else _json_document(reply.body)
-        status = document.get("status") if isinstance(document, Mapping) else None
-        if not isinstance(status, str):
+        if reply.truncated:
+            return RunResult.failed(
+                f"the status document from {reply.origin} is larger than {reply.limit} bytes", retryable=False
+            )
+        document = _json_document(reply.body)
+        if not isinstance(document, Mapping) or not isinstance(document.get("status"), str):
             return RunResult.failed(
                 f"{reply.origin} did not answer with a status document "
                 f'({{"status": "running|succeeded|failed", ...}}): {_excerpt(reply.text)}',
                 retryable=False,
             )
-        assert isinstance(document, Mapping)
-        status = status.strip().lower()
+        status = document["status"].strip().lower()
         output = _bounded_text(document.get("output"), limit)
         if status in _RUNNING_STATUSES:
             return RunResult.running(output)

@@ -26,13 +26,18 @@ Sunday closing a range counts as 7 (``FRI-SUN``).
 ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and ``@hourly`` stand for their usual
 five-field expressions. Rejected with a :class:`ScheduleError`: the Quartz/Jenkins extensions
 ``L``, ``W``, ``#`` and ``H``, a year field, ranges that run backwards (``22-2``: write
-``22-23,0-2``), and expressions that can never fire (``0 0 30 2 *``: February has no 30th).
+``22-23,0-2``), a field that selects nothing (``7/7``: no weekday from 7 to 6), and
+expressions that can never fire (``0 0 30 2 *``: February has no 30th). The search for the
+next fire time is bounded too: it gives up after 9 years without one (a valid expression fires
+at least every 8 years).
 
 Day of month and day of week: when BOTH fields are restricted -- neither is exactly ``*`` or
 ``?`` -- a day matches if EITHER field matches (``0 0 13 * FRI`` fires on every 13th and on
 every Friday), as POSIX, Vixie cron and croniter do. Otherwise a day must match both (the
 unrestricted one matches every day). A stepped field such as ``*/2`` counts as restricted, as in
-croniter and robfig/cron (Vixie cron would treat it as unrestricted).
+croniter and robfig/cron (Vixie cron treats a field starting with ``*`` as unrestricted), and so
+does one that happens to select every value (``*/1``, ``0-6``; croniter reads such a field as
+``*`` when the other day field contains a ``*``).
 
 Time zone and daylight saving time
 ----------------------------------
@@ -206,6 +211,8 @@ def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[i
         values.update(range(first, last + 1, step))
     if field is _WEEKDAY and 7 in values:
         values = (values - {7}) | {0}
+    if not values:
+        raise _bad(expression, f"{text!r} selects no {field.name} value.")
     return frozenset(values), text != "*"
 
 
@@ -334,6 +341,10 @@ _MAX_SEGMENT = timedelta(days=28)
 _LOOKBACK = timedelta(days=3)
 #: Fire times stop here rather than overflow :class:`datetime`.
 _LAST_INSTANT = datetime(9998, 1, 1, tzinfo=UTC)
+#: The search gives up after this long without a fire time. A valid expression fires at least
+#: every 8 years (29 February 2096, then 2104); validation rejects those that never fire, so
+#: this only bounds the work if that ever failed.
+_LONGEST_SILENCE = timedelta(days=366 * 9)
 
 
 def _offset(zone: ZoneInfo, instant: datetime) -> timedelta:
@@ -380,6 +391,8 @@ def _cron_times(cron: CronExpression, zone: ZoneInfo, since: datetime) -> Iterat
     shown: datetime | None = None
     last: datetime | None = None
     for begin, end, offset in _segments(zone, since - _LOOKBACK):
+        if begin - (last or since) > _LONGEST_SILENCE:
+            return
         low = (begin + offset).replace(tzinfo=None)
         high = (end + offset).replace(tzinfo=None)
         if shown is None:

@@ -125,7 +125,9 @@ class LambdaEmulator(EmulatorServer):
         qualifier = request.param("Qualifier") or qualifier
         function = self.functions.get(name)
         if function is None:
-            return _error(404, "ResourceNotFoundException", f"Function not found: {self.arn(name)}", request_id=request_id)
+            return _error(
+                404, "ResourceNotFoundException", f"Function not found: {self.arn(name)}", request_id=request_id
+            )
         invocation_type = request.header("x-amz-invocation-type") or "RequestResponse"
         try:
             event = json.loads(request.body) if request.body else {}
@@ -185,7 +187,8 @@ class LambdaEmulator(EmulatorServer):
         worker.start()
         worker.join(function.timeout)
         if worker.is_alive():
-            message = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} Task timed out after {function.timeout:.2f} seconds"
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            message = f"{stamp} Task timed out after {function.timeout:.2f} seconds"
             context.log(message)
             return None, {"errorMessage": message, "errorType": "Sandbox.Timedout"}
         return outcome.get("result"), outcome.get("error")

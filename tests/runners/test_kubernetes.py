@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 from rest_framework import serializers
 
 from runners.base import RunHandle, RunnerError, RunResult, RunSpec, RunState
 from runners.kubernetes import KubernetesRunner
+from runners.registry import get_runner
 from tests.emulators.kubernetes import KubernetesEmulator
 
 _counter = iter(range(100, 1_000_000))
@@ -431,3 +433,29 @@ def test_bad_options_are_configuration_errors() -> None:
         KubernetesRunner("k8s", {"delete_propagation": "Orphan"})
     with pytest.raises(ImproperlyConfigured, match="namespace"):
         KubernetesRunner("k8s", {"namespace": "Bad_NS"})
+
+
+def test_a_job_of_another_task_with_the_same_key_is_not_adopted(
+    runner: KubernetesRunner, cluster: KubernetesEmulator
+) -> None:
+    spec = make_spec(runner, job("sleep 1"), task_id="task-1")
+    runner.start(spec)
+    stranger = make_spec(runner, job("sleep 1"), execution_id=spec.execution_id, task_id="task-2")
+
+    with pytest.raises(RunnerError, match="TMS did not create"):
+        runner.start(stranger)
+
+    assert sum(cluster.creations.values()) == 1
+
+
+def test_runner_loads_from_the_tms_runners_setting(cluster: KubernetesEmulator) -> None:
+    entry = {
+        "BACKEND": "runners.kubernetes.KubernetesRunner",
+        "OPTIONS": {"host": cluster.url, "namespace": "jobs", "allowed_namespaces": ["reports"]},
+    }
+    with override_settings(TMS_RUNNERS={"kubernetes": entry}):
+        runner = get_runner("kubernetes")
+        spec = make_spec(runner, job("sleep 0"))  # type: ignore[arg-type]
+        handle = runner.start(spec)
+
+    assert handle.external_run_id.startswith("jobs/")

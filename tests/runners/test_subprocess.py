@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 from rest_framework import serializers
 
 from runners.base import RunHandle, RunnerError, RunResult, RunSpec, RunState
+from runners.registry import get_runner
 from runners.subprocess import SubprocessRunner
 
 PYTHON = sys.executable
@@ -117,15 +119,18 @@ def runner(tmp_path: Path) -> Iterator[SubprocessRunner]:
 
 
 def test_command_runs_detached_and_poll_reports_success(runner: SubprocessRunner) -> None:
-    spec = make_spec(runner, {"command": ["echo", "hello"], "args": ["world"]})
+    spec = make_spec(
+        runner, {**python("import sys, time; time.sleep(0.3); print(*sys.argv[1:])"), "args": ["hi", "there"]}
+    )
 
     handle = runner.start(spec)
 
     assert handle.result is None
     assert handle.external_run_id.endswith(":" + spec.idempotency_key)
+    assert runner.poll(spec, handle).state is RunState.RUNNING
     result = wait_for_result(runner, spec, handle)
     assert result.state is RunState.SUCCEEDED
-    assert result.output == "hello world\n"
+    assert result.output == "hi there\n"
     assert launches(runner, spec) == 1
 
 
@@ -519,3 +524,34 @@ def test_unknown_option_is_a_configuration_error(tmp_path: Path) -> None:
         SubprocessRunner("local", {"shell": True})
     with pytest.raises(ImproperlyConfigured, match="allowed_executables"):
         make_runner(tmp_path, allowed_executables=["bin/echo"])
+
+
+def test_run_folder_of_another_task_is_never_adopted(runner: SubprocessRunner) -> None:
+    spec = make_spec(runner, {"command": ["true"]}, task_id="task-1")
+    runner.start(spec)
+    # The same key for another task: e.g. a work_dir left over from before a database reset.
+    stranger = make_spec(runner, {"command": ["true"]}, execution_id=spec.execution_id, task_id="task-2")
+
+    with pytest.raises(RunnerError, match="belongs to task task-1") as caught:
+        runner.start(stranger)
+
+    assert caught.value.retryable is False
+    assert launches(runner, spec) == 1
+
+
+def test_runner_loads_from_the_tms_runners_setting(tmp_path: Path) -> None:
+    entry = {
+        "BACKEND": "runners.subprocess.SubprocessRunner",
+        "OPTIONS": {"allowed_executables": ["echo"], "work_dir": str(tmp_path / "runs"), "inline_wait_seconds": 2},
+    }
+    with override_settings(TMS_RUNNERS={"subprocess": entry}):
+        runner = get_runner("subprocess")
+        spec = make_spec(runner, {"command": ["echo", "from settings"]})  # type: ignore[arg-type]
+        handle = runner.start(spec)
+
+    assert isinstance(runner, SubprocessRunner)
+    assert handle.result is not None and handle.result.output == "from settings\n"
+
+
+def test_default_work_dir_is_under_var_dir(settings: Any) -> None:
+    assert SubprocessRunner("local").work_dir == Path(settings.VAR_DIR).absolute() / "runs"

@@ -345,6 +345,7 @@ def test_naive_since_is_rejected():
         ("0 12 13 * FRI", "2026-02-01T00:00", ["2026-02-06T12:00", "2026-02-13T12:00", "2026-02-20T12:00"]),
         ("0 0 */10 * MON", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-08T00:00", "2026-06-11T00:00"]),
         ("0 0 */10 * *", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-11T00:00", "2026-06-21T00:00"]),
+        ("0 0 */2 * */1", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-02T00:00"]),  # both restricted: OR
         ("0 0 13 * *", "2026-02-01T00:00", ["2026-02-13T00:00", "2026-03-13T00:00"]),
         ("@hourly", "2026-01-01T00:30", ["2026-01-01T01:00", "2026-01-01T02:00"]),
         ("@Weekly", "2026-01-01T00:00", ["2026-01-04T00:00", "2026-01-11T00:00"]),
@@ -615,7 +616,7 @@ def offset_changes(zone_name: str, year: int) -> tuple[datetime, ...]:
         if offset(day) != offset(following):
             before, after = day, following
             while after - before > timedelta(seconds=1):
-                middle = before + (after - before) // 2
+                middle = before + timedelta(seconds=(after - before) // timedelta(seconds=2))
                 before, after = (middle, after) if offset(middle) == offset(day) else (before, middle)
             changes.append(after)
         day = following
@@ -696,9 +697,9 @@ def expressions(draw, *, seconds: bool, plain: bool = False, hours: tuple[list[i
     parts = [
         draw(field("minute", 25, plain=plain)),
         draw(hour_field(*hours) if hours else field("hour", 40, plain=plain)),
-        draw(field("dom", 80, plain=plain)),
+        draw(field("dom", 70, plain=plain)),
         draw(field("month", 85, plain=plain)),
-        draw(field("dow", 75, plain=plain)),
+        draw(field("dow", 70, plain=plain)),
     ]
     if seconds:
         parts.insert(0, draw(field("second", 30, plain=plain)))
@@ -820,6 +821,10 @@ def test_agrees_with_croniter_where_there_is_no_dst(expression):
         ours = Schedule(start_at=start, cron=expression).preview(25)
     except ScheduleError:
         assume(False)
+    ref = RefCron(expression)
+    # Where both day fields are restricted and one selects every value ("*/1"), croniter reads that
+    # one as "*" if the other contains a "*" (AND); the module's documented rule says OR.
+    assume(not (ref.either_day and (len(ref.sets["dom"]) == 31 or len(ref.sets["dow"]) == 7)))
     seconds = len(expression.split()) == 6
     theirs = croniter(expression, start - timedelta(microseconds=1), ret_type=datetime, second_at_beginning=seconds)
     assert ours == list(islice(theirs.all_next(datetime), 25))

@@ -5,6 +5,7 @@ processes a test starts (which inherit or override that environment) agree with 
 """
 
 import os
+import tempfile
 
 for _name, _value in {
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/tms",
@@ -14,6 +15,10 @@ for _name, _value in {
     "TMS_QUEUE": f"tms.test.{os.getpid()}",
     "TMS_MATERIALISE_HORIZON": "60",
     "TMS_MONITOR_MAX_SLEEP": "0.5",
+    # Subprocess run folders of this run's own: execution ids restart at 1 in each test database.
+    "TMS_SUBPROCESS_WORK_DIR": os.path.join(tempfile.gettempdir(), f"tms-test-runs-{os.getpid()}"),
+    "TMS_SUBPROCESS_ALLOW_ARTIFACTS": "true",
+    "TMS_SUBPROCESS_ALLOWED_EXECUTABLES": "/bin/sh,/usr/bin/env,sleep,echo,true,false",
 }.items():
     os.environ.setdefault(_name, _value)
 
