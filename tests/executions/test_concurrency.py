@@ -25,15 +25,17 @@ ONE_SHOT, RECURRING = 400, 100
 
 
 def _drain_queue() -> list[tuple[int, int]]:
-    """Consume every message on the test queue; return (execution id, attempt) per message."""
+    """Consume every message on the test queue; return (execution id, attempt) per run message
+    (messages of other tasks, such as beat's from an earlier test, are dropped)."""
     seen = []
     queue = settings.CELERY_TASK_QUEUES[0]
     with app.connection_for_read() as conn:
         bound = queue(conn.default_channel)
         bound.declare()
         while (message := bound.get(no_ack=False)) is not None:
-            args, _kwargs, _embed = message.decode()
-            seen.append((args[0], args[1]))
+            if message.headers.get("task") == "tms.run_execution":
+                args, _kwargs, _embed = message.decode()
+                seen.append((args[0], args[1]))
             message.ack()
     return seen
 

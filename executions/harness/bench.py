@@ -1,0 +1,459 @@
+"""``manage.py tms_bench``: measure the platform beside the bare-Celery ceiling, in one run.
+
+Every scenario starts real monitor and worker processes against the configured PostgreSQL and
+RabbitMQ, drives load through the same code paths as production, and reads the figures back
+from the database (lateness = claimed minus scheduled time), from PostgreSQL's own counters
+(commits per execution) and from the monitor's stats (due-query time). The baseline pushes bare
+Celery no-op tasks through the same broker and queue with the same worker settings, so the ratio
+between the two says what TMS costs on this machine today, whatever its speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Max
+
+from executions.clock import db_now
+from executions.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
+from executions.models import TERMINAL_STATUSES, Execution
+from tasks_app.models import Task
+from tasks_app.services import task_bulk_create
+
+SCENARIOS = ("burst", "sustained", "scale", "create")
+#: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
+_CLEANUP = (
+    """DELETE FROM executions_executionevent WHERE execution_id IN (
+        SELECT e.id FROM executions_execution e JOIN tasks_app_task t ON t.id = e.task_id
+        JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    """DELETE FROM executions_execution WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    """DELETE FROM tasks_app_task WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
+)
+BENCH_USER = "tms-bench"
+FILLER_USER = "tms-bench-filler"
+
+
+@dataclass
+class BenchConfig:
+    scenarios: tuple[str, ...] = SCENARIOS
+    tasks: int = 5000
+    #: Sustained executions per second; default: half the burst throughput of this run (or 100).
+    rate: float | None = None
+    duration: float = 20.0
+    workers: int = 1
+    concurrency: int = 4
+    scale_executions: int = 1_000_000
+    scale_tasks: int = 100_000
+    create_requests: int = 300
+    bulk_tasks: int = 20_000
+    log_dir: Path = field(default_factory=lambda: ROOT / "var" / "bench")
+    settings_module: str = ""
+    progress: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class Figures:
+    scenario: str
+    executions: int = 0
+    seconds: float = 0.0
+    per_second: float = 0.0
+    lateness_ms: dict[str, float] = field(default_factory=dict)
+    commits_per_execution: float | None = None
+    monitor: dict[str, Any] = field(default_factory=dict)
+    baseline_per_second: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline_per_second:
+            return None
+        return self.per_second / self.baseline_per_second
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def q(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 1)
+
+    return {"p50": q(0.50), "p95": q(0.95), "p99": q(0.99), "max": round(ordered[-1], 1)}
+
+
+class _StatementCounter:
+    """Counts this process's own statements, to take them out of the commit figures."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        self.count += 1
+        return execute(sql, params, many, context)
+
+
+def _commits() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Bench:
+    def __init__(self, config: BenchConfig) -> None:
+        self.config = config
+        self.owner = get_user_model().objects.get_or_create(username=BENCH_USER)[0]
+        self.results: list[Figures] = []
+
+    # -- processes --------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        return {"DJANGO_SETTINGS_MODULE": self.config.settings_module} if self.config.settings_module else {}
+
+    @contextlib.contextmanager
+    def _platform(self, *, monitor: bool = True) -> Iterator[tuple[list[ManagedProcess], ManagedProcess | None]]:
+        workers = [
+            start_worker(f"bench-worker-{i + 1}", log_dir=self.config.log_dir, concurrency=self.config.concurrency,
+                         **self._env())
+            for i in range(self.config.workers)
+        ]  # fmt: skip
+        mon = start_monitor("bench-monitor", log_dir=self.config.log_dir, **self._env()) if monitor else None
+        try:
+            for worker in workers:
+                wait_ready(worker)
+            yield workers, mon
+        finally:
+            for proc in [*workers, *([mon] if mon else [])]:
+                proc.stop()
+
+    @staticmethod
+    def _monitor_stats(mon: ManagedProcess | None) -> dict[str, Any]:
+        if mon is None:
+            return {}
+        found = re.findall(r"monitor stats (\{.*\})", mon.log())
+        return json.loads(found[-1]) if found else {}
+
+    # -- the execution path -----------------------------------------------------------------
+
+    def _run_load(self, name: str, specs: list[dict[str, Any]], starts_at: datetime, expected: int) -> Figures:
+        """Create the tasks, then measure from ``starts_at`` until ``expected`` executions end."""
+        figures = Figures(name)
+        with self._platform() as (_, mon):
+            for chunk in range(0, len(specs), 2000):
+                task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 2000])
+            task_ids = list(Task.objects.filter(owner=self.owner).values_list("id", flat=True))
+            counter = _StatementCounter()
+            before = _commits()
+            with connection.execute_wrapper(counter):
+                self._wait_done(name, task_ids, expected, starts_at)
+        connection.close()  # our own statistics are flushed when the connection ends
+        time.sleep(1.0)
+        commits = _commits() - before - counter.count
+        executions = Execution.objects.filter(task_id__in=task_ids, status__in=TERMINAL_STATUSES)
+        rows = list(executions.values_list("scheduled_for", "started_at", "finished_at"))
+        figures.executions = len(rows)
+        lateness = [(started - scheduled).total_seconds() * 1000 for scheduled, started, _ in rows if started]
+        figures.lateness_ms = _quantiles(lateness)
+        last = executions.aggregate(last=Max("finished_at"))["last"]
+        first_due = min(scheduled for scheduled, _, _ in rows) if rows else starts_at
+        figures.seconds = max(1e-6, (last - first_due).total_seconds()) if last else 0.0
+        figures.per_second = figures.executions / figures.seconds if figures.seconds else 0.0
+        figures.commits_per_execution = round(commits / figures.executions, 2) if figures.executions else None
+        figures.monitor = self._monitor_stats(mon)
+        return figures
+
+    def _wait_done(self, name: str, task_ids: list[Any], expected: int, starts_at: datetime) -> None:
+        timeout = 120 + expected / 20
+        deadline = time.monotonic() + timeout
+        last_report = 0.0
+        while True:
+            done = Execution.objects.filter(task_id__in=task_ids, status__in=TERMINAL_STATUSES).count()
+            if done >= expected:
+                return
+            if time.monotonic() > deadline:
+                self.config.progress(f"{name}: gave up after {timeout:.0f}s with {done}/{expected} done")
+                return
+            if time.monotonic() - last_report >= 1:
+                self.config.progress(f"{name}: {done}/{expected} executions done")
+                last_report = time.monotonic()
+            time.sleep(0.5)
+
+    def _cleanup(self) -> None:
+        """Delete what this run created (set-based: the scale scenario leaves a million rows)."""
+        with connection.cursor() as cursor:
+            for username in (BENCH_USER, FILLER_USER):
+                for statement in _CLEANUP:
+                    cursor.execute(statement, [username])
+
+    # -- scenarios --------------------------------------------------------------------------
+
+    def burst(self) -> Figures:
+        count = self.config.tasks
+        lead = max(3.0, count / 2000 + 3.0)
+        due = db_now() + timedelta(seconds=lead)
+        specs = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
+        self.config.progress(f"burst: {count} one-shot tasks due at one instant {lead:.0f}s ahead")
+        figures = self._run_load("burst", specs, due, count)
+        rows = Execution.objects.filter(task__owner=self.owner).values_list("scheduled_for", "started_at")
+        figures.extra["last_start_after_due_s"] = round(
+            max((started - scheduled).total_seconds() for scheduled, started in rows if started), 3
+        )
+        figures.baseline_per_second = self.baseline(count)
+        self._cleanup()
+        return figures
+
+    def sustained(self, name: str = "sustained") -> Figures:
+        rate = self.config.rate or 100.0
+        seconds = self.config.duration
+        start = db_now() + timedelta(seconds=5)
+        recurring = max(1, round(rate / 2))
+        one_shots = round(rate / 2 * seconds)
+        specs: list[dict[str, Any]] = [
+            {"runner": "noop", "start_at": start + timedelta(seconds=i / recurring), "interval": timedelta(seconds=1),
+             "max_runs": int(seconds), "name": f"recurring {i}"}
+            for i in range(recurring)
+        ]  # fmt: skip
+        specs += [
+            {
+                "runner": "noop",
+                "start_at": start + timedelta(seconds=seconds * i / max(1, one_shots)),
+                "name": f"once {i}",
+            }
+            for i in range(one_shots)
+        ]
+        expected = recurring * int(seconds) + one_shots
+        self.config.progress(f"{name}: {rate:g}/s for {seconds:g}s ({recurring} recurring + {one_shots} one-shot)")
+        figures = self._run_load(name, specs, start, expected)
+        figures.extra["target_rate"] = rate
+        self._cleanup()
+        return figures
+
+    def scale(self, empty: Figures | None) -> Figures:
+        self._fill()
+        try:
+            figures = self.sustained("scale")
+        finally:
+            self.config.progress("scale: deleting the filler rows")
+            self._cleanup()
+        figures.extra["filler_executions"] = self.config.scale_executions
+        figures.extra["filler_tasks"] = self.config.scale_tasks
+        if empty is not None and empty.per_second:
+            figures.extra["throughput_vs_empty"] = round(figures.per_second / empty.per_second, 3)
+        return figures
+
+    def _fill(self) -> None:
+        """Insert the scale scenario's idle rows set-based: recurring tasks not due for a day,
+        and their future executions."""
+        filler = get_user_model().objects.get_or_create(username=FILLER_USER)[0]
+        tasks, per_task = self.config.scale_tasks, max(1, self.config.scale_executions // self.config.scale_tasks)
+        self.config.progress(f"scale: inserting {tasks} recurring tasks and {tasks * per_task} future executions")
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
+                    timezone, jitter, misfire_policy, overlap_policy, max_attempts, retry_backoff, retry_backoff_max,
+                    retry_jitter, timeout, priority, notification_target, tracing_id, next_run_at, runs_materialised,
+                    created_at, updated_at)
+                SELECT gen_random_uuid(), %s, 'filler ' || g, 'ACTIVE', 'noop', '{}', now() + interval '1 day',
+                    interval '1 hour', '', 'UTC', interval '0', 'run_once', 'allow', 3, interval '5 seconds',
+                    interval '10 minutes', true, interval '20 minutes', 5, '', '',
+                    now() + interval '1 day' + g * interval '1 millisecond', %s, now(), now()
+                FROM generate_series(1, %s) AS g
+                """,
+                [filler.pk, per_task, tasks],
+            )
+            cursor.execute(
+                """
+                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                    lease_owner, external_run_id, run_handle, message_id, output, error)
+                SELECT t.id, t.start_at + k * interval '1 hour', 'SCHEDULED', 1, t.start_at + k * interval '1 hour',
+                    5, '', '', '{}', '', '', ''
+                FROM tasks_app_task t CROSS JOIN generate_series(0, %s - 1) AS k
+                WHERE t.owner_id = %s
+                """,
+                [per_task, filler.pk],
+            )
+            cursor.execute("ANALYZE tasks_app_task")
+            cursor.execute("ANALYZE executions_execution")
+        self.config.progress(f"scale: filled in {time.monotonic() - started:.1f}s")
+
+    def baseline(self, count: int) -> float:
+        """Bare Celery no-op tasks through the same broker, queue and worker settings; per second."""
+        from executions.tasks import bench_noop
+
+        self.config.progress(f"baseline: {count} bare Celery no-op tasks")
+        with self._platform(monitor=False) as (workers, _):
+            started = time.monotonic()
+            with bench_noop.app.producer_or_acquire() as producer:
+                for _ in range(count):
+                    bench_noop.apply_async(producer=producer, priority=5)
+            deadline = started + 120 + count / 20
+            last_report = 0.0
+            while True:
+                done = sum(proc.log().count("] succeeded in") for proc in workers)
+                if done >= count or time.monotonic() > deadline:
+                    break
+                if time.monotonic() - last_report >= 1:
+                    self.config.progress(f"baseline: {done}/{count} done")
+                    last_report = time.monotonic()
+                time.sleep(0.05)
+            elapsed = time.monotonic() - started
+        return count / elapsed
+
+    def create(self) -> Figures:
+        figures = Figures("create")
+        port = _free_port()
+        from rest_framework.authtoken.models import Token
+
+        token = Token.objects.get_or_create(user=self.owner)[0].key
+        web = ManagedProcess(
+            "bench-web",
+            [sys.executable, "-m", "gunicorn", "tms_project.wsgi", "-b", f"127.0.0.1:{port}",
+             "-w", "2", "-k", "gthread", "--threads", "4"],
+            process_env(**self._env()),
+            self.config.log_dir,
+        )  # fmt: skip
+        import requests
+
+        session = requests.Session()
+        session.headers["Authorization"] = f"Token {token}"
+        url = f"http://127.0.0.1:{port}/api/v1/tasks"
+        try:
+            for _ in range(100):
+                with contextlib.suppress(requests.ConnectionError):
+                    if session.get(url, timeout=5).status_code == 200:
+                        break
+                time.sleep(0.1)
+            latencies = []
+            self.config.progress(f"create: {self.config.create_requests} single API requests")
+            for index in range(self.config.create_requests):
+                started = time.perf_counter()
+                response = session.post(url, json={"runner": "noop", "name": f"api {index}"}, timeout=10)
+                latencies.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 201:
+                    raise RuntimeError(f"create answered {response.status_code}: {response.text[:300]}")
+        finally:
+            web.stop()
+        figures.extra["api_single_ms"] = _quantiles(latencies)
+        count = self.config.bulk_tasks
+        self.config.progress(f"create: {count} tasks through the bulk service")
+        start_at = db_now() + timedelta(hours=1)
+        specs = [{"runner": "noop", "start_at": start_at, "name": f"bulk {i}"} for i in range(count)]
+        started = time.perf_counter()
+        for chunk in range(0, count, 1000):
+            task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 1000])
+        elapsed = time.perf_counter() - started
+        figures.extra["bulk_tasks_per_second"] = round(count / elapsed)
+        figures.executions = count
+        figures.seconds = elapsed
+        figures.per_second = count / elapsed
+        self._cleanup()
+        return figures
+
+    # -- all --------------------------------------------------------------------------------
+
+    def run(self) -> list[Figures]:
+        self._cleanup()
+        burst = sustained = None
+        for scenario in self.config.scenarios:
+            if scenario == "burst":
+                burst = self.burst()
+                self.results.append(burst)
+                if self.config.rate is None and burst.per_second:
+                    self.config.rate = round(burst.per_second / 2)
+            elif scenario == "sustained":
+                sustained = self.sustained()
+                self.results.append(sustained)
+            elif scenario == "scale":
+                self.results.append(self.scale(sustained))
+            elif scenario == "create":
+                self.results.append(self.create())
+            self.config.progress(f"{scenario}: done")
+        return self.results
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    memory = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        memory = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        postgres = cursor.fetchone()[0]
+    rabbit = "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        rabbit = out or rabbit
+    import os
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory,
+        "python": sys.version.split()[0],
+        "postgresql": postgres,
+        "rabbitmq": rabbit,
+    }
+
+
+def table(results: list[Figures]) -> list[str]:
+    """The figures as a Markdown table."""
+    lines = [
+        "| scenario | executions | exec/s | baseline/s | ratio | lateness p50 / p95 / p99 / max (ms) "
+        "| commits/exec | take p99 (ms) | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in results:
+        late = (
+            " / ".join(str(f.lateness_ms.get(k, "-")) for k in ("p50", "p95", "p99", "max")) if f.lateness_ms else "-"
+        )
+        notes = ", ".join(f"{k}={json.dumps(v)}" for k, v in f.extra.items())
+        lines.append(
+            f"| {f.scenario} | {f.executions} | {f.per_second:.0f} | "
+            f"{(f.baseline_per_second and round(f.baseline_per_second)) or '-'} | "
+            f"{(f.ratio and round(f.ratio, 2)) or '-'} | {late} | {f.commits_per_execution or '-'} | "
+            f"{f.monitor.get('take_p99_ms', '-')} | {notes} |"
+        )
+    return lines
+
+
+def run_bench(config: BenchConfig, json_path: Path | None = None) -> list[Figures]:
+    if connection.vendor != "postgresql" or settings.TMS_EMBEDDED_BROKER:
+        raise RuntimeError("tms_bench needs PostgreSQL and RabbitMQ (set DATABASE_URL and CELERY_BROKER_URL)")
+    results = Bench(config).run()
+    if json_path is not None:
+        payload = {
+            "when": db_now().isoformat(),
+            "machine": machine(),
+            "config": {k: v for k, v in asdict(config).items() if k not in ("progress", "log_dir")},
+            "results": [{**asdict(f), "ratio": f.ratio} for f in results],
+        }
+        json_path.write_text(json.dumps(payload, indent=2, default=str))
+    return results

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from executions.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the platform on the configured PostgreSQL and RabbitMQ with real monitor and worker "
+        "processes, beside a bare-Celery baseline of the same run. Scenarios: " + ", ".join(SCENARIOS) + "."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = BenchConfig()
+        parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
+        parser.add_argument("--tasks", type=_positive(int), default=defaults.tasks, help="burst size")
+        parser.add_argument("--rate", type=_positive(float), default=None, help="sustained executions/s")
+        parser.add_argument("--duration", type=_positive(float), default=defaults.duration, help="sustained seconds")
+        parser.add_argument("--workers", type=_positive(int), default=defaults.workers)
+        parser.add_argument("--concurrency", type=_positive(int), default=defaults.concurrency)
+        parser.add_argument("--scale-executions", type=_positive(int), default=defaults.scale_executions)
+        parser.add_argument("--scale-tasks", type=_positive(int), default=defaults.scale_tasks)
+        parser.add_argument("--create-requests", type=_positive(int), default=defaults.create_requests)
+        parser.add_argument("--bulk-tasks", type=_positive(int), default=defaults.bulk_tasks)
+        parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        chosen = options["scenario"] or ["all"]
+        scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
+        if options["scale_tasks"] > options["scale_executions"]:
+            raise CommandError("--scale-tasks must not exceed --scale-executions")
+        config = BenchConfig(
+            scenarios=scenarios,
+            tasks=options["tasks"],
+            rate=options["rate"],
+            duration=options["duration"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            scale_executions=options["scale_executions"],
+            scale_tasks=options["scale_tasks"],
+            create_requests=options["create_requests"],
+            bulk_tasks=options["bulk_tasks"],
+            settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
+            progress=lambda line: self.stdout.write(f"  {line}"),
+        )
+        try:
+            results = run_bench(config, options["json"])
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+        info = machine()
+        self.stdout.write(
+            f"\nmachine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB; PostgreSQL "
+            f"{info['postgresql']}; {info['rabbitmq'].splitlines()[0] if info['rabbitmq'] else ''}; "
+            f"{config.workers} worker(s) x {config.concurrency} processes\n"
+        )
+        self.stdout.write("\n".join(table(results)))
