@@ -46,6 +46,9 @@ class Execution(models.Model):
     #: Handed back and not yet leased again: the next worker to lease it resumes it.
     orphaned = models.BooleanField(default=False, db_default=False)
     message_id = models.CharField(max_length=100, blank=True)
+    #: Latest progress a job reported through its callback URL, and when it last reported.
+    progress = models.CharField(max_length=500, blank=True, default="", db_default="")
+    reported_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)

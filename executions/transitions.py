@@ -188,8 +188,15 @@ def next_due_in() -> float | None:
 # --- worker -----------------------------------------------------------------------------------
 
 
-def _fenced(execution_id: int, attempt: int, worker_id: str) -> Q:
-    return Q(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner=worker_id)
+def _fenced(execution_id: int, attempt: int, worker_id: str | None) -> Q:
+    """The row a worker may write: RUNNING, this attempt, and its lease. ``worker_id=None`` is a
+    job reporting through its callback URL: fenced by the attempt only, whoever polls it."""
+    condition = Q(pk=execution_id, status=S.RUNNING, attempt=attempt)
+    return condition if worker_id is None else condition & Q(lease_owner=worker_id)
+
+
+#: The actor recorded for outcomes a job reported itself.
+CALLBACK_ACTOR = "callback"
 
 
 def execution_claim(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
@@ -227,7 +234,13 @@ def execution_record_run(
 
 
 def execution_succeed(
-    *, execution_id: int, attempt: int, worker_id: str, output: str, max_chars: int, external_run_id: str | None = None
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str | None,
+    output: str,
+    max_chars: int,
+    external_run_id: str | None = None,
 ) -> bool:
     """RUNNING → SUCCEEDED; fenced by lease and attempt."""
     extra = {"external_run_id": external_run_id[:255]} if external_run_id else {}
@@ -242,7 +255,7 @@ def execution_succeed(
             next_poll_at=None,
         )
         if won:
-            _event(execution_id, S.RUNNING, S.SUCCEEDED, attempt, worker_id).save()
+            _event(execution_id, S.RUNNING, S.SUCCEEDED, attempt, worker_id or CALLBACK_ACTOR).save()
     return bool(won)
 
 
@@ -250,7 +263,7 @@ def execution_fail(
     *,
     execution_id: int,
     attempt: int,
-    worker_id: str,
+    worker_id: str | None,
     error: str,
     output: str,
     retry_in: float | None,
@@ -289,7 +302,7 @@ def execution_fail(
     with transaction.atomic():
         won = Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(**values)
         if won:
-            _event(execution_id, S.RUNNING, target, event_attempt, worker_id, detail).save()
+            _event(execution_id, S.RUNNING, target, event_attempt, worker_id or CALLBACK_ACTOR, detail).save()
     return target if won else None
 
 
@@ -395,6 +408,15 @@ def execution_extend_lease(*, execution_id: int, attempt: int, worker_id: str, l
     return bool(
         Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
             lease_expires_at=_db_now_plus(lease_seconds)
+        )
+    )
+
+
+def execution_report_progress(*, execution_id: int, attempt: int, progress: str) -> bool:
+    """A job's heartbeat or progress report through its callback URL (no status change)."""
+    return bool(
+        Execution.objects.filter(_fenced(execution_id, attempt, None)).update(
+            progress=progress[:500], reported_at=Now()
         )
     )
 

@@ -20,12 +20,14 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from executions import transitions
 from executions.backoff import exponential_backoff
+from executions.callbacks import GRACE, CallbackRefused, callback_url, callback_verify
 from executions.clock import db_now
 from executions.conf import tms_settings
 from executions.models import Execution
 from executions.notify import notify_due
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
+from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
 
 logger = logging.getLogger(__name__)
@@ -96,19 +98,24 @@ def _persist(write: Callable[[], T]) -> T:
             delay = min(delay * 2, 5.0)
 
 
-def run_spec(execution: Execution, task: Task) -> RunSpec:
+def run_spec(execution: Execution, task: Task, *, starting: bool = False) -> RunSpec:
+    """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
+    verified local copy); polls and cancels find the run without it."""
+    artifact_path = artifact_local_path(task.artifact) if starting and task.artifact_id else None
     return RunSpec(
         execution_id=execution.pk,
         attempt=execution.attempt,
         task_id=str(task.pk),
         config=get_runner(task.runner).validate_config(task.config),
         timeout=task.timeout.total_seconds(),
+        callback_url=callback_url(execution_id=execution.pk, attempt=execution.attempt),
+        artifact_path=artifact_path,
         tracing_id=task.tracing_id,
     )
 
 
 def _load(execution_id: int) -> tuple[Execution, Task] | None:
-    execution = Execution.objects.select_related("task").filter(pk=execution_id).first()
+    execution = Execution.objects.select_related("task", "task__artifact").filter(pk=execution_id).first()
     if execution is None:
         return None
     return execution, execution.task
@@ -164,7 +171,7 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
         handle = RunHandle(execution.external_run_id, execution.run_handle)
     except (UnknownRunner, Exception) as exc:  # noqa: BLE001 - bad config must end the attempt, not loop
         return _finish(execution, task, worker_id, RunResult.failed(_describe(exc), retryable=False))
-    result = _call(runner.poll, spec, handle)
+    result = _call(runner.poll, spec, handle, transient_is_running=True)
     if result.state is RunState.RUNNING:
         elapsed = (db_now() - execution.started_at) if execution.started_at else timedelta(0)
         if elapsed > task.timeout:
@@ -184,7 +191,7 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
 def _start(execution: Execution, task: Task, worker_id: str) -> str:
     try:
         runner: BaseRunner = get_runner(task.runner)
-        spec = run_spec(execution, task)
+        spec = run_spec(execution, task, starting=True)
     except (UnknownRunner, Exception) as exc:  # noqa: BLE001
         return _finish(execution, task, worker_id, RunResult.failed(_describe(exc), retryable=False))
     try:
@@ -214,9 +221,20 @@ def _start(execution: Execution, task: Task, worker_id: str) -> str:
     return "polling"
 
 
-def _finish(
-    execution: Execution, task: Task, worker_id: str, result: RunResult, *, external_run_id: str | None = None
+def execution_record_outcome(
+    *,
+    execution: Execution,
+    task: Task,
+    worker_id: str | None,
+    result: RunResult,
+    external_run_id: str | None = None,
 ) -> str:
+    """Record a finished attempt: SUCCEEDED, a retry per the task's policy, or FAILED.
+
+    ``worker_id=None`` records what the job itself reported through its callback URL.
+    Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
+    outcome already recorded).
+    """
     conf = tms_settings()
     common = {
         "execution_id": execution.pk,
@@ -247,10 +265,23 @@ def _finish(
     return "finished"
 
 
-def _call(method, *args) -> RunResult:  # type: ignore[no-untyped-def]
+def _finish(
+    execution: Execution, task: Task, worker_id: str, result: RunResult, *, external_run_id: str | None = None
+) -> str:
+    return execution_record_outcome(
+        execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+    )
+
+
+def _call(method, *args, transient_is_running: bool = False) -> RunResult:  # type: ignore[no-untyped-def]
+    """Call a runner method; its exceptions become a failed result. For polls, a retryable
+    error means "could not ask now": the run is still considered running (the timeout bounds it)."""
     try:
         result = method(*args)
     except RunnerError as exc:
+        if transient_is_running and exc.retryable:
+            logger.warning("poll failed, will ask again: %s", exc)
+            return RunResult.running()
         return RunResult.failed(str(exc), retryable=exc.retryable)
     except Exception as exc:
         logger.exception("runner call %s failed", getattr(method, "__qualname__", method))
@@ -260,3 +291,40 @@ def _call(method, *args) -> RunResult:  # type: ignore[no-untyped-def]
 
 def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def execution_report(
+    *,
+    execution_id: int,
+    token: str,
+    state: str,
+    output: str = "",
+    error: str = "",
+    progress: str = "",
+    retryable: bool = True,
+) -> str:
+    """Apply what a job POSTed to its callback URL: ``heartbeat``/``progress`` (recorded on the
+    execution), or ``succeeded``/``failed`` (the attempt's outcome, retried per policy).
+
+    Raises :class:`~executions.callbacks.CallbackRefused` for a bad, foreign, stale or expired
+    token, and :class:`LookupError` if the execution does not exist. Returns ``recorded``, or
+    ``ignored`` when the attempt has already ended.
+    """
+    loaded = _load(execution_id)
+    if loaded is None:
+        raise LookupError(execution_id)
+    execution, task = loaded
+    claim = callback_verify(token=token, execution_id=execution_id, max_age=task.timeout + GRACE)
+    if claim.attempt != execution.attempt:
+        raise CallbackRefused(f"The token is for attempt {claim.attempt}; the execution is at {execution.attempt}.")
+    if state in ("heartbeat", "progress"):
+        won = transitions.execution_report_progress(
+            execution_id=execution_id, attempt=claim.attempt, progress=progress or state
+        )
+        return "recorded" if won else "ignored"
+    if state == "succeeded":
+        result = RunResult.succeeded(output)
+    else:
+        result = RunResult.failed(error or "the job reported failure", output=output, retryable=retryable)
+    outcome = execution_record_outcome(execution=execution, task=task, worker_id=None, result=result)
+    return "recorded" if outcome == "finished" else "ignored"

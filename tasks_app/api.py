@@ -25,7 +25,7 @@ class TaskViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     @extend_schema(request=TaskCreateSerializer, responses={201: TaskSerializer})
     def create(self, request: Request) -> Response:
-        serializer = TaskCreateSerializer(data=request.data)
+        serializer = TaskCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         task = task_create(owner=request.user, **serializer.validated_data)
         return Response(TaskSerializer(task).data, status=status.HTTP_201_CREATED)

@@ -31,6 +31,29 @@ class MisfirePolicy(models.TextChoices):
     RUN_ALL = "run_all"  #: every missed occurrence, bounded by a maximum
 
 
+def artifact_upload_to(instance: Artifact, filename: str) -> str:
+    return f"artifacts/{instance.owner_id}/{instance.id}/{filename}"
+
+
+class Artifact(models.Model):
+    """An uploaded binary or script that a ``subprocess`` task runs, stored with Django's storage
+    API (local files by default, S3 through django-storages by setting)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_artifacts")
+    name = models.CharField(max_length=200)
+    file = models.FileField(upload_to=artifact_upload_to, max_length=500)
+    sha256 = models.CharField(max_length=64, help_text="Checksum of the content, checked before every run.")
+    size = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.sha256[:12]})"
+
+
 def default_timeout() -> timedelta:
     return timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
 
@@ -43,6 +66,9 @@ class Task(models.Model):
 
     runner = models.CharField(max_length=64, help_text="Alias of a runner in TMS_RUNNERS.")
     config = models.JSONField(default=dict, blank=True, help_text="Runner config, validated by the runner.")
+    artifact = models.ForeignKey(
+        Artifact, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks", help_text="Uploaded binary."
+    )
 
     # Schedule: one-shot at start_at, or every `interval`, or on `cron` in `timezone`.
     start_at = models.DateTimeField()

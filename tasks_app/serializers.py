@@ -7,7 +7,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from tasks_app.durations import DurationField
-from tasks_app.models import MisfirePolicy, OverlapPolicy, Task
+from tasks_app.models import Artifact, MisfirePolicy, OverlapPolicy, Task
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
 from tasks_app.services import task_validate_runner
 from tms_project.api_base import StrictInputMixin
@@ -17,6 +17,13 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = serializers.CharField(max_length=64, help_text="Runner alias, e.g. http, sleep, noop.")
     config = serializers.JSONField(required=False, default=dict, help_text="Runner config, checked by the runner.")
+    artifact = serializers.PrimaryKeyRelatedField(
+        queryset=Artifact.objects.all(),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="An uploaded artifact (POST /api/v1/artifacts) that a subprocess task runs.",
+    )
     start_at = serializers.DateTimeField(required=False, allow_null=True, default=None, help_text="Default: now.")
     interval = DurationField(
         required=False,
@@ -44,6 +51,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     priority = serializers.IntegerField(required=False, default=5, min_value=0, max_value=9)
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     notification_target = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None and not request.user.is_staff:
+            self.fields["artifact"].queryset = Artifact.objects.filter(owner=request.user)
 
     def validate_timezone(self, value: str) -> str:
         try:
@@ -90,6 +103,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "status",
             "runner",
             "config",
+            "artifact",
             "start_at",
             "interval",
             "cron",

@@ -31,9 +31,16 @@ class StrictInputMixin:
     """Rejects fields the serializer does not know, instead of silently ignoring them."""
 
     def to_internal_value(self, data: Any) -> Any:
+        unknown: dict[str, list[str]] = {}
         if isinstance(data, dict):
             known = set(self.fields)  # type: ignore[attr-defined]
-            unknown = sorted(key for key in data if key not in known)
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)  # type: ignore[misc]
+            unknown = {key: ["Unknown field."] for key in data if key not in known}
+        try:
+            value = super().to_internal_value(data)  # type: ignore[misc]
+        except serializers.ValidationError as exc:
+            if unknown and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **unknown}) from None
+            raise
+        if unknown:
+            raise serializers.ValidationError(unknown)
+        return value

@@ -258,3 +258,20 @@ EMAIL_TIMEOUT = env.int("DJANGO_EMAIL_TIMEOUT", default=30)
 if TMS_EMBEDDED_BROKER or DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     for _folder in (VAR_DIR, *(VAR_DIR / "broker" / name for name in ("queue", "processed", "control"))):
         _folder.mkdir(parents=True, exist_ok=True)
+
+# --- Artifacts (uploaded binaries for the subprocess runner) ---------------------------------
+# https://docs.djangoproject.com/en/5.2/ref/settings/#storages ; S3 through django-storages:
+# https://django-storages.readthedocs.io/en/latest/backends/amazon-S3.html
+STORAGES = {
+    "default": (
+        {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {"bucket_name": env.str("TMS_ARTIFACT_S3_BUCKET")}}
+        if env.str("TMS_ARTIFACT_S3_BUCKET", default="")
+        else {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+    ),
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+TMS_ARTIFACT_MAX_BYTES = env.int("TMS_ARTIFACT_MAX_BYTES", default=100 * 1024 * 1024)
+TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR / "artifact-cache"))
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# Where jobs reach this platform (callback URLs given to runners).
+TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")

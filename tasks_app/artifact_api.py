@@ -1,0 +1,56 @@
+"""Upload the binaries and scripts that ``subprocess`` tasks run."""
+
+from __future__ import annotations
+
+from django.db.models import ProtectedError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tasks_app.artifacts import artifact_create
+from tasks_app.models import Artifact
+from tms_project.api_base import OwnerScopedMixin
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Artifact
+        fields = ["id", "name", "sha256", "size", "created_at"]
+        read_only_fields = fields
+
+
+class ArtifactUploadSerializer(serializers.Serializer):
+    file = serializers.FileField()
+    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+
+
+class ArtifactViewSet(
+    OwnerScopedMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Uploaded artifacts: stored with their SHA-256, verified before every run."""
+
+    queryset = Artifact.objects.all()
+    serializer_class = ArtifactSerializer
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(request={"multipart/form-data": ArtifactUploadSerializer}, responses={201: ArtifactSerializer})
+    def create(self, request: Request) -> Response:
+        upload = ArtifactUploadSerializer(data=request.data)
+        upload.is_valid(raise_exception=True)
+        artifact = artifact_create(owner=request.user, upload=upload.validated_data["file"],
+                                   name=upload.validated_data["name"])  # fmt: skip
+        return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: Artifact) -> None:
+        try:
+            instance.delete()
+        except ProtectedError:
+            raise ValidationError({"non_field_errors": ["Tasks still use this artifact."]}) from None
+        instance.file.delete(save=False)

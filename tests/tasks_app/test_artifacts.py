@@ -1,0 +1,83 @@
+"""Uploaded artifacts: stored with a checksum, owner-scoped, verified before they run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from rest_framework.test import APIClient
+
+from tasks_app.artifacts import ArtifactCorrupted, artifact_local_path
+from tasks_app.models import Artifact
+
+pytestmark = pytest.mark.django_db
+
+SCRIPT = b"#!/bin/sh\necho hello from the artifact\n"
+
+
+@pytest.fixture(autouse=True)
+def _media(tmp_path, settings):
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.TMS_ARTIFACT_CACHE_DIR = str(tmp_path / "cache")
+
+
+def _upload(client: APIClient, content: bytes = SCRIPT, name: str = "hello.sh"):
+    return client.post("/api/v1/artifacts", {"file": SimpleUploadedFile(name, content)}, format="multipart")
+
+
+def test_upload_records_checksum_and_size(api_client):
+    response = _upload(api_client)
+    assert response.status_code == 201, response.data
+    assert response.data["sha256"] == hashlib.sha256(SCRIPT).hexdigest()
+    assert response.data["size"] == len(SCRIPT)
+    assert response.data["name"] == "hello.sh"
+
+
+def test_empty_upload_is_refused(api_client):
+    response = _upload(api_client, b"")
+    assert response.status_code == 400
+    assert "file" in response.data["errors"]
+    assert not Artifact.objects.exists()
+
+
+def test_local_copy_is_verified_and_executable(api_client):
+    artifact = Artifact.objects.get(pk=_upload(api_client).data["id"])
+    path = artifact_local_path(artifact)
+    with open(path, "rb") as handle:
+        assert handle.read() == SCRIPT
+    assert os.access(path, os.X_OK)
+
+
+def test_tampered_artifact_is_refused(api_client):
+    artifact = Artifact.objects.get(pk=_upload(api_client).data["id"])
+    with open(artifact.file.path, "wb") as handle:
+        handle.write(b"#!/bin/sh\nrm -rf /\n")
+    with pytest.raises(ArtifactCorrupted):
+        artifact_local_path(artifact)
+
+
+def test_task_can_use_own_artifact_but_not_another_users(api_client, other_user):
+    own = _upload(api_client).data["id"]
+    created = api_client.post(
+        "/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own}, format="json"
+    )
+    assert created.status_code == 201, created.data
+    assert str(created.data["artifact"]) == own
+    stranger = APIClient()
+    stranger.force_authenticate(other_user)
+    assert stranger.get(f"/api/v1/artifacts/{own}").status_code == 404
+    refused = stranger.post(
+        "/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own}, format="json"
+    )
+    assert refused.status_code == 400
+    assert "artifact" in refused.data["errors"]
+
+
+def test_artifact_in_use_cannot_be_deleted(api_client):
+    own = _upload(api_client).data["id"]
+    api_client.post("/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own},
+                    format="json")  # fmt: skip
+    assert api_client.delete(f"/api/v1/artifacts/{own}").status_code == 400
+    assert Artifact.objects.filter(pk=own).exists()
