@@ -1,0 +1,31 @@
+"""A tiny ``tms_bench`` run, so the harness keeps working. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    call_command(
+        "tms_bench",
+        "--tasks", "40", "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
+        "--create-requests", "5", "--bulk-tasks", "200", "--json", str(out),
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| burst |" in printed
+    assert "| scale |" in printed
+    figures = json.loads(out.read_text())
+    scenarios = {row["scenario"]: row for row in figures["results"]}
+    assert set(scenarios) == {"burst", "sustained", "scale", "create"}
+    assert scenarios["burst"]["executions"] == 40
+    assert scenarios["burst"]["baseline_per_second"] > 0
+    assert scenarios["sustained"]["executions"] == 20
+    assert scenarios["scale"]["extra"]["filler_executions"] == 2000
+    assert scenarios["create"]["extra"]["bulk_tasks_per_second"] > 0
+    assert figures["machine"]["cores"] >= 1
