@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.signals import worker_init
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connections
 
 from executions import heartbeat, materialiser, worker_services
 from executions.conf import tms_settings
@@ -25,8 +25,12 @@ _DB_RETRY: dict[str, Any] = {
 
 
 @worker_init.connect
-def _name_worker_node(sender: Any, **kwargs: Any) -> None:
+def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     set_node_id()
+    # Workers get through a dropped database connection by retrying (autoretry_for below, and
+    # worker_services._persist), so they skip Django's per-task health-check query.
+    for conn in connections.all():
+        conn.settings_dict["CONN_HEALTH_CHECKS"] = False
 
 
 def _note_redelivery(task: Task, execution_id: int) -> None:

@@ -8,6 +8,7 @@ worker stops working on the execution at once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -38,21 +39,43 @@ POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
 T = TypeVar("T")
 
 
-@contextmanager
-def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[threading.Event]:
-    """Extend this process's lease on an execution every heartbeat while the block runs.
+class _LeaseKeeper:
+    """One thread per worker process extends the leases of the executions the process works on.
 
     The lease lives exactly as long as the work: when this process dies (SIGKILL, OOM) or is
     paused (SIGSTOP), nobody extends it, it expires, and the monitor hands the execution to
-    another worker. The yielded event is set if an extension lost (another worker took over).
-    Short runs never touch the database from here: the first extension is one interval away.
+    another worker. Work shorter than one heartbeat interval never touches the database from here.
     """
-    conf = tms_settings()
-    stop, lost = threading.Event(), threading.Event()
 
-    def extend() -> None:
-        try:
-            while not stop.wait(conf.HEARTBEAT_INTERVAL):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: execution id -> (attempt, lease owner, set when the lease was lost)
+        self._held: dict[int, tuple[int, str, threading.Event]] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def hold(self, execution_id: int, attempt: int, worker_id: str) -> threading.Event:
+        lost = threading.Event()
+        with self._lock:
+            self._held[execution_id] = (attempt, worker_id, lost)
+            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
+                # First use in this process (pool processes are forked without the thread).
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="tms-leases", daemon=True)
+                self._thread.start()
+        return lost
+
+    def release(self, execution_id: int) -> None:
+        with self._lock:
+            self._held.pop(execution_id, None)
+
+    def _run(self) -> None:
+        conf = tms_settings()
+        while True:
+            time.sleep(conf.HEARTBEAT_INTERVAL)
+            with self._lock:
+                due = [(i, *held) for i, held in self._held.items()]
+            for execution_id, attempt, worker_id, lost in due:
                 try:
                     if not transitions.execution_extend_lease(
                         execution_id=execution_id,
@@ -61,21 +84,27 @@ def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[t
                         lease_seconds=conf.WORKER_TIMEOUT,
                     ):
                         lost.set()
+                        self.release(execution_id)
                         logger.warning("execution %s: lease lost to another worker", execution_id)
-                        return
                 except DatabaseError as exc:
                     logger.warning("execution %s: lease extension failed (%s)", execution_id, exc)
                     connection.close()
-        finally:
-            connection.close()
+            if not due:
+                connection.close()
 
-    thread = threading.Thread(target=extend, name=f"tms-lease-{execution_id}", daemon=True)
-    thread.start()
+
+_keeper = _LeaseKeeper()
+
+
+@contextmanager
+def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[threading.Event]:
+    """Keep this process's lease on an execution while the block runs (see :class:`_LeaseKeeper`).
+    The yielded event is set if an extension lost: another worker took the execution over."""
+    lost = _keeper.hold(execution_id, attempt, worker_id)
     try:
         yield lost
     finally:
-        stop.set()
-        thread.join(timeout=10)
+        _keeper.release(execution_id)
 
 
 def _persist(write: Callable[[], T]) -> T:
@@ -126,16 +155,13 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
 
     Returns a short word for logs and tests: ``lost`` (the claim lost), ``finished`` or ``polling``.
     """
-    conf = tms_settings()
-    if not transitions.execution_claim(
-        execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
-    ):
+    execution = transitions.execution_claim_loaded(
+        execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
+    )
+    if execution is None:
         logger.info("execution %s attempt %s: claim lost (already taken, cancelled or gone)", execution_id, attempt)
         return "lost"
-    loaded = _load(execution_id)
-    if loaded is None:  # deleted between claim and load
-        return "lost"
-    execution, task = loaded
+    task = execution.task
     with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
         return _start(execution, task, worker_id)
 
