@@ -25,6 +25,9 @@ class TmsSettings:
     HEARTBEAT_INTERVAL: float = 5.0
     #: A worker silent for this long is dead; its leases expire after the same time.
     WORKER_TIMEOUT: float = 30.0
+    #: Lease losses (dead workers) tolerated while an attempt has no external run yet; past it
+    #: the attempt fails (and is retried per the task's policy), so a crash loop ends.
+    MAX_HANDBACKS: int = 3
     #: Bound on the stored output and error text of an execution.
     OUTPUT_MAX_CHARS: int = 16384
     #: Default task timeout in seconds.

@@ -1,21 +1,28 @@
-"""Worker registration and heartbeat, as a Celery worker bootstep.
+"""Worker registration, heartbeat and the liveness sweep.
 
-The main process registers a :class:`~executions.models.Worker` row and, every
-``HEARTBEAT_INTERVAL`` seconds, refreshes it and extends the leases of the executions held by
-its live pool processes. A pool process that died (SIGKILL, OOM) stops being extended, so its
-executions' leases expire and the monitor hands them to another worker.
+A worker node (the Celery main process) registers a :class:`~executions.models.Worker` row and
+heartbeats it every ``HEARTBEAT_INTERVAL`` seconds from a bootstep thread. The heartbeat also
+ends at once the leases held by pool processes that died (SIGKILL, OOM), so their executions
+are handed to another worker without waiting for the lease to run out. A node that cannot
+heartbeat for ``WORKER_TIMEOUT`` seconds stops consuming and exits: by then its leases have
+expired and other workers own its work. Leases themselves are extended by the process doing
+the work (see :func:`executions.worker_services.keep_lease`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from executions import transitions
@@ -53,20 +60,51 @@ def worker_register(*, worker_id: str) -> None:
     )
 
 
-def worker_heartbeat(*, worker_id: str, lease_seconds: float) -> int:
-    """Refresh the worker row and the leases of its live processes; returns leases extended."""
+def worker_heartbeat(*, worker_id: str) -> int:
+    """Refresh the worker row; end the leases of this node's dead pool processes.
+
+    Returns how many leases were ended.
+    """
     Worker.objects.filter(id=worker_id).update(last_heartbeat=Now(), status=WorkerStatus.ALIVE)
     owners = (
         Execution.objects.filter(status=ExecutionStatus.RUNNING, lease_owner__startswith=f"{worker_id}:")
         .values_list("lease_owner", flat=True)
         .distinct()
     )
-    live = [owner for owner in owners if (pid := lease_owner_pid(owner)) is not None and _alive(pid)]
-    return transitions.execution_extend_leases(owners=live, lease_seconds=lease_seconds)
+    dead = [owner for owner in owners if (pid := lease_owner_pid(owner)) is not None and not _alive(pid)]
+    if dead:
+        logger.warning("pool processes %s died holding leases; handing their executions back", dead)
+    return transitions.executions_expire_leases(owners=dead)
 
 
 def worker_stopped(*, worker_id: str) -> None:
     Worker.objects.filter(id=worker_id).update(status=WorkerStatus.STOPPED, last_heartbeat=Now())
+
+
+def workers_mark_dead(*, timeout: float) -> list[str]:
+    """Liveness sweep: mark workers silent for ``timeout`` seconds DEAD and end their leases.
+
+    Dead workers stay visible. Their executions are resumed by other workers once the monitor
+    hands them back (same attempt, same external run).
+    """
+    cutoff = ExpressionWrapper(Now() - Value(timedelta(seconds=timeout)), output_field=DateTimeField())
+    silent = list(
+        Worker.objects.filter(status=WorkerStatus.ALIVE, last_heartbeat__lt=cutoff).values_list("id", flat=True)
+    )
+    if not silent:
+        return []
+    Worker.objects.filter(id__in=silent, status=WorkerStatus.ALIVE, last_heartbeat__lt=cutoff).update(
+        status=WorkerStatus.DEAD
+    )
+    for worker_id in silent:
+        owners = (
+            Execution.objects.filter(status=ExecutionStatus.RUNNING, lease_owner__startswith=f"{worker_id}:")
+            .values_list("lease_owner", flat=True)
+            .distinct()
+        )
+        transitions.executions_expire_leases(owners=list(owners))
+    logger.warning("workers marked dead: %s", ", ".join(silent))
+    return silent
 
 
 class HeartbeatStep(bootsteps.StartStopStep):
@@ -89,13 +127,22 @@ class HeartbeatStep(bootsteps.StartStopStep):
         logger.info("worker %s registered; heartbeat every %ss", self.worker_id, conf.HEARTBEAT_INTERVAL)
 
     def _loop(self, conf: Any) -> None:
+        last_ok = time.monotonic()
         while not self._stop.wait(conf.HEARTBEAT_INTERVAL):
             try:
                 close_old_connections()
-                worker_heartbeat(worker_id=self.worker_id, lease_seconds=conf.WORKER_TIMEOUT)
-            except Exception:
-                logger.exception("heartbeat of %s failed", self.worker_id)
+                worker_heartbeat(worker_id=self.worker_id)
+                last_ok = time.monotonic()
+            except DatabaseError as exc:
                 connection.close()
+                silent = time.monotonic() - last_ok
+                logger.warning("heartbeat of %s failed for %.0fs: %s", self.worker_id, silent, exc)
+                if silent > conf.WORKER_TIMEOUT:
+                    # Other workers own our executions by now: stop consuming and exit; the
+                    # supervisor (systemd, Kubernetes, make run) starts a fresh worker.
+                    logger.critical("worker %s could not heartbeat for %.0fs; shutting down", self.worker_id, silent)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
         connection.close()
 
     def stop(self, parent: Any) -> None:
@@ -104,5 +151,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
             self._thread.join(timeout=5)
         try:
             worker_stopped(worker_id=self.worker_id)
-        except Exception:
+        except DatabaseError:
             logger.exception("could not mark worker %s stopped", self.worker_id)
+        finally:
+            connection.close()

@@ -9,7 +9,6 @@ share the work instead of repeating it), inserts their occurrences up to the hor
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +20,7 @@ from executions.clock import db_now
 from executions.conf import tms_settings
 from executions.notify import notify_due
 from tasks_app.models import MisfirePolicy, Task, TaskStatus
-from tasks_app.schedules import Schedule
+from tasks_app.schedules import Schedule, jitter_for
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ def task_schedule(task: Task) -> Schedule:
 
 
 @dataclass
-class _Plan:
+class Plan:
     rows: list[transitions.NewExecution]
     next_run_at: datetime | None
     runs: int
@@ -76,10 +75,10 @@ def catch_up_since(schedule: Schedule, cursor: datetime, *, missed_before: datet
     return cursor
 
 
-def _plan(task: Task, *, now: datetime, until: datetime) -> _Plan:
+def plan_task(task: Task, *, now: datetime, until: datetime) -> Plan:
     """The executions to create for ``task`` up to ``until``, and where its cursor moves."""
     if task.next_run_at is None:
-        return _Plan([], None, task.runs_materialised)
+        return Plan([], None, task.runs_materialised)
     schedule = task_schedule(task)
     since = catch_up_since(
         schedule, task.next_run_at, missed_before=now - MISFIRE_GRACE, keep=_MISFIRE_KEEP[task.misfire_policy]
@@ -106,21 +105,23 @@ def _plan(task: Task, *, now: datetime, until: datetime) -> _Plan:
     if remaining is not None and len(missed) + len(due) >= remaining:
         nxt = None
     times = missed + due
-    jitter = task.jitter.total_seconds() if task.jitter else 0.0
     rows = [
         transitions.NewExecution(
             task_id=task.pk,
             scheduled_for=when,
             priority=task.priority,
-            due_at=when + timedelta(seconds=random.uniform(0, jitter)) if jitter else None,  # noqa: S311
+            # Deterministic per occurrence: materialising it again gives the same due time.
+            due_at=when + jitter_for(key=f"{task.pk}:{when.isoformat()}", max_jitter=task.jitter)
+            if task.jitter
+            else None,
         )
         for when in times
     ]
-    return _Plan(rows, nxt, task.runs_materialised + len(rows))
+    return Plan(rows, nxt, task.runs_materialised + len(rows))
 
 
 def _apply(tasks: list[Task], *, now: datetime, until: datetime) -> list[int]:
-    plans = {task.pk: _plan(task, now=now, until=until) for task in tasks}
+    plans = {task.pk: plan_task(task, now=now, until=until) for task in tasks}
     ids = transitions.executions_create(rows=[row for p in plans.values() for row in p.rows], actor=ACTOR)
     for task in tasks:
         plan = plans[task.pk]

@@ -46,7 +46,11 @@ class Execution(models.Model):
     run_handle = models.JSONField(default=dict, blank=True)
     #: When an asynchronous run should next be polled (null: nothing to poll).
     next_poll_at = models.DateTimeField(null=True, blank=True)
-    poll_count = models.PositiveIntegerField(default=0)
+    poll_count = models.PositiveIntegerField(default=0, db_default=0)
+    #: Times this attempt's lease expired and the execution was handed to another worker.
+    handbacks = models.PositiveSmallIntegerField(default=0, db_default=0)
+    #: Handed back and not yet leased again: the next worker to lease it resumes it.
+    orphaned = models.BooleanField(default=False, db_default=False)
     message_id = models.CharField(max_length=100, blank=True)
     #: Why this execution exists: its schedule, a trigger, or a retry of ``retry_of``.
     origin = models.CharField(

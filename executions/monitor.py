@@ -1,23 +1,27 @@
 """The monitor: publishes due executions to RabbitMQ.
 
 Each pass takes due rows with ``FOR UPDATE SKIP LOCKED`` in batches, marks them PENDING and
-publishes one message per row in the same transaction (publisher confirms on), then commits.
-Several monitors share the work and never publish one row twice; if the broker is down the
-transaction rolls back, the rows stay SCHEDULED and the monitor retries with backoff. Between
+commits, then publishes one message per row (publisher confirms on). Several monitors share the
+work and never publish one row twice. While the broker is unreachable the monitor takes
+nothing, so rows stay SCHEDULED, and retries with backoff; a batch cut off mid-publish goes
+back to SCHEDULED; a monitor that dies between commit and publish leaves PENDING rows that are
+published again once unclaimed for ``PENDING_REPUBLISH_AFTER`` seconds. Between
 passes it sleeps until the next due time, a Postgres ``NOTIFY``, or ``MONITOR_MAX_SLEEP``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -37,7 +41,25 @@ class MonitorStats:
     republished: int = 0
     polls: int = 0
     errors: int = 0
-    due_query_seconds: list[float] = field(default_factory=list)
+    #: Durations of the latest takes (the due query with its update), for ``tms_bench``.
+    due_query_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+
+    def summary(self) -> dict[str, float | int]:
+        takes = sorted(self.due_query_seconds)
+
+        def quantile(q: float) -> float:
+            return round(takes[min(len(takes) - 1, int(q * len(takes)))] * 1000, 3) if takes else 0.0
+
+        return {
+            "passes": self.passes,
+            "published": self.published,
+            "republished": self.republished,
+            "polls": self.polls,
+            "errors": self.errors,
+            "take_p50_ms": quantile(0.50),
+            "take_p99_ms": quantile(0.99),
+            "take_max_ms": quantile(1.0),
+        }
 
 
 class Monitor:
@@ -58,13 +80,15 @@ class Monitor:
     # -- one pass ---------------------------------------------------------------------------
 
     def _publish_batch(self, take: Callable[[], list[transitions.Dispatch]], task) -> int:  # type: ignore[no-untyped-def]
-        with transaction.atomic():
+        """Take a batch (committed), then publish it with confirms; undo what was not published."""
+        with task.app.producer_or_acquire() as producer:
+            # Do not take work while the broker is unreachable: it would only have to be undone.
+            producer.connection.ensure_connection(max_retries=1)
             started = time.perf_counter()
             taken = take()
             self.stats.due_query_seconds.append(time.perf_counter() - started)
-            if not taken:
-                return 0
-            with task.app.producer_or_acquire() as producer:
+            sent = 0
+            try:
                 for item in taken:
                     task.apply_async(
                         args=(item.execution_id, item.attempt),
@@ -73,6 +97,12 @@ class Monitor:
                         producer=producer,
                         retry=False,
                     )
+                    sent += 1
+            except _BROKER_ERRORS:
+                transitions.executions_untake(
+                    dispatches=taken[sent:], actor=self.actor, reason="broker unavailable: not published"
+                )
+                raise
         return len(taken)
 
     def dispatch_once(self) -> int:
@@ -132,7 +162,7 @@ class Monitor:
             wait = self.conf.MONITOR_MAX_SLEEP if nxt is None else min(nxt, self.conf.MONITOR_MAX_SLEEP)
             self.listener.wait(wait)
         self.listener.close()
-        logger.info("%s stopped after %d passes, %d published", self.actor, self.stats.passes, self.stats.published)
+        logger.info("%s stopped; monitor stats %s", self.actor, json.dumps(self.stats.summary()))
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

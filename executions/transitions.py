@@ -29,7 +29,7 @@ ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {
     S.RUNNING: frozenset({S.PENDING}),  # claimed by a worker
     S.SUCCEEDED: frozenset({S.RUNNING}),
     S.FAILED: frozenset({S.RUNNING}),
-    S.SCHEDULED: frozenset({S.RUNNING}),  # an attempt failed and another one is due later
+    S.SCHEDULED: frozenset({S.RUNNING, S.PENDING}),  # an attempt failed; or a take could not be published
     S.CANCELLED: frozenset({S.SCHEDULED, S.PENDING, S.RUNNING}),
 }
 assert not any(ALLOWED_SOURCES[target] & TERMINAL_STATUSES for target in ALLOWED_SOURCES), "terminal is final"
@@ -80,8 +80,23 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     """
     if not rows:
         return []
+    ids: list[int] = []
+    with transaction.atomic():
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            ids += _insert_executions(rows[start : start + _INSERT_CHUNK])
+        ExecutionEvent.objects.bulk_create(
+            [_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids], batch_size=_INSERT_CHUNK
+        )
+    return ids
+
+
+#: Rows per INSERT statement (5 parameters each, far below PostgreSQL's 65535).
+_INSERT_CHUNK = 2000
+
+
+def _insert_executions(rows: Sequence[NewExecution]) -> list[int]:
     table = Execution._meta.db_table
-    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', 0, '', '', '')"] * len(rows))
+    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '')"] * len(rows))
     task_field = Execution._meta.get_field("task")
     time_field = Execution._meta.get_field("scheduled_for")
     params: list[object] = []
@@ -92,16 +107,14 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     # Table name and placeholders are ours; every value goes through params.
     columns = (
         "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
-        " external_run_id, run_handle, poll_count, message_id, output, error"
+        " external_run_id, run_handle, message_id, output, error"
     )
     # No conflict target: the occurrence uniqueness is a partial index (superseded rows leave it).
     conflict = "ON CONFLICT DO NOTHING RETURNING id"
     sql = f"INSERT INTO {table} ({columns}) VALUES {placeholders} {conflict}"  # noqa: S608
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        ids = [row[0] for row in cursor.fetchall()]
-        ExecutionEvent.objects.bulk_create([_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids])
-    return ids
+        return [row[0] for row in cursor.fetchall()]
 
 
 # --- monitor ----------------------------------------------------------------------------------
@@ -115,11 +128,12 @@ class Dispatch:
     attempt: int
     priority: int
     message_id: str
+    #: "run" (SCHEDULED → PENDING), "republish" (PENDING again) or "poll" (RUNNING).
+    kind: str = "run"
 
 
+@transaction.atomic
 def _take(base: Q, *, limit: int, actor: str, detail: str, from_status: str) -> list[Dispatch]:
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("take the executions inside the transaction that publishes them")
     locked = (
         Execution.objects.filter(base)
         .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
@@ -137,15 +151,15 @@ def _take(base: Q, *, limit: int, actor: str, detail: str, from_status: str) -> 
         message_id=Concat(Cast("id", output_field=CharField()), Value(f"-{token}")),
     )
     ExecutionEvent.objects.bulk_create([_event(i, from_status, S.PENDING, a, actor, detail) for i, a, _ in taken])
-    return [Dispatch(i, a, p, f"{i}-{token}") for i, a, p in taken]
+    kind = "run" if from_status == S.SCHEDULED else "republish"
+    return [Dispatch(i, a, p, f"{i}-{token}", kind) for i, a, p in taken]
 
 
 def executions_take_due(*, limit: int, actor: str) -> list[Dispatch]:
-    """Move up to ``limit`` due SCHEDULED executions to PENDING (``FOR UPDATE SKIP LOCKED``).
-
-    Must run inside the transaction that publishes the returned messages: if publishing fails the
-    transaction rolls back and the rows stay SCHEDULED. A worker whose claim arrives before the
-    commit waits on the row lock and then sees PENDING, so the early message is not wasted.
+    """Move up to ``limit`` due SCHEDULED executions to PENDING (``FOR UPDATE SKIP LOCKED``) and
+    commit, before the caller publishes them: a worker always finds the row PENDING when the
+    message reaches it. What cannot be published goes back through :func:`executions_untake`;
+    if the monitor dies first, the rows are published again once PENDING for too long.
     """
     return _take(Q(status=S.SCHEDULED, due_at__lte=Now()), limit=limit, actor=actor, detail="", from_status=S.SCHEDULED)
 
@@ -272,6 +286,8 @@ def execution_fail(
             "external_run_id": "",
             "run_handle": {},
             "poll_count": 0,
+            "handbacks": 0,
+            "orphaned": False,
         }
         event_attempt = attempt + 1
     with transaction.atomic():
@@ -281,16 +297,18 @@ def execution_fail(
     return target if won else None
 
 
+#: Polls and resumptions of work already running go ahead of starting new work.
+POLL_PRIORITY = 9
+
+
+@transaction.atomic
 def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> list[Dispatch]:
     """Take RUNNING executions that need a worker's attention, for a short poll message:
     an asynchronous run whose ``next_poll_at`` came, or a run whose lease expired (its worker
     died), which is handed back so another worker resumes the same attempt.
 
     ``next_poll_at`` moves ``in_flight_for`` seconds ahead, so a lost poll message is sent again.
-    Must run inside the transaction that publishes the messages.
     """
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("take the executions inside the transaction that publishes them")
     due = Q(status=S.RUNNING) & (Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now()))
     taken = list(
         Execution.objects.filter(due)
@@ -301,24 +319,70 @@ def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> li
     if not taken:
         return []
     token = uuid.uuid4().hex[:12]
-    ids = [row[0] for row in taken]
-    Execution.objects.filter(due, id__in=ids).update(
-        lease_owner="", lease_expires_at=None, next_poll_at=_db_now_plus(in_flight_for)
-    )
+    polls = [i for i, _, _, owner in taken if not owner]
     expired = [(i, a, owner) for i, a, _, owner in taken if owner]
-    ExecutionEvent.objects.bulk_create(
-        [_event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back") for i, a, owner in expired]
-    )
-    return [Dispatch(i, a, p, f"{i}-poll-{token}") for i, a, p, _ in taken]
+    in_flight = _db_now_plus(in_flight_for)
+    if polls:
+        Execution.objects.filter(id__in=polls).update(next_poll_at=in_flight)
+    if expired:
+        Execution.objects.filter(id__in=[i for i, _, _ in expired]).update(
+            lease_owner="", lease_expires_at=None, next_poll_at=in_flight, handbacks=F("handbacks") + 1, orphaned=True
+        )
+        ExecutionEvent.objects.bulk_create(
+            [
+                _event(i, S.RUNNING, S.RUNNING, a, actor, f"lease of {owner} expired: handed back")
+                for i, a, owner in expired
+            ]
+        )
+    return [Dispatch(i, a, POLL_PRIORITY, f"{i}-poll-{token}", "poll") for i, a, _, _ in taken]
+
+
+def executions_untake(*, dispatches: Sequence[Dispatch], actor: str, reason: str) -> int:
+    """Undo takes whose messages could not be published: PENDING → SCHEDULED (still due), and
+    polls due again at once. Rows a worker already moved on (it got the message after all) are
+    left alone. Returns how many executions went back to SCHEDULED.
+    """
+    runs = {d.message_id: d for d in dispatches if d.kind == "run"}
+    polls = [d.execution_id for d in dispatches if d.kind == "poll"]
+    with transaction.atomic():
+        back = list(
+            Execution.objects.select_for_update()
+            .filter(status=S.PENDING, message_id__in=list(runs))
+            .values_list("id", "message_id")
+        )
+        if back:
+            Execution.objects.filter(id__in=[i for i, _ in back], status=S.PENDING).update(
+                status=S.SCHEDULED, message_id="", enqueued_at=None
+            )
+            ExecutionEvent.objects.bulk_create(
+                [_event(i, S.PENDING, S.SCHEDULED, runs[m].attempt, actor, reason) for i, m in back]
+            )
+        if polls:
+            Execution.objects.filter(id__in=polls, status=S.RUNNING, lease_owner="").update(next_poll_at=Now())
+    return len(back)
 
 
 def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
-    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back)."""
-    return bool(
-        Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="").update(
-            lease_owner=worker_id, lease_expires_at=_db_now_plus(lease_seconds), poll_count=F("poll_count") + 1
-        )
-    )
+    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back).
+
+    Taking over a handed-back execution writes a "resumed" event, so the timeline shows who
+    resumed it and when.
+    """
+    free = Execution.objects.filter(pk=execution_id, status=S.RUNNING, attempt=attempt, lease_owner="")
+    lease = {
+        "lease_owner": worker_id,
+        "lease_expires_at": _db_now_plus(lease_seconds),
+        "poll_count": F("poll_count") + 1,
+    }
+    if free.filter(orphaned=False).update(**lease):
+        return True
+    with transaction.atomic():
+        if not free.filter(orphaned=True).update(**lease, orphaned=False):
+            return False
+        _event(
+            execution_id, S.RUNNING, S.RUNNING, attempt, worker_id, "resumed after the previous lease expired"
+        ).save()
+    return True
 
 
 def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_in: float) -> bool:
@@ -330,13 +394,21 @@ def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_i
     )
 
 
-def execution_extend_leases(*, owners: Sequence[str], lease_seconds: float) -> int:
-    """Heartbeat: push the lease expiry of every execution held by ``owners``. Returns the count."""
+def execution_extend_lease(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """Push the lease expiry of an execution this worker is working on; False if the lease is lost."""
+    return bool(
+        Execution.objects.filter(_fenced(execution_id, attempt, worker_id)).update(
+            lease_expires_at=_db_now_plus(lease_seconds)
+        )
+    )
+
+
+def executions_expire_leases(*, owners: Sequence[str]) -> int:
+    """End the leases held by ``owners`` (processes known to be dead) now, so the monitor hands
+    their executions to another worker without waiting for the leases to run out."""
     if not owners:
         return 0
-    return Execution.objects.filter(status=S.RUNNING, lease_owner__in=list(owners)).update(
-        lease_expires_at=_db_now_plus(lease_seconds)
-    )
+    return Execution.objects.filter(status=S.RUNNING, lease_owner__in=list(owners)).update(lease_expires_at=Now())
 
 
 # --- users and the platform -------------------------------------------------------------------

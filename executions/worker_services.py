@@ -8,8 +8,15 @@ worker stops working on the execution at once.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from executions import transitions
 from executions.backoff import exponential_backoff
@@ -25,6 +32,68 @@ logger = logging.getLogger(__name__)
 
 #: Polling of asynchronous runs: first delay, growth factor and cap, in seconds.
 POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
+
+T = TypeVar("T")
+
+
+@contextmanager
+def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[threading.Event]:
+    """Extend this process's lease on an execution every heartbeat while the block runs.
+
+    The lease lives exactly as long as the work: when this process dies (SIGKILL, OOM) or is
+    paused (SIGSTOP), nobody extends it, it expires, and the monitor hands the execution to
+    another worker. The yielded event is set if an extension lost (another worker took over).
+    Short runs never touch the database from here: the first extension is one interval away.
+    """
+    conf = tms_settings()
+    stop, lost = threading.Event(), threading.Event()
+
+    def extend() -> None:
+        try:
+            while not stop.wait(conf.HEARTBEAT_INTERVAL):
+                try:
+                    if not transitions.execution_extend_lease(
+                        execution_id=execution_id,
+                        attempt=attempt,
+                        worker_id=worker_id,
+                        lease_seconds=conf.WORKER_TIMEOUT,
+                    ):
+                        lost.set()
+                        logger.warning("execution %s: lease lost to another worker", execution_id)
+                        return
+                except DatabaseError as exc:
+                    logger.warning("execution %s: lease extension failed (%s)", execution_id, exc)
+                    connection.close()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=extend, name=f"tms-lease-{execution_id}", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def _persist(write: Callable[[], T]) -> T:
+    """Run a final write, retrying through a database outage for up to half a lease.
+
+    A run's outcome is recorded or the message is not acknowledged: if the database stays away
+    longer the error propagates, the lease runs out and another worker resumes the attempt.
+    """
+    deadline = time.monotonic() + tms_settings().WORKER_TIMEOUT / 2
+    delay = 0.2
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() + delay > deadline:
+                raise
+            logger.warning("database unavailable while recording an outcome; retrying in %.1fs", delay)
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def run_spec(execution: Execution, task: Task) -> RunSpec:
@@ -60,7 +129,8 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:  # deleted between claim and load
         return "lost"
     execution, task = loaded
-    return _start(execution, task, worker_id)
+    with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+        return _start(execution, task, worker_id)
 
 
 def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
@@ -76,7 +146,17 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:
         return "lost"
     execution, task = loaded
+    with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+        return _resume(execution, task, worker_id)
+
+
+def _resume(execution: Execution, task: Task, worker_id: str) -> str:
     if not execution.external_run_id:
+        # Its worker died before a run id was recorded. Start again with the same idempotency
+        # key (the runner adopts a run it already launched), unless this keeps happening.
+        if execution.handbacks > tms_settings().MAX_HANDBACKS:
+            error = f"worker lost {execution.handbacks} times before the run started; giving up on this attempt"
+            return _finish(execution, task, worker_id, RunResult.failed(error))
         return _start(execution, task, worker_id)
     try:
         runner = get_runner(task.runner)
@@ -92,8 +172,10 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
             result = RunResult.failed(f"timed out after {task.timeout.total_seconds():g}s; external run cancelled")
         else:
             delay = exponential_backoff(attempt=execution.poll_count, base=POLL_BASE, factor=POLL_FACTOR, cap=POLL_CAP)
-            transitions.execution_release(
-                execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=delay
+            _persist(
+                lambda: transitions.execution_release(
+                    execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=delay
+                )
             )
             return "polling"
     return _finish(execution, task, worker_id, result, external_run_id=handle.external_run_id)
@@ -115,13 +197,15 @@ def _start(execution: Execution, task: Task, worker_id: str) -> str:
     if handle.result is not None:
         return _finish(execution, task, worker_id, handle.result, external_run_id=handle.external_run_id)
     # Asynchronous run: store its id before anything waits on it, then let the monitor poll it.
-    recorded = transitions.execution_record_run(
-        execution_id=execution.pk,
-        attempt=execution.attempt,
-        worker_id=worker_id,
-        external_run_id=handle.external_run_id,
-        run_handle=handle.data,
-        poll_in=POLL_BASE,
+    recorded = _persist(
+        lambda: transitions.execution_record_run(
+            execution_id=execution.pk,
+            attempt=execution.attempt,
+            worker_id=worker_id,
+            external_run_id=handle.external_run_id,
+            run_handle=handle.data,
+            poll_in=POLL_BASE,
+        )
     )
     if not recorded:
         logger.warning("execution %s: lease lost before the run id was recorded; cancelling run", execution.pk)
@@ -142,7 +226,7 @@ def _finish(
         "external_run_id": external_run_id,
     }
     if result.state is RunState.SUCCEEDED:
-        won = transitions.execution_succeed(output=result.output, **common)
+        won = _persist(lambda: transitions.execution_succeed(output=result.output, **common))
     else:
         retry_in = None
         if result.retryable and execution.attempt < task.max_attempts:
@@ -152,7 +236,9 @@ def _finish(
                 cap=task.retry_backoff_max.total_seconds(),
                 jitter=task.retry_jitter,
             )
-        won = transitions.execution_fail(error=result.error, output=result.output, retry_in=retry_in, **common)
+        won = _persist(
+            lambda: transitions.execution_fail(error=result.error, output=result.output, retry_in=retry_in, **common)
+        )
         if won and retry_in is not None and retry_in < conf.MONITOR_MAX_SLEEP:
             notify_due()
     if not won:

@@ -1,7 +1,1067 @@
-"""Placeholder replaced by the full HTTP runner."""
+"""The ``http`` runner: calls a webhook or URL, either synchronously or as an asynchronous job.
 
-from runners.base import BaseRunner
+Synchronous mode (the default) sends one request inside :meth:`HttpRunner.start` and judges the
+response: a GET ping, a POST with a JSON or raw body, a Slack-style incoming webhook. Asynchronous
+mode (``"async": true``) expects the endpoint to accept the job (``202 Accepted``) and name a status
+URL, in the ``Location`` header or a ``status_url`` JSON field; :meth:`HttpRunner.poll` then reads
+``{"status": "running|succeeded|failed", "output": ..., "error": ...}`` from it and
+:meth:`HttpRunner.cancel` sends it a DELETE.
+
+Every request carries ``Idempotency-Key: <spec.idempotency_key>`` so that an endpoint which
+deduplicates on it launches one run however often an attempt is started.
+
+SSRF guard: task owners choose the URL, so by default the runner refuses to connect to anything
+but public addresses (no loopback, private, link-local / cloud metadata, multicast, reserved or
+unspecified addresses, nor IPv4-mapped, 6to4 or NAT64 IPv6 forms of them). The check runs on the
+address the socket actually connects to, inside the urllib3 connection, after the one and only DNS
+resolution, so a name cannot resolve to a public address for the check and to a private one for
+the connection. TLS still verifies the certificate against the URL's host name. Redirects are
+followed by hand, one hop at a time, so each hop goes through the same check. Operators open
+specific networks or host names with the ``allowed_networks`` option.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import logging
+import re
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, ClassVar
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from django.core.exceptions import ImproperlyConfigured
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+from rest_framework import serializers
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NameResolutionError,
+    NewConnectionError,
+    ReadTimeoutError,
+)
+from urllib3.poolmanager import PoolManager
+from urllib3.util.connection import allowed_gai_family
+
+from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from tasks_app.durations import DurationField, parse_duration
+
+logger = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+_BODYLESS_METHODS = frozenset({"GET", "HEAD"})
+#: Headers the runner sets itself, or that would break the request framing if a task set them.
+_RESERVED_HEADERS = frozenset(
+    {"idempotency-key", "x-tms-callback-url", "host", "content-length", "transfer-encoding", "connection"}
+)
+#: Headers dropped when a redirect leaves the origin they were meant for (as browsers and requests do).
+_CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HOSTNAME = re.compile(r"^(\*\.)?([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$")
+
+#: Upper bound a task may set for ``max_response_bytes``: outputs end up in the database.
+MAX_RESPONSE_BYTES_LIMIT = 10 * 1024 * 1024
+#: Largest request body a task may configure.
+MAX_BODY_BYTES = 1024 * 1024
+#: Status documents are read up to this size (their ``output`` is then cut to ``max_response_bytes``).
+_STATUS_DOCUMENT_MAX_BYTES = 1024 * 1024
+#: A poll or cancel request never blocks longer than this, whatever the task's timeout.
+_POLL_TIMEOUT = 30.0
+_READ_CHUNK = 8192
+_ERROR_EXCERPT_CHARS = 200
+_RUN_ID_MAX_CHARS = 200
+_RUN_ID_HEADERS = ("X-Run-Id", "X-Request-Id")
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+_RUNNING_STATUSES = frozenset({"running", "pending", "queued"})
+_SUCCEEDED_STATUSES = frozenset({"succeeded"})
+_FAILED_STATUSES = frozenset({"failed"})
+_CANCELLED_STATUSES = frozenset({"cancelled", "canceled"})
+
+
+# --------------------------------------------------------------------------------------------
+# Address policy (the SSRF guard's rules)
+# --------------------------------------------------------------------------------------------
+
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure/OpenStack, AWS ECS, AWS IPv6, Alibaba):
+#: named in refusals because they are the classic SSRF target.
+_METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(address)
+    for address in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
+)
+_PRIVATE_NETWORKS = tuple(
+    ipaddress.ip_network(network) for network in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+)
+_SHARED_NETWORK = ipaddress.ip_network("100.64.0.0/10")
+_NAT64_NETWORK = ipaddress.ip_network("64:ff9b::/96")
+
+
+def parse_ip(text: str) -> IPAddress:
+    """Parse an address as getaddrinfo returns it, dropping any IPv6 zone (``fe80::1%eth0``)."""
+    return ipaddress.ip_address(text.split("%", 1)[0])
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
+    """The IPv4 address an IPv6 address stands for, with the name of the mapping, if any."""
+    if ip.ipv4_mapped is not None:
+        return "IPv4-mapped", ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return "6to4", ip.sixtofour
+    if ip in _NAT64_NETWORK:
+        return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if int(ip) >> 32 == 0 and int(ip) > 1:  # deprecated IPv4-compatible form ::a.b.c.d
+        return "IPv4-compatible", ipaddress.IPv4Address(int(ip))
+    return None
+
+
+def _address_kind(ip: IPAddress) -> str | None:
+    """What makes ``ip`` non-public ("loopback address", ...), or None for a public address."""
+    if ip in _METADATA_ADDRESSES:
+        return "cloud metadata address"
+    if ip.is_unspecified:
+        return "unspecified address"
+    if ip.is_loopback:
+        return "loopback address"
+    if ip.is_link_local:
+        return "link-local address"
+    if ip.is_multicast:
+        return "multicast address"
+    if any(ip in network for network in _PRIVATE_NETWORKS if network.version == ip.version):
+        return "private address"
+    if ip in _SHARED_NETWORK:
+        return "shared (carrier-grade NAT) address"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "site-local address"
+    if ip.is_reserved:
+        return "reserved address"
+    if not ip.is_global:
+        return "non-public address"
+    return None
+
+
+def _with_article(phrase: str) -> str:
+    return f"{'an' if phrase[0] in 'aeiouAEIOU' else 'a'} {phrase}"
+
+
+def address_refusal(ip: IPAddress) -> str | None:
+    """Why the guard refuses ``ip`` by default ("127.0.0.1 is a loopback address"), or None."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            mapping, ipv4 = embedded
+            kind = _address_kind(ipv4)
+            if kind is not None:
+                return f"{ip} is {_with_article(f'{mapping} {kind}')} ({ipv4})"
+            if mapping == "IPv4-mapped":
+                return None  # a dual-stack socket connects to the (public) IPv4 address itself
+    kind = _address_kind(ip)
+    return None if kind is None else f"{ip} is {_with_article(kind)}"
+
+
+def _normalise_host(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+def _literal_ip(host: str) -> IPAddress | None:
+    try:
+        return parse_ip(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class AddressPolicy:
+    """Where the runner may connect: public addresses, plus the operator's ``allowed_networks``."""
+
+    networks: tuple[IPNetwork, ...] = ()
+    #: Exact host names (lower case, no trailing dot) opened whatever they resolve to.
+    hostnames: frozenset[str] = frozenset()
+    #: Suffixes (``.example.internal``) from ``*.example.internal`` entries.
+    domain_suffixes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_entries(cls, entries: Any, *, alias: str) -> AddressPolicy:
+        """Build the policy from the ``allowed_networks`` option: CIDRs, addresses or host names."""
+        if isinstance(entries, str | bytes) or not isinstance(entries, Sequence):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_networks must be a list of strings.")
+        networks: list[IPNetwork] = []
+        hostnames: set[str] = set()
+        suffixes: list[str] = []
+        for entry in entries:
+            if not isinstance(entry, str):
+                raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_networks entry {entry!r} is not a string.")
+            text = entry.strip()
+            if not text:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(text.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            name = _normalise_host(text)
+            if not _HOSTNAME.match(name):
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_networks entry {entry!r} is neither a network "
+                    '(such as "10.1.0.0/16") nor a host name (such as "api.internal" or "*.svc.internal").'
+                )
+            if name.startswith("*."):
+                suffixes.append(name[1:])
+            else:
+                hostnames.add(name)
+        return cls(tuple(networks), frozenset(hostnames), tuple(suffixes))
+
+    def host_is_allowed(self, host: str) -> bool:
+        """Whether ``host`` (a name from a URL) is opened by name, whatever it resolves to."""
+        name = _normalise_host(host)
+        return name in self.hostnames or any(name.endswith(suffix) for suffix in self.domain_suffixes)
+
+    def refusal(self, host: str, ip: IPAddress) -> str | None:
+        """Why connecting to ``ip``, resolved from ``host``, is refused; None when it is allowed."""
+        if self.host_is_allowed(host):
+            return None
+        candidates: list[IPAddress] = [ip]
+        if isinstance(ip, ipaddress.IPv6Address) and (embedded := _embedded_ipv4(ip)) is not None:
+            candidates.append(embedded[1])
+        for candidate in candidates:
+            if any(candidate in network for network in self.networks if network.version == candidate.version):
+                return None
+        reason = address_refusal(ip)
+        if reason is not None and _literal_ip(host) is None:
+            reason = f"{reason} (resolved from {_normalise_host(host)})"
+        return reason
+
+
+class AddressRefused(Exception):
+    """The guard refused every address a host resolved to.
+
+    Deliberately not an ``OSError``: urllib3 and requests would wrap and retry an ``OSError``,
+    and a refusal must surface as is, without any further attempt.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Guarded transport: urllib3 connections that validate the address they connect to
+# --------------------------------------------------------------------------------------------
+
+
+class _Guard:
+    """State one runner operation shares with its connections: the policy and a hard deadline.
+
+    Socket timeouts only bound each read, so a server trickling a byte at a time could hold the
+    worker for ever; a watchdog timer shuts every socket of the operation down at the deadline.
+    """
+
+    def __init__(self, policy: AddressPolicy, seconds: float) -> None:
+        self.policy = policy
+        self.seconds = seconds
+        self.expired = False
+        self._deadline = time.monotonic() + seconds
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._timer = threading.Timer(max(seconds, 0.0), self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Guard:
+        self._timer.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._timer.cancel()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def remaining(self) -> float:
+        return max(0.0, self._deadline - time.monotonic())
+
+    def track(self, sock: socket.socket) -> None:
+        """Let the watchdog shut ``sock`` down at the deadline.
+
+        Keeps a duplicate descriptor: ``shutdown`` on it stops the connection even after TLS
+        wrapping has detached the original socket object.
+        """
+        duplicate = sock.dup()
+        with self._lock:
+            if not self.expired:
+                self._sockets.append(duplicate)
+                return
+        duplicate.close()
+        raise TimeoutError("deadline passed")
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                # Fails harmlessly when not connected (yet, or any more): nothing to interrupt then.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class _GuardedConnectionMixin:
+    """Replaces urllib3's socket creation: resolve once, check each address, connect to it."""
+
+    host: str
+    port: int
+    timeout: float | None
+    source_address: tuple[str, int] | None
+    socket_options: Sequence[tuple[int, int, int | bytes]] | None
+    _dns_host: str
+
+    def __init__(self, *args: Any, tms_guard: _Guard, **kwargs: Any) -> None:
+        self._tms_guard = tms_guard
+        super().__init__(*args, **kwargs)
+
+    def _new_conn(self) -> socket.socket:
+        guard = self._tms_guard
+        try:
+            infos = socket.getaddrinfo(self._dns_host, self.port, allowed_gai_family(), socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
+        refusals: list[str] = []
+        last_error: OSError | None = None
+        for family, socktype, proto, _canonname, sockaddr in infos:
+            reason = guard.policy.refusal(self.host, parse_ip(str(sockaddr[0])))
+            if reason is not None:
+                refusals.append(reason)
+                continue
+            try:
+                return self._connect_to(family, socktype, proto, sockaddr)
+            except OSError as exc:
+                last_error = exc
+        if last_error is None:
+            if refusals:
+                raise AddressRefused(refusals[0])
+            raise NewConnectionError(self, f"{self.host} resolved to no address")  # type: ignore[arg-type]
+        if isinstance(last_error, TimeoutError):
+            raise ConnectTimeoutError(self, f"Connection to {self.host} timed out.") from last_error
+        raise NewConnectionError(  # type: ignore[arg-type]
+            self, f"Failed to establish a new connection: {last_error}"
+        ) from last_error
+
+    def _connect_to(self, family: int, socktype: int, proto: int, sockaddr: tuple[Any, ...]) -> socket.socket:
+        guard = self._tms_guard
+        timeout = guard.remaining() if self.timeout is None else min(self.timeout, guard.remaining())
+        if timeout <= 0:
+            raise TimeoutError("deadline passed")
+        sock = socket.socket(family, socktype, proto)
+        try:
+            for option in self.socket_options or ():
+                sock.setsockopt(*option)
+            if self.source_address:
+                sock.bind(self.source_address)
+            sock.settimeout(timeout)
+            guard.track(sock)
+            sock.connect(sockaddr)
+        except BaseException:
+            sock.close()
+            raise
+        sys.audit("http.client.connect", self, self.host, self.port)
+        return sock
+
+
+class _GuardedHTTPConnection(_GuardedConnectionMixin, HTTPConnection):
+    pass
+
+
+class _GuardedHTTPSConnection(_GuardedConnectionMixin, HTTPSConnection):
+    """TLS is set up by urllib3 on the checked socket, with SNI and certificate checks for ``host``."""
+
+
+class _GuardedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+class _GuardedPoolManager(PoolManager):
+    def __init__(self, *args: Any, tms_guard: _Guard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tms_guard = tms_guard
+        self.pool_classes_by_scheme = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
+
+    def _new_pool(
+        self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None
+    ) -> HTTPConnectionPool:
+        context = dict(self.connection_pool_kw if request_context is None else request_context)
+        context["tms_guard"] = self._tms_guard  # reaches the connection class through the pool's conn_kw
+        return super()._new_pool(scheme, host, port, context)
+
+
+class _GuardedAdapter(HTTPAdapter):
+    def __init__(self, guard: _Guard) -> None:
+        self._tms_guard = guard  # before super().__init__, which builds the pool manager
+        super().__init__(pool_connections=1, pool_maxsize=1, max_retries=0)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
+        self._pool_connections = connections
+        self._pool_maxsize = maxsize
+        self._pool_block = block
+        self.poolmanager = _GuardedPoolManager(
+            num_pools=connections, maxsize=maxsize, block=block, tms_guard=self._tms_guard, **pool_kwargs
+        )
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        # A proxy would connect on our behalf, out of reach of the address check.
+        raise RunnerError("the http runner does not use proxies", retryable=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-task config
+# --------------------------------------------------------------------------------------------
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be called (syntax only: the host is never resolved here), or None."""
+    if any(char.isspace() or ord(char) < 0x20 or ord(char) == 0x7F for char in url):
+        return "URL may not contain spaces or control characters."
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "Enter a valid URL."
+    if parts.scheme.lower() not in ("http", "https"):
+        scheme = f'"{parts.scheme}"' if parts.scheme else "none"
+        return f"Only http and https URLs are allowed (scheme: {scheme})."
+    if "@" in parts.netloc:
+        return "URL may not contain a user name or password; send credentials in headers instead."
+    if not parts.hostname:
+        return "URL has no host."
+    if port == 0:
+        return "URL port may not be 0."
+    return None
+
+
+class _MethodField(serializers.ChoiceField):
+    def to_internal_value(self, data: Any) -> Any:
+        return super().to_internal_value(data.strip().upper() if isinstance(data, str) else data)
+
+
+class HttpConfigSerializer(serializers.Serializer):
+    """Per-task config of the ``http`` runner."""
+
+    url = serializers.CharField(max_length=2048, help_text="http(s) URL to call.")
+    method = _MethodField(
+        choices=HTTP_METHODS, required=False, help_text="HTTP method; GET by default, POST when a body is given."
+    )
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=8192),
+        required=False,
+        help_text="Extra request headers, name to value.",
+    )
+    json = serializers.JSONField(required=False, help_text="JSON document sent as the request body.")
+    body = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=MAX_BODY_BYTES,
+        help_text="Raw request body (sent as UTF-8); exclusive with json.",
+    )
+    expected_status = serializers.ListField(
+        child=serializers.IntegerField(min_value=100, max_value=599),
+        allow_empty=False,
+        max_length=100,
+        required=False,
+        help_text="Status codes that mean success; any 2xx by default.",
+    )
+    timeout = DurationField(
+        min_value=timedelta(milliseconds=1),
+        required=False,
+        help_text='Request timeout, e.g. "10s"; never longer than the task timeout.',
+    )
+    max_response_bytes = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_RESPONSE_BYTES_LIMIT,
+        required=False,
+        help_text="How much of the response body to keep as output.",
+    )
+    follow_redirects = serializers.BooleanField(default=True, help_text="Follow redirects (each hop is checked).")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        # ``async`` is a Python keyword, so it cannot be declared as a class attribute.
+        fields["async"] = serializers.BooleanField(
+            default=False,
+            help_text="The endpoint answers 202 with a status URL (Location header or status_url field) to poll.",
+        )
+        return fields
+
+    def validate_url(self, value: str) -> str:
+        problem = url_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
+        for name, header_value in value.items():
+            if not _HEADER_NAME.match(name):
+                raise serializers.ValidationError(f"{name!r} is not a valid header name.")
+            if name.lower() in _RESERVED_HEADERS:
+                raise serializers.ValidationError(f"The {name} header is set by the runner and cannot be configured.")
+            if any(char in header_value for char in "\r\n\0"):
+                raise serializers.ValidationError(f"The value of {name} may not contain line breaks or NUL.")
+        return value
+
+    def validate_json(self, value: Any) -> Any:
+        try:
+            encoded = json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise serializers.ValidationError("NaN and Infinity are not valid JSON.") from None
+        if len(encoded.encode()) > MAX_BODY_BYTES:
+            raise serializers.ValidationError(f"The JSON body may be at most {MAX_BODY_BYTES} bytes.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        has_body = "json" in attrs or "body" in attrs
+        if "json" in attrs and "body" in attrs:
+            message = "Give either json or body, not both."
+            raise serializers.ValidationError({"json": [message], "body": [message]})
+        method = attrs.setdefault("method", "POST" if has_body else "GET")
+        if has_body and method in _BODYLESS_METHODS:
+            raise serializers.ValidationError(
+                {"method": [f"A {method} request cannot carry a body; use POST, PUT, PATCH or DELETE."]}
+            )
+        return attrs
+
+
+# --------------------------------------------------------------------------------------------
+# The runner
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+    """The final response of one exchange (after redirects), with its body read up to a cap."""
+
+    status: int
+    reason: str
+    headers: CaseInsensitiveDict[str]
+    url: str
+    body: bytes
+    truncated: bool
+    limit: int
+
+    @property
+    def text(self) -> str:
+        """The body as text (UTF-8, invalid bytes replaced), marked when it was cut off."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # When truncated, a multi-byte character cut in half is dropped rather than replaced.
+        text = decoder.decode(self.body, final=not self.truncated)
+        if self.truncated:
+            text += f"\n[truncated: response exceeded {self.limit} bytes]"
+        return text
+
+    @property
+    def origin(self) -> str:
+        return _origin(self.url)
+
+    def capped(self, limit: int) -> _Reply:
+        """This reply with its body cut to ``limit`` bytes."""
+        if len(self.body) <= limit:
+            return self
+        return dataclasses.replace(self, body=self.body[:limit], truncated=True, limit=limit)
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: errors never quote paths or queries, which may hold secrets."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    except ValueError:
+        return "the endpoint"
+
+
+def _origin_key(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, _normalise_host(parts.hostname or ""), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _safe_origin_key(url: str) -> tuple[str, str, int | None] | None:
+    try:
+        return _origin_key(url)
+    except ValueError:
+        return None
+
+
+def _excerpt(text: str, limit: int = _ERROR_EXCERPT_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _bounded_text(value: Any, limit: int) -> str:
+    """A status document's output or error as text, cut to ``limit`` characters."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + f"\n[truncated: exceeded {limit} characters]"
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return parse_duration(value).total_seconds()
+
+
+def _status_is_success(status: int, expected: Sequence[int] | None) -> bool:
+    return status in expected if expected else 200 <= status < 300
+
+
+def _status_is_retryable(status: int) -> bool:
+    # 408 Request Timeout and 429 Too Many Requests are transient although they are 4xx.
+    return status >= 500 or status in (408, 429)
+
+
+def _status_error(reply: _Reply) -> str:
+    message = f"HTTP {reply.status}{f' {reply.reason}' if reply.reason else ''} from {reply.origin}"
+    excerpt = _excerpt(reply.text)
+    return f"{message}: {excerpt}" if excerpt else message
+
+
+def _json_document(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _clean_run_id(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value).strip()
+    if not text or len(text) > _RUN_ID_MAX_CHARS or not text.isprintable():
+        return None
+    return text
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything it wraps (requests and urllib3 wrap through args and ``reason``)."""
+    seen: set[int] = set()
+    queue: deque[Any] = deque([exc])
+    while queue:  # breadth first: the outermost, most specific wrappers come first
+        current = queue.popleft()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        queue.extend([current.__cause__, current.__context__, getattr(current, "reason", None), *current.args])
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    if isinstance(exc, requests.Timeout):
+        return True
+    for cause in _causes(exc):
+        if isinstance(cause, NewConnectionError):
+            return False  # urllib3 makes "connection refused" a subclass of its connect timeout
+        if isinstance(cause, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+            return True
+    return False
+
+
+def _root_reason(exc: BaseException) -> str:
+    """A short cause without the URL (requests' messages quote the path, which may hold secrets)."""
+    for cause in _causes(exc):
+        if isinstance(cause, socket.gaierror):
+            return f"name resolution failed ({cause.strerror or cause})"
+        if isinstance(cause, OSError) and cause.strerror and not isinstance(cause, NewConnectionError):
+            return cause.strerror
+    return type(exc).__name__
+
+
+def _transport_error(exc: BaseException, guard: _Guard, url: str) -> RunnerError:
+    """Translate what the transport raised into a RunnerError saying whether a retry can help."""
+    origin = _origin(url)
+    if isinstance(exc, RunnerError):
+        return exc
+    if isinstance(exc, AddressRefused):
+        return RunnerError(f"refused: {exc}", retryable=False)
+    if guard.expired or _is_timeout(exc):
+        return RunnerError(f"timed out after {guard.seconds:g}s waiting for {origin}")
+    if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.InvalidSchema):
+        return RunnerError(f"invalid URL for {origin}", retryable=False)
+    if isinstance(exc, requests.exceptions.InvalidHeader):
+        return RunnerError(f"invalid request header: {exc}", retryable=False)
+    if isinstance(exc, requests.exceptions.SSLError):
+        return RunnerError(f"TLS error talking to {origin}: {_root_reason(exc)}")
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return RunnerError(f"connection to {origin} failed: {_root_reason(exc)}")
+    return RunnerError(f"request to {origin} failed: {_root_reason(exc)}")
+
+
+def _read_bounded(response: requests.Response, limit: int) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes of the (decoded) body; say whether there was more."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_content(chunk_size=_READ_CHUNK):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)[:limit], size > limit
+
+
+def _redirected(status: int, method: str, body: bytes | None) -> tuple[str, bytes | None]:
+    """The method and body of the next hop, as browsers and requests do it."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        return "GET", None
+    return method, body
 
 
 class HttpRunner(BaseRunner):
-    option_defaults = {"allowed_networks": []}
+    """Calls an http(s) URL per task config, behind an SSRF guard; see the module docstring."""
+
+    option_defaults: ClassVar[dict[str, Any]] = {
+        #: CIDRs, addresses or host names (``*.svc.internal`` too) opened despite the SSRF guard.
+        "allowed_networks": [],
+        #: Default cap on the response body kept as output; tasks may set their own.
+        "max_response_bytes": 65536,
+        "user_agent": "TMS-http-runner/1.0",
+        #: Redirect hops followed before giving up.
+        "max_redirects": 5,
+    }
+    config_serializer_class = HttpConfigSerializer
+    #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
+    supports_cancel = True
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(alias, options)
+        self.policy = AddressPolicy.from_entries(self.options["allowed_networks"], alias=alias)
+        self.max_response_bytes = self._int_option("max_response_bytes", upper=MAX_RESPONSE_BYTES_LIMIT)
+        self.max_redirects = self._int_option("max_redirects", upper=50)
+        self.user_agent = self.options["user_agent"]
+        if not isinstance(self.user_agent, str) or any(char in self.user_agent for char in "\r\n\0"):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: user_agent must be a single-line string.")
+
+    def _int_option(self, name: str, *, upper: int) -> int:
+        value = self.options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{self.alias!r}]: {name} must be an integer from 0 to {upper}.")
+        return value
+
+    def validate_config(self, config: Any) -> dict[str, Any]:
+        """Validate the config; also refuse a URL whose host is a literal address the guard blocks.
+
+        Host names are not resolved here (that would be a DNS lookup on every save, and its
+        answer could change anyway): they are checked when the runner connects.
+        """
+        data = super().validate_config(config)
+        host = urlsplit(data["url"]).hostname or ""
+        ip = _literal_ip(host)
+        if ip is None and _normalise_host(host) == "localhost":
+            ip = ipaddress.IPv4Address("127.0.0.1")
+        if ip is not None and (reason := self.policy.refusal(host, ip)) is not None:
+            raise serializers.ValidationError(
+                {
+                    "url": [
+                        f"This address is not reachable from TMS: {reason}. An operator can open it in "
+                        f"the allowed_networks option of the {self.alias!r} runner."
+                    ]
+                }
+            )
+        return data
+
+    # -- runner interface ---------------------------------------------------------------------
+
+    def start(self, spec: RunSpec) -> RunHandle:
+        """Send the configured request; in async mode, return a handle on the status URL it names.
+
+        Never launches twice for one key by itself (it sends exactly one request, plus redirect
+        hops), and the ``Idempotency-Key`` header lets the endpoint adopt a repeated start.
+        """
+        config = spec.config
+        key = spec.idempotency_key
+        body, content_type = self._body(config)
+        method = str(config.get("method") or ("POST" if body is not None else "GET")).upper()
+        headers = self._headers(spec, target=config["url"])
+        if content_type and "Content-Type" not in headers:
+            headers["Content-Type"] = content_type
+        limit = self._limit(config)
+        is_async = bool(config.get("async"))
+        try:
+            reply = self._exchange(
+                method,
+                config["url"],
+                headers=headers,
+                body=body,
+                seconds=self._seconds(spec),
+                follow_redirects=bool(config.get("follow_redirects", True)),
+                # An async answer is parsed for its status URL, so read it whole (within reason).
+                limit=max(limit, _STATUS_DOCUMENT_MAX_BYTES) if is_async else limit,
+            )
+        except RunnerError as exc:
+            return RunHandle(key, result=RunResult.failed(str(exc), retryable=exc.retryable))
+        run_id = self._run_id(reply) or key
+        shown = reply.capped(limit)
+        if not _status_is_success(reply.status, config.get("expected_status")):
+            return RunHandle(
+                run_id,
+                result=RunResult.failed(
+                    _status_error(shown), output=shown.text, retryable=_status_is_retryable(reply.status)
+                ),
+            )
+        if not is_async:
+            return RunHandle(run_id, result=RunResult.succeeded(shown.text))
+        return self._accepted(spec, reply, run_id, limit=limit)
+
+    def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:
+        """GET the status URL of an async run and read its status document.
+
+        Transient trouble (5xx, 429, timeouts, connection errors) reports the run as still
+        running: failing the attempt would start a second run while the first may go on. The
+        worker's own timeout ends a run whose status never comes back.
+        """
+        status_url = handle.data.get("status_url")
+        if not status_url:
+            return RunResult.failed("this run has no status URL: it was not started in async mode", retryable=False)
+        try:
+            reply = self._exchange(
+                "GET",
+                status_url,
+                headers=self._headers(spec, target=status_url),
+                body=None,
+                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
+                follow_redirects=bool(spec.config.get("follow_redirects", True)),
+                limit=_STATUS_DOCUMENT_MAX_BYTES,
+            )
+        except RunnerError as exc:
+            if exc.retryable:
+                logger.warning(
+                    "http runner %r: status check of %s failed, will poll again: %s",
+                    self.alias,
+                    handle.external_run_id,
+                    exc,
+                )
+                return RunResult.running()
+            return RunResult.failed(f"status check failed: {exc}", retryable=False)
+        if _status_is_retryable(reply.status):
+            logger.warning(
+                "http runner %r: status check of %s got HTTP %s, will poll again",
+                self.alias,
+                handle.external_run_id,
+                reply.status,
+            )
+            return RunResult.running()
+        if not 200 <= reply.status < 300:
+            return RunResult.failed(f"status check failed: {_status_error(reply)}", retryable=False)
+        return self._document_result(reply, limit=self._limit(spec.config))
+
+    def cancel(self, spec: RunSpec, handle: RunHandle) -> None:
+        """Best effort: DELETE the status URL of an async run; nothing to do for synchronous runs."""
+        status_url = handle.data.get("status_url")
+        if not status_url:
+            return
+        try:
+            reply = self._exchange(
+                "DELETE",
+                status_url,
+                headers=self._headers(spec, target=status_url),
+                body=None,
+                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
+                follow_redirects=bool(spec.config.get("follow_redirects", True)),
+                limit=0,
+            )
+        except RunnerError as exc:
+            logger.warning("http runner %r: cancelling %s failed: %s", self.alias, handle.external_run_id, exc)
+            return
+        if not (200 <= reply.status < 300 or reply.status in (404, 410)):
+            logger.warning(
+                "http runner %r: cancelling %s got HTTP %s", self.alias, handle.external_run_id, reply.status
+            )
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _limit(self, config: Mapping[str, Any]) -> int:
+        value = config.get("max_response_bytes")
+        return self.max_response_bytes if value is None else int(value)
+
+    @staticmethod
+    def _seconds(spec: RunSpec, *, cap: float | None = None) -> float:
+        """The time one exchange may take: the configured timeout, within the attempt's."""
+        seconds = float(spec.timeout)
+        configured = _seconds(spec.config.get("timeout"))
+        if configured is not None:
+            seconds = min(seconds, configured)
+        if cap is not None:
+            seconds = min(seconds, cap)
+        return seconds
+
+    @staticmethod
+    def _body(config: Mapping[str, Any]) -> tuple[bytes | None, str | None]:
+        if "json" in config:
+            return json.dumps(config["json"], allow_nan=False).encode(), "application/json"
+        if config.get("body") is not None:
+            return str(config["body"]).encode(), None
+        return None, None
+
+    def _headers(self, spec: RunSpec, *, target: str) -> CaseInsensitiveDict[str]:
+        """Headers for a request to ``target``; the task's own headers only go to the task URL's origin."""
+        headers: CaseInsensitiveDict[str] = CaseInsensitiveDict({"User-Agent": self.user_agent})
+        try:
+            same_origin = _origin_key(target) == _origin_key(spec.config["url"])
+        except ValueError:
+            same_origin = False
+        if same_origin:
+            for name, value in (spec.config.get("headers") or {}).items():
+                if name.lower() not in _RESERVED_HEADERS:
+                    headers[name] = str(value)
+        headers["Idempotency-Key"] = spec.idempotency_key
+        if spec.callback_url:
+            headers["X-TMS-Callback-URL"] = spec.callback_url
+        return headers
+
+    def _exchange(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: CaseInsensitiveDict[str],
+        body: bytes | None,
+        seconds: float,
+        follow_redirects: bool,
+        limit: int,
+    ) -> _Reply:
+        """Send one request, following redirects hop by hop; raise RunnerError when it failed."""
+        headers = CaseInsensitiveDict(headers)
+        with _Guard(self.policy, seconds) as guard, requests.Session() as session:
+            session.trust_env = False  # no proxies or .netrc from the environment
+            adapter = _GuardedAdapter(guard)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            hops = 0
+            while True:
+                problem = url_problem(url)
+                if problem is not None:
+                    raise RunnerError(f"cannot call {_origin(url)}: {problem}", retryable=False)
+                try:
+                    remaining = guard.remaining()
+                    if remaining <= 0:
+                        raise TimeoutError("deadline passed")
+                    response = session.request(
+                        method,
+                        url,
+                        headers=headers,
+                        data=body,
+                        timeout=(remaining, remaining),
+                        allow_redirects=False,
+                        stream=True,
+                    )
+                    with response:
+                        location = session.get_redirect_target(response) if follow_redirects else None
+                        if location is None:
+                            data, truncated = _read_bounded(response, limit)
+                            if guard.expired:
+                                # The watchdog's shutdown reads as end-of-data to http.client, so a
+                                # cut-off response can look complete: it is a timeout all the same.
+                                raise TimeoutError("deadline passed")
+                            return _Reply(
+                                status=response.status_code,
+                                reason=response.reason or "",
+                                headers=response.headers,
+                                url=response.url,
+                                body=data,
+                                truncated=truncated,
+                                limit=limit,
+                            )
+                except Exception as exc:
+                    raise _transport_error(exc, guard, url) from exc
+                if hops >= self.max_redirects:
+                    raise RunnerError(
+                        f"too many redirects (more than {self.max_redirects}) from {_origin(url)}", retryable=False
+                    )
+                hops += 1
+                next_url = urljoin(response.url, location)
+                method, new_body = _redirected(response.status_code, method, body)
+                if new_body is None and body is not None:
+                    headers.pop("Content-Type", None)
+                body = new_body
+                if _safe_origin_key(next_url) != _safe_origin_key(url):
+                    for name in _CREDENTIAL_HEADERS:
+                        headers.pop(name, None)
+                url = next_url
+
+    def _run_id(self, reply: _Reply) -> str | None:
+        for name in _RUN_ID_HEADERS:
+            if (run_id := _clean_run_id(reply.headers.get(name))) is not None:
+                return run_id
+        return None
+
+    def _accepted(self, spec: RunSpec, reply: _Reply, run_id: str, *, limit: int) -> RunHandle:
+        """Turn the answer of an async start into a handle on its status URL."""
+        document = _json_document(reply.body) if not reply.truncated else None
+        if isinstance(document, Mapping) and run_id == spec.idempotency_key:
+            run_id = _clean_run_id(document.get("run_id")) or _clean_run_id(document.get("id")) or run_id
+        status_url = document.get("status_url") if isinstance(document, Mapping) else None
+        if not isinstance(status_url, str) or not status_url:
+            status_url = reply.headers.get("Location")
+        if not status_url:
+            finished = _FAILED_STATUSES | _SUCCEEDED_STATUSES | _CANCELLED_STATUSES
+            if isinstance(document, Mapping) and str(document.get("status", "")).strip().lower() in finished:
+                # The endpoint finished the job within the request and answered with its status document.
+                return RunHandle(run_id, result=self._document_result(reply, limit=limit))
+            return RunHandle(
+                run_id,
+                result=RunResult.failed(
+                    f"async endpoint {reply.origin} answered HTTP {reply.status} without a status URL "
+                    "(Location header or status_url field)",
+                    output=reply.capped(limit).text,
+                    retryable=False,
+                ),
+            )
+        status_url = urljoin(reply.url, status_url)
+        problem = url_problem(status_url)
+        if problem is not None:
+            return RunHandle(
+                run_id,
+                result=RunResult.failed(f"async endpoint gave an unusable status URL: {problem}", retryable=False),
+            )
+        return RunHandle(run_id, data={"status_url": status_url})
+
+    @staticmethod
+    def _document_result(reply: _Reply, *, limit: int) -> RunResult:
+        """Read ``{"status": ..., "output": ..., "error": ...}`` into a RunResult."""
+        if reply.truncated:
+            return RunResult.failed(
+                f"the status document from {reply.origin} is larger than {reply.limit} bytes", retryable=False
+            )
+        document = _json_document(reply.body)
+        if not isinstance(document, Mapping) or not isinstance(document.get("status"), str):
+            return RunResult.failed(
+                f"{reply.origin} did not answer with a status document "
+                f'({{"status": "running|succeeded|failed", ...}}): {_excerpt(reply.text)}',
+                retryable=False,
+            )
+        status = document["status"].strip().lower()
+        output = _bounded_text(document.get("output"), limit)
+        if status in _RUNNING_STATUSES:
+            return RunResult.running(output)
+        if status in _SUCCEEDED_STATUSES:
+            return RunResult.succeeded(output)
+        if status in _FAILED_STATUSES:
+            error = _bounded_text(document.get("error"), limit) or "the run reported failure"
+            retryable = document.get("retryable")
+            return RunResult.failed(error, output=output, retryable=retryable if isinstance(retryable, bool) else True)
+        if status in _CANCELLED_STATUSES:
+            return RunResult.failed("the run was cancelled", output=output, retryable=False)
+        return RunResult.failed(f"unknown run status {_excerpt(status, 50)!r} from {reply.origin}", retryable=False)

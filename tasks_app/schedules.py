@@ -1,53 +1,428 @@
-"""When a task fires: one-shot, fixed interval, or cron in an IANA time zone.
+"""When a task fires: once, on a fixed interval, or on a cron expression in an IANA time zone.
 
-:class:`Schedule` is a pure value (no database); :meth:`Schedule.fire_times` yields the fire
-times, as aware UTC datetimes, in order.
+:class:`Schedule` is a pure value (no database). :meth:`Schedule.fire_times` yields its fire
+times as aware UTC datetimes in strictly increasing order: an instant is never repeated and
+the sequence never goes backwards.
+
+One-shot and interval schedules
+-------------------------------
+A one-shot schedule fires once, at ``start_at``. An interval schedule fires at
+``start_at + k * interval`` (k = 0, 1, 2, ...): the times stay on that grid, so a late or
+repeated pass never drifts the schedule. Both ignore the time zone (an interval is real
+elapsed time).
+
+Cron syntax
+-----------
+Five fields, ``minute hour day-of-month month day-of-week``, or six with ``second`` FIRST
+(``second minute hour day-of-month month day-of-week``). Each field is a comma-separated list of:
+
+* ``*`` (every value), a number, or a range ``a-b`` (inclusive, ``a <= b``);
+* a step: ``*/n``, ``a-b/n``, or ``a/n`` (from ``a`` to the field's maximum), every n-th value;
+* month names ``JAN``-``DEC`` and weekday names ``SUN``-``SAT`` (any case), also in ranges.
+
+Weekdays run 0-7, where 0 and 7 are both Sunday (``*`` and ``a/n`` stop at 6, Saturday);
+Sunday closing a range counts as 7 (``FRI-SUN``).
+``?`` means ``*`` in the two day fields. The shortcuts ``@yearly`` (``@annually``),
+``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and ``@hourly`` stand for their usual
+five-field expressions. Rejected with a :class:`ScheduleError`: the Quartz/Jenkins extensions
+``L``, ``W``, ``#`` and ``H``, a year field, ranges that run backwards (``22-2``: write
+``22-23,0-2``), a field that selects nothing (``7/7``: no weekday from 7 to 6), and
+expressions that can never fire (``0 0 30 2 *``: February has no 30th). The search for the
+next fire time is bounded too: it gives up after 9 years without one (a valid expression fires
+at least every 8 years).
+
+Day of month and day of week: when BOTH fields are restricted -- neither is exactly ``*`` or
+``?`` -- a day matches if EITHER field matches (``0 0 13 * FRI`` fires on every 13th and on
+every Friday), as POSIX, Vixie cron and croniter do. Otherwise a day must match both (the
+unrestricted one matches every day). A stepped field such as ``*/2`` counts as restricted, as in
+croniter and robfig/cron (Vixie cron treats a field starting with ``*`` as unrestricted), and so
+does one that happens to select every value (``*/1``, ``0-6``; croniter reads such a field as
+``*`` when the other day field contains a ``*``).
+
+Time zone and daylight saving time
+----------------------------------
+The expression is matched against the wall clock of the schedule's IANA time zone (default
+``UTC``), to the second. A cron schedule's first fire time is the first fire time at or after
+``start_at``. Where the zone's clock jumps, one of two rules applies, chosen by the HOUR field:
+
+* Clock-following expressions -- the hour field is ``*`` or contains a step (``*``, ``*/2``,
+  ``8-18/2``; ``@hourly`` is one) -- fire at every instant at which the wall clock shows a
+  matching time. When the clock is set back, the repeated wall times fire again, at their
+  second occurrence too, so an every-15-minutes job keeps firing every 15 real minutes through
+  the repeated hour. Wall times that the clock skips when it is set forward never fire; the
+  job carries on with the first matching time after the jump.
+* Fixed-hour expressions -- any other hour field (``2``, ``1,13``, ``1-5``) -- fire ONCE for
+  each matching wall time, at the first instant at which the wall clock shows that time or a
+  later one. Hence a wall time that occurs twice (clock set back) fires only at its first
+  occurrence, the earlier UTC instant (``fold=0``); a wall time that does not exist (clock set
+  forward) fires once, at the first instant after the gap; and several skipped wall times of
+  the same gap fire together, once.
+
+Examples, 2026, Europe/Berlin (CET +01:00, CEST +02:00): ``30 2 * * *`` fires on 29 March at
+03:00 CEST (01:00 UTC), as 02:30 does not exist; on 25 October only at the first 02:30 (CEST,
+00:30 UTC), not again at 02:30 CET. ``*/15 * * * *`` fires at 01:45 CET (00:45 UTC) and next at
+03:00 CEST (01:00 UTC) on 29 March, and on 25 October every 15 minutes from 00:00 to 01:45 UTC
+(02:00-02:45 CEST, then 02:00-02:45 CET) without a pause.
+
+The rule is the Vixie cron rule ("jobs specified with wildcards are run based on the new
+time"; fixed-time jobs are neither skipped nor repeated), with "wildcard" decided by the hour
+field. It holds for any zone and any size of jump (30-minute shifts as on Lord Howe Island,
+whole skipped days as in Samoa in 2011). It assumes that a zone never changes its UTC offset
+twice within :data:`_PROBE_STEP` (6 hours); the closest pair in the tz database since 1900 is
+a week apart.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
+import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from itertools import chain, islice
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
-from croniter import croniter
+__all__ = [
+    "CronExpression",
+    "Schedule",
+    "ScheduleError",
+    "jitter_for",
+    "parse_cron",
+    "validate_cron",
+    "validate_timezone",
+]
 
 
 class ScheduleError(ValueError):
     """The schedule is invalid; the message is meant for the user."""
 
 
+# --------------------------------------------------------------------------- time zones
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones()) | {"UTC"}
+
+
 def validate_timezone(name: str) -> ZoneInfo:
-    if name not in _zone_names():
-        raise ScheduleError(f"Unknown time zone {name!r}: use an IANA name such as \"Europe/Berlin\".")
+    """Return the IANA time zone ``name``, or raise :class:`ScheduleError`."""
+    if not isinstance(name, str) or name not in _zone_names():
+        raise ScheduleError(f'Unknown time zone {name!r}: use an IANA name such as "Europe/Berlin" or "UTC".')
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:  # pragma: no cover - guarded above
         raise ScheduleError(str(exc)) from None
 
 
-_ZONES: frozenset[str] | None = None
+# --------------------------------------------------------------------------- cron parsing
+
+_MONTH_NAMES = {
+    name: number
+    for number, name in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1
+    )
+}
+_WEEKDAY_NAMES = {name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
+_SHORTCUTS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+#: Longest month by number, counting 29 February (a leap year comes at least every 8 years).
+_MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
 
 
-def _zone_names() -> frozenset[str]:
-    global _ZONES
-    if _ZONES is None:
-        _ZONES = frozenset(available_timezones()) | {"UTC"}
-    return _ZONES
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    low: int
+    high: int  # highest value a number may have
+    star_high: int  # where ``*`` and ``a/n`` stop (differs from ``high`` for weekdays: 7 is Sunday again)
+    names: dict[str, int] | None = None
+
+
+_SECOND = _Field("second", 0, 59, 59)
+_MINUTE = _Field("minute", 0, 59, 59)
+_HOUR = _Field("hour", 0, 23, 23)
+_DAY = _Field("day-of-month", 1, 31, 31)
+_MONTH = _Field("month", 1, 12, 12, _MONTH_NAMES)
+_WEEKDAY = _Field("day-of-week", 0, 7, 6, _WEEKDAY_NAMES)
+
+
+def _bad(expression: str, detail: str) -> ScheduleError:
+    return ScheduleError(f"Invalid cron expression {expression!r}: {detail}")
+
+
+def _value(expression: str, field: _Field, text: str) -> int:
+    if text.isdigit():
+        number = int(text)
+    elif field.names and text.lower() in field.names:
+        number = field.names[text.lower()]
+    else:
+        hint = ""
+        if field.names:
+            hint = " or a name such as " + ("JAN" if field is _MONTH else "MON")
+        if any(marker in text.upper() for marker in "LW#H") and not (field.names and text.lower() in field.names):
+            hint += " (the extensions L, W, # and H are not supported)"
+        raise _bad(expression, f"{text!r} in the {field.name} field is not a number{hint}.")
+    if not field.low <= number <= field.high:
+        raise _bad(expression, f"{field.name} {number} is out of range {field.low}-{field.high}.")
+    return number
+
+
+def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[int], bool]:
+    """Return the values a field allows, and whether it is restricted (anything but ``*``/``?``)."""
+    if text == "?" and field in (_DAY, _WEEKDAY):
+        text = "*"
+    values: set[int] = set()
+    for item in text.split(","):
+        base, slash, step_text = item.partition("/")
+        step = 1
+        if slash:
+            if not step_text.isdigit() or int(step_text) < 1:
+                raise _bad(
+                    expression, f"the step in {item!r} ({field.name} field) must be a whole number of at least 1."
+                )
+            step = int(step_text)
+        if base == "*":
+            first, last = field.low, field.star_high
+        elif "-" in base:
+            first_text, _, last_text = base.partition("-")
+            first, last = _value(expression, field, first_text), _value(expression, field, last_text)
+            if field is _WEEKDAY and last == 0 < first:
+                last = 7  # SAT-SUN, 5-0: Sunday ends the week
+            if first > last:
+                raise _bad(
+                    expression,
+                    f"the range {base!r} in the {field.name} field runs backwards; "
+                    f"write it as two ranges, for example {first_text}-{field.high},{field.low}-{last_text}.",
+                )
+        elif base:
+            first = _value(expression, field, base)
+            last = field.star_high if slash else first
+        else:
+            raise _bad(expression, f"the {field.name} field {text!r} has an empty item.")
+        values.update(range(first, last + 1, step))
+    if field is _WEEKDAY and 7 in values:
+        values = (values - {7}) | {0}
+    if not values:
+        raise _bad(expression, f"{text!r} selects no {field.name} value.")
+    return frozenset(values), text != "*"
+
+
+@dataclass(frozen=True)
+class CronExpression:
+    """A parsed cron expression: the values each field allows (see the module docstring).
+
+    Weekdays count from 0 = Sunday. Use :func:`parse_cron` to build one.
+    """
+
+    expression: str
+    seconds: tuple[int, ...]
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]
+    #: Both day fields are restricted: a day matches if either matches.
+    day_or: bool
+    #: The hour field is neither ``*`` nor stepped: the fixed-hour DST rule applies.
+    fixed_hour: bool
+
+    def day_matches(self, day: date) -> bool:
+        """Whether the expression fires on some time of ``day`` (month, day of month, weekday)."""
+        if day.month not in self.months:
+            return False
+        by_date = day.day in self.days
+        by_weekday = day.isoweekday() % 7 in self.weekdays
+        return (by_date or by_weekday) if self.day_or else (by_date and by_weekday)
+
+    def matches(self, wall: datetime) -> bool:
+        """Whether the naive wall-clock time ``wall`` matches (microseconds must be zero)."""
+        return (
+            wall.microsecond == 0
+            and wall.second in self.seconds
+            and wall.minute in self.minutes
+            and wall.hour in self.hours
+            and self.day_matches(wall.date())
+        )
+
+    def walls(self, start: datetime, stop: datetime) -> Iterator[datetime]:
+        """Yield the matching naive wall-clock times ``w`` with ``start <= w < stop``, in order."""
+        day, last_day = start.date(), stop.date()
+        while day <= last_day:
+            if day.month not in self.months:
+                day = (day.replace(day=1) + timedelta(days=32)).replace(day=1)
+                continue
+            if self.day_matches(day):
+                for moment in self._times(start.time() if day == start.date() else None):
+                    wall = datetime.combine(day, moment)
+                    if wall >= stop:
+                        return
+                    if wall >= start:
+                        yield wall
+            day += timedelta(days=1)
+
+    def _times(self, floor: time | None) -> Iterator[time]:
+        """Matching times of day, in order, from ``floor``'s whole second on (all if None)."""
+        hours = self.hours if floor is None else self.hours[bisect.bisect_left(self.hours, floor.hour) :]
+        for hour in hours:
+            same_hour = floor is not None and hour == floor.hour
+            minutes = self.minutes[bisect.bisect_left(self.minutes, floor.minute) :] if same_hour else self.minutes
+            for minute in minutes:
+                same_minute = same_hour and minute == floor.minute
+                seconds = (
+                    self.seconds[bisect.bisect_left(self.seconds, floor.second) :] if same_minute else self.seconds
+                )
+                for second in seconds:
+                    yield time(hour, minute, second)
+
+
+@functools.lru_cache(maxsize=512)
+def parse_cron(expression: str) -> CronExpression:
+    """Parse a 5- or 6-field cron expression (see the module docstring), or raise :class:`ScheduleError`."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise ScheduleError("A cron expression is required, for example '*/15 * * * *'.")
+    text = expression.strip()
+    if text.startswith("@"):
+        if text.lower() not in _SHORTCUTS:
+            raise ScheduleError(f"Unknown cron shortcut {text!r}: use one of {', '.join(_SHORTCUTS)}.")
+        text = _SHORTCUTS[text.lower()]
+    parts = text.split()
+    if len(parts) not in (5, 6):
+        raise ScheduleError(
+            f"Invalid cron expression {expression!r}: a cron expression has 5 fields "
+            f"(minute hour day-of-month month day-of-week), or 6 with seconds first; this one has {len(parts)}."
+        )
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    fields = (_SECOND, _MINUTE, _HOUR, _DAY, _MONTH, _WEEKDAY)
+    parsed = [_parse_field(expression, field, part) for field, part in zip(fields, parts, strict=True)]
+    (seconds, _), (minutes, _), (hours, _), (days, day_restricted), (months, _), (weekdays, weekday_restricted) = parsed
+    cron = CronExpression(
+        expression=expression,
+        seconds=tuple(sorted(seconds)),
+        minutes=tuple(sorted(minutes)),
+        hours=tuple(sorted(hours)),
+        days=days,
+        months=months,
+        weekdays=weekdays,
+        day_or=day_restricted and weekday_restricted,
+        fixed_hour="*" not in parts[2] and "/" not in parts[2],
+    )
+    # Without a weekday to fall back on, some chosen month must have one of the chosen days.
+    if not cron.day_or and not any(day <= _MONTH_DAYS[month] for month in months for day in days):
+        month_names = ", ".join(date(2000, month, 1).strftime("%B") for month in sorted(months))
+        day_numbers = ", ".join(str(day) for day in sorted(days))
+        raise _bad(expression, f"it never fires: there is no day {day_numbers} in {month_names}.")
+    return cron
 
 
 def validate_cron(expression: str) -> None:
-    fields = expression.split()
-    if len(fields) not in (5, 6):
-        raise ScheduleError("A cron expression has 5 fields (minute hour day month weekday), or 6 with seconds.")
-    if not croniter.is_valid(expression, second_at_beginning=len(fields) == 6):
-        raise ScheduleError(f"Invalid cron expression {expression!r}.")
+    """Raise :class:`ScheduleError` with a user-facing message unless ``expression`` is valid."""
+    parse_cron(expression)
+
+
+# --------------------------------------------------------------------------- cron fire times
+
+#: Largest gap between two probes of a zone's UTC offset: it must be shorter than any stretch
+#: between two offset changes (a week at least in the tz database since 1900).
+_PROBE_STEP = timedelta(hours=6)
+#: Longest stretch handled in one piece (bounds the work done before the first fire time).
+_MAX_SEGMENT = timedelta(days=28)
+#: How far before ``since`` the wall clock is replayed, to know which wall times were already
+#: shown: longer than any clock set-back in the tz database (23 hours, Kwajalein 1969).
+_LOOKBACK = timedelta(days=3)
+#: Fire times stop here rather than overflow :class:`datetime`.
+_LAST_INSTANT = datetime(9998, 1, 1, tzinfo=UTC)
+#: The search gives up after this long without a fire time. A valid expression fires at least
+#: every 8 years (29 February 2096, then 2104); validation rejects those that never fire, so
+#: this only bounds the work if that ever failed.
+_LONGEST_SILENCE = timedelta(days=366 * 9)
+
+
+def _offset(zone: ZoneInfo, instant: datetime) -> timedelta:
+    return instant.astimezone(zone).utcoffset() or timedelta(0)
+
+
+def _next_change(zone: ZoneInfo, before: datetime, after: datetime, offset: timedelta) -> datetime:
+    """The first instant in ``(before, after]`` whose offset is not ``offset`` (``after``'s is not)."""
+    while after - before > timedelta(microseconds=1):
+        middle = before + (after - before) // 2
+        if _offset(zone, middle) == offset:
+            before = middle
+        else:
+            after = middle
+    return after
+
+
+def _segments(zone: ZoneInfo, start: datetime) -> Iterator[tuple[datetime, datetime, timedelta]]:
+    """Yield ``(begin, end, offset)``: consecutive UTC stretches from ``start`` with a constant offset."""
+    begin, offset = start, _offset(zone, start)
+    while begin < _LAST_INSTANT:
+        limit = begin + _MAX_SEGMENT
+        end, probe = limit, begin
+        while probe < limit:
+            following = min(probe + _PROBE_STEP, limit)
+            if _offset(zone, following) != offset:
+                end = _next_change(zone, probe, following, offset)
+                break
+            probe = following
+        yield begin, end, offset
+        begin, offset = end, _offset(zone, end)
+
+
+def _cron_times(cron: CronExpression, zone: ZoneInfo, since: datetime) -> Iterator[datetime]:
+    """Fire times of ``cron`` in ``zone`` at or after ``since``, by the DST rule of the module docstring.
+
+    The UTC timeline is cut into stretches of constant offset. In each, the wall clock runs
+    from ``low`` to ``high`` (``high`` excluded) and maps back to UTC by subtracting the offset.
+    ``shown`` is the wall time up to which the clock has already been: a stretch that starts
+    above it follows a gap (the clock was set forward), one that starts below it repeats wall
+    times (the clock was set back).
+    """
+    since = since.astimezone(UTC)
+    shown: datetime | None = None
+    last: datetime | None = None
+    for begin, end, offset in _segments(zone, since - _LOOKBACK):
+        if begin - (last or since) > _LONGEST_SILENCE:
+            return
+        low = (begin + offset).replace(tzinfo=None)
+        high = (end + offset).replace(tzinfo=None)
+        if shown is None:
+            shown = low
+        if end > since:
+            gap_fire: list[datetime] = []
+            if cron.fixed_hour and low > shown and begin >= since and next(cron.walls(shown, low), None):
+                gap_fire.append(begin)  # the wall times the gap skipped fire once, at its end
+            first = max(low, (since + offset).replace(tzinfo=None))
+            if cron.fixed_hour:
+                first = max(first, shown)  # a repeated wall time does not fire again
+            walls = ((wall - offset).replace(tzinfo=UTC) for wall in cron.walls(first, high))
+            for when in chain(gap_fire, walls):
+                if last is None or when > last:
+                    last = when
+                    yield when
+        shown = max(shown, high)
+
+
+# --------------------------------------------------------------------------- schedules
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """When a task fires: at ``start_at`` once, every ``interval``, or on ``cron`` in ``timezone``.
+
+    ``end_at`` (inclusive) bounds recurring schedules. Construction validates everything and
+    raises :class:`ScheduleError` with a user-facing message.
+    """
+
     start_at: datetime
     interval: timedelta | None = None
     cron: str = ""
@@ -55,8 +430,10 @@ class Schedule:
     end_at: datetime | None = None
 
     def __post_init__(self) -> None:
-        if self.start_at.tzinfo is None:
+        if self.start_at.tzinfo is None or self.start_at.utcoffset() is None:
             raise ScheduleError("start_at must carry a time zone offset.")
+        if self.end_at is not None and (self.end_at.tzinfo is None or self.end_at.utcoffset() is None):
+            raise ScheduleError("end_at must carry a time zone offset.")
         if self.interval is not None and self.cron:
             raise ScheduleError("Give an interval or a cron expression, not both.")
         if self.interval is not None and self.interval <= timedelta(0):
@@ -64,43 +441,63 @@ class Schedule:
         if self.cron:
             validate_cron(self.cron)
         validate_timezone(self.timezone)
-        if self.end_at is not None and self.end_at < self.start_at:
+        if self.end_at is not None and self.end_at.astimezone(UTC) < self.start_at.astimezone(UTC):
             raise ScheduleError("end_at must not be before start_at.")
 
     @property
     def recurring(self) -> bool:
+        """Whether the schedule fires more than once (an interval or a cron expression)."""
         return self.interval is not None or bool(self.cron)
 
     def fire_times(self, since: datetime | None = None) -> Iterator[datetime]:
-        """Yield fire times at or after ``since`` (default: ``start_at``), up to ``end_at``."""
-        since = max(since or self.start_at, self.start_at)
-        for when in self._unbounded(since):
-            if self.end_at is not None and when > self.end_at:
+        """Yield the fire times at or after ``since`` and ``start_at``, up to ``end_at`` inclusive.
+
+        Times are aware UTC datetimes in strictly increasing order. A recurring schedule without
+        ``end_at`` yields without end: take what you need (``itertools.islice``, :meth:`preview`).
+        """
+        if since is not None and (since.tzinfo is None or since.utcoffset() is None):
+            raise ValueError("since must be an aware datetime.")
+        # Work in UTC: Python compares and subtracts two datetimes that share a tzinfo by their
+        # wall clocks, which is wrong across a DST change.
+        start = self.start_at.astimezone(UTC)
+        end = None if self.end_at is None else self.end_at.astimezone(UTC)
+        since = start if since is None else max(since.astimezone(UTC), start)
+        for when in self._unbounded(start, since):
+            if end is not None and when > end:
                 return
             yield when
 
-    def _unbounded(self, since: datetime) -> Iterator[datetime]:
+    def preview(self, n: int, since: datetime | None = None) -> list[datetime]:
+        """The first ``n`` fire times of :meth:`fire_times` (fewer if the schedule ends)."""
+        return list(islice(self.fire_times(since), max(n, 0)))
+
+    def _unbounded(self, start: datetime, since: datetime) -> Iterator[datetime]:
+        """Fire times at or after ``since`` (both arguments in UTC), without the ``end_at`` bound."""
         if self.cron:
-            yield from self._cron_times(since)
+            yield from _cron_times(parse_cron(self.cron), ZoneInfo(self.timezone), since)
         elif self.interval is not None:
             # Fire times stay on the start_at grid, so a late pass never drifts the schedule.
-            steps = max(0, math.ceil((since - self.start_at) / self.interval))
+            # Integer division: a float quotient can round down and yield a time before `since`.
+            steps = max(0, -((start - since) // self.interval))
             while True:
-                yield (self.start_at + steps * self.interval).astimezone(UTC)
+                try:
+                    when = start + steps * self.interval
+                except OverflowError:
+                    return
+                yield when
                 steps += 1
-        elif since <= self.start_at:
-            yield self.start_at.astimezone(UTC)
+        elif since <= start:
+            yield start
 
-    def _cron_times(self, since: datetime) -> Iterator[datetime]:
-        zone = ZoneInfo(self.timezone)
-        with_seconds = len(self.cron.split()) == 6
-        # croniter yields strictly after its start, so start just before `since`.
-        start = since.astimezone(zone) - timedelta(microseconds=1)
-        iterator = croniter(self.cron, start, ret_type=datetime, second_at_beginning=with_seconds)
-        previous: datetime | None = None
-        while True:
-            when = iterator.get_next(datetime).astimezone(UTC)
-            if previous is not None and when <= previous:
-                continue
-            previous = when
-            yield when
+
+def jitter_for(*, key: str, max_jitter: timedelta) -> timedelta:
+    """A delay in ``[0, max_jitter]`` that depends only on ``key``, to spread tasks that share a time.
+
+    Deterministic, so that materialising the same occurrence twice (or in two processes) gives
+    the same due time: use a key such as ``f"{task.id}:{scheduled_for.isoformat()}"``.
+    """
+    span = max_jitter // timedelta(microseconds=1)
+    if span <= 0:
+        return timedelta(0)
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return timedelta(microseconds=int.from_bytes(digest, "big") % (span + 1))

@@ -6,77 +6,33 @@ run's own RabbitMQ queue, exactly as in production.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
-ROOT = Path(__file__).resolve().parent.parent
+from executions.harness import processes
+from executions.harness.processes import ROOT, ManagedProcess
+
 LOG_DIR = ROOT / "var" / "test-logs"
+TEST_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tms_project.settings.test"}
+
+__all__ = ["ROOT", "ManagedProcess", "process_env", "running", "start_monitor", "start_worker", "wait_for"]
 
 
 def process_env(**extra: str) -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="tms_project.settings.test",
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-        TMS_QUEUE=settings.TMS_QUEUE,
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
+    return processes.process_env(**TEST_SETTINGS, **extra)
 
 
-class Proc:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.name = name
-        self.log_path = LOG_DIR / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, sig)
-
-    def stop(self, timeout: float = 15) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-        self._log.close()
+def start_worker(name: str = "worker", *, concurrency: int = 2, pool: str = "prefork", **env: str) -> ManagedProcess:
+    return processes.start_worker(name, log_dir=LOG_DIR, concurrency=concurrency, pool=pool, **TEST_SETTINGS, **env)
 
 
-def start_worker(name: str = "worker", *, concurrency: int = 2, pool: str = "prefork", **env: str) -> Proc:
-    node = f"{name}-{time.monotonic_ns()}@%h"
-    argv = [
-        sys.executable, "-m", "celery", "-A", "tms_project", "worker", "-l", "info", "-n", node,
-        "-c", str(concurrency), "-P", pool, "-Q", settings.TMS_QUEUE, "--without-mingle", "--without-gossip",
-    ]  # fmt: skip
-    return Proc(name, argv, process_env(**env))
-
-
-def start_monitor(name: str = "monitor", **env: str) -> Proc:
-    return Proc(name, [sys.executable, "manage.py", "run_monitor"], process_env(**env))
+def start_monitor(name: str = "monitor", **env: str) -> ManagedProcess:
+    return processes.start_monitor(name, log_dir=LOG_DIR, **TEST_SETTINGS, **env)
 
 
 def run_command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -96,7 +52,11 @@ def wait_for(
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        try:
+            value = predicate()
+        except (OperationalError, InterfaceError):  # the database is restarting: ask again
+            connection.close()
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
@@ -105,17 +65,12 @@ def wait_for(
         connection.close_if_unusable_or_obsolete()
 
 
-def wait_worker_ready(proc: Proc, timeout: float = 30) -> None:
-    def ready() -> bool:
-        if proc.popen.poll() is not None:
-            raise AssertionError(f"{proc.name} exited early:\n{proc.log()[-3000:]}")
-        return " ready." in proc.log()
-
-    wait_for(ready, timeout=timeout, what=f"{proc.name} to be ready")
+def wait_worker_ready(proc: ManagedProcess, timeout: float = 30) -> None:
+    processes.wait_ready(proc, timeout)
 
 
 @contextmanager
-def running(*procs: Proc) -> Iterator[tuple[Proc, ...]]:
+def running(*procs: ManagedProcess) -> Iterator[tuple[ManagedProcess, ...]]:
     try:
         yield procs
     finally:

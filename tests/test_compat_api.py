@@ -13,12 +13,13 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from executions.harness.processes import ManagedProcess
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import (
-    Proc,
+    LOG_DIR,
     process_env,
     run_command,
     running,
@@ -201,10 +202,11 @@ def test_the_original_curl_example_reaches_finished_on_the_real_worker():
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     port = _free_port()
-    web = Proc(
+    web = ManagedProcess(
         "web",
         [sys.executable, "-m", "gunicorn", "tms_project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"],
         process_env(),
+        LOG_DIR,
     )
     worker, monitor = start_worker(concurrency=2), start_monitor()
     base = f"http://127.0.0.1:{port}"

@@ -87,10 +87,12 @@ def test_interval_task_runs_repeatedly_on_time(platform, api_client):
     response = api_client.post("/api/v1/tasks", {"runner": "noop", "interval": "1s"})
     assert response.status_code == 201, response.data
     task_id = response.data["id"]
-    wait_for(
-        lambda: Execution.objects.filter(task_id=task_id, status=S.SUCCEEDED).count() >= 3, timeout=30, what="3 runs"
-    )
-    runs = list(Execution.objects.filter(task_id=task_id, status=S.SUCCEEDED).order_by("scheduled_for")[:3])
+
+    def first_three():
+        runs = list(Execution.objects.filter(task_id=task_id).order_by("scheduled_for")[:3])
+        return runs if all(run.status == S.SUCCEEDED for run in runs) else None
+
+    runs = wait_for(first_three, timeout=30, what="the first 3 runs to succeed")
     first = runs[0].scheduled_for
     for index, run in enumerate(runs):
         assert run.scheduled_for == first + timedelta(seconds=index)

@@ -65,10 +65,23 @@ def test_take_due_moves_due_rows_to_pending_and_records_events():
     assert list(due.events.values_list("from_status", "to_status")) == [("", S.SCHEDULED), (S.SCHEDULED, S.PENDING)]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_take_due_refuses_to_run_outside_a_transaction():
-    with pytest.raises(RuntimeError):
-        transitions.executions_take_due(limit=1, actor="monitor:test")
+def test_untake_returns_unpublished_executions_to_scheduled():
+    execution = _execution()
+    (taken,) = transitions.executions_take_due(limit=10, actor="monitor:test")
+    assert transitions.executions_untake(dispatches=[taken], actor="monitor:test", reason="broker down") == 1
+    execution.refresh_from_db()
+    assert (execution.status, execution.message_id) == (S.SCHEDULED, "")
+    assert list(execution.events.values_list("to_status", flat=True)) == [S.SCHEDULED, S.PENDING, S.SCHEDULED]
+    # Taken again later, as if the broker were back.
+    assert [d.execution_id for d in transitions.executions_take_due(limit=10, actor="monitor:test")] == [execution.pk]
+
+
+def test_untake_leaves_an_execution_a_worker_already_claimed():
+    execution = _execution()
+    (taken,) = transitions.executions_take_due(limit=10, actor="monitor:test")
+    assert transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert transitions.executions_untake(dispatches=[taken], actor="monitor:test", reason="broker down") == 0
+    assert Execution.objects.get(pk=execution.pk).status == S.RUNNING
 
 
 @pytest.mark.parametrize("status", [S.SCHEDULED, S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED])

@@ -249,6 +249,7 @@ TMS = {
     "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
+    "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
     "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
 }
@@ -260,7 +261,53 @@ TMS_RUNNERS = {
         "BACKEND": "runners.http.HttpRunner",
         "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},
     },
+    "subprocess": {
+        "BACKEND": "runners.subprocess.SubprocessRunner",
+        "OPTIONS": {
+            "allowed_executables": env.list("TMS_SUBPROCESS_ALLOWED_EXECUTABLES", default=[]),
+            "allow_artifacts": env.bool("TMS_SUBPROCESS_ALLOW_ARTIFACTS", default=False),
+            "work_dir": env.str("TMS_SUBPROCESS_WORK_DIR", default=str(VAR_DIR / "runs")),
+            "inline_wait_seconds": env.float("TMS_SUBPROCESS_INLINE_WAIT", default=1.0),
+        },
+    },
+    "kubernetes": {
+        "BACKEND": "runners.kubernetes.KubernetesRunner",
+        "OPTIONS": {
+            "kubeconfig": env.str("TMS_K8S_KUBECONFIG", default=None),
+            "context": env.str("TMS_K8S_CONTEXT", default=None),
+            "namespace": env.str("TMS_K8S_NAMESPACE", default="default"),
+            "allowed_namespaces": env.list("TMS_K8S_ALLOWED_NAMESPACES", default=[]),
+            "host": env.str("TMS_K8S_HOST", default=None),
+        },
+    },
+    "lambda": {
+        "BACKEND": "runners.serverless.LambdaRunner",
+        "OPTIONS": {
+            "region_name": env.str("TMS_LAMBDA_REGION", default=None),
+            "endpoint_url": env.str("TMS_LAMBDA_ENDPOINT_URL", default=None),
+            "allowed_functions": env.list("TMS_LAMBDA_ALLOWED_FUNCTIONS", default=None),
+        },
+    },
+    "function": {
+        "BACKEND": "runners.serverless.AsyncHttpFunctionRunner",
+        "OPTIONS": {"allowed_urls": env.list("TMS_FUNCTION_ALLOWED_URLS", default=[])},
+    },
+    "email": {
+        "BACKEND": "runners.email.EmailRunner",
+        "OPTIONS": {
+            "default_from": env.str("TMS_EMAIL_FROM", default=None),
+            "allowed_senders": env.list("TMS_EMAIL_ALLOWED_SENDERS", default=[]),
+        },
+    },
 }
+# Outgoing e-mail for the email runner: https://docs.djangoproject.com/en/5.2/topics/email/
+EMAIL_BACKEND = env.str("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env.str("DJANGO_EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("DJANGO_EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("DJANGO_EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("DJANGO_EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("DJANGO_EMAIL_USE_TLS", default=False)
+EMAIL_TIMEOUT = env.int("DJANGO_EMAIL_TIMEOUT", default=30)
 
 if TMS_EMBEDDED_BROKER or DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     for _folder in (VAR_DIR, *(VAR_DIR / "broker" / name for name in ("queue", "processed", "control"))):

@@ -1,20 +1,32 @@
-"""Settings for the pytest suite: the real PostgreSQL and RabbitMQ, never the embedded default."""
+"""Settings for the pytest suite: the real PostgreSQL and RabbitMQ, never the embedded default.
+
+Defaults are set in the environment before ``base`` reads it, so the worker and monitor
+processes a test starts (which inherit or override that environment) agree with the test.
+"""
 
 import os
+import tempfile
 
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tms")
-os.environ.setdefault("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
-os.environ.setdefault("TMS_HTTP_ALLOWED_NETWORKS", "127.0.0.1/32")
-# A queue of this run's own, so messages left by an earlier or parallel run never reach it.
-os.environ.setdefault("TMS_QUEUE", f"tms.test.{os.getpid()}")
+for _name, _value in {
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/tms",
+    "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
+    "TMS_HTTP_ALLOWED_NETWORKS": "127.0.0.1/32",
+    # A queue of this run's own, so messages left by an earlier or parallel run never reach it.
+    "TMS_QUEUE": f"tms.test.{os.getpid()}",
+    "TMS_MATERIALISE_HORIZON": "60",
+    "TMS_MONITOR_MAX_SLEEP": "0.5",
+    # Subprocess run folders of this run's own: execution ids restart at 1 in each test database.
+    "TMS_SUBPROCESS_WORK_DIR": os.path.join(tempfile.gettempdir(), f"tms-test-runs-{os.getpid()}"),
+    "TMS_SUBPROCESS_ALLOW_ARTIFACTS": "true",
+    "TMS_SUBPROCESS_ALLOWED_EXECUTABLES": "/bin/sh,/usr/bin/env,sleep,echo,true,false",
+    # Throttling stays on (as in production) but far above anything the suite sends.
+    "TMS_API_THROTTLE_USER": "1000000/minute",
+    "TMS_API_THROTTLE_ANON": "1000000/minute",
+}.items():
+    os.environ.setdefault(_name, _value)
 
-from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import REST_FRAMEWORK, TMS
+from tms_project.settings.base import *  # noqa: E402,F403
+from tms_project.settings.base import TMS_RUNNERS  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-TMS = {**TMS, "MATERIALISE_HORIZON": 60.0, "MONITOR_MAX_SLEEP": 0.5}
-# Throttling stays on (as in production) but far above anything the suite sends.
-REST_FRAMEWORK = {
-    **REST_FRAMEWORK,
-    "DEFAULT_THROTTLE_RATES": {"user": "1000000/minute", "anon": "1000000/minute"},
-}
+TMS_RUNNERS = {**TMS_RUNNERS, "crash": {"BACKEND": "tests.crash_runner.CrashRunner"}}

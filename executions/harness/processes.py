@@ -1,0 +1,104 @@
+"""Start and stop real worker and monitor processes against the configured database and broker.
+
+Used by ``manage.py chaos``, ``manage.py tms_bench`` and the end-to-end tests. Each process is
+a session leader, so a whole worker (main process and pool) can be killed or paused at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment for a platform process: this process's database, broker and queue."""
+    db = settings.DATABASES["default"]
+    env = dict(os.environ)
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env.update(
+        DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "tms_project.settings.base"),
+        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+        TMS_QUEUE=settings.TMS_QUEUE,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class ManagedProcess:
+    """A platform process with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.log_path = log_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the process and everything it started (a worker's pool)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.alive:
+            self.signal_group(signal.SIGCONT)
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait(5)
+        else:
+            self.signal_group(signal.SIGKILL)  # pool processes a killed main process left behind
+        self._log.close()
+
+
+def start_worker(
+    name: str, *, log_dir: Path, concurrency: int = 2, pool: str = "prefork", **env: str
+) -> ManagedProcess:
+    node = f"{name}-{time.monotonic_ns()}@%h"
+    argv = [
+        sys.executable, "-m", "celery", "-A", "tms_project", "worker", "-l", "info", "-n", node,
+        "-c", str(concurrency), "-P", pool, "-Q", settings.TMS_QUEUE, "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+    return ManagedProcess(name, argv, process_env(**env), log_dir)
+
+
+def start_monitor(name: str, *, log_dir: Path, **env: str) -> ManagedProcess:
+    return ManagedProcess(name, [sys.executable, "manage.py", "run_monitor"], process_env(**env), log_dir)
+
+
+def wait_ready(proc: ManagedProcess, timeout: float = 30) -> None:
+    """Wait until a worker logs that it is ready; raise if it exits first."""
+    deadline = time.monotonic() + timeout
+    while " ready." not in proc.log():
+        if not proc.alive:
+            raise RuntimeError(f"{proc.name} exited early:\n{proc.log()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.log()[-3000:]}")
+        time.sleep(0.1)

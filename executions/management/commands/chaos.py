@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from executions.harness.chaos import ChaosConfig, run_chaos
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Run N executions on real monitors, workers and beat while killing workers (SIGKILL), pausing one "
+        "(SIGSTOP), restarting RabbitMQ and PostgreSQL; print lost / duplicate / recovery figures. "
+        "Needs PostgreSQL and RabbitMQ on this machine; leaves both running."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = ChaosConfig()
+        parser.add_argument("--executions", type=_positive(int), default=defaults.executions)
+        parser.add_argument("--workers", type=_positive(int), default=defaults.workers)
+        parser.add_argument("--concurrency", type=_positive(int), default=defaults.concurrency)
+        parser.add_argument("--monitors", type=_positive(int), default=defaults.monitors)
+        parser.add_argument("--kill-every", type=_positive(float), default=defaults.kill_every, help="seconds")
+        parser.add_argument("--spread", type=_positive(float), default=defaults.spread, help="seconds of submissions")
+        parser.add_argument("--deadline", type=_positive(float), default=defaults.deadline, help="seconds")
+        parser.add_argument("--no-pause", action="store_true", help="skip the SIGSTOP disruption")
+        parser.add_argument("--no-broker-restart", action="store_true")
+        parser.add_argument("--no-database-restart", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = ChaosConfig(
+            executions=options["executions"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            monitors=options["monitors"],
+            kill_every=options["kill_every"],
+            spread=options["spread"],
+            deadline=options["deadline"],
+            pause=not options["no_pause"],
+            restart_broker=not options["no_broker_restart"],
+            restart_database=not options["no_database_restart"],
+            progress=lambda line: self.stdout.write(f"  {line}"),
+        )
+        try:
+            report = run_chaos(config)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write("\n".join(report.lines()))
+        if report.lost or report.duplicate_launches or report.duplicate_terminal_events:
+            raise CommandError("chaos found lost or duplicated work")
