@@ -136,7 +136,7 @@ def runner_config_help() -> str:
         for name, field in runner.config_serializer_class().fields.items():
             text = f"`{name}`" + (" (required)" if field.required else "")
             if field.help_text:
-                text += f": {field.help_text}"
+                text += f": {str(field.help_text).strip().rstrip('.')}"
             fields.append(text)
         lines.append(f"- `{alias}`: " + "; ".join(fields) + ".")
     return "\n".join(lines)
