@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 import uuid
 from datetime import timedelta
 
@@ -13,14 +11,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from executions.harness.processes import ManagedProcess
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import (
-    LOG_DIR,
-    process_env,
     run_command,
     running,
     start_monitor,
@@ -28,6 +23,7 @@ from tests.processes import (
     wait_for,
     wait_worker_ready,
 )
+from tests.web import start_web
 
 FIELDS = {"id", "status", "start_at", "recurring", "command"}
 
@@ -181,12 +177,6 @@ def test_status_follows_the_tasks_executions(api_client, user, recurring, task_s
 # --- end to end: the README's first example on the real platform ------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _curl(*args: str) -> dict:
     result = subprocess.run(["curl", "-sS", "--fail-with-body", *args], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, (result.stdout, result.stderr)
@@ -201,18 +191,10 @@ def test_the_original_curl_example_reaches_finished_on_the_real_worker():
     made = run_command("tms_create_user", "carol")
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
-    port = _free_port()
-    web = ManagedProcess(
-        "web",
-        [sys.executable, "-m", "gunicorn", "tms_project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"],
-        process_env(),
-        LOG_DIR,
-    )
+    web, base = start_web()
     worker, monitor = start_worker(concurrency=2), start_monitor()
-    base = f"http://127.0.0.1:{port}"
     with running(web, worker, monitor):
         wait_worker_ready(worker)
-        wait_for(lambda: f"Listening at: {base}" in web.log(), timeout=30, what="gunicorn to listen")
         created = _curl(
             "-X", "POST", f"{base}/tasks",
             "-H", f"Authorization: Token {token}",

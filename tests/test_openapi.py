@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
 from tests.factories import ExecutionFactory, TaskFactory
+from tests.processes import running
 from tms_project.wsgi import application
 
 pytestmark = pytest.mark.django_db
@@ -115,6 +116,27 @@ def test_docs_pages_load_everything_from_this_server_not_a_cdn(url):
         assert ref.startswith("/static/"), ref
         assert finders.find(ref.removeprefix("/static/")), f"{ref} is not a static file of this project"
     assert "/api/schema/" in html
+
+
+@pytest.mark.slow
+def test_docs_and_their_scripts_are_served_by_gunicorn_with_debug_off():
+    """No CDN and no separate static server: the web process serves Swagger UI and ReDoc itself."""
+    import urllib.request
+
+    from tests.web import start_web
+
+    web, base = start_web(workers=1)
+    with running(web):
+        for page in ("/api/docs/", "/api/redoc/"):
+            with urllib.request.urlopen(base + page, timeout=10) as response:
+                html = response.read().decode()
+            refs = re.findall(r"""(?:src|href)\s*=\s*["'](/static/[^"']+)["']""", html)
+            assert refs, html
+            for ref in refs:
+                with urllib.request.urlopen(base + ref, timeout=10) as asset:
+                    assert asset.status == 200 and len(asset.read()) > 100, ref
+        with urllib.request.urlopen(base + "/api/schema/?format=json", timeout=10) as response:
+            assert b'"/api/v1/tasks"' in response.read()
 
 
 # --- schemathesis ----------------------------------------------------------------------------

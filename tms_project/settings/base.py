@@ -7,6 +7,7 @@ starts everything on a laptop. Production and the tests set both, to PostgreSQL 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import environ
@@ -42,6 +43,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's, and Swagger UI and ReDoc from drf-spectacular-sidecar) are
+    # served by the web process itself, also under gunicorn with DEBUG off: no CDN, no extra server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -96,6 +100,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
+# https://whitenoise.readthedocs.io/en/stable/django.html#WHITENOISE_USE_FINDERS
+# Serve from the apps' static folders, so no collectstatic step is needed (run it, with
+# DJANGO_STATIC_ROOT, to serve from one folder instead).
+WHITENOISE_USE_FINDERS = env.bool("TMS_STATIC_USE_FINDERS", default=True)
+# Without collectstatic, STATIC_ROOT does not exist; with the finders that is expected, not a warning.
+warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWarning)
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
