@@ -30,3 +30,22 @@ def test_session_writes_need_the_csrf_token(user):
     assert response.status_code == 403
     body = response.json()
     assert body["type"] == "permission_denied" and "CSRF" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 200_000 + "]" * 200_000,  # deeper than the decoder's recursion
+        '{"runner": "noop", "config": ' + '{"a": ' * 500 + "1" + "}" * 500 + "}",
+    ],
+)
+def test_absurdly_nested_json_is_a_400_not_a_crash(api_client, body):
+    response = api_client.generic("POST", "/api/v1/tasks", body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["type"] == "parse_error" and "nested" in response.json()["detail"]
+
+
+def test_reasonably_nested_config_is_fine(api_client):
+    body = '{"runner": "noop", "config": ' + '{"a": ' * 10 + "1" + "}" * 10 + "}"
+    response = api_client.generic("POST", "/api/v1/tasks", body, content_type="application/json")
+    assert response.status_code == 400 and "config" in response.json()["errors"]  # noop takes no config

@@ -131,7 +131,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["tms_project.api_parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "tms_project.api_base.Pagination",
     "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
     "DEFAULT_FILTER_BACKENDS": [
