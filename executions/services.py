@@ -11,7 +11,7 @@ import enum
 import logging
 import traceback
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -195,7 +195,3 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
                 {"until": [f"That would create more than {limit} executions; choose an earlier time."]}
             )
     return materialise_task(task_id=task.pk, until=until)
-
-
-def executions_by_ids(ids: Sequence[int]) -> list[Execution]:
-    return list(Execution.objects.filter(pk__in=ids).order_by("scheduled_for", "id"))

@@ -21,6 +21,7 @@ SOON = (timezone.now() + timedelta(hours=1)).isoformat()
 TASK_ROUTES = [
     ("get", "/api/v1/tasks/{id}", None),
     ("head", "/api/v1/tasks/{id}", None),
+    ("options", "/api/v1/tasks/{id}", None),
     ("patch", "/api/v1/tasks/{id}", {"name": "hijacked"}),
     ("delete", "/api/v1/tasks/{id}", None),
     ("post", "/api/v1/tasks/{id}/pause", None),
@@ -28,12 +29,17 @@ TASK_ROUTES = [
     ("post", "/api/v1/tasks/{id}/trigger", None),
     ("post", "/api/v1/tasks/{id}/materialise", {"until": SOON}),
     ("get", "/api/v1/tasks/{id}/executions", None),
+    ("options", "/api/v1/tasks/{id}/executions", None),
+    ("options", "/api/v1/tasks/{id}/trigger", None),
     ("get", "/tasks/{id}", None),
+    ("options", "/tasks/{id}", None),
 ]
 #: The same for every route that names an execution.
 EXECUTION_ROUTES = [
     ("get", "/api/v1/executions/{id}", None),
     ("head", "/api/v1/executions/{id}", None),
+    ("options", "/api/v1/executions/{id}", None),
+    ("options", "/api/v1/executions/{id}/retry", None),
     ("post", "/api/v1/executions/{id}/cancel", None),
     ("post", "/api/v1/executions/{id}/retry", None),
 ]
@@ -102,6 +108,7 @@ def test_the_owner_reaches_every_route(alices, api_client):
             continue
         response = getattr(api_client, method)(path.format(id=task.pk), body, format="json")
         assert response.status_code in (200, 201), (method, path, response.content)
+    assert api_client.options("/api/v1/tasks").status_code == 200
     assert api_client.delete(f"/api/v1/tasks/{task.pk}").status_code in (200, 202)
 
 

@@ -41,6 +41,16 @@ class OwnerScopedMixin(ApiViewMixin):
     def get_queryset(self) -> QuerySet:
         return self.owner_scope(super().get_queryset(), self.owner_field)  # type: ignore[misc]
 
+    def options(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # Metadata about someone else's object would confirm that it exists: 404 first, as for
+        # every other method (nested routes check their parent in get_queryset).
+        lookup = getattr(self, "lookup_url_kwarg", None) or getattr(self, "lookup_field", "pk")
+        if lookup in kwargs:
+            self.get_object()  # type: ignore[attr-defined]
+        elif kwargs:
+            self.get_queryset()
+        return super().options(request, *args, **kwargs)  # type: ignore[misc]
+
     def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
         """``queryset`` narrowed to what the requesting user may see (all of it for staff)."""
         user = self.request.user  # type: ignore[attr-defined]
