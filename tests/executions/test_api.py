@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from executions.models import Execution, ExecutionOrigin, Worker, WorkerStatus
 from executions.models import ExecutionStatus as S
-from tasks_app.models import TaskStatus
+from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -203,3 +203,43 @@ def test_workers_are_staff_only(api_client):
     _assert_error(api_client.get("/api/v1/workers"), 403, "permission_denied")
     _assert_error(api_client.get("/api/v1/workers/host-a:10"), 403, "permission_denied")
     _assert_error(APIClient().get("/api/v1/workers"), 401, "not_authenticated")
+
+
+# --- end to end: cancel and retry on the real platform ----------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_cancel_stops_a_running_execution_and_retry_runs_it_again_on_the_real_worker(user):
+    from tests.conftest import client_for
+    from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
+
+    client = client_for(user)
+    worker, monitor = start_worker(concurrency=2), start_monitor()
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        # 40 s is past the sleep runner's inline limit: an asynchronous run, polled by deadline.
+        task = client.post("/api/v1/tasks", {"runner": "sleep", "config": {"duration": "40s"}}).json()
+        (execution,) = Execution.objects.filter(task_id=task["id"])
+        wait_for(
+            lambda: Execution.objects.filter(pk=execution.pk, status=S.RUNNING).exclude(external_run_id="").exists(),
+            timeout=30,
+            what="the run to start",
+        )
+        response = client.post(f"{URL}/{execution.pk}/cancel")
+        assert response.status_code == 200, response.content
+        assert response.json()["from_status"] == "RUNNING" and response.json()["external_run"] == "stopped"
+
+        retry = client.post(f"{URL}/{execution.pk}/retry")
+        assert retry.status_code == 201, retry.content
+        Task.objects.filter(pk=task["id"]).update(config={"duration": "100ms"})  # make the retry quick
+        wait_for(
+            lambda: Execution.objects.filter(pk=retry.json()["id"], status=S.SUCCEEDED).exists(),
+            timeout=30,
+            what="the retry to succeed",
+        )
+    execution.refresh_from_db()
+    assert execution.status == S.CANCELLED
+    assert not execution.events.filter(to_status=S.SUCCEEDED).exists()
+    new = Execution.objects.get(pk=retry.json()["id"])
+    assert (new.attempt, new.retry_of_id, new.output) == (2, execution.pk, "slept 0.1s")
