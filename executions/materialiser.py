@@ -44,11 +44,46 @@ class Plan:
     runs: int
 
 
+#: How many missed occurrences each misfire policy keeps (the latest ones).
+_MISFIRE_KEEP = {MisfirePolicy.SKIP: 0, MisfirePolicy.RUN_ONCE: 1, MisfirePolicy.RUN_ALL: RUN_ALL_LIMIT}
+
+
+def catch_up_since(schedule: Schedule, cursor: datetime, *, missed_before: datetime, keep: int) -> datetime:
+    """Where a walk over a schedule's occurrences from ``cursor`` can start and still meet the
+    latest ``keep`` occurrences before ``missed_before`` (the misfire policy drops older ones).
+
+    A cursor far in the past (a start_at years ago, a long pause or outage) would otherwise mean
+    walking every occurrence since, one by one: billions for a sub-second interval. The window
+    before ``missed_before`` doubles until it holds ``keep`` occurrences, each probe counting at
+    most ``keep`` of them.
+    """
+    if cursor >= missed_before:
+        return cursor
+    if keep <= 0:
+        return missed_before
+    span = timedelta(seconds=1)
+    while span < missed_before - cursor:
+        since = missed_before - span
+        met = 0
+        for when in schedule.fire_times(since=since):
+            if when >= missed_before or met >= keep:
+                break
+            met += 1
+        if met >= keep:
+            return since
+        span *= 2
+    return cursor
+
+
 def plan_task(task: Task, *, now: datetime, until: datetime) -> Plan:
     """The executions to create for ``task`` up to ``until``, and where its cursor moves."""
     if task.next_run_at is None:
         return Plan([], None, task.runs_materialised)
-    fire_times: Iterator[datetime] = task_schedule(task).fire_times(since=task.next_run_at)
+    schedule = task_schedule(task)
+    since = catch_up_since(
+        schedule, task.next_run_at, missed_before=now - MISFIRE_GRACE, keep=_MISFIRE_KEEP[task.misfire_policy]
+    )
+    fire_times: Iterator[datetime] = schedule.fire_times(since=since)
     remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
     missed: list[datetime] = []
     due: list[datetime] = []

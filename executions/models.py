@@ -19,6 +19,12 @@ class ExecutionStatus(models.TextChoices):
     CANCELLED = "CANCELLED"  #: terminal: cancelled by a user or by the platform
 
 
+class ExecutionOrigin(models.TextChoices):
+    SCHEDULE = "schedule"  #: an occurrence of the task's schedule, created by the materialiser
+    TRIGGER = "trigger"  #: "run now" on request, outside the schedule
+    RETRY = "retry"  #: a FAILED or CANCELLED execution run again on request (see ``retry_of``)
+
+
 TERMINAL_STATUSES = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING, ExecutionStatus.RUNNING})
 
@@ -49,6 +55,18 @@ class Execution(models.Model):
     #: Latest progress a job reported through its callback URL, and when it last reported.
     progress = models.CharField(max_length=500, blank=True, default="", db_default="")
     reported_at = models.DateTimeField(null=True, blank=True)
+    #: Why this execution exists: its schedule, a trigger, or a retry of ``retry_of``.
+    origin = models.CharField(
+        max_length=16, choices=ExecutionOrigin.choices, default=ExecutionOrigin.SCHEDULE, db_default="schedule"
+    )
+    #: The FAILED or CANCELLED execution this one runs again (at most one retry each).
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries", db_index=False
+    )
+    #: Cancelled before it ever started because its task's schedule was replaced or paused. A
+    #: superseded row leaves the (task, scheduled_for) uniqueness, so the occurrence can be
+    #: materialised again by the new schedule or on resume.
+    superseded = models.BooleanField(default=False, db_default=False)
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -60,8 +78,16 @@ class Execution(models.Model):
     class Meta:
         ordering = ["-scheduled_for", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["task", "scheduled_for"], name="execution_unique_occurrence"),
+            models.UniqueConstraint(
+                fields=["task", "scheduled_for"], condition=Q(superseded=False), name="execution_unique_occurrence"
+            ),
+            models.UniqueConstraint(
+                fields=["retry_of"], condition=Q(retry_of__isnull=False), name="execution_single_retry"
+            ),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="execution_attempt_positive"),
+            models.CheckConstraint(
+                condition=Q(superseded=False) | Q(status="CANCELLED"), name="execution_superseded_is_cancelled"
+            ),
         ]
         indexes = [
             # The monitor's due query: only SCHEDULED rows, by due time.

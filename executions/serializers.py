@@ -1,8 +1,13 @@
+"""What the execution and worker API renders."""
+
 from __future__ import annotations
+
+from datetime import datetime
 
 from rest_framework import serializers
 
-from executions.models import Execution, ExecutionEvent, Worker
+from executions.models import Execution, ExecutionEvent, ExecutionStatus, Worker
+from executions.services import ExternalRun
 
 
 class ExecutionEventSerializer(serializers.ModelSerializer):
@@ -14,6 +19,9 @@ class ExecutionEventSerializer(serializers.ModelSerializer):
 
 class ExecutionSerializer(serializers.ModelSerializer):
     task = serializers.UUIDField(source="task_id", read_only=True)
+    retry_of = serializers.IntegerField(
+        source="retry_of_id", read_only=True, allow_null=True, help_text="The execution this one runs again."
+    )
 
     class Meta:
         model = Execution
@@ -22,6 +30,8 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "task",
             "status",
             "attempt",
+            "origin",
+            "retry_of",
             "scheduled_for",
             "due_at",
             "priority",
@@ -38,15 +48,39 @@ class ExecutionSerializer(serializers.ModelSerializer):
 
 
 class ExecutionDetailSerializer(ExecutionSerializer):
-    events = ExecutionEventSerializer(many=True, read_only=True)
+    events = ExecutionEventSerializer(many=True, read_only=True, help_text="Every state change, oldest first.")
 
     class Meta(ExecutionSerializer.Meta):
         fields = [*ExecutionSerializer.Meta.fields, "events"]
         read_only_fields = fields
 
 
+class CancelReportSerializer(serializers.Serializer):
+    """What cancelling one execution did, including to its external run."""
+
+    execution = serializers.IntegerField(source="execution_id")
+    task = serializers.UUIDField(source="task_id")
+    from_status = serializers.ChoiceField(choices=ExecutionStatus.choices, help_text="Its status before the cancel.")
+    status = serializers.ChoiceField(choices=ExecutionStatus.choices, help_text="Its status now.")
+    external_run = serializers.ChoiceField(
+        choices=[(value.value, value.name.lower()) for value in ExternalRun],
+        help_text=(
+            "none: it had not started; stopped: the runner stopped the external run; unsupported: the runner "
+            "cannot stop runs, so it may go on (its result is discarded); discarded: no external run was recorded "
+            "yet, the worker's result is discarded; failed: the runner failed to stop the run."
+        ),
+    )
+    detail = serializers.CharField(allow_blank=True)
+
+
 class WorkerSerializer(serializers.ModelSerializer):
+    seconds_since_heartbeat = serializers.SerializerMethodField()
+
     class Meta:
         model = Worker
-        fields = ["id", "hostname", "pid", "status", "started_at", "last_heartbeat"]
+        fields = ["id", "hostname", "pid", "status", "started_at", "last_heartbeat", "seconds_since_heartbeat"]
         read_only_fields = fields
+
+    def get_seconds_since_heartbeat(self, worker: Worker) -> float:
+        now: datetime = self.context["now"]
+        return round(max(0.0, (now - worker.last_heartbeat).total_seconds()), 3)

@@ -10,7 +10,7 @@ database clock (``now()``), never from the host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,8 +18,10 @@ from django.db import connection, transaction
 from django.db.models import CharField, DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value, sql
 from django.db.models.functions import Cast, Concat, Now
 
+from executions.clock import db_now
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
+from tasks_app.models import Task, TaskStatus
 
 #: For each target status, the statuses an execution may come from.
 ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {
@@ -106,8 +108,9 @@ class NewExecution:
 def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str = "") -> list[int]:
     """Insert SCHEDULED executions, skipping occurrences that already exist; return the new ids.
 
-    ``INSERT … ON CONFLICT (task, scheduled_for) DO NOTHING RETURNING id`` makes materialising
-    the same occurrence twice, or in two processes at once, create it exactly once.
+    ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` on the unique (task, scheduled_for) of
+    non-superseded rows makes materialising the same occurrence twice, or in two processes at
+    once, create it exactly once.
     """
     if not rows:
         return []
@@ -140,7 +143,8 @@ def _insert_executions(rows: Sequence[NewExecution]) -> list[int]:
         "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
         " external_run_id, run_handle, message_id, output, error"
     )
-    conflict = "ON CONFLICT (task_id, scheduled_for) DO NOTHING RETURNING id"
+    # No conflict target: the occurrence uniqueness is a partial index (superseded rows leave it).
+    conflict = "ON CONFLICT DO NOTHING RETURNING id"
     sql = f"INSERT INTO {table} ({columns}) VALUES {placeholders} {conflict}"  # noqa: S608
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -520,29 +524,47 @@ class CancelOutcome:
     attempt: int = 0
 
 
-def execution_cancel(*, execution_id: int, actor: str, reason: str = "") -> CancelOutcome:
+def execution_cancel(
+    *,
+    execution_id: int,
+    actor: str,
+    reason: str = "",
+    only_from: Collection[str] | None = None,
+    supersede: bool = False,
+) -> CancelOutcome:
     """SCHEDULED | PENDING | RUNNING → CANCELLED. A worker still on it loses its next write.
+
+    ``only_from`` narrows the statuses it may leave (a schedule change cancels only executions
+    that have not started). ``supersede`` marks a never-started execution as replaced: it leaves
+    the (task, scheduled_for) uniqueness, so the same occurrence can be materialised again; it
+    loses if the execution ever started.
 
     The row is locked first only to learn the status it is leaving (for the audit event and so
     the caller can stop a RUNNING external run); the UPDATE itself is still conditional.
     """
     sources = ALLOWED_SOURCES[S.CANCELLED]
+    if only_from is not None:
+        sources = sources & frozenset(only_from)
     with transaction.atomic():
         row = (
             Execution.objects.select_for_update()
             .filter(pk=execution_id)
-            .values("status", "attempt", "external_run_id", "run_handle")
+            .values("status", "attempt", "external_run_id", "run_handle", "started_at")
             .first()
         )
-        if row is None or row["status"] not in sources:
+        if row is None or row["status"] not in sources or (supersede and row["started_at"] is not None):
             return CancelOutcome(False, row["status"] if row else None)
-        won = Execution.objects.filter(pk=execution_id, status=row["status"], attempt=row["attempt"]).update(
+        condition = Q(pk=execution_id, status=row["status"], attempt=row["attempt"])
+        if supersede:
+            condition &= Q(started_at__isnull=True)
+        won = Execution.objects.filter(condition).update(
             status=S.CANCELLED,
             finished_at=Now(),
             lease_owner="",
             lease_expires_at=None,
             next_poll_at=None,
             error=reason[:1000],
+            superseded=supersede,
         )
         if not won:  # pragma: no cover - the row lock makes this unreachable
             return CancelOutcome(False, row["status"])
@@ -552,3 +574,69 @@ def execution_cancel(*, execution_id: int, actor: str, reason: str = "") -> Canc
 
 def executions_cancel_many(*, execution_ids: Iterable[int], actor: str, reason: str) -> list[CancelOutcome]:
     return [execution_cancel(execution_id=i, actor=actor, reason=reason) for i in execution_ids]
+
+
+def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: str) -> int | None:
+    """Run ``INSERT INTO execution (…) SELECT …`` for one SCHEDULED row due now; write its event.
+
+    The SELECT carries the conditions (it yields no row when they do not hold) and the unique
+    constraints decide races (``ON CONFLICT DO NOTHING``). Returns the new id, or None if lost.
+    """
+    table = Execution._meta.db_table
+    columns = (
+        "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner, external_run_id,"
+        " run_handle, poll_count, message_id, output, error, origin, retry_of_id, superseded"
+    )
+    sql = f"INSERT INTO {table} ({columns}) {select_sql} ON CONFLICT DO NOTHING RETURNING id, attempt"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        new_id, attempt = row
+        _event(new_id, "", S.SCHEDULED, attempt, actor, detail).save()
+    return new_id
+
+
+def _now_param() -> object:
+    return Execution._meta.get_field("scheduled_for").get_db_prep_value(db_now(), connection)
+
+
+def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int | None:
+    """Create a SCHEDULED execution of a live (not DELETED) task, due now, outside its schedule.
+
+    Returns its id, or None if the task is gone or deleted (or, vanishingly rarely, an
+    occurrence of the task exists at this very microsecond).
+    """
+    task_table = Task._meta.db_table
+    now = _now_param()
+    task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
+    select_sql = (
+        f"SELECT t.id, %s, %s, 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, NULL, %s"  # noqa: S608
+        f" FROM {task_table} t WHERE t.id = %s AND t.status <> %s"
+    )
+    params = [now, S.SCHEDULED, now, "trigger", False, task_pk, TaskStatus.DELETED]
+    return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
+
+
+#: The statuses an execution must have to be run again by :func:`execution_retry`.
+RETRYABLE_STATUSES: frozenset[str] = frozenset({S.FAILED, S.CANCELLED})
+
+
+def execution_retry(*, execution_id: int, actor: str) -> int | None:
+    """Run a FAILED or CANCELLED execution again: a new SCHEDULED execution of the same task, due
+    now, with ``retry_of`` = the old one and attempt = its attempt + 1. The old row stays terminal.
+
+    Conditional on the old execution being FAILED or CANCELLED and its task not DELETED; the
+    unique ``retry_of`` makes a second retry of the same execution lose. Returns the new id, or
+    None if it lost.
+    """
+    table, task_table = Execution._meta.db_table, Task._meta.db_table
+    now = _now_param()
+    select_sql = (
+        f"SELECT e.task_id, %s, %s, e.attempt + 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, e.id, %s"  # noqa: S608
+        f" FROM {table} e JOIN {task_table} t ON t.id = e.task_id"
+        f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
+    )
+    params = [now, S.SCHEDULED, now, "retry", False, execution_id, *sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
+    return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")

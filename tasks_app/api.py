@@ -1,40 +1,215 @@
+"""The task API: ``/api/v1/tasks``. Each view validates with a serializer, calls one service and
+renders with another serializer."""
+
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from typing import Any
+
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from executions.models import Execution
-from executions.serializers import ExecutionSerializer
-from tasks_app.models import Task
-from tasks_app.serializers import TaskCreateSerializer, TaskSerializer
-from tasks_app.services import task_create
+from executions.serializers import ExecutionDetailSerializer
+from executions.services import executions_materialise
+from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
+from tasks_app.models import Task, TaskStatus
+from tasks_app.serializers import (
+    MaterialiseResultSerializer,
+    MaterialiseSerializer,
+    TaskCreateSerializer,
+    TaskDeleteSerializer,
+    TaskSerializer,
+    TaskUpdateSerializer,
+)
+from tasks_app.services import (
+    actor_for,
+    task_create,
+    task_delete,
+    task_pause,
+    task_resume,
+    task_trigger,
+    task_update,
+)
 from tms_project.api_base import OwnerScopedMixin
+from tms_project.api_schema import error_responses
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes a retried create safe: a second request with the same key and body gets the first response "
+        "(with `Idempotent-Replayed: true`) and creates nothing; the same key with another body is a 422. "
+        "Keys are remembered for 24 hours; 1-255 printable ASCII characters, e.g. a UUID."
+    ),
+)
+REPLAYED_HEADER_PARAMETER = OpenApiParameter(
+    REPLAYED_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    response=[201, 200],
+    description="`true` when this is the stored response of an earlier request with the same Idempotency-Key.",
+)
 
 
-class TaskViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Register tasks and look at them and their executions."""
+def idempotent_create_response(request: Request, create: Any) -> Response:
+    """Run ``create`` (returning status and body) under the request's Idempotency-Key, if any."""
+    key = idempotency_key_clean(request.headers.get(HEADER))
+    fingerprint = request_fingerprint(method=request.method or "POST", path=request.path, body=request.data)
+    stored = idempotent_create(owner=request.user, key=key, fingerprint=fingerprint, create=create)
+    headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
+    return Response(stored.body, status=stored.status, headers=headers)
 
-    queryset = Task.objects.all()
+
+class TaskFilter(filters.FilterSet):
+    status = filters.ChoiceFilter(
+        choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
+    )
+    runner = filters.CharFilter(help_text="Only tasks on this runner alias.")
+
+    class Meta:
+        model = Task
+        fields = ["status", "runner"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List your tasks", description="Newest first; filter, search by name, order, page."),
+    retrieve=extend_schema(summary="Get a task"),
+)
+class TaskViewSet(
+    OwnerScopedMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Register tasks, change, pause, resume, run and delete them, and look at their executions."""
+
+    queryset = Task.objects.exclude(status=TaskStatus.DELETED)
     serializer_class = TaskSerializer
-    filterset_fields = ["status", "runner"]
+    filterset_class = TaskFilter
     search_fields = ["name"]
     ordering_fields = ["created_at", "name", "next_run_at", "priority"]
+    ordering = ["-created_at"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
-    @extend_schema(request=TaskCreateSerializer, responses={201: TaskSerializer})
+    @extend_schema(
+        summary="Create a task",
+        description=(
+            "A task runs once at `start_at` (default: now) or repeatedly, every `interval` or on a `cron` "
+            "expression. Its first executions are created at once when they are due soon."
+        ),
+        request=TaskCreateSerializer,
+        parameters=[IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER],
+        responses={201: TaskSerializer, **error_responses(422)},
+    )
     def create(self, request: Request) -> Response:
         serializer = TaskCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
-        task = task_create(owner=request.user, **serializer.validated_data)
-        return Response(TaskSerializer(task).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses=ExecutionSerializer(many=True))
-    @action(detail=True, methods=["get"])
-    def executions(self, request: Request, pk: str | None = None) -> Response:
+        def create() -> tuple[int, Any]:
+            task = task_create(owner=request.user, **serializer.validated_data)
+            return status.HTTP_201_CREATED, TaskSerializer(task).data
+
+        return idempotent_create_response(request, create)
+
+    @extend_schema(
+        summary="Change a task",
+        description=(
+            "Changes only the fields given. A change to the schedule (`start_at`, `interval`, `cron`, `timezone`, "
+            "`end_at`, `max_runs`, `jitter`), the `runner`, its `config` or the `priority` replaces the task's "
+            "future: its executions that have not started are cancelled (their events say why) and created "
+            "again from the new settings. Running executions and history are kept."
+        ),
+        request=TaskUpdateSerializer,
+        responses={200: TaskSerializer},
+    )
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
         task = self.get_object()
-        queryset = Execution.objects.filter(task=task).order_by("-scheduled_for", "-id")
-        page = self.paginate_queryset(queryset)
-        data = ExecutionSerializer(page if page is not None else queryset, many=True).data
-        return self.get_paginated_response(data) if page is not None else Response(data)
+        serializer = TaskUpdateSerializer(task, data=request.data)
+        serializer.is_valid(raise_exception=True)
+        task = task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+        return Response(TaskSerializer(task).data)
+
+    @extend_schema(
+        summary="Delete a task",
+        description=(
+            "Stops all further runs: the task is deleted (its history stays, it no longer appears) and its "
+            "scheduled, pending and running executions are cancelled. A running one's external run is stopped "
+            "through its runner where the runner supports it. 200 when nothing can still be running; 202 when "
+            "an external run may go on (see each execution's `external_run`)."
+        ),
+        responses={
+            200: TaskDeleteSerializer,
+            202: OpenApiResponse(TaskDeleteSerializer, description="Deleted; an external run may still go on."),
+        },
+    )
+    def destroy(self, request: Request, pk: str | None = None) -> Response:
+        report = task_delete(task=self.get_object(), actor=actor_for(request.user))
+        code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
+        return Response(TaskDeleteSerializer(report).data, status=code)
+
+    @extend_schema(
+        summary="Pause a task",
+        description=(
+            "No new executions are created, and its scheduled executions that are not yet published are "
+            "cancelled. Pausing a paused task changes nothing."
+        ),
+        request=None,
+        responses={200: TaskSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str | None = None) -> Response:
+        task = task_pause(task=self.get_object(), actor=actor_for(request.user))
+        return Response(TaskSerializer(task).data)
+
+    @extend_schema(
+        summary="Resume a paused task",
+        description=(
+            "It runs on its schedule again; occurrences missed while paused follow its `misfire_policy`. "
+            "Resuming a task that is not paused changes nothing."
+        ),
+        request=None,
+        responses={200: TaskSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        task = task_resume(task=self.get_object(), actor=actor_for(request.user))
+        return Response(TaskSerializer(task).data)
+
+    @extend_schema(
+        summary="Run a task now",
+        description="Creates one execution due now, outside the schedule, whatever the task's status.",
+        request=None,
+        responses={201: ExecutionDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, pk: str | None = None) -> Response:
+        execution = task_trigger(task=self.get_object(), actor=actor_for(request.user))
+        execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
+        headers = {"Location": f"/api/v1/executions/{execution.pk}"}
+        return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
+
+    @extend_schema(
+        summary="Create a task's executions up to a time",
+        description=(
+            "Materialises the task's occurrences due up to `until` now, instead of waiting for the scheduler "
+            "(the original design's `create_task_executions(task_id, until)`), and returns the ids of the "
+            "executions created. Idempotent: existing ones are not created again."
+        ),
+        request=MaterialiseSerializer,
+        responses={200: MaterialiseResultSerializer, **error_responses(409)},
+    )
+    @action(detail=True, methods=["post"])
+    def materialise(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        serializer = MaterialiseSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        until = serializer.validated_data["until"]
+        ids = executions_materialise(task=task, until=until)
+        return Response(MaterialiseResultSerializer({"task": task.pk, "until": until, "execution_ids": ids}).data)

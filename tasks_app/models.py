@@ -6,9 +6,11 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 
 class TaskStatus(models.TextChoices):
@@ -123,3 +125,27 @@ class Task(models.Model):
     @property
     def is_recurring(self) -> bool:
         return self.interval is not None or bool(self.cron)
+
+
+class ApiIdempotencyKey(models.Model):
+    """The first response to a create request sent with an ``Idempotency-Key`` header.
+
+    A retry with the same key and the same body gets this response back and creates nothing; the
+    unique (owner, key) constraint makes concurrent duplicates wait for the first one and then
+    replay it. Keys expire after ``tasks_app.idempotency.KEY_TTL``.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    #: sha256 of the request's method, path and body: the same key with another body is an error.
+    request_fingerprint = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField(encoder=DjangoJSONEncoder, null=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_unique_per_owner")]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_key_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.owner_id})"

@@ -1,22 +1,39 @@
+"""What the task API reads and writes."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from rest_framework import serializers
 
+from executions.serializers import CancelReportSerializer
 from tasks_app.durations import DurationField
-from tasks_app.models import Artifact, MisfirePolicy, OverlapPolicy, Task
+from tasks_app.models import Artifact, MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
-from tasks_app.services import task_validate_runner
-from tms_project.api_base import StrictInputMixin
+from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
+from tms_project.api_base import BoundedDateTimeField, StrictInputMixin
+
+
+class RunnerAliasField(serializers.CharField):
+    """A runner alias of ``TMS_RUNNERS`` (checked with the config, so the error lists the choices)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 64)
+        kwargs.setdefault("help_text", "Runner alias: one of the runners configured in TMS_RUNNERS.")
+        super().__init__(**kwargs)
+
+
+class RunnerConfigField(serializers.JSONField):
+    """A runner's per-task config: a JSON object the runner validates (its fields are documented per runner)."""
 
 
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    runner = serializers.CharField(max_length=64, help_text="Runner alias, e.g. http, sleep, noop.")
-    config = serializers.JSONField(required=False, default=dict, help_text="Runner config, checked by the runner.")
+    runner = RunnerAliasField()
+    config = RunnerConfigField(required=False, default=dict)
     artifact = serializers.PrimaryKeyRelatedField(
         queryset=Artifact.objects.all(),
         required=False,
@@ -24,7 +41,9 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         default=None,
         help_text="An uploaded artifact (POST /api/v1/artifacts) that a subprocess task runs.",
     )
-    start_at = serializers.DateTimeField(required=False, allow_null=True, default=None, help_text="Default: now.")
+    start_at = BoundedDateTimeField(
+        required=False, allow_null=True, default=None, help_text="First (or only) run, RFC 3339. Default: now."
+    )
     interval = DurationField(
         required=False,
         allow_null=True,
@@ -32,10 +51,18 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         min_value=timedelta(milliseconds=100),
         help_text='Repeat every interval: seconds or a duration string such as "90s", "5m", "1h".',
     )
-    cron = serializers.CharField(required=False, allow_blank=True, default="", max_length=120)
-    timezone = serializers.CharField(required=False, default="UTC", max_length=64)
-    end_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
+    cron = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=120,
+        help_text='Cron expression (5 fields, or 6 with seconds first), e.g. "*/5 * * * *", evaluated in timezone.',
+    )
+    timezone = serializers.CharField(required=False, default="UTC", max_length=64, help_text="IANA time zone name.")
+    end_at = BoundedDateTimeField(required=False, allow_null=True, default=None, help_text="No runs after this.")
+    max_runs = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000_000
+    )
     jitter = DurationField(required=False, default=timedelta(0))
     misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
     overlap_policy = serializers.ChoiceField(choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
@@ -73,19 +100,39 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
                 raise serializers.ValidationError(str(exc)) from None
         return value
 
+    def validate_config(self, value: Any) -> Any:
+        if _has_nul(value):
+            raise serializers.ValidationError("Null characters are not allowed.")
+        return value
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        errors: dict[str, list[str]] = {}
-        if attrs.get("interval") is not None and attrs.get("cron"):
-            errors["cron"] = ["Give an interval or a cron expression, not both."]
-        start, end = attrs.get("start_at"), attrs.get("end_at")
-        if start and end and end < start:
-            errors["end_at"] = ["Must not be before start_at."]
-        if attrs["retry_backoff_max"] < attrs["retry_backoff"]:
-            errors["retry_backoff_max"] = ["Must not be less than retry_backoff."]
-        if errors:
-            raise serializers.ValidationError(errors)
+        check_task(attrs)
         task_validate_runner(runner=attrs["runner"], config=attrs["config"])
         return attrs
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def check_task(attrs: Mapping[str, Any]) -> None:
+    """Cross-field rules of a task's settings (all of them, after a partial update is merged)."""
+    errors: dict[str, list[str]] = {}
+    if attrs.get("interval") is not None and attrs.get("cron"):
+        errors["cron"] = ["Give an interval or a cron expression, not both."]
+    start, end = attrs.get("start_at"), attrs.get("end_at")
+    if start and end and end < start:
+        errors["end_at"] = ["Must not be before start_at."]
+    if attrs["retry_backoff_max"] < attrs["retry_backoff"]:
+        errors["retry_backoff_max"] = ["Must not be less than retry_backoff."]
+    if errors:
+        raise serializers.ValidationError(errors)
 
 
 class TaskSerializer(serializers.ModelSerializer):
@@ -127,3 +174,49 @@ class TaskSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class TaskUpdateSerializer(TaskCreateSerializer):
+    """A partial update: every field optional; the task with the changes applied must be valid."""
+
+    read_only_names = frozenset({"id", "status", "next_run_at", "runs_materialised", "created_at", "updated_at"})
+
+    runner = RunnerAliasField(required=False)
+    start_at = BoundedDateTimeField(required=False, help_text="First (or only) run, RFC 3339.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["partial"] = True
+        super().__init__(*args, **kwargs)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        task: Task = self.instance
+        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | attrs
+        check_task(merged)
+        if "runner" in attrs or "config" in attrs:
+            task_validate_runner(runner=merged["runner"], config=merged["config"])
+        return attrs
+
+
+class TaskDeleteSerializer(serializers.Serializer):
+    """What deleting a task did: it is DELETED, and each of its active executions was cancelled."""
+
+    id = serializers.UUIDField(source="task_id")
+    status = serializers.ChoiceField(choices=[TaskStatus.DELETED], default=TaskStatus.DELETED)
+    executions = CancelReportSerializer(many=True, help_text="Each execution that was still active.")
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["status"] = TaskStatus.DELETED
+        return data
+
+
+class MaterialiseSerializer(StrictInputMixin, serializers.Serializer):
+    until = BoundedDateTimeField(help_text="Create the task's executions due up to this time (RFC 3339).")
+
+
+class MaterialiseResultSerializer(serializers.Serializer):
+    task = serializers.UUIDField()
+    until = serializers.DateTimeField()
+    execution_ids = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Ids of the executions created (existing ones are not repeated)."
+    )

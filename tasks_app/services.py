@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,15 +13,19 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from rest_framework.exceptions import ValidationError
 
+from executions import transitions
 from executions.clock import db_now
 from executions.conf import tms_settings
 from executions.materialiser import ACTOR as MATERIALISER
-from executions.materialiser import plan_task
+from executions.materialiser import materialise_task, plan_task, task_schedule
+from executions.models import Execution, ExecutionOrigin, ExecutionStatus
 from executions.notify import notify_due
+from executions.services import CancelReport, executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError
+from tms_project.errors import ConflictError, GoneError
 
 
 def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
@@ -122,3 +128,208 @@ def task_bulk_create(*, owner: AbstractBaseUser, specs: Sequence[Mapping[str, An
             executions_create(rows=rows, actor=MATERIALISER)
             notify_due()
     return tasks
+
+
+# --- changing a task ---------------------------------------------------------------------------
+
+#: Fields whose change replaces the task's future executions: the schedule ...
+SCHEDULE_FIELDS = frozenset({"start_at", "interval", "cron", "timezone", "end_at", "max_runs", "jitter"})
+#: ... and what each execution runs (executions copy the priority when they are created).
+RUN_FIELDS = frozenset({"runner", "config", "priority"})
+#: Fields a partial update may change.
+UPDATABLE_FIELDS = (
+    SCHEDULE_FIELDS
+    | RUN_FIELDS
+    | {
+        "name",
+        "misfire_policy",
+        "overlap_policy",
+        "max_attempts",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+        "timeout",
+        "tracing_id",
+        "notification_target",
+    }
+)
+
+
+def actor_for(user: AbstractBaseUser) -> str:
+    """How a user appears in execution events."""
+    return f"user:{user.get_username()}"
+
+
+def _lock(task_id: object) -> Task:
+    task = Task.objects.select_for_update().filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
+    if task is None:
+        raise GoneError("The task no longer exists.")
+    return task
+
+
+def _clean(task: Task) -> None:
+    try:
+        task.full_clean(exclude=["owner"], validate_constraints=True)
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict) from None
+
+
+def _on_schedule(schedule: Schedule, when: datetime) -> bool:
+    return next(schedule.fire_times(since=when), None) == when
+
+
+def _set_cursor(task: Task, cursor: datetime | None, schedule: Schedule) -> None:
+    """Point the materialisation cursor at ``cursor`` and recount ``runs_materialised`` so that the
+    materialiser, walking from there again, counts every occurrence once (``max_runs``)."""
+    live = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+    runs = live.count()
+    if cursor is not None:
+        # Occurrences at or after the cursor that the walk meets again are counted again by it.
+        ahead = live.filter(scheduled_for__gte=cursor).values_list("scheduled_for", flat=True)
+        runs -= sum(1 for when in ahead if _on_schedule(schedule, when))
+    task.next_run_at = cursor
+    task.runs_materialised = max(0, runs)
+    if cursor is not None and task.status == TaskStatus.COMPLETED:
+        task.status = TaskStatus.ACTIVE
+
+
+def _supersede(task: Task, *, only_from: frozenset[str], actor: str, reason: str) -> list[datetime]:
+    """Cancel ``task``'s scheduled occurrences that never started (and are in ``only_from``) as
+    superseded, so they can be materialised again; return the instants of those cancelled."""
+    rows = Execution.objects.filter(
+        task=task, origin=ExecutionOrigin.SCHEDULE, status__in=only_from, started_at__isnull=True
+    ).values_list("pk", "scheduled_for")
+    instants = []
+    for pk, when in rows:
+        outcome = transitions.execution_cancel(
+            execution_id=pk, actor=actor, reason=reason, only_from=only_from, supersede=True
+        )
+        if outcome.won:
+            instants.append(when)
+    return instants
+
+
+def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
+    """Apply a partial update (``changes`` validated by the API) to a task.
+
+    A change to the schedule, the runner, its config or the priority replaces the task's future:
+    its scheduled executions that have not started (SCHEDULED or PENDING) are cancelled as
+    superseded, the materialisation cursor is reset from the new schedule, at the earliest of
+    them or now (a one-shot task whose ``start_at`` changed starts from the new ``start_at``),
+    and the task is materialised again. Running executions, retries of ones that already ran and
+    history are left alone.
+    """
+    unknown = set(changes) - UPDATABLE_FIELDS
+    if unknown:
+        raise ValidationError({name: ["This field cannot be changed."] for name in sorted(unknown)})
+    with transaction.atomic():
+        task = _lock(task.pk)
+        changed = {name for name, value in changes.items() if getattr(task, name) != value}
+        for name in changed:
+            setattr(task, name, changes[name])
+        if changed & {"runner", "config"}:
+            task.config = task_validate_runner(runner=task.runner, config=task.config)
+        try:
+            schedule = task_schedule(task)
+        except ScheduleError as exc:
+            raise ValidationError({"schedule": [str(exc)]}) from None
+        _clean(task)
+        replace = bool(changed & (SCHEDULE_FIELDS | RUN_FIELDS))
+        if replace:
+            what = "schedule" if changed & SCHEDULE_FIELDS else ", ".join(sorted(changed & RUN_FIELDS))
+            superseded = _supersede(
+                task,
+                only_from=frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING}),
+                actor=actor,
+                reason=f"replaced: the task's {what} changed",
+            )
+            since = min([db_now(), *superseded])
+            if not schedule.recurring and "start_at" in changed:
+                since = task.start_at
+            _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+        task.save()
+        if replace and task.status == TaskStatus.ACTIVE:
+            materialise_task(task_id=task.pk)
+    task.refresh_from_db()
+    return task
+
+
+def task_pause(*, task: Task, actor: str) -> Task:
+    """Pause a task: no new executions are materialised, and its SCHEDULED executions (not yet
+    published) are cancelled. Never-started occurrences are superseded and the cursor moves back
+    to the earliest of them, so :func:`task_resume` materialises them again (or, if their time has
+    passed by then, applies the misfire policy). Executions already published or running go on.
+    Pausing a paused task changes nothing.
+    """
+    with transaction.atomic():
+        task = _lock(task.pk)
+        if task.status == TaskStatus.PAUSED:
+            return task
+        scheduled = frozenset({ExecutionStatus.SCHEDULED})
+        superseded = _supersede(task, only_from=scheduled, actor=actor, reason="paused")
+        # Retries and triggered runs waiting in SCHEDULED are cancelled too (not superseded).
+        for pk in Execution.objects.filter(task=task, status=ExecutionStatus.SCHEDULED).values_list("pk", flat=True):
+            transitions.execution_cancel(execution_id=pk, actor=actor, reason="paused", only_from=scheduled)
+        if superseded:
+            cursor = min([*superseded, *([task.next_run_at] if task.next_run_at else [])])
+            _set_cursor(task, cursor, task_schedule(task))
+        task.status = TaskStatus.PAUSED
+        task.save()
+    task.refresh_from_db()
+    return task
+
+
+def task_resume(*, task: Task, actor: str) -> Task:
+    """Resume a paused task: it becomes ACTIVE and is materialised at once from its cursor; the
+    materialiser applies the task's misfire policy to occurrences whose time passed while it was
+    paused (skip them, run the latest once, or run them all). Resuming a task that is not paused
+    changes nothing.
+    """
+    with transaction.atomic():
+        task = _lock(task.pk)
+        if task.status != TaskStatus.PAUSED:
+            return task
+        task.status = TaskStatus.ACTIVE
+        task.save(update_fields=["status", "updated_at"])
+        materialise_task(task_id=task.pk)
+    task.refresh_from_db()
+    return task
+
+
+def task_trigger(*, task: Task, actor: str) -> Execution:
+    """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
+    execution due now. Returns it."""
+    for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
+        new_id = transitions.execution_trigger(task_id=task.pk, actor=actor, detail=f"triggered by {actor}")
+        if new_id is not None:
+            notify_due()
+            return Execution.objects.get(pk=new_id)
+        if not Task.objects.filter(pk=task.pk).exclude(status=TaskStatus.DELETED).exists():
+            raise GoneError("The task no longer exists.")
+    raise ConflictError("Could not trigger the task; try again.")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class TaskDeleteReport:
+    task_id: uuid.UUID
+    executions: list[CancelReport]
+
+    @property
+    def may_still_run(self) -> bool:
+        """Whether an external run may still be going (its runner could not stop it)."""
+        return any(report.may_still_run for report in self.executions)
+
+
+def task_delete(*, task: Task, actor: str) -> TaskDeleteReport:
+    """Delete a task (softly: its history stays): no further runs; its SCHEDULED and PENDING
+    executions are cancelled, and RUNNING ones are cancelled and their external runs stopped
+    through the runner where it supports it. The report says what happened to each.
+    """
+    with transaction.atomic():
+        task = _lock(task.pk)
+        task.status = TaskStatus.DELETED
+        task.next_run_at = None
+        task.save(update_fields=["status", "next_run_at", "updated_at"])
+        cancelled = executions_cancel_active(task=task, actor=actor, reason="task deleted")
+    # External runs are stopped after the commit: a slow runner never holds row locks.
+    return TaskDeleteReport(task.pk, stop_external_runs(task=task, cancelled=cancelled))

@@ -65,3 +65,39 @@ def _test_queue():
 
     with app.connection_for_write() as conn, contextlib.suppress(Exception):  # already gone
         conn.default_channel.queue_delete(settings.TMS_QUEUE)
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user(username="root", password="root-password", is_staff=True)
+
+
+def client_for(user):
+    """An API client authenticated as ``user`` with a real token, as API users are."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    token, _ = Token.objects.get_or_create(user=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def other_client(other_user):
+    return client_for(other_user)
+
+
+@pytest.fixture
+def staff_client(staff_user):
+    return client_for(staff_user)
+
+
+@pytest.fixture
+def test_runners(settings):
+    """Adds runners whose cancel behaviour tests can observe (see tests/runners_for_tests.py)."""
+    from tests import runners_for_tests
+
+    runners_for_tests.reset()
+    settings.TMS_RUNNERS = {**settings.TMS_RUNNERS, **runners_for_tests.RUNNERS}
+    return runners_for_tests

@@ -1,14 +1,35 @@
-"""What every API view and serializer shares: owner scoping and strict input."""
+"""What every API view and serializer shares: owner scoping, input hygiene, pagination."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import QuerySet
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
 
 
-class OwnerScopedMixin:
+class ApiViewMixin:
+    """Base of every API view: rejects what the database cannot store or compare.
+
+    PostgreSQL refuses NUL characters in text, so a query parameter holding one would otherwise
+    fail deep in a filter with a server error; it answers 400 (404 in a path) instead.
+    """
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        if any("\x00" in str(value) for value in kwargs.values()):
+            raise NotFound()
+        params = request.query_params.lists()
+        bad = sorted({key for key, values in params if "\x00" in key or any("\x00" in v for v in values)})
+        if bad:
+            raise ValidationError({key.replace("\x00", "\\x00"): ["Null characters are not allowed."] for key in bad})
+
+
+class OwnerScopedMixin(ApiViewMixin):
     """Restricts a view's queryset to the requesting user's rows; staff see everything.
 
     Every view over user data inherits this, so another owner's ids answer 404. ``owner_field``
@@ -18,23 +39,45 @@ class OwnerScopedMixin:
     owner_field: str = "owner"
 
     def get_queryset(self) -> QuerySet:
-        queryset = super().get_queryset()  # type: ignore[misc]
+        return self.owner_scope(super().get_queryset(), self.owner_field)  # type: ignore[misc]
+
+    def options(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # Metadata about someone else's object would confirm that it exists: 404 first, as for
+        # every other method (nested routes check their parent in get_queryset).
+        lookup = getattr(self, "lookup_url_kwarg", None) or getattr(self, "lookup_field", "pk")
+        if lookup in kwargs:
+            self.get_object()  # type: ignore[attr-defined]
+        elif kwargs:
+            self.get_queryset()
+        return super().options(request, *args, **kwargs)  # type: ignore[misc]
+
+    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
+        """``queryset`` narrowed to what the requesting user may see (all of it for staff)."""
         user = self.request.user  # type: ignore[attr-defined]
         if getattr(self, "swagger_fake_view", False):
             return queryset.none()
         if user.is_staff:
             return queryset
-        return queryset.filter(**{self.owner_field: user})
+        return queryset.filter(**{owner_field: user})
 
 
 class StrictInputMixin:
-    """Rejects fields the serializer does not know, instead of silently ignoring them."""
+    """Rejects fields the serializer does not know, instead of silently ignoring them.
+
+    ``read_only_names`` lists fields that exist but cannot be written here.
+    """
+
+    read_only_names: frozenset[str] = frozenset()
 
     def to_internal_value(self, data: Any) -> Any:
         unknown: dict[str, list[str]] = {}
         if isinstance(data, dict):
             known = set(self.fields)  # type: ignore[attr-defined]
-            unknown = {key: ["Unknown field."] for key in data if key not in known}
+            unknown = {
+                key: ["This field cannot be changed."] if key in self.read_only_names else ["Unknown field."]
+                for key in data
+                if key not in known
+            }
         try:
             value = super().to_internal_value(data)  # type: ignore[misc]
         except serializers.ValidationError as exc:
@@ -44,3 +87,32 @@ class StrictInputMixin:
         if unknown:
             raise serializers.ValidationError(unknown)
         return value
+
+
+#: Date-times the API accepts: wide enough for any schedule, narrow enough that schedule
+#: arithmetic (adding intervals, cron look-ahead, time-zone shifts) never leaves Python's range.
+MIN_DATETIME = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_DATETIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+class BoundedDateTimeField(serializers.DateTimeField):
+    """An RFC 3339 date-time between 1970 and 9000."""
+
+    default_error_messages = {"range": "Must be between 1970-01-01 and 9000-01-01."}
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed = super().to_internal_value(value)
+        if not MIN_DATETIME <= parsed < MAX_DATETIME:
+            self.fail("range")
+        return parsed
+
+
+class Pagination(LimitOffsetPagination):
+    """``?limit=`` (at most 500) and ``?offset=``; an offset past the end is an empty page."""
+
+    max_limit = 500
+    #: Beyond this an offset cannot address a row anyway; capped so the database never overflows.
+    max_offset = 10**12
+
+    def get_offset(self, request: Request) -> int:
+        return min(super().get_offset(request), self.max_offset)

@@ -2,19 +2,47 @@
 
 Every error answers ``{"type": ..., "detail": ..., "errors": {field: [messages]}}``; ``errors``
 is present for validation failures and maps each bad field (nested for nested input) to its
-messages, with ``non_field_errors`` for errors about the request as a whole.
+messages, with ``non_field_errors`` for errors about the request as a whole. Domain errors from
+services (:mod:`tms_project.errors`) are mapped here, and so are Django's own 404 and 500 pages
+for API paths, so nothing under the API answers HTML.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from tms_project.errors import ConflictError, DomainError, GoneError, IdempotencyKeyReused
+
+#: HTTP status of each domain error.
+DOMAIN_STATUS: dict[type[DomainError], int] = {
+    ConflictError: status.HTTP_409_CONFLICT,
+    GoneError: status.HTTP_404_NOT_FOUND,
+    IdempotencyKeyReused: status.HTTP_422_UNPROCESSABLE_ENTITY,
+}
+
+
+class _DomainAPIError(exceptions.APIException):
+    def __init__(self, error: DomainError) -> None:
+        self.status_code = next(
+            (code for kind, code in DOMAIN_STATUS.items() if isinstance(error, kind)), status.HTTP_400_BAD_REQUEST
+        )
+        super().__init__(detail=error.message, code=error.code)
+
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        exc = _DomainAPIError(exc)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()  # never "No Task matches the given query."
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -28,3 +56,21 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response.data["type"] = "not_authenticated"
     return response
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith(("/api/", "/tasks"))
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 (a path no route matches): the API's error shape for API paths."""
+    if _is_api(request):
+        return JsonResponse({"type": "not_found", "detail": "Not found."}, status=404)
+    return page_not_found(request, exception)  # type: ignore[arg-type]
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    """An unexpected error: the API's error shape for API paths (the traceback is logged)."""
+    if _is_api(request):
+        return JsonResponse({"type": "server_error", "detail": "Internal server error."}, status=500)
+    return server_error(request)

@@ -1,7 +1,7 @@
-from django.urls import path
+from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
-from executions.api import ExecutionViewSet
+from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSet
 from executions.callback_api import ExecutionCallbackView
 from tasks_app.api import TaskViewSet
 from tasks_app.artifact_api import ArtifactViewSet
@@ -10,9 +10,11 @@ router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
 router.register("tasks", TaskViewSet, basename="task")
 router.register("executions", ExecutionViewSet, basename="execution")
+router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 
 urlpatterns = [
+    re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     *router.urls,
 ]

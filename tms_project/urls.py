@@ -1,12 +1,20 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from tasks_app.compat import CompatTaskDetailView, CompatTaskListView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("tms_project.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema", template_name="tms/redoc.html"), name="redoc"),
     path("api-auth/", include("rest_framework.urls")),
+    # The original service's API, at the root as its clients expect.
+    re_path(r"^tasks/?$", CompatTaskListView.as_view(), name="compat-task-list"),
+    re_path(r"^tasks/(?P<pk>[^/]+)/?$", CompatTaskDetailView.as_view(), name="compat-task-detail"),
 ]
+
+handler404 = "tms_project.api_errors.handler404"
+handler500 = "tms_project.api_errors.handler500"

@@ -25,16 +25,19 @@ ONE_SHOT, RECURRING = 400, 100
 
 
 def _drain_queue() -> list[tuple[int, int]]:
-    """Consume every message on the test queue; return (execution id, attempt) per run message
-    (messages of other tasks, such as beat's from an earlier test, are dropped)."""
+    """Consume every message on the test queue; return (execution id, attempt) per execution message.
+
+    System jobs (a beat of an earlier test may have left a ``tms.liveness`` or ``tms.materialise``
+    behind when its workers stopped first) are consumed and skipped.
+    """
     seen = []
     queue = settings.CELERY_TASK_QUEUES[0]
     with app.connection_for_read() as conn:
         bound = queue(conn.default_channel)
         bound.declare()
         while (message := bound.get(no_ack=False)) is not None:
+            args, _kwargs, _embed = message.decode()
             if message.headers.get("task") == "tms.run_execution":
-                args, _kwargs, _embed = message.decode()
                 seen.append((args[0], args[1]))
             message.ack()
     return seen

@@ -211,3 +211,97 @@ def test_expired_lease_is_handed_back_and_the_old_owner_is_fenced_out():
     assert transitions.execution_succeed(
         execution_id=execution.pk, attempt=1, worker_id="new:2:2", output="", max_chars=MAX
     )
+
+
+# --- cancel narrowed to sources, superseding, and executions created on request ---------------
+
+
+def test_cancel_only_from_loses_for_other_statuses():
+    execution = _execution(S.RUNNING, lease_owner="w:1:1")
+    before = _snapshot(execution)
+    outcome = transitions.execution_cancel(
+        execution_id=execution.pk, actor="user:1", reason="replaced", only_from={S.SCHEDULED, S.PENDING}
+    )
+    assert not outcome.won and outcome.from_status == S.RUNNING
+    assert _snapshot(execution) == before
+
+
+def test_superseded_occurrence_can_be_created_again():
+    execution = _execution(S.SCHEDULED)
+    outcome = transitions.execution_cancel(execution_id=execution.pk, actor="user:1", reason="paused", supersede=True)
+    assert outcome.won
+    execution.refresh_from_db()
+    assert execution.status == S.CANCELLED and execution.superseded
+    row = transitions.NewExecution(execution.task_id, execution.scheduled_for, 5)
+    (again,) = transitions.executions_create(rows=[row], actor="materialiser")
+    assert again != execution.pk
+    assert transitions.executions_create(rows=[row], actor="materialiser") == []  # and only once
+
+
+def test_user_cancelled_occurrence_is_never_created_again():
+    execution = _execution(S.SCHEDULED)
+    assert transitions.execution_cancel(execution_id=execution.pk, actor="user:1").won
+    row = transitions.NewExecution(execution.task_id, execution.scheduled_for, 5)
+    assert transitions.executions_create(rows=[row], actor="materialiser") == []
+
+
+def test_an_execution_that_ever_started_cannot_be_superseded():
+    execution = _execution(S.SCHEDULED, attempt=2, started_at=timezone.now())  # a retry waiting
+    before = _snapshot(execution)
+    assert not transitions.execution_cancel(execution_id=execution.pk, actor="user:1", supersede=True).won
+    assert _snapshot(execution) == before
+
+
+def test_database_refuses_a_superseded_execution_that_is_not_cancelled():
+    from django.db import IntegrityError
+
+    execution = _execution(S.SCHEDULED)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Execution.objects.filter(pk=execution.pk).update(superseded=True)
+
+
+def test_trigger_creates_an_execution_due_now_with_its_event():
+    task = TaskFactory(priority=7)
+    new_id = transitions.execution_trigger(task_id=task.pk, actor="user:alice")
+    execution = Execution.objects.get(pk=new_id)
+    assert (execution.status, execution.attempt, execution.origin, execution.priority) == (S.SCHEDULED, 1, "trigger", 7)
+    assert execution.due_at == execution.scheduled_for
+    assert abs(execution.scheduled_for - timezone.now()) < timedelta(seconds=5)
+    assert list(execution.events.values_list("from_status", "to_status", "actor")) == [("", S.SCHEDULED, "user:alice")]
+
+
+def test_trigger_of_a_deleted_task_creates_nothing():
+    task = TaskFactory(status="DELETED")
+    assert transitions.execution_trigger(task_id=task.pk, actor="user:alice") is None
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize("status", [S.FAILED, S.CANCELLED])
+def test_retry_creates_a_new_execution_with_the_next_attempt_and_leaves_the_old_one(status):
+    old = _execution(status, attempt=3)
+    before = _snapshot(old)
+    new_id = transitions.execution_retry(execution_id=old.pk, actor="user:alice")
+    new = Execution.objects.get(pk=new_id)
+    assert (new.status, new.attempt, new.origin, new.retry_of_id, new.task_id) == (
+        S.SCHEDULED,
+        4,
+        "retry",
+        old.pk,
+        old.task_id,
+    )
+    assert list(new.events.values_list("to_status", "attempt")) == [(S.SCHEDULED, 4)]
+    assert _snapshot(old) == before  # terminal is final
+    assert transitions.execution_retry(execution_id=old.pk, actor="user:alice") is None  # once only
+
+
+@pytest.mark.parametrize("status", [S.SCHEDULED, S.PENDING, S.RUNNING, S.SUCCEEDED])
+def test_retry_of_an_execution_that_did_not_fail_loses(status):
+    execution = _execution(status)
+    assert transitions.execution_retry(execution_id=execution.pk, actor="user:alice") is None
+    assert Execution.objects.count() == 1
+
+
+def test_retry_of_a_deleted_tasks_execution_loses():
+    execution = _execution(S.FAILED)
+    execution.task.__class__.objects.filter(pk=execution.task_id).update(status="DELETED")
+    assert transitions.execution_retry(execution_id=execution.pk, actor="user:alice") is None

@@ -7,6 +7,7 @@ starts everything on a laptop. Production and the tests set both, to PostgreSQL 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import environ
@@ -42,6 +43,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's, and Swagger UI and ReDoc from drf-spectacular-sidecar) are
+    # served by the web process itself, also under gunicorn with DEBUG off: no CDN, no extra server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -56,7 +60,7 @@ WSGI_APPLICATION = "tms_project.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [BASE_DIR / "tms_project" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -96,6 +100,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
+# https://whitenoise.readthedocs.io/en/stable/django.html#WHITENOISE_USE_FINDERS
+# Serve from the apps' static folders, so no collectstatic step is needed (run it, with
+# DJANGO_STATIC_ROOT, to serve from one folder instead).
+WHITENOISE_USE_FINDERS = env.bool("TMS_STATIC_USE_FINDERS", default=True)
+# Without collectstatic, STATIC_ROOT does not exist; with the finders that is expected, not a warning.
+warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWarning)
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
@@ -107,34 +117,88 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
 }
 
+# --- Caches -----------------------------------------------------------------------------------
+# Throttling counts requests in the cache: with several web processes, point CACHE_URL at a
+# shared cache (e.g. "dbcache://tms_cache" after `manage.py createcachetable`, or Redis/Memcached).
+# https://django-environ.readthedocs.io/en/latest/types.html#environ-env-cache-url
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+
 # --- REST framework ---------------------------------------------------------------------------
+# https://www.django-rest-framework.org/api-guide/settings/
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": ["tms_project.api_parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "tms_project.api_base.Pagination",
     "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Per-user (and, before authentication, per-IP) request rates: "<n>/<second|minute|hour|day>".
+    # https://www.django-rest-framework.org/api-guide/throttling/
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.UserRateThrottle",
+        "rest_framework.throttling.AnonRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env.str("TMS_API_THROTTLE_USER", default="2000/minute"),
+        "anon": env.str("TMS_API_THROTTLE_ANON", default="100/minute"),
+    },
+    "NUM_PROXIES": env.int("TMS_API_NUM_PROXIES", default=None),
+    "DEFAULT_SCHEMA_CLASS": "tms_project.api_schema.AutoSchema",
     "EXCEPTION_HANDLER": "tms_project.api_errors.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
+# Read through tms_project.api_conf.api_settings; see that module for what each knob does.
+TMS_API = {
+    "MATERIALISE_MAX": env.int("TMS_API_MATERIALISE_MAX", default=1000),
+    "MATERIALISE_MAX_AHEAD": env.float("TMS_API_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
+    "IDEMPOTENCY_KEY_TTL": env.float("TMS_API_IDEMPOTENCY_KEY_TTL", default=86400.0),
+    "COMPAT_LIST_MAX": env.int("TMS_API_COMPAT_LIST_MAX", default=1000),
+}
+
+# https://drf-spectacular.readthedocs.io/en/latest/settings.html
 SPECTACULAR_SETTINGS = {
     "TITLE": "TMS API",
-    "DESCRIPTION": "Distributed task scheduler: register tasks, watch their executions.",
+    "DESCRIPTION": (
+        "Distributed task scheduler: register tasks (what to run, on which runner, when), watch, cancel and "
+        "retry their executions.\n\n"
+        "Authenticate with `Authorization: Token <key>` (`manage.py tms_create_user <name>` prints a key). "
+        "You see and change only your own tasks and executions; another user's ids answer 404. Every error "
+        "has one shape: `{type, detail, errors?}`. `POST /tasks`, `GET /tasks` and `GET /tasks/{id}` keep the "
+        "original service's API."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No validator badge: Swagger UI would otherwise send the schema to validator.swagger.io.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
+    "TAGS": [
+        {"name": "tasks", "description": "Tasks: what to run, on which runner, and when."},
+        {"name": "executions", "description": "Executions: one run of a task, with its event timeline."},
+        {"name": "workers", "description": "Worker processes (staff only)."},
+        {"name": "compat", "description": "The original service's API (`/tasks`), kept for its clients."},
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "tasks_app.models.TaskStatus",
+        "ExecutionStatusEnum": "executions.models.ExecutionStatus",
+        "WorkerStatusEnum": "executions.models.WorkerStatus",
+        "CompatStatusEnum": "tasks_app.compat.CompatStatus.choices",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "tms_project.api_schema.strip_trailing_slashes",
+    ],
 }
 
 # --- Celery -----------------------------------------------------------------------------------

@@ -19,6 +19,9 @@ for _name, _value in {
     "TMS_SUBPROCESS_WORK_DIR": os.path.join(tempfile.gettempdir(), f"tms-test-runs-{os.getpid()}"),
     "TMS_SUBPROCESS_ALLOW_ARTIFACTS": "true",
     "TMS_SUBPROCESS_ALLOWED_EXECUTABLES": "/bin/sh,/usr/bin/env,sleep,echo,true,false",
+    # Throttling stays on (as in production) but far above anything the suite sends.
+    "TMS_API_THROTTLE_USER": "1000000/minute",
+    "TMS_API_THROTTLE_ANON": "1000000/minute",
 }.items():
     os.environ.setdefault(_name, _value)
 

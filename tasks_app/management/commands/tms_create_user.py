@@ -1,0 +1,50 @@
+"""``manage.py tms_create_user alice [--staff] [--superuser] [--password ...]``: a user and its API token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from rest_framework.authtoken.models import Token
+
+
+class Command(BaseCommand):
+    help = (
+        "Create an API user (or reuse an existing one) and print its token, for "
+        "`Authorization: Token <token>`. Without --password the user can use the API but not log in to the admin."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("username")
+        parser.add_argument("--email", default="")
+        parser.add_argument("--password", help="Also set this password (for the admin and the browsable API).")
+        parser.add_argument("--staff", action="store_true", help="Staff see every user's tasks and the workers.")
+        parser.add_argument("--superuser", action="store_true", help="Implies --staff.")
+        parser.add_argument("--rotate", action="store_true", help="Replace the user's existing token.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        users = get_user_model()
+        username = options["username"].strip()
+        if not username:
+            raise CommandError("The username may not be empty.")
+        with transaction.atomic():
+            user, created = users.objects.get_or_create(**{users.USERNAME_FIELD: username})
+            if created:
+                user.email = options["email"]
+                if options["password"] is None:
+                    user.set_unusable_password()
+            if options["password"] is not None:
+                user.set_password(options["password"])
+            if options["staff"] or options["superuser"]:
+                user.is_staff = True
+            if options["superuser"]:
+                user.is_superuser = True
+            user.save()
+            if options["rotate"]:
+                Token.objects.filter(user=user).delete()
+            token, _ = Token.objects.get_or_create(user=user)
+        role = "superuser" if user.is_superuser else "staff" if user.is_staff else "user"
+        self.stderr.write(f"{'Created' if created else 'Updated'} {role} {username!r}; API token:")
+        self.stdout.write(token.key)

@@ -1,0 +1,12 @@
+"""Celery tasks of the tasks app: thin wrappers that call one service each."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from tasks_app.idempotency import idempotency_keys_expire
+
+
+@shared_task(name="tms.expire_idempotency_keys", ignore_result=True)
+def expire_idempotency_keys() -> int:
+    return idempotency_keys_expire()

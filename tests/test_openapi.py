@@ -1,0 +1,221 @@
+"""The OpenAPI schema is valid, its docs pages need no CDN, and the API keeps to it: schemathesis
+sends generated requests (valid and invalid) to every operation and checks that none answers a
+server error and that every answer's status, content type, headers and body conform to the schema."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import schemathesis
+from django.contrib.staticfiles import finders
+from django.core.management import call_command
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+from schemathesis.config import SchemathesisConfig
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from executions.models import ExecutionStatus as S
+from executions.models import Worker
+from tests.factories import ExecutionFactory, TaskFactory
+from tests.processes import running
+from tms_project.wsgi import application
+
+pytestmark = pytest.mark.django_db
+
+CHECKS = [
+    schemathesis.checks.not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+]
+#: Examples per operation and phase: the whole run stays near a minute.
+MAX_EXAMPLES = 100
+
+
+def test_schema_is_valid_and_generates_without_warnings(tmp_path):
+    # --validate checks the result against the OpenAPI 3 spec; --fail-on-warn fails on any
+    # field, serializer or path drf-spectacular could not describe.
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+    text = (tmp_path / "schema.yaml").read_text()
+    for path in ["/api/v1/tasks", "/api/v1/executions/{id}/retry", "/api/v1/workers", "/tasks/{id}"]:
+        assert f"  {path}:\n" in text, path
+
+
+def test_schema_documents_every_route_and_every_error_with_the_error_shape():
+    schema = APIClient().get("/api/schema/?format=json").json()
+    operations = {
+        (method.upper(), path): operation
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        if method in {"get", "post", "patch", "delete", "put"}
+    }
+    assert set(operations) == {
+        ("GET", "/api/v1/tasks"),
+        ("POST", "/api/v1/tasks"),
+        ("GET", "/api/v1/tasks/{id}"),
+        ("PATCH", "/api/v1/tasks/{id}"),
+        ("DELETE", "/api/v1/tasks/{id}"),
+        ("POST", "/api/v1/tasks/{id}/pause"),
+        ("POST", "/api/v1/tasks/{id}/resume"),
+        ("POST", "/api/v1/tasks/{id}/trigger"),
+        ("POST", "/api/v1/tasks/{id}/materialise"),
+        ("GET", "/api/v1/tasks/{task_id}/executions"),
+        ("GET", "/api/v1/executions"),
+        ("GET", "/api/v1/executions/{id}"),
+        ("POST", "/api/v1/executions/{id}/cancel"),
+        ("POST", "/api/v1/executions/{id}/retry"),
+        ("GET", "/api/v1/workers"),
+        ("GET", "/api/v1/workers/{id}"),
+        ("GET", "/tasks"),
+        ("POST", "/tasks"),
+        ("GET", "/tasks/{id}"),
+    }
+    error_ref = {"$ref": "#/components/schemas/Error"}
+    for (method, path), operation in operations.items():
+        codes = set(operation["responses"])
+        assert {"401", "403", "429"} <= codes, (method, path)
+        if "{" in path:
+            assert "404" in codes, (method, path)
+        if "requestBody" in operation:
+            assert {"400", "415"} <= codes, (method, path)
+        for code, response in operation["responses"].items():
+            if code >= "400":
+                assert response["content"]["application/json"]["schema"] == error_ref, (method, path, code)
+            assert response.get("description") or code < "300", (method, path, code)
+    assert {"409"} <= set(operations[("POST", "/api/v1/executions/{id}/cancel")]["responses"])
+    assert {"409"} <= set(operations[("POST", "/api/v1/executions/{id}/retry")]["responses"])
+    assert {"422"} <= set(operations[("POST", "/api/v1/tasks")]["responses"])
+    assert schema["components"]["securitySchemes"]["tokenAuth"]["in"] == "header"
+
+
+@pytest.mark.parametrize("url", ["/api/docs/", "/api/redoc/"])
+def test_docs_pages_load_everything_from_this_server_not_a_cdn(url):
+    response = APIClient().get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "cdn" not in html.lower() and "unpkg" not in html.lower()
+    references = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html)
+    scripts = [ref for ref in references if ref.endswith((".js", ".css", ".png"))]
+    assert scripts, html
+    for ref in references:
+        assert not re.match(r"^(https?:)?//", ref), f"{url} loads {ref} from elsewhere"
+    for ref in scripts:
+        assert ref.startswith("/static/"), ref
+        assert finders.find(ref.removeprefix("/static/")), f"{ref} is not a static file of this project"
+    assert "/api/schema/" in html
+
+
+@pytest.mark.slow
+def test_docs_and_their_scripts_are_served_by_gunicorn_with_debug_off():
+    """No CDN and no separate static server: the web process serves Swagger UI and ReDoc itself."""
+    import urllib.request
+
+    from tests.web import start_web
+
+    web, base = start_web(workers=1)
+    with running(web):
+        for page in ("/api/docs/", "/api/redoc/"):
+            with urllib.request.urlopen(base + page, timeout=10) as response:
+                html = response.read().decode()
+            refs = re.findall(r"""(?:src|href)\s*=\s*["'](/static/[^"']+)["']""", html)
+            assert refs, html
+            for ref in refs:
+                with urllib.request.urlopen(base + ref, timeout=10) as asset:
+                    assert asset.status == 200 and len(asset.read()) > 100, ref
+        with urllib.request.urlopen(base + "/api/schema/?format=json", timeout=10) as response:
+            assert b'"/api/v1/tasks"' in response.read()
+
+
+# --- schemathesis ----------------------------------------------------------------------------
+
+
+#: The schemathesis user's token (its row is created by the ``schemathesis_data`` fixture).
+TOKEN = "5c8e0c3a9f1b4e2d8a7b6c5d4e3f2a1b0c9d8e7f"
+STAFF_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
+#: Ids that exist while an operation is tested, filled by ``schemathesis_data``.
+KNOWN: dict[str, list] = {"tasks": [], "executions": []}
+
+# Loaded at collection time from the WSGI app (schema generation needs no database). The lazy
+# ``schemathesis.pytest.from_fixture`` loader does not work with pytest 9 in this schemathesis.
+schema = schemathesis.openapi.from_wsgi(
+    "/api/schema/?format=json",
+    application,
+    config=SchemathesisConfig.from_dict(
+        {
+            "seed": 20261121,
+            "generation": {"max-examples": MAX_EXAMPLES, "mode": "all"},
+            "phases": {"stateful": {"enabled": False}},
+            "headers": {"Authorization": f"Token {TOKEN}"},
+        }
+    ),
+)
+
+
+@schema.hook("flatmap_path_parameters")
+def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
+    """Half of the cases use ids that exist (the user's own and another user's), half generated ones."""
+    path = context.operation.path if context.operation else ""
+    if not path_parameters:
+        return st.just(path_parameters)
+    if "task_id" in path_parameters:
+        name, kind = "task_id", "tasks"
+    elif "id" in path_parameters and path.startswith(("/api/v1/tasks", "/tasks")):
+        name, kind = "id", "tasks"
+    elif "id" in path_parameters and path.startswith("/api/v1/executions"):
+        name, kind = "id", "executions"
+    else:
+        return st.just(path_parameters)
+    known = st.sampled_from(KNOWN[kind] or [path_parameters[name]]).map(lambda i: {**path_parameters, name: i})
+    return st.one_of(st.just(path_parameters), known)
+
+
+@pytest.fixture
+def schemathesis_data(db, user, other_user, staff_user):
+    """Tasks and executions in every state, the user's and another user's, for the ids to hit.
+
+    Requests go through the real WSGI handler inside this test's transaction, so Django's
+    per-request connection clean-up is switched off meanwhile, as its test client does.
+    """
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    now = timezone.now()
+    tasks = [
+        TaskFactory(owner=user, interval=timedelta(minutes=5), start_at=now + timedelta(minutes=1)),
+        TaskFactory(owner=user, runner="sleep", config={"duration": "1s"}),
+        TaskFactory(owner=other_user),
+    ]
+    executions = [
+        ExecutionFactory(task=tasks[0], status=status, scheduled_for=now + timedelta(minutes=i))
+        for i, status in enumerate([S.SCHEDULED, S.PENDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED])
+    ]
+    executions.append(ExecutionFactory(task=tasks[2], status=S.FAILED))
+    Token.objects.create(user=user, key=TOKEN)
+    Token.objects.create(user=staff_user, key=STAFF_TOKEN)
+    Worker.objects.create(id="host-a:10", hostname="host-a", pid=10)
+    KNOWN["tasks"] = [str(task.pk) for task in tasks]
+    KNOWN["executions"] = [execution.pk for execution in executions]
+    yield
+    KNOWN["tasks"], KNOWN["executions"] = [], []
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_every_operation_keeps_to_the_schema_and_never_answers_a_server_error(case, schemathesis_data):
+    # Workers are staff only: test them as staff (their 403 for others is tested elsewhere).
+    headers = {"Authorization": f"Token {STAFF_TOKEN}"} if case.operation.path.startswith("/api/v1/workers") else None
+    case.call_and_validate(headers=headers, checks=CHECKS)

@@ -1,0 +1,35 @@
+"""Domain errors raised by services; :mod:`tms_project.api_errors` maps each to one HTTP answer.
+
+Services stay free of HTTP: they say *what* went wrong (the request conflicts with the current
+state, an idempotency key was reused with another request, ...), the API layer says how to answer.
+"""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base class: ``code`` is the machine-readable ``type`` of the API error."""
+
+    code = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConflictError(DomainError):
+    """The request is valid but conflicts with the current state (e.g. cancelling a finished run)."""
+
+    code = "conflict"
+
+
+class GoneError(DomainError):
+    """The object the request is about no longer exists for the caller (e.g. deleted meanwhile)."""
+
+    code = "not_found"
+
+
+class IdempotencyKeyReused(DomainError):
+    """An ``Idempotency-Key`` was sent again with a different request."""
+
+    code = "idempotency_key_reused"
