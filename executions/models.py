@@ -67,6 +67,9 @@ class Execution(models.Model):
     #: superseded row leaves the (task, scheduled_for) uniqueness, so the occurrence can be
     #: materialised again by the new schedule or on resume.
     superseded = models.BooleanField(default=False, db_default=False)
+    #: Its task's overlap policy was not "allow" when it was created: a worker claims it through
+    #: :func:`executions.transitions.execution_claim_exclusive`, which applies the policy.
+    exclusive = models.BooleanField(default=False, db_default=False)
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -123,6 +126,39 @@ class ExecutionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_status or '-'} -> {self.to_status}"
+
+
+class SkipReason(models.TextChoices):
+    MISSED = "missed"  #: its time passed while nothing ran it (downtime, backlog); misfire policy skip
+    COALESCED = "coalesced"  #: folded into one catch-up run (misfire policy run_once) or beyond run_all's bound
+    PAUSED = "paused"  #: its time passed while the task was paused
+    OVERLAP = "overlap"  #: the previous run was still running (overlap policy skip or queue_one)
+
+
+class SkippedOccurrence(models.Model):
+    """A fire time of a task that did not run, and why: the answer to "why did it not run at T?".
+
+    Written in the same transaction as the materialiser's cursor move (misfires, pauses) or the
+    claim that applied the overlap policy. Unique per (task, scheduled_for), so recording twice
+    is harmless.
+    """
+
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="skipped_occurrences")
+    scheduled_for = models.DateTimeField()
+    reason = models.CharField(max_length=16, choices=SkipReason.choices)
+    detail = models.TextField(blank=True)
+    #: The execution the overlap policy cancelled, if any.
+    execution = models.ForeignKey(Execution, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-scheduled_for"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "scheduled_for"], name="skipped_occurrence_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} at {self.scheduled_for:%Y-%m-%d %H:%M:%S}: {self.reason}"
 
 
 class WorkerStatus(models.TextChoices):

@@ -68,7 +68,7 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()[:500]
 
 
-def _stop_external_run(execution: Execution, task: Task, outcome: transitions.CancelOutcome) -> CancelReport:
+def stop_external_run(execution: Execution, task: Task, outcome: transitions.CancelOutcome) -> CancelReport:
     """After a won cancel: stop the external run of a formerly RUNNING execution, if it has one."""
 
     def report(external: ExternalRun, detail: str = "") -> CancelReport:
@@ -115,7 +115,7 @@ def execution_cancel(*, execution: Execution, actor: str, reason: str = "cancell
             raise GoneError(f"Execution {execution.pk} no longer exists.")
         raise ConflictError(f"Execution {execution.pk} is {outcome.from_status} and can no longer be cancelled.")
     task = Task.objects.get(pk=execution.task_id)
-    return _stop_external_run(execution, task, outcome)
+    return stop_external_run(execution, task, outcome)
 
 
 def executions_cancel_active(
@@ -137,7 +137,7 @@ def stop_external_runs(
     reports = []
     for execution, outcome in cancelled:
         if outcome.won:
-            reports.append(_stop_external_run(execution, task, outcome))
+            reports.append(stop_external_run(execution, task, outcome))
         else:  # it finished (or was cancelled) meanwhile
             status = outcome.from_status or ""
             reports.append(CancelReport(execution.pk, task.pk, status, status, ExternalRun.NONE, "Already finished."))

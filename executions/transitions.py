@@ -19,9 +19,9 @@ from django.db.models import CharField, DateTimeField, ExpressionWrapper, F, Q, 
 from django.db.models.functions import Cast, Concat, Now
 
 from executions.clock import db_now
-from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
+from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import OverlapPolicy, Task, TaskStatus
 
 #: For each target status, the statuses an execution may come from.
 ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {
@@ -103,6 +103,8 @@ class NewExecution:
     priority: int
     #: When the monitor should publish it; ``scheduled_for`` unless the task has jitter.
     due_at: datetime | None = None
+    #: The task's overlap policy is not "allow": claims go through :func:`execution_claim_exclusive`.
+    exclusive: bool = False
 
 
 def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str = "") -> list[int]:
@@ -124,24 +126,25 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     return ids
 
 
-#: Rows per INSERT statement (5 parameters each, far below PostgreSQL's 65535).
+#: Rows per INSERT statement (6 parameters each, far below PostgreSQL's 65535).
 _INSERT_CHUNK = 2000
 
 
 def _insert_executions(rows: Sequence[NewExecution]) -> list[int]:
     table = Execution._meta.db_table
-    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '')"] * len(rows))
+    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '', %s)"] * len(rows))
     task_field = Execution._meta.get_field("task")
     time_field = Execution._meta.get_field("scheduled_for")
     params: list[object] = []
     for row in rows:
         when = time_field.get_db_prep_value(row.scheduled_for, connection)
         due = time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection)
-        params += [task_field.get_db_prep_value(row.task_id, connection), when, S.SCHEDULED, due, row.priority]
+        task_pk = task_field.get_db_prep_value(row.task_id, connection)
+        params += [task_pk, when, S.SCHEDULED, due, row.priority, row.exclusive]
     # Table name and placeholders are ours; every value goes through params.
     columns = (
         "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
-        " external_run_id, run_handle, message_id, output, error"
+        " external_run_id, run_handle, message_id, output, error, exclusive"
     )
     # No conflict target: the occurrence uniqueness is a partial index (superseded rows leave it).
     conflict = "ON CONFLICT DO NOTHING RETURNING id"
@@ -238,9 +241,11 @@ CALLBACK_ACTOR = "callback"
 
 
 def _claim(
-    execution_id: int, attempt: int, worker_id: str, lease_seconds: float
+    execution_id: int, attempt: int, worker_id: str, lease_seconds: float, *, exclusive: bool = False
 ) -> tuple[QuerySet, dict, ExecutionEvent]:
-    queryset = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt)
+    # An exclusive execution (overlap policy other than "allow") is claimed only through
+    # execution_claim_exclusive, which looks at its siblings first.
+    queryset = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=exclusive)
     values = {
         "status": S.RUNNING,
         "lease_owner": worker_id,
@@ -251,22 +256,24 @@ def _claim(
 
 
 def execution_claim(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
-    """PENDING → RUNNING for ``attempt``, leased to ``worker_id``. False if another claim won."""
+    """PENDING → RUNNING for ``attempt``, leased to ``worker_id``. False if another claim won, or
+    if the execution is exclusive (see :func:`execution_claim_exclusive`)."""
     return _transition(*_claim(execution_id, attempt, worker_id, lease_seconds))
 
 
 def execution_claim_loaded(
-    *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float
+    *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float, exclusive: bool = False
 ) -> Execution | None:
     """:func:`execution_claim`, returning the claimed execution with its task loaded (None if
-    the claim lost). On PostgreSQL the claim, its event and the load are one statement."""
+    the claim lost). On PostgreSQL the claim, its event and the load are one statement.
+
+    ``exclusive=True`` claims an exclusive execution: only :func:`execution_claim_exclusive`
+    passes it, holding the task's lock after applying the overlap policy."""
+    queryset, values, event = _claim(execution_id, attempt, worker_id, lease_seconds, exclusive=exclusive)
     if connection.vendor != "postgresql":
-        if not execution_claim(
-            execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=lease_seconds
-        ):
+        if not _transition(queryset, values, event):
             return None
         return Execution.objects.select_related("task").filter(pk=execution_id).first()
-    queryset, values, event = _claim(execution_id, attempt, worker_id, lease_seconds)
     update, params = _update_sql(queryset, values)
     from tasks_app.models import Task
 
@@ -298,6 +305,126 @@ def _from_row(model: type, fields: Sequence, values: Sequence) -> object:  # typ
             value = converter(value, column, connection)
         converted.append(value)
     return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+#: How long a queue_one execution waits before asking again whether the previous run ended.
+QUEUE_RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ExclusiveClaim:
+    """What :func:`execution_claim_exclusive` did."""
+
+    #: ``claimed``, ``skipped`` (cancelled: the previous run still runs), ``queued`` (back to
+    #: SCHEDULED, due again shortly) or ``lost`` (not an exclusive PENDING row of this attempt).
+    outcome: str
+    #: The claimed execution with its task loaded (``claimed`` only).
+    execution: Execution | None = None
+    #: Running siblings cancelled by the overlap policy cancel_previous: their external runs must
+    #: be stopped through their runner after the transaction committed.
+    cancelled: tuple[tuple[int, CancelOutcome], ...] = ()
+    detail: str = ""
+
+
+def execution_claim_exclusive(
+    *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float
+) -> ExclusiveClaim:
+    """Claim an exclusive PENDING execution under its task's overlap policy.
+
+    The task row is locked (``SELECT … FOR UPDATE``), so the exclusive claims of one task are
+    serialised and each sees the previous one's outcome. With no RUNNING sibling (or policy
+    "allow") it is claimed as usual. Otherwise, per the task's overlap policy:
+
+    * ``skip``: PENDING → CANCELLED, recorded as a skipped occurrence (reason ``overlap``);
+    * ``queue_one``: if an older sibling is already waiting, cancelled like ``skip``; else
+      PENDING → SCHEDULED, due again in :data:`QUEUE_RETRY_SECONDS` ("queued behind N");
+    * ``cancel_previous``: the RUNNING siblings go RUNNING → CANCELLED ("cancelled by the next
+      run"), then this one is claimed. The caller stops their external runs after the commit.
+
+    Every status write is a conditional UPDATE with its event in the same transaction.
+    """
+    with transaction.atomic():
+        row = (
+            Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=True)
+            .values("task_id", "scheduled_for")
+            .first()
+        )
+        if row is None:
+            return ExclusiveClaim("lost")
+        task = Task.objects.select_for_update().filter(pk=row["task_id"]).values("overlap_policy").first()
+        if task is None:  # pragma: no cover - executions go with their task
+            return ExclusiveClaim("lost")
+        policy = task["overlap_policy"]
+        siblings = Execution.objects.filter(task_id=row["task_id"]).exclude(pk=execution_id)
+        running = list(siblings.filter(status=S.RUNNING).order_by("id").values_list("id", flat=True))
+        cancelled: list[tuple[int, CancelOutcome]] = []
+        if running and policy != OverlapPolicy.ALLOW:
+            names = ", ".join(str(i) for i in running)
+            if policy == OverlapPolicy.CANCEL_PREVIOUS:
+                for previous in running:
+                    outcome = execution_cancel(
+                        execution_id=previous, actor=worker_id, reason=f"cancelled by the next run ({execution_id})"
+                    )
+                    if outcome.won:
+                        cancelled.append((previous, outcome))
+            else:
+                waiting = (
+                    siblings.filter(status__in=(S.SCHEDULED, S.PENDING), exclusive=True)
+                    .filter(
+                        Q(scheduled_for__lt=row["scheduled_for"])
+                        | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id)
+                    )
+                    .order_by("scheduled_for")
+                    .values_list("id", flat=True)
+                    .first()
+                )
+                if policy == OverlapPolicy.QUEUE_ONE and waiting is None:
+                    detail = f"overlap: queued behind running execution {names}"
+                    queued = _transition(
+                        Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt),
+                        {
+                            "status": S.SCHEDULED,
+                            "due_at": _db_now_plus(QUEUE_RETRY_SECONDS),
+                            "message_id": "",
+                            "enqueued_at": None,
+                        },
+                        _event(execution_id, S.PENDING, S.SCHEDULED, attempt, worker_id, detail),
+                    )
+                    return ExclusiveClaim("queued" if queued else "lost", detail=detail)
+                if policy == OverlapPolicy.QUEUE_ONE:
+                    detail = f"overlap: execution {waiting} is already waiting behind running execution {names}"
+                else:
+                    detail = f"overlap: previous run {names} still running"
+                return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
+        claimed = execution_claim_loaded(
+            execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=lease_seconds, exclusive=True
+        )
+    if claimed is None:  # pragma: no cover - the row was PENDING under the task lock
+        return ExclusiveClaim("lost")
+    return ExclusiveClaim("claimed", claimed, tuple(cancelled))
+
+
+def _skip_for_overlap(execution_id: int, attempt: int, row: Mapping, worker_id: str, detail: str) -> ExclusiveClaim:
+    won = _transition(
+        Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt),
+        {"status": S.CANCELLED, "finished_at": Now(), "error": detail, "lease_owner": "", "lease_expires_at": None},
+        _event(execution_id, S.PENDING, S.CANCELLED, attempt, worker_id, detail),
+    )
+    if not won:  # pragma: no cover - the row was PENDING under the task lock
+        return ExclusiveClaim("lost")
+    SkippedOccurrence.objects.bulk_create(
+        [
+            SkippedOccurrence(
+                task_id=row["task_id"],
+                scheduled_for=row["scheduled_for"],
+                reason=SkipReason.OVERLAP,
+                detail=detail,
+                execution_id=execution_id,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    return ExclusiveClaim("skipped", detail=detail)
 
 
 def execution_record_run(
@@ -585,7 +712,7 @@ def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: st
     table = Execution._meta.db_table
     columns = (
         "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner, external_run_id,"
-        " run_handle, poll_count, message_id, output, error, origin, retry_of_id, superseded"
+        " run_handle, poll_count, message_id, output, error, origin, retry_of_id, superseded, exclusive"
     )
     sql = f"INSERT INTO {table} ({columns}) {select_sql} ON CONFLICT DO NOTHING RETURNING id, attempt"
     with transaction.atomic(), connection.cursor() as cursor:
@@ -612,10 +739,10 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int |
     now = _now_param()
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
-        f"SELECT t.id, %s, %s, 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, NULL, %s"  # noqa: S608
-        f" FROM {task_table} t WHERE t.id = %s AND t.status <> %s"
+        f"SELECT t.id, %s, %s, 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, NULL, %s,"  # noqa: S608
+        f" t.overlap_policy <> %s FROM {task_table} t WHERE t.id = %s AND t.status <> %s"
     )
-    params = [now, S.SCHEDULED, now, "trigger", False, task_pk, TaskStatus.DELETED]
+    params = [now, S.SCHEDULED, now, "trigger", False, OverlapPolicy.ALLOW, task_pk, TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
 
 
@@ -634,9 +761,10 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     table, task_table = Execution._meta.db_table, Task._meta.db_table
     now = _now_param()
     select_sql = (
-        f"SELECT e.task_id, %s, %s, e.attempt + 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, e.id, %s"  # noqa: S608
-        f" FROM {table} e JOIN {task_table} t ON t.id = e.task_id"
+        f"SELECT e.task_id, %s, %s, e.attempt + 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, e.id, %s,"  # noqa: S608
+        f" t.overlap_policy <> %s FROM {table} e JOIN {task_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
     )
-    params = [now, S.SCHEDULED, now, "retry", False, execution_id, *sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
+    params = [now, S.SCHEDULED, now, "retry", False, OverlapPolicy.ALLOW, execution_id]
+    params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")

@@ -153,17 +153,45 @@ def _load(execution_id: int) -> tuple[Execution, Task] | None:
 def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     """Handle a ``run_execution`` message: claim, start the runner, record what it returns.
 
-    Returns a short word for logs and tests: ``lost`` (the claim lost), ``finished`` or ``polling``.
+    An exclusive execution (its task's overlap policy is not "allow") is claimed through
+    :func:`transitions.execution_claim_exclusive`, which may skip or queue it instead, or cancel
+    the previous run (whose external run is then stopped through its runner).
+
+    Returns a short word for logs and tests: ``lost`` (the claim lost), ``skipped``, ``queued``,
+    ``finished`` or ``polling``.
     """
     execution = transitions.execution_claim_loaded(
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
     )
     if execution is None:
-        logger.info("execution %s attempt %s: claim lost (already taken, cancelled or gone)", execution_id, attempt)
-        return "lost"
+        # Not claimable on the fast path: taken, cancelled, gone, or exclusive (overlap policy).
+        exclusive = transitions.execution_claim_exclusive(
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            lease_seconds=tms_settings().WORKER_TIMEOUT,
+        )
+        if exclusive.cancelled:
+            _stop_cancelled_runs(exclusive.cancelled)
+        if exclusive.execution is None:
+            logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, exclusive.detail)
+            return exclusive.outcome
+        execution = exclusive.execution
     task = execution.task
     with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
         return _start(execution, task, worker_id)
+
+
+def _stop_cancelled_runs(cancelled: tuple[tuple[int, transitions.CancelOutcome], ...]) -> None:
+    """Stop, through their runner, the external runs of executions the overlap policy
+    cancel_previous cancelled (called after that transaction committed)."""
+    from executions.services import stop_external_run
+
+    for execution_id, outcome in cancelled:
+        loaded = _load(execution_id)
+        if loaded is not None:
+            report = stop_external_run(loaded[0], loaded[1], outcome)
+            logger.info("execution %s cancelled by the next run: %s", execution_id, report.external_run)
 
 
 def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:

@@ -101,6 +101,9 @@ class Task(models.Model):
     # Materialisation cursor: the next occurrence not yet turned into an execution (null: none left).
     next_run_at = models.DateTimeField(null=True, blank=True)
     runs_materialised = models.PositiveIntegerField(default=0)
+    #: When the current (or last unresumed) pause began; occurrences missed after it are recorded
+    #: as "paused". Set by pause, cleared when the task is materialised again after resume.
+    paused_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -17,13 +17,13 @@ from executions import transitions
 from executions.clock import db_now
 from executions.conf import tms_settings
 from executions.materialiser import ACTOR as MATERIALISER
-from executions.materialiser import materialise_task, plan_task, task_schedule
+from executions.materialiser import materialise_task, plan_task, skipped_record, task_schedule
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus
 from executions.notify import notify_due
 from executions.services import CancelReport, executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError
 from tms_project.errors import ConflictError, GoneError
 
@@ -115,15 +115,17 @@ def task_bulk_create(*, owner: AbstractBaseUser, specs: Sequence[Mapping[str, An
             errors[str(index)] = exc.detail
     if errors:
         raise ValidationError(errors if len(specs) > 1 else next(iter(errors.values())))
-    rows = []
+    rows, skipped = [], []
     for task in tasks:
         plan = plan_task(task, now=now, until=until)
         rows += plan.rows
+        skipped += plan.skipped
         task.next_run_at, task.runs_materialised = plan.next_run_at, plan.runs
         if plan.next_run_at is None:
             task.status = TaskStatus.COMPLETED
     with transaction.atomic():
         Task.objects.bulk_create(tasks, batch_size=1000)
+        skipped_record(skipped)
         if rows:
             executions_create(rows=rows, actor=MATERIALISER)
             notify_due()
@@ -247,6 +249,11 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             if not schedule.recurring and "start_at" in changed:
                 since = task.start_at
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+        if "overlap_policy" in changed:
+            # Claims read the policy from the task; the flag only routes them to the check.
+            Execution.objects.filter(
+                task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)
+            ).update(exclusive=task.overlap_policy != OverlapPolicy.ALLOW)
         task.save()
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
@@ -274,6 +281,8 @@ def task_pause(*, task: Task, actor: str) -> Task:
             cursor = min([*superseded, *([task.next_run_at] if task.next_run_at else [])])
             _set_cursor(task, cursor, task_schedule(task))
         task.status = TaskStatus.PAUSED
+        # Occurrences missed from now until the resume are recorded as "paused".
+        task.paused_at = db_now()
         task.save()
     task.refresh_from_db()
     return task
