@@ -64,3 +64,59 @@ def test_catch_up_since_for_a_one_shot_keeps_its_cursor():
     schedule = Schedule(start_at=start)
     assert catch_up_since(schedule, start, missed_before=datetime(2024, 1, 1, tzinfo=UTC), keep=1) == start
     assert MisfirePolicy.RUN_ONCE == "run_once"
+
+
+@pytest.mark.parametrize(("policy", "runs", "reason"), [("skip", 0, "missed"), ("run_once", 1, "coalesced")])
+def test_dropped_misses_are_recorded_with_their_reason(policy, runs, reason):
+    from executions.models import SkippedOccurrence
+
+    now = timezone.now()
+    start = now - timedelta(minutes=10, seconds=30)
+    task = TaskFactory(start_at=start, next_run_at=start, interval=timedelta(minutes=1), misfire_policy=policy)
+    materialise_task(task_id=task.pk, until=now)
+    created = Execution.objects.filter(task=task)
+    # Occurrences 10..2 minutes ago are misses; the one of the last minute (the grace) runs.
+    missed = [start + timedelta(minutes=k) for k in range(10)]
+    assert created.filter(scheduled_for__lt=now - timedelta(seconds=60)).count() == runs
+    skipped = SkippedOccurrence.objects.filter(task=task).order_by("scheduled_for")
+    assert [s.scheduled_for for s in skipped] == missed[: len(missed) - runs]
+    assert {s.reason for s in skipped} == {reason}
+    materialise_task(task_id=task.pk, until=now)  # again: nothing new
+    assert SkippedOccurrence.objects.filter(task=task).count() == len(missed) - runs
+
+
+def test_a_long_outage_records_the_latest_misses_and_one_summary_row():
+    from executions.materialiser import RECORD_LIMIT
+    from executions.models import SkippedOccurrence
+
+    start = datetime(2020, 1, 1, tzinfo=UTC)
+    task = TaskFactory(start_at=start, next_run_at=start, interval=timedelta(seconds=1), misfire_policy="skip")
+    materialise_task(task_id=task.pk, until=timezone.now())
+    rows = SkippedOccurrence.objects.filter(task=task)
+    assert rows.count() == RECORD_LIMIT + 1
+    summary = rows.get(scheduled_for=start)
+    assert "summary:" in summary.detail
+    count = int(summary.detail.split("summary: ")[1].split(" ")[0])
+    # Every second since 2020 is accounted for: listed ones, the summary's count, the grace minute.
+    listed_and_summarised = count + RECORD_LIMIT
+    total = (timezone.now() - start).total_seconds()
+    assert total - 120 < listed_and_summarised < total
+
+
+def test_misses_after_a_pause_are_recorded_as_paused():
+    from executions.models import SkippedOccurrence
+
+    now = timezone.now()
+    start = now - timedelta(minutes=5, seconds=30)
+    task = TaskFactory(
+        start_at=start,
+        next_run_at=start,
+        interval=timedelta(minutes=1),
+        misfire_policy="skip",
+        paused_at=start + timedelta(minutes=2, seconds=1),
+    )
+    materialise_task(task_id=task.pk, until=now)
+    reasons = dict(SkippedOccurrence.objects.filter(task=task).values_list("scheduled_for", "reason"))
+    assert [reasons[start + timedelta(minutes=k)] for k in range(5)] == ["missed"] * 3 + ["paused"] * 2
+    task.refresh_from_db()
+    assert task.paused_at is None

@@ -305,3 +305,122 @@ def test_retry_of_a_deleted_tasks_execution_loses():
     execution = _execution(S.FAILED)
     execution.task.__class__.objects.filter(pk=execution.task_id).update(status="DELETED")
     assert transitions.execution_retry(execution_id=execution.pk, actor="user:alice") is None
+
+
+# --- overlap policies at claim time ------------------------------------------------------------
+
+
+def _exclusive_pair(policy: str, *, previous_status: str = S.RUNNING):
+    """A task with ``policy``: an older execution in ``previous_status`` and a newer PENDING one."""
+    task = TaskFactory(overlap_policy=policy)
+    now = timezone.now()
+    rows = [
+        transitions.NewExecution(task.pk, now - timedelta(seconds=2), task.priority, exclusive=policy != "allow"),
+        transitions.NewExecution(task.pk, now - timedelta(seconds=1), task.priority, exclusive=policy != "allow"),
+    ]
+    previous_id, next_id = transitions.executions_create(rows=rows, actor="test")
+    Execution.objects.filter(pk=previous_id).update(status=previous_status, lease_owner="w0", started_at=now)
+    Execution.objects.filter(pk=next_id).update(status=S.PENDING)
+    return task, Execution.objects.get(pk=previous_id), Execution.objects.get(pk=next_id)
+
+
+def _claim_exclusive(execution: Execution, worker: str = "w1") -> transitions.ExclusiveClaim:
+    return transitions.execution_claim_exclusive(
+        execution_id=execution.pk, attempt=execution.attempt, worker_id=worker, lease_seconds=60
+    )
+
+
+def test_fast_claim_loses_on_an_exclusive_execution():
+    _, _, pending = _exclusive_pair("skip")
+    before = _snapshot(pending)
+    assert (
+        transitions.execution_claim_loaded(execution_id=pending.pk, attempt=1, worker_id="w1", lease_seconds=60) is None
+    )
+    assert _snapshot(pending) == before
+
+
+def test_exclusive_claim_without_a_running_sibling_claims():
+    _, _, pending = _exclusive_pair("skip", previous_status=S.SUCCEEDED)
+    claim = _claim_exclusive(pending)
+    assert claim.outcome == "claimed"
+    assert claim.execution is not None and claim.execution.task.pk == pending.task_id
+    pending.refresh_from_db()
+    assert (pending.status, pending.lease_owner) == (S.RUNNING, "w1")
+    assert pending.events.filter(from_status=S.PENDING, to_status=S.RUNNING).count() == 1
+
+
+def test_overlap_skip_cancels_the_new_run_and_records_it():
+    from executions.models import SkippedOccurrence
+
+    task, previous, pending = _exclusive_pair("skip")
+    claim = _claim_exclusive(pending)
+    assert claim.outcome == "skipped"
+    pending.refresh_from_db()
+    previous.refresh_from_db()
+    assert pending.status == S.CANCELLED
+    assert previous.status == S.RUNNING
+    event = pending.events.get(to_status=S.CANCELLED)
+    assert event.detail == f"overlap: previous run {previous.pk} still running"
+    skipped = SkippedOccurrence.objects.get(task=task)
+    assert (skipped.scheduled_for, skipped.reason, skipped.execution_id) == (
+        pending.scheduled_for,
+        "overlap",
+        pending.pk,
+    )
+
+
+def test_overlap_queue_one_puts_the_first_waiter_back_and_cancels_a_second():
+    task, _, pending = _exclusive_pair("queue_one")
+    claim = _claim_exclusive(pending)
+    assert claim.outcome == "queued"
+    pending.refresh_from_db()
+    assert pending.status == S.SCHEDULED
+    assert pending.due_at > timezone.now()
+    assert pending.events.get(from_status=S.PENDING, to_status=S.SCHEDULED).detail.startswith("overlap: queued behind")
+    (third_id,) = transitions.executions_create(
+        rows=[transitions.NewExecution(task.pk, timezone.now(), task.priority, exclusive=True)], actor="test"
+    )
+    Execution.objects.filter(pk=third_id).update(status=S.PENDING)
+    third = Execution.objects.get(pk=third_id)
+    assert _claim_exclusive(third).outcome == "skipped"
+    third.refresh_from_db()
+    assert third.status == S.CANCELLED
+    assert f"execution {pending.pk} is already waiting" in third.error
+
+
+def test_overlap_cancel_previous_cancels_the_running_one_and_claims():
+    _, previous, pending = _exclusive_pair("cancel_previous")
+    Execution.objects.filter(pk=previous.pk).update(external_run_id="run-1", run_handle={"k": "v"})
+    claim = _claim_exclusive(pending)
+    assert claim.outcome == "claimed"
+    ((cancelled_id, outcome),) = claim.cancelled
+    assert cancelled_id == previous.pk
+    assert (outcome.won, outcome.from_status, outcome.external_run_id) == (True, S.RUNNING, "run-1")
+    previous.refresh_from_db()
+    pending.refresh_from_db()
+    assert previous.status == S.CANCELLED
+    assert previous.events.get(to_status=S.CANCELLED).detail == f"cancelled by the next run ({pending.pk})"
+    assert pending.status == S.RUNNING
+    # The cancelled run's worker loses its next write.
+    assert not transitions.execution_succeed(
+        execution_id=previous.pk, attempt=1, worker_id="w0", output="", max_chars=MAX
+    )
+
+
+def test_exclusive_claim_loses_on_a_non_pending_or_non_exclusive_row():
+    _, _, pending = _exclusive_pair("allow")
+    assert _claim_exclusive(pending).outcome == "lost"  # not exclusive: the fast claim is the way
+    _, _, other = _exclusive_pair("skip")
+    Execution.objects.filter(pk=other.pk).update(status=S.CANCELLED)
+    assert _claim_exclusive(other).outcome == "lost"
+
+
+def test_triggered_and_retried_runs_of_an_exclusive_task_are_exclusive():
+    task = TaskFactory(overlap_policy="skip")
+    triggered = Execution.objects.get(pk=transitions.execution_trigger(task_id=task.pk, actor="test"))
+    assert triggered.exclusive
+    Execution.objects.filter(pk=triggered.pk).update(status=S.FAILED)
+    retried = Execution.objects.get(pk=transitions.execution_retry(execution_id=triggered.pk, actor="test"))
+    assert retried.exclusive
+    plain = TaskFactory()
+    assert not Execution.objects.get(pk=transitions.execution_trigger(task_id=plain.pk, actor="test")).exclusive
