@@ -18,10 +18,9 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -41,7 +40,7 @@ class MonitorStats:
     republished: int = 0
     polls: int = 0
     errors: int = 0
-    #: Durations of the latest takes (the due query with its update), for ``tms_bench``.
+    #: Durations of the latest due queries (the SKIP LOCKED select), for ``tms_bench``.
     due_query_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
     def summary(self) -> dict[str, float | int]:
@@ -56,9 +55,9 @@ class MonitorStats:
             "republished": self.republished,
             "polls": self.polls,
             "errors": self.errors,
-            "take_p50_ms": quantile(0.50),
-            "take_p99_ms": quantile(0.99),
-            "take_max_ms": quantile(1.0),
+            "due_query_p50_ms": quantile(0.50),
+            "due_query_p99_ms": quantile(0.99),
+            "due_query_max_ms": quantile(1.0),
         }
 
 
@@ -79,71 +78,80 @@ class Monitor:
 
     # -- one pass ---------------------------------------------------------------------------
 
-    def _publish_batch(self, take: Callable[[], list[transitions.Dispatch]], task) -> int:  # type: ignore[no-untyped-def]
-        """Take a batch (committed), then publish it with confirms; undo what was not published."""
-        with task.app.producer_or_acquire() as producer:
-            # Do not take work while the broker is unreachable: it would only have to be undone.
-            producer.connection.ensure_connection(max_retries=1)
-            started = time.perf_counter()
-            taken = take()
-            self.stats.due_query_seconds.append(time.perf_counter() - started)
-            sent = 0
-            try:
-                for item in taken:
-                    task.apply_async(
-                        args=(item.execution_id, item.attempt),
-                        task_id=item.message_id,
-                        priority=item.priority,
-                        producer=producer,
-                        retry=False,
-                    )
-                    sent += 1
-            except _BROKER_ERRORS:
-                transitions.executions_untake(
-                    dispatches=taken[sent:], actor=self.actor, reason="broker unavailable: not published"
-                )
-                raise
-        return len(taken)
-
-    def dispatch_once(self) -> int:
-        """Publish everything due now (in batches); returns the number of messages sent."""
+    def _publish(self, taken: list[transitions.Dispatch], task, producer) -> None:  # type: ignore[no-untyped-def]
+        """Publish taken rows with confirms; undo (back to SCHEDULED) what could not be published."""
         sent = 0
-        while True:
-            n = self._publish_batch(
-                lambda: transitions.executions_take_due(limit=self.batch, actor=self.actor), self._run_task
+        try:
+            for item in taken:
+                task.apply_async(
+                    args=(item.execution_id, item.attempt),
+                    task_id=item.message_id,
+                    priority=item.priority,
+                    producer=producer,
+                    retry=False,
+                )
+                sent += 1
+        except _BROKER_ERRORS:
+            transitions.executions_untake(
+                dispatches=taken[sent:], actor=self.actor, reason="broker unavailable: not published"
             )
-            sent += n
-            self.stats.published += n
-            if n < self.batch:
-                break
-        n = self._publish_batch(
-            lambda: transitions.executions_take_stale_pending(
-                limit=self.batch, older_than=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
-            ),
-            self._run_task,
-        )
-        self.stats.republished += n
-        sent += n
-        n = self._publish_batch(
-            lambda: transitions.executions_take_polls(
-                limit=self.batch, in_flight_for=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
-            ),
-            self._poll_task,
-        )
-        self.stats.polls += n
-        return sent + n
+            raise
+
+    def dispatch_once(self, *, housekeeping: bool = True) -> tuple[int, float | None]:
+        """Publish everything due now, in batches. Returns (messages sent, seconds until the next
+        due execution or None). Each batch takes its rows and looks up the next due time in one
+        transaction (one commit); ``housekeeping`` also republishes lost messages and dispatches
+        polls, which the loop does about once per ``MONITOR_MAX_SLEEP``."""
+        sent, next_due = 0, None
+        with self._run_task.app.producer_or_acquire() as producer:
+            # Take nothing while the broker is unreachable: it would only have to be undone.
+            producer.connection.ensure_connection(max_retries=1)
+            while True:
+                with transaction.atomic():
+                    taken = transitions.executions_take_due(limit=self.batch, actor=self.actor)
+                    next_due = transitions.next_due_in() if len(taken) < self.batch else 0.0
+                self._publish(taken, self._run_task, producer)
+                sent += len(taken)
+                self.stats.published += len(taken)
+                if len(taken) < self.batch:
+                    break
+            if housekeeping:
+                stale = transitions.executions_take_stale_pending(
+                    limit=self.batch, older_than=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
+                )
+                self._publish(stale, self._run_task, producer)
+                polls = transitions.executions_take_polls(
+                    limit=self.batch, in_flight_for=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
+                )
+                self._publish(polls, self._poll_task, producer)
+                self.stats.republished += len(stale)
+                self.stats.polls += len(polls)
+                sent += len(stale) + len(polls)
+        return sent, next_due
+
+    def _time_due_query(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        """Execute wrapper: records how long the due query (the SKIP LOCKED select) takes."""
+        if "SKIP LOCKED" not in sql or '"due_at" <=' not in sql:
+            return execute(sql, params, many, context)
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.stats.due_query_seconds.append(time.perf_counter() - started)
 
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self, *, max_passes: int | None = None) -> None:
         self._running = True
-        failures = 0
+        failures, last_housekeeping = 0, 0.0
         logger.info("%s started (batch %d)", self.actor, self.batch)
         while self._running and (max_passes is None or self.stats.passes < max_passes):
             self.stats.passes += 1
+            housekeeping = time.monotonic() - last_housekeeping >= self.conf.MONITOR_MAX_SLEEP
             try:
                 close_old_connections()
-                sent = self.dispatch_once()
+                with connection.execute_wrapper(self._time_due_query):
+                    sent, next_due = self.dispatch_once(housekeeping=housekeeping)
                 failures = 0
             except (DatabaseError, *_BROKER_ERRORS) as exc:
                 failures += 1
@@ -153,13 +161,11 @@ class Monitor:
                 connection.close()
                 self._sleep(delay)
                 continue
-            if sent:
+            if housekeeping:
+                last_housekeeping = time.monotonic()
+            if sent and next_due == 0.0:
                 continue
-            try:
-                nxt = transitions.next_due_in()
-            except DatabaseError:
-                nxt = None
-            wait = self.conf.MONITOR_MAX_SLEEP if nxt is None else min(nxt, self.conf.MONITOR_MAX_SLEEP)
+            wait = self.conf.MONITOR_MAX_SLEEP if next_due is None else min(next_due, self.conf.MONITOR_MAX_SLEEP)
             self.listener.wait(wait)
         self.listener.close()
         logger.info("%s stopped; monitor stats %s", self.actor, json.dumps(self.stats.summary()))

@@ -427,7 +427,7 @@ def table(results: list[Figures]) -> list[str]:
     """The figures as a Markdown table."""
     lines = [
         "| scenario | executions | exec/s | baseline/s | ratio | lateness p50 / p95 / p99 / max (ms) "
-        "| commits/exec | take p99 (ms) | notes |",
+        "| commits/exec | due query p99 (ms) | notes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for f in results:
@@ -439,7 +439,7 @@ def table(results: list[Figures]) -> list[str]:
             f"| {f.scenario} | {f.executions} | {f.per_second:.0f} | "
             f"{(f.baseline_per_second and round(f.baseline_per_second)) or '-'} | "
             f"{(f.ratio and round(f.ratio, 2)) or '-'} | {late} | {f.commits_per_execution or '-'} | "
-            f"{f.monitor.get('take_p99_ms', '-')} | {notes} |"
+            f"{f.monitor.get('due_query_p99_ms', '-')} | {notes} |"
         )
     return lines
 

@@ -254,7 +254,7 @@ def test_message_for_missing_execution_is_acknowledged_and_dropped():
     with running(worker):
         wait_worker_ready(worker)
         app.send_task("tms.run_execution", args=(987654321, 1))
-        wait_for(lambda: "claim lost" in worker.log(), timeout=20, what="the worker to drop the message")
+        wait_for(lambda: "987654321 attempt 1: lost" in worker.log(), timeout=20, what="the worker to drop the message")
         with app.connection_for_read() as conn:
             from django.conf import settings
 
