@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import CharField, DateTimeField, ExpressionWrapper, F, Q, QuerySet, Value, sql
+from django.db.models import CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Value, sql
 from django.db.models.functions import Cast, Concat, Now
 
 from executions.clock import db_now
@@ -214,16 +214,12 @@ def executions_take_stale_pending(*, limit: int, older_than: float, actor: str) 
 
 
 def next_due_in() -> float | None:
-    """Seconds until the earliest SCHEDULED execution is due (0 if overdue), or None if none."""
-    nxt = Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list("due_at", flat=True).first()
-    if nxt is None:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT %s - " + ("now()" if connection.vendor == "postgresql" else "CURRENT_TIMESTAMP"), [nxt])
-        (delta,) = cursor.fetchone()
-    if isinstance(delta, timedelta):
-        return max(0.0, delta.total_seconds())
-    return 0.0
+    """Seconds until the earliest SCHEDULED execution is due (0 if overdue), or None if none.
+    One query on the due index, against the database clock."""
+    wait = Execution.objects.filter(status=S.SCHEDULED).aggregate(
+        wait=ExpressionWrapper(Min("due_at") - Now(), output_field=DurationField())
+    )["wait"]
+    return None if wait is None else max(0.0, wait.total_seconds())
 
 
 # --- worker -----------------------------------------------------------------------------------
