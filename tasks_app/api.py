@@ -10,24 +10,37 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from executions.clock import db_now
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
 from tasks_app.models import Task, TaskStatus
+from tasks_app.schedules import Schedule, ScheduleError
+from tasks_app.selectors import schedule_preview, task_preview, task_why
 from tasks_app.serializers import (
+    BackfillResultSerializer,
+    BackfillSerializer,
     MaterialiseResultSerializer,
     MaterialiseSerializer,
+    PreviewQuerySerializer,
+    PreviewSerializer,
+    SchedulePreviewSerializer,
     TaskCreateSerializer,
     TaskDeleteSerializer,
     TaskSerializer,
     TaskUpdateSerializer,
+    WhyQuerySerializer,
+    WhySerializer,
 )
 from tasks_app.services import (
     actor_for,
+    task_backfill,
     task_create,
     task_delete,
     task_pause,
@@ -35,7 +48,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
-from tms_project.api_base import OwnerScopedMixin
+from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
@@ -213,3 +226,83 @@ class TaskViewSet(
         until = serializer.validated_data["until"]
         ids = executions_materialise(task=task, until=until)
         return Response(MaterialiseResultSerializer({"task": task.pk, "until": until, "execution_ids": ids}).data)
+
+    @extend_schema(
+        summary="Preview a task's next fire times",
+        description="The next `count` (at most 1000) fire times at or after `after` (default: now), in UTC and "
+        "in the task's time zone, as the schedule calculator computes them (DST rules included).",
+        parameters=[PreviewQuerySerializer],
+        responses={200: PreviewSerializer, **error_responses(400)},
+    )
+    @action(detail=True, methods=["get"])
+    def preview(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        query = PreviewQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        times = task_preview(task=task, **query.validated_data)
+        return Response(PreviewSerializer({"timezone": task.timezone, "fire_times": times}).data)
+
+    @extend_schema(
+        summary="Why did this task (not) run at a time?",
+        description=(
+            "Finds the fire time at or before `at` nearest to it and says what became of it: `ran`, `running`, "
+            "`failed`, `cancelled`, `skipped` (with the recorded reason: missed, coalesced, paused, overlap), "
+            "`upcoming`, `paused`, or that `at` is `not_a_fire_time`, `before_start` or `after_end`."
+        ),
+        parameters=[WhyQuerySerializer],
+        responses={200: WhySerializer, **error_responses(400)},
+    )
+    @action(detail=True, methods=["get"])
+    def why(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        query = WhyQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        return Response(WhySerializer(task_why(task=task, at=query.validated_data["at"])).data)
+
+    @extend_schema(
+        summary="Backfill a past time range",
+        description=(
+            "Creates one execution, due now, for each fire time in [`start`, `end`] that has none yet (at most "
+            "1000 fire times, else 400). They run under the task's overlap policy. `existing` counts the fire "
+            "times that already had an execution."
+        ),
+        request=BackfillSerializer,
+        responses={201: BackfillResultSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def backfill(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        serializer = BackfillSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+        return Response(BackfillResultSerializer(report).data, status=status.HTTP_201_CREATED)
+
+
+class SchedulePreviewView(ApiViewMixin, APIView):
+    """``POST /api/v1/schedules/preview``: a schedule's fire times before a task is created."""
+
+    @extend_schema(
+        summary="Preview a schedule",
+        description=(
+            "The first `count` (at most 1000) fire times of a schedule given as a task's schedule fields "
+            "(`start_at` default now, `interval` or `cron`, `timezone`, `end_at`, `max_runs`), in UTC and local time."
+        ),
+        request=SchedulePreviewSerializer,
+        responses={200: PreviewSerializer, **error_responses(400)},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = SchedulePreviewSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            schedule = Schedule(
+                start_at=data["start_at"] or db_now(),
+                interval=data["interval"],
+                cron=data["cron"],
+                timezone=data["timezone"],
+                end_at=data["end_at"],
+            )
+            times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
+        except ScheduleError as exc:
+            raise ValidationError({"schedule": [str(exc)]}) from None
+        return Response(PreviewSerializer({"timezone": data["timezone"], "fire_times": times}).data)

@@ -64,8 +64,24 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000_000
     )
     jitter = DurationField(required=False, default=timedelta(0))
-    misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
-    overlap_policy = serializers.ChoiceField(choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
+    misfire_policy = serializers.ChoiceField(
+        choices=MisfirePolicy.choices,
+        default=MisfirePolicy.RUN_ONCE,
+        help_text=(
+            "Fire times missed by more than 60 s (downtime, a pause, a backlog): skip runs none, run_once runs "
+            "the latest once, run_all runs the latest 100 of them. The others are recorded as skipped "
+            "(GET /tasks/{id}/why)."
+        ),
+    )
+    overlap_policy = serializers.ChoiceField(
+        choices=OverlapPolicy.choices,
+        default=OverlapPolicy.ALLOW,
+        help_text=(
+            "When a run starts while an earlier one of the task is still running: allow both; skip the new one; "
+            "queue_one (the new one waits, at most one waiting, others skipped); cancel_previous (the running one "
+            "is cancelled through its runner)."
+        ),
+    )
     max_attempts = serializers.IntegerField(required=False, default=3, min_value=1, max_value=100)
     retry_backoff = DurationField(required=False, default=timedelta(seconds=5))
     retry_backoff_max = DurationField(required=False, default=timedelta(minutes=10))
@@ -220,3 +236,111 @@ class MaterialiseResultSerializer(serializers.Serializer):
     execution_ids = serializers.ListField(
         child=serializers.IntegerField(), help_text="Ids of the executions created (existing ones are not repeated)."
     )
+
+
+# --- previews, "why", backfill ----------------------------------------------------------------
+
+
+class FireTimeSerializer(serializers.Serializer):
+    utc = serializers.DateTimeField(help_text="The fire time in UTC.")
+    local = serializers.SerializerMethodField(help_text="The same instant in the schedule's time zone.")
+
+    def get_local(self, obj: Any) -> str:
+        return obj.local.isoformat()
+
+
+class PreviewQuerySerializer(StrictInputMixin, serializers.Serializer):
+    count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)
+    after = BoundedDateTimeField(required=False, allow_null=True, default=None, help_text="Default: now.")
+
+
+class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
+    """A schedule to preview before creating a task (the same fields and rules as a task's)."""
+
+    start_at = BoundedDateTimeField(
+        required=False, allow_null=True, default=None, help_text="First (or only) run, RFC 3339. Default: now."
+    )
+    interval = DurationField(required=False, allow_null=True, default=None, min_value=timedelta(milliseconds=100))
+    cron = serializers.CharField(required=False, allow_blank=True, default="", max_length=120)
+    timezone = serializers.CharField(required=False, default="UTC", max_length=64)
+    end_at = BoundedDateTimeField(required=False, allow_null=True, default=None)
+    max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
+    count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)
+
+    validate_timezone = TaskCreateSerializer.validate_timezone
+    validate_cron = TaskCreateSerializer.validate_cron
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
+        if attrs.get("interval") is not None and attrs.get("cron"):
+            errors["cron"] = ["Give an interval or a cron expression, not both."]
+        if attrs.get("start_at") and attrs.get("end_at") and attrs["end_at"] < attrs["start_at"]:
+            errors["end_at"] = ["Must not be before start_at."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class PreviewSerializer(serializers.Serializer):
+    timezone = serializers.CharField()
+    fire_times = FireTimeSerializer(many=True)
+
+
+class WhyQuerySerializer(StrictInputMixin, serializers.Serializer):
+    at = BoundedDateTimeField(help_text="The instant asked about, RFC 3339.")
+
+
+class WhyExecutionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    attempt = serializers.IntegerField()
+    origin = serializers.CharField()
+    scheduled_for = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField()
+
+
+class WhySkippedSerializer(serializers.Serializer):
+    scheduled_for = serializers.DateTimeField()
+    reason = serializers.CharField()
+    detail = serializers.CharField()
+    recorded_at = serializers.DateTimeField()
+
+
+class WhySerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    occurrence = serializers.DateTimeField(
+        allow_null=True, help_text="The fire time at or before `at` nearest to it (null: none)."
+    )
+    verdict = serializers.ChoiceField(
+        choices=[
+            "ran",
+            "running",
+            "failed",
+            "cancelled",
+            "skipped",
+            "not_a_fire_time",
+            "before_start",
+            "after_end",
+            "upcoming",
+            "paused",
+        ]
+    )
+    reason = serializers.CharField()
+    execution = WhyExecutionSerializer(allow_null=True)
+    skipped = WhySkippedSerializer(allow_null=True)
+    next_fire_times = serializers.ListField(child=serializers.DateTimeField())
+
+
+class BackfillSerializer(StrictInputMixin, serializers.Serializer):
+    start = BoundedDateTimeField(help_text="First instant of the past range, RFC 3339.")
+    end = BoundedDateTimeField(help_text="Last instant of the range (not in the future).")
+
+
+class BackfillResultSerializer(serializers.Serializer):
+    task = serializers.UUIDField(source="task_id")
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    execution_ids = serializers.ListField(child=serializers.IntegerField(), help_text="Executions created, due now.")
+    existing = serializers.IntegerField(help_text="Fire times in the range that already had an execution.")

@@ -251,9 +251,9 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
         if "overlap_policy" in changed:
             # Claims read the policy from the task; the flag only routes them to the check.
-            Execution.objects.filter(
-                task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)
-            ).update(exclusive=task.overlap_policy != OverlapPolicy.ALLOW)
+            Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
+                exclusive=task.overlap_policy != OverlapPolicy.ALLOW
+            )
         task.save()
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
@@ -342,3 +342,60 @@ def task_delete(*, task: Task, actor: str) -> TaskDeleteReport:
         cancelled = executions_cancel_active(task=task, actor=actor, reason="task deleted")
     # External runs are stopped after the commit: a slow runner never holds row locks.
     return TaskDeleteReport(task.pk, stop_external_runs(task=task, cancelled=cancelled))
+
+
+#: The most occurrences one backfill may create.
+BACKFILL_MAX = 1000
+
+
+@dataclass(frozen=True)
+class BackfillReport:
+    task_id: uuid.UUID
+    start: datetime
+    end: datetime
+    execution_ids: list[int]
+    #: Fire times in the range that already had an execution (run, running or waiting).
+    existing: int
+
+
+def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> BackfillReport:
+    """Run a task's past fire times in ``[start, end]`` that have no execution yet: one new
+    execution each, all due now. They are claimed under the task's overlap policy like any other
+    run. At most :data:`BACKFILL_MAX` fire times per call (a wider range is a ValidationError);
+    ``end`` must not be in the future. Fire times already run, running or waiting are counted in
+    ``existing`` and not created again.
+    """
+    now = db_now()
+    errors: dict[str, list[str]] = {}
+    if end < start:
+        errors["end"] = ["Must not be before start."]
+    if end > now:
+        errors["end"] = ["Must not be in the future: backfill covers past fire times."]
+    if errors:
+        raise ValidationError(errors)
+    if task.status == TaskStatus.DELETED:
+        raise GoneError("The task no longer exists.")
+    times = []
+    for when in task_schedule(task).fire_times(since=start):
+        if when > end:
+            break
+        if len(times) == BACKFILL_MAX:
+            raise ValidationError(
+                {"end": [f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."]}
+            )
+        times.append(when)
+    existing = set(
+        Execution.objects.filter(task=task, scheduled_for__in=times, superseded=False).values_list(
+            "scheduled_for", flat=True
+        )
+    )
+    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
+    rows = [
+        transitions.NewExecution(task.pk, when, task.priority, due_at=now, exclusive=exclusive)
+        for when in times
+        if when not in existing
+    ]
+    ids = executions_create(rows=rows, actor=actor, detail=f"backfill of {start.isoformat()} to {end.isoformat()}")
+    if ids:
+        notify_due()
+    return BackfillReport(task.pk, start, end, ids, len(times) - len(ids))

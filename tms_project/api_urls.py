@@ -3,7 +3,7 @@ from rest_framework.routers import SimpleRouter
 
 from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSet
 from executions.callback_api import ExecutionCallbackView
-from tasks_app.api import TaskViewSet
+from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactViewSet
 
 router = SimpleRouter()
@@ -15,6 +15,7 @@ router.register("artifacts", ArtifactViewSet, basename="artifact")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),
+    re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     *router.urls,
 ]
