@@ -1,0 +1,70 @@
+"""A timed materialiser pass over many recurring tasks (``manage.py materialise --scale N``).
+
+The tasks are inserted set-based under a dedicated user, due now (an hourly interval, so one
+occurrence each inside the horizon), then two passes are timed: the first creates one execution
+per task, the second must create nothing. The tasks and their executions are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from executions.materialiser import materialise_due
+from tasks_app.models import Task
+
+SCALE_USER = "tms-scale-check"
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    tasks: int
+    fill_seconds: float
+    first_pass_seconds: float
+    first_pass_created: int
+    second_pass_seconds: float
+    second_pass_created: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tasks} recurring tasks (inserted in {self.fill_seconds:.1f}s): first pass "
+            f"{self.first_pass_seconds:.2f}s, created {self.first_pass_created}; second pass "
+            f"{self.second_pass_seconds:.2f}s, created {self.second_pass_created}"
+        )
+
+
+def materialise_scale_check(*, tasks: int) -> ScaleResult:
+    """Insert ``tasks`` due recurring tasks, time two materialiser passes, clean up."""
+    owner = get_user_model().objects.get_or_create(username=SCALE_USER)[0]
+    Task.objects.filter(owner=owner).delete()
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
+                timezone, jitter, misfire_policy, overlap_policy, max_attempts, retry_backoff, retry_backoff_max,
+                retry_jitter, timeout, priority, notification_target, tracing_id, next_run_at, runs_materialised,
+                created_at, updated_at)
+            SELECT gen_random_uuid(), %s, 'scale ' || g, 'ACTIVE', 'noop', '{}', date_trunc('second', now()),
+                interval '1 hour', '', 'UTC', interval '0', 'run_once', 'allow', 3, interval '5 seconds',
+                interval '10 minutes', true, interval '20 minutes', 5, '', '', date_trunc('second', now()), 0,
+                now(), now()
+            FROM generate_series(1, %s) AS g
+            """,
+            [owner.pk, tasks],
+        )
+        cursor.execute("ANALYZE tasks_app_task")
+    fill = time.monotonic() - started
+    try:
+        started = time.monotonic()
+        first = materialise_due()
+        first_seconds = time.monotonic() - started
+        started = time.monotonic()
+        second = materialise_due()
+        second_seconds = time.monotonic() - started
+    finally:
+        Task.objects.filter(owner=owner).delete()
+    return ScaleResult(tasks, fill, first_seconds, first, second_seconds, second)
