@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from executions.models import Execution, ExecutionEvent, Worker
+from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Worker
 
 
 class ExecutionEventInline(admin.TabularInline):
@@ -41,3 +41,14 @@ class ExecutionAdmin(ReadOnlyAdmin):
 class WorkerAdmin(ReadOnlyAdmin):
     list_display = ["id", "status", "started_at", "last_heartbeat"]
     list_filter = ["status"]
+
+
+@admin.register(SkippedOccurrence)
+class SkippedOccurrenceAdmin(admin.ModelAdmin):
+    """Fire times that did not run, and why (misfire and overlap policies, pauses)."""
+
+    list_display = ["task", "scheduled_for", "reason", "detail", "recorded_at"]
+    list_filter = ["reason"]
+    search_fields = ["task__name", "task__id"]
+    raw_id_fields = ["task", "execution"]
+    date_hierarchy = "scheduled_for"

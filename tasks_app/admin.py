@@ -14,10 +14,13 @@ class TaskAdmin(admin.ModelAdmin):
         "start_at",
         "interval",
         "cron",
+        "timezone",
+        "misfire_policy",
+        "overlap_policy",
         "next_run_at",
         "priority",
     ]
     list_filter = ["status", "runner", "misfire_policy", "overlap_policy"]
     search_fields = ["name", "id", "owner__username"]
-    readonly_fields = ["id", "next_run_at", "runs_materialised", "created_at", "updated_at"]
+    readonly_fields = ["id", "next_run_at", "runs_materialised", "paused_at", "created_at", "updated_at"]
     raw_id_fields = ["owner"]
