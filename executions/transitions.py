@@ -119,10 +119,7 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     ids: list[int] = []
     with transaction.atomic():
         for start in range(0, len(rows), _INSERT_CHUNK):
-            ids += _insert_executions(rows[start : start + _INSERT_CHUNK])
-        ExecutionEvent.objects.bulk_create(
-            [_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids], batch_size=_INSERT_CHUNK
-        )
+            ids += _insert_executions(rows[start : start + _INSERT_CHUNK], actor=actor, detail=detail)
     return ids
 
 
@@ -130,7 +127,9 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
 _INSERT_CHUNK = 2000
 
 
-def _insert_executions(rows: Sequence[NewExecution]) -> list[int]:
+def _insert_executions(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
+    """Insert one chunk with its creation events: one statement on PostgreSQL (the events are
+    written by a data-modifying CTE), an INSERT and a bulk insert elsewhere."""
     table = Execution._meta.db_table
     placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '', %s)"] * len(rows))
     task_field = Execution._meta.get_field("task")
@@ -149,9 +148,19 @@ def _insert_executions(rows: Sequence[NewExecution]) -> list[int]:
     # No conflict target: the occurrence uniqueness is a partial index (superseded rows leave it).
     conflict = "ON CONFLICT DO NOTHING RETURNING id"
     sql = f"INSERT INTO {table} ({columns}) VALUES {placeholders} {conflict}"  # noqa: S608
+    if connection.vendor == "postgresql":
+        sql = (
+            f"WITH created AS ({sql}) INSERT INTO {ExecutionEvent._meta.db_table} "  # noqa: S608
+            "(execution_id, from_status, to_status, attempt, at, actor, detail) "
+            "SELECT id, '', %s, 1, statement_timestamp(), %s, %s FROM created RETURNING execution_id"
+        )
+        params += [S.SCHEDULED, actor[:200], detail]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
+        ids = [row[0] for row in cursor.fetchall()]
+    if connection.vendor != "postgresql":
+        ExecutionEvent.objects.bulk_create([_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids])
+    return ids
 
 
 # --- monitor ----------------------------------------------------------------------------------
