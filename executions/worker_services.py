@@ -174,7 +174,10 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
         if exclusive.cancelled:
             _stop_cancelled_runs(exclusive.cancelled)
         if exclusive.execution is None:
-            logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, exclusive.detail)
+            detail = exclusive.detail or (
+                "claim lost (already taken, cancelled or gone)" if exclusive.outcome == "lost" else ""
+            )
+            logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, detail)
             return exclusive.outcome
         execution = exclusive.execution
     task = execution.task

@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.db.models import ProtectedError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,6 +12,8 @@ from rest_framework.response import Response
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Artifact
 from tms_project.api_base import OwnerScopedMixin
+from tms_project.api_schema import error_responses
+from tms_project.errors import ConflictError
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
@@ -48,9 +49,13 @@ class ArtifactViewSet(
                                    name=upload.validated_data["name"])  # fmt: skip
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses={204: None, **error_responses(409)})
+    def destroy(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().destroy(request, *args, **kwargs)
+
     def perform_destroy(self, instance: Artifact) -> None:
         try:
             instance.delete()
         except ProtectedError:
-            raise ValidationError({"non_field_errors": ["Tasks still use this artifact."]}) from None
+            raise ConflictError("Tasks still use this artifact; delete them first.") from None
         instance.file.delete(save=False)

@@ -45,6 +45,15 @@ EXECUTION_ROUTES = [
 ]
 
 
+#: The same for every route that names an uploaded artifact.
+ARTIFACT_ROUTES = [
+    ("get", "/api/v1/artifacts/{id}", None),
+    ("head", "/api/v1/artifacts/{id}", None),
+    ("options", "/api/v1/artifacts/{id}", None),
+    ("delete", "/api/v1/artifacts/{id}", None),
+]
+
+
 @pytest.fixture
 def alices(user):
     """Alice's task with executions in every kind of state."""
@@ -131,3 +140,20 @@ def test_staff_see_and_reach_everyones_tasks_and_executions(alices, other_user, 
     assert staff_client.post(f"/api/v1/executions/{bob_execution.pk}/cancel").status_code == 200
     # Bob still sees only his own.
     assert [t["id"] for t in other_client.get("/api/v1/tasks").json()["results"]] == [str(bob_task.pk)]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ARTIFACT_ROUTES)
+def test_another_users_artifact_answers_404_and_nothing_changes(
+    user, api_client, other_client, settings, tmp_path, method, path, body
+):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from tasks_app.models import Artifact
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    upload = api_client.post("/api/v1/artifacts", {"file": SimpleUploadedFile("a.sh", b"echo")}, format="multipart")
+    assert upload.status_code == 201, upload.content
+    response = getattr(other_client, method)(path.format(id=upload.json()["id"]))
+    assert response.status_code == 404, (method, path, response.content)
+    assert Artifact.objects.filter(pk=upload.json()["id"]).exists()
+    assert other_client.get("/api/v1/artifacts").json()["count"] == 0

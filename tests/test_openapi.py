@@ -88,6 +88,11 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/executions/{id}/retry"),
         ("GET", "/api/v1/workers"),
         ("GET", "/api/v1/workers/{id}"),
+        ("GET", "/api/v1/artifacts"),
+        ("POST", "/api/v1/artifacts"),
+        ("GET", "/api/v1/artifacts/{id}"),
+        ("DELETE", "/api/v1/artifacts/{id}"),
+        ("POST", "/api/v1/executions/{id}/callback"),
         ("GET", "/tasks"),
         ("POST", "/tasks"),
         ("GET", "/tasks/{id}"),
@@ -192,7 +197,7 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def schemathesis_data(db, user, other_user, staff_user):
+def schemathesis_data(db, user, other_user, staff_user, settings, tmp_path):
     """Tasks and executions in every state, the user's and another user's, for the ids to hit.
 
     Requests go through the real WSGI handler inside this test's transaction, so Django's
@@ -200,6 +205,8 @@ def schemathesis_data(db, user, other_user, staff_user):
     """
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
+    settings.MEDIA_ROOT = str(tmp_path / "media")  # uploaded artifacts
+    settings.TMS_ARTIFACT_CACHE_DIR = str(tmp_path / "artifact-cache")
     now = timezone.now()
     tasks = [
         TaskFactory(owner=user, interval=timedelta(minutes=5), start_at=now + timedelta(minutes=1)),

@@ -79,5 +79,7 @@ def test_artifact_in_use_cannot_be_deleted(api_client):
     own = _upload(api_client).data["id"]
     api_client.post("/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own},
                     format="json")  # fmt: skip
-    assert api_client.delete(f"/api/v1/artifacts/{own}").status_code == 400
+    response = api_client.delete(f"/api/v1/artifacts/{own}")
+    assert response.status_code == 409  # a conflict with the current state, as documented
+    assert response.json()["type"] == "conflict" and "Tasks still use" in response.json()["detail"]
     assert Artifact.objects.filter(pk=own).exists()
