@@ -235,6 +235,9 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Celery's Django fixup closes every database connection after every task unless this is set
+# (a new connection, and a new PostgreSQL backend, per task); reuse it for this many tasks.
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 
 #: Queue that carries execution work. Priorities 0-9 map to RabbitMQ's x-max-priority.
 TMS_QUEUE = env.str("TMS_QUEUE", default="tms.executions")
