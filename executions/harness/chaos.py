@@ -91,6 +91,7 @@ class ChaosReport:
     #: or database outage overlapped; ``recoveries_during_outage`` holds the others.
     recoveries: list[float] = field(default_factory=list)
     recoveries_during_outage: list[float] = field(default_factory=list)
+    recoveries_after_pause: list[float] = field(default_factory=list)
     unrecovered_victims: int = 0
     elapsed: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -123,6 +124,7 @@ class ChaosReport:
             f"recovery kill->resume      p50 {seconds(self.recovery_p50)}, max {seconds(self.recovery_max)} "
             f"over {len(self.recoveries)} resumed executions",
             f"recovery during outages    {_listing(self.recoveries_during_outage)}",
+            f"recovery after the pause   {_listing(self.recoveries_after_pause)}",
             f"elapsed                    {self.elapsed:.1f}s",
             *[f"note: {note}" for note in self.notes],
         ]
@@ -189,6 +191,9 @@ class ChaosRun:
         self.retired: list[ManagedProcess] = []
         #: (db time of the kill, execution ids the killed process held)
         self.victims: list[tuple[datetime, list[int]]] = []
+        #: The same for the paused worker: its recovery is reported apart, since a message the
+        #: broker handed to the paused worker waits for it to come back.
+        self.paused: list[tuple[datetime, list[int]]] = []
         self.task_ids: list[Any] = []
         self.broker_stopped = False
         #: (start, end) database times of broker and database outages.
@@ -315,7 +320,7 @@ class ChaosRun:
         worker.signal_group(signal.SIGSTOP)
         self.report.pauses += 1
         if held:
-            self.victims.append((when, held))
+            self.paused.append((when, held))
         pause_for = self.config.worker_timeout + 3
         self.config.progress(f"SIGSTOP {worker.name} for {pause_for:.0f}s holding {len(held)}")
         timer = threading.Timer(pause_for, worker.signal_group, args=(signal.SIGCONT,))
@@ -418,7 +423,7 @@ class ChaosRun:
         report.duplicate_launches = self.ledger.ledger.duplicate_launches()
         report.repeated_starts = self.ledger.ledger.repeated_starts()
         report.redeliveries = sum(proc.log().count("redelivered message") for proc in [*self.workers, *self.retired])
-        for killed_at, ids in self.victims:
+        for killed_at, ids, paused in [(t, i, False) for t, i in self.victims] + [(t, i, True) for t, i in self.paused]:
             for execution_id in ids:
                 resumed = (
                     events.filter(Q(execution_id=execution_id), at__gt=killed_at, detail=RESUMED)
@@ -428,7 +433,10 @@ class ChaosRun:
                 )
                 if resumed is not None:
                     overlapped = any(start <= resumed and end >= killed_at for start, end in self.outages)
-                    recoveries = report.recoveries_during_outage if overlapped else report.recoveries
+                    if paused:
+                        recoveries = report.recoveries_after_pause
+                    else:
+                        recoveries = report.recoveries_during_outage if overlapped else report.recoveries
                     recoveries.append((resumed - killed_at).total_seconds())
                 elif Execution.objects.filter(pk=execution_id, status=ExecutionStatus.RUNNING).exists():
                     report.unrecovered_victims += 1
