@@ -133,6 +133,12 @@ class BaseRunner:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return dict(serializer.validated_data)
 
+    def refuse(self, field: str, what: str, option: str) -> None:
+        """Raise the per-field error for a value this runner's operator has not allowed."""
+        raise serializers.ValidationError(
+            {field: [f"{what} An operator can add it to the {option} option of the {self.alias!r} runner."]}
+        )
+
     def start(self, spec: RunSpec) -> RunHandle:
         """Start the attempt described by ``spec`` and return its handle.
 

@@ -111,14 +111,7 @@ class EmailRunner(BaseRunner):
             )
         sender = data.get("from_email")
         if sender and not self.sender_allowed(sender):
-            raise serializers.ValidationError(
-                {
-                    "from_email": [
-                        f"Tasks may not send as {sender!r}. An operator can add it to the allowed_senders "
-                        f"option of the {self.alias!r} runner."
-                    ]
-                }
-            )
+            self.refuse("from_email", f"Tasks may not send as {sender!r}.", "allowed_senders")
         return data
 
     def sender_allowed(self, address: str) -> bool:

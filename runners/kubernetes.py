@@ -259,14 +259,7 @@ class KubernetesRunner(BaseRunner):
         data = super().validate_config(config)
         namespace = data.get("namespace")
         if namespace and not self._namespace_allowed(namespace):
-            raise serializers.ValidationError(
-                {
-                    "namespace": [
-                        f"Namespace {namespace!r} is not open to tasks. An operator can add it to the "
-                        f"allowed_namespaces option of the {self.alias!r} runner."
-                    ]
-                }
-            )
+            self.refuse("namespace", f"Namespace {namespace!r} is not open to tasks.", "allowed_namespaces")
         return data
 
     def _namespace_allowed(self, namespace: str) -> bool:

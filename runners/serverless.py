@@ -256,14 +256,7 @@ class LambdaRunner(BaseRunner):
         """Validate the config; also refuse a function the operator did not allow."""
         data = super().validate_config(config)
         if not self._function_allowed(data["function_name"]):
-            raise serializers.ValidationError(
-                {
-                    "function_name": [
-                        f"This function is not open to tasks. An operator can add it to the allowed_functions "
-                        f"option of the {self.alias!r} runner."
-                    ]
-                }
-            )
+            self.refuse("function_name", "This function is not open to tasks.", "allowed_functions")
         return data
 
     def _function_allowed(self, function_name: str) -> bool:

@@ -404,14 +404,7 @@ class SubprocessRunner(BaseRunner):
                 {"artifact": [f"The {self.alias!r} runner does not run uploaded artifacts."]}
             )
         if data.get("command") and not self.executable_allowed(data["command"][0]):
-            raise serializers.ValidationError(
-                {
-                    "command": [
-                        f"{data['command'][0]!r} is not an allowed executable. An operator can add it to the "
-                        f"allowed_executables option of the {self.alias!r} runner."
-                    ]
-                }
-            )
+            self.refuse("command", f"{data['command'][0]!r} is not an allowed executable.", "allowed_executables")
         return data
 
     def executable_allowed(self, program: str) -> bool:

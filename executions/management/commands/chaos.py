@@ -5,17 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from executions.harness.chaos import ChaosConfig, run_chaos
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
+from executions.management.arguments import positive
 
 
 class Command(BaseCommand):
@@ -27,13 +17,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = ChaosConfig()
-        parser.add_argument("--executions", type=_positive(int), default=defaults.executions)
-        parser.add_argument("--workers", type=_positive(int), default=defaults.workers)
-        parser.add_argument("--concurrency", type=_positive(int), default=defaults.concurrency)
-        parser.add_argument("--monitors", type=_positive(int), default=defaults.monitors)
-        parser.add_argument("--kill-every", type=_positive(float), default=defaults.kill_every, help="seconds")
-        parser.add_argument("--spread", type=_positive(float), default=defaults.spread, help="seconds of submissions")
-        parser.add_argument("--deadline", type=_positive(float), default=defaults.deadline, help="seconds")
+        parser.add_argument("--executions", type=positive(int), default=defaults.executions)
+        parser.add_argument("--workers", type=positive(int), default=defaults.workers)
+        parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
+        parser.add_argument("--monitors", type=positive(int), default=defaults.monitors)
+        parser.add_argument("--kill-every", type=positive(float), default=defaults.kill_every, help="seconds")
+        parser.add_argument("--spread", type=positive(float), default=defaults.spread, help="seconds of submissions")
+        parser.add_argument("--deadline", type=positive(float), default=defaults.deadline, help="seconds")
         parser.add_argument("--no-pause", action="store_true", help="skip the SIGSTOP disruption")
         parser.add_argument("--no-broker-restart", action="store_true")
         parser.add_argument("--no-database-restart", action="store_true")

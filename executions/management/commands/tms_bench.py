@@ -7,17 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from executions.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
+from executions.management.arguments import positive
 
 
 class Command(BaseCommand):
@@ -29,15 +19,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = BenchConfig()
         parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
-        parser.add_argument("--tasks", type=_positive(int), default=defaults.tasks, help="burst size")
-        parser.add_argument("--rate", type=_positive(float), default=None, help="sustained executions/s")
-        parser.add_argument("--duration", type=_positive(float), default=defaults.duration, help="sustained seconds")
-        parser.add_argument("--workers", type=_positive(int), default=defaults.workers)
-        parser.add_argument("--concurrency", type=_positive(int), default=defaults.concurrency)
-        parser.add_argument("--scale-executions", type=_positive(int), default=defaults.scale_executions)
-        parser.add_argument("--scale-tasks", type=_positive(int), default=defaults.scale_tasks)
-        parser.add_argument("--create-requests", type=_positive(int), default=defaults.create_requests)
-        parser.add_argument("--bulk-tasks", type=_positive(int), default=defaults.bulk_tasks)
+        parser.add_argument("--tasks", type=positive(int), default=defaults.tasks, help="burst size")
+        parser.add_argument("--rate", type=positive(float), default=None, help="sustained executions/s")
+        parser.add_argument("--duration", type=positive(float), default=defaults.duration, help="sustained seconds")
+        parser.add_argument("--workers", type=positive(int), default=defaults.workers)
+        parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
+        parser.add_argument("--scale-executions", type=positive(int), default=defaults.scale_executions)
+        parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
+        parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
+        parser.add_argument("--bulk-tasks", type=positive(int), default=defaults.bulk_tasks)
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
 
     def handle(self, *args: Any, **options: Any) -> None:
