@@ -10,7 +10,7 @@ database clock (``now()``), never from the host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -702,10 +702,6 @@ def execution_cancel(
             return CancelOutcome(False, row["status"])
         _event(execution_id, row["status"], S.CANCELLED, row["attempt"], actor, reason).save()
     return CancelOutcome(True, row["status"], row["external_run_id"], row["run_handle"], row["attempt"])
-
-
-def executions_cancel_many(*, execution_ids: Iterable[int], actor: str, reason: str) -> list[CancelOutcome]:
-    return [execution_cancel(execution_id=i, actor=actor, reason=reason) for i in execution_ids]
 
 
 def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: str) -> int | None:
