@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from executions.conf import tms_settings
 from executions.harness.chaos import ChaosConfig, run_chaos
 from tests.processes import LOG_DIR
 
@@ -18,7 +19,11 @@ def test_chaos_loses_nothing_and_launches_nothing_twice():
     assert shutil.which("rabbitmqctl"), "the chaos test restarts the local RabbitMQ"
     assert shutil.which("pg_ctlcluster"), "the chaos test restarts the local PostgreSQL"
     lines: list[str] = []
-    config = ChaosConfig(executions=240, spread=20, kill_every=2.5, log_dir=LOG_DIR / "chaos", progress=lines.append)
+    # Spare worker slots (sleep runs hold one while they work), so that a resumed execution does
+    # not also wait for a free slot: the bound below is about detecting and handing work back.
+    config = ChaosConfig(
+        executions=240, spread=20, kill_every=2.5, concurrency=6, log_dir=LOG_DIR / "chaos", progress=lines.append
+    )
     report = run_chaos(config)
     print("\n".join(lines + report.lines()))
 
@@ -32,9 +37,11 @@ def test_chaos_loses_nothing_and_launches_nothing_twice():
     assert report.pauses == 1
     assert report.broker_restarts == 1
     assert report.database_restarts == 1
-    # Work held by killed or paused workers was resumed, within one lease timeout plus the
-    # monitor's sweep (its longest sleep) and a second of dispatch on a loaded 2-core machine.
+    # Work held by killed workers was resumed, within the heartbeat timeout (the lease) plus one
+    # liveness sweep interval (the beat job that marks silent workers dead runs every heartbeat
+    # interval); the typical case well before that.
     assert report.unrecovered_victims == 0
     assert report.recoveries, "no kill hit a worker while it held an execution"
-    bound = config.worker_timeout + 0.5 + 1.5
-    assert report.recovery_max <= bound, report.recoveries
+    sweep = tms_settings().HEARTBEAT_INTERVAL
+    assert report.recovery_max <= config.worker_timeout + sweep, report.recoveries
+    assert report.recovery_p50 <= config.worker_timeout + 2.5, report.recoveries
