@@ -14,7 +14,7 @@ class TmsSettings:
     #: Seconds between beat-run materialiser passes.
     MATERIALISE_INTERVAL: float = 5.0
     #: Tasks locked per materialiser transaction.
-    MATERIALISE_BATCH: int = 500
+    MATERIALISE_BATCH: int = 2000
     #: Executions published per monitor transaction.
     MONITOR_BATCH: int = 500
     #: Longest the monitor sleeps when it knows of no due work and hears no NOTIFY.

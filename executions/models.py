@@ -30,7 +30,8 @@ ACTIVE_STATUSES = frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING,
 
 
 class Execution(models.Model):
-    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="executions")
+    # No index of its own: execution_task_idx (task, -scheduled_for) serves every lookup by task.
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="executions", db_index=False)
     #: The occurrence this execution stands for; unique per task, so materialising twice is harmless.
     scheduled_for = models.DateTimeField()
     status = models.CharField(max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.SCHEDULED)
@@ -112,7 +113,8 @@ class Execution(models.Model):
 class ExecutionEvent(models.Model):
     """Append-only audit row written in the same transaction as every status transition."""
 
-    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_execution_idx (execution, id) serves the timeline and the FK.
+    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="events", db_index=False)
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField()
