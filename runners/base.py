@@ -72,6 +72,20 @@ class RunSpec:
         """Deterministic per execution and attempt: a repeated start must adopt, never relaunch."""
         return f"tms-{self.execution_id}-{self.attempt}"
 
+    def environment(self) -> dict[str, str]:
+        """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""
+        env = {
+            "TMS_EXECUTION_ID": str(self.execution_id),
+            "TMS_ATTEMPT": str(self.attempt),
+            "TMS_TASK_ID": str(self.task_id),
+            "TMS_IDEMPOTENCY_KEY": self.idempotency_key,
+        }
+        if self.callback_url:
+            env["TMS_CALLBACK_URL"] = self.callback_url
+        if self.tracing_id:
+            env["TMS_TRACING_ID"] = self.tracing_id
+        return env
+
 
 @dataclass(frozen=True)
 class RunHandle:

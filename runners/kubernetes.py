@@ -363,7 +363,7 @@ class KubernetesRunner(BaseRunner):
         annotations = {KEY_ANNOTATION: spec.idempotency_key, TASK_ANNOTATION: str(spec.task_id)}
         if spec.tracing_id:
             annotations[f"{TMS_PREFIX}tracing-id"] = spec.tracing_id
-        env = {**config.get("env", {}), **self._tms_env(spec)}
+        env = {**config.get("env", {}), **spec.environment()}
         resources = config.get("resources") or {}
         container = k8s.V1Container(
             name=_CONTAINER,
@@ -395,20 +395,6 @@ class KubernetesRunner(BaseRunner):
                 ),
             ),
         )
-
-    @staticmethod
-    def _tms_env(spec: RunSpec) -> dict[str, str]:
-        env = {
-            "TMS_EXECUTION_ID": str(spec.execution_id),
-            "TMS_ATTEMPT": str(spec.attempt),
-            "TMS_TASK_ID": str(spec.task_id),
-            "TMS_IDEMPOTENCY_KEY": spec.idempotency_key,
-        }
-        if spec.callback_url:
-            env["TMS_CALLBACK_URL"] = spec.callback_url
-        if spec.tracing_id:
-            env["TMS_TRACING_ID"] = spec.tracing_id
-        return env
 
     # -- API access ---------------------------------------------------------------------------
 

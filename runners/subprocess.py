@@ -582,18 +582,7 @@ class SubprocessRunner(BaseRunner):
         }
         env.update({name: os.environ[name] for name in self.options["inherit_env"] if name in os.environ})
         env.update(spec.config.get("env") or {})
-        env.update(
-            {
-                "TMS_EXECUTION_ID": str(spec.execution_id),
-                "TMS_ATTEMPT": str(spec.attempt),
-                "TMS_TASK_ID": str(spec.task_id),
-                "TMS_IDEMPOTENCY_KEY": spec.idempotency_key,
-            }
-        )
-        if spec.callback_url:
-            env["TMS_CALLBACK_URL"] = spec.callback_url
-        if spec.tracing_id:
-            env["TMS_TRACING_ID"] = spec.tracing_id
+        env.update(spec.environment())
         return env
 
     def _launch(self, run_dir: Path, plan: Mapping[str, Any]) -> None:
