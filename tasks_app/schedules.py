@@ -334,8 +334,6 @@ def validate_cron(expression: str) -> None:
 #: Largest gap between two probes of a zone's UTC offset: it must be shorter than any stretch
 #: between two offset changes (a week at least in the tz database since 1900).
 _PROBE_STEP = timedelta(hours=6)
-#: Longest stretch handled in one piece (bounds the work done before the first fire time).
-_MAX_SEGMENT = timedelta(days=28)
 #: How far before ``since`` the wall clock is replayed, to know which wall times were already
 #: shown: longer than any clock set-back in the tz database (23 hours, Kwajalein 1969).
 _LOOKBACK = timedelta(days=3)
@@ -362,20 +360,47 @@ def _next_change(zone: ZoneInfo, before: datetime, after: datetime, offset: time
     return after
 
 
-def _segments(zone: ZoneInfo, start: datetime) -> Iterator[tuple[datetime, datetime, timedelta]]:
-    """Yield ``(begin, end, offset)``: consecutive UTC stretches from ``start`` with a constant offset."""
-    begin, offset = start, _offset(zone, start)
-    while begin < _LAST_INSTANT:
-        limit = begin + _MAX_SEGMENT
-        end, probe = limit, begin
-        while probe < limit:
-            following = min(probe + _PROBE_STEP, limit)
-            if _offset(zone, following) != offset:
-                end = _next_change(zone, probe, following, offset)
-                break
+#: Zone offsets are looked up per stretch of this length since the epoch, each worked out once
+#: per process (a materialiser pass plans many tasks in the same few zones and weeks).
+_BUCKET = timedelta(days=28)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket_offsets(zone: ZoneInfo, bucket: int) -> tuple[tuple[datetime, timedelta], ...]:
+    """``(instant, offset)`` pairs for the bucket: its start with the offset there, then each
+    change of offset inside it."""
+    begin = _EPOCH + bucket * _BUCKET
+    limit = begin + _BUCKET
+    offset = _offset(zone, begin)
+    points = [(begin, offset)]
+    probe = begin
+    while probe < limit:
+        following = min(probe + _PROBE_STEP, limit)
+        if following < limit and _offset(zone, following) != offset:
+            change = _next_change(zone, probe, following, offset)
+            offset = _offset(zone, change)
+            points.append((change, offset))
+            probe = change
+        else:
             probe = following
-        yield begin, end, offset
-        begin, offset = end, _offset(zone, end)
+    return tuple(points)
+
+
+def _segments(zone: ZoneInfo, start: datetime) -> Iterator[tuple[datetime, datetime, timedelta]]:
+    """Yield ``(begin, end, offset)``: consecutive UTC stretches from ``start`` with a constant
+    offset (a stretch may be cut in two at a bucket boundary; both halves share the offset)."""
+    bucket = (start - _EPOCH) // _BUCKET
+    begin = start
+    while begin < _LAST_INSTANT:
+        points = _bucket_offsets(zone, bucket)
+        bucket_end = _EPOCH + (bucket + 1) * _BUCKET
+        for index, (at, offset) in enumerate(points):
+            end = points[index + 1][0] if index + 1 < len(points) else bucket_end
+            if end > begin:
+                yield max(at, begin), end, offset
+        begin = bucket_end
+        bucket += 1
 
 
 def _cron_times(cron: CronExpression, zone: ZoneInfo, since: datetime) -> Iterator[datetime]:
