@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,8 @@ class TmsSettings:
     MATERIALISE_INTERVAL: float = 5.0
     #: Tasks locked per materialiser transaction.
     MATERIALISE_BATCH: int = 2000
+    #: Threads (each with its own connection) that drain a backlog of due tasks in one pass.
+    MATERIALISE_THREADS: int = 2
     #: Executions published per monitor transaction.
     MONITOR_BATCH: int = 500
     #: Longest the monitor sleeps when it knows of no due work and hears no NOTIFY.
@@ -32,6 +35,19 @@ class TmsSettings:
     OUTPUT_MAX_CHARS: int = 16384
     #: Default task timeout in seconds.
     DEFAULT_TIMEOUT: float = 1200.0
+    #: Default of a task's misfire_grace (seconds): a fire time later than this is a misfire.
+    MISFIRE_GRACE: float = 60.0
+    #: Default of a task's catch_up_limit: the most missed fire times run_all runs.
+    CATCH_UP_LIMIT: int = 100
+
+    def __post_init__(self) -> None:
+        # The bounds of the task fields these are defaults for (tasks_app.models).
+        if self.MATERIALISE_THREADS < 1:
+            raise ImproperlyConfigured("TMS_MATERIALISE_THREADS must be at least 1.")
+        if self.MISFIRE_GRACE < 1:
+            raise ImproperlyConfigured("TMS_MISFIRE_GRACE must be at least 1 (second).")
+        if not 1 <= self.CATCH_UP_LIMIT <= 1000:
+            raise ImproperlyConfigured("TMS_CATCH_UP_LIMIT must be between 1 and 1000.")
 
 
 def tms_settings() -> TmsSettings:
@@ -39,7 +55,5 @@ def tms_settings() -> TmsSettings:
     known = {f.name for f in fields(TmsSettings)}
     unknown = set(configured) - known
     if unknown:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured(f"Unknown TMS settings: {', '.join(sorted(unknown))}")
     return TmsSettings(**configured)

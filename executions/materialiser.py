@@ -10,9 +10,12 @@ advances each task's cursor (``next_run_at``) in the same transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple, Protocol
 
 from django.db import connection, transaction
 
@@ -27,13 +30,57 @@ from tasks_app.schedules import Schedule, jitter_for
 logger = logging.getLogger(__name__)
 
 ACTOR = "materialiser"
-#: An occurrence more than this late when materialised is a misfire, handled per the task's policy.
-MISFIRE_GRACE = timedelta(seconds=60)
-#: The most catch-up runs ``run_all`` creates in one pass.
-RUN_ALL_LIMIT = 100
 
 
-def task_schedule(task: Task) -> Schedule:
+class Plannable(Protocol):
+    """What planning reads of a task: a :class:`~tasks_app.models.Task` or a :class:`DueTask`."""
+
+    @property
+    def pk(self) -> uuid.UUID: ...
+
+    start_at: datetime
+    interval: timedelta | None
+    cron: str
+    timezone: str
+    end_at: datetime | None
+    max_runs: int | None
+    jitter: timedelta
+    misfire_policy: str
+    misfire_grace: timedelta
+    catch_up_limit: int
+    overlap_policy: str
+    priority: int
+    next_run_at: datetime | None
+    runs_materialised: int
+    paused_at: datetime | None
+
+
+class DueTask(NamedTuple):
+    """The columns of a task that a pass plans from, loaded as plain rows (building 100,000 model
+    instances costs more than planning them)."""
+
+    pk: uuid.UUID
+    start_at: datetime
+    interval: timedelta | None
+    cron: str
+    timezone: str
+    end_at: datetime | None
+    max_runs: int | None
+    jitter: timedelta
+    misfire_policy: str
+    misfire_grace: timedelta
+    catch_up_limit: int
+    overlap_policy: str
+    priority: int
+    next_run_at: datetime | None
+    runs_materialised: int
+    paused_at: datetime | None
+
+
+_DUE_COLUMNS = ("id", *DueTask._fields[1:])
+
+
+def task_schedule(task: Plannable) -> Schedule:
     return Schedule(
         start_at=task.start_at, interval=task.interval, cron=task.cron, timezone=task.timezone, end_at=task.end_at
     )
@@ -48,8 +95,13 @@ class Plan:
     skipped: list[SkippedOccurrence] = field(default_factory=list)
 
 
-#: How many missed occurrences each misfire policy keeps (the latest ones).
-_MISFIRE_KEEP = {MisfirePolicy.SKIP: 0, MisfirePolicy.RUN_ONCE: 1, MisfirePolicy.RUN_ALL: RUN_ALL_LIMIT}
+def _misfire_keep(task: Plannable) -> int:
+    """How many missed occurrences the task's misfire policy runs (the latest ones)."""
+    if task.misfire_policy == MisfirePolicy.RUN_ALL:
+        return task.catch_up_limit
+    return 1 if task.misfire_policy == MisfirePolicy.RUN_ONCE else 0
+
+
 #: The most dropped occurrences recorded one by one per task and pass (the latest ones); one
 #: summary row stands for any earlier ones.
 RECORD_LIMIT = 1000
@@ -82,18 +134,19 @@ def catch_up_since(schedule: Schedule, cursor: datetime, *, missed_before: datet
     return cursor
 
 
-def _skip_reason(task: Task, when: datetime) -> tuple[str, str]:
+def _skip_reason(task: Plannable, when: datetime) -> tuple[str, str]:
     policy = task.misfire_policy
     if policy == MisfirePolicy.RUN_ONCE:
         return SkipReason.COALESCED, "misfire policy run_once: folded into one catch-up run"
     if policy == MisfirePolicy.RUN_ALL:
-        return SkipReason.COALESCED, f"misfire policy run_all: beyond its bound of {RUN_ALL_LIMIT} catch-up runs"
+        return SkipReason.COALESCED, f"misfire policy run_all: beyond its bound of {task.catch_up_limit} catch-up runs"
     if task.paused_at is not None and when >= task.paused_at:
         return SkipReason.PAUSED, "the task was paused at this time; misfire policy skip"
-    return SkipReason.MISSED, f"missed by more than {MISFIRE_GRACE.total_seconds():g}s; misfire policy skip"
+    grace = task.misfire_grace.total_seconds()
+    return SkipReason.MISSED, f"missed by more than its misfire grace of {grace:g}s; misfire policy skip"
 
 
-def _skipped(task: Task, dropped: list[datetime], *, unlisted: int | None) -> list[SkippedOccurrence]:
+def _skipped(task: Plannable, dropped: list[datetime], *, unlisted: int | None) -> list[SkippedOccurrence]:
     """Rows for the latest :data:`RECORD_LIMIT` of ``dropped``, plus one summary row at the
     cursor standing for ``unlisted`` earlier ones and the rest of ``dropped`` (None: an unknown
     number, for a cron schedule whose earlier misses were not walked)."""
@@ -128,14 +181,18 @@ def _unlisted(schedule: Schedule, cursor: datetime, since: datetime) -> int | No
     return None
 
 
-def plan_task(task: Task, *, now: datetime, until: datetime) -> Plan:
+def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     """The executions to create for ``task`` up to ``until``, where its cursor moves, and the
-    missed occurrences its misfire policy drops (recorded as skipped occurrences)."""
+    missed occurrences its misfire policy drops (recorded as skipped occurrences).
+
+    An occurrence more than the task's ``misfire_grace`` before ``now`` is a misfire: of those,
+    the policy keeps the latest 0 (skip), 1 (run_once) or ``catch_up_limit`` (run_all).
+    """
     if task.next_run_at is None:
         return Plan([], None, task.runs_materialised)
     schedule = task_schedule(task)
-    keep = _MISFIRE_KEEP[task.misfire_policy]
-    missed_before = now - MISFIRE_GRACE
+    keep = _misfire_keep(task)
+    missed_before = now - task.misfire_grace
     since = catch_up_since(schedule, task.next_run_at, missed_before=missed_before, keep=keep + RECORD_LIMIT)
     fire_times: Iterator[datetime] = schedule.fire_times(since=since)
     remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
@@ -185,37 +242,54 @@ def skipped_record(rows: list[SkippedOccurrence]) -> None:
         SkippedOccurrence.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
 
 
-def _move_cursors(tasks: list[Task]) -> None:
-    """Write each task's cursor, run count, status and pause mark in one UPDATE … FROM (VALUES …)."""
+@dataclass(frozen=True)
+class _Cursor:
+    task_id: uuid.UUID
+    next_run_at: datetime | None
+    runs: int
+    status: str
+
+
+def _move_cursors(cursors: Sequence[_Cursor]) -> None:
+    """Write each task's cursor, run count and status, and end any pause, in one statement."""
     if connection.vendor != "postgresql":
-        Task.objects.bulk_update(tasks, ["next_run_at", "runs_materialised", "status", "paused_at"])
+        for c in cursors:
+            Task.objects.filter(pk=c.task_id).update(
+                next_run_at=c.next_run_at, runs_materialised=c.runs, status=c.status, paused_at=None
+            )
         return
-    table = Task._meta.db_table
-    values = ", ".join(["(%s::uuid, %s::timestamptz, %s::integer, %s)"] * len(tasks))
-    params: list[object] = []
-    for task in tasks:
-        params += [task.pk, task.next_run_at, task.runs_materialised, task.status]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} t SET next_run_at = v.next_run_at, runs_materialised = v.runs, "  # noqa: S608
-            f"status = v.status, paused_at = NULL FROM (VALUES {values}) AS v (id, next_run_at, runs, status) "
-            "WHERE t.id = v.id",
-            params,
+            f"""
+            UPDATE {Task._meta.db_table} t
+            SET next_run_at = v.next_run_at, runs_materialised = v.runs, status = v.status, paused_at = NULL
+            FROM unnest(%s::uuid[], %s::timestamptz[], %s::integer[], %s::text[]) AS v (id, next_run_at, runs, status)
+            WHERE t.id = v.id
+            """,  # noqa: S608 - the table name is ours, the values are parameters
+            [
+                transitions.pg_array(c.task_id for c in cursors),
+                transitions.pg_array(c.next_run_at for c in cursors),
+                transitions.pg_array(c.runs for c in cursors),
+                transitions.pg_array(c.status for c in cursors),
+            ],
         )
 
 
-def _apply(tasks: list[Task], *, now: datetime, until: datetime) -> list[int]:
-    plans = {task.pk: plan_task(task, now=now, until=until) for task in tasks}
-    ids = transitions.executions_create(rows=[row for p in plans.values() for row in p.rows], actor=ACTOR)
-    skipped_record([row for p in plans.values() for row in p.skipped])
+def _apply(tasks: Sequence[Plannable], *, now: datetime, until: datetime) -> list[int]:
+    """Plan ``tasks`` (locked by the caller), create their executions and skipped occurrences,
+    and move their cursors; return the new execution ids."""
+    rows: list[transitions.NewExecution] = []
+    skipped: list[SkippedOccurrence] = []
+    cursors = []
     for task in tasks:
-        plan = plans[task.pk]
-        task.next_run_at = plan.next_run_at
-        task.runs_materialised = plan.runs
-        task.paused_at = None  # materialised again: any pause is over
-        if plan.next_run_at is None:
-            task.status = TaskStatus.COMPLETED
-    _move_cursors(tasks)
+        plan = plan_task(task, now=now, until=until)
+        rows += plan.rows
+        skipped += plan.skipped
+        status = TaskStatus.ACTIVE if plan.next_run_at is not None else TaskStatus.COMPLETED
+        cursors.append(_Cursor(task.pk, plan.next_run_at, plan.runs, status))
+    ids = transitions.executions_create(rows=rows, actor=ACTOR)
+    skipped_record(skipped)
+    _move_cursors(cursors)
     if ids:
         notify_due()
     return ids
@@ -235,26 +309,73 @@ def materialise_task(*, task_id: object, until: datetime | None = None) -> list[
         return _apply([task], now=now, until=until)
 
 
-def materialise_due(*, horizon: float | None = None, batch: int | None = None) -> int:
-    """One materialiser pass over every active task due within the horizon; returns executions created."""
+def _commit_without_waiting_for_disk() -> None:
+    """Let this transaction's commit return before its WAL reaches the disk.
+
+    Safe for a materialiser batch, and what makes a cold pass fit its interval (most of its time
+    was waiting for fsync): the batch is atomic and idempotent, so a database crash that loses
+    it loses its executions and the cursor moves together, and the next pass makes them again.
+    Nothing outside the database can depend on a lost batch: the monitor publishes an execution
+    only after its own (synchronous) commit, and flushing that commit's WAL flushes this
+    batch's, which precedes it.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
+
+
+def _batch(*, now: datetime, until: datetime, size: int) -> tuple[int, bool]:
+    """Lock up to ``size`` due tasks no other pass holds, materialise them, commit; return the
+    executions created and whether the batch was full (more may be due)."""
+    with transaction.atomic():
+        _commit_without_waiting_for_disk()
+        tasks = [
+            DueTask._make(row)
+            for row in Task.objects.select_for_update(skip_locked=True)
+            .filter(status=TaskStatus.ACTIVE, next_run_at__isnull=False, next_run_at__lte=until)
+            .order_by("next_run_at")
+            .values_list(*_DUE_COLUMNS)[:size]
+        ]
+        created = len(_apply(tasks, now=now, until=until)) if tasks else 0
+    return created, len(tasks) == size
+
+
+def _drain(*, now: datetime, until: datetime, size: int) -> int:
+    created, full = 0, True
+    while full:
+        count, full = _batch(now=now, until=until, size=size)
+        created += count
+    return created
+
+
+def _drain_in_thread(*, now: datetime, until: datetime, size: int) -> int:
+    try:
+        return _drain(now=now, until=until, size=size)
+    finally:
+        connection.close()  # this thread's own connection
+
+
+def materialise_due(*, horizon: float | None = None, batch: int | None = None, threads: int | None = None) -> int:
+    """One materialiser pass over every active task due within the horizon; returns executions created.
+
+    The first batch runs here. If it was full (a backlog: a cold start, a long outage), the rest
+    is drained by ``threads`` threads with a connection each (``MATERIALISE_THREADS``): their
+    batches never meet (SKIP LOCKED), and one plans in Python while another waits on the
+    database. Inside a caller's transaction the pass stays on the caller's connection.
+    """
     conf = tms_settings()
     horizon = conf.MATERIALISE_HORIZON if horizon is None else horizon
-    batch = batch or conf.MATERIALISE_BATCH
-    created = 0
+    size = batch or conf.MATERIALISE_BATCH
+    threads = threads or conf.MATERIALISE_THREADS
     now = db_now()
     until = now + timedelta(seconds=horizon)
-    while True:
-        with transaction.atomic():
-            tasks = list(
-                Task.objects.select_for_update(skip_locked=True)
-                .filter(status=TaskStatus.ACTIVE, next_run_at__isnull=False, next_run_at__lte=until)
-                .order_by("next_run_at")[:batch]
-            )
-            if not tasks:
-                break
-            created += len(_apply(tasks, now=now, until=until))
-        if len(tasks) < batch:
-            break
+    created, full = _batch(now=now, until=until, size=size)
+    if full and threads > 1 and not connection.in_atomic_block:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="materialise") as pool:
+            drains = [pool.submit(_drain_in_thread, now=now, until=until, size=size) for _ in range(threads)]
+            created += sum(drain.result() for drain in drains)
+    elif full:
+        created += _drain(now=now, until=until, size=size)
     if created:
         logger.info("materialised %d executions", created)
     return created

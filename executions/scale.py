@@ -1,22 +1,29 @@
 """A timed materialiser pass over many recurring tasks (``manage.py materialise --scale N``).
 
-The tasks are inserted set-based under a dedicated user, due now (an hourly interval, so one
-occurrence each inside the horizon), then two passes are timed: the first creates one execution
-per task, the second must create nothing. The tasks and their executions are deleted afterwards.
+The tasks are inserted set-based under a dedicated user, all due now: half on an hourly
+interval, half on an hourly cron expression in one of several time zones (whose minute is
+chosen so that it fires within the next two minutes, so every task has exactly one occurrence
+inside the horizon). Then two passes are timed: the first creates one execution per task, the
+second must create nothing. The tasks and their executions are deleted afterwards.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+from executions.clock import db_now
 from executions.materialiser import materialise_due
 from tasks_app.models import Task
 
 SCALE_USER = "tms-scale-check"
+#: Zones of the cron half, including ones whose offsets are not whole hours.
+ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe", "Asia/Kathmandu")
 
 
 @dataclass(frozen=True)
@@ -41,20 +48,26 @@ def materialise_scale_check(*, tasks: int) -> ScaleResult:
     owner = get_user_model().objects.get_or_create(username=SCALE_USER)[0]
     Task.objects.filter(owner=owner).delete()
     started = time.monotonic()
+    # The local minute, in each zone, of a fire time one to two minutes from now.
+    soon = db_now() + timedelta(minutes=2)
+    crons = [f"{soon.astimezone(ZoneInfo(zone)).minute} * * * *" for zone in ZONES]
     with connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
-                timezone, jitter, misfire_policy, overlap_policy, max_attempts, retry_backoff, retry_backoff_max,
-                retry_jitter, timeout, priority, notification_target, tracing_id, next_run_at, runs_materialised,
-                created_at, updated_at)
-            SELECT gen_random_uuid(), %s, 'scale ' || g, 'ACTIVE', 'noop', '{}', date_trunc('second', now()),
-                interval '1 hour', '', 'UTC', interval '0', 'run_once', 'allow', 3, interval '5 seconds',
+                timezone, jitter, misfire_policy, misfire_grace, catch_up_limit, overlap_policy, max_attempts,
+                retry_backoff, retry_backoff_max, retry_jitter, timeout, priority, notification_target, tracing_id,
+                next_run_at, runs_materialised, created_at, updated_at)
+            SELECT gen_random_uuid(), %(owner)s, 'scale ' || g, 'ACTIVE', 'noop', '{}', date_trunc('second', now()),
+                CASE WHEN g %% 2 = 0 THEN interval '1 hour' END,
+                CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END,
+                CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END,
+                interval '0', 'run_once', interval '60 seconds', 100, 'allow', 3, interval '5 seconds',
                 interval '10 minutes', true, interval '20 minutes', 5, '', '', date_trunc('second', now()), 0,
                 now(), now()
-            FROM generate_series(1, %s) AS g
+            FROM generate_series(1, %(tasks)s) AS g
             """,
-            [owner.pk, tasks],
+            {"owner": owner.pk, "crons": crons, "names": list(ZONES), "zones": len(ZONES), "tasks": tasks},
         )
         cursor.execute("ANALYZE tasks_app_task")
     fill = time.monotonic() - started

@@ -10,7 +10,7 @@ database clock (``now()``), never from the host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -123,43 +123,100 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     return ids
 
 
-#: Rows per INSERT statement (6 parameters each, far below PostgreSQL's 65535).
-_INSERT_CHUNK = 2000
+#: Rows per INSERT statement.
+_INSERT_CHUNK = 5000
+
+
+def pg_array(values: Iterable[object]) -> str:
+    """A PostgreSQL array literal (``{"a","b",NULL}``) for a ``%s::type[]`` parameter.
+
+    Bulk writes pass one such text per column and ``unnest`` them server-side: the statement
+    stays a few hundred bytes whatever the row count, where a VALUES list of thousands of rows
+    costs the client its quoting and the server its parsing. Elements are quoted (text, uuid,
+    timestamps in ISO 8601) or bare (numbers, booleans, NULL).
+    """
+    parts = []
+    for value in values:
+        if value is None:
+            parts.append("NULL")
+        elif isinstance(value, bool):
+            parts.append("t" if value else "f")
+        elif isinstance(value, int):
+            parts.append(str(value))
+        else:
+            text = value.isoformat() if isinstance(value, datetime) else str(value)
+            parts.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(parts) + "}"
 
 
 def _insert_executions(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
-    """Insert one chunk with its creation events: one statement on PostgreSQL (the events are
-    written by a data-modifying CTE), an INSERT and a bulk insert elsewhere."""
-    table = Execution._meta.db_table
-    placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '', %s)"] * len(rows))
-    task_field = Execution._meta.get_field("task")
-    time_field = Execution._meta.get_field("scheduled_for")
-    params: list[object] = []
-    for row in rows:
-        when = time_field.get_db_prep_value(row.scheduled_for, connection)
-        due = time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection)
-        task_pk = task_field.get_db_prep_value(row.task_id, connection)
-        params += [task_pk, when, S.SCHEDULED, due, row.priority, row.exclusive]
-    # Table name and placeholders are ours; every value goes through params.
+    """Insert one chunk with its creation events: on PostgreSQL one statement (columns as
+    arrays, the events written by a data-modifying CTE); elsewhere through the ORM."""
+    if connection.vendor != "postgresql":
+        return _insert_executions_orm(rows, actor=actor, detail=detail)
+    # Table names are ours; every value goes through params. No conflict target: the occurrence
+    # uniqueness is a partial index (superseded rows leave it).
+    sql = f"""
+        WITH created AS (
+            INSERT INTO {Execution._meta.db_table} (task_id, scheduled_for, due_at, priority, exclusive, status,
+                attempt, lease_owner, external_run_id, run_handle, message_id, output, error)
+            SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, 1, '', '', '{{}}', '', '', ''
+            FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[])
+                AS v (task_id, scheduled_for, due_at, priority, exclusive)
+            ON CONFLICT DO NOTHING
+            RETURNING id
+        )
+        INSERT INTO {ExecutionEvent._meta.db_table} (execution_id, from_status, to_status, attempt, at, actor, detail)
+        SELECT id, '', %s, 1, statement_timestamp(), %s, %s FROM created
+        RETURNING execution_id
+    """  # noqa: S608
+    params = [
+        S.SCHEDULED,
+        pg_array(row.task_id for row in rows),
+        pg_array(row.scheduled_for for row in rows),
+        pg_array(row.due_at or row.scheduled_for for row in rows),
+        pg_array(row.priority for row in rows),
+        pg_array(row.exclusive for row in rows),
+        S.SCHEDULED,
+        actor[:200],
+        detail,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _insert_executions_orm(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
+    """The embedded (SQLite) default: a VALUES insert in chunks within SQLite's parameter limit,
+    then the events."""
     columns = (
         "task_id, scheduled_for, status, attempt, due_at, priority, lease_owner,"
         " external_run_id, run_handle, message_id, output, error, exclusive"
     )
-    # No conflict target: the occurrence uniqueness is a partial index (superseded rows leave it).
-    conflict = "ON CONFLICT DO NOTHING RETURNING id"
-    sql = f"INSERT INTO {table} ({columns}) VALUES {placeholders} {conflict}"  # noqa: S608
-    if connection.vendor == "postgresql":
+    task_field = Execution._meta.get_field("task")
+    time_field = Execution._meta.get_field("scheduled_for")
+    ids: list[int] = []
+    for start in range(0, len(rows), 1000):
+        chunk = rows[start : start + 1000]
+        placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '', %s)"] * len(chunk))
+        params: list[object] = []
+        for row in chunk:
+            params += [
+                task_field.get_db_prep_value(row.task_id, connection),
+                time_field.get_db_prep_value(row.scheduled_for, connection),
+                S.SCHEDULED,
+                time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection),
+                row.priority,
+                row.exclusive,
+            ]
         sql = (
-            f"WITH created AS ({sql}) INSERT INTO {ExecutionEvent._meta.db_table} "  # noqa: S608
-            "(execution_id, from_status, to_status, attempt, at, actor, detail) "
-            "SELECT id, '', %s, 1, statement_timestamp(), %s, %s FROM created RETURNING execution_id"
+            f"INSERT INTO {Execution._meta.db_table} ({columns}) VALUES {placeholders} "  # noqa: S608
+            "ON CONFLICT DO NOTHING RETURNING id"
         )
-        params += [S.SCHEDULED, actor[:200], detail]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        ids = [row[0] for row in cursor.fetchall()]
-    if connection.vendor != "postgresql":
-        ExecutionEvent.objects.bulk_create([_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids])
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            ids += [row[0] for row in cursor.fetchall()]
+    ExecutionEvent.objects.bulk_create([_event(i, "", S.SCHEDULED, 1, actor, detail) for i in ids])
     return ids
 
 

@@ -91,8 +91,11 @@ class DurationField(serializers.Field):
 
     default_error_messages = {"invalid": "{message}"}
 
-    def __init__(self, *, min_value: timedelta | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, min_value: timedelta | None = None, max_value: timedelta | None = None, **kwargs: Any
+    ) -> None:
         self.min_value = min_value
+        self.max_value = max_value
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> timedelta:
@@ -102,6 +105,8 @@ class DurationField(serializers.Field):
             self.fail("invalid", message=str(exc))
         if self.min_value is not None and value < self.min_value:
             self.fail("invalid", message=f"Must be at least {format_duration(self.min_value)}.")
+        if self.max_value is not None and value > self.max_value:
+            self.fail("invalid", message=f"Must be at most {format_duration(self.max_value)}.")
         return value
 
     def to_representation(self, value: timedelta) -> float:

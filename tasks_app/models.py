@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from executions.conf import tms_settings
+
 
 class TaskStatus(models.TextChoices):
     ACTIVE = "ACTIVE"  #: materialised and run per its schedule
@@ -60,16 +62,40 @@ def default_timeout() -> timedelta:
     return timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
 
 
+#: Bounds of a task's misfire settings. A grace under a second would turn the ordinary delay
+#: between creating a "run now" task and materialising it into a misfire.
+MIN_MISFIRE_GRACE = timedelta(seconds=1)
+MAX_CATCH_UP_LIMIT = 1000
+
+
+def default_misfire_grace() -> timedelta:
+    return timedelta(seconds=tms_settings().MISFIRE_GRACE)
+
+
+def default_catch_up_limit() -> int:
+    return tms_settings().CATCH_UP_LIMIT
+
+
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_tasks")
+    # No index of its own: task_owner_created_idx leads with the owner.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_tasks", db_index=False
+    )
     name = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.ACTIVE)
 
     runner = models.CharField(max_length=64, help_text="Alias of a runner in TMS_RUNNERS.")
     config = models.JSONField(default=dict, blank=True, help_text="Runner config, validated by the runner.")
+    # Indexed only where set (task_artifact_idx): most tasks have none.
     artifact = models.ForeignKey(
-        Artifact, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks", help_text="Uploaded binary."
+        Artifact,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="tasks",
+        help_text="Uploaded binary.",
+        db_index=False,
     )
 
     # Schedule: one-shot at start_at, or every `interval`, or on `cron` in `timezone`.
@@ -81,6 +107,16 @@ class Task(models.Model):
     max_runs = models.PositiveIntegerField(null=True, blank=True)
     jitter = models.DurationField(default=timedelta(0), blank=True)
     misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
+    misfire_grace = models.DurationField(
+        default=default_misfire_grace,
+        validators=[MinValueValidator(MIN_MISFIRE_GRACE)],
+        help_text="A fire time later than this when it comes to run is a misfire, handled per misfire_policy.",
+    )
+    catch_up_limit = models.PositiveIntegerField(
+        default=default_catch_up_limit,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CATCH_UP_LIMIT)],
+        help_text="The most missed fire times misfire policy run_all runs (the latest ones).",
+    )
     overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
 
     # Retries and limits.
@@ -113,10 +149,15 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["next_run_at"], condition=Q(status="ACTIVE"), name="task_due_active_idx"),
             models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
+            models.Index(fields=["artifact"], condition=Q(artifact__isnull=False), name="task_artifact_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__lte=9), name="task_priority_0_9"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="task_max_attempts_positive"),
+            models.CheckConstraint(condition=Q(misfire_grace__gte=MIN_MISFIRE_GRACE), name="task_misfire_grace_min"),
+            models.CheckConstraint(
+                condition=Q(catch_up_limit__gte=1, catch_up_limit__lte=MAX_CATCH_UP_LIMIT), name="task_catch_up_limit"
+            ),
             models.CheckConstraint(
                 condition=Q(end_at__isnull=True) | Q(end_at__gte=models.F("start_at")), name="task_end_after_start"
             ),

@@ -11,7 +11,17 @@ from rest_framework import serializers
 
 from executions.serializers import CancelReportSerializer
 from tasks_app.durations import DurationField
-from tasks_app.models import Artifact, MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import (
+    MAX_CATCH_UP_LIMIT,
+    MIN_MISFIRE_GRACE,
+    Artifact,
+    MisfirePolicy,
+    OverlapPolicy,
+    Task,
+    TaskStatus,
+    default_catch_up_limit,
+    default_misfire_grace,
+)
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
 from tms_project.api_base import BoundedDateTimeField, StrictInputMixin
@@ -68,10 +78,24 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         choices=MisfirePolicy.choices,
         default=MisfirePolicy.RUN_ONCE,
         help_text=(
-            "Fire times missed by more than 60 s (downtime, a pause, a backlog): skip runs none, run_once runs "
-            "the latest once, run_all runs the latest 100 of them. The others are recorded as skipped "
-            "(GET /tasks/{id}/why)."
+            "Fire times missed by more than misfire_grace (downtime, a pause, a backlog): skip runs none, "
+            "run_once runs the latest once, run_all runs the latest catch_up_limit of them. The others are "
+            "recorded as skipped (GET /tasks/{id}/why)."
         ),
+    )
+    misfire_grace = DurationField(
+        required=False,
+        default=default_misfire_grace,
+        min_value=MIN_MISFIRE_GRACE,
+        max_value=timedelta(days=30),
+        help_text="How late a fire time may start and still count as on time (default TMS_MISFIRE_GRACE, 60 s).",
+    )
+    catch_up_limit = serializers.IntegerField(
+        required=False,
+        default=default_catch_up_limit,
+        min_value=1,
+        max_value=MAX_CATCH_UP_LIMIT,
+        help_text="The most missed fire times run_all runs, the latest ones (default TMS_CATCH_UP_LIMIT, 100).",
     )
     overlap_policy = serializers.ChoiceField(
         choices=OverlapPolicy.choices,
@@ -154,6 +178,7 @@ def check_task(attrs: Mapping[str, Any]) -> None:
 class TaskSerializer(serializers.ModelSerializer):
     interval = DurationField(allow_null=True, help_text="Seconds between runs; null for one-shot and cron.")
     jitter = DurationField()
+    misfire_grace = DurationField()
     retry_backoff = DurationField()
     retry_backoff_max = DurationField()
     timeout = DurationField()
@@ -175,6 +200,8 @@ class TaskSerializer(serializers.ModelSerializer):
             "max_runs",
             "jitter",
             "misfire_policy",
+            "misfire_grace",
+            "catch_up_limit",
             "overlap_policy",
             "max_attempts",
             "retry_backoff",

@@ -145,6 +145,8 @@ UPDATABLE_FIELDS = (
     | {
         "name",
         "misfire_policy",
+        "misfire_grace",
+        "catch_up_limit",
         "overlap_policy",
         "max_attempts",
         "retry_backoff",

@@ -84,12 +84,13 @@ class DurationFieldExtension(OpenApiSerializerFieldExtension):
 
         if direction == "request":
             minimum = self.target.min_value.total_seconds() if self.target.min_value else 0
+            maximum = (self.target.max_value or MAX_DURATION).total_seconds()
             return {
                 "oneOf": [
                     {
                         "type": "number",
                         "minimum": minimum,
-                        "maximum": MAX_DURATION.total_seconds(),
+                        "maximum": maximum,
                         "description": "Seconds.",
                     },
                     {

@@ -273,11 +273,12 @@ class Bench:
             cursor.execute(
                 """
                 INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
-                    timezone, jitter, misfire_policy, overlap_policy, max_attempts, retry_backoff, retry_backoff_max,
-                    retry_jitter, timeout, priority, notification_target, tracing_id, next_run_at, runs_materialised,
-                    created_at, updated_at)
+                    timezone, jitter, misfire_policy, misfire_grace, catch_up_limit, overlap_policy, max_attempts,
+                    retry_backoff, retry_backoff_max, retry_jitter, timeout, priority, notification_target, tracing_id,
+                    next_run_at, runs_materialised, created_at, updated_at)
                 SELECT gen_random_uuid(), %s, 'filler ' || g, 'ACTIVE', 'noop', '{}', now() + interval '1 day',
-                    interval '1 hour', '', 'UTC', interval '0', 'run_once', 'allow', 3, interval '5 seconds',
+                    interval '1 hour', '', 'UTC', interval '0', 'run_once', interval '60 seconds', 100, 'allow', 3,
+                    interval '5 seconds',
                     interval '10 minutes', true, interval '20 minutes', 5, '', '',
                     now() + interval '1 day' + g * interval '1 millisecond', %s, now(), now()
                 FROM generate_series(1, %s) AS g

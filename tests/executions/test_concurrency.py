@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent
@@ -104,3 +105,29 @@ def test_concurrent_materialiser_passes_in_one_process_create_nothing_twice():
         created = sum(pool.map(one_pass, range(8)))
     # 50 tasks x occurrences at 0, 5, ..., 60 s = 13 each.
     assert created == Execution.objects.count() == 50 * 13
+
+
+def test_a_backlog_is_drained_by_threads_each_occurrence_once():
+    from executions.materialiser import materialise_due
+
+    owner = UserFactory()
+    now = timezone.now()
+    interval = TaskFactory.create_batch(600, owner=owner, start_at=now, interval=timedelta(minutes=1))
+    cron = TaskFactory.create_batch(600, owner=owner, start_at=now, cron="* * * * *", timezone="Asia/Kolkata")
+    # One full batch here, then three threads with their own connections share the rest.
+    created = materialise_due(horizon=150, batch=100, threads=3)
+    per_task = Execution.objects.values("task").annotate(n=Count("id"))
+    assert created == Execution.objects.count() == sum(row["n"] for row in per_task)
+    assert {row["n"] for row in per_task if row["task"] in {t.pk for t in interval}} == {3}  # 0, 60, 120 s
+    assert {row["n"] for row in per_task if row["task"] in {t.pk for t in cron}} <= {2, 3}  # whole minutes
+    assert len(per_task) == 1200
+    assert materialise_due(horizon=150, batch=100, threads=3) == 0
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_pass_inside_a_transaction_stays_on_its_connection():
+    """Threads could not see the caller's uncommitted tasks: inside a transaction there are none."""
+    from executions.materialiser import materialise_due
+
+    TaskFactory.create_batch(30, start_at=timezone.now(), interval=timedelta(minutes=1))
+    assert materialise_due(horizon=30, batch=10, threads=4) == 30

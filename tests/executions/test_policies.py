@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 
-from executions import materialiser
 from executions.clock import db_now
 from executions.harness.ledger import LedgerServer
 from executions.models import ACTIVE_STATUSES, Execution, SkippedOccurrence
@@ -24,18 +23,13 @@ FAST = {
     "TMS_WORKER_TIMEOUT": "5",
     "TMS_MONITOR_MAX_SLEEP": "0.2",
 }
-#: The misfire grace in this process (the materialiser runs here: task_create, resume).
+#: The tasks' misfire grace.
 GRACE = timedelta(seconds=2)
 
 
 @pytest.fixture
 def owner():
     return UserFactory()
-
-
-@pytest.fixture
-def short_grace(monkeypatch):
-    monkeypatch.setattr(materialiser, "MISFIRE_GRACE", GRACE)
 
 
 def _live(task):
@@ -50,7 +44,7 @@ def _reasons(task) -> list[str]:
     return list(SkippedOccurrence.objects.filter(task=task).values_list("reason", flat=True))
 
 
-def test_misfire_policies_after_downtime(owner, short_grace):
+def test_misfire_policies_after_downtime(owner):
     # The platform is down: tasks whose every-second schedule began 20 s ago.
     now = db_now()
     start = now - timedelta(seconds=20)
@@ -59,10 +53,12 @@ def test_misfire_policies_after_downtime(owner, short_grace):
         "start_at": start,
         "interval": timedelta(seconds=1),
         "end_at": now + timedelta(seconds=2),
+        "misfire_grace": GRACE,
     }
     tasks = {
         policy: task_create(owner=owner, misfire_policy=policy, **options) for policy in ("skip", "run_once", "run_all")
     }
+    tasks["run_all_5"] = task_create(owner=owner, misfire_policy="run_all", catch_up_limit=5, **options)
     missed_before = now - GRACE
     missed = sum(1 for k in range(30) if start + timedelta(seconds=k) < missed_before)
     assert missed >= 17
@@ -89,17 +85,29 @@ def test_misfire_policies_after_downtime(owner, short_grace):
     assert catch_up.status == S.SUCCEEDED
     assert ran_missed(tasks["run_all"]) in (missed, missed + 1)
     assert _reasons(tasks["run_all"]) == []
+    # run_all within its catch_up_limit: the latest 5 missed fire times run, the earlier ones are
+    # coalesced (task_create's clock is a moment after ``now``: the 5th may fall after missed_before).
+    coalesced = list(
+        SkippedOccurrence.objects.filter(task=tasks["run_all_5"])
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", "reason")
+    )
+    assert {reason for _, reason in coalesced} == {"coalesced"}
+    assert len(coalesced) in (missed - 5, missed + 1 - 5)
+    runs = _live(tasks["run_all_5"]).order_by("scheduled_for")
+    assert runs.first().scheduled_for == coalesced[-1][0] + timedelta(seconds=1)
+    assert ran_missed(tasks["run_all_5"]) in (4, 5)
     # Nothing within the grace or after it is lost, for any policy.
     for task in tasks.values():
         recent = _live(task).filter(scheduled_for__gte=missed_before)
         assert recent.count() == recent.filter(status=S.SUCCEEDED).count() >= 3
 
 
-def test_pause_then_resume_applies_each_misfire_policy(owner, short_grace):
+def test_pause_then_resume_applies_each_misfire_policy(owner):
     worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
     with running(worker, monitor):
         wait_worker_ready(worker)
-        options = {"runner": "noop", "interval": timedelta(seconds=1)}
+        options = {"runner": "noop", "interval": timedelta(seconds=1), "misfire_grace": GRACE}
         tasks = {p: task_create(owner=owner, misfire_policy=p, **options) for p in ("skip", "run_once", "run_all")}
         wait_for(
             lambda: all(_live(t).filter(status=S.SUCCEEDED).exists() for t in tasks.values()),

@@ -70,7 +70,7 @@ def test_why_answers_ran_skipped_and_not_a_fire_time(api_client, user):
     missed = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start)}).json()
     assert missed["verdict"] == "skipped"
     assert missed["skipped"]["reason"] == "missed"
-    assert "missed by more than 60s" in missed["reason"]
+    assert "missed by more than its misfire grace of 60s" in missed["reason"]
 
     between = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(seconds=20))}).json()
     assert between["verdict"] == "not_a_fire_time"
@@ -140,3 +140,51 @@ def test_exclusive_flag_follows_the_overlap_policy(api_client, user):
     api_client.patch(f"/api/v1/tasks/{task.pk}", {"overlap_policy": "allow"}, format="json")
     assert not any(Execution.objects.filter(task=task, status=S.SCHEDULED).values_list("exclusive", flat=True))
     materialise_task(task_id=task.pk)
+
+
+def test_misfire_grace_and_catch_up_limit_default_from_settings_and_can_be_set(api_client):
+    body = {"runner": "noop", "interval": "1h"}
+    default = api_client.post("/api/v1/tasks", body, format="json").json()
+    assert (default["misfire_grace"], default["catch_up_limit"]) == (60.0, 100)
+    custom = api_client.post(
+        "/api/v1/tasks",
+        {**body, "misfire_grace": "5m", "catch_up_limit": 7, "misfire_policy": "run_all"},
+        format="json",
+    )
+    assert custom.status_code == 201, custom.json()
+    assert (custom.json()["misfire_grace"], custom.json()["catch_up_limit"]) == (300.0, 7)
+    changed = api_client.patch(f"/api/v1/tasks/{custom.json()['id']}", {"catch_up_limit": 3}, format="json")
+    assert changed.status_code == 200, changed.json()
+    assert changed.json()["catch_up_limit"] == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("misfire_grace", "0.5s"), ("misfire_grace", "31d"), ("catch_up_limit", 0), ("catch_up_limit", 1001)],
+)
+def test_out_of_range_misfire_settings_are_400_per_field(api_client, field, value):
+    from tasks_app.models import Task
+
+    response = api_client.post("/api/v1/tasks", {"runner": "noop", "interval": "1h", field: value}, format="json")
+    assert response.status_code == 400
+    assert list(response.json()["errors"]) == [field]
+    assert not Task.objects.exists()
+
+
+def test_a_run_all_backlog_runs_the_latest_catch_up_limit_fire_times(user):
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    task = task_create(
+        owner=user,
+        runner="noop",
+        start_at=start,
+        interval=timedelta(hours=1),
+        misfire_policy="run_all",
+        catch_up_limit=4,
+    )
+    missed = Execution.objects.filter(task=task, scheduled_for__lt=timezone.now() - timedelta(minutes=1))
+    assert missed.count() == 4
+    times = sorted(missed.values_list("scheduled_for", flat=True))
+    assert times[-1] - times[0] == timedelta(hours=3)
+    coalesced = SkippedOccurrence.objects.filter(task=task, reason="coalesced")
+    assert coalesced.filter(scheduled_for__gte=times[0]).count() == 0
+    assert "beyond its bound of 4 catch-up runs" in coalesced.first().detail

@@ -260,6 +260,7 @@ TMS = {
     "MATERIALISE_HORIZON": env.float("TMS_MATERIALISE_HORIZON", default=300.0),
     "MATERIALISE_INTERVAL": env.float("TMS_MATERIALISE_INTERVAL", default=5.0),
     "MATERIALISE_BATCH": env.int("TMS_MATERIALISE_BATCH", default=2000),
+    "MATERIALISE_THREADS": env.int("TMS_MATERIALISE_THREADS", default=2),
     "MONITOR_BATCH": env.int("TMS_MONITOR_BATCH", default=500),
     "MONITOR_MAX_SLEEP": env.float("TMS_MONITOR_MAX_SLEEP", default=1.0),
     "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
@@ -268,6 +269,8 @@ TMS = {
     "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
     "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
+    "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),
+    "CATCH_UP_LIMIT": env.int("TMS_CATCH_UP_LIMIT", default=100),
 }
 
 TMS_RUNNERS = {
