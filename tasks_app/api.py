@@ -22,12 +22,14 @@ from executions.services import executions_materialise
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError
-from tasks_app.selectors import schedule_preview, task_preview, task_why
+from tasks_app.selectors import schedule_preview, task_occurrences, task_preview, task_why
 from tasks_app.serializers import (
     BackfillResultSerializer,
     BackfillSerializer,
     MaterialiseResultSerializer,
     MaterialiseSerializer,
+    OccurrencesQuerySerializer,
+    OccurrenceWindowSerializer,
     PreviewQuerySerializer,
     PreviewSerializer,
     SchedulePreviewSerializer,
@@ -258,6 +260,37 @@ class TaskViewSet(
         query = WhyQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         return Response(WhySerializer(task_why(task=task, at=query.validated_data["at"])).data)
+
+    @extend_schema(
+        summary="A task's occurrence timeline over a window",
+        description=(
+            "Every fire time of the task's schedule in [`from`, `to`) (up to its last run: `end_at`, `max_runs`) "
+            "and what became of it, in time order, with the executions and skipped occurrences in the window that "
+            "no fire time accounts for (triggered runs, retries, superseded executions, records of an earlier "
+            "schedule); every execution and skipped occurrence in the window appears in exactly one item. "
+            "`state` is `executed` (its execution started or ended: SUCCEEDED, FAILED, RUNNING, CANCELLED), "
+            "`scheduled` (its execution waits: SCHEDULED or PENDING), `skipped` (with the recorded reason "
+            "`missed`, `coalesced`, `paused` or `overlap` and its detail, also where a summary row stands for it; "
+            "`recorded: false` for a fire time passed while the task is still paused), `upcoming` (not "
+            "materialised yet: in the future, or past but not yet reached by the scheduler), `superseded` "
+            "(replaced before it started by a schedule change or a pause) or `missing` (past, with no execution "
+            "and no recorded reason: should not happen, shown rather than hidden). `reason` says it in words, "
+            "as `why` does. Default window: 2 days, around now, or from `from`, or up to `to`, halved until it "
+            "holds at most 1000 fire times (`from` and `to` in the answer say what it was). A window given in "
+            "full may span at most 366 days and hold at most 1000 fire times and 2000 executions and 2000 "
+            "skipped occurrences, else 400 on `to` (naming a `to` that fits): the answer is never paged, ask "
+            "for the next window instead."
+        ),
+        parameters=[OccurrencesQuerySerializer],
+        responses={200: OccurrenceWindowSerializer, **error_responses(400)},
+    )
+    @action(detail=True, methods=["get"])
+    def occurrences(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        query = OccurrencesQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        window = task_occurrences(task=task, start=query.validated_data.get("from"), end=query.validated_data.get("to"))
+        return Response(OccurrenceWindowSerializer(window).data)
 
     @extend_schema(
         summary="Backfill a past time range",

@@ -1,15 +1,23 @@
-"""Task reads that need more than a queryset: fire-time previews and "why did it not run at T?"."""
+"""Task reads that need more than a queryset: fire-time previews, "why did it not run at T?" and a
+task's occurrence timeline over a window."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from itertools import islice
+from enum import StrEnum
+from itertools import islice, takewhile
+from uuid import UUID
 from zoneinfo import ZoneInfo
+
+from django.db import models
+from django.db.models import Q, Subquery
+from rest_framework.exceptions import ValidationError
 
 from executions.clock import db_now
 from executions.materialiser import task_schedule
-from executions.models import Execution, ExecutionStatus, SkippedOccurrence
+from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import Schedule
 
@@ -25,15 +33,21 @@ class FireTime:
     local: datetime
 
 
+def last_fire_time(schedule: Schedule, max_runs: int | None) -> datetime | None:
+    """The ``max_runs``-th fire time of ``schedule``: the last one its task runs (None: no such
+    bound, the schedule ends before it, or ``max_runs`` is too large to walk)."""
+    if max_runs is None or max_runs > _MAX_RUNS_WALK:
+        return None
+    runs = list(islice(schedule.fire_times(), max_runs))
+    return runs[-1] if len(runs) == max_runs else None
+
+
 def schedule_preview(
     schedule: Schedule, *, count: int, after: datetime | None = None, max_runs: int | None = None
 ) -> list[FireTime]:
     """The first ``count`` fire times of ``schedule`` at or after ``after`` (default: its start),
     in UTC and in the schedule's time zone, stopping after its ``max_runs``-th fire time."""
-    last: datetime | None = None
-    if max_runs is not None and max_runs <= _MAX_RUNS_WALK:
-        runs = list(islice(schedule.fire_times(), max_runs))
-        last = runs[-1] if len(runs) == max_runs else None
+    last = last_fire_time(schedule, max_runs)
     zone = ZoneInfo(schedule.timezone)
     times = []
     for when in schedule.fire_times(since=after):
@@ -69,7 +83,140 @@ def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None
         span *= 2
 
 
-#: Verdicts of "why did this task not run at T?".
+# --- what became of a fire time: shared by "why" and the occurrence timeline -------------------
+
+
+def is_summary(row: SkippedOccurrence) -> bool:
+    """Whether a skipped-occurrence row is a materialiser summary standing for many fire times."""
+    return "summary:" in row.detail
+
+
+def recorded_by_materialiser(row: SkippedOccurrence) -> bool:
+    """Whether the materialiser wrote the row (a misfire or a pause), not a claim (an overlap)."""
+    return row.reason != SkipReason.OVERLAP
+
+
+def summary_before(task: Task, occurrence: datetime) -> SkippedOccurrence | None:
+    """The summary row standing for ``occurrence``, if one does (see :func:`occurrence_fate`)."""
+    row = (
+        SkippedOccurrence.objects.filter(task=task, scheduled_for__lt=occurrence)
+        .exclude(reason=SkipReason.OVERLAP)
+        .order_by("-scheduled_for")
+        .first()
+    )
+    return row if row is not None and is_summary(row) else None
+
+
+def last_materialised(task: Task) -> datetime | None:
+    """The latest occurrence the materialiser handled for ``task`` (ran or recorded as skipped)."""
+    executions = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+    skipped = SkippedOccurrence.objects.filter(task=task).exclude(reason=SkipReason.OVERLAP)
+    latest = [
+        rows.order_by("-scheduled_for").values_list("scheduled_for", flat=True).first()
+        for rows in (executions, skipped)
+    ]
+    return max((when for when in latest if when is not None), default=None)
+
+
+def task_last_fire_time(
+    task: Task, schedule: Schedule, *, materialised: datetime | None, until: datetime
+) -> datetime | None:
+    """The task's last fire time where its runs end other than by ``end_at`` (which bounds the
+    schedule itself), if it lies before ``until``; None if they go on until then.
+
+    A task the materialiser has finished with (no cursor: ``max_runs`` used up, a one-shot run
+    created) ends with the last occurrence it handled, ``materialised`` (before ``start_at``
+    if none). While ``max_runs`` still counts, it is the fire time that uses up the remaining
+    runs, counted from the cursor: a forecast, as misses the misfire policy drops do not count.
+    """
+    if task.next_run_at is None:
+        return materialised if materialised is not None else schedule.start_at - timedelta(microseconds=1)
+    if task.max_runs is None:
+        return None
+    remaining = task.max_runs - task.runs_materialised
+    if remaining <= 0:  # used up: the materialiser's next pass completes the task
+        return task.next_run_at - timedelta(microseconds=1)
+    if remaining > _MAX_RUNS_WALK:
+        return None
+    for count, when in enumerate(schedule.fire_times(since=task.next_run_at), 1):
+        if count == remaining:
+            return when
+        if when >= until:
+            break
+    return None
+
+
+class Fate(StrEnum):
+    """What became of one fire time of a task."""
+
+    SKIPPED = "skipped"  #: a skipped occurrence is recorded at it
+    SUMMARISED = "summarised"  #: a summary row stands for it (one of many not listed one by one)
+    EXECUTION = "execution"  #: it has a live (not superseded) execution
+    PAUSED = "paused"  #: the task was paused before it and is still paused
+    NOT_DUE = "not_due"  #: the materialiser has not reached it yet (at or after the task's cursor)
+    SUPERSEDED = "superseded"  #: its only execution was replaced before it started
+    UNRECORDED = "unrecorded"  #: behind the cursor with no execution and no recorded reason
+
+
+@dataclass(frozen=True)
+class OccurrenceFate:
+    fate: Fate
+    #: The explanation, for people.
+    reason: str
+    #: The execution the fate is about (live, or superseded for ``SUPERSEDED``), if any.
+    execution: Execution | None = None
+    #: The skipped-occurrence row the fate rests on: recorded at the fire time, or a summary.
+    skipped: SkippedOccurrence | None = None
+
+
+def occurrence_fate(
+    task: Task,
+    occurrence: datetime,
+    *,
+    execution: Execution | None,
+    skipped: SkippedOccurrence | None,
+    summary: SkippedOccurrence | None,
+    now: datetime,
+    detail: str = "",
+) -> OccurrenceFate:
+    """What became of the fire time ``occurrence``, from the records the caller fetched for it.
+
+    ``execution`` is its live execution, or else its latest superseded one; ``skipped`` the row
+    recorded at it; ``summary`` the summary row that stands for it. A summary row, written at the
+    materialiser's cursor when a pass drops more occurrences than it lists, stands for the fire
+    times after it up to the next row the materialiser recorded (the first one the pass listed):
+    the latest materialiser row before ``occurrence``, if it is a summary (:func:`summary_before`).
+    ``detail`` completes the sentence about a live execution (its latest event, its error).
+
+    In order: a recorded skip (unless a later live execution ran the fire time, as a backfill
+    does), a live execution, a pause still in force, the materialiser not there yet, a summary,
+    a superseded execution; else nothing is recorded at all, which should not happen.
+    """
+    live = execution if execution is not None and not execution.superseded else None
+    if skipped is not None and (live is None or live.pk == skipped.execution_id):
+        return OccurrenceFate(Fate.SKIPPED, f"Skipped ({skipped.reason}): {skipped.detail}", live, skipped)
+    if live is not None:
+        text = f"Execution {live.pk} (attempt {live.attempt}) is {live.status}"
+        return OccurrenceFate(Fate.EXECUTION, text + (f": {detail}" if detail else "."), live)
+    if task.status == TaskStatus.PAUSED and task.paused_at is not None and occurrence >= task.paused_at:
+        reason = f"The task was paused at {task.paused_at.isoformat()} and has not been resumed."
+        return OccurrenceFate(Fate.PAUSED, reason)
+    if task.next_run_at is not None and occurrence >= task.next_run_at:
+        if occurrence > now:
+            return OccurrenceFate(Fate.NOT_DUE, "Not due yet: it is created shortly before its time.")
+        return OccurrenceFate(Fate.NOT_DUE, "Not created yet: the materialiser has not reached it.")
+    if summary is not None:
+        reason = f"Skipped ({summary.reason}), one of many recorded in one row: {summary.detail}"
+        return OccurrenceFate(Fate.SUMMARISED, reason, skipped=summary)
+    if execution is not None:  # superseded: replaced by a schedule change or a pause
+        reason = f"Execution {execution.pk} was replaced before it started: {execution.error}"
+        return OccurrenceFate(Fate.SUPERSEDED, reason, execution)
+    return OccurrenceFate(Fate.UNRECORDED, "No execution was created for this fire time and no reason was recorded.")
+
+
+# --- "why did this task (not) run at T?" -----------------------------------------------------
+
+#: Verdicts of "why did this task not run at T?" for a live execution, by its status.
 VERDICT_BY_STATUS = {
     ExecutionStatus.SUCCEEDED: "ran",
     ExecutionStatus.RUNNING: "running",
@@ -77,6 +224,15 @@ VERDICT_BY_STATUS = {
     ExecutionStatus.CANCELLED: "cancelled",
     ExecutionStatus.SCHEDULED: "upcoming",
     ExecutionStatus.PENDING: "upcoming",
+}
+#: Verdicts for the other fates.
+VERDICT_BY_FATE = {
+    Fate.SKIPPED: "skipped",
+    Fate.SUMMARISED: "skipped",
+    Fate.PAUSED: "paused",
+    Fate.NOT_DUE: "upcoming",
+    Fate.SUPERSEDED: "cancelled",
+    Fate.UNRECORDED: "skipped",
 }
 
 
@@ -93,16 +249,24 @@ class WhyAnswer:
 
 def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
     """Why the task did (not) run at ``at``: the fire time at or before it, and what became of
-    it, from its executions, its skipped occurrences and its schedule."""
+    it (:func:`occurrence_fate`), from its executions, its skipped occurrences and its schedule."""
     at = at.astimezone(UTC)
     schedule = task_schedule(task)
     now = db_now()
     upcoming = list(islice(schedule.fire_times(since=max(now, at)), next_count))
     occurrence = occurrence_at_or_before(schedule, at)
+    materialised = last_materialised(task) if task.next_run_at is None else None
+    last = task_last_fire_time(task, schedule, materialised=materialised, until=max([at, *upcoming]))
+    if last is not None:
+        upcoming = [when for when in upcoming if when <= last]
     answer = WhyAnswer(at, occurrence, "", "", next_fire_times=upcoming)
     if occurrence is None:
         answer.verdict = "before_start"
         answer.reason = f"The schedule starts at {schedule.start_at.isoformat()}, after {at.isoformat()}."
+        return answer
+    if last is not None and occurrence > last:
+        answer.verdict = "after_end"
+        answer.reason = f"The task's runs ended {_ending(task, last)}: nothing is created after it."
         return answer
     verdict, reason = _occurrence_verdict(task, occurrence, answer, now)
     if occurrence != at:
@@ -119,33 +283,349 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
     return answer
 
 
+def _ending(task: Task, last: datetime) -> str:
+    runs = f"after max_runs ({task.max_runs})" if task.max_runs is not None else "after its last run"
+    if last < task.start_at:
+        return f"{runs} before any fire time"
+    return f"{runs} with the occurrence at {last.isoformat()}"
+
+
 def _occurrence_verdict(task: Task, occurrence: datetime, answer: WhyAnswer, now: datetime) -> tuple[str, str]:
-    executions = Execution.objects.filter(task=task, scheduled_for=occurrence).order_by("superseded", "-id")
-    execution = executions.first()
+    execution = Execution.objects.filter(task=task, scheduled_for=occurrence).order_by("superseded", "-id").first()
     skipped = SkippedOccurrence.objects.filter(task=task, scheduled_for=occurrence).first()
-    answer.execution, answer.skipped = execution, skipped
-    if skipped is not None and (execution is None or execution.pk == skipped.execution_id):
-        return "skipped", f"Skipped ({skipped.reason}): {skipped.detail}"
+    detail = ""
     if execution is not None and not execution.superseded:
-        verdict = VERDICT_BY_STATUS[execution.status]
         last = execution.events.order_by("-id").first()
         detail = last.detail if last and last.detail else execution.error[:500]
-        text = f"Execution {execution.pk} (attempt {execution.attempt}) is {execution.status}"
-        return verdict, text + (f": {detail}" if detail else ".")
-    if task.status == TaskStatus.PAUSED and task.paused_at is not None and occurrence >= task.paused_at:
-        return "paused", f"The task was paused at {task.paused_at.isoformat()} and has not been resumed."
-    if task.next_run_at is None or occurrence >= task.next_run_at:
-        if occurrence > now:
-            return "upcoming", "Not due yet: it is created shortly before its time."
-        return "upcoming", "Not created yet: the materialiser has not reached it."
-    summary = (
-        SkippedOccurrence.objects.filter(task=task, scheduled_for__lt=occurrence, detail__contains="summary:")
-        .order_by("-scheduled_for")
-        .first()
+    unrun = skipped is None and (execution is None or execution.superseded)
+    summary = summary_before(task, occurrence) if unrun else None
+    fate = occurrence_fate(
+        task, occurrence, execution=execution, skipped=skipped, summary=summary, now=now, detail=detail
     )
-    if summary is not None:
-        answer.skipped = summary
-        return "skipped", f"Skipped ({summary.reason}), one of many recorded in one row: {summary.detail}"
-    if execution is not None:  # superseded: replaced by a schedule change or a pause
-        return "cancelled", f"Execution {execution.pk} was replaced before it started: {execution.error}"
-    return "skipped", "No execution was created for this fire time and no reason was recorded."
+    answer.execution, answer.skipped = execution, fate.skipped or skipped
+    if fate.fate == Fate.EXECUTION and fate.execution is not None:
+        return VERDICT_BY_STATUS[fate.execution.status], fate.reason
+    return VERDICT_BY_FATE[fate.fate], fate.reason
+
+
+# --- a task's occurrence timeline over a window ----------------------------------------------
+
+#: The most fire times one window may hold.
+OCCURRENCES_MAX = 1000
+#: The most executions, and the most skipped occurrences, one window may hold.
+OCCURRENCE_RECORDS_MAX = 2000
+#: The longest window.
+OCCURRENCES_MAX_SPAN = timedelta(days=366)
+#: The default window's length: around now, or from ``from`` on, or up to ``to``.
+OCCURRENCES_DEFAULT_SPAN = timedelta(days=2)
+#: A default window is never narrowed below this (no schedule fires 1000 times in it).
+_MIN_DEFAULT_SPAN = timedelta(seconds=1)
+#: Execution columns the timeline reads (output, handles and leases are not loaded).
+_EXECUTION_COLUMNS = (
+    "id",
+    "scheduled_for",
+    "status",
+    "attempt",
+    "origin",
+    "superseded",
+    "retry_of_id",
+    "due_at",
+    "started_at",
+    "finished_at",
+    "error",
+)
+
+
+class OccurrenceState(models.TextChoices):
+    EXECUTED = "executed"  #: its execution started, or ended (SUCCEEDED, FAILED, CANCELLED)
+    SCHEDULED = "scheduled"  #: its execution waits (SCHEDULED or PENDING, a retry's wait included)
+    SKIPPED = "skipped"  #: it did not run, for a recorded reason (or a pause still in force)
+    UPCOMING = "upcoming"  #: not materialised yet: in the future, or the scheduler has not reached it
+    SUPERSEDED = "superseded"  #: its execution was replaced before it started (schedule change, pause)
+    MISSING = "missing"  #: past, behind the scheduler, with no execution and no recorded reason
+
+
+@dataclass(frozen=True)
+class OccurrenceSkip:
+    reason: str
+    detail: str
+    #: False: not recorded (yet): the task is paused; its misfire policy decides at the resume.
+    recorded: bool
+    #: The row is a summary standing for many fire times that are not listed one by one.
+    summary: bool = False
+    #: The row's own time (a summary's, for the fire times it stands for) and when it was written.
+    row_scheduled_for: datetime | None = None
+    recorded_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: SkippedOccurrence) -> OccurrenceSkip:
+        return cls(row.reason, row.detail, True, is_summary(row), row.scheduled_for, row.recorded_at)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    scheduled_for: datetime
+    #: The same instant in the task's time zone.
+    local: datetime
+    #: Whether it is a fire time of the task's schedule (else: a trigger, a retry, history).
+    fire_time: bool
+    state: OccurrenceState
+    reason: str
+    execution: Execution | None = None
+    skip: OccurrenceSkip | None = None
+
+
+@dataclass(frozen=True)
+class OccurrenceWindow:
+    task_id: UUID
+    timezone: str
+    start: datetime
+    end: datetime
+    now: datetime
+    items: list[Occurrence]
+
+
+def _holds_at_most(schedule: Schedule, start: datetime, end: datetime, count: int) -> bool:
+    inside = takewhile(lambda when: when < end, schedule.fire_times(since=start))
+    return sum(1 for _ in islice(inside, count + 1)) <= count
+
+
+def occurrence_window(
+    schedule: Schedule, now: datetime, start: datetime | None = None, end: datetime | None = None
+) -> tuple[datetime, datetime]:
+    """``[start, end)`` with the defaults applied. A bound not given makes the window
+    :data:`OCCURRENCES_DEFAULT_SPAN` long, centred on ``now`` when neither is given, else
+    reaching from the one given; halved as often as needed to hold at most
+    :data:`OCCURRENCES_MAX` fire times of ``schedule`` (so that a default never fails)."""
+    if start is not None and end is not None:
+        return start, end
+    span = OCCURRENCES_DEFAULT_SPAN
+    while True:
+        if start is not None:
+            window = start, start + span
+        elif end is not None:
+            window = end - span, end
+        else:
+            window = now - span / 2, now + span / 2
+        if span <= _MIN_DEFAULT_SPAN or _holds_at_most(schedule, *window, OCCURRENCES_MAX):
+            return window
+        span /= 2
+
+
+def _too_many(what: str, limit: int, first_beyond: datetime, start: datetime) -> ValidationError:
+    hint = f" to={first_beyond.isoformat()} holds the first {limit}." if first_beyond > start else ""
+    return ValidationError({"to": [f"The window holds more than {limit} {what}; ask for a shorter one.{hint}"]})
+
+
+def _window_fire_times(schedule: Schedule, start: datetime, end: datetime, last: datetime | None) -> list[datetime]:
+    times: list[datetime] = []
+    for when in schedule.fire_times(since=start):
+        if when >= end or (last is not None and when > last):
+            break
+        if len(times) == OCCURRENCES_MAX:
+            raise _too_many("fire times", OCCURRENCES_MAX, when, start)
+        times.append(when)
+    return times
+
+
+def _window_executions(task: Task, start: datetime, end: datetime) -> tuple[list[Execution], datetime | None]:
+    """The task's executions in ``[start, end)`` in time order, and (for a task the materialiser
+    has finished with) its last live scheduled occurrence, from one query."""
+    window = Q(scheduled_for__gte=start, scheduled_for__lt=end)
+    if task.next_run_at is None:
+        latest = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+        window |= Q(pk=Subquery(latest.order_by("-scheduled_for").values("pk")[:1]))
+    rows = list(
+        Execution.objects.filter(window, task=task)
+        .only(*_EXECUTION_COLUMNS)
+        .order_by("scheduled_for", "id")[: OCCURRENCE_RECORDS_MAX + 2]
+    )
+    inside = [row for row in rows if start <= row.scheduled_for < end]
+    if len(inside) > OCCURRENCE_RECORDS_MAX:
+        raise _too_many("executions", OCCURRENCE_RECORDS_MAX, inside[OCCURRENCE_RECORDS_MAX].scheduled_for, start)
+    live = [row.scheduled_for for row in rows if row.origin == ExecutionOrigin.SCHEDULE and not row.superseded]
+    return inside, max(live, default=None)
+
+
+def _window_skipped(
+    task: Task, start: datetime, end: datetime
+) -> tuple[list[SkippedOccurrence], list[SkippedOccurrence], datetime | None]:
+    """The task's skipped occurrences in ``[start, end)``; the materialiser's rows that decide
+    which summary stands for which fire time (the latest one before ``start`` too), in time
+    order; and (for a task the materialiser has finished with) its latest one; from one query."""
+    materialiser = SkippedOccurrence.objects.filter(task=task).exclude(reason=SkipReason.OVERLAP)
+    window = Q(scheduled_for__gte=start, scheduled_for__lt=end)
+    window |= Q(pk=Subquery(materialiser.filter(scheduled_for__lt=start).order_by("-scheduled_for").values("pk")[:1]))
+    if task.next_run_at is None:
+        window |= Q(pk=Subquery(materialiser.order_by("-scheduled_for").values("pk")[:1]))
+    rows = list(
+        SkippedOccurrence.objects.filter(window, task=task).order_by("scheduled_for")[: OCCURRENCE_RECORDS_MAX + 3]
+    )
+    inside = [row for row in rows if start <= row.scheduled_for < end]
+    if len(inside) > OCCURRENCE_RECORDS_MAX:
+        raise _too_many(
+            "skipped occurrences", OCCURRENCE_RECORDS_MAX, inside[OCCURRENCE_RECORDS_MAX].scheduled_for, start
+        )
+    by_materialiser = [row for row in rows if recorded_by_materialiser(row) and row.scheduled_for < end]
+    latest = max((row.scheduled_for for row in rows if recorded_by_materialiser(row)), default=None)
+    return inside, by_materialiser, latest
+
+
+def _state_of(execution: Execution) -> OccurrenceState:
+    if execution.superseded:
+        return OccurrenceState.SUPERSEDED
+    if execution.status in (ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING):
+        return OccurrenceState.SCHEDULED
+    return OccurrenceState.EXECUTED
+
+
+def _fire_time_item(
+    fate: OccurrenceFate, skipped: SkippedOccurrence | None, when: datetime, local: datetime, now: datetime
+) -> Occurrence:
+    """The timeline item of a fire time, from what became of it (:func:`occurrence_fate`) and
+    the skipped occurrence recorded at it, if any."""
+    item = functools.partial(Occurrence, when, local, True, reason=fate.reason, execution=fate.execution)
+    row = None if fate.skipped is None else OccurrenceSkip.of(fate.skipped)
+    match fate.fate:
+        case Fate.EXECUTION if fate.execution is not None:
+            # A skip recorded at a fire time that ran after all (a backfill) stays visible.
+            recorded = None if skipped is None else OccurrenceSkip.of(skipped)
+            return item(_state_of(fate.execution), skip=recorded)
+        case Fate.SKIPPED | Fate.SUMMARISED:
+            return item(OccurrenceState.SKIPPED, skip=row)
+        case Fate.PAUSED if when <= now:
+            return item(OccurrenceState.SKIPPED, skip=OccurrenceSkip(SkipReason.PAUSED, fate.reason, recorded=False))
+        case Fate.PAUSED | Fate.NOT_DUE:
+            return item(OccurrenceState.UPCOMING)
+        case Fate.SUPERSEDED:
+            return item(OccurrenceState.SUPERSEDED)
+        case _:
+            return item(OccurrenceState.MISSING)
+
+
+def _execution_item(execution: Execution, skipped: SkippedOccurrence | None, local: datetime, fire: bool) -> Occurrence:
+    """The timeline item of an execution that is not a fire time's own: a trigger, a retry, a
+    superseded one, or one of an earlier schedule."""
+    what = f"Execution {execution.pk} ({execution.origin}"
+    what += f", retry of {execution.retry_of_id})" if execution.retry_of_id else ")"
+    if skipped is not None:
+        reason = f"{what} was skipped ({skipped.reason}): {skipped.detail}"
+        return Occurrence(
+            execution.scheduled_for, local, fire, OccurrenceState.SKIPPED, reason, execution, OccurrenceSkip.of(skipped)
+        )
+    state = _state_of(execution)
+    if state == OccurrenceState.SUPERSEDED:
+        reason = f"{what} was replaced before it started: {execution.error}"
+    else:
+        reason = f"{what}, attempt {execution.attempt}, is {execution.status}."
+    return Occurrence(execution.scheduled_for, local, fire, state, reason, execution)
+
+
+@dataclass
+class _Shown:
+    """The executions and skipped occurrences an item already stands for."""
+
+    executions: set[int] = field(default_factory=set)
+    skipped: set[int] = field(default_factory=set)
+
+
+def _fire_time_items(
+    task: Task,
+    fire_times: list[datetime],
+    executions: list[Execution],
+    skipped_rows: list[SkippedOccurrence],
+    by_materialiser: list[SkippedOccurrence],
+    *,
+    zone: ZoneInfo,
+    now: datetime,
+    shown: _Shown,
+) -> list[Occurrence]:
+    """One item per fire time, from the records at it and the summary row that stands for it
+    (the latest materialiser row before it, if a summary: see :func:`occurrence_fate`)."""
+    at_instant: dict[datetime, list[Execution]] = {}
+    for execution in executions:
+        at_instant.setdefault(execution.scheduled_for, []).append(execution)
+    skipped_at = {row.scheduled_for: row for row in skipped_rows}
+    rows = iter(by_materialiser)
+    latest_row, next_row = None, next(rows, None)
+    items = []
+    for when in fire_times:
+        while next_row is not None and next_row.scheduled_for < when:
+            latest_row, next_row = next_row, next(rows, None)
+        here = at_instant.get(when, [])
+        execution = next((e for e in here if not e.superseded), None) or max(here, key=lambda e: e.pk, default=None)
+        skipped = skipped_at.get(when)
+        summary = latest_row if latest_row is not None and is_summary(latest_row) else None
+        fate = occurrence_fate(task, when, execution=execution, skipped=skipped, summary=summary, now=now)
+        item = _fire_time_item(fate, skipped, when, when.astimezone(zone), now)
+        if item.execution is not None:
+            shown.executions.add(item.execution.pk)
+        if skipped is not None and item.skip is not None and item.skip.row_scheduled_for == when:
+            shown.skipped.add(skipped.pk)
+        items.append(item)
+    return items
+
+
+def _record_items(
+    executions: list[Execution],
+    skipped_rows: list[SkippedOccurrence],
+    fire_times: set[datetime],
+    *,
+    zone: ZoneInfo,
+    shown: _Shown,
+) -> list[Occurrence]:
+    """One item per execution and per skipped occurrence that no fire time's item stands for
+    (an execution skipped for overlap comes with its skip)."""
+    skipped_at = {row.scheduled_for: row for row in skipped_rows}
+    items = []
+    for execution in executions:
+        if execution.pk in shown.executions:
+            continue
+        row = skipped_at.get(execution.scheduled_for)
+        own = row if row is not None and row.execution_id == execution.pk and row.pk not in shown.skipped else None
+        if own is not None:
+            shown.skipped.add(own.pk)
+        local = execution.scheduled_for.astimezone(zone)
+        items.append(_execution_item(execution, own, local, execution.scheduled_for in fire_times))
+    for row in skipped_rows:
+        if row.pk not in shown.skipped:
+            when = row.scheduled_for
+            reason = f"Skipped ({row.reason}): {row.detail}"
+            skip = OccurrenceSkip.of(row)
+            items.append(
+                Occurrence(when, when.astimezone(zone), when in fire_times, OccurrenceState.SKIPPED, reason, skip=skip)
+            )
+    return items
+
+
+def task_occurrences(*, task: Task, start: datetime | None = None, end: datetime | None = None) -> OccurrenceWindow:
+    """The task's occurrence timeline over ``[start, end)`` (defaults: :func:`occurrence_window`).
+
+    One item per fire time of its schedule in the window (up to its last run, see
+    :func:`task_last_fire_time`) saying what became of it (:func:`occurrence_fate`, as "why"
+    says), and one per execution or skipped occurrence in the window that no fire time accounts
+    for: triggered runs, retries, executions superseded by a schedule change or a pause, records
+    of an earlier schedule. Every execution and every skipped occurrence in the window appears
+    in exactly one item. Items are in time order; at one instant the fire time comes first, then
+    executions by id, then skipped occurrences.
+
+    Reads one query for the executions and one for the skipped occurrences. A window with more
+    than :data:`OCCURRENCES_MAX` fire times or more than :data:`OCCURRENCE_RECORDS_MAX`
+    executions or skipped occurrences is a ValidationError on ``to`` (naming a ``to`` that fits).
+    """
+    now = db_now()
+    schedule = task_schedule(task)
+    start, end = occurrence_window(schedule, now, start, end)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    executions, last_execution = _window_executions(task, start, end)
+    skipped_rows, by_materialiser, last_skipped = _window_skipped(task, start, end)
+    materialised = max((when for when in (last_execution, last_skipped) if when is not None), default=None)
+    last = task_last_fire_time(task, schedule, materialised=materialised, until=end)
+    fire_times = _window_fire_times(schedule, start, end, last)
+    zone, shown = ZoneInfo(task.timezone), _Shown()
+    items = _fire_time_items(
+        task, fire_times, executions, skipped_rows, by_materialiser, zone=zone, now=now, shown=shown
+    )
+    items += _record_items(executions, skipped_rows, set(fire_times), zone=zone, shown=shown)
+    items.sort(key=lambda item: item.scheduled_for)  # stable: at one instant, in the order built
+    return OccurrenceWindow(task.pk, task.timezone, start, end, now, items)

@@ -7,8 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from executions.models import ExecutionOrigin, ExecutionStatus, SkipReason
 from executions.serializers import CancelReportSerializer
 from tasks_app.durations import DurationField
 from tasks_app.models import (
@@ -23,8 +26,9 @@ from tasks_app.models import (
     default_misfire_grace,
 )
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
+from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
-from tms_project.api_base import BoundedDateTimeField, StrictInputMixin
+from tms_project.api_base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
 
 
 class RunnerAliasField(serializers.CharField):
@@ -358,6 +362,97 @@ class WhySerializer(serializers.Serializer):
     execution = WhyExecutionSerializer(allow_null=True)
     skipped = WhySkippedSerializer(allow_null=True)
     next_fire_times = serializers.ListField(child=serializers.DateTimeField())
+
+
+# --- the occurrence timeline -----------------------------------------------------------------
+
+
+class OccurrencesQuerySerializer(StrictInputMixin, serializers.Serializer):
+    """The window of ``GET /tasks/{id}/occurrences`` (``from_`` is exposed as ``from``)."""
+
+    from_ = OffsetDateTimeField(
+        required=False,
+        help_text="Start of the window (inclusive), RFC 3339 with its offset (`Z`, `+02:00`: escape `+` as `%2B`). "
+        "Default: `to` minus 2 days, or now minus 1 day (less for a task that fires more than 1000 times in it).",
+    )
+    to = OffsetDateTimeField(
+        required=False,
+        help_text="End of the window (exclusive), after `from` and at most 366 days from it. "
+        "Default: `from` plus 2 days, or now plus 1 day (less for a task that fires more than 1000 times in it).",
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        return {"from": fields.pop("from_"), **fields}
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        start, end = attrs.get("from"), attrs.get("to")
+        if start is not None and end is not None:
+            if end <= start:
+                raise serializers.ValidationError({"to": ["Must be after from."]})
+            if end - start > OCCURRENCES_MAX_SPAN:
+                days = OCCURRENCES_MAX_SPAN.days
+                raise serializers.ValidationError({"to": [f"The window may span at most {days} days."]})
+        return attrs
+
+
+class OccurrenceExecutionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=ExecutionStatus.choices)
+    attempt = serializers.IntegerField()
+    origin = serializers.ChoiceField(
+        choices=ExecutionOrigin.choices,
+        help_text="Why it exists: `schedule` (a fire time, backfills included), `trigger` (run now) or `retry`.",
+    )
+    superseded = serializers.BooleanField(help_text="Replaced before it started by a schedule change or a pause.")
+    retry_of = serializers.IntegerField(source="retry_of_id", allow_null=True)
+    due_at = serializers.DateTimeField(help_text="When it was (or is) due to be published: later for a backfill.")
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class OccurrenceSkipSerializer(serializers.Serializer):
+    reason = serializers.ChoiceField(choices=SkipReason.choices)
+    detail = serializers.CharField()
+    recorded = serializers.BooleanField(
+        help_text="False: not recorded yet, the task is paused (its misfire policy decides when it resumes)."
+    )
+    summary = serializers.BooleanField(
+        help_text="Recorded by a summary row that stands for many fire times not listed one by one."
+    )
+    row_scheduled_for = serializers.DateTimeField(
+        allow_null=True, help_text="The recorded row's own time: the summary row's, for a fire time it stands for."
+    )
+    recorded_at = serializers.DateTimeField(allow_null=True)
+
+
+class OccurrenceSerializer(serializers.Serializer):
+    scheduled_for = serializers.DateTimeField(help_text="The instant, in UTC.")
+    local_time = serializers.SerializerMethodField(help_text="The same instant in the task's time zone.")
+    fire_time = serializers.BooleanField(
+        help_text="A fire time of the task's schedule (false: a trigger, a retry, or a record of an earlier schedule)."
+    )
+    state = serializers.ChoiceField(choices=OccurrenceState.choices)
+    reason = serializers.CharField(help_text="What became of it, for people (as `why` says it).")
+    execution = OccurrenceExecutionSerializer(allow_null=True)
+    skip = OccurrenceSkipSerializer(allow_null=True)
+
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_local_time(self, obj: Any) -> str:
+        return obj.local.isoformat()
+
+
+class OccurrenceWindowSerializer(serializers.Serializer):
+    task = serializers.UUIDField(source="task_id")
+    timezone = serializers.CharField()
+    from_ = serializers.DateTimeField(source="start", help_text="Start of the window (inclusive).")
+    to = serializers.DateTimeField(source="end", help_text="End of the window (exclusive).")
+    now = serializers.DateTimeField(help_text="The database clock that past and future were judged by.")
+    items = OccurrenceSerializer(many=True, help_text="In time order; at one instant the fire time first.")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        return {"task": fields.pop("task"), "timezone": fields.pop("timezone"), "from": fields.pop("from_"), **fields}
 
 
 class BackfillSerializer(StrictInputMixin, serializers.Serializer):

@@ -29,6 +29,8 @@ TASK_ROUTES = [
     ("post", "/api/v1/tasks/{id}/trigger", None),
     ("post", "/api/v1/tasks/{id}/materialise", {"until": SOON}),
     ("get", "/api/v1/tasks/{id}/executions", None),
+    ("get", "/api/v1/tasks/{id}/occurrences", None),
+    ("options", "/api/v1/tasks/{id}/occurrences", None),
     ("options", "/api/v1/tasks/{id}/executions", None),
     ("options", "/api/v1/tasks/{id}/trigger", None),
     ("get", "/tasks/{id}", None),

@@ -74,6 +74,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/tasks/{id}/materialise"),
         ("GET", "/api/v1/tasks/{id}/preview"),
         ("GET", "/api/v1/tasks/{id}/why"),
+        ("GET", "/api/v1/tasks/{id}/occurrences"),
         ("POST", "/api/v1/tasks/{id}/backfill"),
         ("POST", "/api/v1/schedules/preview"),
         ("GET", "/api/v1/artifacts"),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
@@ -105,6 +108,30 @@ class BoundedDateTimeField(serializers.DateTimeField):
         if not MIN_DATETIME <= parsed < MAX_DATETIME:
             self.fail("range")
         return parsed
+
+
+#: A trailing UTC offset after a space: the ``+`` of ``+02:00`` sent unescaped in a query string.
+_SPACED_OFFSET = re.compile(r"^(.*T\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?) (\d{2}(?::?\d{2})?)$")
+
+
+class OffsetDateTimeField(BoundedDateTimeField):
+    """A :class:`BoundedDateTimeField` that must carry its UTC offset (``Z`` or ``+02:00``): a
+    wall-clock time without one is ambiguous. A space before a trailing offset reads as ``+``
+    (an unescaped ``+`` in a query string arrives as a space)."""
+
+    default_error_messages = {
+        "offset": "Give the UTC offset, e.g. 2026-03-29T01:00:00Z or 2026-03-29T03:00:00+02:00.",
+    }
+
+    def to_internal_value(self, value: Any) -> datetime:
+        if isinstance(value, str):
+            value = _SPACED_OFFSET.sub(r"\1+\2", value.strip())
+            parsed = None
+            with contextlib.suppress(ValueError):  # a bad date: the parent says so
+                parsed = parse_datetime(value)
+            if parsed is not None and parsed.tzinfo is None:
+                self.fail("offset")
+        return super().to_internal_value(value)
 
 
 class Pagination(LimitOffsetPagination):

@@ -11,6 +11,7 @@ from executions.materialiser import materialise_task
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
 from tasks_app.services import task_create
+from tests.factories import ExecutionFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -188,3 +189,31 @@ def test_a_run_all_backlog_runs_the_latest_catch_up_limit_fire_times(user):
     coalesced = SkippedOccurrence.objects.filter(task=task, reason="coalesced")
     assert coalesced.filter(scheduled_for__gte=times[0]).count() == 0
     assert "beyond its bound of 4 catch-up runs" in coalesced.first().detail
+
+
+def test_why_says_skipped_for_a_fire_time_superseded_at_a_pause_and_skipped_at_the_resume(api_client, user):
+    # The pause superseded the execution; the resume, past its time, recorded it as skipped.
+    when = datetime(2025, 6, 1, 12, tzinfo=UTC)
+    task = task_create(owner=user, runner="noop", start_at=when, interval=timedelta(hours=1), misfire_policy="skip")
+    Execution.objects.filter(task=task).delete()
+    SkippedOccurrence.objects.filter(task=task).delete()
+    superseded = ExecutionFactory(task=task, scheduled_for=when, status=S.CANCELLED, superseded=True)
+    SkippedOccurrence.objects.create(task=task, scheduled_for=when, reason="paused", detail="the task was paused")
+    answer = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(when)}).json()
+    assert (answer["verdict"], answer["skipped"]["reason"]) == ("skipped", "paused")
+    assert answer["execution"]["id"] == superseded.pk
+
+
+def test_why_after_the_last_of_max_runs_is_after_end(api_client, user):
+    start = timezone.now().replace(microsecond=0) - timedelta(hours=2)
+    task = task_create(
+        owner=user, runner="noop", start_at=start, interval=timedelta(hours=1), max_runs=3, misfire_policy="run_all"
+    )
+    task.refresh_from_db()
+    assert task.status == "COMPLETED"
+    answer = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(hours=5))}).json()
+    assert answer["verdict"] == "after_end"
+    assert f"max_runs (3) with the occurrence at {(start + timedelta(hours=2)).isoformat()}" in answer["reason"]
+    assert answer["next_fire_times"] == []
+    last = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(hours=2))}).json()
+    assert last["verdict"] == "upcoming"  # created, due now; no worker runs it here

@@ -197,6 +197,8 @@ SPECTACULAR_SETTINGS = {
         "ExecutionStatusEnum": "executions.models.ExecutionStatus",
         "WorkerStatusEnum": "executions.models.WorkerStatus",
         "CompatStatusEnum": "tasks_app.compat.CompatStatus.choices",
+        "OccurrenceStateEnum": "tasks_app.selectors.OccurrenceState",
+        "SkipReasonEnum": "executions.models.SkipReason",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
