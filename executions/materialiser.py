@@ -190,18 +190,21 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     """
     if task.next_run_at is None:
         return Plan([], None, task.runs_materialised)
+    remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
+    if remaining == 0:  # its runs are used up: the task is complete, nothing further was missed
+        return Plan([], None, task.runs_materialised)
     schedule = task_schedule(task)
-    keep = _misfire_keep(task)
+    # The latest missed fire times the policy runs, no more than the runs the task has left.
+    keep = _misfire_keep(task) if remaining is None else min(_misfire_keep(task), remaining)
     missed_before = now - task.misfire_grace
     since = catch_up_since(schedule, task.next_run_at, missed_before=missed_before, keep=keep + RECORD_LIMIT)
     fire_times: Iterator[datetime] = schedule.fire_times(since=since)
-    remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
     missed: list[datetime] = []
     lost = 0  # missed occurrences trimmed away during the walk (too many to list)
     due: list[datetime] = []
     nxt: datetime | None = None
     for when in fire_times:
-        if when > until or (remaining is not None and min(len(missed), keep) + len(due) >= remaining):
+        if when > until:
             nxt = when
             break
         if when < missed_before:
@@ -210,9 +213,12 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
                 extra = len(missed) - keep - RECORD_LIMIT
                 lost += extra
                 missed = missed[extra:]
+        elif remaining is not None and min(len(missed), keep) + len(due) >= remaining:
+            nxt = when
+            break
         else:
             due.append(when)
-    kept = missed[len(missed) - keep :] if keep else []
+    kept = missed[max(0, len(missed) - keep) :]
     dropped = missed[: len(missed) - len(kept)]
     times = kept + due
     if remaining is not None and len(times) >= remaining:

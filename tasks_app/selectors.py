@@ -25,6 +25,7 @@ from tasks_app.schedules import Schedule
 PREVIEW_MAX = 1000
 #: A ``max_runs`` bound larger than this is not applied to previews (walking it would be too slow).
 _MAX_RUNS_WALK = 100_000
+_END_OF_TIME = datetime.max.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,17 @@ def schedule_preview(
 
 
 def task_preview(*, task: Task, count: int, after: datetime | None = None) -> list[FireTime]:
-    """The task's next ``count`` fire times at or after ``after`` (default: now)."""
-    return schedule_preview(task_schedule(task), count=count, after=after or db_now(), max_runs=task.max_runs)
+    """The task's next ``count`` fire times at or after ``after`` (default: now), up to where its
+    runs end (``max_runs`` counted from its cursor: see :func:`task_last_fire_time`)."""
+    schedule = task_schedule(task)
+    last = task_last_fire_time(task, schedule, materialised=None, until=_END_OF_TIME)
+    zone = ZoneInfo(schedule.timezone)
+    times = []
+    for when in schedule.fire_times(since=after or db_now()):
+        if len(times) >= count or (last is not None and when > last):
+            break
+        times.append(FireTime(when, when.astimezone(zone)))
+    return times
 
 
 def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None:

@@ -120,3 +120,38 @@ def test_misses_after_a_pause_are_recorded_as_paused():
     assert [reasons[start + timedelta(minutes=k)] for k in range(5)] == ["missed"] * 3 + ["paused"] * 2
     task.refresh_from_db()
     assert task.paused_at is None
+
+
+@pytest.mark.parametrize(("policy", "runs_now"), [("skip", 0), ("run_once", 1), ("run_all", 3)])
+def test_max_runs_with_a_start_long_past_runs_the_latest_misses_and_records_the_rest(policy, runs_now):
+    """max_runs bounds the catch-up: the latest missed fire times run (at most the runs left),
+    every earlier one is recorded, and the task completes when its runs are used up."""
+    from executions.models import SkippedOccurrence
+    from tasks_app.models import Task, TaskStatus
+
+    now = timezone.now()
+    start = now - timedelta(hours=50, minutes=30)
+    task = TaskFactory(
+        start_at=start, next_run_at=start, interval=timedelta(hours=1), misfire_policy=policy, max_runs=3
+    )
+    materialise_task(task_id=task.pk, until=now + timedelta(minutes=1))
+    fire_times = [start + timedelta(hours=k) for k in range(51)]  # the last one is 30 minutes ago
+    runs = list(Execution.objects.filter(task=task).order_by("scheduled_for").values_list("scheduled_for", flat=True))
+    assert runs == fire_times[len(fire_times) - runs_now :] if runs_now else runs == []
+    skipped = set(SkippedOccurrence.objects.filter(task=task).values_list("scheduled_for", flat=True))
+    assert skipped == set(fire_times) - set(runs)  # every fire time is accounted for
+    task = Task.objects.get(pk=task.pk)
+    assert task.runs_materialised == runs_now
+    assert (task.status == TaskStatus.COMPLETED) == (runs_now == 3)
+    assert (task.next_run_at is None) == (runs_now == 3)
+
+
+@pytest.mark.parametrize("missed", [1, 60, 99, 100, 150])
+def test_run_all_runs_every_miss_up_to_its_limit(missed):
+    """Regression: with between half and all of catch_up_limit missed, only some of them ran."""
+    now = timezone.now()
+    start = now - timedelta(minutes=missed, seconds=30)
+    task = TaskFactory(start_at=start, next_run_at=start, interval=timedelta(minutes=1), misfire_policy="run_all")
+    materialise_task(task_id=task.pk, until=now)
+    late = Execution.objects.filter(task=task, scheduled_for__lt=now - timedelta(seconds=60))
+    assert late.count() == min(missed, 100)
