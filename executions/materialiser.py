@@ -9,6 +9,7 @@ advances each task's cursor (``next_run_at``) in the same transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -194,6 +195,9 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     if remaining == 0:  # its runs are used up: the task is complete, nothing further was missed
         return Plan([], None, task.runs_materialised)
     schedule = task_schedule(task)
+    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
+    if remaining is None and task.next_run_at >= now - task.misfire_grace:
+        return _plan_on_time(task, schedule, until=until, exclusive=exclusive)
     # The latest missed fire times the policy runs, no more than the runs the task has left.
     keep = _misfire_keep(task) if remaining is None else min(_misfire_keep(task), remaining)
     missed_before = now - task.misfire_grace
@@ -225,8 +229,46 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
         nxt = None
     unlisted = _unlisted(schedule, task.next_run_at, since)
     skipped = _skipped(task, dropped, unlisted=None if unlisted is None else unlisted + lost)
-    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
-    rows = [
+    rows = _rows(task, times, exclusive=exclusive)
+    return Plan(rows, nxt, task.runs_materialised + len(rows), skipped)
+
+
+def _plan_on_time(task: Plannable, schedule: Schedule, *, until: datetime, exclusive: bool) -> Plan:
+    """:func:`plan_task` for the common case, kept short for a pass over many tasks: the cursor
+    is not late (nothing missed) and no ``max_runs`` counts down."""
+    since = max(task.next_run_at, schedule.start_at)
+    if schedule.cron:
+        times, nxt = _cron_window(schedule.cron, schedule.timezone, schedule.end_at, since, until)
+    else:
+        times, nxt = _window(schedule, since, until)
+    rows = _rows(task, times, exclusive=exclusive)
+    return Plan(rows, nxt, task.runs_materialised + len(rows))
+
+
+def _window(schedule: Schedule, since: datetime, until: datetime) -> tuple[tuple[datetime, ...], datetime | None]:
+    """The fire times from ``since`` up to ``until``, and the first one after it (None: no more)."""
+    times = []
+    for when in schedule.fire_times(since=since):
+        if when > until:
+            return tuple(times), when
+        times.append(when)
+    return tuple(times), None
+
+
+@functools.lru_cache(maxsize=4096)
+def _cron_window(
+    cron: str, timezone: str, end_at: datetime | None, since: datetime, until: datetime
+) -> tuple[tuple[datetime, ...], datetime | None]:
+    """:func:`_window` of a cron schedule, shared by the tasks of a pass with the same expression,
+    zone and cursor (popular expressions such as ``0 * * * *`` have many); ``since`` is already
+    at or after the schedule's start, which therefore does not matter."""
+    if end_at is not None and end_at < since:
+        return (), None
+    return _window(Schedule(start_at=since, cron=cron, timezone=timezone, end_at=end_at), since, until)
+
+
+def _rows(task: Plannable, times: Sequence[datetime], *, exclusive: bool) -> list[transitions.NewExecution]:
+    return [
         transitions.NewExecution(
             task_id=task.pk,
             scheduled_for=when,
@@ -239,7 +281,6 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
         )
         for when in times
     ]
-    return Plan(rows, nxt, task.runs_materialised + len(rows), skipped)
 
 
 def skipped_record(rows: list[SkippedOccurrence]) -> None:

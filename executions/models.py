@@ -114,7 +114,13 @@ class ExecutionEvent(models.Model):
     """Append-only audit row written in the same transaction as every status transition."""
 
     # No index of its own: event_execution_idx (execution, id) serves the timeline and the FK.
-    execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # No database constraint either: transitions.py, the only writer, inserts each event in the
+    # same statement as the row change it records (a RETURNING of that row), so the per-row
+    # foreign key check could never fail and cost a lookup per event on the hottest write path.
+    # Deleting an execution still deletes its events (Django's on_delete).
+    execution = models.ForeignKey(
+        Execution, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
     attempt = models.PositiveIntegerField()

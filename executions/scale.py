@@ -1,9 +1,10 @@
 """A timed materialiser pass over many recurring tasks (``manage.py materialise --scale N``).
 
-The tasks are inserted set-based under a dedicated user, all due now: half on an hourly
-interval, half on an hourly cron expression in one of several time zones (whose minute is
-chosen so that it fires within the next two minutes, so every task has exactly one occurrence
-inside the horizon). Then two passes are timed: the first creates one execution per task, the
+The tasks are inserted set-based under a dedicated user, each with exactly one occurrence
+inside the horizon: half on an hourly interval, each starting at its own second of the next
+four minutes (so no two share a grid, as with tasks created through the API), half on an hourly
+cron expression in one of several time zones, its minute chosen so that it fires within the
+next two minutes. Then two passes are timed: the first creates one execution per task, the
 second must create nothing. The tasks and their executions are deleted afterwards.
 """
 
@@ -58,14 +59,15 @@ def materialise_scale_check(*, tasks: int) -> ScaleResult:
                 timezone, jitter, misfire_policy, misfire_grace, catch_up_limit, overlap_policy, max_attempts,
                 retry_backoff, retry_backoff_max, retry_jitter, timeout, priority, notification_target, tracing_id,
                 next_run_at, runs_materialised, created_at, updated_at)
-            SELECT gen_random_uuid(), %(owner)s, 'scale ' || g, 'ACTIVE', 'noop', '{}', date_trunc('second', now()),
+            SELECT gen_random_uuid(), %(owner)s, 'scale ' || g, 'ACTIVE', 'noop', '{}', s.start_at,
                 CASE WHEN g %% 2 = 0 THEN interval '1 hour' END,
                 CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END,
                 CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END,
                 interval '0', 'run_once', interval '60 seconds', 100, 'allow', 3, interval '5 seconds',
-                interval '10 minutes', true, interval '20 minutes', 5, '', '', date_trunc('second', now()), 0,
-                now(), now()
-            FROM generate_series(1, %(tasks)s) AS g
+                interval '10 minutes', true, interval '20 minutes', 5, '', '', s.start_at, 0, now(), now()
+            FROM generate_series(1, %(tasks)s) AS g,
+                LATERAL (SELECT CASE WHEN g %% 2 = 0 THEN date_trunc('second', now()) + g %% 240 * interval '1 second'
+                    + g %% 997 * interval '1 millisecond' ELSE date_trunc('second', now()) END AS start_at) AS s
             """,
             {"owner": owner.pk, "crons": crons, "names": list(ZONES), "zones": len(ZONES), "tasks": tasks},
         )

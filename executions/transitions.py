@@ -10,9 +10,10 @@ database clock (``now()``), never from the host.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Value, sql
@@ -127,26 +128,32 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
 _INSERT_CHUNK = 5000
 
 
+def _quoted(value: object) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+#: How an array element of each type is written: text is quoted; numbers, booleans, UUIDs and
+#: timestamps (ISO 8601: digits and -:.+T) need not be.
+_ELEMENT_FORMATS: Mapping[type, Callable[[Any], str]] = {
+    datetime: datetime.isoformat,
+    bool: lambda value: "t" if value else "f",
+    int: int.__repr__,
+    uuid.UUID: uuid.UUID.__str__,
+}
+
+
 def pg_array(values: Iterable[object]) -> str:
-    """A PostgreSQL array literal (``{"a","b",NULL}``) for a ``%s::type[]`` parameter.
+    """A PostgreSQL array literal (``{"a","b",NULL}``) for a ``%s::type[]`` parameter; the
+    values are of one type, or None.
 
     Bulk writes pass one such text per column and ``unnest`` them server-side: the statement
     stays a few hundred bytes whatever the row count, where a VALUES list of thousands of rows
-    costs the client its quoting and the server its parsing. Elements are quoted (text, uuid,
-    timestamps in ISO 8601) or bare (numbers, booleans, NULL).
+    costs the client its quoting and the server its parsing.
     """
-    parts = []
-    for value in values:
-        if value is None:
-            parts.append("NULL")
-        elif isinstance(value, bool):
-            parts.append("t" if value else "f")
-        elif isinstance(value, int):
-            parts.append(str(value))
-        else:
-            text = value.isoformat() if isinstance(value, datetime) else str(value)
-            parts.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
-    return "{" + ",".join(parts) + "}"
+    values = list(values)
+    kind = next((type(value) for value in values if value is not None), str)
+    write = _ELEMENT_FORMATS.get(kind, _quoted)
+    return "{" + ",".join(["NULL" if value is None else write(value) for value in values]) + "}"
 
 
 def _insert_executions(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
