@@ -401,8 +401,10 @@ def execution_claim_exclusive(
     """Claim an exclusive PENDING execution under its task's overlap policy.
 
     The task row is locked (``SELECT … FOR UPDATE``), so the exclusive claims of one task are
-    serialised and each sees the previous one's outcome. With no RUNNING sibling (or policy
-    "allow") it is claimed as usual. Otherwise, per the task's overlap policy:
+    serialised and each sees the previous one's outcome; then the execution's own row, so the
+    policy is applied to it as it is: nothing that does not take the task lock (a user's cancel,
+    a monitor's untake) can move it between the check and the writes. With no RUNNING sibling
+    (or policy "allow") it is claimed as usual. Otherwise, per the task's overlap policy:
 
     * ``skip``: PENDING → CANCELLED, recorded as a skipped occurrence (reason ``overlap``);
     * ``queue_one``: if an older sibling is already waiting, cancelled like ``skip``; else
@@ -412,16 +414,18 @@ def execution_claim_exclusive(
 
     Every status write is a conditional UPDATE with its event in the same transaction.
     """
+    claimable = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=True)
     with transaction.atomic():
-        row = (
-            Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=True)
-            .values("task_id", "scheduled_for")
-            .first()
-        )
-        if row is None:
+        # Unlocked first: a duplicate or stale delivery loses without waiting for the task lock.
+        task_id = claimable.values_list("task_id", flat=True).first()
+        if task_id is None:
             return ExclusiveClaim("lost")
-        task = Task.objects.select_for_update().filter(pk=row["task_id"]).values("overlap_policy").first()
+        task = Task.objects.select_for_update().filter(pk=task_id).values("overlap_policy").first()
         if task is None:  # pragma: no cover - executions go with their task
+            return ExclusiveClaim("lost")
+        # Task, then execution: the order task_update, task_pause and task_delete lock them in.
+        row = claimable.select_for_update().values("task_id", "scheduled_for").first()
+        if row is None:  # moved on (cancelled, untaken, claimed) since the first read
             return ExclusiveClaim("lost")
         policy = task["overlap_policy"]
         siblings = Execution.objects.filter(task_id=row["task_id"]).exclude(pk=execution_id)
@@ -468,7 +472,7 @@ def execution_claim_exclusive(
         claimed = execution_claim_loaded(
             execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=lease_seconds, exclusive=True
         )
-    if claimed is None:  # pragma: no cover - the row was PENDING under the task lock
+    if claimed is None:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
     return ExclusiveClaim("claimed", claimed, tuple(cancelled))
 
@@ -479,7 +483,7 @@ def _skip_for_overlap(execution_id: int, attempt: int, row: Mapping, worker_id: 
         {"status": S.CANCELLED, "finished_at": Now(), "error": detail, "lease_owner": "", "lease_expires_at": None},
         _event(execution_id, S.PENDING, S.CANCELLED, attempt, worker_id, detail),
     )
-    if not won:  # pragma: no cover - the row was PENDING under the task lock
+    if not won:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
     SkippedOccurrence.objects.bulk_create(
         [

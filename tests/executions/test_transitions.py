@@ -424,3 +424,26 @@ def test_triggered_and_retried_runs_of_an_exclusive_task_are_exclusive():
     assert retried.exclusive
     plain = TaskFactory()
     assert not Execution.objects.get(pk=transitions.execution_trigger(task_id=plain.pk, actor="test")).exclusive
+
+
+def test_exclusive_claim_decides_on_the_row_as_it_is_under_the_lock(monkeypatch):
+    """A user cancels the PENDING execution after the claim first read it but before the claim
+    got the task lock: the claim loses and cancel_previous leaves the running one alone (it used
+    to cancel it for a successor that never ran, and drop the report that its run must stop)."""
+    _, previous, pending = _exclusive_pair("cancel_previous")
+    real_task = transitions.Task
+
+    class TaskLockedAfterACancel:
+        class objects:  # stands in for the manager
+            @staticmethod
+            def select_for_update(**kwargs):
+                transitions.execution_cancel(execution_id=pending.pk, actor="user:alice")
+                return real_task.objects.select_for_update(**kwargs)
+
+    monkeypatch.setattr(transitions, "Task", TaskLockedAfterACancel)
+    claim = _claim_exclusive(pending)
+    assert (claim.outcome, claim.cancelled) == ("lost", ())
+    previous.refresh_from_db()
+    pending.refresh_from_db()
+    assert (previous.status, pending.status) == (S.RUNNING, S.CANCELLED)
+    assert not previous.events.filter(to_status=S.CANCELLED).exists()
