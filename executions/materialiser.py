@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from django.db import connection, transaction
 
@@ -31,29 +31,6 @@ from tasks_app.schedules import Schedule, jitter_for
 logger = logging.getLogger(__name__)
 
 ACTOR = "materialiser"
-
-
-class Plannable(Protocol):
-    """What planning reads of a task: a :class:`~tasks_app.models.Task` or a :class:`DueTask`."""
-
-    @property
-    def pk(self) -> uuid.UUID: ...
-
-    start_at: datetime
-    interval: timedelta | None
-    cron: str
-    timezone: str
-    end_at: datetime | None
-    max_runs: int | None
-    jitter: timedelta
-    misfire_policy: str
-    misfire_grace: timedelta
-    catch_up_limit: int
-    overlap_policy: str
-    priority: int
-    next_run_at: datetime | None
-    runs_materialised: int
-    paused_at: datetime | None
 
 
 class DueTask(NamedTuple):
@@ -79,6 +56,8 @@ class DueTask(NamedTuple):
 
 
 _DUE_COLUMNS = ("id", *DueTask._fields[1:])
+#: What planning reads a task from: the model (creating, resuming) or a row of a pass.
+Plannable = Task | DueTask
 
 
 def task_schedule(task: Plannable) -> Schedule:
@@ -359,8 +338,8 @@ def materialise_task(*, task_id: object, until: datetime | None = None) -> list[
 def _commit_without_waiting_for_disk() -> None:
     """Let this transaction's commit return before its WAL reaches the disk.
 
-    Safe for a materialiser batch, and what makes a cold pass fit its interval (most of its time
-    was waiting for fsync): the batch is atomic and idempotent, so a database crash that loses
+    A pass of many batches then does not wait for a disk flush per batch. Safe for a
+    materialiser batch: it is atomic and idempotent, so a database crash that loses
     it loses its executions and the cursor moves together, and the next pass makes them again.
     Nothing outside the database can depend on a lost batch: the monitor publishes an execution
     only after its own (synchronous) commit, and flushing that commit's WAL flushes this
