@@ -158,9 +158,9 @@ def pg_array(values: Iterable[object]) -> str:
 
 def _insert_executions(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
     """Insert one chunk with its creation events: on PostgreSQL one statement (columns as
-    arrays, the events written by a data-modifying CTE); elsewhere through the ORM."""
+    arrays, the events written by a data-modifying CTE); elsewhere a VALUES insert, then the events."""
     if connection.vendor != "postgresql":
-        return _insert_executions_orm(rows, actor=actor, detail=detail)
+        return _insert_executions_portable(rows, actor=actor, detail=detail)
     # Table names are ours; every value goes through params. No conflict target: the occurrence
     # uniqueness is a partial index (superseded rows leave it).
     sql = f"""
@@ -193,7 +193,7 @@ def _insert_executions(rows: Sequence[NewExecution], *, actor: str, detail: str)
         return [row[0] for row in cursor.fetchall()]
 
 
-def _insert_executions_orm(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
+def _insert_executions_portable(rows: Sequence[NewExecution], *, actor: str, detail: str) -> list[int]:
     """The embedded (SQLite) default: a VALUES insert in chunks within SQLite's parameter limit,
     then the events."""
     columns = (
