@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import worker_init
+from celery.signals import task_prerun, worker_init
 from django.db import InterfaceError, OperationalError, connections
 
 from executions import heartbeat, materialiser, worker_services
@@ -31,6 +31,20 @@ def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     # worker_services._persist), so they skip Django's per-task health-check query.
     for conn in connections.all():
         conn.settings_dict["CONN_HEALTH_CHECKS"] = False
+
+
+@task_prerun.connect
+def drop_unusable_connections(**kwargs: Any) -> None:
+    """Start every task on a usable database connection, as Django does per request.
+
+    With ``CELERY_DB_REUSE_MAX`` Celery keeps a pool process's connection across tasks and never
+    checks it, so after a PostgreSQL restart each retry of a task met the same dead connection
+    ("connection already closed") until its backoff reached tens of seconds. A connection whose
+    last use raised a database error is pinged once here and replaced if dead; a healthy one
+    costs nothing (health checks stay off).
+    """
+    for conn in connections.all(initialized_only=True):
+        conn.close_if_unusable_or_obsolete()
 
 
 def _note_redelivery(task: Task, execution_id: int) -> None:
