@@ -387,7 +387,7 @@ def materialise_due(*, horizon: float | None = None, batch: int | None = None, t
     The first batch runs here. If it was full (a backlog: a cold start, a long outage), the rest
     is drained by ``threads`` threads with a connection each (``MATERIALISE_THREADS``): their
     batches never meet (SKIP LOCKED), and one plans in Python while another waits on the
-    database. Inside a caller's transaction the pass stays on the caller's connection.
+    database. Inside a caller's transaction, and on SQLite, the pass stays on one connection.
     """
     conf = tms_settings()
     horizon = conf.MATERIALISE_HORIZON if horizon is None else horizon
@@ -396,7 +396,9 @@ def materialise_due(*, horizon: float | None = None, batch: int | None = None, t
     now = db_now()
     until = now + timedelta(seconds=horizon)
     created, full = _batch(now=now, until=until, size=size)
-    if full and threads > 1 and not connection.in_atomic_block:
+    # Threads need row locks to share the work (SKIP LOCKED): PostgreSQL only, not SQLite.
+    parallel = threads > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block
+    if full and parallel:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="materialise") as pool:
             drains = [pool.submit(_drain_in_thread, now=now, until=until, size=size) for _ in range(threads)]
             created += sum(drain.result() for drain in drains)
