@@ -377,8 +377,10 @@ def _bucket_offsets(zone: ZoneInfo, bucket: int) -> tuple[tuple[datetime, timede
     probe = begin
     while probe < limit:
         following = min(probe + _PROBE_STEP, limit)
-        if following < limit and _offset(zone, following) != offset:
+        if _offset(zone, following) != offset:
             change = _next_change(zone, probe, following, offset)
+            if change >= limit:  # exactly at the boundary: the next bucket starts with it
+                break
             offset = _offset(zone, change)
             points.append((change, offset))
             probe = change

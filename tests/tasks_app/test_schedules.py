@@ -834,3 +834,26 @@ def test_search_for_a_fire_time_is_bounded():
     # Validation rejects expressions that never fire; should one slip through, the search still ends.
     never = dataclasses.replace(parse_cron("0 0 * * *"), weekdays=frozenset())
     assert list(_cron_times(never, ZoneInfo("Europe/Berlin"), utc("2026-01-01T00:00"))) == []
+
+
+@pytest.mark.parametrize(
+    "zone", ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Santiago", "Asia/Tehran"]
+)
+def test_offset_stretches_match_the_zone_everywhere_over_a_decade(zone):
+    """Every stretch the cron calculator walks has the zone's offset from its first to its last
+    instant, also where an offset change falls in the last hours of a cached 28-day bucket."""
+
+    from tasks_app.schedules import _offset, _segments
+
+    tz = ZoneInfo(zone)
+    start, stop = datetime(2018, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=UTC)
+    changes = 0
+    previous = None
+    for begin, end, offset in _segments(tz, start):
+        if begin >= stop:
+            break
+        assert _offset(tz, begin) == offset
+        assert _offset(tz, end - timedelta(microseconds=1)) == offset
+        changes += previous is not None and previous != offset
+        previous = offset
+    assert changes >= 10  # DST in each of these zones for most of those years
