@@ -19,6 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from executions.clock import db_now
+from executions.harness.fill import insert_tasks
 from executions.materialiser import materialise_due
 from tasks_app.models import Task
 
@@ -53,23 +54,23 @@ def materialise_scale_check(*, tasks: int) -> ScaleResult:
     soon = db_now() + timedelta(minutes=2)
     crons = [f"{soon.astimezone(ZoneInfo(zone)).minute} * * * *" for zone in ZONES]
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
-                timezone, jitter, misfire_policy, misfire_grace, catch_up_limit, overlap_policy, max_attempts,
-                retry_backoff, retry_backoff_max, retry_jitter, timeout, priority, notification_target, tracing_id,
-                next_run_at, runs_materialised, created_at, updated_at)
-            SELECT gen_random_uuid(), %(owner)s, 'scale ' || g, 'ACTIVE', 'noop', '{}', s.start_at,
-                CASE WHEN g %% 2 = 0 THEN interval '1 hour' END,
-                CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END,
-                CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END,
-                interval '0', 'run_once', interval '60 seconds', 100, 'allow', 3, interval '5 seconds',
-                interval '10 minutes', true, interval '20 minutes', 5, '', '', s.start_at, 0, now(), now()
-            FROM generate_series(1, %(tasks)s) AS g,
-                LATERAL (SELECT CASE WHEN g %% 2 = 0 THEN date_trunc('second', now()) + g %% 240 * interval '1 second'
-                    + g %% 997 * interval '1 millisecond' ELSE date_trunc('second', now()) END AS start_at) AS s
-            """,
-            {"owner": owner.pk, "crons": crons, "names": list(ZONES), "zones": len(ZONES), "tasks": tasks},
+        insert_tasks(
+            cursor,
+            owner_id=owner.pk,
+            count=tasks,
+            columns={
+                "name": "'scale ' || g",
+                "start_at": "s.start_at",
+                "interval": "CASE WHEN g %% 2 = 0 THEN interval '1 hour' END",
+                "cron": "CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END",
+                "timezone": "CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END",
+                "next_run_at": "s.start_at",
+            },
+            params={"crons": crons, "names": list(ZONES), "zones": len(ZONES)},
+            # Interval tasks each on a grid of their own; cron tasks from now.
+            lateral=", LATERAL (SELECT CASE WHEN g %% 2 = 0 THEN date_trunc('second', now()) "
+            "+ g %% 240 * interval '1 second' + g %% 997 * interval '1 millisecond' "
+            "ELSE date_trunc('second', now()) END AS start_at) AS s",
         )
         cursor.execute("ANALYZE tasks_app_task")
     fill = time.monotonic() - started

@@ -29,6 +29,7 @@ from django.db import connection
 from django.db.models import Max
 
 from executions.clock import db_now
+from executions.harness.fill import insert_tasks
 from executions.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 from executions.models import TERMINAL_STATUSES, Execution
 from tasks_app.models import Task
@@ -270,20 +271,17 @@ class Bench:
         self.config.progress(f"scale: inserting {tasks} recurring tasks and {tasks * per_task} future executions")
         started = time.monotonic()
         with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                INSERT INTO tasks_app_task (id, owner_id, name, status, runner, config, start_at, interval, cron,
-                    timezone, jitter, misfire_policy, misfire_grace, catch_up_limit, overlap_policy, max_attempts,
-                    retry_backoff, retry_backoff_max, retry_jitter, timeout, priority, notification_target, tracing_id,
-                    next_run_at, runs_materialised, created_at, updated_at)
-                SELECT gen_random_uuid(), %s, 'filler ' || g, 'ACTIVE', 'noop', '{}', now() + interval '1 day',
-                    interval '1 hour', '', 'UTC', interval '0', 'run_once', interval '60 seconds', 100, 'allow', 3,
-                    interval '5 seconds',
-                    interval '10 minutes', true, interval '20 minutes', 5, '', '',
-                    now() + interval '1 day' + g * interval '1 millisecond', %s, now(), now()
-                FROM generate_series(1, %s) AS g
-                """,
-                [filler.pk, per_task, tasks],
+            insert_tasks(
+                cursor,
+                owner_id=filler.pk,
+                count=tasks,
+                columns={
+                    "start_at": "now() + interval '1 day'",
+                    "interval": "interval '1 hour'",
+                    "next_run_at": "now() + interval '1 day' + g * interval '1 millisecond'",
+                    "runs_materialised": "%(per_task)s",
+                },
+                params={"per_task": per_task},
             )
             cursor.execute(
                 """
