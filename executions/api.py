@@ -16,7 +16,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from executions.clock import db_now
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
 from executions.serializers import (
     CancelReportSerializer,
@@ -27,6 +26,7 @@ from executions.serializers import (
 from executions.services import execution_cancel, execution_retry
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import actor_for
+from tms_core.clock import db_now
 from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
 

@@ -26,9 +26,9 @@ from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from executions import transitions
-from executions.conf import tms_settings
 from executions.models import Execution, ExecutionStatus, Worker, WorkerStatus
 from executions.worker_identity import lease_owner_pid, node_id
+from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
 

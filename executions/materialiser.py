@@ -21,12 +21,12 @@ from typing import NamedTuple
 from django.db import connection, transaction
 
 from executions import transitions
-from executions.clock import db_now
-from executions.conf import tms_settings
 from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, jitter_for
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from executions import transitions
-from executions.conf import TmsSettings, tms_settings
 from executions.notify import DueListener
+from tms_core.conf import TmsSettings, tms_settings
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from executions.conf import tms_settings
+from tms_core.conf import tms_settings
 
 
 #: name -> (Celery task name, seconds between runs)

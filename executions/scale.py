@@ -18,10 +18,10 @@ from zoneinfo import ZoneInfo
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from executions.clock import db_now
 from executions.harness.fill import insert_tasks
 from executions.materialiser import materialise_due
 from tasks_app.models import Task
+from tms_core.clock import db_now
 
 SCALE_USER = "tms-scale-check"
 #: Zones of the cron half, including ones whose offsets are not whole hours.

@@ -18,7 +18,6 @@ from datetime import datetime
 from rest_framework.exceptions import ValidationError
 
 from executions import transitions
-from executions.clock import db_now
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import ACTIVE_STATUSES, Execution
 from executions.models import ExecutionStatus as S
@@ -27,8 +26,9 @@ from executions.worker_services import run_spec
 from runners.base import RunHandle
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.models import Task, TaskStatus
+from tms_core.clock import db_now
+from tms_core.errors import ConflictError, GoneError
 from tms_project.api_conf import api_settings
-from tms_project.errors import ConflictError, GoneError
 
 logger = logging.getLogger(__name__)
 

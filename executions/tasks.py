@@ -10,8 +10,8 @@ from celery.signals import task_prerun, worker_init
 from django.db import InterfaceError, OperationalError, connections
 
 from executions import heartbeat, materialiser, worker_services
-from executions.conf import tms_settings
 from executions.worker_identity import lease_owner, set_node_id
+from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from django.db import connection, transaction
 from django.db.models import CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Value, sql
 from django.db.models.functions import Cast, Concat, Now
 
-from executions.clock import db_now
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tms_core.clock import db_now
 
 #: For each target status, the statuses an execution may come from.
 ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {

@@ -22,14 +22,14 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from executions import transitions
 from executions.backoff import exponential_backoff
 from executions.callbacks import GRACE, CallbackRefused, callback_url, callback_verify
-from executions.clock import db_now
-from executions.conf import tms_settings
 from executions.models import Execution
 from executions.notify import notify_due
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
 

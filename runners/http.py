@@ -57,7 +57,7 @@ from urllib3.poolmanager import PoolManager
 from urllib3.util.connection import allowed_gai_family
 
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
-from tasks_app.durations import DurationField, parse_duration
+from tms_core.durations import DurationField, parse_duration
 
 logger = logging.getLogger(__name__)
 

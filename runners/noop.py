@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from rest_framework import serializers
 
 from runners.base import BaseRunner, RunHandle, RunResult, RunSpec
-from tasks_app.durations import DurationField
+from tms_core.durations import DurationField
 
 
 class NoopRunner(BaseRunner):

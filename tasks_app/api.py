@@ -15,7 +15,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from executions.clock import db_now
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
@@ -50,6 +49,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
+from tms_core.clock import db_now
 from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
 

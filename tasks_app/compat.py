@@ -20,9 +20,9 @@ from rest_framework.response import Response
 
 from executions.models import Execution, ExecutionStatus
 from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
-from tasks_app.durations import DurationField, format_duration, parse_duration
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
+from tms_core.durations import DurationField, format_duration, parse_duration
 from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
 from tms_project.api_conf import api_settings
 from tms_project.api_schema import error_responses

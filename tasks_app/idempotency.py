@@ -22,10 +22,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from rest_framework.exceptions import ValidationError
 
-from executions.clock import db_now
 from tasks_app.models import ApiIdempotencyKey
+from tms_core.clock import db_now
+from tms_core.errors import IdempotencyKeyReused
 from tms_project.api_conf import api_settings
-from tms_project.errors import IdempotencyKeyReused
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from executions.conf import tms_settings
+from tms_core.conf import tms_settings
 
 
 class TaskStatus(models.TextChoices):

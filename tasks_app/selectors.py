@@ -15,11 +15,11 @@ from django.db import models
 from django.db.models import Q, Subquery
 from rest_framework.exceptions import ValidationError
 
-from executions.clock import db_now
 from executions.materialiser import task_schedule
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import Schedule
+from tms_core.clock import db_now
 
 #: The most fire times one preview lists.
 PREVIEW_MAX = 1000

@@ -13,7 +13,6 @@ from rest_framework import serializers
 
 from executions.models import ExecutionOrigin, ExecutionStatus, SkipReason
 from executions.serializers import CancelReportSerializer
-from tasks_app.durations import DurationField
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
     MIN_MISFIRE_GRACE,
@@ -28,6 +27,7 @@ from tasks_app.models import (
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
+from tms_core.durations import DurationField
 from tms_project.api_base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
 
 

@@ -14,8 +14,6 @@ from django.db import transaction
 from rest_framework.exceptions import ValidationError
 
 from executions import transitions
-from executions.clock import db_now
-from executions.conf import tms_settings
 from executions.materialiser import ACTOR as MATERIALISER
 from executions.materialiser import materialise_task, plan_task, skipped_record, task_schedule
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus
@@ -25,7 +23,9 @@ from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError
-from tms_project.errors import ConflictError, GoneError
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
+from tms_core.errors import ConflictError, GoneError
 
 
 def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Every error answers ``{"type": ..., "detail": ..., "errors": {field: [messages]}}``; ``errors``
 is present for validation failures and maps each bad field (nested for nested input) to its
 messages, with ``non_field_errors`` for errors about the request as a whole. Domain errors from
-services (:mod:`tms_project.errors`) are mapped here, and so are Django's own 404 and 500 pages
+services (:mod:`tms_core.errors`) are mapped here, and so are Django's own 404 and 500 pages
 for API paths, so nothing under the API answers HTML.
 """
 
@@ -18,7 +18,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from tms_project.errors import ConflictError, DomainError, GoneError, IdempotencyKeyReused
+from tms_core.errors import ConflictError, DomainError, GoneError, IdempotencyKeyReused, InvalidInput
 
 #: HTTP status of each domain error.
 DOMAIN_STATUS: dict[type[DomainError], int] = {
@@ -37,7 +37,9 @@ class _DomainAPIError(exceptions.APIException):
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, DomainError):
+    if isinstance(exc, InvalidInput):
+        exc = exceptions.ValidationError(exc.errors)
+    elif isinstance(exc, DomainError):
         exc = _DomainAPIError(exc)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()  # never "No Task matches the given query."

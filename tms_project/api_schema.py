@@ -74,13 +74,13 @@ class AutoSchema(SpectacularAutoSchema):
 
 
 class DurationFieldExtension(OpenApiSerializerFieldExtension):
-    """:class:`tasks_app.durations.DurationField`: seconds or a duration string in, seconds out."""
+    """:class:`tms_core.durations.DurationField`: seconds or a duration string in, seconds out."""
 
-    target_class = "tasks_app.durations.DurationField"
+    target_class = "tms_core.durations.DurationField"
     match_subclasses = True
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        from tasks_app.durations import MAX_DURATION
+        from tms_core.durations import MAX_DURATION
 
         if direction == "request":
             minimum = self.target.min_value.total_seconds() if self.target.min_value else 0

@@ -28,12 +28,12 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Max
 
-from executions.clock import db_now
 from executions.harness.fill import insert_tasks
 from executions.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 from executions.models import TERMINAL_STATUSES, Execution
 from tasks_app.models import Task
 from tasks_app.services import task_bulk_create
+from tms_core.clock import db_now
 
 SCENARIOS = ("burst", "sustained", "scale", "create")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).

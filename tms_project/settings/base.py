@@ -257,7 +257,7 @@ CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER else 9
 CELERY_TASK_DEFAULT_PRIORITY = 5
 
 # --- TMS --------------------------------------------------------------------------------------
-# Read through executions.conf.tms_settings; see that module for what each knob does.
+# Read through tms_core.conf.tms_settings; see that module for what each knob does.
 TMS = {
     "MATERIALISE_HORIZON": env.float("TMS_MATERIALISE_HORIZON", default=300.0),
     "MATERIALISE_INTERVAL": env.float("TMS_MATERIALISE_INTERVAL", default=5.0),

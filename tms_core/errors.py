@@ -6,6 +6,8 @@ state, an idempotency key was reused with another request, ...), the API layer s
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DomainError(Exception):
     """Base class: ``code`` is the machine-readable ``type`` of the API error."""
@@ -33,3 +35,23 @@ class IdempotencyKeyReused(DomainError):
     """An ``Idempotency-Key`` was sent again with a different request."""
 
     code = "idempotency_key_reused"
+
+
+class InvalidInput(DomainError):
+    """The request is malformed for the business rules: ``errors`` maps each field to its messages.
+
+    Services raise this (never DRF's ``ValidationError``) so that every caller can present the
+    errors its own way: the API as a 400 with per-field messages, the admin and the back-office
+    forms as errors on the fields they name (``non_field_errors`` for the request as a whole).
+    """
+
+    code = "validation_error"
+
+    def __init__(self, errors: dict[str, Any]) -> None:
+        super().__init__("Invalid input.")
+        self.errors = errors
+
+    @classmethod
+    def on(cls, field: str, message: str) -> InvalidInput:
+        """The error for one field with one message."""
+        return cls({field: [message]})
