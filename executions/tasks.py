@@ -72,8 +72,3 @@ def materialise() -> int:
 @shared_task(name="tms.liveness", ignore_result=True)
 def liveness() -> list[str]:
     return heartbeat.workers_mark_dead(timeout=tms_settings().WORKER_TIMEOUT)
-
-
-@shared_task(name="tms.bench_noop", ignore_result=True)
-def bench_noop() -> None:
-    """Does nothing: the bare-Celery baseline that ``tms_bench`` compares the platform with."""

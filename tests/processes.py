@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 from django.db import InterfaceError, OperationalError, connection
 
-from executions.harness import processes
-from executions.harness.processes import ROOT, ManagedProcess
+from tooling.harness import processes
+from tooling.harness.processes import ROOT, ManagedProcess
 
 LOG_DIR = ROOT / "var" / "test-logs"
 TEST_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tms_project.settings.test"}

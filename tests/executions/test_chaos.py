@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from executions.harness.chaos import ChaosConfig, run_chaos
 from tests.processes import LOG_DIR
 from tms_core.conf import tms_settings
+from tooling.harness.chaos import ChaosConfig, run_chaos
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

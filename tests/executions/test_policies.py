@@ -8,13 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from executions.harness.ledger import LedgerServer
 from executions.models import ACTIVE_STATUSES, Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
 from tasks_app.services import task_create, task_pause, task_resume
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 from tms_core.clock import db_now
+from tooling.harness.ledger import LedgerServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -15,13 +15,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from executions import transitions
-from executions.harness.ledger import LedgerServer
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from tasks_app.services import task_create
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 from tms_project.celery import app
+from tooling.harness.ledger import LedgerServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -228,7 +228,7 @@ def test_broker_restart_during_load_loses_nothing(owner, api_client):
 
 
 def test_database_restart_during_load_loses_nothing(owner):
-    from executions.harness.chaos import _postgres_cluster
+    from tooling.harness.chaos import _postgres_cluster
 
     cluster = _postgres_cluster()
     assert cluster is not None, "this test restarts the local PostgreSQL"

@@ -39,6 +39,8 @@ INSTALLED_APPS = [
     "runners",
     "tasks_app",
     "executions",
+    # Benchmark, chaos run, scale check and demo set-up: commands only, never imported by the product.
+    "tooling",
 ]
 
 MIDDLEWARE = [

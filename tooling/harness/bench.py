@@ -28,12 +28,12 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Max
 
-from executions.harness.fill import insert_tasks
-from executions.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 from executions.models import TERMINAL_STATUSES, Execution
 from tasks_app.models import Task
 from tasks_app.services import task_bulk_create
 from tms_core.clock import db_now
+from tooling.harness.fill import insert_tasks
+from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
 SCENARIOS = ("burst", "sustained", "scale", "create")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
@@ -300,7 +300,7 @@ class Bench:
 
     def baseline(self, count: int) -> float:
         """Bare Celery no-op tasks through the same broker, queue and worker settings; per second."""
-        from executions.tasks import bench_noop
+        from tooling.tasks import bench_noop
 
         self.config.progress(f"baseline: {count} bare Celery no-op tasks")
         with self._platform(monitor=False) as (workers, _):

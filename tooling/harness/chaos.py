@@ -35,12 +35,12 @@ from django.db import OperationalError, close_old_connections, connection
 from django.db.models import Count, Q
 from django.test.utils import override_settings
 
-from executions.harness.ledger import LedgerServer
-from executions.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
 from executions.periodic import register_periodic_tasks
 from tasks_app.services import task_create
 from tms_core.clock import db_now
+from tooling.harness.ledger import LedgerServer
+from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

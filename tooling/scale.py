@@ -1,4 +1,4 @@
-"""A timed materialiser pass over many recurring tasks (``manage.py materialise --scale N``).
+"""A timed materialiser pass over many recurring tasks (``manage.py tms_scale N``).
 
 The tasks are inserted set-based under a dedicated user, each with exactly one occurrence
 inside the horizon: half on an hourly interval, each starting at its own second of the next
@@ -18,10 +18,10 @@ from zoneinfo import ZoneInfo
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from executions.harness.fill import insert_tasks
 from executions.materialiser import materialise_due
 from tasks_app.models import Task
 from tms_core.clock import db_now
+from tooling.harness.fill import insert_tasks
 
 SCALE_USER = "tms-scale-check"
 #: Zones of the cron half, including ones whose offsets are not whole hours.

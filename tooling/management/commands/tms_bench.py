@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from executions.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
-from executions.management.arguments import positive
+from tooling.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
+from tooling.management.arguments import positive
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from executions.harness.chaos import ChaosConfig, run_chaos
-from executions.management.arguments import positive
+from tooling.harness.chaos import ChaosConfig, run_chaos
+from tooling.management.arguments import positive
 
 
 class Command(BaseCommand):
