@@ -95,7 +95,7 @@ def staff_client(staff_user):
 
 @pytest.fixture
 def test_runners(settings):
-    """Adds runners whose cancel behaviour tests can observe (see tests/runners_for_tests.py)."""
+    """Adds the runners whose cancel behaviour tests can observe (``tests.runners_for_tests.RUNNERS``)."""
     from tests import runners_for_tests
 
     runners_for_tests.reset()

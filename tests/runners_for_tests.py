@@ -1,6 +1,14 @@
-"""Runner backends whose cancel behaviour tests can observe."""
+"""Runner backends for tests only.
+
+``CrashRunner`` is configured in the test settings (as ``crash``), so the worker processes the
+poison-work tests start have it too. The runners whose cancel behaviour tests observe are added
+per test by the ``test_runners`` fixture (``RUNNERS``).
+"""
 
 from __future__ import annotations
+
+import os
+import signal
 
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
 
@@ -10,6 +18,20 @@ CANCELLED: list[tuple[str, str, dict]] = []
 
 def reset() -> None:
     CANCELLED.clear()
+
+
+class CrashRunner(BaseRunner):
+    """Kills the process running it, like native code that segfaults its worker."""
+
+    def start(self, spec: RunSpec) -> RunHandle:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:  # pragma: no cover - never started
+        return RunResult.failed("never started")
+
+    def cancel(self, spec: RunSpec, handle: RunHandle) -> None:  # pragma: no cover
+        return None
 
 
 class _AsyncRunner(BaseRunner):

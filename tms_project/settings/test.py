@@ -29,4 +29,4 @@ from tms_project.settings.base import *  # noqa: E402,F403
 from tms_project.settings.base import TMS_RUNNERS  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-TMS_RUNNERS = {**TMS_RUNNERS, "crash": {"BACKEND": "tests.crash_runner.CrashRunner"}}
+TMS_RUNNERS = {**TMS_RUNNERS, "crash": {"BACKEND": "tests.runners_for_tests.CrashRunner"}}
