@@ -18,9 +18,12 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from kombu import Producer
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -31,6 +34,22 @@ from tms_core.conf import TmsSettings, tms_settings
 logger = logging.getLogger(__name__)
 
 _BROKER_ERRORS = (KombuError, KombuOperationalError, ConnectionError, OSError, TimeoutError)
+
+#: Sends one taken row as a message of a Celery task through the pass's producer; raises one of
+#: the broker errors above if it could not be sent (confirmed).
+Publish = Callable[[Any, transitions.Dispatch, Producer], None]
+
+
+def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
+    """The monitor's :data:`Publish`: one message per row, with the row's message id and priority.
+    No kombu retry: a failure undoes the rest of the batch and the monitor's loop backs off."""
+    task.apply_async(
+        args=(item.execution_id, item.attempt),
+        task_id=item.message_id,
+        priority=item.priority,
+        producer=producer,
+        retry=False,
+    )
 
 
 @dataclass
@@ -62,11 +81,15 @@ class MonitorStats:
 
 
 class Monitor:
-    """One monitor process. ``run()`` loops until ``stop()`` (or SIGTERM/SIGINT)."""
+    """One monitor process. ``run()`` loops until ``stop()`` (or SIGTERM/SIGINT).
 
-    def __init__(self, *, conf: TmsSettings | None = None, batch: int | None = None) -> None:
+    ``publish`` sends each message (:func:`send` unless a test puts a failing one in its place).
+    """
+
+    def __init__(self, *, conf: TmsSettings | None = None, batch: int | None = None, publish: Publish = send) -> None:
         self.conf = conf or tms_settings()
         self.batch = batch or self.conf.MONITOR_BATCH
+        self.publish = publish
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
         self.listener = DueListener()
         self.stats = MonitorStats()
@@ -83,13 +106,7 @@ class Monitor:
         sent = 0
         try:
             for item in taken:
-                task.apply_async(
-                    args=(item.execution_id, item.attempt),
-                    task_id=item.message_id,
-                    priority=item.priority,
-                    producer=producer,
-                    retry=False,
-                )
+                self.publish(task, item, producer)
                 sent += 1
         except _BROKER_ERRORS:
             transitions.executions_untake(
