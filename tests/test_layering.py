@@ -1,4 +1,5 @@
-"""Modules depend downward only: a static check of every import in the project's packages.
+"""Modules depend downward only: a static check of every import in the project's packages
+(and none of them needs a package installed for the tests only).
 
 Read with ``ast`` (nothing is imported), so an import inside a function, under
 ``TYPE_CHECKING`` or through ``importlib.import_module("...")`` / ``import_string("...")`` with
@@ -18,13 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("tms_core", "runners", "tasks_app", "executions", "tms_project", "tooling", "tests")
 PRODUCTION = ("tms_core", "runners", "tasks_app", "executions", "tms_project")
 
-#: For each production package, the project packages it must never import.
+#: Installed for the suite only (the test section of requirements.txt): no production module needs them.
+TEST_ONLY = frozenset({"pytest", "pytest_django", "factory", "hypothesis", "aiosmtpd", "schemathesis", "croniter"})
+#: For each production package, the packages it must never import.
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "tms_core": frozenset(PROJECT) - {"tms_core"},  # the shared basics sit below everything
-    "runners": frozenset({"tasks_app", "executions", "tms_project", "tooling", "tests"}),  # never the database
-    "tasks_app": frozenset({"tooling", "tests"}),
-    "executions": frozenset({"tooling", "tests"}),
-    "tms_project": frozenset({"tooling", "tests"}),
+    "tms_core": TEST_ONLY | (frozenset(PROJECT) - {"tms_core"}),  # the shared basics sit below everything
+    "runners": TEST_ONLY | {"tasks_app", "executions", "tms_project", "tooling", "tests"},  # never the database
+    "tasks_app": TEST_ONLY | {"tooling", "tests"},
+    "executions": TEST_ONLY | {"tooling", "tests"},
+    "tms_project": TEST_ONLY | {"tooling", "tests"},
 }
 _DYNAMIC = {"import_module", "import_string", "__import__"}
 
@@ -91,6 +94,7 @@ def test_production_packages_import_only_downward(package):
         ("tms_project.urls", "importlib.import_module('tooling.scale')", ["tms_project.urls:1 -> tooling.scale"]),
         ("runners.http", "from .base import Runner\nfrom tms_core.durations import parse", []),
         ("executions.services", "from tasks_app.models import Task\nfrom runners import registry", []),
+        ("tasks_app.schedules", "from croniter import croniter", ["tasks_app.schedules:1 -> croniter"]),
         ("tooling.scale", "from executions.materialiser import materialise_due", []),  # tooling may use the product
     ],
 )
