@@ -3,7 +3,6 @@ function runner against the function platform emulator. All traffic goes to 127.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,27 +13,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework import serializers
 
-from runners.base import RunHandle, RunnerError, RunResult, RunSpec, RunState
+from runners.base import RunHandle, RunnerError, RunState
 from runners.registry import get_runner
 from runners.serverless import AsyncHttpFunctionRunner, LambdaRunner
 from tests.emulators.function_platform import FunctionPlatformEmulator, Run
 from tests.emulators.lambda_api import LambdaContext, LambdaEmulator
+from tests.runners.conftest import free_port, spec_maker, wait_for_result
 
-_counter = iter(range(500, 1_000_000))
-
-
-def make_spec(runner: Any, config: dict[str, Any], **fields: Any) -> RunSpec:
-    fields.setdefault("execution_id", next(_counter))
-    fields.setdefault("attempt", 1)
-    fields.setdefault("task_id", "task-3")
-    fields.setdefault("timeout", 10.0)
-    return RunSpec(config=runner.validate_config(config), **fields)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+make_spec = spec_maker(task_id="task-3", timeout=10.0, first_execution_id=500)
 
 
 # ============================================================================================
@@ -203,7 +189,7 @@ def test_lambda_api_errors_are_retryable_only_when_transient(
 
 
 def test_lambda_unreachable_endpoint_is_retryable() -> None:
-    runner = lambda_runner(f"http://127.0.0.1:{closed_port()}", connect_timeout=1.0)
+    runner = lambda_runner(f"http://127.0.0.1:{free_port()}", connect_timeout=1.0)
 
     with pytest.raises(RunnerError, match="cannot reach Lambda") as caught:
         runner.start(make_spec(runner, {"function_name": "greeter"}))
@@ -334,16 +320,6 @@ def fn(platform: FunctionPlatformEmulator) -> AsyncHttpFunctionRunner:
     )
 
 
-def wait_for_result(runner: Any, spec: RunSpec, handle: RunHandle, seconds: float = 5) -> RunResult:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = runner.poll(spec, handle)
-        if result.finished:
-            return result
-        time.sleep(0.03)
-    raise AssertionError(f"run {handle.external_run_id} did not finish within {seconds}s")
-
-
 def _resize(payload: dict[str, Any], run: Run) -> dict[str, Any]:
     run.sleep(0.2)
     return {"resized": payload["image"], "key": run.headers["idempotency-key"]}
@@ -452,7 +428,7 @@ def test_async_function_start_errors(
 
 
 def test_async_function_unreachable_platform_is_retryable() -> None:
-    base = f"http://127.0.0.1:{closed_port()}/async-function/"
+    base = f"http://127.0.0.1:{free_port()}/async-function/"
     runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base]})
 
     with pytest.raises(RunnerError, match="cannot connect") as caught:
