@@ -23,7 +23,6 @@ import dataclasses
 import ipaddress
 import json
 import logging
-import re
 import socket
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,7 +36,15 @@ from requests.structures import CaseInsensitiveDict
 from rest_framework import serializers
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners.base import (
+    RESERVED_HEADERS,
+    BaseRunner,
+    RunHandle,
+    RunnerError,
+    RunResult,
+    RunSpec,
+    validate_headers,
+)
 from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session, literal_ip, normalise_host
 from tms_core.durations import DurationField, parse_duration
 
@@ -45,13 +52,10 @@ logger = logging.getLogger(__name__)
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _BODYLESS_METHODS = frozenset({"GET", "HEAD"})
-#: Headers the runner sets itself, or that would break the request framing if a task set them.
-_RESERVED_HEADERS = frozenset(
-    {"idempotency-key", "x-tms-callback-url", "host", "content-length", "transfer-encoding", "connection"}
-)
+#: On top of the shared ones: the runner sends the callback URL itself.
+_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url"}
 #: Headers dropped when a redirect leaves the origin they were meant for (as browsers and requests do).
 _CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 #: Upper bound a task may set for ``max_response_bytes``: outputs end up in the database.
 MAX_RESPONSE_BYTES_LIMIT = 10 * 1024 * 1024
@@ -159,14 +163,7 @@ class HttpConfigSerializer(serializers.Serializer):
         return value
 
     def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
-        for name, header_value in value.items():
-            if not _HEADER_NAME.match(name):
-                raise serializers.ValidationError(f"{name!r} is not a valid header name.")
-            if name.lower() in _RESERVED_HEADERS:
-                raise serializers.ValidationError(f"The {name} header is set by the runner and cannot be configured.")
-            if any(char in header_value for char in "\r\n\0"):
-                raise serializers.ValidationError(f"The value of {name} may not contain line breaks or NUL.")
-        return value
+        return validate_headers(value, reserved=_RESERVED_HEADERS)
 
     def validate_json(self, value: Any) -> Any:
         try:
@@ -418,13 +415,8 @@ class HttpRunner(BaseRunner):
         if ip is None and normalise_host(host) == "localhost":
             ip = ipaddress.IPv4Address("127.0.0.1")
         if ip is not None and (reason := self.policy.refusal(host, ip)) is not None:
-            raise serializers.ValidationError(
-                {
-                    "url": [
-                        f"This address is not reachable from TMS: {reason}. An operator can open it in "
-                        f"the allowed_networks option of the {self.alias!r} runner."
-                    ]
-                }
+            self.refuse(
+                "url", f"This address is not reachable from TMS: {reason}.", "allowed_networks", action="open it in"
             )
         return data
 
@@ -493,22 +485,10 @@ class HttpRunner(BaseRunner):
             )
         except RunnerError as exc:
             if exc.retryable:
-                logger.warning(
-                    "http runner %r: status check of %s failed, will poll again: %s",
-                    self.alias,
-                    handle.external_run_id,
-                    exc,
-                )
-                return RunResult.running()
+                return self.poll_again(logger, "status check of %s failed: %s", handle.external_run_id, exc)
             return RunResult.failed(f"status check failed: {exc}", retryable=False)
         if _status_is_retryable(reply.status):
-            logger.warning(
-                "http runner %r: status check of %s got HTTP %s, will poll again",
-                self.alias,
-                handle.external_run_id,
-                reply.status,
-            )
-            return RunResult.running()
+            return self.poll_again(logger, "status check of %s got HTTP %s", handle.external_run_id, reply.status)
         if not 200 <= reply.status < 300:
             return RunResult.failed(f"status check failed: {_status_error(reply)}", retryable=False)
         return self._document_result(reply, limit=self._limit(spec.config))

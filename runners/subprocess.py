@@ -400,8 +400,8 @@ class SubprocessRunner(BaseRunner):
         """Validate the config, then check the executable against ``allowed_executables``."""
         data = super().validate_config(config)
         if data.get("artifact") and not self.options["allow_artifacts"]:
-            raise serializers.ValidationError(
-                {"artifact": [f"The {self.alias!r} runner does not run uploaded artifacts."]}
+            self.refuse(
+                "artifact", "This runner does not run uploaded artifacts.", "allow_artifacts", action="switch on"
             )
         if data.get("command") and not self.executable_allowed(data["command"][0]):
             self.refuse("command", f"{data['command'][0]!r} is not an allowed executable.", "allowed_executables")
