@@ -14,7 +14,7 @@ through :func:`guarded_session` go through both. Redirects are the caller's busi
 follow them one hop at a time (``allow_redirects=False``) so that each hop is checked again.
 
 Used by the ``http`` runner; anything else that calls URLs chosen by users (webhooks) should
-use it too. Standard library, requests and urllib3 only: no Django, no database.
+use it too. It never touches the database.
 """
 
 from __future__ import annotations
