@@ -9,12 +9,23 @@ dotted ``BACKEND`` path and ``OPTIONS``; see :mod:`runners.registry`.
 from __future__ import annotations
 
 import enum
+import json
+import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
+
+#: Upper bound a task may set for a runner's ``max_output_bytes``: outputs end up in the database.
+MAX_OUTPUT_BYTES_LIMIT = 1024 * 1024
+
+#: Request headers no task may set: the runner sets them itself, or they would break the framing.
+RESERVED_HEADERS = frozenset({"idempotency-key", "host", "content-length", "transfer-encoding", "connection"})
+#: An HTTP header name (a ``token`` of RFC 9110).
+HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
 class RunState(enum.StrEnum):
@@ -147,11 +158,25 @@ class BaseRunner:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return dict(serializer.validated_data)
 
-    def refuse(self, field: str, what: str, option: str) -> None:
-        """Raise the per-field error for a value this runner's operator has not allowed."""
+    def refuse(self, field: str, what: str, option: str, *, action: str = "add it to") -> None:
+        """Raise the per-field error for a value this runner's operator has not allowed.
+
+        Every refusal reads the same way: what is refused, then the option that would allow it
+        ("... An operator can add it to the allowed_executables option of the 'local' runner.").
+        """
         raise serializers.ValidationError(
-            {field: [f"{what} An operator can add it to the {option} option of the {self.alias!r} runner."]}
+            {field: [f"{what} An operator can {action} the {option} option of the {self.alias!r} runner."]}
         )
+
+    def poll_again(self, log: logging.Logger, trouble: str, *args: object) -> RunResult:
+        """Log transient trouble reading a run's state and report the run as still running.
+
+        Failing the attempt instead would start a second run while the first may go on; the
+        worker's own timeout ends a run whose state never comes back. ``trouble`` is a %-format
+        for ``args`` ("polling %s failed: %s").
+        """
+        log.warning("%s %r: " + trouble + ", will poll again", type(self).__name__, self.alias, *args)
+        return RunResult.running()
 
     def start(self, spec: RunSpec) -> RunHandle:
         """Start the attempt described by ``spec`` and return its handle.
@@ -169,3 +194,43 @@ class BaseRunner:
     def cancel(self, spec: RunSpec, handle: RunHandle) -> None:
         """Stop the external run if it is still going; a no-op when it already ended."""
         raise NotImplementedError("subclasses of BaseRunner must provide a cancel() method")
+
+
+# --------------------------------------------------------------------------------------------
+# Checks and limits shared by backends
+# --------------------------------------------------------------------------------------------
+
+
+def validate_headers(
+    headers: dict[str, str], *, reserved: frozenset[str] = RESERVED_HEADERS, reserved_prefixes: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """Check a task's extra request headers; raise one ``ValidationError`` listing every problem.
+
+    ``reserved`` (lower case) and names starting with ``reserved_prefixes`` are set by the runner.
+    """
+    errors = []
+    for name, value in headers.items():
+        if not HEADER_NAME.match(name):
+            errors.append(f"{name!r} is not a valid header name.")
+        elif name.lower() in reserved or name.lower().startswith(reserved_prefixes):
+            errors.append(f"The {name} header is set by the runner and cannot be configured.")
+        elif any(char in value for char in "\r\n\0"):
+            errors.append(f"The value of {name} may not contain line breaks or NUL.")
+    if errors:
+        raise serializers.ValidationError(errors)
+    return headers
+
+
+def validate_json_size(value: Any, limit: int) -> Any:
+    """Refuse a JSON document larger than ``limit`` bytes once encoded."""
+    if len(json.dumps(value).encode()) > limit:
+        raise serializers.ValidationError(f"At most {limit} bytes of JSON.")
+    return value
+
+
+def bounded_head(text: str, limit: int) -> str:
+    """The first ``limit`` bytes of ``text``, saying how much was left out."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode(errors="ignore") + f"\n[... {len(data) - limit} more bytes omitted]"

@@ -10,70 +10,52 @@ URL, in the ``Location`` header or a ``status_url`` JSON field; :meth:`HttpRunne
 Every request carries ``Idempotency-Key: <spec.idempotency_key>`` so that an endpoint which
 deduplicates on it launches one run however often an attempt is started.
 
-SSRF guard: task owners choose the URL, so by default the runner refuses to connect to anything
-but public addresses (no loopback, private, link-local / cloud metadata, multicast, reserved or
-unspecified addresses, nor IPv4-mapped, 6to4 or NAT64 IPv6 forms of them). The check runs on the
-address the socket actually connects to, inside the urllib3 connection, after the one and only DNS
-resolution, so a name cannot resolve to a public address for the check and to a private one for
-the connection. TLS still verifies the certificate against the URL's host name. Redirects are
-followed by hand, one hop at a time, so each hop goes through the same check. Operators open
-specific networks or host names with the ``allowed_networks`` option.
+SSRF guard: task owners choose the URL, so every connection goes through :mod:`runners.netguard`,
+which by default refuses anything but public addresses, checked on the address the socket actually
+connects to. Redirects are followed by hand, one hop at a time, so each hop goes through the same
+check. Operators open specific networks or host names with the ``allowed_networks`` option.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import dataclasses
 import ipaddress
 import json
 import logging
-import re
 import socket
-import sys
-import threading
-import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
 from django.core.exceptions import ImproperlyConfigured
-from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from rest_framework import serializers
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    NameResolutionError,
-    NewConnectionError,
-    ReadTimeoutError,
-)
-from urllib3.poolmanager import PoolManager
-from urllib3.util.connection import allowed_gai_family
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners.base import (
+    RESERVED_HEADERS,
+    BaseRunner,
+    RunHandle,
+    RunnerError,
+    RunResult,
+    RunSpec,
+    validate_headers,
+)
+from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session, literal_ip, normalise_host
 from tms_core.durations import DurationField, parse_duration
 
 logger = logging.getLogger(__name__)
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _BODYLESS_METHODS = frozenset({"GET", "HEAD"})
-#: Headers the runner sets itself, or that would break the request framing if a task set them.
-_RESERVED_HEADERS = frozenset(
-    {"idempotency-key", "x-tms-callback-url", "host", "content-length", "transfer-encoding", "connection"}
-)
+#: On top of the shared ones: the runner sends the callback URL itself.
+_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url"}
 #: Headers dropped when a redirect leaves the origin they were meant for (as browsers and requests do).
 _CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_HOSTNAME = re.compile(r"^(\*\.)?([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$")
 
 #: Upper bound a task may set for ``max_response_bytes``: outputs end up in the database.
 MAX_RESPONSE_BYTES_LIMIT = 10 * 1024 * 1024
@@ -87,343 +69,11 @@ _READ_CHUNK = 8192
 _ERROR_EXCERPT_CHARS = 200
 _RUN_ID_MAX_CHARS = 200
 _RUN_ID_HEADERS = ("X-Run-Id", "X-Request-Id")
-_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 _RUNNING_STATUSES = frozenset({"running", "pending", "queued"})
 _SUCCEEDED_STATUSES = frozenset({"succeeded"})
 _FAILED_STATUSES = frozenset({"failed"})
 _CANCELLED_STATUSES = frozenset({"cancelled", "canceled"})
-
-
-# --------------------------------------------------------------------------------------------
-# Address policy (the SSRF guard's rules)
-# --------------------------------------------------------------------------------------------
-
-#: Cloud instance-metadata endpoints (AWS/GCP/Azure/OpenStack, AWS ECS, AWS IPv6, Alibaba):
-#: named in refusals because they are the classic SSRF target.
-_METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(address)
-    for address in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
-)
-_PRIVATE_NETWORKS = tuple(
-    ipaddress.ip_network(network) for network in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
-)
-_SHARED_NETWORK = ipaddress.ip_network("100.64.0.0/10")
-_NAT64_NETWORK = ipaddress.ip_network("64:ff9b::/96")
-
-
-def parse_ip(text: str) -> IPAddress:
-    """Parse an address as getaddrinfo returns it, dropping any IPv6 zone (``fe80::1%eth0``)."""
-    return ipaddress.ip_address(text.split("%", 1)[0])
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
-    """The IPv4 address an IPv6 address stands for, with the name of the mapping, if any."""
-    if ip.ipv4_mapped is not None:
-        return "IPv4-mapped", ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return "6to4", ip.sixtofour
-    if ip in _NAT64_NETWORK:
-        return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    if int(ip) >> 32 == 0 and int(ip) > 1:  # deprecated IPv4-compatible form ::a.b.c.d
-        return "IPv4-compatible", ipaddress.IPv4Address(int(ip))
-    return None
-
-
-def _address_kind(ip: IPAddress) -> str | None:
-    """What makes ``ip`` non-public ("loopback address", ...), or None for a public address."""
-    if ip in _METADATA_ADDRESSES:
-        return "cloud metadata address"
-    if ip.is_unspecified:
-        return "unspecified address"
-    if ip.is_loopback:
-        return "loopback address"
-    if ip.is_link_local:
-        return "link-local address"
-    if ip.is_multicast:
-        return "multicast address"
-    if any(ip in network for network in _PRIVATE_NETWORKS if network.version == ip.version):
-        return "private address"
-    if ip in _SHARED_NETWORK:
-        return "shared (carrier-grade NAT) address"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
-        return "site-local address"
-    if ip.is_reserved:
-        return "reserved address"
-    if not ip.is_global:
-        return "non-public address"
-    return None
-
-
-def _with_article(phrase: str) -> str:
-    return f"{'an' if phrase[0] in 'aeiouAEIOU' else 'a'} {phrase}"
-
-
-def address_refusal(ip: IPAddress) -> str | None:
-    """Why the guard refuses ``ip`` by default ("127.0.0.1 is a loopback address"), or None."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(ip)
-        if embedded is not None:
-            mapping, ipv4 = embedded
-            kind = _address_kind(ipv4)
-            if kind is not None:
-                return f"{ip} is {_with_article(f'{mapping} {kind}')} ({ipv4})"
-            if mapping == "IPv4-mapped":
-                return None  # a dual-stack socket connects to the (public) IPv4 address itself
-    kind = _address_kind(ip)
-    return None if kind is None else f"{ip} is {_with_article(kind)}"
-
-
-def _normalise_host(host: str) -> str:
-    return host.strip().rstrip(".").lower()
-
-
-def _literal_ip(host: str) -> IPAddress | None:
-    try:
-        return parse_ip(host.strip("[]"))
-    except ValueError:
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class AddressPolicy:
-    """Where the runner may connect: public addresses, plus the operator's ``allowed_networks``."""
-
-    networks: tuple[IPNetwork, ...] = ()
-    #: Exact host names (lower case, no trailing dot) opened whatever they resolve to.
-    hostnames: frozenset[str] = frozenset()
-    #: Suffixes (``.example.internal``) from ``*.example.internal`` entries.
-    domain_suffixes: tuple[str, ...] = ()
-
-    @classmethod
-    def from_entries(cls, entries: Any, *, alias: str) -> AddressPolicy:
-        """Build the policy from the ``allowed_networks`` option: CIDRs, addresses or host names."""
-        if isinstance(entries, str | bytes) or not isinstance(entries, Sequence):
-            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_networks must be a list of strings.")
-        networks: list[IPNetwork] = []
-        hostnames: set[str] = set()
-        suffixes: list[str] = []
-        for entry in entries:
-            if not isinstance(entry, str):
-                raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_networks entry {entry!r} is not a string.")
-            text = entry.strip()
-            if not text:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(text.strip("[]"), strict=False))
-                continue
-            except ValueError:
-                pass
-            name = _normalise_host(text)
-            if not _HOSTNAME.match(name):
-                raise ImproperlyConfigured(
-                    f"TMS_RUNNERS[{alias!r}]: allowed_networks entry {entry!r} is neither a network "
-                    '(such as "10.1.0.0/16") nor a host name (such as "api.internal" or "*.svc.internal").'
-                )
-            if name.startswith("*."):
-                suffixes.append(name[1:])
-            else:
-                hostnames.add(name)
-        return cls(tuple(networks), frozenset(hostnames), tuple(suffixes))
-
-    def host_is_allowed(self, host: str) -> bool:
-        """Whether ``host`` (a name from a URL) is opened by name, whatever it resolves to."""
-        name = _normalise_host(host)
-        return name in self.hostnames or any(name.endswith(suffix) for suffix in self.domain_suffixes)
-
-    def refusal(self, host: str, ip: IPAddress) -> str | None:
-        """Why connecting to ``ip``, resolved from ``host``, is refused; None when it is allowed."""
-        if self.host_is_allowed(host):
-            return None
-        candidates: list[IPAddress] = [ip]
-        if isinstance(ip, ipaddress.IPv6Address) and (embedded := _embedded_ipv4(ip)) is not None:
-            candidates.append(embedded[1])
-        for candidate in candidates:
-            if any(candidate in network for network in self.networks if network.version == candidate.version):
-                return None
-        reason = address_refusal(ip)
-        if reason is not None and _literal_ip(host) is None:
-            reason = f"{reason} (resolved from {_normalise_host(host)})"
-        return reason
-
-
-class AddressRefused(Exception):
-    """The guard refused every address a host resolved to.
-
-    Deliberately not an ``OSError``: urllib3 and requests would wrap and retry an ``OSError``,
-    and a refusal must surface as is, without any further attempt.
-    """
-
-
-# --------------------------------------------------------------------------------------------
-# Guarded transport: urllib3 connections that validate the address they connect to
-# --------------------------------------------------------------------------------------------
-
-
-class _Guard:
-    """State one runner operation shares with its connections: the policy and a hard deadline.
-
-    Socket timeouts only bound each read, so a server trickling a byte at a time could hold the
-    worker for ever; a watchdog timer shuts every socket of the operation down at the deadline.
-    """
-
-    def __init__(self, policy: AddressPolicy, seconds: float) -> None:
-        self.policy = policy
-        self.seconds = seconds
-        self.expired = False
-        self._deadline = time.monotonic() + seconds
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._timer = threading.Timer(max(seconds, 0.0), self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Guard:
-        self._timer.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._timer.cancel()
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            sock.close()
-
-    def remaining(self) -> float:
-        return max(0.0, self._deadline - time.monotonic())
-
-    def track(self, sock: socket.socket) -> None:
-        """Let the watchdog shut ``sock`` down at the deadline.
-
-        Keeps a duplicate descriptor: ``shutdown`` on it stops the connection even after TLS
-        wrapping has detached the original socket object.
-        """
-        duplicate = sock.dup()
-        with self._lock:
-            if not self.expired:
-                self._sockets.append(duplicate)
-                return
-        duplicate.close()
-        raise TimeoutError("deadline passed")
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            for sock in self._sockets:
-                # Fails harmlessly when not connected (yet, or any more): nothing to interrupt then.
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-
-class _GuardedConnectionMixin:
-    """Replaces urllib3's socket creation: resolve once, check each address, connect to it."""
-
-    host: str
-    port: int
-    timeout: float | None
-    source_address: tuple[str, int] | None
-    socket_options: Sequence[tuple[int, int, int | bytes]] | None
-    _dns_host: str
-
-    def __init__(self, *args: Any, tms_guard: _Guard, **kwargs: Any) -> None:
-        self._tms_guard = tms_guard
-        super().__init__(*args, **kwargs)
-
-    def _new_conn(self) -> socket.socket:
-        guard = self._tms_guard
-        try:
-            infos = socket.getaddrinfo(self._dns_host, self.port, allowed_gai_family(), socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
-        refusals: list[str] = []
-        last_error: OSError | None = None
-        for family, socktype, proto, _canonname, sockaddr in infos:
-            reason = guard.policy.refusal(self.host, parse_ip(str(sockaddr[0])))
-            if reason is not None:
-                refusals.append(reason)
-                continue
-            try:
-                return self._connect_to(family, socktype, proto, sockaddr)
-            except OSError as exc:
-                last_error = exc
-        if last_error is None:
-            if refusals:
-                raise AddressRefused(refusals[0])
-            raise NewConnectionError(self, f"{self.host} resolved to no address")  # type: ignore[arg-type]
-        if isinstance(last_error, TimeoutError):
-            raise ConnectTimeoutError(self, f"Connection to {self.host} timed out.") from last_error
-        raise NewConnectionError(  # type: ignore[arg-type]
-            self, f"Failed to establish a new connection: {last_error}"
-        ) from last_error
-
-    def _connect_to(self, family: int, socktype: int, proto: int, sockaddr: tuple[Any, ...]) -> socket.socket:
-        guard = self._tms_guard
-        timeout = guard.remaining() if self.timeout is None else min(self.timeout, guard.remaining())
-        if timeout <= 0:
-            raise TimeoutError("deadline passed")
-        sock = socket.socket(family, socktype, proto)
-        try:
-            for option in self.socket_options or ():
-                sock.setsockopt(*option)
-            if self.source_address:
-                sock.bind(self.source_address)
-            sock.settimeout(timeout)
-            guard.track(sock)
-            sock.connect(sockaddr)
-        except BaseException:
-            sock.close()
-            raise
-        sys.audit("http.client.connect", self, self.host, self.port)
-        return sock
-
-
-class _GuardedHTTPConnection(_GuardedConnectionMixin, HTTPConnection):
-    pass
-
-
-class _GuardedHTTPSConnection(_GuardedConnectionMixin, HTTPSConnection):
-    """TLS is set up by urllib3 on the checked socket, with SNI and certificate checks for ``host``."""
-
-
-class _GuardedHTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = _GuardedHTTPConnection
-
-
-class _GuardedHTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = _GuardedHTTPSConnection
-
-
-class _GuardedPoolManager(PoolManager):
-    def __init__(self, *args: Any, tms_guard: _Guard, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tms_guard = tms_guard
-        self.pool_classes_by_scheme = {"http": _GuardedHTTPConnectionPool, "https": _GuardedHTTPSConnectionPool}
-
-    def _new_pool(
-        self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None
-    ) -> HTTPConnectionPool:
-        context = dict(self.connection_pool_kw if request_context is None else request_context)
-        context["tms_guard"] = self._tms_guard  # reaches the connection class through the pool's conn_kw
-        return super()._new_pool(scheme, host, port, context)
-
-
-class _GuardedAdapter(HTTPAdapter):
-    def __init__(self, guard: _Guard) -> None:
-        self._tms_guard = guard  # before super().__init__, which builds the pool manager
-        super().__init__(pool_connections=1, pool_maxsize=1, max_retries=0)
-
-    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
-        self._pool_connections = connections
-        self._pool_maxsize = maxsize
-        self._pool_block = block
-        self.poolmanager = _GuardedPoolManager(
-            num_pools=connections, maxsize=maxsize, block=block, tms_guard=self._tms_guard, **pool_kwargs
-        )
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
-        # A proxy would connect on our behalf, out of reach of the address check.
-        raise RunnerError("the http runner does not use proxies", retryable=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,14 +163,7 @@ class HttpConfigSerializer(serializers.Serializer):
         return value
 
     def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
-        for name, header_value in value.items():
-            if not _HEADER_NAME.match(name):
-                raise serializers.ValidationError(f"{name!r} is not a valid header name.")
-            if name.lower() in _RESERVED_HEADERS:
-                raise serializers.ValidationError(f"The {name} header is set by the runner and cannot be configured.")
-            if any(char in header_value for char in "\r\n\0"):
-                raise serializers.ValidationError(f"The value of {name} may not contain line breaks or NUL.")
-        return value
+        return validate_headers(value, reserved=_RESERVED_HEADERS)
 
     def validate_json(self, value: Any) -> Any:
         try:
@@ -594,7 +237,7 @@ def _origin(url: str) -> str:
 def _origin_key(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    return scheme, _normalise_host(parts.hostname or ""), parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, normalise_host(parts.hostname or ""), parts.port or {"http": 80, "https": 443}.get(scheme)
 
 
 def _safe_origin_key(url: str) -> tuple[str, str, int | None] | None:
@@ -690,7 +333,7 @@ def _root_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _transport_error(exc: BaseException, guard: _Guard, url: str) -> RunnerError:
+def _transport_error(exc: BaseException, guard: Guard, url: str) -> RunnerError:
     """Translate what the transport raised into a RunnerError saying whether a retry can help."""
     origin = _origin(url)
     if isinstance(exc, RunnerError):
@@ -768,17 +411,12 @@ class HttpRunner(BaseRunner):
         """
         data = super().validate_config(config)
         host = urlsplit(data["url"]).hostname or ""
-        ip = _literal_ip(host)
-        if ip is None and _normalise_host(host) == "localhost":
+        ip = literal_ip(host)
+        if ip is None and normalise_host(host) == "localhost":
             ip = ipaddress.IPv4Address("127.0.0.1")
         if ip is not None and (reason := self.policy.refusal(host, ip)) is not None:
-            raise serializers.ValidationError(
-                {
-                    "url": [
-                        f"This address is not reachable from TMS: {reason}. An operator can open it in "
-                        f"the allowed_networks option of the {self.alias!r} runner."
-                    ]
-                }
+            self.refuse(
+                "url", f"This address is not reachable from TMS: {reason}.", "allowed_networks", action="open it in"
             )
         return data
 
@@ -847,22 +485,10 @@ class HttpRunner(BaseRunner):
             )
         except RunnerError as exc:
             if exc.retryable:
-                logger.warning(
-                    "http runner %r: status check of %s failed, will poll again: %s",
-                    self.alias,
-                    handle.external_run_id,
-                    exc,
-                )
-                return RunResult.running()
+                return self.poll_again(logger, "status check of %s failed: %s", handle.external_run_id, exc)
             return RunResult.failed(f"status check failed: {exc}", retryable=False)
         if _status_is_retryable(reply.status):
-            logger.warning(
-                "http runner %r: status check of %s got HTTP %s, will poll again",
-                self.alias,
-                handle.external_run_id,
-                reply.status,
-            )
-            return RunResult.running()
+            return self.poll_again(logger, "status check of %s got HTTP %s", handle.external_run_id, reply.status)
         if not 200 <= reply.status < 300:
             return RunResult.failed(f"status check failed: {_status_error(reply)}", retryable=False)
         return self._document_result(reply, limit=self._limit(spec.config))
@@ -944,11 +570,7 @@ class HttpRunner(BaseRunner):
     ) -> _Reply:
         """Send one request, following redirects hop by hop; raise RunnerError when it failed."""
         headers = CaseInsensitiveDict(headers)
-        with _Guard(self.policy, seconds) as guard, requests.Session() as session:
-            session.trust_env = False  # no proxies or .netrc from the environment
-            adapter = _GuardedAdapter(guard)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
+        with Guard(self.policy, seconds) as guard, guarded_session(guard) as session:
             hops = 0
             while True:
                 problem = url_problem(url)

@@ -302,8 +302,7 @@ class KubernetesRunner(BaseRunner):
             if exc.status == 404:
                 return RunResult.failed(f"Job {namespace}/{name} was deleted before it finished")
             if exc.retryable:
-                logger.warning("kubernetes runner %r: polling %s failed, will poll again: %s", self.alias, name, exc)
-                return RunResult.running()
+                return self.poll_again(logger, "polling %s failed: %s", name, exc)
             raise
         if handle.data.get("uid") and job.metadata.uid != handle.data["uid"]:
             return RunResult.failed(f"Job {namespace}/{name} was replaced by another Job of the same name")

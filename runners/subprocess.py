@@ -20,10 +20,11 @@ Every attempt gets its own folder, ``<work_dir>/<idempotency key>/``::
     work/           the command's working directory, HOME and TMPDIR (``work/tmp``)
 
 The command does not run as a child of the worker. ``start`` spawns a small stdlib-only
-supervisor (``python -I -c``) that double-forks and calls ``setsid()``, so it is adopted by init
-and outlives the worker, even a worker killed with SIGKILL. The supervisor starts the command in a
-process group of its own, waits for it, enforces ``spec.timeout`` as a backstop (SIGTERM to the
-group, SIGKILL after ``kill_grace_seconds``), and writes the ``exit`` file. Any worker process on
+supervisor (:mod:`runners.supervisor`, run as ``python -I runners/supervisor.py <run folder>``)
+that double-forks and calls ``setsid()``, so it is adopted by init and outlives the worker, even a
+worker killed with SIGKILL. The supervisor starts the command in a process group of its own, waits
+for it, enforces ``spec.timeout`` as a backstop (SIGTERM to the group, SIGKILL after
+``kill_grace_seconds``), and writes the ``exit`` file. Any worker process on
 the same host can therefore poll or cancel the run from the folder alone. Liveness checks compare
 the process start time from ``/proc`` with the one recorded at launch, so a recycled pid is never
 mistaken for the run.
@@ -56,14 +57,22 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners import supervisor
+from runners.base import MAX_OUTPUT_BYTES_LIMIT, BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners.supervisor import (
+    CANCEL,
+    EXIT,
+    NOT_EXECUTABLE,
+    NOT_FOUND,
+    PID,
+    RUN,
+    STDERR,
+    STDOUT,
+    SUPERVISOR_PID,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Upper bound a task may set for ``max_output_bytes``: outputs end up in the database.
-MAX_OUTPUT_BYTES_LIMIT = 1024 * 1024
-#: Exit codes that mean the program could not be executed or found: retrying cannot help.
-NOT_EXECUTABLE, NOT_FOUND = 126, 127
 #: Environment variables the runner sets itself (a task may not override them).
 _RESERVED_ENV_PREFIX = "TMS_"
 #: Variables that make the dynamic loader inject code into any allowed executable.
@@ -71,111 +80,10 @@ _LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# File names inside a run folder.
-LAUNCH, RUN, LAUNCHES, SUPERVISOR_PID, PID = "launch", "run.json", "launches", "supervisor.pid", "pid"
-STDOUT, STDERR, EXIT, CANCEL, SUPERVISOR_LOG, WORK = "stdout", "stderr", "exit", "cancel", "supervisor.log", "work"
-
-#: The supervisor, run as ``python -I -c _SUPERVISOR <run folder>``. Standard library only, so it
-#: starts in milliseconds and keeps no Django in memory for the length of the run.
-_SUPERVISOR = r"""
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-
-run_dir = sys.argv[1]
-
-
-def path(name):
-    return os.path.join(run_dir, name)
-
-
-def write_json(name, data):
-    tmp = path(f"{name}.tmp.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path(name))
-
-
-def start_ticks(pid):
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def killpg(pgid, sig):
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def finish(**outcome):
-    outcome.setdefault("returncode", None)
-    outcome.setdefault("timed_out", False)
-    outcome["cancelled"] = os.path.exists(path("cancel"))
-    outcome["finished_at"] = time.time()
-    write_json("exit", outcome)
-
-
-# Detach: the launcher only waits for this first process, which exits at once; the second one
-# leads a session of its own and is adopted by init, so it survives the worker that started it.
-if os.fork() > 0:
-    os._exit(0)
-os.setsid()
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-with open(path("launches"), "a") as fh:
-    fh.write(f"{os.getpid()} {time.time()}\n")
-write_json("supervisor.pid", {"pid": os.getpid(), "start": start_ticks(os.getpid())})
-with open(path("run.json")) as fh:
-    spec = json.load(fh)
-if os.path.exists(path("cancel")):
-    finish(error="cancelled before the command started")
-    sys.exit(0)
-try:
-    with open(path("stdout"), "wb") as out, open(path("stderr"), "wb") as err:
-        proc = subprocess.Popen(
-            spec["argv"],
-            executable=spec["executable"],
-            cwd=spec["cwd"],
-            env=spec["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            close_fds=True,
-            start_new_session=True,
-        )
-except OSError as exc:
-    finish(returncode=127 if isinstance(exc, FileNotFoundError) else 126, error=f"cannot execute: {exc}")
-    sys.exit(0)
-write_json("pid", {"pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid)})
-# Hand a SIGTERM meant for us (host shutdown, an operator) on to the command.
-signal.signal(signal.SIGTERM, lambda *_: killpg(proc.pid, signal.SIGTERM))
-if os.path.exists(path("cancel")):  # a cancel that came before the pid file could be seen
-    killpg(proc.pid, signal.SIGTERM)
-timed_out = False
-try:
-    returncode = proc.wait(timeout=max(0.0, spec["deadline"] - time.time()))
-except subprocess.TimeoutExpired:
-    timed_out = True
-    killpg(proc.pid, signal.SIGTERM)
-    try:
-        returncode = proc.wait(timeout=spec["kill_grace"])
-    except subprocess.TimeoutExpired:
-        killpg(proc.pid, signal.SIGKILL)
-        returncode = proc.wait()
-# The run is over: nothing it started may keep running.
-killpg(proc.pid, signal.SIGKILL)
-finish(returncode=returncode, timed_out=timed_out)
-"""
+# File names inside a run folder, besides those the supervisor writes (imported from it).
+LAUNCH, SUPERVISOR_LOG, WORK = "launch", "supervisor.log", "work"
+#: The supervisor program, run by path: see :mod:`runners.supervisor`.
+SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,8 +308,8 @@ class SubprocessRunner(BaseRunner):
         """Validate the config, then check the executable against ``allowed_executables``."""
         data = super().validate_config(config)
         if data.get("artifact") and not self.options["allow_artifacts"]:
-            raise serializers.ValidationError(
-                {"artifact": [f"The {self.alias!r} runner does not run uploaded artifacts."]}
+            self.refuse(
+                "artifact", "This runner does not run uploaded artifacts.", "allow_artifacts", action="switch on"
             )
         if data.get("command") and not self.executable_allowed(data["command"][0]):
             self.refuse("command", f"{data['command'][0]!r} is not an allowed executable.", "allowed_executables")
@@ -590,7 +498,7 @@ class SubprocessRunner(BaseRunner):
             _write_json(run_dir / RUN, plan)
             with (run_dir / SUPERVISOR_LOG).open("ab") as log:
                 launcher = subprocess.Popen(
-                    [sys.executable, "-I", "-c", _SUPERVISOR, str(run_dir)],
+                    [sys.executable, "-I", SUPERVISOR, str(run_dir)],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,

@@ -17,18 +17,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework import serializers
 
-from runners.base import RunSpec, RunState
+from runners.base import RunState
 from runners.email import EmailRunner
 from runners.registry import get_runner
+from tests.runners.conftest import free_port, spec_maker
 
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-_counter = iter(range(1, 1_000_000))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+make_spec = spec_maker(task_id="42", timeout=10.0)
 
 
 class Mailbox:
@@ -75,14 +70,6 @@ def smtp_runner(port: int, **options: Any) -> EmailRunner:
             **options,
         },
     )
-
-
-def make_spec(runner: EmailRunner, config: dict[str, Any], **fields: Any) -> RunSpec:
-    fields.setdefault("execution_id", next(_counter))
-    fields.setdefault("attempt", 1)
-    fields.setdefault("task_id", "42")
-    fields.setdefault("timeout", 10.0)
-    return RunSpec(config=runner.validate_config(config), **fields)
 
 
 REPORT = {"to": ["alice@example.com"], "subject": "Nightly report", "body": "All green."}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,12 +13,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework import serializers
 
-from runners.base import RunHandle, RunnerError, RunResult, RunSpec, RunState
+from runners.base import RunHandle, RunnerError, RunState
 from runners.kubernetes import KubernetesRunner
 from runners.registry import get_runner
 from tests.emulators.kubernetes import KubernetesEmulator
+from tests.runners.conftest import free_port, spec_maker, wait_for_result
 
-_counter = iter(range(100, 1_000_000))
+make_spec = spec_maker(task_id="task-9", timeout=60.0, first_execution_id=100)
 
 
 @pytest.fixture
@@ -33,32 +33,8 @@ def runner(cluster: KubernetesEmulator) -> KubernetesRunner:
     return KubernetesRunner("k8s", {"host": cluster.url, "request_timeout": 2.0, "allowed_namespaces": ["batch"]})
 
 
-def make_spec(runner: KubernetesRunner, config: dict[str, Any], **fields: Any) -> RunSpec:
-    fields.setdefault("execution_id", next(_counter))
-    fields.setdefault("attempt", 1)
-    fields.setdefault("task_id", "task-9")
-    fields.setdefault("timeout", 60.0)
-    return RunSpec(config=runner.validate_config(config), **fields)
-
-
 def job(script: str, **config: Any) -> dict[str, Any]:
     return {"image": "busybox:1.36", "command": ["sh", "-c", script], **config}
-
-
-def wait_for_result(runner: KubernetesRunner, spec: RunSpec, handle: RunHandle, seconds: float = 10) -> RunResult:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = runner.poll(spec, handle)
-        if result.finished:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"Job {handle.external_run_id} did not finish within {seconds}s")
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +300,7 @@ def test_invalid_job_is_refused_without_retry(runner: KubernetesRunner) -> None:
 
 
 def test_unreachable_api_server_is_a_retryable_error() -> None:
-    runner = KubernetesRunner("k8s", {"host": f"http://127.0.0.1:{closed_port()}", "request_timeout": 1.0})
+    runner = KubernetesRunner("k8s", {"host": f"http://127.0.0.1:{free_port()}", "request_timeout": 1.0})
     spec = make_spec(runner, job("sleep 1"))
 
     with pytest.raises(RunnerError, match="cannot reach the Kubernetes API") as caught:

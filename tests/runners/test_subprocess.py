@@ -22,12 +22,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework import serializers
 
-from runners.base import RunHandle, RunnerError, RunResult, RunSpec, RunState
+from runners.base import RunHandle, RunnerError, RunSpec, RunState
 from runners.registry import get_runner
 from runners.subprocess import SubprocessRunner
+from tests.runners.conftest import spec_maker, wait_for_result
 
 PYTHON = sys.executable
-_counter = iter(range(1, 1_000_000))
+make_spec = spec_maker(task_id="task-7", timeout=30.0)
 
 
 def make_runner(tmp_path: Path, **options: Any) -> SubprocessRunner:
@@ -37,28 +38,8 @@ def make_runner(tmp_path: Path, **options: Any) -> SubprocessRunner:
     return SubprocessRunner("local", options)
 
 
-def make_spec(runner: SubprocessRunner, config: dict[str, Any], **fields: Any) -> RunSpec:
-    fields.setdefault("execution_id", next(_counter))
-    fields.setdefault("attempt", 1)
-    fields.setdefault("task_id", "task-7")
-    fields.setdefault("timeout", 30.0)
-    return RunSpec(config=runner.validate_config(config), **fields)
-
-
 def python(code: str) -> dict[str, Any]:
     return {"command": [PYTHON, "-c", code]}
-
-
-def wait_for_result(runner: SubprocessRunner, spec: RunSpec, handle: RunHandle, seconds: float = 10) -> RunResult:
-    if handle.result is not None:
-        return handle.result
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = runner.poll(spec, handle)
-        if result.finished:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"run {handle.external_run_id} did not finish within {seconds}s")
 
 
 def wait_for_file(path: Path, seconds: float = 5) -> None:

@@ -304,7 +304,7 @@ TMS_RUNNERS = {
         },
     },
     "lambda": {
-        "BACKEND": "runners.serverless.LambdaRunner",
+        "BACKEND": "runners.aws_lambda.LambdaRunner",
         "OPTIONS": {
             "region_name": env.str("TMS_LAMBDA_REGION", default=None),
             "endpoint_url": env.str("TMS_LAMBDA_ENDPOINT_URL", default=None),
@@ -312,7 +312,7 @@ TMS_RUNNERS = {
         },
     },
     "function": {
-        "BACKEND": "runners.serverless.AsyncHttpFunctionRunner",
+        "BACKEND": "runners.function.AsyncHttpFunctionRunner",
         "OPTIONS": {"allowed_urls": env.list("TMS_FUNCTION_ALLOWED_URLS", default=[])},
     },
     "email": {

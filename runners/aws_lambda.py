@@ -1,0 +1,386 @@
+"""The ``lambda`` runner: invokes an AWS Lambda function per attempt, through boto3.
+
+``RequestResponse`` invocations are synchronous: ``start`` waits for the function (never
+longer than the attempt's timeout) and returns its result. ``Event`` invocations are queued by
+Lambda (``202``); with ``wait_for_callback`` the run then stays "running" until the function
+reports through the TMS callback URL (or the attempt times out), otherwise acceptance by
+Lambda counts as success (fire and forget).
+
+Idempotency, honestly: the Invoke API has no idempotency key. The runner sends the attempt's
+key in the event (``event["tms"]["idempotency_key"]``) and, for synchronous calls, in the
+ClientContext (``context.client_context.custom``), and remembers in memory which keys this
+process has invoked, so a repeated start in the same worker process returns the first
+handle instead of invoking again. That memory dies with the process: a worker killed between
+the invocation and the moment TMS stored the run id will, once the execution is resumed,
+invoke the function a second time with the same key. Exactly-once execution therefore needs
+the function to deduplicate on ``tms.idempotency_key`` (for example with the idempotency
+utility of Powertools for AWS Lambda, ``event_key_jmespath="tms.idempotency_key"``).
+SDK-level retries are switched off, since botocore would otherwise re-send an invocation
+after a read timeout; retries happen as TMS attempts, each with its own key.
+
+Errors: a ``FunctionError`` (the function raised, crashed or timed out) fails the attempt
+retryably, as a non-zero exit of a process does, except for deployment errors that another
+try cannot fix (``Runtime.ImportModuleError``, ``Runtime.HandlerNotFound``, ...).
+Throttling (429), Lambda service errors (5xx) and connection trouble are retryable
+:class:`RunnerError`\\ s; other client errors (unknown function, access denied, bad request)
+are not. Lambda cannot stop a running invocation, so ``cancel`` does nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import json
+import logging
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    NoRegionError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import serializers
+
+from runners.base import (
+    MAX_OUTPUT_BYTES_LIMIT,
+    BaseRunner,
+    RunHandle,
+    RunnerError,
+    RunResult,
+    RunSpec,
+    bounded_head,
+    validate_json_size,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Largest event accepted in a config (Lambda's own limit for synchronous calls is 6 MB).
+MAX_PAYLOAD_BYTES = 256 * 1024
+#: Key of the event that carries TMS's metadata; tasks may not use it themselves.
+TMS_EVENT_KEY = "tms"
+#: Function name, name:qualifier, partial or full ARN (the pattern of the Invoke API).
+_FUNCTION_NAME = re.compile(
+    r"^(arn:(aws[a-zA-Z-]*)?:lambda:)?([a-z]{2}(-gov)?-[a-z]+-\d{1}:)?(\d{12}:)?(function:)?"
+    r"([a-zA-Z0-9-_.]+)(:(\$LATEST|[a-zA-Z0-9-_]+))?$"
+)
+_QUALIFIER = re.compile(r"^(\$LATEST|[a-zA-Z0-9-_]{1,128})$")
+#: FunctionError types that another attempt cannot fix: the deployment itself is broken.
+_FINAL_FUNCTION_ERRORS = frozenset(
+    {
+        "Runtime.ImportModuleError",
+        "Runtime.HandlerNotFound",
+        "Runtime.UserCodeSyntaxError",
+        "Runtime.MalformedHandlerName",
+        "Runtime.InvalidEntrypoint",
+    }
+)
+#: API errors worth another attempt although their status says otherwise, and the reverse.
+_RETRYABLE_API_ERRORS = frozenset(
+    {
+        "TooManyRequestsException",
+        "ThrottlingException",
+        "ResourceConflictException",  # the function is being updated
+        "ResourceNotReadyException",
+        "ServiceException",
+        "EC2ThrottledException",
+        "ENILimitReachedException",
+        "SubnetIPAddressLimitReachedException",
+        "SnapStartNotReadyException",
+        "SnapStartTimeoutException",
+        "EFSMountConnectivityException",
+        "EFSMountTimeoutException",
+        "EFSIOException",
+    }
+)
+_FINAL_API_ERRORS = frozenset(
+    {
+        "KMSAccessDeniedException",
+        "KMSDisabledException",
+        "KMSInvalidStateException",
+        "KMSNotFoundException",
+        "InvalidRuntimeException",
+        "InvalidSecurityGroupIDException",
+        "InvalidSubnetIDException",
+        "InvalidZipFileException",
+        "EC2AccessDeniedException",
+        "EFSMountFailureException",
+    }
+)
+#: Invocations remembered per process for the in-process duplicate check.
+_REMEMBERED_INVOCATIONS = 4096
+
+
+class LambdaConfigSerializer(serializers.Serializer):
+    function_name = serializers.CharField(max_length=256, help_text="Name, name:alias or ARN of the function.")
+    qualifier = serializers.CharField(required=False, help_text="Version or alias to invoke.")
+    payload = serializers.JSONField(default=dict, help_text="The event: a JSON object.")
+    invocation_type = serializers.ChoiceField(
+        choices=["RequestResponse", "Event"],
+        default="RequestResponse",
+        help_text="RequestResponse waits for the result; Event queues the invocation.",
+    )
+    wait_for_callback = serializers.BooleanField(
+        default=False,
+        help_text="Event only: stay running until the function reports through the callback URL.",
+    )
+    max_output_bytes = serializers.IntegerField(required=False, min_value=1, max_value=MAX_OUTPUT_BYTES_LIMIT)
+
+    def validate_function_name(self, value: str) -> str:
+        if not _FUNCTION_NAME.match(value):
+            raise serializers.ValidationError("Not a Lambda function name or ARN.")
+        return value
+
+    def validate_qualifier(self, value: str) -> str:
+        if not _QUALIFIER.match(value):
+            raise serializers.ValidationError("Not a version number, alias or $LATEST.")
+        return value
+
+    def validate_payload(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object (the function's event).")
+        if TMS_EVENT_KEY in value:
+            raise serializers.ValidationError(f"The key {TMS_EVENT_KEY!r} is reserved for TMS's metadata.")
+        return validate_json_size(value, MAX_PAYLOAD_BYTES)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("wait_for_callback") and attrs.get("invocation_type") != "Event":
+            raise serializers.ValidationError(
+                {"wait_for_callback": ["Only Event invocations report back through the callback URL."]}
+            )
+        return attrs
+
+
+def _function_label(function_name: str) -> str:
+    """The bare function name of a name, name:alias or ARN (for the allow-list)."""
+    match = _FUNCTION_NAME.match(function_name)
+    return match.group(7) if match else function_name
+
+
+class LambdaRunner(BaseRunner):
+    """Invokes an AWS Lambda function per attempt; see the module docstring."""
+
+    option_defaults: ClassVar[dict[str, Any]] = {
+        "region_name": None,
+        #: Lambda endpoint override (a VPC endpoint, LocalStack, the test emulator).
+        "endpoint_url": None,
+        #: Static credentials; None uses the default chain (environment, profile, instance role).
+        "aws_access_key_id": None,
+        "aws_secret_access_key": None,
+        "aws_session_token": None,
+        #: Shell-style patterns of function names tasks may invoke; None: whatever IAM allows.
+        "allowed_functions": None,
+        "connect_timeout": 5.0,
+        #: Ask Lambda for the last 4 KB of the function's log on synchronous calls.
+        "log_tail": True,
+        "max_output_bytes": 65536,
+    }
+    config_serializer_class = LambdaConfigSerializer
+    #: Lambda cannot stop an invocation that has started.
+    supports_cancel = False
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(alias, options)
+        allowed = self.options["allowed_functions"]
+        if allowed is not None and (
+            not isinstance(allowed, list | tuple) or not all(isinstance(item, str) for item in allowed)
+        ):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_functions must be None or a list.")
+        if bool(self.options["aws_access_key_id"]) != bool(self.options["aws_secret_access_key"]):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{alias!r}]: give both aws_access_key_id and aws_secret_access_key, or neither."
+            )
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[int, int], Any] = {}
+        self._invoked: OrderedDict[str, RunHandle] = OrderedDict()
+
+    def validate_config(self, config: Any) -> dict[str, Any]:
+        """Validate the config; also refuse a function the operator did not allow."""
+        data = super().validate_config(config)
+        if not self._function_allowed(data["function_name"]):
+            self.refuse("function_name", "This function is not open to tasks.", "allowed_functions")
+        return data
+
+    def _function_allowed(self, function_name: str) -> bool:
+        allowed = self.options["allowed_functions"]
+        if allowed is None:
+            return True
+        label = _function_label(function_name)
+        return any(
+            fnmatch.fnmatchcase(label, pattern) or fnmatch.fnmatchcase(function_name, pattern) for pattern in allowed
+        )
+
+    # -- runner interface ---------------------------------------------------------------------
+
+    def start(self, spec: RunSpec) -> RunHandle:
+        """Invoke the function (see the module docstring for what a repeated start does)."""
+        key = spec.idempotency_key
+        with self._lock:
+            remembered = self._invoked.get(key)
+        if remembered is not None:
+            logger.info("lambda runner %r: %s was already invoked by this process; not invoking again", self.alias, key)
+            return remembered
+        config = spec.config
+        if not self._function_allowed(config["function_name"]):
+            raise RunnerError(f"function {config['function_name']!r} is not open to tasks", retryable=False)
+        invocation_type = config.get("invocation_type", "RequestResponse")
+        metadata = _metadata(spec)
+        request: dict[str, Any] = {
+            "FunctionName": config["function_name"],
+            "InvocationType": invocation_type,
+            "Payload": json.dumps({**config.get("payload", {}), TMS_EVENT_KEY: metadata}).encode(),
+        }
+        if config.get("qualifier"):
+            request["Qualifier"] = config["qualifier"]
+        if invocation_type == "RequestResponse":
+            # Lambda hands the ClientContext to synchronous invocations only.
+            request["ClientContext"] = base64.b64encode(json.dumps({"custom": metadata}).encode()).decode()
+            if self.options["log_tail"]:
+                request["LogType"] = "Tail"
+        response = self._invoke(spec, request)
+        request_id = str(response.get("ResponseMetadata", {}).get("RequestId") or key)
+        data = {"request_id": request_id, "invocation_type": invocation_type}
+        if invocation_type == "Event":
+            if config.get("wait_for_callback"):
+                handle = RunHandle(request_id, data=data)
+            else:
+                handle = RunHandle(
+                    request_id,
+                    data=data,
+                    result=RunResult.succeeded(f"queued for asynchronous invocation (request id {request_id})"),
+                )
+        else:
+            data["executed_version"] = response.get("ExecutedVersion", "")
+            handle = RunHandle(request_id, data=data, result=self._outcome(spec, response))
+        with self._lock:
+            self._invoked[key] = handle
+            while len(self._invoked) > _REMEMBERED_INVOCATIONS:
+                self._invoked.popitem(last=False)
+        return handle
+
+    def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:
+        """An ``Event`` run waiting for its callback is running until the callback or the timeout."""
+        if handle.data.get("invocation_type") == "Event":
+            return RunResult.running()
+        return RunResult.failed("a synchronous invocation has nothing to poll", retryable=False)
+
+    def cancel(self, spec: RunSpec, handle: RunHandle) -> None:
+        """Lambda cannot stop an invocation: nothing to do (the function should honour its own timeout)."""
+        logger.info("lambda runner %r: cannot cancel invocation %s", self.alias, handle.external_run_id)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _client(self, read_timeout: float) -> Any:
+        """A Lambda client for this process whose read timeout fits the attempt."""
+        slot = (os.getpid(), max(1, math.ceil(read_timeout)))
+        with self._lock:
+            client = self._clients.get(slot)
+            if client is None:
+                session = boto3.session.Session(
+                    aws_access_key_id=self.options["aws_access_key_id"],
+                    aws_secret_access_key=self.options["aws_secret_access_key"],
+                    aws_session_token=self.options["aws_session_token"],
+                    region_name=self.options["region_name"],
+                )
+                config = BotoConfig(
+                    connect_timeout=float(self.options["connect_timeout"]),
+                    read_timeout=slot[1],
+                    retries={"total_max_attempts": 1},
+                    user_agent_extra="tms-lambda-runner",
+                )
+                try:
+                    client = session.client("lambda", endpoint_url=self.options["endpoint_url"], config=config)
+                except NoRegionError as exc:
+                    raise RunnerError(
+                        f"lambda runner {self.alias!r}: no region_name configured", retryable=False
+                    ) from exc
+                self._clients = {key: value for key, value in self._clients.items() if key[0] == slot[0]}
+                self._clients[slot] = client
+            return client
+
+    def _invoke(self, spec: RunSpec, request: Mapping[str, Any]) -> dict[str, Any]:
+        synchronous = request["InvocationType"] == "RequestResponse"
+        read_timeout = min(float(spec.timeout), 900.0) if synchronous else float(self.options["connect_timeout"]) * 2
+        name = request["FunctionName"]
+        try:
+            return self._client(read_timeout).invoke(**request)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code") or "")
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in _FINAL_API_ERRORS:
+                retryable = False
+            else:
+                retryable = code in _RETRYABLE_API_ERRORS or status >= 500 or status == 429
+            message = f"invoking {name}: {code or 'error'} (HTTP {status}): {error.get('Message') or ''}".rstrip(": ")
+            raise RunnerError(message, retryable=retryable) from exc
+        except ReadTimeoutError as exc:
+            raise RunnerError(
+                f"invoking {name}: no answer within {read_timeout:g}s; the invocation may still be running"
+            ) from exc
+        except NoCredentialsError as exc:
+            raise RunnerError(f"invoking {name}: no AWS credentials found", retryable=False) from exc
+        except BotoConnectionError as exc:
+            raise RunnerError(f"invoking {name}: cannot reach Lambda: {exc}") from exc
+        except BotoCoreError as exc:
+            raise RunnerError(f"invoking {name}: {exc}") from exc
+
+    def _outcome(self, spec: RunSpec, response: Mapping[str, Any]) -> RunResult:
+        """The result of a synchronous invocation."""
+        limit = int(spec.config.get("max_output_bytes") or self.options["max_output_bytes"])
+        stream = response.get("Payload")
+        raw = b""
+        if stream is not None:
+            try:
+                raw = stream.read(max(limit, 256 * 1024) + 1)
+            finally:
+                stream.close()
+        text = raw.decode("utf-8", errors="replace")
+        log = ""
+        if response.get("LogResult"):
+            try:
+                log = base64.b64decode(response["LogResult"]).decode("utf-8", errors="replace")
+            except (binascii.Error, ValueError):
+                log = ""
+        function_error = response.get("FunctionError")
+        if not function_error:
+            return RunResult.succeeded(bounded_head(text, limit))
+        try:
+            document = json.loads(text)
+        except ValueError:
+            document = {}
+        document = document if isinstance(document, dict) else {}
+        error_type = str(document.get("errorType") or "")
+        message = str(document.get("errorMessage") or text or "no details")
+        error = f"function error ({function_error}): " + (f"{error_type}: " if error_type else "") + message
+        output = bounded_head(log or text, limit)
+        return RunResult.failed(
+            bounded_head(error, 4096), output=output, retryable=error_type not in _FINAL_FUNCTION_ERRORS
+        )
+
+
+def _metadata(spec: RunSpec) -> dict[str, Any]:
+    """What every invocation carries about the attempt that made it."""
+    metadata: dict[str, Any] = {
+        "idempotency_key": spec.idempotency_key,
+        "execution_id": spec.execution_id,
+        "attempt": spec.attempt,
+        "task_id": str(spec.task_id),
+    }
+    if spec.callback_url:
+        metadata["callback_url"] = spec.callback_url
+    if spec.tracing_id:
+        metadata["tracing_id"] = spec.tracing_id
+    return metadata

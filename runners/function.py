@@ -1,0 +1,318 @@
+"""The ``function`` runner: starts, polls and cancels runs on an asynchronous HTTP function platform.
+
+For platforms that run a function asynchronously behind HTTP (OpenFaaS async functions,
+Knative-style job APIs, in-house gateways): ``start`` POSTs the payload with an
+``Idempotency-Key`` header and expects ``{"run_id": ..., "status_url": ...}`` (``202``). The
+platform deduplicates on the key, so a repeated start returns the same run. ``poll`` GETs the
+status URL (``{"status": "queued|running|succeeded|failed|cancelled", "output", "error"}``) and
+``cancel`` DELETEs it.
+
+Reachability: task owners pick the URL, so the runner only talks to URLs under the operator's
+``allowed_urls`` prefixes (scheme, host, port and path prefix must all match), checked when the
+task is saved and again before every request. The status URL the platform returns must be
+under ``allowed_urls`` too, or on the same origin (scheme, host, port) as the function URL;
+redirects are not followed. This is stricter than the http runner's ``allowed_networks`` (which
+guards arbitrary public URLs at the socket level): these platforms are a short, fixed list of
+operator endpoints, so naming them is both simpler and tighter than opening whole networks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, ClassVar
+from urllib.parse import unquote, urljoin, urlsplit
+
+import requests
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import serializers
+
+from runners.base import (
+    MAX_OUTPUT_BYTES_LIMIT,
+    RESERVED_HEADERS,
+    BaseRunner,
+    RunHandle,
+    RunnerError,
+    RunResult,
+    RunSpec,
+    bounded_head,
+    validate_headers,
+    validate_json_size,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Largest payload accepted in a config.
+MAX_PAYLOAD_BYTES = 256 * 1024
+#: On top of the shared ones: the runner sends JSON, and X-TMS-* headers carry the attempt's ids.
+_RESERVED_HEADERS = RESERVED_HEADERS | {"content-type"}
+_RESERVED_HEADER_PREFIXES = ("x-tms-",)
+_RUNNING_STATES = frozenset({"queued", "pending", "accepted", "running", "in_progress", "started"})
+_SUCCEEDED_STATES = frozenset({"succeeded", "success", "completed", "complete", "done"})
+_FAILED_STATES = frozenset({"failed", "failure", "error", "errored"})
+_CANCELLED_STATES = frozenset({"cancelled", "canceled", "aborted"})
+#: Largest start or status document read from a platform.
+_DOCUMENT_MAX_BYTES = 2 * 1024 * 1024
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _url_parts(url: str) -> tuple[str, str, int, str] | None:
+    """(scheme, host, port, path) of an absolute http(s) URL without credentials, else None."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username or parts.password:
+        return None
+    segments = unquote(parts.path).split("/")
+    if "." in segments or ".." in segments:
+        return None
+    return parts.scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[parts.scheme], parts.path or "/"
+
+
+class UrlAllowList:
+    """URL prefixes an operator opened: same scheme, host and port, and a path under the prefix."""
+
+    def __init__(self, entries: Any, *, alias: str) -> None:
+        if not isinstance(entries, list | tuple) or not all(isinstance(entry, str) for entry in entries):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_urls must be a list of URL prefixes.")
+        self.prefixes: list[tuple[str, str, int, str]] = []
+        for entry in entries:
+            parts = _url_parts(entry)
+            if parts is None:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_urls entry {entry!r} is not an http(s) URL."
+                )
+            self.prefixes.append(parts)
+
+    def allows(self, url: str) -> bool:
+        parts = _url_parts(url)
+        if parts is None:
+            return False
+        scheme, host, port, path = parts
+        for p_scheme, p_host, p_port, p_path in self.prefixes:
+            if (scheme, host, port) != (p_scheme, p_host, p_port):
+                continue
+            if path == p_path or path.startswith(p_path if p_path.endswith("/") else p_path + "/"):
+                return True
+        return False
+
+
+class AsyncHttpFunctionConfigSerializer(serializers.Serializer):
+    url = serializers.URLField(max_length=2048, help_text="The function's asynchronous invocation URL.")
+    payload = serializers.JSONField(default=dict, help_text="JSON body sent to the function.")
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=8192), default=dict, help_text="Extra headers."
+    )
+    max_output_bytes = serializers.IntegerField(required=False, min_value=1, max_value=MAX_OUTPUT_BYTES_LIMIT)
+
+    def validate_payload(self, value: Any) -> Any:
+        return validate_json_size(value, MAX_PAYLOAD_BYTES)
+
+    def validate_headers(self, value: dict[str, str]) -> dict[str, str]:
+        return validate_headers(value, reserved=_RESERVED_HEADERS, reserved_prefixes=_RESERVED_HEADER_PREFIXES)
+
+
+class AsyncHttpFunctionRunner(BaseRunner):
+    """Starts, polls and cancels runs on an asynchronous HTTP function platform."""
+
+    option_defaults: ClassVar[dict[str, Any]] = {
+        #: URL prefixes tasks may use, e.g. ``["http://gateway.openfaas:8080/async-function/"]``.
+        "allowed_urls": [],
+        #: Seconds for each request (connect and read), within the attempt's timeout.
+        "request_timeout": 10.0,
+        "verify_ssl": True,
+        "max_output_bytes": 65536,
+        "user_agent": "TMS-function-runner/1.0",
+    }
+    config_serializer_class = AsyncHttpFunctionConfigSerializer
+    supports_cancel = True
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(alias, options)
+        self.allowed_urls = UrlAllowList(self.options["allowed_urls"], alias=alias)
+        self._lock = threading.Lock()
+        self._session: tuple[int, requests.Session] | None = None
+
+    def validate_config(self, config: Any) -> dict[str, Any]:
+        """Validate the config; also refuse a URL outside the operator's ``allowed_urls``."""
+        data = super().validate_config(config)
+        if not self.allowed_urls.allows(data["url"]):
+            self.refuse("url", "This URL is not open to tasks.", "allowed_urls", action="add its prefix to")
+        return data
+
+    # -- runner interface ---------------------------------------------------------------------
+
+    def start(self, spec: RunSpec) -> RunHandle:
+        """POST the payload with the attempt's ``Idempotency-Key``; the platform names the run."""
+        url = spec.config["url"]
+        headers = {**spec.config.get("headers", {}), **self._tms_headers(spec), "Content-Type": "application/json"}
+        status, body, location = self._exchange(
+            "POST", url, spec, headers=headers, data=json.dumps(spec.config.get("payload", {}))
+        )
+        if status == 429 or status >= 500:
+            raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}")
+        if not 200 <= status < 300:
+            raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}", retryable=False)
+        document = _json_object(body)
+        if document is None:
+            raise RunnerError(f"starting the function: HTTP {status} without a JSON object", retryable=False)
+        run_id = document.get("run_id") or document.get("id")
+        status_url = document.get("status_url") or location
+        if not run_id or not isinstance(run_id, str | int):
+            raise RunnerError("starting the function: the platform named no run_id", retryable=False)
+        if not status_url or not isinstance(status_url, str):
+            if str(document.get("status", "")).lower() in _SUCCEEDED_STATES | _FAILED_STATES:
+                return RunHandle(str(run_id), data={"run_id": str(run_id)}, result=self._result(spec, document))
+            raise RunnerError("starting the function: the platform named no status_url", retryable=False)
+        status_url = urljoin(url, status_url)
+        if not self._may_contact(status_url, spec):
+            raise RunnerError(
+                f"the platform's status URL {status_url!r} is outside allowed_urls and the function's origin",
+                retryable=False,
+            )
+        return RunHandle(str(run_id), data={"run_id": str(run_id), "status_url": status_url})
+
+    def poll(self, spec: RunSpec, handle: RunHandle) -> RunResult:
+        """GET the status URL; transient trouble reports the run as still running."""
+        status_url = handle.data.get("status_url")
+        if not status_url:
+            return RunResult.failed("this run has no status URL", retryable=False)
+        try:
+            status, body, _ = self._exchange("GET", status_url, spec, headers=self._tms_headers(spec))
+        except RunnerError as exc:
+            if exc.retryable:
+                return self.poll_again(logger, "polling %s failed: %s", status_url, exc)
+            raise
+        if status == 429 or status >= 500:
+            return self.poll_again(logger, "polling %s got HTTP %s", status_url, status)
+        if status in (404, 410):
+            return RunResult.failed(f"run {handle.external_run_id} is unknown to the platform (HTTP {status})")
+        if not 200 <= status < 300:
+            return RunResult.failed(f"status check failed: HTTP {status}: {_excerpt(body)}", retryable=False)
+        document = _json_object(body)
+        if document is None:
+            return RunResult.failed("status check returned no JSON object", retryable=False)
+        return self._result(spec, document)
+
+    def cancel(self, spec: RunSpec, handle: RunHandle) -> None:
+        """Best effort: DELETE the status URL."""
+        status_url = handle.data.get("status_url")
+        if not status_url:
+            return
+        try:
+            status, body, _ = self._exchange("DELETE", status_url, spec, headers=self._tms_headers(spec))
+        except RunnerError as exc:
+            logger.warning("function runner %r: cancelling %s failed: %s", self.alias, handle.external_run_id, exc)
+            return
+        if not (200 <= status < 300 or status in (404, 410)):
+            logger.warning(
+                "function runner %r: cancelling %s got HTTP %s: %s",
+                self.alias,
+                handle.external_run_id,
+                status,
+                _excerpt(body),
+            )
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _tms_headers(spec: RunSpec) -> dict[str, str]:
+        headers = {
+            "Idempotency-Key": spec.idempotency_key,
+            "X-TMS-Execution-Id": str(spec.execution_id),
+            "X-TMS-Attempt": str(spec.attempt),
+            "X-TMS-Task-Id": str(spec.task_id),
+            "Accept": "application/json",
+        }
+        if spec.callback_url:
+            headers["X-TMS-Callback-Url"] = spec.callback_url
+        if spec.tracing_id:
+            headers["X-TMS-Tracing-Id"] = spec.tracing_id
+        return headers
+
+    def _may_contact(self, url: str, spec: RunSpec) -> bool:
+        """Under ``allowed_urls``, or on the origin of the task's own (allowed) function URL.
+
+        The second case covers status URLs, which platforms put elsewhere on the same gateway.
+        """
+        if self.allowed_urls.allows(url):
+            return True
+        function_url = spec.config["url"]
+        if not self.allowed_urls.allows(function_url):
+            return False
+        target, origin = _url_parts(url), _url_parts(function_url)
+        return target is not None and origin is not None and target[:3] == origin[:3]
+
+    def _http(self) -> requests.Session:
+        with self._lock:
+            if self._session is None or self._session[0] != os.getpid():
+                session = requests.Session()
+                # Endpoints are the operator's own: no proxies or .netrc credentials from the environment.
+                session.trust_env = False
+                session.headers["User-Agent"] = str(self.options["user_agent"])
+                self._session = (os.getpid(), session)
+            return self._session[1]
+
+    def _exchange(
+        self, method: str, url: str, spec: RunSpec, *, headers: Mapping[str, str], data: str | None = None
+    ) -> tuple[int, bytes, str | None]:
+        """One request, no redirects, bounded body: (status, body, Location header)."""
+        if not self._may_contact(url, spec):
+            raise RunnerError(f"{url!r} is outside the allowed_urls of the {self.alias!r} runner", retryable=False)
+        seconds = max(0.1, min(float(self.options["request_timeout"]), float(spec.timeout)))
+        try:
+            with self._http().request(
+                method,
+                url,
+                headers=dict(headers),
+                data=data,
+                timeout=(seconds, seconds),
+                allow_redirects=False,
+                stream=True,
+                verify=bool(self.options["verify_ssl"]),
+            ) as response:
+                body = response.raw.read(_DOCUMENT_MAX_BYTES, decode_content=True) if method != "HEAD" else b""
+                return response.status_code, body or b"", response.headers.get("Location")
+        except requests.Timeout as exc:
+            raise RunnerError(f"{method} {url}: no answer within {seconds:g}s") from exc
+        except requests.ConnectionError as exc:
+            raise RunnerError(f"{method} {url}: cannot connect: {exc}") from exc
+        except requests.RequestException as exc:
+            raise RunnerError(f"{method} {url}: {exc}", retryable=False) from exc
+
+    def _result(self, spec: RunSpec, document: Mapping[str, Any]) -> RunResult:
+        limit = int(spec.config.get("max_output_bytes") or self.options["max_output_bytes"])
+        state = str(document.get("status", "")).lower()
+        output = document.get("output", "")
+        text = output if isinstance(output, str) else json.dumps(output)
+        text = bounded_head(text, limit) if text else ""
+        if state in _RUNNING_STATES:
+            return RunResult.running()
+        if state in _SUCCEEDED_STATES:
+            return RunResult.succeeded(text)
+        if state in _FAILED_STATES:
+            error = str(document.get("error") or "the function failed")
+            retryable = document.get("retryable")
+            return RunResult.failed(
+                bounded_head(error, 4096), output=text, retryable=retryable if isinstance(retryable, bool) else True
+            )
+        if state in _CANCELLED_STATES:
+            return RunResult.failed("the run was cancelled on the platform", output=text)
+        return RunResult.failed(f"the platform reported an unknown status {state!r}", retryable=False)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _excerpt(body: bytes, limit: int = 512) -> str:
+    return body[:limit].decode("utf-8", errors="replace").strip()

@@ -1,0 +1,172 @@
+"""The detached supervisor of one ``subprocess`` run: starts the command, waits for it, records how it ended.
+
+:class:`runners.subprocess.SubprocessRunner` launches it as ``python -I <this file> <run folder>``.
+The first process forks and exits at once (that is all the launcher waits for); the second one
+calls ``setsid()``, so it leads a session of its own, is adopted by init and outlives the worker
+that started it, even a worker killed with SIGKILL. It then:
+
+1. records itself: a line in ``launches`` (the executor's own launch count) and ``supervisor.pid``;
+2. reads ``run.json`` (argv, executable, cwd, environment, deadline, kill grace);
+3. gives up at once if ``cancel`` exists, else starts the command in a process group of its own,
+   with stdout and stderr going to the ``stdout`` and ``stderr`` files, and records ``pid``;
+4. waits for it until the deadline, then SIGTERMs the group, and SIGKILLs it after the grace;
+5. SIGKILLs the group in any case (nothing the run started may keep running) and writes ``exit``
+   atomically: return code, whether it timed out, whether it was cancelled, an error if any.
+
+Standard library only, and run isolated (``-I``: no environment variables, no user site, and
+not even this file's folder on ``sys.path``, where ``subprocess.py`` and ``email.py`` would
+shadow the standard modules), so it starts in milliseconds and keeps no Django in memory for
+the length of the run. The runner imports the file names below from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+# File names inside a run folder (see runners.subprocess for the whole layout).
+RUN, LAUNCHES, SUPERVISOR_PID, PID = "run.json", "launches", "supervisor.pid", "pid"
+STDOUT, STDERR, EXIT, CANCEL = "stdout", "stderr", "exit", "cancel"
+#: Exit codes that mean the program could not be executed or found, as a shell reports them.
+NOT_EXECUTABLE, NOT_FOUND = 126, 127
+
+
+def path(run_dir: str, name: str) -> str:
+    return os.path.join(run_dir, name)
+
+
+def write_json(run_dir: str, name: str, data: dict[str, Any]) -> None:
+    """Write ``data`` so that readers see either nothing or the whole document, even after a crash."""
+    tmp = path(run_dir, f"{name}.tmp.{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path(run_dir, name))
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc``), or None if it cannot be read.
+
+    Recorded next to each pid so that a reader can tell the process from a later one that
+    reused its pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def killpg(pgid: int, sig: int) -> None:
+    """Signal a process group that may be gone already."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def cancelled(run_dir: str) -> bool:
+    return os.path.exists(path(run_dir, CANCEL))
+
+
+def finish(run_dir: str, **outcome: Any) -> None:
+    """Write the ``exit`` record; whether the run was cancelled is read from the folder."""
+    outcome.setdefault("returncode", None)
+    outcome.setdefault("timed_out", False)
+    outcome["cancelled"] = cancelled(run_dir)
+    outcome["finished_at"] = time.time()
+    write_json(run_dir, EXIT, outcome)
+
+
+def detach() -> None:
+    """Leave the launcher behind: fork, let the parent exit, lead a new session in the child."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def record_start(run_dir: str) -> None:
+    """Count this launch and publish the supervisor's own pid (with its start time)."""
+    with open(path(run_dir, LAUNCHES), "a") as fh:
+        fh.write(f"{os.getpid()} {time.time()}\n")
+    write_json(run_dir, SUPERVISOR_PID, {"pid": os.getpid(), "start": start_ticks(os.getpid())})
+
+
+def start_command(run_dir: str, spec: dict[str, Any]) -> subprocess.Popen[bytes] | None:
+    """Start the command in a process group of its own; None (with ``exit`` written) if it cannot run."""
+    try:
+        with open(path(run_dir, STDOUT), "wb") as out, open(path(run_dir, STDERR), "wb") as err:
+            return subprocess.Popen(
+                spec["argv"],
+                executable=spec["executable"],
+                cwd=spec["cwd"],
+                env=spec["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                close_fds=True,
+                start_new_session=True,
+            )
+    except OSError as exc:
+        code = NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE
+        finish(run_dir, returncode=code, error=f"cannot execute: {exc}")
+        return None
+
+
+def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tuple[int, bool]:
+    """Wait until the command ends or the deadline passes; (return code, whether it timed out).
+
+    At the deadline the group gets SIGTERM, and SIGKILL if it is still there after the grace.
+    """
+    try:
+        return proc.wait(timeout=max(0.0, spec["deadline"] - time.time())), False
+    except subprocess.TimeoutExpired:
+        pass
+    killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=spec["kill_grace"]), True
+    except subprocess.TimeoutExpired:
+        killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(), True
+
+
+def supervise(run_dir: str) -> None:
+    """Everything after detaching: run the command described in ``run.json`` to its end."""
+    record_start(run_dir)
+    with open(path(run_dir, RUN)) as fh:
+        spec = json.load(fh)
+    if cancelled(run_dir):
+        finish(run_dir, error="cancelled before the command started")
+        return
+    proc = start_command(run_dir, spec)
+    if proc is None:
+        return
+    write_json(run_dir, PID, {"pid": proc.pid, "pgid": proc.pid, "start": start_ticks(proc.pid)})
+    # Hand a SIGTERM meant for us (host shutdown, an operator) on to the command.
+    signal.signal(signal.SIGTERM, lambda *_: killpg(proc.pid, signal.SIGTERM))
+    if cancelled(run_dir):  # a cancel that came before the pid file could be seen
+        killpg(proc.pid, signal.SIGTERM)
+    returncode, timed_out = wait_for_command(proc, spec)
+    # The run is over: nothing it started may keep running.
+    killpg(proc.pid, signal.SIGKILL)
+    finish(run_dir, returncode=returncode, timed_out=timed_out)
+
+
+def main(argv: list[str]) -> int:
+    """``<this file> <run folder>``: detach, then supervise the run."""
+    run_dir = argv[1]
+    detach()
+    supervise(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
