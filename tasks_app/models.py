@@ -59,7 +59,7 @@ class Artifact(models.Model):
 
 
 def default_timeout() -> timedelta:
-    return timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
+    return timedelta(seconds=tms_settings().DEFAULT_TIMEOUT)
 
 
 #: Bounds of a task's misfire settings. A grace under a second would turn the ordinary delay
@@ -176,7 +176,7 @@ class ApiIdempotencyKey(models.Model):
 
     A retry with the same key and the same body gets this response back and creates nothing; the
     unique (owner, key) constraint makes concurrent duplicates wait for the first one and then
-    replay it. Keys expire after ``tasks_app.idempotency.KEY_TTL``.
+    replay it. Keys expire after ``TMS_IDEMPOTENCY_KEY_TTL`` seconds.
     """
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
