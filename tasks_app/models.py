@@ -166,10 +166,6 @@ class Task(models.Model):
     def __str__(self) -> str:
         return self.name or str(self.id)
 
-    @property
-    def is_recurring(self) -> bool:
-        return self.interval is not None or bool(self.cron)
-
 
 class ApiIdempotencyKey(models.Model):
     """The first response to a create request sent with an ``Idempotency-Key`` header.
