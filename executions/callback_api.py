@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from executions.callbacks import CallbackRefused
-from executions.worker_services import execution_report
+from executions.reports import execution_report
 from tms_project.api_base import StrictInputMixin
 
 

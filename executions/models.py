@@ -105,10 +105,6 @@ class Execution(models.Model):
     def __str__(self) -> str:
         return f"execution {self.pk} of task {self.task_id} ({self.status})"
 
-    @property
-    def idempotency_key(self) -> str:
-        return f"tms-{self.pk}-{self.attempt}"
-
 
 class ExecutionEvent(models.Model):
     """Append-only audit row written in the same transaction as every status transition."""

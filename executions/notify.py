@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
+import time
 
 import psycopg2
 import psycopg2.extensions
@@ -49,8 +50,6 @@ class DueListener:
         if timeout <= 0:
             return False
         if not self.supported:
-            import time
-
             time.sleep(timeout)
             return False
         try:
@@ -66,8 +65,6 @@ class DueListener:
         except psycopg2.Error as exc:
             logger.warning("LISTEN connection failed (%s); sleeping instead", exc)
             self.close()
-            import time
-
             time.sleep(timeout)
             return False
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from rest_framework import serializers
 
 from executions.models import Execution, ExecutionEvent, ExecutionStatus, Worker
-from executions.services import ExternalRun
+from executions.runs import ExternalRun
 
 
 class ExecutionEventSerializer(serializers.ModelSerializer):

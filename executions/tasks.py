@@ -28,7 +28,7 @@ _DB_RETRY: dict[str, Any] = {
 def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     set_node_id()
     # Workers get through a dropped database connection by retrying (autoretry_for below, and
-    # worker_services._persist), so they skip Django's per-task health-check query.
+    # executions.runs.persist), so they skip Django's per-task health-check query.
     for conn in connections.all():
         conn.settings_dict["CONN_HEALTH_CHECKS"] = False
 

@@ -11,22 +11,25 @@ import logging
 import os
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, connection
 
 from executions import transitions
 from executions.backoff import exponential_backoff
-from executions.callbacks import GRACE, CallbackRefused, callback_url, callback_verify
 from executions.models import Execution
-from executions.notify import notify_due
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec, RunState
-from runners.registry import UnknownRunner, get_runner
-from tasks_app.artifacts import artifact_local_path
+from executions.runs import (
+    describe_error,
+    execution_record_outcome,
+    load_execution,
+    persist,
+    run_spec,
+    stop_external_run,
+)
+from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
+from runners.registry import get_runner
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -35,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 #: Polling of asynchronous runs: first delay, growth factor and cap, in seconds.
 POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
-
-T = TypeVar("T")
 
 
 class _LeaseKeeper:
@@ -107,49 +108,6 @@ def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[t
         _keeper.release(execution_id)
 
 
-def _persist(write: Callable[[], T]) -> T:
-    """Run a final write, retrying through a database outage for up to half a lease.
-
-    A run's outcome is recorded or the message is not acknowledged: if the database stays away
-    longer the error propagates, the lease runs out and another worker resumes the attempt.
-    """
-    deadline = time.monotonic() + tms_settings().WORKER_TIMEOUT / 2
-    delay = 0.2
-    while True:
-        try:
-            return write()
-        except (OperationalError, InterfaceError):
-            if time.monotonic() + delay > deadline:
-                raise
-            logger.warning("database unavailable while recording an outcome; retrying in %.1fs", delay)
-            connection.close()
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-
-def run_spec(execution: Execution, task: Task, *, starting: bool = False) -> RunSpec:
-    """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
-    verified local copy); polls and cancels find the run without it."""
-    artifact_path = artifact_local_path(task.artifact) if starting and task.artifact_id else None
-    return RunSpec(
-        execution_id=execution.pk,
-        attempt=execution.attempt,
-        task_id=str(task.pk),
-        config=get_runner(task.runner).validate_config(task.config),
-        timeout=task.timeout.total_seconds(),
-        callback_url=callback_url(execution_id=execution.pk, attempt=execution.attempt),
-        artifact_path=artifact_path,
-        tracing_id=task.tracing_id,
-    )
-
-
-def _load(execution_id: int) -> tuple[Execution, Task] | None:
-    execution = Execution.objects.select_related("task", "task__artifact").filter(pk=execution_id).first()
-    if execution is None:
-        return None
-    return execution, execution.task
-
-
 def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     """Handle a ``run_execution`` message: claim, start the runner, record what it returns.
 
@@ -188,10 +146,8 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
 def _stop_cancelled_runs(cancelled: tuple[tuple[int, transitions.CancelOutcome], ...]) -> None:
     """Stop, through their runner, the external runs of executions the overlap policy
     cancel_previous cancelled (called after that transaction committed)."""
-    from executions.services import stop_external_run
-
     for execution_id, outcome in cancelled:
-        loaded = _load(execution_id)
+        loaded = load_execution(execution_id)
         if loaded is not None:
             report = stop_external_run(loaded[0], loaded[1], outcome)
             logger.info("execution %s cancelled by the next run: %s", execution_id, report.external_run)
@@ -206,7 +162,7 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
     ):
         return "lost"
-    loaded = _load(execution_id)
+    loaded = load_execution(execution_id)
     if loaded is None:
         return "lost"
     execution, task = loaded
@@ -220,14 +176,21 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
         # key (the runner adopts a run it already launched), unless this keeps happening.
         if execution.handbacks > tms_settings().MAX_HANDBACKS:
             error = f"worker lost {execution.handbacks} times before the run started; giving up on this attempt"
-            return _finish(execution, task, worker_id, RunResult.failed(error))
+            return execution_record_outcome(
+                execution=execution, task=task, worker_id=worker_id, result=RunResult.failed(error)
+            )
         return _start(execution, task, worker_id)
     try:
         runner = get_runner(task.runner)
         spec = run_spec(execution, task)
         handle = RunHandle(execution.external_run_id, execution.run_handle)
-    except (UnknownRunner, Exception) as exc:  # noqa: BLE001 - bad config must end the attempt, not loop
-        return _finish(execution, task, worker_id, RunResult.failed(_describe(exc), retryable=False))
+    except Exception as exc:  # noqa: BLE001 - a bad config or a lost runner must end the attempt, not loop
+        return execution_record_outcome(
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=RunResult.failed(describe_error(exc), retryable=False),
+        )
     result = _call(runner.poll, spec, handle, transient_is_running=True)
     if result.state is RunState.RUNNING:
         elapsed = (db_now() - execution.started_at) if execution.started_at else timedelta(0)
@@ -236,32 +199,52 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
             result = RunResult.failed(f"timed out after {task.timeout.total_seconds():g}s; external run cancelled")
         else:
             delay = exponential_backoff(attempt=execution.poll_count, base=POLL_BASE, factor=POLL_FACTOR, cap=POLL_CAP)
-            _persist(
+            persist(
                 lambda: transitions.execution_release(
                     execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=delay
                 )
             )
             return "polling"
-    return _finish(execution, task, worker_id, result, external_run_id=handle.external_run_id)
+    return execution_record_outcome(
+        execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=handle.external_run_id
+    )
 
 
 def _start(execution: Execution, task: Task, worker_id: str) -> str:
     try:
         runner: BaseRunner = get_runner(task.runner)
         spec = run_spec(execution, task, starting=True)
-    except (UnknownRunner, Exception) as exc:  # noqa: BLE001
-        return _finish(execution, task, worker_id, RunResult.failed(_describe(exc), retryable=False))
+    except Exception as exc:  # noqa: BLE001 - as in _resume
+        return execution_record_outcome(
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=RunResult.failed(describe_error(exc), retryable=False),
+        )
     try:
         handle = runner.start(spec)
     except RunnerError as exc:
-        return _finish(execution, task, worker_id, RunResult.failed(str(exc), retryable=exc.retryable))
+        return execution_record_outcome(
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=RunResult.failed(str(exc), retryable=exc.retryable),
+        )
     except Exception as exc:
         logger.exception("runner %s crashed starting execution %s", task.runner, execution.pk)
-        return _finish(execution, task, worker_id, RunResult.failed(_describe(exc)))
+        return execution_record_outcome(
+            execution=execution, task=task, worker_id=worker_id, result=RunResult.failed(describe_error(exc))
+        )
     if handle.result is not None:
-        return _finish(execution, task, worker_id, handle.result, external_run_id=handle.external_run_id)
+        return execution_record_outcome(
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=handle.result,
+            external_run_id=handle.external_run_id,
+        )
     # Asynchronous run: store its id before anything waits on it, then let the monitor poll it.
-    recorded = _persist(
+    recorded = persist(
         lambda: transitions.execution_record_run(
             execution_id=execution.pk,
             attempt=execution.attempt,
@@ -278,58 +261,6 @@ def _start(execution: Execution, task: Task, worker_id: str) -> str:
     return "polling"
 
 
-def execution_record_outcome(
-    *,
-    execution: Execution,
-    task: Task,
-    worker_id: str | None,
-    result: RunResult,
-    external_run_id: str | None = None,
-) -> str:
-    """Record a finished attempt: SUCCEEDED, a retry per the task's policy, or FAILED.
-
-    ``worker_id=None`` records what the job itself reported through its callback URL.
-    Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
-    outcome already recorded).
-    """
-    conf = tms_settings()
-    common = {
-        "execution_id": execution.pk,
-        "attempt": execution.attempt,
-        "worker_id": worker_id,
-        "max_chars": conf.OUTPUT_MAX_CHARS,
-        "external_run_id": external_run_id,
-    }
-    if result.state is RunState.SUCCEEDED:
-        won = _persist(lambda: transitions.execution_succeed(output=result.output, **common))
-    else:
-        retry_in = None
-        if result.retryable and execution.attempt < task.max_attempts:
-            retry_in = exponential_backoff(
-                attempt=execution.attempt,
-                base=task.retry_backoff.total_seconds(),
-                cap=task.retry_backoff_max.total_seconds(),
-                jitter=task.retry_jitter,
-            )
-        won = _persist(
-            lambda: transitions.execution_fail(error=result.error, output=result.output, retry_in=retry_in, **common)
-        )
-        if won and retry_in is not None and retry_in < conf.MONITOR_MAX_SLEEP:
-            notify_due()
-    if not won:
-        logger.warning("execution %s attempt %s: outcome not recorded, lease lost", execution.pk, execution.attempt)
-        return "lost"
-    return "finished"
-
-
-def _finish(
-    execution: Execution, task: Task, worker_id: str, result: RunResult, *, external_run_id: str | None = None
-) -> str:
-    return execution_record_outcome(
-        execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
-    )
-
-
 def _call(method, *args, transient_is_running: bool = False) -> RunResult:  # type: ignore[no-untyped-def]
     """Call a runner method; its exceptions become a failed result. For polls, a retryable
     error means "could not ask now": the run is still considered running (the timeout bounds it)."""
@@ -342,46 +273,5 @@ def _call(method, *args, transient_is_running: bool = False) -> RunResult:  # ty
         return RunResult.failed(str(exc), retryable=exc.retryable)
     except Exception as exc:
         logger.exception("runner call %s failed", getattr(method, "__qualname__", method))
-        return RunResult.failed(_describe(exc))
+        return RunResult.failed(describe_error(exc))
     return result if isinstance(result, RunResult) else RunResult.running()
-
-
-def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-def execution_report(
-    *,
-    execution_id: int,
-    token: str,
-    state: str,
-    output: str = "",
-    error: str = "",
-    progress: str = "",
-    retryable: bool = True,
-) -> str:
-    """Apply what a job POSTed to its callback URL: ``heartbeat``/``progress`` (recorded on the
-    execution), or ``succeeded``/``failed`` (the attempt's outcome, retried per policy).
-
-    Raises :class:`~executions.callbacks.CallbackRefused` for a bad, foreign, stale or expired
-    token, and :class:`LookupError` if the execution does not exist. Returns ``recorded``, or
-    ``ignored`` when the attempt has already ended.
-    """
-    loaded = _load(execution_id)
-    if loaded is None:
-        raise LookupError(execution_id)
-    execution, task = loaded
-    claim = callback_verify(token=token, execution_id=execution_id, max_age=task.timeout + GRACE)
-    if claim.attempt != execution.attempt:
-        raise CallbackRefused(f"The token is for attempt {claim.attempt}; the execution is at {execution.attempt}.")
-    if state in ("heartbeat", "progress"):
-        won = transitions.execution_report_progress(
-            execution_id=execution_id, attempt=claim.attempt, progress=progress or state
-        )
-        return "recorded" if won else "ignored"
-    if state == "succeeded":
-        result = RunResult.succeeded(output)
-    else:
-        result = RunResult.failed(error or "the job reported failure", output=output, retryable=retryable)
-    outcome = execution_record_outcome(execution=execution, task=task, worker_id=None, result=result)
-    return "recorded" if outcome == "finished" else "ignored"

@@ -11,9 +11,9 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.uploadedfile import UploadedFile
-from rest_framework.exceptions import ValidationError
 
 from tasks_app.models import Artifact
+from tms_core.errors import InvalidInput
 
 
 class ArtifactCorrupted(RuntimeError):
@@ -32,10 +32,10 @@ def artifact_create(*, owner: AbstractBaseUser, upload: UploadedFile, name: str 
     """Store an uploaded binary or script and record its SHA-256 and size."""
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:
-        raise ValidationError({"file": [f"Artifacts may be at most {limit} bytes."]})
+        raise InvalidInput.on("file", f"Artifacts may be at most {limit} bytes.")
     sha256, size = _digest(upload.chunks())
     if size == 0:
-        raise ValidationError({"file": ["The file is empty."]})
+        raise InvalidInput.on("file", "The file is empty.")
     upload.seek(0)
     artifact = Artifact(owner=owner, name=name or os.path.basename(upload.name or "artifact"), sha256=sha256, size=size)
     artifact.file.save(os.path.basename(upload.name or "artifact"), upload, save=False)

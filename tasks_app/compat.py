@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Exists, OuterRef, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers, status
@@ -22,6 +21,7 @@ from executions.models import Execution, ExecutionStatus
 from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
+from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration, parse_duration
 from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
 from tms_project.api_conf import api_settings
@@ -177,7 +177,7 @@ class CompatTaskListView(_CompatView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         command: timedelta = data["command"]
-        default_timeout = timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
+        default_timeout = timedelta(seconds=tms_settings().DEFAULT_TIMEOUT)
 
         def create() -> tuple[int, Any]:
             task = task_create(

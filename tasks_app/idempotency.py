@@ -20,12 +20,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from rest_framework.exceptions import ValidationError
 
 from tasks_app.models import ApiIdempotencyKey
 from tms_core.clock import db_now
-from tms_core.errors import IdempotencyKeyReused
-from tms_project.api_conf import api_settings
+from tms_core.conf import tms_settings
+from tms_core.errors import IdempotencyKeyReused, InvalidInput
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -42,11 +41,11 @@ class StoredResponse:
 
 
 def idempotency_key_clean(value: str | None) -> str | None:
-    """Return the header's key, None when absent; raise a ValidationError when malformed."""
+    """Return the header's key, None when absent; raise :class:`InvalidInput` when malformed."""
     if value is None:
         return None
     if not value or len(value) > MAX_KEY_LENGTH or not set(value) <= _ALLOWED:
-        raise ValidationError({HEADER: [f"Must be 1 to {MAX_KEY_LENGTH} printable ASCII characters, such as a UUID."]})
+        raise InvalidInput.on(HEADER, f"Must be 1 to {MAX_KEY_LENGTH} printable ASCII characters, such as a UUID.")
     return value
 
 
@@ -76,7 +75,7 @@ def idempotent_create(
     if key is None:
         status, body = create()
         return StoredResponse(status, body)
-    ttl = timedelta(seconds=api_settings().IDEMPOTENCY_KEY_TTL)
+    ttl = timedelta(seconds=tms_settings().IDEMPOTENCY_KEY_TTL)
     with transaction.atomic():
         ApiIdempotencyKey.objects.filter(owner=owner, key=key, created_at__lt=db_now() - ttl).delete()
         try:
@@ -100,6 +99,6 @@ def idempotent_create(
 
 def idempotency_keys_expire() -> int:
     """Delete keys older than their time to live; returns how many."""
-    cutoff = db_now() - timedelta(seconds=api_settings().IDEMPOTENCY_KEY_TTL)
+    cutoff = db_now() - timedelta(seconds=tms_settings().IDEMPOTENCY_KEY_TTL)
     deleted, _ = ApiIdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
     return deleted

@@ -59,7 +59,7 @@ class Artifact(models.Model):
 
 
 def default_timeout() -> timedelta:
-    return timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"])
+    return timedelta(seconds=tms_settings().DEFAULT_TIMEOUT)
 
 
 #: Bounds of a task's misfire settings. A grace under a second would turn the ordinary delay
@@ -166,17 +166,13 @@ class Task(models.Model):
     def __str__(self) -> str:
         return self.name or str(self.id)
 
-    @property
-    def is_recurring(self) -> bool:
-        return self.interval is not None or bool(self.cron)
-
 
 class ApiIdempotencyKey(models.Model):
     """The first response to a create request sent with an ``Idempotency-Key`` header.
 
     A retry with the same key and the same body gets this response back and creates nothing; the
     unique (owner, key) constraint makes concurrent duplicates wait for the first one and then
-    replay it. Keys expire after ``tasks_app.idempotency.KEY_TTL``.
+    replay it. Keys expire after ``TMS_IDEMPOTENCY_KEY_TTL`` seconds.
     """
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -23,11 +22,13 @@ from tasks_app.models import (
     TaskStatus,
     default_catch_up_limit,
     default_misfire_grace,
+    default_timeout,
 )
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
 from tms_core.durations import DurationField
+from tms_core.errors import InvalidInput
 from tms_project.api_base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
 
 
@@ -116,7 +117,7 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     retry_jitter = serializers.BooleanField(required=False, default=True)
     timeout = DurationField(
         required=False,
-        default=lambda: timedelta(seconds=settings.TMS["DEFAULT_TIMEOUT"]),
+        default=default_timeout,
         min_value=timedelta(seconds=1),
     )
     priority = serializers.IntegerField(required=False, default=5, min_value=0, max_value=9)
@@ -151,8 +152,17 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         check_task(attrs)
-        task_validate_runner(runner=attrs["runner"], config=attrs["config"])
+        _check_runner(attrs["runner"], attrs["config"])
         return attrs
+
+
+def _check_runner(runner: str, config: Any) -> None:
+    """The runner's verdict on ``config``, as this serializer's errors (so that a list of tasks
+    reports them per item)."""
+    try:
+        task_validate_runner(runner=runner, config=config)
+    except InvalidInput as exc:
+        raise serializers.ValidationError(exc.errors) from None
 
 
 def _has_nul(value: Any) -> bool:
@@ -240,7 +250,7 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | attrs
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
-            task_validate_runner(runner=merged["runner"], config=merged["config"])
+            _check_runner(merged["runner"], merged["config"])
         return attrs
 
 

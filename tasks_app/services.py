@@ -11,35 +11,37 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from rest_framework.exceptions import ValidationError
+from rest_framework import serializers
 
 from executions import transitions
 from executions.materialiser import ACTOR as MATERIALISER
 from executions.materialiser import materialise_task, plan_task, skipped_record, task_schedule
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus
 from executions.notify import notify_due
-from executions.services import CancelReport, executions_cancel_active, stop_external_runs
+from executions.runs import CancelReport
+from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
-from tms_core.errors import ConflictError, GoneError
+from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 
 def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
-    """Return the runner's normalised config, or raise per-field ValidationError."""
+    """Return ``config`` once the runner accepted it, or raise :class:`InvalidInput` on ``runner``
+    or ``config`` (with the runner's per-field messages nested under ``config``)."""
     try:
         backend = get_runner(runner)
     except UnknownRunner:
-        raise ValidationError(
-            {"runner": [f"Unknown runner {runner!r}; choose one of: {', '.join(runner_aliases())}."]}
+        raise InvalidInput.on(
+            "runner", f"Unknown runner {runner!r}; choose one of: {', '.join(runner_aliases())}."
         ) from None
     try:
         backend.validate_config(config)
-    except ValidationError as exc:
-        raise ValidationError({"config": exc.detail}) from None
+    except serializers.ValidationError as exc:  # how runners reject a config (BaseRunner.validate_config)
+        raise InvalidInput({"config": exc.detail}) from None
     return config
 
 
@@ -65,7 +67,7 @@ def _build_task(
         schedule = Schedule(start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at)
         first = next(schedule.fire_times(), None)
     except ScheduleError as exc:
-        raise ValidationError({"schedule": [str(exc)]}) from None
+        raise InvalidInput.on("schedule", str(exc)) from None
     task = Task(
         owner=owner,
         name=name,
@@ -85,7 +87,7 @@ def _build_task(
         # back it up (validating constraints here would cost a query each).
         task.full_clean(exclude=["owner"], validate_unique=False, validate_constraints=False)
     except DjangoValidationError as exc:
-        raise ValidationError(exc.message_dict) from None
+        raise InvalidInput(exc.message_dict) from None
     return task
 
 
@@ -103,7 +105,8 @@ def task_bulk_create(*, owner: AbstractBaseUser, specs: Sequence[Mapping[str, An
     """Create many tasks in one transaction, with their executions inside the horizon.
 
     Every spec is validated before anything is written: one bad spec fails the whole call with
-    its errors keyed by position (``{"3": {"interval": [...]}}``) and writes nothing.
+    its errors keyed by position (``{"3": {"interval": [...]}}``, :class:`InvalidInput`) and
+    writes nothing.
     """
     now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
@@ -111,10 +114,10 @@ def task_bulk_create(*, owner: AbstractBaseUser, specs: Sequence[Mapping[str, An
     for index, spec in enumerate(specs):
         try:
             tasks.append(_build_task(owner=owner, now=now, **spec))
-        except ValidationError as exc:
-            errors[str(index)] = exc.detail
+        except InvalidInput as exc:
+            errors[str(index)] = exc.errors
     if errors:
-        raise ValidationError(errors if len(specs) > 1 else next(iter(errors.values())))
+        raise InvalidInput(errors if len(specs) > 1 else next(iter(errors.values())))
     rows, skipped = [], []
     for task in tasks:
         plan = plan_task(task, now=now, until=until)
@@ -175,7 +178,7 @@ def _clean(task: Task) -> None:
     try:
         task.full_clean(exclude=["owner"], validate_constraints=True)
     except DjangoValidationError as exc:
-        raise ValidationError(exc.message_dict) from None
+        raise InvalidInput(exc.message_dict) from None
 
 
 def _on_schedule(schedule: Schedule, when: datetime) -> bool:
@@ -225,7 +228,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     """
     unknown = set(changes) - UPDATABLE_FIELDS
     if unknown:
-        raise ValidationError({name: ["This field cannot be changed."] for name in sorted(unknown)})
+        raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
     with transaction.atomic():
         task = _lock(task.pk)
         changed = {name for name, value in changes.items() if getattr(task, name) != value}
@@ -236,7 +239,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         try:
             schedule = task_schedule(task)
         except ScheduleError as exc:
-            raise ValidationError({"schedule": [str(exc)]}) from None
+            raise InvalidInput.on("schedule", str(exc)) from None
         _clean(task)
         replace = bool(changed & (SCHEDULE_FIELDS | RUN_FIELDS))
         if replace:
@@ -363,7 +366,7 @@ class BackfillReport:
 def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> BackfillReport:
     """Run a task's past fire times in ``[start, end]`` that have no execution yet: one new
     execution each, all due now. They are claimed under the task's overlap policy like any other
-    run. At most :data:`BACKFILL_MAX` fire times per call (a wider range is a ValidationError);
+    run. At most :data:`BACKFILL_MAX` fire times per call (a wider range is :class:`InvalidInput`);
     ``end`` must not be in the future. Fire times already run, running or waiting are counted in
     ``existing`` and not created again.
     """
@@ -374,7 +377,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
     if end > now:
         errors["end"] = ["Must not be in the future: backfill covers past fire times."]
     if errors:
-        raise ValidationError(errors)
+        raise InvalidInput(errors)
     if task.status == TaskStatus.DELETED:
         raise GoneError("The task no longer exists.")
     times = []
@@ -382,8 +385,8 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         if when > end:
             break
         if len(times) == BACKFILL_MAX:
-            raise ValidationError(
-                {"end": [f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."]}
+            raise InvalidInput.on(
+                "end", f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."
             )
         times.append(when)
     existing = set(

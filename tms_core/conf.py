@@ -24,7 +24,8 @@ class TmsSettings:
     MONITOR_MAX_SLEEP: float = 1.0
     #: A PENDING execution unclaimed for this many seconds is published again.
     PENDING_REPUBLISH_AFTER: float = 120.0
-    #: Seconds between worker heartbeats (which also extend the worker's leases).
+    #: Seconds between worker heartbeats, and between the lease extensions that the process
+    #: working on an execution makes (a keeper thread: see executions.worker_services).
     HEARTBEAT_INTERVAL: float = 5.0
     #: A worker silent for this long is dead; its leases expire after the same time.
     WORKER_TIMEOUT: float = 30.0
@@ -39,6 +40,12 @@ class TmsSettings:
     MISFIRE_GRACE: float = 60.0
     #: Default of a task's catch_up_limit: the most missed fire times run_all runs.
     CATCH_UP_LIMIT: int = 100
+    #: Most executions one "materialise up to" request (POST /tasks/<id>/materialise) may create.
+    MATERIALISE_MAX: int = 1000
+    #: Furthest ahead, in seconds, a "materialise up to" request may reach.
+    MATERIALISE_MAX_AHEAD: float = 7 * 86400.0
+    #: Seconds an ``Idempotency-Key`` of a create request is remembered.
+    IDEMPOTENCY_KEY_TTL: float = 86400.0
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).

@@ -1,4 +1,7 @@
-"""Typed access to the ``TMS_API`` settings dict (the REST API's knobs), with defaults."""
+"""Typed access to the ``TMS_API`` settings dict (knobs of the REST API alone), with defaults.
+
+Limits that services apply, whoever calls them, are in :class:`tms_core.conf.TmsSettings`.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 @dataclass(frozen=True)
 class ApiSettings:
-    #: Most executions one "materialise up to" request may create.
-    MATERIALISE_MAX: int = 1000
-    #: Furthest ahead, in seconds, a "materialise up to" request may reach.
-    MATERIALISE_MAX_AHEAD: float = 7 * 86400.0
-    #: Seconds an ``Idempotency-Key`` is remembered.
-    IDEMPOTENCY_KEY_TTL: float = 86400.0
     #: Most tasks the original service's ``GET /tasks`` lists (newest first).
     COMPAT_LIST_MAX: int = 1000
 

@@ -160,11 +160,9 @@ REST_FRAMEWORK = {
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
-# Read through tms_project.api_conf.api_settings; see that module for what each knob does.
+# The API's own knobs, read through tms_project.api_conf.api_settings (the limits services
+# apply, such as TMS_MATERIALISE_MAX, are in TMS below).
 TMS_API = {
-    "MATERIALISE_MAX": env.int("TMS_API_MATERIALISE_MAX", default=1000),
-    "MATERIALISE_MAX_AHEAD": env.float("TMS_API_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
-    "IDEMPOTENCY_KEY_TTL": env.float("TMS_API_IDEMPOTENCY_KEY_TTL", default=86400.0),
     "COMPAT_LIST_MAX": env.int("TMS_API_COMPAT_LIST_MAX", default=1000),
 }
 
@@ -275,6 +273,9 @@ TMS = {
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
     "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),
     "CATCH_UP_LIMIT": env.int("TMS_CATCH_UP_LIMIT", default=100),
+    "MATERIALISE_MAX": env.int("TMS_MATERIALISE_MAX", default=1000),
+    "MATERIALISE_MAX_AHEAD": env.float("TMS_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
+    "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
 }
 
 TMS_RUNNERS = {

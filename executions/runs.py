@@ -1,0 +1,200 @@
+"""An execution's external run, as every process that handles one sees it.
+
+The worker starts and polls runs (:mod:`executions.worker_services`), the web process records
+what a job reports through its callback URL (:mod:`executions.reports`) and stops the runs of
+cancelled executions (:mod:`executions.services`). What they share lives here, below all three:
+the spec a runner is given, recording an attempt's outcome, and stopping a run after a cancel.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connection
+
+from executions import transitions
+from executions.backoff import exponential_backoff
+from executions.callbacks import callback_url
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from executions.notify import notify_due
+from runners.base import RunHandle, RunResult, RunSpec, RunState
+from runners.registry import UnknownRunner, get_runner
+from tasks_app.artifacts import artifact_local_path
+from tasks_app.models import Task
+from tms_core.conf import tms_settings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def describe_error(exc: BaseException, *, limit: int | None = None) -> str:
+    """One line naming an exception and its message (``limit`` bounds its length)."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text if limit is None else text[:limit]
+
+
+def load_execution(execution_id: int) -> tuple[Execution, Task] | None:
+    """The execution with its task (and the task's artifact) in one query; None if it is gone."""
+    execution = Execution.objects.select_related("task", "task__artifact").filter(pk=execution_id).first()
+    if execution is None:
+        return None
+    return execution, execution.task
+
+
+def run_spec(execution: Execution, task: Task, *, starting: bool = False) -> RunSpec:
+    """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
+    verified local copy); polls and cancels find the run without it."""
+    artifact_path = artifact_local_path(task.artifact) if starting and task.artifact_id else None
+    return RunSpec(
+        execution_id=execution.pk,
+        attempt=execution.attempt,
+        task_id=str(task.pk),
+        config=get_runner(task.runner).validate_config(task.config),
+        timeout=task.timeout.total_seconds(),
+        callback_url=callback_url(execution_id=execution.pk, attempt=execution.attempt),
+        artifact_path=artifact_path,
+        tracing_id=task.tracing_id,
+    )
+
+
+def persist(write: Callable[[], T]) -> T:
+    """Run a final write, retrying through a database outage for up to half a lease.
+
+    A run's outcome is recorded or the message is not acknowledged: if the database stays away
+    longer the error propagates, the lease runs out and another worker resumes the attempt.
+    """
+    deadline = time.monotonic() + tms_settings().WORKER_TIMEOUT / 2
+    delay = 0.2
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() + delay > deadline:
+                raise
+            logger.warning("database unavailable while recording an outcome; retrying in %.1fs", delay)
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def execution_record_outcome(
+    *,
+    execution: Execution,
+    task: Task,
+    worker_id: str | None,
+    result: RunResult,
+    external_run_id: str | None = None,
+) -> str:
+    """Record a finished attempt: SUCCEEDED, a retry per the task's policy, or FAILED.
+
+    ``worker_id=None`` records what the job itself reported through its callback URL.
+    Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
+    outcome already recorded).
+    """
+    conf = tms_settings()
+    common = {
+        "execution_id": execution.pk,
+        "attempt": execution.attempt,
+        "worker_id": worker_id,
+        "max_chars": conf.OUTPUT_MAX_CHARS,
+        "external_run_id": external_run_id,
+    }
+    if result.state is RunState.SUCCEEDED:
+        won = persist(lambda: transitions.execution_succeed(output=result.output, **common))
+    else:
+        retry_in = None
+        if result.retryable and execution.attempt < task.max_attempts:
+            retry_in = exponential_backoff(
+                attempt=execution.attempt,
+                base=task.retry_backoff.total_seconds(),
+                cap=task.retry_backoff_max.total_seconds(),
+                jitter=task.retry_jitter,
+            )
+        won = persist(
+            lambda: transitions.execution_fail(error=result.error, output=result.output, retry_in=retry_in, **common)
+        )
+        if won and retry_in is not None and retry_in < conf.MONITOR_MAX_SLEEP:
+            notify_due()
+    if not won:
+        logger.warning("execution %s attempt %s: outcome not recorded, lease lost", execution.pk, execution.attempt)
+        return "lost"
+    return "finished"
+
+
+# --- stopping the external run of a cancelled execution ---------------------------------------
+
+
+class ExternalRun(enum.StrEnum):
+    """What cancelling did to an execution's external run."""
+
+    NONE = "none"  #: it had not started: there is no external run
+    STOPPED = "stopped"  #: the runner stopped the external run
+    UNSUPPORTED = "unsupported"  #: the runner cannot stop runs: it may go on, its result is discarded
+    DISCARDED = "discarded"  #: no external run recorded yet: the worker's result is discarded
+    FAILED = "failed"  #: the runner was asked to stop the run and failed: it may go on
+
+
+#: Outcomes after which something may still be running outside the platform.
+MAY_STILL_RUN = frozenset({ExternalRun.UNSUPPORTED, ExternalRun.DISCARDED, ExternalRun.FAILED})
+
+
+@dataclass(frozen=True)
+class CancelReport:
+    """What cancelling one execution did."""
+
+    execution_id: int
+    task_id: uuid.UUID
+    #: The status it was cancelled from (its current status if it was not cancelled).
+    from_status: str
+    status: str
+    external_run: ExternalRun
+    detail: str = ""
+
+    @property
+    def may_still_run(self) -> bool:
+        return self.external_run in MAY_STILL_RUN
+
+
+def stop_external_run(execution: Execution, task: Task, outcome: transitions.CancelOutcome) -> CancelReport:
+    """After a won cancel has committed: stop the external run of a formerly RUNNING execution,
+    if it has one, through its runner. Never raises for a runner's failure: the report says it."""
+
+    def report(external: ExternalRun, detail: str = "") -> CancelReport:
+        return CancelReport(execution.pk, task.pk, outcome.from_status or "", S.CANCELLED, external, detail)
+
+    if outcome.from_status != S.RUNNING:
+        return report(ExternalRun.NONE)
+    if not outcome.external_run_id:
+        return report(
+            ExternalRun.DISCARDED,
+            "No external run was recorded yet: the worker's writes now fail, an asynchronous run it starts "
+            "is cancelled by the worker, and the result of an inline run is discarded.",
+        )
+    try:
+        runner = get_runner(task.runner)
+    except UnknownRunner:
+        return report(ExternalRun.FAILED, f"Runner {task.runner!r} is no longer configured; the run may go on.")
+    if not runner.supports_cancel:
+        return report(
+            ExternalRun.UNSUPPORTED,
+            f"Runner {task.runner!r} cannot stop external runs: run {outcome.external_run_id!r} may go on, "
+            "and its result is discarded.",
+        )
+    execution.attempt = outcome.attempt or execution.attempt
+    try:
+        spec = run_spec(execution, task)
+        runner.cancel(spec, RunHandle(outcome.external_run_id, dict(outcome.run_handle or {})))
+    except Exception as exc:  # noqa: BLE001 - any runner failure is reported, never a 500
+        logger.warning("stopping run %s of execution %s failed: %s", outcome.external_run_id, execution.pk, exc)
+        detail = f"The runner could not stop run {outcome.external_run_id!r}: {describe_error(exc, limit=500)}"
+        return report(ExternalRun.FAILED, detail)
+    return report(ExternalRun.STOPPED, f"External run {outcome.external_run_id!r} stopped.")

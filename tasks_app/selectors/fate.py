@@ -1,0 +1,110 @@
+"""What became of one fire time of a task: shared by "why" and the occurrence timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from executions.models import Execution, ExecutionOrigin, SkippedOccurrence, SkipReason
+from tasks_app.models import Task, TaskStatus
+
+
+def is_summary(row: SkippedOccurrence) -> bool:
+    """Whether a skipped-occurrence row is a materialiser summary standing for many fire times."""
+    return "summary:" in row.detail
+
+
+def recorded_by_materialiser(row: SkippedOccurrence) -> bool:
+    """Whether the materialiser wrote the row (a misfire or a pause), not a claim (an overlap)."""
+    return row.reason != SkipReason.OVERLAP
+
+
+def summary_before(task: Task, occurrence: datetime) -> SkippedOccurrence | None:
+    """The summary row standing for ``occurrence``, if one does (see :func:`occurrence_fate`)."""
+    row = (
+        SkippedOccurrence.objects.filter(task=task, scheduled_for__lt=occurrence)
+        .exclude(reason=SkipReason.OVERLAP)
+        .order_by("-scheduled_for")
+        .first()
+    )
+    return row if row is not None and is_summary(row) else None
+
+
+def last_materialised(task: Task) -> datetime | None:
+    """The latest occurrence the materialiser handled for ``task`` (ran or recorded as skipped)."""
+    executions = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+    skipped = SkippedOccurrence.objects.filter(task=task).exclude(reason=SkipReason.OVERLAP)
+    latest = [
+        rows.order_by("-scheduled_for").values_list("scheduled_for", flat=True).first()
+        for rows in (executions, skipped)
+    ]
+    return max((when for when in latest if when is not None), default=None)
+
+
+class Fate(StrEnum):
+    """What became of one fire time of a task."""
+
+    SKIPPED = "skipped"  #: a skipped occurrence is recorded at it
+    SUMMARISED = "summarised"  #: a summary row stands for it (one of many not listed one by one)
+    EXECUTION = "execution"  #: it has a live (not superseded) execution
+    PAUSED = "paused"  #: the task was paused before it and is still paused
+    NOT_DUE = "not_due"  #: the materialiser has not reached it yet (at or after the task's cursor)
+    SUPERSEDED = "superseded"  #: its only execution was replaced before it started
+    UNRECORDED = "unrecorded"  #: behind the cursor with no execution and no recorded reason
+
+
+@dataclass(frozen=True)
+class OccurrenceFate:
+    fate: Fate
+    #: The explanation, for people.
+    reason: str
+    #: The execution the fate is about (live, or superseded for ``SUPERSEDED``), if any.
+    execution: Execution | None = None
+    #: The skipped-occurrence row the fate rests on: recorded at the fire time, or a summary.
+    skipped: SkippedOccurrence | None = None
+
+
+def occurrence_fate(
+    task: Task,
+    occurrence: datetime,
+    *,
+    execution: Execution | None,
+    skipped: SkippedOccurrence | None,
+    summary: SkippedOccurrence | None,
+    now: datetime,
+    detail: str = "",
+) -> OccurrenceFate:
+    """What became of the fire time ``occurrence``, from the records the caller fetched for it.
+
+    ``execution`` is its live execution, or else its latest superseded one; ``skipped`` the row
+    recorded at it; ``summary`` the summary row that stands for it. A summary row, written at the
+    materialiser's cursor when a pass drops more occurrences than it lists, stands for the fire
+    times after it up to the next row the materialiser recorded (the first one the pass listed):
+    the latest materialiser row before ``occurrence``, if it is a summary (:func:`summary_before`).
+    ``detail`` completes the sentence about a live execution (its latest event, its error).
+
+    In order: a recorded skip (unless a later live execution ran the fire time, as a backfill
+    does), a live execution, a pause still in force, the materialiser not there yet, a summary,
+    a superseded execution; else nothing is recorded at all, which should not happen.
+    """
+    live = execution if execution is not None and not execution.superseded else None
+    if skipped is not None and (live is None or live.pk == skipped.execution_id):
+        return OccurrenceFate(Fate.SKIPPED, f"Skipped ({skipped.reason}): {skipped.detail}", live, skipped)
+    if live is not None:
+        text = f"Execution {live.pk} (attempt {live.attempt}) is {live.status}"
+        return OccurrenceFate(Fate.EXECUTION, text + (f": {detail}" if detail else "."), live)
+    if task.status == TaskStatus.PAUSED and task.paused_at is not None and occurrence >= task.paused_at:
+        reason = f"The task was paused at {task.paused_at.isoformat()} and has not been resumed."
+        return OccurrenceFate(Fate.PAUSED, reason)
+    if task.next_run_at is not None and occurrence >= task.next_run_at:
+        if occurrence > now:
+            return OccurrenceFate(Fate.NOT_DUE, "Not due yet: it is created shortly before its time.")
+        return OccurrenceFate(Fate.NOT_DUE, "Not created yet: the materialiser has not reached it.")
+    if summary is not None:
+        reason = f"Skipped ({summary.reason}), one of many recorded in one row: {summary.detail}"
+        return OccurrenceFate(Fate.SUMMARISED, reason, skipped=summary)
+    if execution is not None:  # superseded: replaced by a schedule change or a pause
+        reason = f"Execution {execution.pk} was replaced before it started: {execution.error}"
+        return OccurrenceFate(Fate.SUPERSEDED, reason, execution)
+    return OccurrenceFate(Fate.UNRECORDED, "No execution was created for this fire time and no reason was recorded.")

@@ -1,0 +1,111 @@
+"""Fire times of a schedule or a task: previews, the fire time at or before an instant, and
+where a task's runs end (``max_runs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from zoneinfo import ZoneInfo
+
+from executions.materialiser import task_schedule
+from tasks_app.models import Task
+from tasks_app.schedules import Schedule
+from tms_core.clock import db_now
+
+#: A ``max_runs`` bound larger than this is not applied to previews (walking it would be too slow).
+_MAX_RUNS_WALK = 100_000
+_END_OF_TIME = datetime.max.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class FireTime:
+    utc: datetime
+    local: datetime
+
+
+def last_fire_time(schedule: Schedule, max_runs: int | None) -> datetime | None:
+    """The ``max_runs``-th fire time of ``schedule``: the last one its task runs (None: no such
+    bound, the schedule ends before it, or ``max_runs`` is too large to walk)."""
+    if max_runs is None or max_runs > _MAX_RUNS_WALK:
+        return None
+    runs = list(islice(schedule.fire_times(), max_runs))
+    return runs[-1] if len(runs) == max_runs else None
+
+
+def schedule_preview(
+    schedule: Schedule, *, count: int, after: datetime | None = None, max_runs: int | None = None
+) -> list[FireTime]:
+    """The first ``count`` fire times of ``schedule`` at or after ``after`` (default: its start),
+    in UTC and in the schedule's time zone, stopping after its ``max_runs``-th fire time."""
+    last = last_fire_time(schedule, max_runs)
+    zone = ZoneInfo(schedule.timezone)
+    times = []
+    for when in schedule.fire_times(since=after):
+        if len(times) >= count or (last is not None and when > last):
+            break
+        times.append(FireTime(when, when.astimezone(zone)))
+    return times
+
+
+def task_preview(*, task: Task, count: int, after: datetime | None = None) -> list[FireTime]:
+    """The task's next ``count`` fire times at or after ``after`` (default: now), up to where its
+    runs end (``max_runs`` counted from its cursor: see :func:`task_last_fire_time`)."""
+    schedule = task_schedule(task)
+    last = task_last_fire_time(task, schedule, materialised=None, until=_END_OF_TIME)
+    zone = ZoneInfo(schedule.timezone)
+    times = []
+    for when in schedule.fire_times(since=after or db_now()):
+        if len(times) >= count or (last is not None and when > last):
+            break
+        times.append(FireTime(when, when.astimezone(zone)))
+    return times
+
+
+def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None:
+    """The schedule's latest fire time at or before ``at`` (None if it first fires after ``at``).
+
+    The window before ``at`` doubles until it holds a fire time, so the walk stays short for
+    any spacing of fire times.
+    """
+    if at < schedule.start_at:
+        return None
+    span = timedelta(seconds=1)
+    while True:
+        since = schedule.start_at if span >= at - schedule.start_at else at - span
+        found = None
+        for when in schedule.fire_times(since=since):
+            if when > at:
+                break
+            found = when
+        if found is not None or since == schedule.start_at:
+            return found
+        span *= 2
+
+
+def task_last_fire_time(
+    task: Task, schedule: Schedule, *, materialised: datetime | None, until: datetime
+) -> datetime | None:
+    """The task's last fire time where its runs end other than by ``end_at`` (which bounds the
+    schedule itself), if it lies before ``until``; None if they go on until then.
+
+    A task the materialiser has finished with (no cursor: ``max_runs`` used up, a one-shot run
+    created) ends with the last occurrence it handled, ``materialised`` (before ``start_at``
+    if none). While ``max_runs`` still counts, it is the fire time that uses up the remaining
+    runs, counted from the cursor: a forecast, as misses the misfire policy drops do not count.
+    """
+    if task.next_run_at is None:
+        return materialised if materialised is not None else schedule.start_at - timedelta(microseconds=1)
+    if task.max_runs is None:
+        return None
+    remaining = task.max_runs - task.runs_materialised
+    if remaining <= 0:  # used up: the materialiser's next pass completes the task
+        return task.next_run_at - timedelta(microseconds=1)
+    if remaining > _MAX_RUNS_WALK:
+        return None
+    for count, when in enumerate(schedule.fire_times(since=task.next_run_at), 1):
+        if count == remaining:
+            return when
+        if when >= until:
+            break
+    return None
