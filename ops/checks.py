@@ -157,7 +157,7 @@ def check_monitor(*, lag: float | None = None) -> CheckResult:
     from executions.models import Execution, ExecutionStatus
     from executions.notify import CHANNEL
 
-    lag = lag if lag is not None else float(getattr(settings, "TMS_CHECK_MONITOR_LAG", 60.0))
+    lag = lag if lag is not None else float(settings.TMS_CHECK_MONITOR_LAG)
     conn = connections["default"]
     try:
         late = Execution.objects.filter(
@@ -173,10 +173,13 @@ def check_monitor(*, lag: float | None = None) -> CheckResult:
                 (listeners,) = cursor.fetchone()
     except DatabaseError as exc:
         return CheckResult("monitor", False, f"cannot read: {_first_line(exc)}")
+    problems = []
     if listeners == 0:
-        return CheckResult("monitor", False, "no monitor connected (no LISTEN session in pg_stat_activity)")
+        problems.append("no monitor connected (no LISTEN session in pg_stat_activity)")
     if late:
-        return CheckResult("monitor", False, f"{late} executions overdue by more than {lag:.0f}s (monitor stuck?)")
+        problems.append(f"{late} executions overdue by more than {lag:.0f}s")
+    if problems:
+        return CheckResult("monitor", False, "; ".join(problems))
     connected = f"{listeners} connected, " if listeners is not None else ""
     return CheckResult("monitor", True, f"{connected}no execution overdue by more than {lag:.0f}s")
 

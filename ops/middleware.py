@@ -32,7 +32,7 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceErr
 
 def retry_after() -> int:
     """Seconds a client should wait before retrying after a 503 (``TMS_RETRY_AFTER``, default 5)."""
-    return int(getattr(settings, "TMS_RETRY_AFTER", 5))
+    return int(settings.TMS_RETRY_AFTER)
 
 
 def readiness_response() -> JsonResponse:

@@ -367,3 +367,9 @@ TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR /
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+
+# --- Operations (ops app) ---------------------------------------------------------------------
+#: Seconds a client is told to wait (Retry-After) when a dependency outage answers 503.
+TMS_RETRY_AFTER = env.int("TMS_RETRY_AFTER", default=5)
+#: tms_check fails the monitor when a SCHEDULED execution is overdue by more than this (seconds).
+TMS_CHECK_MONITOR_LAG = env.float("TMS_CHECK_MONITOR_LAG", default=60.0)
