@@ -54,6 +54,10 @@ class TcpProxy:
                 sock.close()
             self._sockets.clear()
 
+    def restore(self) -> None:
+        """Accept connections again after :meth:`cut`, like a healed partition."""
+        self._open = True
+
     def close(self) -> None:
         self.cut()
         self.listener.close()

@@ -14,11 +14,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_web(name: str = "web", *, workers: int = 2) -> tuple[ManagedProcess, str]:
-    """Start gunicorn on a free port; return the process and its base URL once it listens."""
+def start_web(name: str = "web", *, workers: int = 2, **env: str) -> tuple[ManagedProcess, str]:
+    """Start gunicorn on a free port; return the process and its base URL once it listens.
+
+    ``env`` overrides the process's environment (e.g. a ``DATABASE_URL`` through a proxy)."""
     port = free_port()
     argv = [sys.executable, "-m", "gunicorn", "tms_project.wsgi", "-b", f"127.0.0.1:{port}", "-w", str(workers)]
-    web = ManagedProcess(name, argv, process_env(DJANGO_DEBUG="false"), LOG_DIR)
+    web = ManagedProcess(name, argv, process_env(DJANGO_DEBUG="false", **env), LOG_DIR)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: f"Listening at: {base}" in web.log(), timeout=30, what="gunicorn to listen")

@@ -4,7 +4,8 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.base")
+# A checkout runs the local settings; the docker image sets DJANGO_SETTINGS_MODULE to production.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.local")
 
 app = Celery("tms_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")

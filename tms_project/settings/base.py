@@ -1,4 +1,7 @@
-"""TMS settings. Every value comes from the environment (12-factor) through django-environ.
+"""TMS settings shared by every environment. Every value comes from the environment (12-factor)
+through django-environ. Run with one of the modules beside it: ``local`` (a checkout: the default
+of ``manage.py`` and ``celery``), ``production`` (the docker image, and the default of ``wsgi``) or
+``test`` (pytest). This module sets no secret key of its own.
 
 With neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` set, the platform runs on an embedded
 default (a SQLite file in WAL mode and kombu's filesystem broker under ``var/``), so one command
@@ -19,7 +22,12 @@ VAR_DIR = Path(environ.Env().str("TMS_VAR_DIR", default=str(BASE_DIR / "var")))
 env = environ.Env()
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me-in-production")
+#: The key a checkout runs with (``local.py`` only). It is public, so ``production.py`` refuses it:
+#: anyone could sign callback tokens and sessions with it.
+DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production"  # noqa: S105 - public on purpose
+# No fallback: with DJANGO_SECRET_KEY unset, Django refuses to sign anything (ImproperlyConfigured)
+# instead of signing with a key that is in the repository.
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -39,11 +47,15 @@ INSTALLED_APPS = [
     "runners",
     "tasks_app",
     "executions",
+    "ops",
     # Benchmark, chaos run, scale check and demo set-up: commands only, never imported by the product.
     "tooling",
 ]
 
 MIDDLEWARE = [
+    # First: probes answer before the SSL redirect and the host check (a container platform
+    # probes by IP over plain HTTP).
+    "ops.middleware.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's, and Swagger UI and ReDoc from drf-spectacular-sidecar) are
     # served by the web process itself, also under gunicorn with DEBUG off: no CDN, no extra server.
@@ -54,6 +66,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so its process_exception sees a view's database or broker error first: a 503, not a 500.
+    "ops.middleware.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "tms_project.urls"
@@ -91,6 +105,9 @@ else:
     # here. https://docs.djangoproject.com/en/5.2/ref/databases/#persistent-connections
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DATABASE_CONN_HEALTH_CHECKS", default=True)
+    # An unreachable server fails a request (a 503) in seconds instead of hanging it.
+    DATABASES["default"].setdefault("OPTIONS", {})
+    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -353,3 +370,9 @@ TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR /
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+
+# --- Operations (ops app) ---------------------------------------------------------------------
+#: Seconds a client is told to wait (Retry-After) when a dependency outage answers 503.
+TMS_RETRY_AFTER = env.int("TMS_RETRY_AFTER", default=5)
+#: tms_check fails the monitor when a SCHEDULED execution is overdue by more than this (seconds).
+TMS_CHECK_MONITOR_LAG = env.float("TMS_CHECK_MONITOR_LAG", default=60.0)

@@ -1,0 +1,56 @@
+#!/bin/sh
+# TMS container entrypoint: one image, one role per container.
+#
+#   entrypoint.sh web       the API, admin and probes, served by gunicorn (docker/gunicorn.conf.py)
+#   entrypoint.sh worker    a Celery worker (TMS_WORKER_CONCURRENCY processes, default 4)
+#   entrypoint.sh beat      Celery beat with django_celery_beat's DatabaseScheduler
+#   entrypoint.sh monitor   the monitor: publishes due executions
+#   entrypoint.sh flower    Flower on FLOWER_PORT (default 5555); refuses to start without FLOWER_BASIC_AUTH
+#   entrypoint.sh migrate   apply migrations (and register beat's system jobs), then exit
+#   entrypoint.sh CMD ...   anything else runs as is, e.g. `python manage.py tms_check`
+#
+# Each role execs its process, so it receives the container's signals (SIGTERM on stop) itself.
+set -eu
+
+# The roles this script starts (a test checks that docker/compose.yaml runs each of them).
+ROLES="web worker beat monitor flower migrate"
+
+# The application is the folder above this script: /app in the image, the checkout in tests.
+cd "$(dirname "$0")/.."
+
+LOG_LEVEL="$(echo "${TMS_LOG_LEVEL:-info}" | tr 'A-Z' 'a-z')"
+
+role="${1:-web}"
+case "$role" in
+    web)
+        exec gunicorn --config docker/gunicorn.conf.py tms_project.wsgi
+        ;;
+    worker)
+        exec celery -A tms_project worker --loglevel "$LOG_LEVEL" \
+            --concurrency "${TMS_WORKER_CONCURRENCY:-4}" --without-mingle --without-gossip
+        ;;
+    beat)
+        # The schedule lives in PostgreSQL (DatabaseScheduler); no schedule or pid file on disk.
+        exec celery -A tms_project beat --loglevel "$LOG_LEVEL" --pidfile=
+        ;;
+    monitor)
+        exec python manage.py run_monitor
+        ;;
+    flower)
+        # Flower can inspect, revoke and rate-limit tasks: never expose it without credentials.
+        if [ -z "${FLOWER_BASIC_AUTH:-}" ] && [ -z "${FLOWER_AUTH:-}" ]; then
+            echo "entrypoint: flower needs FLOWER_BASIC_AUTH=user:password (or FLOWER_AUTH for OAuth)" >&2
+            exit 64
+        fi
+        exec celery -A tms_project flower --address="${FLOWER_ADDRESS:-0.0.0.0}" --port="${FLOWER_PORT:-5555}"
+        ;;
+    migrate)
+        exec python manage.py migrate --noinput
+        ;;
+    help | -h | --help)
+        echo "usage: entrypoint.sh ROLE | COMMAND [ARG ...]; roles: $ROLES"
+        ;;
+    *)
+        exec "$@"
+        ;;
+esac

@@ -1,0 +1,31 @@
+"""gunicorn settings for the web role (docker/entrypoint.sh web). Every value can be changed from
+the environment: https://docs.gunicorn.org/en/stable/settings.html"""
+
+import os
+
+# Where to listen: all interfaces in a container; TMS_WEB_HOST narrows it (tests use 127.0.0.1).
+bind = [f"{os.environ.get('TMS_WEB_HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"]  # noqa: S104
+# Synchronous workers, each with at most one database connection (CONN_MAX_AGE keeps it open):
+# WEB_CONCURRENCY workers per container is also the web's share of PostgreSQL's connections.
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("GUNICORN_THREADS", "1"))
+# A request longer than this is killed and answered 502 by the worker's replacement.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
+# On SIGTERM (docker stop) requests in flight get this long to finish.
+graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "25"))
+keepalive = 5
+# Recycle workers now and then so a slow leak cannot grow for ever; jitter spreads the restarts.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "2000"))
+max_requests_jitter = 200
+# The heartbeat file of each worker: in memory, not on the container's overlay file system.
+# A RAM-backed folder of the container's own, not a shared temporary folder.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None  # noqa: S108
+# Access and error logs to stdout/stderr, where the container platform collects them.
+accesslog = "-"
+errorlog = "-"
+loglevel = os.environ.get("TMS_LOG_LEVEL", "info").lower()
+# No control socket: the container is stopped and scaled by the platform (signals), and the user
+# has no writable home for the socket file.
+control_socket_disable = True
+# Trust X-Forwarded-* only from these proxy addresses (the reverse proxy in front of the web role).
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")

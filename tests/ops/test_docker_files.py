@@ -1,0 +1,132 @@
+"""docker/: the compose file runs every entrypoint role with health checks and start-up order;
+the Dockerfile builds in two stages and runs as a non-root user. (No Docker engine here: the
+files are checked by parsing them, and the roles are started directly in test_docker_roles.)"""
+
+from __future__ import annotations
+
+import re
+import stat
+
+import pytest
+import yaml
+
+from tests.processes import ROOT
+
+DOCKER = ROOT / "docker"
+APP_ROLES = {"web", "worker", "beat", "monitor", "flower", "migrate"}
+
+
+def entrypoint_roles() -> set[str]:
+    (roles,) = re.findall(r'^ROLES="([^"]+)"$', (DOCKER / "entrypoint.sh").read_text(), flags=re.MULTILINE)
+    return set(roles.split())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_the_entrypoint_knows_every_role_and_is_executable():
+    assert entrypoint_roles() == APP_ROLES
+    text = (DOCKER / "entrypoint.sh").read_text()
+    for role in APP_ROLES:
+        assert re.search(rf"^    {role}\)$", text, flags=re.MULTILINE), f"no case for {role}"
+    assert (DOCKER / "entrypoint.sh").stat().st_mode & stat.S_IXUSR
+
+
+def test_compose_runs_every_entrypoint_role(compose):
+    commands = {name: service.get("command") for name, service in compose["services"].items()}
+    ran = {command[0] for command in commands.values() if command}
+    assert entrypoint_roles() <= ran
+    for role in entrypoint_roles():
+        assert commands[role] == [role]  # one service per role, named after it
+        assert compose["services"][role]["image"] == "tms:latest"
+        assert compose["services"][role]["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}
+        assert compose["services"][role]["environment"]["DJANGO_SETTINGS_MODULE"] == "tms_project.settings.production"
+    assert set(compose["services"]) == APP_ROLES | {"postgres", "rabbitmq", "prometheus", "grafana"}
+
+
+def test_compose_health_checks(compose):
+    services = compose["services"]
+    assert "/readyz" in " ".join(services["web"]["healthcheck"]["test"])
+    assert "/healthcheck" in " ".join(services["flower"]["healthcheck"]["test"])
+    assert "inspect ping" in services["worker"]["healthcheck"]["test"][1]
+    assert services["monitor"]["healthcheck"]["test"][-3:] == ["tms_check", "--only", "monitor"]
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"][1]
+    assert "rabbitmq-diagnostics" in services["rabbitmq"]["healthcheck"]["test"]
+    assert services["rabbitmq"]["image"].endswith("-management")
+    for name in ("web", "worker", "monitor", "flower", "postgres", "rabbitmq"):
+        assert {"interval", "timeout", "retries"} <= set(services[name]["healthcheck"]), name
+
+
+def test_compose_start_up_order(compose):
+    services = compose["services"]
+    healthy = {"condition": "service_healthy"}
+    assert services["migrate"]["depends_on"] == {"postgres": healthy}
+    for role in ("web", "worker", "beat", "monitor"):
+        assert services[role]["depends_on"] == {
+            "postgres": healthy,
+            "rabbitmq": healthy,
+            "migrate": {"condition": "service_completed_successfully"},
+        }, role
+    assert services["flower"]["depends_on"] == {"rabbitmq": healthy}
+    assert services["prometheus"]["depends_on"] == {"web": healthy}
+    assert services["migrate"]["restart"] == "no"
+    # Every condition names a service that exists and has the health check it waits for.
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert dependency in services, (name, dependency)
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], (name, dependency)
+
+
+def test_compose_profiles_and_volumes(compose):
+    services = compose["services"]
+    assert {name for name, service in services.items() if "profiles" in service} == {"prometheus", "grafana"}
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["metrics"]
+    declared = set(compose["volumes"])
+    used = {
+        volume.split(":")[0]
+        for service in services.values()
+        for volume in service.get("volumes", [])
+        if not volume.startswith(".")
+    }
+    assert used == declared == {"postgres-data", "rabbitmq-data", "media", "prometheus-data", "grafana-data"}
+    assert "media:/var/lib/tms/media" in services["web"]["volumes"] and services["worker"]["volumes"] == [
+        "media:/var/lib/tms/media"
+    ]
+    for volume in services["prometheus"]["volumes"]:
+        if volume.startswith("."):
+            assert (DOCKER / volume.split(":")[0]).is_file()
+
+
+def test_env_example_names_every_variable_compose_needs(compose):
+    needed = set(re.findall(r"\$\{(\w+)", (DOCKER / "compose.yaml").read_text()))
+    example = (DOCKER / ".env.example").read_text()
+    given = set(re.findall(r"^#? ?(\w+)=", example, flags=re.MULTILINE))
+    assert needed <= given
+    assert {"DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS"} <= given
+    assert re.search(r"^DJANGO_SECRET_KEY=$", example, flags=re.MULTILINE)  # no key is shipped
+
+
+def test_prometheus_scrapes_the_web_metrics():
+    config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
+    web = next(job for job in config["scrape_configs"] if job["job_name"] == "tms-web")
+    assert web["metrics_path"] == "/metrics" and web["static_configs"] == [{"targets": ["web:8000"]}]
+
+
+def test_dockerfile_builds_wheels_apart_and_runs_as_a_non_root_user():
+    text = (DOCKER / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.MULTILINE)[1:]
+    assert [stage.split()[0] for stage in stages] == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, flags=re.MULTILINE)
+    builder, runtime = stages
+    assert "AS builder" in builder and "pip wheel" in builder and "build-essential" in builder
+    assert "AS runtime" in runtime
+    assert "build-essential" not in runtime and "apt-get" not in runtime  # no build tools in the image
+    assert "--no-index --find-links=/wheels" in runtime
+    assert re.search(r"^USER tms:tms$", runtime, flags=re.MULTILINE)
+    assert 'ENTRYPOINT ["/app/docker/entrypoint.sh"]' in runtime
+    assert "DJANGO_SETTINGS_MODULE=tms_project.settings.production" in runtime
+    ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    assert {".git", ".venv", "tests", "var", "docker/.env"} <= set(ignored)

@@ -1,0 +1,91 @@
+"""Outages answered, not crashed: a database or broker outage is a 503 with Retry-After in the
+API's error shape, and the API answers again once the dependency is back."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from django.conf import settings as django_settings
+from django.test import RequestFactory
+from kombu.exceptions import OperationalError as BrokerOperationalError
+from rest_framework.authtoken.models import Token
+
+from ops.middleware import OutageMiddleware
+from tests.ops.test_health import closed_port
+from tests.tcp_proxy import TcpProxy
+from tests.web import start_web
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_api_answers_503_while_postgresql_is_unreachable_and_recovers(user):
+    token = Token.objects.create(user=user).key
+    db = django_settings.DATABASES["default"]
+    proxy = TcpProxy(int(db["PORT"] or 5432), db["HOST"] or "127.0.0.1")
+    web, base = start_web(
+        workers=1, DATABASE_URL=f"postgres://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}", TMS_RETRY_AFTER="7"
+    )
+    headers = {"Authorization": f"Token {token}"}
+    try:
+        assert requests.get(f"{base}/api/v1/tasks", headers=headers, timeout=10).status_code == 200
+
+        proxy.cut()  # drops the server's persistent connection and refuses new ones
+        for path in ("/api/v1/tasks", "/tasks"):
+            response = requests.get(f"{base}{path}", headers=headers, timeout=10)
+            assert response.status_code == 503, response.text
+            assert response.headers["Retry-After"] == "7"
+            assert response.json() == {
+                "type": "service_unavailable",
+                "detail": "The service is temporarily unavailable (database); retry shortly.",
+            }
+        created = requests.post(f"{base}/api/v1/tasks", headers=headers, json={"runner": "noop"}, timeout=10)
+        assert created.status_code == 503
+        ready = requests.get(f"{base}/readyz", timeout=10)
+        assert ready.status_code == 503
+        checks = ready.json()["checks"]
+        assert checks["database"]["ok"] is False and checks["broker"]["ok"] is True
+        assert checks["migrations"] == {"ok": False, "detail": "skipped: database unreachable"}
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200  # alive all along
+
+        proxy.restore()
+        assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
+        response = requests.post(f"{base}/api/v1/tasks", headers=headers, json={"runner": "noop"}, timeout=10)
+        assert response.status_code == 201, response.text
+        assert "Traceback" not in web.log()  # answered, not crashed
+    finally:
+        web.stop()
+        proxy.close()
+
+
+@pytest.mark.django_db
+def test_the_api_keeps_accepting_tasks_while_the_broker_is_unreachable(api_client, client, settings):
+    settings.CELERY_BROKER_URL = f"amqp://guest:guest@127.0.0.1:{closed_port()}//"
+    response = api_client.post("/api/v1/tasks", {"runner": "noop"}, format="json")
+    assert response.status_code == 201  # the monitor publishes it once the broker is back
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["checks"]["broker"]["ok"] is False
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type", "body"),
+    [
+        (
+            "/api/v1/executions/1/cancel",
+            "application/json",
+            b'{"type": "service_unavailable", '
+            b'"detail": "The service is temporarily unavailable (broker); retry shortly."}',
+        ),
+        ("/admin/", "text/plain; charset=utf-8", b"The service is temporarily unavailable (broker); retry shortly."),
+    ],
+)
+def test_a_broker_error_in_a_view_is_a_503(path, content_type, body):
+    middleware = OutageMiddleware(lambda request: None)
+    response = middleware.process_exception(RequestFactory().post(path), BrokerOperationalError("connection refused"))
+    assert response is not None
+    assert (response.status_code, response["Content-Type"], response["Retry-After"]) == (503, content_type, "5")
+    assert response.content == body
+
+
+def test_other_errors_are_left_to_the_500_handler():
+    middleware = OutageMiddleware(lambda request: None)
+    assert middleware.process_exception(RequestFactory().get("/api/v1/tasks"), ValueError("a bug")) is None

@@ -1,0 +1,138 @@
+"""Production settings refuse to start without a real secret key, with DEBUG on or without
+allowed hosts; a forged callback token signed with the repository's key changes nothing."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.core import signing
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from executions import transitions
+from executions.callbacks import _SALT
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from tests.factories import TaskFactory
+from tests.processes import ROOT
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY
+
+STRONG_KEY = secrets.token_urlsafe(50)
+PRODUCTION = "tms_project.settings.production"
+
+
+def _settings_env(module: str, **variables: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+    env["DJANGO_SETTINGS_MODULE"] = module
+    env.update({k: v for k, v in variables.items() if v is not None})
+    return env
+
+
+def _start(module: str, *argv: str, **variables: str | None) -> subprocess.CompletedProcess[str]:
+    """Load the settings the way every process does (``manage.py`` + ``django.setup()``)."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *(argv or ("check",))],
+        cwd=ROOT,
+        env=_settings_env(module, **variables),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+GOOD = {"DJANGO_SECRET_KEY": STRONG_KEY, "DJANGO_ALLOWED_HOSTS": "tms.example.com"}
+
+
+@pytest.mark.parametrize(
+    ("variables", "reason"),
+    [
+        ({"DJANGO_SECRET_KEY": None}, "DJANGO_SECRET_KEY is not set"),
+        ({"DJANGO_SECRET_KEY": ""}, "DJANGO_SECRET_KEY is not set"),
+        ({"DJANGO_SECRET_KEY": DEVELOPMENT_SECRET_KEY}, "DJANGO_SECRET_KEY is the development key"),
+        ({"DJANGO_SECRET_KEY": "short-key"}, "DJANGO_SECRET_KEY is too weak"),
+        ({"DJANGO_SECRET_KEY": "ab" * 40}, "DJANGO_SECRET_KEY is too weak"),
+        ({"DJANGO_SECRET_KEY": "django-insecure-" + STRONG_KEY}, "DJANGO_SECRET_KEY is too weak"),
+        ({"DJANGO_DEBUG": "true"}, "DJANGO_DEBUG is on"),
+        ({"DJANGO_ALLOWED_HOSTS": None}, "DJANGO_ALLOWED_HOSTS is not set"),
+        ({"DJANGO_ALLOWED_HOSTS": ""}, "DJANGO_ALLOWED_HOSTS is not set"),
+    ],
+)
+def test_production_refuses_to_start(variables, reason):
+    result = _start(PRODUCTION, **{**GOOD, **variables})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: Refusing to start with the production settings" in result.stderr
+    assert reason in result.stderr
+
+
+def test_production_names_every_problem_at_once():
+    result = _start(PRODUCTION, DJANGO_DEBUG="true")
+    assert result.returncode != 0
+    for reason in ("DJANGO_SECRET_KEY is not set", "DJANGO_DEBUG is on", "DJANGO_ALLOWED_HOSTS is not set"):
+        assert reason in result.stderr
+
+
+def test_production_deploy_check_is_clean_with_a_proper_environment():
+    result = _start(PRODUCTION, "check", "--deploy", "--fail-level", "WARNING", **GOOD)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "System check identified no issues (0 silenced)."
+
+
+def test_production_reads_the_proxy_header_and_refuses_a_malformed_one():
+    shell = (
+        "from django.conf import settings; "
+        "print(settings.SECURE_PROXY_SSL_HEADER, settings.SECURE_SSL_REDIRECT, settings.SECURE_HSTS_SECONDS)"
+    )
+    ok = _start(
+        PRODUCTION,
+        "shell",
+        "--no-imports",
+        "-c",
+        shell,
+        DJANGO_SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO,https",
+        DJANGO_SECURE_SSL_REDIRECT="false",
+        DJANGO_SECURE_HSTS_SECONDS="60",
+        **GOOD,
+    )
+    assert ok.stdout.strip() == "('HTTP_X_FORWARDED_PROTO', 'https') False 60", ok.stderr
+    bad = _start(PRODUCTION, DJANGO_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto", **GOOD)
+    assert bad.returncode != 0 and "DJANGO_SECURE_PROXY_SSL_HEADER must be 'HEADER,value'" in bad.stderr
+
+
+def test_local_settings_run_a_checkout_with_the_development_key():
+    shell = "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY)"
+    result = _start("tms_project.settings.local", "shell", "--no-imports", "-c", shell)
+    assert result.stdout.strip() == f"True {DEVELOPMENT_SECRET_KEY}", result.stderr
+
+
+def test_the_base_settings_sign_nothing_without_a_key():
+    """The base no longer falls back to the repository's key: signing refuses."""
+    shell = "from executions.callbacks import callback_token; callback_token(execution_id=1, attempt=1)"
+    result = _start("tms_project.settings.base", "shell", "--no-imports", "-c", shell)
+    assert result.returncode != 0
+    assert "The SECRET_KEY setting must not be empty" in result.stderr
+
+
+@pytest.mark.django_db
+def test_a_token_signed_with_the_repository_key_cannot_finish_an_execution(settings):
+    """The reported attack: a self-signed token turned a RUNNING execution into SUCCEEDED."""
+    settings.SECRET_KEY = STRONG_KEY  # what production runs with, now that it must be set
+    task = TaskFactory(timeout=timedelta(minutes=5))
+    (execution_id,) = transitions.executions_create(
+        rows=[transitions.NewExecution(task.pk, timezone.now(), 5)], actor="test"
+    )
+    transitions.executions_take_due(limit=100, actor="monitor")
+    assert transitions.execution_claim(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
+    forged = signing.dumps({"e": execution_id, "a": 1}, key=DEVELOPMENT_SECRET_KEY, salt=_SALT, compress=True)
+
+    response = APIClient().post(
+        f"/api/v1/executions/{execution_id}/callback?token={forged}", {"status": "succeeded"}, format="json"
+    )
+
+    assert response.status_code == 403
+    assert response.json() == {"type": "permission_denied", "detail": "The callback token is not valid."}
+    assert Execution.objects.get(pk=execution_id).status == S.RUNNING

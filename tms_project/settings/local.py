@@ -1,0 +1,12 @@
+"""Settings for a checkout: ``make run``, ``manage.py`` and ``celery`` use these by default.
+
+DEBUG is on and, with ``DJANGO_SECRET_KEY`` unset, the public development key signs sessions and
+callback tokens: fine on a laptop, never on a reachable server (``production`` refuses it). Logs
+stay human-readable.
+"""
+
+from tms_project.settings.base import *  # noqa: F403
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, env
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY)
