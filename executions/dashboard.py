@@ -26,7 +26,6 @@ Definitions (times are the database's, UTC):
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,7 +43,7 @@ from executions.models import (
     Worker,
     WorkerStatus,
 )
-from executions.rollup import RollupTotals, add_counts, floor_hour, floor_minute, rollup_by_minute_and_runner
+from executions.rollup import floor_hour, floor_minute, rollup_series
 from tasks_app.models import Task, TaskStatus
 from tms_core.clock import db_now
 
@@ -162,58 +161,60 @@ def _from_rollup(
 ) -> tuple[list[MinutePoint], list[LatenessPoint], list[RunnerDuration], dict[str, int]]:
     last = floor_minute(now)
     first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
-    by_minute: dict[datetime, RollupTotals] = {}
-    duration_by_runner: dict[str, tuple[int, ...]] = defaultdict(lambda: (0,) * BUCKETS)
-    for row in rollup_by_minute_and_runner(since=first, until=last, owner_id=owner_id):
-        totals = RollupTotals.from_row(row)
-        seen = by_minute.get(row["minute"])
-        if seen is not None:
-            totals = RollupTotals(
-                {k: seen.outcomes[k] + totals.outcomes[k] for k in OUTCOMES},
-                add_counts(seen.lateness, totals.lateness),
-                add_counts(seen.duration, totals.duration),
-            )
-        by_minute[row["minute"]] = totals
-        runner = row["runner"]
-        duration_by_runner[runner] = add_counts(duration_by_runner[runner], RollupTotals.from_row(row).duration)
-    empty = RollupTotals(dict.fromkeys(OUTCOMES, 0), (0,) * BUCKETS, (0,) * BUCKETS)
+    series = rollup_series(since=first, until=last, owner_id=owner_id)
+    nothing = ((0,) * len(OUTCOMES), (0,) * BUCKETS)
     minutes, lateness = [], []
     last_hour = dict.fromkeys(OUTCOMES, 0)
     hour_start = last - timedelta(minutes=59)
     for step in range(MINUTES_PER_DAY):
         minute = first + timedelta(minutes=step)
-        totals = by_minute.get(minute, empty)
-        minutes.append(MinutePoint(minute, dict(totals.outcomes)))
-        late = totals.lateness
-        lateness.append(LatenessPoint(minute, sum(late), percentile(late, 0.5), percentile(late, 0.99)))
+        outcomes, late = series.by_minute.get(minute, nothing)
+        counts = dict(zip(OUTCOMES, outcomes, strict=True))
+        minutes.append(MinutePoint(minute, counts))
+        started = sum(late)
+        lateness.append(
+            LatenessPoint(minute, started, percentile(late, 0.5), percentile(late, 0.99))
+            if started
+            else LatenessPoint(minute, 0, None, None)
+        )
         if minute >= hour_start:
-            for outcome in OUTCOMES:
-                last_hour[outcome] += totals.outcomes[outcome]
+            for outcome, count in counts.items():
+                last_hour[outcome] += count
     durations = [
         RunnerDuration(runner, sum(counts), percentile(counts, 0.5), percentile(counts, 0.99))
-        for runner, counts in sorted(duration_by_runner.items())
+        for runner, counts in sorted(series.duration_by_runner.items())
         if sum(counts)
     ]
     return minutes, lateness, durations, last_hour
 
 
 def _top_failing(owner_id: int | None, now: datetime) -> list[FailingTask]:
+    """The tasks with the most failed attempts over the last 24 hourly buckets, in one query:
+    the top ten from the hours that had failures (a partial index), then each one's failures
+    and attempts summed over the window on the (task, hour) key."""
     since = floor_hour(now) - timedelta(hours=23)
     window = TaskRollup.objects.filter(hour__gte=since, hour__lte=now)
-    runs = (
-        window.filter(task_id=OuterRef("task_id")).order_by().values("task_id").annotate(n=Sum("attempts")).values("n")
-    )
-    failing = (
+    top = (
         _owned(window.filter(failures__gt=0), owner_id, "owner_id")
         .order_by()
-        .values("task_id", "task__name")
-        .annotate(failed=Sum("failures"), runs=Subquery(runs))
-        .order_by("-failed", "task_id")[:TOP_FAILING_LIMIT]
+        .values("task_id")
+        .annotate(failed=Sum("failures"))
+        .order_by("-failed", "task_id")
+        .values("task_id")[:TOP_FAILING_LIMIT]
     )
-    return [
-        FailingTask(str(row["task_id"]), row["task__name"] or "", int(row["failed"]), int(row["runs"] or 0))
-        for row in failing
-    ]
+
+    def summed(column: str) -> Subquery:
+        per_task = window.filter(task_id=OuterRef("pk")).order_by().values("task_id")
+        return Subquery(per_task.annotate(n=Sum(column)).values("n"))
+
+    rows = (
+        Task.objects.filter(pk__in=top)
+        .order_by()
+        .values_list("pk", "name")
+        .annotate(failed=summed("failures"), runs=summed("attempts"))
+    )
+    failing = [FailingTask(str(pk), name, int(failed or 0), int(runs or 0)) for pk, name, failed, runs in rows]
+    return sorted(failing, key=lambda task: (-task.failures, task.task_id))
 
 
 def _count_sql(queryset: QuerySet) -> tuple[str, tuple]:

@@ -12,12 +12,11 @@ when some process brings it to an end.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.utils.dateparse import parse_datetime
 
 from executions.histogram import BUCKETS, EDGES
 from executions.models import (
@@ -46,34 +45,92 @@ def floor_hour(when: datetime) -> datetime:
 
 
 @dataclass(frozen=True)
-class RollupTotals:
-    """Summed counters of some rollup rows: counts by outcome and the two histograms."""
+class RollupSeries:
+    """Rollup counters over a window, summed over owners and shards: per minute, the runs by
+    outcome (in :data:`OUTCOME_COLUMNS` order) and the lateness histogram; per runner, the
+    duration histogram."""
 
-    outcomes: dict[str, int]
-    lateness: tuple[int, ...]
-    duration: tuple[int, ...]
+    by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]]
+    duration_by_runner: dict[str, tuple[int, ...]]
 
-    @classmethod
-    def from_row(cls, row: dict[str, int | None]) -> RollupTotals:
-        return cls(
-            outcomes={status: int(row[column] or 0) for status, column in OUTCOME_COLUMNS.items()},
-            lateness=tuple(int(row[c] or 0) for c in LATENESS_COLUMNS),
-            duration=tuple(int(row[c] or 0) for c in DURATION_COLUMNS),
+
+def _as_utc(value: datetime | str) -> datetime:
+    # PostgreSQL hands back aware datetimes; SQLite the text Django stored (UTC).
+    if isinstance(value, str):
+        value = parse_datetime(value)  # type: ignore[assignment]
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # type: ignore[union-attr]
+
+
+def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> RollupSeries:
+    """Read the window ``since <= minute <= until`` (``owner_id`` narrows it to one owner) in one
+    statement: one row per minute and one per runner, summed by the database, so the work in
+    Python stays at one small row per minute whatever the volume."""
+    outcomes, lateness = list(OUTCOME_COLUMNS.values()), list(LATENESS_COLUMNS)
+    durations = list(DURATION_COLUMNS)
+    prep = RunRollup._meta.get_field("minute").get_db_prep_value
+    where = "minute >= %s AND minute <= %s" + ("" if owner_id is None else " AND owner_id = %s")
+    params = [prep(since, connection), prep(until, connection)] + ([] if owner_id is None else [owner_id])
+    table = RunRollup._meta.db_table
+    sums = ", ".join(f"SUM({c})" for c in outcomes + lateness + durations)
+    if connection.vendor == "postgresql":
+        # One pass over the window for both groupings.
+        sql = (
+            f"SELECT minute IS NOT NULL, minute, runner, {sums} FROM {table} "  # noqa: S608 - names are ours
+            f"WHERE {where} GROUP BY GROUPING SETS ((minute), (runner))"
         )
+    else:
+        sql = (
+            f"SELECT 1, minute, NULL, {sums} FROM {table} WHERE {where} GROUP BY minute "  # noqa: S608
+            f"UNION ALL SELECT 0, NULL, runner, {sums} FROM {table} WHERE {where} GROUP BY runner"
+        )
+        params = params + params
+    by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    by_runner: dict[str, tuple[int, ...]] = {}
+    first_duration = 3 + len(outcomes) + len(lateness)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for row in cursor.fetchall():
+            if row[0]:
+                counts = tuple(int(v) for v in row[3:first_duration])
+                by_minute[_as_utc(row[1])] = (counts[: len(outcomes)], counts[len(outcomes) :])
+            else:
+                by_runner[row[2]] = tuple(int(v) for v in row[first_duration:])
+    return RollupSeries(by_minute, by_runner)
 
 
-def add_counts(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
-    return tuple(a + b for a, b in zip(first, second, strict=True))
+def rollup_compact(*, older_than: float = 120.0) -> int:
+    """Fold the shards of every minute that ended ``older_than`` seconds ago into shard 0.
 
-
-def rollup_by_minute_and_runner(*, since: datetime, until: datetime, owner_id: int | None) -> Iterable[dict]:
-    """Rollup counters summed over owners and shards, one row per (minute, runner) with
-    ``since <= minute <= until`` (``owner_id`` narrows to one owner). One query on the
-    (minute, …) key."""
-    rows = RunRollup.objects.filter(minute__gte=since, minute__lte=until)
-    if owner_id is not None:
-        rows = rows.filter(owner_id=owner_id)
-    return rows.order_by().values("minute", "runner").annotate(**{c: Sum(c) for c in COUNTER_COLUMNS})
+    Shards keep a herd of finishes off one row lock while the minute is current; afterwards
+    they only multiply what the dashboard reads (by up to ``ROLLUP_SHARDS``). On PostgreSQL the
+    fold is one statement (``DELETE … RETURNING`` feeding an upsert), so a finish counted
+    concurrently into a folded shard is never lost: it lands in a new row, folded next time.
+    Returns the number of shard rows folded. Beat runs it every minute.
+    """
+    table = RunRollup._meta.db_table
+    columns = ", ".join(COUNTER_COLUMNS)
+    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
+    add = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS)
+    prep = RunRollup._meta.get_field("minute").get_db_prep_value
+    cutoff = prep(floor_minute(db_now() - timedelta(seconds=older_than)), connection)
+    upsert = (
+        f"INSERT INTO {table} (minute, owner_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
+        "SELECT minute, owner_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY minute, owner_id, runner "
+        f"ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {add}"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH folded AS (DELETE FROM {table} WHERE shard > 0 AND minute < %s RETURNING *), "  # noqa: S608
+                f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
+                "SELECT count(*) FROM folded",
+                [cutoff],
+            )
+            return cursor.fetchone()[0]
+        # SQLite: one writer at a time, so the two statements see the same rows.
+        cursor.execute(upsert.format(sums=sums, source=table, where="shard > 0 AND minute < %s"), [cutoff])
+        cursor.execute(f"DELETE FROM {table} WHERE shard > 0 AND minute < %s", [cutoff])  # noqa: S608
+        return cursor.rowcount
 
 
 def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:

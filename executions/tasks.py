@@ -79,6 +79,11 @@ def rollup_prune() -> tuple[int, int]:
     return rollup.rollup_prune()
 
 
+@shared_task(name="tms.rollup_compact", ignore_result=True)
+def rollup_compact() -> int:
+    return rollup.rollup_compact()
+
+
 @shared_task(name="tms.bench_noop", ignore_result=True)
 def bench_noop() -> None:
     """Does nothing: the bare-Celery baseline that ``tms_bench`` compares the platform with."""

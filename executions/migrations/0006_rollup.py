@@ -229,11 +229,15 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='taskrollup',
-            index=models.Index(condition=models.Q(('failures__gt', 0)), fields=['hour', 'owner_id'], name='taskrollup_failing_idx'),
+            index=models.Index(condition=models.Q(('failures__gt', 0)), fields=['hour', 'owner_id'], include=('task', 'failures'), name='taskrollup_failing_idx'),
         ),
         migrations.AddConstraint(
             model_name='taskrollup',
             constraint=models.UniqueConstraint(fields=('task', 'hour'), name='taskrollup_unique_key'),
+        ),
+        migrations.AddIndex(
+            model_name='runrollup',
+            index=models.Index(condition=models.Q(('shard__gt', 0)), fields=['minute'], name='runrollup_unfolded_idx'),
         ),
         migrations.RunPython(install_trigger, uninstall_trigger),
     ]

@@ -21,7 +21,7 @@ from executions.histogram import BUCKETS, EDGES, bucket_of, percentile
 from executions.models import Execution, ExecutionEvent, RunRollup, SkippedOccurrence, TaskRollup, Worker
 from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
-from executions.rollup import COUNTER_COLUMNS, floor_minute, rollup_prune, rollup_rebuild
+from executions.rollup import COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
 from tasks_app.models import Task
 from tests.factories import TaskFactory, UserFactory
 
@@ -304,7 +304,7 @@ def test_a_lost_write_counts_nothing_and_a_dead_workers_run_counts_once():
     assert TaskRollup.objects.get(task=task).attempts == 1
 
 
-def test_a_herd_of_finishes_spreads_over_shards():
+def test_a_herd_of_finishes_spreads_over_shards_folded_once_the_minute_is_past(staff_user):
     task = TaskFactory()
     ledger = Ledger()
     for _ in range(16):
@@ -312,6 +312,18 @@ def test_a_herd_of_finishes_spreads_over_shards():
     rows = RunRollup.objects.filter(owner_id=task.owner_id)
     assert rows.aggregate(n=Sum("succeeded"))["n"] == 16
     assert rows.values("shard").distinct().count() == 8  # consecutive ids: every shard once or more
+    before = dashboard_snapshot(user=staff_user)
+    totals = rows.aggregate(**{c: Sum(c) for c in COUNTER_COLUMNS})
+
+    assert rollup_compact() == 0  # the minute is current: left alone
+    unfolded = rows.filter(shard__gt=0).count()
+    assert unfolded == 7
+    assert rollup_compact(older_than=-120) == unfolded
+    assert list(rows.values_list("shard", flat=True).distinct()) == [0]
+    assert rows.aggregate(**{c: Sum(c) for c in COUNTER_COLUMNS}) == totals
+    after = dashboard_snapshot(user=staff_user, now=before.now)
+    assert after == before
+    assert periodic_jobs()["tms: fold the dashboard rollup's shards"] == ("tms.rollup_compact", 60.0)
 
 
 def test_bucket_bounds_in_sql_are_the_pythons():
@@ -387,6 +399,9 @@ SQLITE_SCRIPT = textwrap.dedent(
         execution_id=bad, attempt=1, worker_id="w", error="x", output="", retry_in=0, max_chars=10
     ) == "SCHEDULED"
     assert transitions.execution_cancel(execution_id=bad, actor="u").won
+    from executions.rollup import rollup_compact
+    assert rollup_compact(older_than=-120) >= 1  # the ids of 2 executions: shards 1 and 2
+    assert set(RunRollup.objects.values_list("shard", flat=True)) == {0}
     snap = dashboard_snapshot(user=user)
     print(sorted(snap.runs_last_hour.items()))
     print(sum(p.count for p in snap.lateness_per_minute), snap.lateness_per_minute[-1].p50)
