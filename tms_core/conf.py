@@ -46,6 +46,10 @@ class TmsSettings:
     MATERIALISE_MAX_AHEAD: float = 7 * 86400.0
     #: Seconds an ``Idempotency-Key`` of a create request is remembered.
     IDEMPOTENCY_KEY_TTL: float = 86400.0
+    #: Seconds the per-minute rollup of finished runs (the dashboard's charts) is kept.
+    ROLLUP_RETENTION: float = 7 * 86400.0
+    #: Seconds the per-task hourly rollup ("tasks failing most") is kept: one row per task and hour.
+    TASK_ROLLUP_RETENTION: float = 2 * 86400.0
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).

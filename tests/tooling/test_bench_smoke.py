@@ -15,17 +15,23 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     call_command(
         "tms_bench",
         "--tasks", "40", "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
-        "--create-requests", "5", "--bulk-tasks", "200", "--json", str(out),
+        "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--json", str(out),
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
     assert "| scale |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    assert set(scenarios) == {"burst", "sustained", "scale", "create"}
+    assert set(scenarios) == {"burst", "sustained", "scale", "create", "dashboard"}
     assert scenarios["burst"]["executions"] == 40
     assert scenarios["burst"]["baseline_per_second"] > 0
     assert scenarios["sustained"]["executions"] == 20
     assert scenarios["scale"]["extra"]["filler_executions"] == 2000
     assert scenarios["create"]["extra"]["bulk_tasks_per_second"] > 0
+    dashboard = scenarios["dashboard"]
+    assert dashboard["executions"] == 2000
+    assert dashboard["extra"]["tasks"] == 200
+    assert dashboard["extra"]["staff_queries"] == dashboard["extra"]["owner_queries"] == 7
+    assert dashboard["extra"]["staff_runs_24h"] > dashboard["extra"]["owner_runs_24h"] > 0
+    assert "| dashboard |" in printed
     assert figures["machine"]["cores"] >= 1

@@ -35,9 +35,13 @@ from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
-SCENARIOS = ("burst", "sustained", "scale", "create")
+SCENARIOS = ("burst", "sustained", "scale", "create", "dashboard")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
+    """DELETE FROM executions_runrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
+    """DELETE FROM executions_taskrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
+    """DELETE FROM executions_skippedoccurrence WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_executionevent WHERE execution_id IN (
         SELECT e.id FROM executions_execution e JOIN tasks_app_task t ON t.id = e.task_id
         JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
@@ -62,6 +66,8 @@ class BenchConfig:
     scale_tasks: int = 100_000
     create_requests: int = 300
     bulk_tasks: int = 20_000
+    #: Dashboard renders timed (for each of a staff user and an owner).
+    dashboard_renders: int = 60
     log_dir: Path = field(default_factory=lambda: ROOT / "var" / "bench")
     settings_module: str = ""
     progress: Callable[[str], None] = lambda line: None
@@ -371,6 +377,130 @@ class Bench:
         self._cleanup()
         return figures
 
+    def dashboard(self) -> Figures:
+        """Dashboard render time with ``scale_executions`` executions of ``scale_tasks`` tasks in
+        the tables: the snapshot (and the page at ``/``, if the project serves one) for a staff
+        user and for an owner of a tenth of the tasks; p50/p95 and queries per render."""
+        figures = Figures("dashboard")
+        self._fill_history()
+        try:
+            from django.test.utils import CaptureQueriesContext
+
+            from executions.dashboard import dashboard_snapshot
+
+            staff_name = f"{BENCH_USER}-staff"
+            staff = get_user_model().objects.get_or_create(username=staff_name, defaults={"is_staff": True})[0]
+            page = _dashboard_page()
+            renders = self.config.dashboard_renders
+            for label, user in (("staff", staff), ("owner", self.owner)):
+                dashboard_snapshot(user=user)  # warm: plans and caches, as a running server has them
+                timings, queries = [], []
+                self.config.progress(f"dashboard: {renders} snapshots as {label}")
+                for _ in range(renders):
+                    with CaptureQueriesContext(connection) as captured:
+                        started = time.perf_counter()
+                        snapshot = dashboard_snapshot(user=user)
+                        timings.append((time.perf_counter() - started) * 1000)
+                    queries.append(len(captured))
+                figures.extra[f"{label}_snapshot_ms"] = _quantiles(timings)
+                figures.extra[f"{label}_queries"] = max(queries)
+                figures.extra[f"{label}_runs_24h"] = sum(p.total for p in snapshot.runs_per_minute)
+                if page is not None:
+                    figures.extra[f"{label}_page_ms"], figures.extra[f"{label}_page_queries"] = page(user, renders)
+            figures.executions = Execution.objects.count()
+            figures.extra["tasks"] = Task.objects.count()
+        finally:
+            self.config.progress("dashboard: deleting the filler rows")
+            self._cleanup()
+        return figures
+
+    def _fill_history(self) -> None:
+        """A day and a half of history, set-based: ``scale_tasks`` recurring tasks (a tenth the
+        bench user's, the rest the filler's) on three runners, ``scale_executions`` executions
+        (mostly finished over the last 36 h: 90 % succeeded, 7 % failed, 3 % cancelled; plus
+        running, pending, overdue and upcoming ones), skipped occurrences, and the rollup
+        recounted from them as the trigger would have kept it."""
+        from executions.rollup import rollup_compact, rollup_rebuild
+
+        filler = get_user_model().objects.get_or_create(username=FILLER_USER)[0]
+        tasks, total = self.config.scale_tasks, self.config.scale_executions
+        live = max(4, total // 100)  # 1 %: a fifth running, a fifth pending, a fifth overdue, the rest upcoming
+        finished = total - live
+        self.config.progress(f"dashboard: inserting {tasks} tasks, {total} executions and their rollup")
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            for owner, count in ((self.owner.pk, tasks // 10), (filler.pk, tasks - tasks // 10)):
+                insert_tasks(
+                    cursor,
+                    owner_id=owner,
+                    count=count,
+                    columns={
+                        "runner": "(ARRAY['noop', 'sleep', 'http'])[1 + g %% 3]",
+                        "start_at": "now() - interval '2 days'",
+                        "interval": "interval '1 hour'",
+                        "next_run_at": "now() + (g %% 7200) * interval '1 second'",
+                    },
+                )
+            # Execution k belongs to task k mod tasks; its times are k's own, so (task,
+            # scheduled_for) stays unique. Lateness 0.05-20 s, duration 0.01-600 s, log-ish spread.
+            cursor.execute(
+                """
+                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                           WHERE owner_id IN (%(bench)s, %(filler)s)),
+                k AS (SELECT k, now() - (k * 129600.0 / %(finished)s) * interval '1 second' AS ended,
+                             (0.05 * power(400, (k %% 97) / 96.0)) AS late,
+                             (0.01 * power(60000, (k %% 89) / 88.0)) AS took
+                      FROM generate_series(0, %(finished)s - 1) AS k)
+                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                    lease_owner, external_run_id, run_handle, message_id, output, error,
+                    enqueued_at, started_at, finished_at)
+                SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
+                    CASE WHEN k.k %% 100 < 90 THEN 'SUCCEEDED' WHEN k.k %% 100 < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
+                    1, k.ended - (k.took + k.late) * interval '1 second', 5, '', '', '{}', '', '', '',
+                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended
+                FROM k JOIN t ON t.n = k.k %% %(tasks)s
+                """,
+                {"bench": self.owner.pk, "filler": filler.pk, "finished": finished, "tasks": tasks},
+            )
+            cursor.execute(
+                """
+                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                           WHERE owner_id IN (%(bench)s, %(filler)s))
+                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                    lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
+                    enqueued_at, started_at)
+                SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
+                    CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
+                         ELSE 'SCHEDULED' END,
+                    1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
+                    CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
+                    CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
+                    CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END
+                FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
+                """,
+                {"bench": self.owner.pk, "filler": filler.pk, "live": live, "tasks": tasks},
+            )
+            cursor.execute(
+                """
+                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                           WHERE owner_id IN (%(bench)s, %(filler)s))
+                INSERT INTO executions_skippedoccurrence (task_id, scheduled_for, reason, detail, recorded_at)
+                SELECT t.id, now() - (g * 86400.0 / %(skips)s) * interval '1 second',
+                    (ARRAY['missed', 'coalesced', 'paused', 'overlap'])[1 + g %% 4], '',
+                    now() - (g * 86400.0 / %(skips)s) * interval '1 second'
+                FROM generate_series(0, %(skips)s - 1) AS g JOIN t ON t.n = g %% %(tasks)s
+                """,
+                {"bench": self.owner.pk, "filler": filler.pk, "skips": max(1, tasks // 5), "tasks": tasks},
+            )
+        counted = rollup_rebuild(since=db_now() - timedelta(hours=37))
+        folded = rollup_compact()  # as beat does every minute: shards of past minutes folded
+        with connection.cursor() as cursor:
+            for table in ("tasks_app_task", "executions_execution", "executions_runrollup", "executions_taskrollup",
+                          "executions_skippedoccurrence"):  # fmt: skip
+                cursor.execute(f"VACUUM ANALYZE {table}")
+        elapsed = time.monotonic() - started
+        self.config.progress(f"dashboard: filled in {elapsed:.1f}s ({counted} counted, {folded} shard rows folded)")
+
     # -- all --------------------------------------------------------------------------------
 
     def run(self) -> list[Figures]:
@@ -389,8 +519,39 @@ class Bench:
                 self.results.append(self.scale(sustained))
             elif scenario == "create":
                 self.results.append(self.create())
+            elif scenario == "dashboard":
+                self.results.append(self.dashboard())
             self.config.progress(f"{scenario}: done")
         return self.results
+
+
+def _dashboard_page() -> Callable[[Any, int], tuple[dict[str, float], int]] | None:
+    """A timer of the page at ``/`` through Django's test client, if the project serves one."""
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve("/")
+    except Resolver404:
+        return None
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    def render(user: Any, times: int) -> tuple[dict[str, float], int]:
+        client = Client()
+        client.force_login(user)
+        client.get("/")
+        timings, queries = [], []
+        for _ in range(times):
+            with CaptureQueriesContext(connection) as captured:
+                started = time.perf_counter()
+                response = client.get("/")
+                timings.append((time.perf_counter() - started) * 1000)
+            if response.status_code != 200:
+                raise RuntimeError(f"/ answered {response.status_code}")
+            queries.append(len(captured))
+        return _quantiles(timings), max(queries)
+
+    return render
 
 
 def machine() -> dict[str, Any]:

@@ -28,6 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
         parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
         parser.add_argument("--bulk-tasks", type=positive(int), default=defaults.bulk_tasks)
+        parser.add_argument(
+            "--dashboard-renders", type=positive(int), default=defaults.dashboard_renders, help="per user"
+        )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -46,6 +49,7 @@ class Command(BaseCommand):
             scale_tasks=options["scale_tasks"],
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
+            dashboard_renders=options["dashboard_renders"],
             settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             progress=lambda line: self.stdout.write(f"  {line}"),
         )
