@@ -130,7 +130,7 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 # https://www.django-rest-framework.org/api-guide/settings/
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "tms_project.api_auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -198,6 +198,7 @@ SPECTACULAR_SETTINGS = {
         "WorkerStatusEnum": "executions.models.WorkerStatus",
         "CompatStatusEnum": "tasks_app.compat.CompatStatus.choices",
         "OccurrenceStateEnum": "tasks_app.selectors.OccurrenceState",
+        "TaskStateEnum": "tasks_app.states.TaskState",
         "SkipReasonEnum": "executions.models.SkipReason",
     },
     "POSTPROCESSING_HOOKS": [
