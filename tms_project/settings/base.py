@@ -100,6 +100,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times with seconds everywhere (the admin included): tms_project/formats/en/formats.py.
+FORMAT_MODULE_PATH = ["tms_project.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
