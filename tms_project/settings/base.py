@@ -114,12 +114,17 @@ warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWar
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
+# Housekeeping tasks (materialise, liveness every 5 s) log nothing below WARNING from the worker
+# and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
+_QUIET_HOUSEKEEPING = {} if env.bool("TMS_LOG_HOUSEKEEPING", default=False) else {"filters": ["quiet_housekeeping"]}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"quiet_housekeeping": {"()": "tms_project.log_filters.QuietHousekeeping"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
+    "loggers": dict.fromkeys(("celery.app.trace", "celery.worker.strategy", "celery.beat"), _QUIET_HOUSEKEEPING),
 }
 
 # --- Caches -----------------------------------------------------------------------------------
