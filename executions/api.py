@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db.models import QuerySet
+from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models.functions import Now
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -38,6 +39,34 @@ EXECUTION_ID = OpenApiParameter(
 )
 
 
+def history_first(queryset: QuerySet) -> QuerySet:
+    """The default order of execution lists: what ran before what will run.
+
+    Executions scheduled for now or earlier come first, newest first (running, just finished,
+    then older history), then the upcoming ones, soonest first. Newest first by scheduled time
+    alone opened a recurring task's list on its pre-created future runs. ``?ordering=`` replaces
+    this order.
+    """
+    upcoming = Q(scheduled_for__gt=Now())
+    return queryset.annotate(
+        upcoming=Case(When(upcoming, then=Value(1)), default=Value(0)),
+        past_at=Case(When(upcoming, then=None), default=F("scheduled_for")),
+        upcoming_at=Case(When(upcoming, then=F("scheduled_for")), default=None),
+    ).order_by("upcoming", F("past_at").desc(nulls_last=True), F("upcoming_at").asc(nulls_last=True), "-id")
+
+
+class HistoryFirstMixin:
+    """Execution lists in :func:`history_first` order unless ``?ordering=`` is given."""
+
+    ordering = None  # OrderingFilter's default: leave the queryset's own order
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()  # type: ignore[misc]
+        if self.request.query_params.get("ordering"):  # type: ignore[attr-defined]
+            return queryset
+        return history_first(queryset)
+
+
 class UtcDateTimeFilter(filters.IsoDateTimeFilter):
     """An RFC 3339 date-time filter that queries in UTC: Python accepts offsets PostgreSQL refuses."""
 
@@ -64,11 +93,17 @@ class ExecutionFilter(filters.FilterSet):
 @extend_schema_view(
     list=extend_schema(
         summary="List your executions",
-        description="Newest first (by scheduled time); filter by task, status, origin and scheduled time range.",
+        description=(
+            "What ran before what will run: executions scheduled for now or earlier first, newest first, then "
+            "upcoming ones, soonest first (`?ordering=` replaces this order). Filter by task, status, origin and "
+            "scheduled time range."
+        ),
     ),
     retrieve=extend_schema(summary="Get an execution with its event timeline", parameters=[EXECUTION_ID]),
 )
-class ExecutionViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ExecutionViewSet(
+    HistoryFirstMixin, OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Executions of your tasks, each with its event timeline; cancel and retry them."""
 
     owner_field = "task__owner"
@@ -77,7 +112,6 @@ class ExecutionViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     filterset_class = ExecutionFilter
     filter_backends = FILTER_BACKENDS
     ordering_fields = EXECUTION_ORDERING_FIELDS
-    ordering = ["-scheduled_for", "-id"]
 
     def get_queryset(self) -> QuerySet:
         queryset = super().get_queryset()
@@ -131,10 +165,13 @@ class ExecutionViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
 
 @extend_schema(
     summary="List a task's executions",
-    description="Newest first (by scheduled time); the same filters as `/api/v1/executions`.",
+    description=(
+        "What ran before what will run: executions scheduled for now or earlier first, newest first, then upcoming "
+        "ones, soonest first (`?ordering=` replaces this order); the same filters as `/api/v1/executions`."
+    ),
     tags=["tasks"],
 )
-class TaskExecutionListView(OwnerScopedMixin, generics.ListAPIView):
+class TaskExecutionListView(HistoryFirstMixin, OwnerScopedMixin, generics.ListAPIView):
     """``/api/v1/tasks/{task_id}/executions``: one of your tasks' executions."""
 
     owner_field = "task__owner"
@@ -143,7 +180,6 @@ class TaskExecutionListView(OwnerScopedMixin, generics.ListAPIView):
     filterset_class = ExecutionFilter
     filter_backends = FILTER_BACKENDS
     ordering_fields = EXECUTION_ORDERING_FIELDS
-    ordering = ["-scheduled_for", "-id"]
 
     def get_queryset(self) -> QuerySet:
         tasks = self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED))

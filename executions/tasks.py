@@ -64,12 +64,14 @@ def poll_execution(self: Task, execution_id: int, attempt: int) -> str:
     return worker_services.execution_resume(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
 
 
-@shared_task(name="tms.materialise", ignore_result=True)
+# Housekeeping sends no task events: Flower lists executions' tasks, not a materialise and a
+# liveness sweep every 5 seconds (an execution's own outcome is its row, not its Celery task's).
+@shared_task(name="tms.materialise", ignore_result=True, send_events=False)
 def materialise() -> int:
     return materialiser.materialise_due()
 
 
-@shared_task(name="tms.liveness", ignore_result=True)
+@shared_task(name="tms.liveness", ignore_result=True, send_events=False)
 def liveness() -> list[str]:
     return heartbeat.workers_mark_dead(timeout=tms_settings().WORKER_TIMEOUT)
 

@@ -1,26 +1,375 @@
-from django.contrib import admin
+"""The task admin: every write goes through the task services, exactly as the API's.
 
-from tasks_app.models import Task
+* Add calls :func:`~tasks_app.services.task_create` (the task is materialised: its first
+  executions exist, ``next_run_at`` and ``why`` are right), change calls
+  :func:`~tasks_app.services.task_update` with the fields that changed (only updatable fields are
+  editable), delete calls :func:`~tasks_app.services.task_delete` (a soft delete that cancels the
+  task's active executions). Input is checked by the API's own serializers first, so the admin
+  accepts exactly what the API accepts, and every refusal lands on the form field it is about.
+* ``status`` is read-only; the pause, resume and run-now actions change it, in bulk on a filtered
+  selection, reporting per task what happened.
+* Secret-looking config values are masked (:mod:`tasks_app.masking`); a masked value left alone
+  when saving keeps its stored value.
+
+Who may do what: :mod:`tasks_app.roles`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import models, transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from executions.admin import error_text, run_for_each
+from executions.models import Execution
+from runners.registry import runner_aliases
+from tasks_app.masking import mask_config, unmask_config
+from tasks_app.models import Task, TaskStatus
+from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
+from tasks_app.services import (
+    UPDATABLE_FIELDS,
+    actor_for,
+    task_create,
+    task_delete,
+    task_pause,
+    task_resume,
+    task_trigger,
+    task_update,
+)
+from tasks_app.states import task_next_run, task_state, with_state
+from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
+
+#: What a task is created with, in the order the add form shows it.
+WHAT_FIELDS = ["name", "runner", "config", "artifact"]
+WHEN_FIELDS = ["start_at", "interval", "cron", "timezone", "end_at", "max_runs", "jitter"]
+POLICY_FIELDS = [
+    "misfire_policy",
+    "misfire_grace",
+    "catch_up_limit",
+    "overlap_policy",
+    "max_attempts",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+    "timeout",
+    "priority",
+]
+OTHER_FIELDS = ["tracing_id", "notification_target"]
+CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *OTHER_FIELDS]
+#: Read-only facts shown at the top of the change page.
+STATUS_FIELDS = [
+    "id",
+    "owner",
+    "status",
+    "state",
+    "next_run",
+    "cursor",
+    "runs_materialised",
+    "paused_at",
+    "recent_runs",
+    "created_at",
+    "updated_at",
+]
+DATETIME_DISPLAY = "%Y-%m-%d %H:%M:%S.%f"
+
+
+class PreciseDateTimeInput(forms.DateTimeInput):
+    """A date-time with its microseconds: the admin's split date/time widget cut ``start_at`` to
+    whole seconds, and then no fire time matched the grid of the stored schedule."""
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs={"size": 30, **(attrs or {})}, format=DATETIME_DISPLAY)
+
+
+def _api_value(value: Any) -> Any:
+    """A cleaned form value as the API serializers take it."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, models.Model):
+        return value.pk
+    return value
+
+
+class TaskAdminForm(forms.ModelForm):
+    """Validates with the API's serializer and saves through the task services.
+
+    The service call happens while the form is validated (inside the admin's transaction), so a
+    refusal from the service, not only from the serializer, becomes an error on the form.
+    """
+
+    #: Set by :meth:`TaskAdmin.get_form`: the request (for the actor and the serializer context).
+    request: HttpRequest
+
+    runner = forms.ChoiceField(
+        choices=lambda: [(alias, alias) for alias in runner_aliases()],
+        help_text="A runner configured in TMS_RUNNERS.",
+    )
+    start_at = forms.DateTimeField(
+        required=False,
+        widget=PreciseDateTimeInput,
+        help_text="UTC, unless you give an offset (2030-01-15 09:00:00+01:00). Empty: now.",
+    )
+    end_at = forms.DateTimeField(required=False, widget=PreciseDateTimeInput, help_text="UTC; empty: no end.")
+
+    class Meta:
+        model = Task
+        fields = ["owner", *CREATE_FIELDS]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding and "config" in self.fields:
+            # Edited from its masked form; clean_config puts the untouched secrets back.
+            self.initial["config"] = mask_config(self.instance.config)
+        if "timezone" in self.fields:
+            self.fields["timezone"].help_text = 'IANA name, e.g. "Europe/Berlin": the zone cron expressions follow.'
+
+    def clean_config(self) -> Any:
+        config = self.cleaned_data.get("config")
+        if not self.instance._state.adding:
+            config = unmask_config(config, self.instance.config)
+        return {} if config is None else config
+
+    def _post_clean(self) -> None:
+        # Not ModelForm's: the service validates and writes the task.
+        if self._errors:
+            return
+        try:
+            with transaction.atomic():
+                self.instance = self._create() if self.instance._state.adding else self._update()
+        except SERVICE_ERRORS as exc:
+            add_service_errors(self, exc)
+
+    def _create(self) -> Task:
+        data = {name: _api_value(self.cleaned_data.get(name)) for name in CREATE_FIELDS if name in self.cleaned_data}
+        data = {name: value for name, value in data.items() if value is not None}
+        serializer = TaskCreateSerializer(data=data, context={"request": self.request})
+        serializer.is_valid(raise_exception=True)
+        owner = self.cleaned_data.get("owner") or self.request.user
+        return task_create(owner=owner, **serializer.validated_data)
+
+    def _update(self) -> Task:
+        changed = [name for name in self.changed_data if name in UPDATABLE_FIELDS]
+        if not changed:
+            return self.instance
+        data = {name: _api_value(self.cleaned_data.get(name)) for name in changed}
+        serializer = TaskUpdateSerializer(self.instance, data=data, context={"request": self.request})
+        serializer.is_valid(raise_exception=True)
+        return task_update(task=self.instance, actor=actor_for(self.request.user), changes=serializer.validated_data)
 
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
+    form = TaskAdminForm
     list_display = [
-        "name",
-        "id",
+        "name_or_id",
         "owner",
         "runner",
+        "state",
         "status",
-        "start_at",
-        "interval",
-        "cron",
-        "timezone",
+        "schedule",
+        "next_run",
+        "priority",
+        "created_at",
+    ]
+    list_filter = [
+        "status",
+        "runner",
+        ("owner", admin.RelatedOnlyFieldListFilter),
+        ("created_at", admin.DateFieldListFilter),
+        ("start_at", admin.DateFieldListFilter),
         "misfire_policy",
         "overlap_policy",
-        "next_run_at",
-        "priority",
     ]
-    list_filter = ["status", "runner", "misfire_policy", "overlap_policy"]
-    search_fields = ["name", "id", "owner__username"]
-    readonly_fields = ["id", "next_run_at", "runs_materialised", "paused_at", "created_at", "updated_at"]
-    raw_id_fields = ["owner"]
+    search_fields = ["name", "=id", "owner__username", "tracing_id"]
+    list_select_related = ["owner"]
+    raw_id_fields = ["owner", "artifact"]
+    actions = ["pause_selected", "resume_selected", "run_now_selected", "delete_selected"]
+    show_full_result_count = False
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.request = request  # a class made for this request by modelform_factory
+        return form
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return with_state(super().get_queryset(request))
+
+    # --- the pages: add shows what a task is created with, change what may still change -----
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[str | None, dict[str, Any]]]:
+        if obj is None:
+            return [
+                ("What", {"fields": ["owner", *WHAT_FIELDS]}),
+                ("When", {"fields": WHEN_FIELDS}),
+                ("Retries and policies", {"fields": POLICY_FIELDS}),
+                ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+            ]
+        editable = self.has_change_permission(request, obj) and obj.status != TaskStatus.DELETED
+        what = [name if name != "config" or editable else "masked_config" for name in WHAT_FIELDS]
+        return [
+            ("Status", {"fields": STATUS_FIELDS}),
+            ("What", {"fields": what}),
+            ("When", {"fields": WHEN_FIELDS}),
+            ("Retries and policies", {"fields": POLICY_FIELDS}),
+            ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        if obj is None:
+            return []
+        readonly = [*STATUS_FIELDS, "artifact", "masked_config"]
+        if obj.status == TaskStatus.DELETED:
+            readonly += [name for name in CREATE_FIELDS if name not in readonly]
+        return readonly
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        return {"owner": request.user.pk, **super().get_changeform_initial_data(request)}
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "owner":
+            field.required = False
+            field.help_text = "Empty: you."
+        return field
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        deleted = obj is not None and obj.status == TaskStatus.DELETED
+        return not deleted and super().has_delete_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
+        """Nothing to do: the form saved the task through the services when it was validated."""
+
+    # --- delete: a soft delete through task_delete ------------------------------------------
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set, list]:
+        # Deleting a task keeps its history (executions, events): only the tasks are "deleted",
+        # so the confirmation lists them alone and asks for no permission on executions.
+        tasks = list(objs)
+        shown = [format_html("{}: {}", Task._meta.verbose_name.capitalize(), task) for task in tasks]
+        return shown, {Task._meta.verbose_name_plural: len(tasks)}, set(), []
+
+    def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        try:
+            report = task_delete(task=obj, actor=actor_for(request.user))
+        except SERVICE_ERRORS as exc:  # deleted meanwhile
+            self.message_user(request, f"{obj}: {error_text(exc)}", messages.ERROR)
+            return
+        self._report_delete(request, obj, report)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = actor_for(request.user)
+
+        def delete(task: Task) -> str:
+            report = task_delete(task=task, actor=actor)
+            cancelled = len(report.executions)
+            may_run = " An external run may go on (its runner cannot stop it)." if report.may_still_run else ""
+            return f"deleted; {cancelled} active execution(s) cancelled.{may_run}"
+
+        run_for_each(self, request, queryset.exclude(status=TaskStatus.DELETED), delete, verb="deleted")
+
+    def _report_delete(self, request: HttpRequest, task: Task, report: Any) -> None:
+        if report.executions:
+            level = messages.WARNING if report.may_still_run else messages.INFO
+            detail = "; ".join(
+                f"execution {item.execution_id}: {item.from_status} -> {item.status} (external run {item.external_run})"
+                for item in report.executions
+            )
+            self.message_user(request, f"{task}: {detail}", level)
+
+    # --- actions ---------------------------------------------------------------------------
+
+    @admin.action(description="Pause selected tasks", permissions=["change"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = actor_for(request.user)
+
+        def pause(task: Task) -> str:
+            if task.status == TaskStatus.PAUSED:
+                return "already paused."
+            before = Execution.objects.filter(task=task, status="SCHEDULED").count()
+            task_pause(task=task, actor=actor)
+            return f"paused; {before} scheduled execution(s) cancelled."
+
+        run_for_each(self, request, queryset, pause, verb="paused")
+
+    @admin.action(description="Resume selected tasks", permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = actor_for(request.user)
+
+        def resume(task: Task) -> str:
+            if task.status != TaskStatus.PAUSED:
+                return f"not paused ({task.status}): nothing to resume."
+            task = task_resume(task=task, actor=actor)
+            return f"resumed; next run {task_next_run(task) or 'none'}."
+
+        run_for_each(self, request, queryset, resume, verb="resumed")
+
+    @admin.action(description="Run selected tasks now", permissions=["change"])
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = actor_for(request.user)
+
+        def run_now(task: Task) -> str:
+            execution = task_trigger(task=task, actor=actor)
+            return f"execution {execution.pk} created, due now."
+
+        run_for_each(self, request, queryset, run_now, verb="run")
+
+    # --- display ---------------------------------------------------------------------------
+
+    @admin.display(description="name", ordering="name")
+    def name_or_id(self, task: Task) -> str:
+        return str(task)
+
+    @admin.display(description="state")
+    def state(self, task: Task) -> str:
+        return task_state(task).label
+
+    @admin.display(description="next run (UTC)")
+    def next_run(self, task: Task) -> str:
+        when = task_next_run(task)
+        return when.strftime(DATETIME_DISPLAY) if when else "-"
+
+    @admin.display(description="next fire time not yet materialised (cursor)")
+    def cursor(self, task: Task) -> str:
+        return task.next_run_at.strftime(DATETIME_DISPLAY) if task.next_run_at else "-"
+
+    @admin.display(description="schedule")
+    def schedule(self, task: Task) -> str:
+        if task.cron:
+            return f"cron {task.cron} ({task.timezone})"
+        if task.interval is not None:
+            return f"every {task.interval.total_seconds():g} s"
+        return f"once at {task.start_at.strftime(DATETIME_DISPLAY)}"
+
+    @admin.display(description="config")
+    def masked_config(self, task: Task) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(mask_config(task.config), indent=2, sort_keys=True))
+
+    @admin.display(description="recent runs")
+    def recent_runs(self, task: Task) -> str:
+        executions = list(
+            Execution.objects.filter(task=task, started_at__isnull=False).order_by("-scheduled_for", "-id")[:10]
+        )
+        if not executions:
+            return "-"
+        return format_html_join(
+            "",
+            '<div><a href="{}">execution {}</a> {} at {} (attempt {})</div>',
+            (
+                (
+                    reverse("admin:executions_execution_change", args=[e.pk]),
+                    e.pk,
+                    e.status,
+                    e.scheduled_for.strftime(DATETIME_DISPLAY),
+                    e.attempt,
+                )
+                for e in executions
+            ),
+        )

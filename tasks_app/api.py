@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django_filters import rest_framework as filters
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.filters import OrderingFilter, SearchFilter
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -32,6 +35,7 @@ from tasks_app.serializers import (
     PreviewQuerySerializer,
     PreviewSerializer,
     SchedulePreviewSerializer,
+    TaskCreatedSerializer,
     TaskCreateSerializer,
     TaskDeleteSerializer,
     TaskSerializer,
@@ -49,6 +53,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
+from tasks_app.states import with_state
 from tms_core.clock import db_now
 from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
@@ -82,6 +87,15 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
     return Response(stored.body, status=stored.status, headers=headers)
 
 
+class TaskOrdering(OrderingFilter):
+    """``?ordering=next_run_at`` orders by when tasks next run (the ``next_run`` annotation of
+    :func:`tasks_app.states.with_state`), as the field reads, not by the materialisation cursor."""
+
+    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> list[str] | None:
+        ordering = super().get_ordering(request, queryset, view)
+        return [term.replace("next_run_at", "next_run") for term in ordering] if ordering else ordering
+
+
 class TaskFilter(filters.FilterSet):
     status = filters.ChoiceFilter(
         choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
@@ -107,11 +121,16 @@ class TaskViewSet(
 
     queryset = Task.objects.exclude(status=TaskStatus.DELETED)
     serializer_class = TaskSerializer
+    filter_backends = [DjangoFilterBackend, TaskOrdering, SearchFilter]
     filterset_class = TaskFilter
     search_fields = ["name"]
     ordering_fields = ["created_at", "name", "next_run_at", "priority"]
     ordering = ["-created_at"]
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()
+        return with_state(queryset) if self.action in ("list", "retrieve") else queryset
 
     @extend_schema(
         summary="Create a task",
@@ -121,7 +140,7 @@ class TaskViewSet(
         ),
         request=TaskCreateSerializer,
         parameters=[IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER],
-        responses={201: TaskSerializer, **error_responses(422)},
+        responses={201: TaskCreatedSerializer, **error_responses(422)},
     )
     def create(self, request: Request) -> Response:
         serializer = TaskCreateSerializer(data=request.data, context={"request": request})
@@ -129,7 +148,7 @@ class TaskViewSet(
 
         def create() -> tuple[int, Any]:
             task = task_create(owner=request.user, **serializer.validated_data)
-            return status.HTTP_201_CREATED, TaskSerializer(task).data
+            return status.HTTP_201_CREATED, TaskCreatedSerializer(task).data
 
         return idempotent_create_response(request, create)
 

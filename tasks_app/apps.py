@@ -1,6 +1,14 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
+from django.db.models.signals import post_migrate
 
 
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
+
+    def ready(self) -> None:
+        from tasks_app.roles import ensure_support_group_after_migrate
+
+        # After the executions app's migrations: its permissions exist by then (auth creates each
+        # app's permissions in its own post_migrate receiver, connected before this one).
+        post_migrate.connect(ensure_support_group_after_migrate, sender=apps.get_app_config("executions"))

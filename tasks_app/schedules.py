@@ -517,6 +517,25 @@ class Schedule:
             yield start
 
 
+def wall_time_to_utc(local: datetime, timezone: str) -> datetime:
+    """The instant a wall-clock time (no offset) names in ``timezone``, in UTC.
+
+    A time the clock skips (the hour lost when it is set forward) names no instant: ScheduleError.
+    A time the clock shows twice (the hour repeated when it is set back) is read as its first
+    occurrence (``fold=0``, the earlier instant, still on the summer offset).
+    """
+    zone = validate_timezone(timezone)
+    naive = local.replace(tzinfo=None)
+    aware = naive.replace(tzinfo=zone, fold=0)
+    instant = aware.astimezone(UTC)
+    if instant.astimezone(zone).replace(tzinfo=None) != naive:
+        raise ScheduleError(
+            f"{naive.isoformat()} does not exist in {timezone} (the clock skips it when it is set forward); "
+            "give another time or a UTC offset."
+        )
+    return instant
+
+
 def jitter_for(*, key: str, max_jitter: timedelta) -> timedelta:
     """A delay in ``[0, max_jitter]`` that depends only on ``key``, to spread tasks that share a time.
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.utils.timezone import is_naive as timezone_is_naive
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from executions.models import ExecutionOrigin, ExecutionStatus, SkipReason
+from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkipReason
 from executions.serializers import CancelReportSerializer
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
@@ -24,12 +25,19 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
-from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
+from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone, wall_time_to_utc
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
+from tasks_app.states import TaskState, task_next_run, task_state
 from tms_core.durations import DurationField
 from tms_core.errors import InvalidInput
-from tms_project.api_base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
+from tms_project.api_base import (
+    MAX_DATETIME,
+    MIN_DATETIME,
+    BoundedDateTimeField,
+    OffsetDateTimeField,
+    StrictInputMixin,
+)
 
 
 class RunnerAliasField(serializers.CharField):
@@ -45,6 +53,44 @@ class RunnerConfigField(serializers.JSONField):
     """A runner's per-task config: a JSON object the runner validates (its fields are documented per runner)."""
 
 
+class LocalDateTimeField(BoundedDateTimeField):
+    """An RFC 3339 date-time; one without a UTC offset is a wall-clock time in the task's
+    ``timezone``, read by :func:`localize_wall_times` (it stays naive until then)."""
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        return value if timezone_is_naive(value) else super().enforce_timezone(value)
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed = serializers.DateTimeField.to_internal_value(self, value)
+        low, high = (MIN_DATETIME, MAX_DATETIME)
+        if timezone_is_naive(parsed):
+            low, high = low.replace(tzinfo=None), high.replace(tzinfo=None)
+        if not low <= parsed < high:
+            self.fail("range")
+        return parsed
+
+
+#: The fields of a task's schedule that :class:`LocalDateTimeField` reads.
+WALL_TIME_FIELDS = ("start_at", "end_at")
+
+
+def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
+    """Turn ``start_at`` and ``end_at`` given without an offset into instants, read on the wall
+    clock of ``timezone`` (a skipped local time is an error on its field; a repeated one is read
+    as its first occurrence)."""
+    errors: dict[str, list[str]] = {}
+    for name in WALL_TIME_FIELDS:
+        value = attrs.get(name)
+        if value is None or not timezone_is_naive(value):
+            continue
+        try:
+            attrs[name] = wall_time_to_utc(value, timezone)
+        except ScheduleError as exc:
+            errors[name] = [str(exc)]
+    if errors:
+        raise serializers.ValidationError(errors)
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -56,8 +102,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         default=None,
         help_text="An uploaded artifact (POST /api/v1/artifacts) that a subprocess task runs.",
     )
-    start_at = BoundedDateTimeField(
-        required=False, allow_null=True, default=None, help_text="First (or only) run, RFC 3339. Default: now."
+    start_at = LocalDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="First (or only) run, RFC 3339. Without a UTC offset it is a wall-clock time in `timezone`. "
+        "Default: now.",
     )
     interval = DurationField(
         required=False,
@@ -74,7 +124,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         help_text='Cron expression (5 fields, or 6 with seconds first), e.g. "*/5 * * * *", evaluated in timezone.',
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64, help_text="IANA time zone name.")
-    end_at = BoundedDateTimeField(required=False, allow_null=True, default=None, help_text="No runs after this.")
+    end_at = LocalDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="No runs after this. Without a UTC offset it is a wall-clock time in `timezone`.",
+    )
     max_runs = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000_000
     )
@@ -151,6 +206,7 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        localize_wall_times(attrs, attrs["timezone"])
         check_task(attrs)
         _check_runner(attrs["runner"], attrs["config"])
         return attrs
@@ -190,6 +246,23 @@ def check_task(attrs: Mapping[str, Any]) -> None:
 
 
 class TaskSerializer(serializers.ModelSerializer):
+    state = serializers.SerializerMethodField(
+        help_text=(
+            "What the task is doing, as people read it: `scheduled`, `running`, `succeeded`, `failed` or "
+            "`cancelled` (a one-shot task's run), `completed` (a recurring task whose schedule ended), `paused`. "
+            "`status` is the scheduling lifecycle instead: a one-shot task is `COMPLETED` as soon as its only "
+            "execution is created, before it runs."
+        )
+    )
+    next_run_at = serializers.SerializerMethodField(
+        help_text="When the task next runs: its earliest waiting execution's due time, else its next fire time "
+        "(null: paused, deleted, or nothing left to run)."
+    )
+    next_occurrence_at = serializers.DateTimeField(
+        source="next_run_at",
+        read_only=True,
+        help_text="The materialisation cursor: the next fire time not yet turned into an execution (null: none).",
+    )
     interval = DurationField(allow_null=True, help_text="Seconds between runs; null for one-shot and cron.")
     jitter = DurationField()
     misfire_grace = DurationField()
@@ -225,21 +298,55 @@ class TaskSerializer(serializers.ModelSerializer):
             "priority",
             "tracing_id",
             "notification_target",
+            "state",
             "next_run_at",
+            "next_occurrence_at",
             "runs_materialised",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
 
+    @extend_schema_field(serializers.ChoiceField(choices=TaskState.choices))
+    def get_state(self, task: Task) -> str:
+        return task_state(task).value
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_next_run_at(self, task: Task) -> str | None:
+        when = task_next_run(task)
+        return serializers.DateTimeField().to_representation(when) if when is not None else None
+
+
+class TaskCreatedSerializer(TaskSerializer):
+    """A task just created, with its first execution when the first run falls inside the horizon."""
+
+    first_execution = serializers.SerializerMethodField(
+        help_text="Id of the task's first execution (GET /api/v1/executions/{id}); null when its first run is "
+        "further ahead than the materialisation horizon (it is created later) or it has none."
+    )
+
+    class Meta(TaskSerializer.Meta):
+        fields = [*TaskSerializer.Meta.fields, "first_execution"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_first_execution(self, task: Task) -> int | None:
+        return Execution.objects.filter(task=task).order_by("scheduled_for", "id").values_list("pk", flat=True).first()
+
 
 class TaskUpdateSerializer(TaskCreateSerializer):
     """A partial update: every field optional; the task with the changes applied must be valid."""
 
-    read_only_names = frozenset({"id", "status", "next_run_at", "runs_materialised", "created_at", "updated_at"})
+    read_only_names = frozenset(
+        {"id", "status", "state", "next_run_at", "next_occurrence_at", "runs_materialised", "created_at", "updated_at"}
+    )
 
     runner = RunnerAliasField(required=False)
-    start_at = BoundedDateTimeField(required=False, help_text="First (or only) run, RFC 3339.")
+    start_at = LocalDateTimeField(
+        required=False,
+        help_text="First (or only) run, RFC 3339. Without a UTC offset it is a wall-clock time in the task's "
+        "`timezone` (the new one, if this request changes it).",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["partial"] = True
@@ -247,6 +354,7 @@ class TaskUpdateSerializer(TaskCreateSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         task: Task = self.instance
+        localize_wall_times(attrs, attrs.get("timezone", task.timezone))
         merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | attrs
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
@@ -298,13 +406,16 @@ class PreviewQuerySerializer(StrictInputMixin, serializers.Serializer):
 class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
     """A schedule to preview before creating a task (the same fields and rules as a task's)."""
 
-    start_at = BoundedDateTimeField(
-        required=False, allow_null=True, default=None, help_text="First (or only) run, RFC 3339. Default: now."
+    start_at = LocalDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="First (or only) run, RFC 3339 (without an offset: wall-clock time in `timezone`). Default: now.",
     )
     interval = DurationField(required=False, allow_null=True, default=None, min_value=timedelta(milliseconds=100))
     cron = serializers.CharField(required=False, allow_blank=True, default="", max_length=120)
     timezone = serializers.CharField(required=False, default="UTC", max_length=64)
-    end_at = BoundedDateTimeField(required=False, allow_null=True, default=None)
+    end_at = LocalDateTimeField(required=False, allow_null=True, default=None)
     max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)
 
@@ -312,6 +423,7 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
     validate_cron = TaskCreateSerializer.validate_cron
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        localize_wall_times(attrs, attrs["timezone"])
         errors: dict[str, list[str]] = {}
         if attrs.get("interval") is not None and attrs.get("cron"):
             errors["cron"] = ["Give an interval or a cron expression, not both."]

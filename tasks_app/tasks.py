@@ -7,6 +7,6 @@ from celery import shared_task
 from tasks_app.idempotency import idempotency_keys_expire
 
 
-@shared_task(name="tms.expire_idempotency_keys", ignore_result=True)
+@shared_task(name="tms.expire_idempotency_keys", ignore_result=True, send_events=False)
 def expire_idempotency_keys() -> int:
     return idempotency_keys_expire()

@@ -45,6 +45,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound()  # never "No Task matches the given query."
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, exceptions.NotAuthenticated):
+        exc = exceptions.NotAuthenticated(
+            "Authentication credentials were not provided: send 'Authorization: Token <key>'."
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -119,6 +119,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times with seconds everywhere (the admin included): tms_project/formats/en/formats.py.
+FORMAT_MODULE_PATH = ["tms_project.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.str("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "static"))
@@ -131,12 +133,17 @@ warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWar
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
+# Housekeeping tasks (materialise, liveness every 5 s) log nothing below WARNING from the worker
+# and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
+_QUIET_HOUSEKEEPING = {} if env.bool("TMS_LOG_HOUSEKEEPING", default=False) else {"filters": ["quiet_housekeeping"]}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"quiet_housekeeping": {"()": "tms_project.log_filters.QuietHousekeeping"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
+    "loggers": dict.fromkeys(("celery.app.trace", "celery.worker.strategy", "celery.beat"), _QUIET_HOUSEKEEPING),
 }
 
 # --- Caches -----------------------------------------------------------------------------------
@@ -149,7 +156,7 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 # https://www.django-rest-framework.org/api-guide/settings/
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "tms_project.api_auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -215,6 +222,7 @@ SPECTACULAR_SETTINGS = {
         "WorkerStatusEnum": "executions.models.WorkerStatus",
         "CompatStatusEnum": "tasks_app.compat.CompatStatus.choices",
         "OccurrenceStateEnum": "tasks_app.selectors.OccurrenceState",
+        "TaskStateEnum": "tasks_app.states.TaskState",
         "SkipReasonEnum": "executions.models.SkipReason",
     },
     "POSTPROCESSING_HOOKS": [

@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
+from tasks_app.roles import SUPPORT_GROUP, ensure_support_group
+
 
 class Command(BaseCommand):
     help = (
@@ -20,7 +22,12 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("--email", default="")
         parser.add_argument("--password", help="Also set this password (for the admin and the browsable API).")
-        parser.add_argument("--staff", action="store_true", help="Staff see every user's tasks and the workers.")
+        parser.add_argument(
+            "--staff",
+            action="store_true",
+            help="Staff see every user's tasks and the workers; in the admin they join the read-only "
+            f"{SUPPORT_GROUP!r} group (superusers change things).",
+        )
         parser.add_argument("--superuser", action="store_true", help="Implies --staff.")
         parser.add_argument("--rotate", action="store_true", help="Replace the user's existing token.")
 
@@ -42,6 +49,11 @@ class Command(BaseCommand):
             if options["superuser"]:
                 user.is_superuser = True
             user.save()
+            if user.is_staff and not user.is_superuser:
+                group = ensure_support_group()
+                if group is None:
+                    raise CommandError("Run `manage.py migrate` first: the admin's permissions do not exist yet.")
+                user.groups.add(group)
             if options["rotate"]:
                 Token.objects.filter(user=user).delete()
             token, _ = Token.objects.get_or_create(user=user)

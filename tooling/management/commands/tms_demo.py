@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from rest_framework.authtoken.models import Token
+
+#: Where the banner (addresses, demo credentials, token) is kept, under VAR_DIR; the Procfile's
+#: ``banner`` process prints it again once the other processes' start-up logs have scrolled by.
+BANNER_FILE = "run-banner.txt"
 
 
 class Command(BaseCommand):
@@ -30,20 +35,25 @@ class Command(BaseCommand):
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         broker = "filesystem (embedded)" if settings.TMS_EMBEDDED_BROKER else settings.CELERY_BROKER_URL.split("@")[-1]
         password = options["password"] if created else "(unchanged; set earlier)"
-        self.stdout.write(
-            "\n".join(
-                [
-                    "",
-                    "TMS is starting",
-                    f"  database:  {database}    broker: {broker}",
-                    f"  API:       {web}/api/v1/tasks   (docs: {web}/api/docs/)",
-                    f"  admin:     {web}/admin/   user {user.username!r}, password {password!r}",
-                    f"  token:     {token.key}",
-                    f"  flower:    http://127.0.0.1:{options['flower_port']}/",
-                    f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {token.key}' "
-                    '-H \'Content-Type: application/json\' -d \'{"runner": "sleep", "config": {"duration": "2s"}}\'',
-                    "  Ctrl-C stops everything.",
-                    "",
-                ]
-            )
+        banner_file = Path(settings.VAR_DIR) / BANNER_FILE
+        banner = "\n".join(
+            [
+                "",
+                f"TMS is starting (this banner is repeated once start-up is done, and kept in {banner_file})",
+                f"  database:  {database}    broker: {broker}",
+                f"  API:       {web}/api/v1/tasks   (docs: {web}/api/docs/)",
+                f"  admin:     {web}/admin/   user {user.username!r}, password {password!r}",
+                f"  token:     {token.key}",
+                f"  flower:    http://127.0.0.1:{options['flower_port']}/",
+                f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {token.key}' "
+                '-H \'Content-Type: application/json\' -d \'{"runner": "sleep", "config": {"duration": "2s"}}\'',
+                "  Ctrl-C stops everything.",
+                "",
+            ]
         )
+        banner_file.parent.mkdir(parents=True, exist_ok=True)
+        # It holds the demo credentials: readable by this user only.
+        banner_file.touch(mode=0o600, exist_ok=True)
+        banner_file.chmod(0o600)
+        banner_file.write_text(banner.replace("TMS is starting", "TMS is running", 1) + "\n")
+        self.stdout.write(banner)

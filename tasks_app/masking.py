@@ -1,0 +1,107 @@
+"""Hide secret-looking values of a task's runner config before showing it to people.
+
+A config may carry credentials: an ``Authorization`` header, an API key, a password, a
+process environment. The admin and the back office show configs to operators who need the shape
+(which URL, which headers, which command) but not the secrets; this masks every value whose key
+looks secret, every value of an environment mapping, and the password in a URL's userinfo.
+Masking is for display only: the stored config is never changed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+#: What a masked value reads as.
+MASK = "********"
+
+#: A key whose value is a secret: any key containing one of these words (case-insensitive), so
+#: ``Authorization``, ``X-Api-Key``, ``access_token``, ``client_secret``, ``Set-Cookie`` ...
+_SECRET_KEY = re.compile(r"auth|token|secret|passw|pwd|key|cookie|credential|signature|session|private", re.I)
+#: A key whose mapping is a process environment: every value in it is masked.
+_ENVIRONMENT_KEY = re.compile(r"^(env|environ|environment|env_vars|environment_variables)$", re.I)
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether the value under ``key`` should never be shown."""
+    return isinstance(key, str) and bool(_SECRET_KEY.search(key))
+
+
+def _mask_url(text: str) -> str:
+    """``scheme://user:password@host`` -> ``scheme://user:********@host``; anything else as is."""
+    if "://" not in text or "@" not in text:
+        return text
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return text
+    if parts.password is None:
+        return text
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
+
+
+def _mask(value: Any, *, all_values: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: (
+                _mask_all(item)
+                if all_values or is_secret_key(key)
+                else _mask(item, all_values=bool(isinstance(key, str) and _ENVIRONMENT_KEY.match(key)))
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_mask(item, all_values=all_values) for item in value]
+    if all_values:
+        return _mask_all(value)
+    if isinstance(value, str):
+        return _mask_url(value)
+    return value
+
+
+def _mask_all(value: Any) -> Any:
+    """Every leaf masked, the shape kept (so an operator still sees which keys are set)."""
+    if isinstance(value, dict):
+        return {key: _mask_all(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mask_all(item) for item in value]
+    if value is None or value == "":
+        return value
+    return MASK
+
+
+def mask_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` with secret-looking values replaced by :data:`MASK`.
+
+    Masked: the value of every key that looks secret (``Authorization``, ``token``, ``api_key``,
+    ``password``, ``secret``, ``cookie``, ...), nested mappings and lists under such a key
+    included; every value of an environment mapping (``env``, ``environment``); the password of
+    a URL with userinfo. Empty values stay empty, so "not set" remains visible.
+    """
+    if not isinstance(config, dict):
+        return config
+    return _mask(config)
+
+
+def unmask_config(submitted: Any, stored: Any) -> Any:
+    """``submitted`` (a config edited from its masked form) with every value still reading
+    :data:`MASK` given back its stored value at the same place, so that saving a form without
+    retyping the secrets keeps them. A URL whose masked password was left alone gets its stored
+    URL back."""
+    if submitted == MASK:
+        return stored
+    if isinstance(submitted, dict) and isinstance(stored, dict):
+        return {
+            key: unmask_config(value, stored.get(key)) if key in stored else value for key, value in submitted.items()
+        }
+    if isinstance(submitted, list) and isinstance(stored, list):
+        return [
+            unmask_config(value, stored[index]) if index < len(stored) else value
+            for index, value in enumerate(submitted)
+        ]
+    if isinstance(submitted, str) and isinstance(stored, str) and MASK in submitted and _mask_url(stored) == submitted:
+        return stored
+    return submitted

@@ -1,0 +1,95 @@
+"""What a task is doing, as people read it, and when it runs next, computed in the database.
+
+``Task.status`` is the scheduling lifecycle: ACTIVE while the materialiser has occurrences left to
+create, COMPLETED once it has created the last one, PAUSED, DELETED. A one-shot task is therefore
+COMPLETED as soon as its only execution exists, before it has run, and stays COMPLETED when that
+run fails. :class:`TaskState` says what users ask ("has it run? did it work?"), and ``next_run``
+is the next time something of the task is due, where ``Task.next_run_at`` is the materialisation
+cursor (the next fire time not yet turned into an execution).
+
+Both come from :func:`with_state`, a handful of correlated subqueries that each read one row
+through the ``(task, -scheduled_for)`` index, so a page of tasks costs one query, not one per task.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models.functions import Coalesce, Least, Now
+
+from executions.models import Execution, ExecutionStatus
+from tasks_app.models import Task, TaskStatus
+
+
+class TaskState(models.TextChoices):
+    SCHEDULED = "scheduled"  #: waiting for its next run
+    RUNNING = "running"  #: its latest due run is running
+    SUCCEEDED = "succeeded"  #: one-shot: its run succeeded
+    FAILED = "failed"  #: one-shot: its run failed for good (retries exhausted)
+    CANCELLED = "cancelled"  #: one-shot: its run was cancelled
+    COMPLETED = "completed"  #: recurring: its schedule has ended (end_at or max_runs) and nothing is left to run
+    PAUSED = "paused"  #: paused: nothing new runs until it is resumed
+    DELETED = "deleted"  #: deleted; its history is kept
+
+
+_WAITING = (ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)
+_OUTCOME = {
+    ExecutionStatus.SUCCEEDED: TaskState.SUCCEEDED,
+    ExecutionStatus.FAILED: TaskState.FAILED,
+    ExecutionStatus.CANCELLED: TaskState.CANCELLED,
+}
+
+
+def with_state(queryset: QuerySet[Task]) -> QuerySet[Task]:
+    """Annotate tasks with ``latest_status`` (their latest execution's status), ``latest_due_status``
+    (the latest one due by now) and ``next_run`` (when something of theirs is next due: the
+    earliest SCHEDULED execution's due time, else the cursor; null when paused, deleted or done).
+    Read them through :func:`task_state` and :func:`task_next_run`."""
+    mine = Execution.objects.filter(task=OuterRef("pk"), superseded=False).order_by("-scheduled_for", "-id")
+    next_due = (
+        Execution.objects.filter(task=OuterRef("pk"), status=ExecutionStatus.SCHEDULED)
+        .order_by("due_at")
+        .values("due_at")[:1]
+    )
+    return queryset.annotate(
+        latest_status=Subquery(mine.values("status")[:1]),
+        latest_due_status=Subquery(mine.filter(scheduled_for__lte=Now()).values("status")[:1]),
+        next_run=Case(
+            When(Q(status__in=(TaskStatus.PAUSED, TaskStatus.DELETED)), then=None),
+            default=Coalesce(Least(Subquery(next_due), F("next_run_at")), Subquery(next_due), F("next_run_at")),
+        ),
+    )
+
+
+def _annotated(task: Task) -> Task:
+    if not hasattr(task, "latest_status"):
+        fresh = with_state(Task.objects.filter(pk=task.pk)).values("latest_status", "latest_due_status", "next_run")
+        row = fresh.first() or {"latest_status": None, "latest_due_status": None, "next_run": None}
+        for name, value in row.items():
+            setattr(task, name, value)
+    return task
+
+
+def task_state(task: Task) -> TaskState:
+    """The task's :class:`TaskState` (one query unless ``task`` came from :func:`with_state`)."""
+    if task.status == TaskStatus.DELETED:
+        return TaskState.DELETED
+    if task.status == TaskStatus.PAUSED:
+        return TaskState.PAUSED
+    task = _annotated(task)
+    latest, latest_due = task.latest_status, task.latest_due_status
+    if ExecutionStatus.RUNNING in (latest, latest_due):
+        return TaskState.RUNNING
+    if task.is_recurring:
+        return TaskState.SCHEDULED if task.status == TaskStatus.ACTIVE or latest in _WAITING else TaskState.COMPLETED
+    # One-shot: its latest execution (the run, or a retry or trigger of it) says how it went.
+    if latest is None or latest in _WAITING:
+        return TaskState.SCHEDULED if latest is not None or task.status == TaskStatus.ACTIVE else TaskState.COMPLETED
+    return _OUTCOME[ExecutionStatus(latest)]
+
+
+def task_next_run(task: Task) -> datetime | None:
+    """When something of the task is next due (a datetime), or None."""
+    return _annotated(task).next_run

@@ -1,0 +1,67 @@
+"""What ``make run`` shows: housekeeping stays out of Flower and the console, and the banner with
+the demo credentials is kept in var/ and printed again once start-up is done."""
+
+from __future__ import annotations
+
+import io
+import logging
+import stat
+
+import pytest
+from django.core.management import call_command
+from rest_framework.authtoken.models import Token
+
+from executions import tasks as execution_tasks
+from tasks_app import tasks as task_tasks
+from tms_project.celery import app
+from tms_project.log_filters import HOUSEKEEPING_TASKS, QuietHousekeeping
+
+
+def _record(message: str, args, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("celery.app.trace", level, __file__, 1, message, args, None)
+
+
+def test_housekeeping_sends_no_task_events_to_flower_and_executions_do():
+    for task in (execution_tasks.materialise, execution_tasks.liveness, task_tasks.expire_idempotency_keys):
+        assert app.tasks[task.name].send_events is False, task.name
+    assert app.tasks["tms.run_execution"].send_events is True
+    assert app.tasks["tms.poll_execution"].send_events is True
+    assert {t.name for t in (execution_tasks.materialise, execution_tasks.liveness)} <= HOUSEKEEPING_TASKS
+
+
+def test_the_log_filter_drops_housekeeping_info_lines_only():
+    quiet = QuietHousekeeping()
+    received = {"id": "1", "name": "tms.materialise", "args": "()", "kwargs": "{}"}
+    assert not quiet.filter(_record("Task %(name)s[%(id)s] received", received))
+    assert not quiet.filter(_record("Scheduler: Sending due task %s (%s)", ("tms: liveness", "tms.liveness")))
+    assert quiet.filter(_record("Task %(name)s[%(id)s] received", {**received, "name": "tms.run_execution"}))
+    assert quiet.filter(_record("Task %(name)s[%(id)s] raised", received, level=logging.ERROR))
+    assert quiet.filter(_record("plain message", None))
+
+
+@pytest.mark.parametrize("name", ["celery.app.trace", "celery.worker.strategy", "celery.beat"])
+def test_the_worker_and_beat_loggers_carry_the_filter(name):
+    assert any(isinstance(f, QuietHousekeeping) for f in logging.getLogger(name).filters)
+
+
+@pytest.mark.django_db
+def test_the_banner_is_written_to_var_and_says_so_in_its_first_line(settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    out = io.StringIO()
+    call_command("tms_demo", "--port", "8123", stdout=out)
+    printed = out.getvalue()
+    banner = tmp_path / "run-banner.txt"
+    first = next(line for line in printed.splitlines() if line)
+    assert str(banner) in first
+    saved = banner.read_text()
+    token = Token.objects.get(user__username="admin").key
+    assert token in printed and token in saved and "http://127.0.0.1:8123/admin/" in saved
+    assert stat.S_IMODE(banner.stat().st_mode) == 0o600
+
+
+def test_the_procfile_prints_the_banner_again_after_start_up():
+    from django.conf import settings
+
+    procfile = (settings.BASE_DIR / "tms_project" / "Procfile").read_text()
+    (line,) = [line for line in procfile.splitlines() if line.startswith("banner:")]
+    assert "run-banner.txt" in line
