@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "runners",
     "tasks_app",
     "executions",
+    "backoffice",
 ]
 
 MIDDLEWARE = [
@@ -67,6 +68,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "backoffice.context_processors.backoffice",
             ],
         },
     },
@@ -350,3 +352,13 @@ TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR /
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+
+# --- Back office (the operator pages at /) ----------------------------------------------------
+# Session login for the pages; the API keeps its token (and session) authentication.
+LOGIN_URL = "backoffice:login"
+LOGIN_REDIRECT_URL = "backoffice:dashboard"
+LOGOUT_REDIRECT_URL = "backoffice:login"
+#: Where operators reach Flower (linked from the pages, and each execution to its Celery task).
+TMS_FLOWER_URL = env.str("TMS_FLOWER_URL", default="http://127.0.0.1:5555").rstrip("/")
+#: Seconds between the dashboard's live refreshes (0: no refresh).
+TMS_DASHBOARD_REFRESH = env.float("TMS_DASHBOARD_REFRESH", default=5.0)
