@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from executions.histogram import BUCKETS
+
 
 class ExecutionStatus(models.TextChoices):
     SCHEDULED = "SCHEDULED"  #: waiting for its due time (first run or a retry)
@@ -164,6 +166,8 @@ class SkippedOccurrence(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["task", "scheduled_for"], name="skipped_occurrence_unique"),
         ]
+        # The dashboard's "skipped in the last 24 h, by reason" reads this range only.
+        indexes = [models.Index(fields=["recorded_at", "reason"], name="skipped_recorded_idx")]
 
     def __str__(self) -> str:
         return f"{self.task_id} at {self.scheduled_for:%Y-%m-%d %H:%M:%S}: {self.reason}"
@@ -188,3 +192,83 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+#: Shards per (minute, owner, runner) rollup row: concurrent finishes of one minute spread over
+#: this many rows (by execution id) instead of queueing on one row lock. Frozen in the rollup
+#: triggers (migration 0006).
+ROLLUP_SHARDS = 8
+
+#: The histogram columns of :class:`RunRollup`, bucket by bucket (see :mod:`executions.histogram`).
+LATENESS_COLUMNS = tuple(f"lateness_{i:02d}" for i in range(BUCKETS))
+DURATION_COLUMNS = tuple(f"duration_{i:02d}" for i in range(BUCKETS))
+#: Outcome columns of :class:`RunRollup`: the three terminal statuses, and attempts that failed
+#: and were scheduled again (RUNNING -> SCHEDULED).
+OUTCOME_COLUMNS = {"SUCCEEDED": "succeeded", "FAILED": "failed", "CANCELLED": "cancelled", "RETRIED": "retried"}
+
+
+class RunRollup(models.Model):
+    """Finished attempts per (minute, owner, runner, shard): counts by outcome and histograms of
+    lateness and duration. The dashboard reads aggregates here, never from the executions.
+
+    Written only by a database trigger on the execution table (migration 0006), in the same
+    transaction as the status change it counts: an attempt is counted when its execution
+    reaches SUCCEEDED, FAILED or CANCELLED (superseded rows excepted), or goes RUNNING ->
+    SCHEDULED for a retry. Terminal states are final and each status write is conditional, so
+    every attempt is counted exactly once, by whichever process ended it.
+
+    * ``minute``: the minute (UTC) the attempt ended;
+    * lateness: ``started_at - due_at`` of the attempt (how long after it was due a worker
+      started it: jitter and retry backoff are part of ``due_at``, not lateness);
+    * duration: end - ``started_at`` (a run resumed after its worker died includes the gap);
+    * an execution cancelled before it started counts as cancelled, in neither histogram.
+    """
+
+    minute = models.DateTimeField()
+    #: The task's owner (no foreign key: history outlives users; nothing to check per finish).
+    owner_id = models.IntegerField()
+    runner = models.CharField(max_length=64)
+    shard = models.SmallIntegerField()
+    succeeded = models.PositiveIntegerField(default=0, db_default=0)
+    failed = models.PositiveIntegerField(default=0, db_default=0)
+    cancelled = models.PositiveIntegerField(default=0, db_default=0)
+    retried = models.PositiveIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "owner_id", "runner", "shard"], name="runrollup_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} owner {self.owner_id} {self.runner} #{self.shard}"
+
+
+for _column in (*LATENESS_COLUMNS, *DURATION_COLUMNS):
+    RunRollup.add_to_class(_column, models.PositiveIntegerField(default=0, db_default=0))
+
+
+class TaskRollup(models.Model):
+    """Finished attempts of one task in one hour (UTC), for "the tasks failing most".
+
+    Maintained by the same trigger as :class:`RunRollup`. ``failures`` counts attempts that
+    ended FAILED or were retried after failing; ``attempts`` every counted attempt.
+    """
+
+    hour = models.DateTimeField()
+    # No constraint: rows outlive a deleted task until pruned, and the trigger needs no FK check.
+    task = models.ForeignKey(
+        "tasks_app.Task", on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    owner_id = models.IntegerField()
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    failures = models.PositiveIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "hour"], name="taskrollup_unique_key")]
+        indexes = [
+            # Only hours with failures: "failing most" reads these, not every task's every hour.
+            models.Index(fields=["hour", "owner_id"], condition=Q(failures__gt=0), name="taskrollup_failing_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} at {self.hour:%Y-%m-%d %H}:00"

@@ -9,7 +9,7 @@ from celery import Task, shared_task
 from celery.signals import task_prerun, worker_init
 from django.db import InterfaceError, OperationalError, connections
 
-from executions import heartbeat, materialiser, worker_services
+from executions import heartbeat, materialiser, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
 from tms_core.conf import tms_settings
 
@@ -72,6 +72,11 @@ def materialise() -> int:
 @shared_task(name="tms.liveness", ignore_result=True)
 def liveness() -> list[str]:
     return heartbeat.workers_mark_dead(timeout=tms_settings().WORKER_TIMEOUT)
+
+
+@shared_task(name="tms.rollup_prune", ignore_result=True)
+def rollup_prune() -> tuple[int, int]:
+    return rollup.rollup_prune()
 
 
 @shared_task(name="tms.bench_noop", ignore_result=True)

@@ -39,6 +39,10 @@ class TmsSettings:
     MISFIRE_GRACE: float = 60.0
     #: Default of a task's catch_up_limit: the most missed fire times run_all runs.
     CATCH_UP_LIMIT: int = 100
+    #: Seconds the per-minute rollup of finished runs (the dashboard's charts) is kept.
+    ROLLUP_RETENTION: float = 7 * 86400.0
+    #: Seconds the per-task hourly rollup ("tasks failing most") is kept: one row per task and hour.
+    TASK_ROLLUP_RETENTION: float = 2 * 86400.0
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).

@@ -275,6 +275,8 @@ TMS = {
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
     "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),
     "CATCH_UP_LIMIT": env.int("TMS_CATCH_UP_LIMIT", default=100),
+    "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
+    "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
 }
 
 TMS_RUNNERS = {

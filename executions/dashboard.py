@@ -1,0 +1,286 @@
+"""The operator dashboard's data: one call, a fixed number of queries, whatever the table sizes.
+
+:func:`dashboard_snapshot` is the whole contract with the pages: frozen dataclasses of plain
+values. Aggregates over time come from the rollup (:mod:`executions.rollup`); counts of live
+states come from the execution table's partial indexes (SCHEDULED by due time, PENDING,
+RUNNING), so no view scans the executions. Staff see everything; anyone else only their own
+tasks' numbers, as in the API.
+
+Definitions (times are the database's, UTC):
+
+* a *run* is a finished attempt: SUCCEEDED, FAILED, CANCELLED, or RETRIED (failed, scheduled
+  again); an execution superseded by a schedule change never ran and is not one;
+* ``success_rate`` = SUCCEEDED / (SUCCEEDED + FAILED) over the last hour (final outcomes;
+  cancelled runs and retried attempts are left out), None when there were none;
+* the last hour / 24 h are the last 60 / 1440 whole minutes including the current one; the
+  tasks failing most are counted over the last 24 hourly buckets;
+* lateness = ``started_at - due_at`` of the attempt; duration = end - ``started_at``;
+  percentiles are read from fixed log-spaced buckets and report the bucket's upper bound
+  (see :mod:`executions.histogram`);
+* ``upcoming`` lists the next runs due within the hour: materialised SCHEDULED executions and,
+  beyond the materialisation horizon, each active task's next fire time (its cursor).
+  ``upcoming_count`` counts the same things, so a task firing more often than the horizon is
+  counted once past it: a lower bound, exact within the horizon;
+* ``workers_dead`` counts workers marked dead whose last heartbeat is within 24 h.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
+
+from executions.histogram import BUCKETS, percentile
+from executions.models import (
+    OUTCOME_COLUMNS,
+    Execution,
+    ExecutionStatus,
+    SkippedOccurrence,
+    TaskRollup,
+    Worker,
+    WorkerStatus,
+)
+from executions.rollup import RollupTotals, add_counts, floor_hour, floor_minute, rollup_by_minute_and_runner
+from tasks_app.models import Task, TaskStatus
+from tms_core.clock import db_now
+
+#: The outcomes a run is counted under, in display order.
+OUTCOMES: tuple[str, ...] = tuple(OUTCOME_COLUMNS)
+MINUTES_PER_DAY = 24 * 60
+UPCOMING_LIMIT = 20
+TOP_FAILING_LIMIT = 10
+
+
+@dataclass(frozen=True)
+class MinutePoint:
+    minute: datetime
+    #: Runs that ended in this minute, by outcome (every key of :data:`OUTCOMES`).
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class LatenessPoint:
+    minute: datetime
+    #: Runs that ended in this minute and had started (and so have a lateness).
+    count: int
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class RunnerDuration:
+    runner: str
+    count: int
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class FailingTask:
+    task_id: str
+    name: str
+    #: Attempts that failed (final failures and failed attempts that were retried).
+    failures: int
+    #: Every counted attempt of the task over the same hours.
+    runs: int
+
+
+@dataclass(frozen=True)
+class UpcomingRun:
+    task_id: str
+    name: str
+    due_at: datetime
+    #: The SCHEDULED execution, or None for a fire time not yet materialised.
+    execution_id: int | None
+
+
+@dataclass(frozen=True)
+class DashboardSnapshot:
+    now: datetime
+    runs_last_hour: dict[str, int]
+    success_rate: float | None
+    running_now: int
+    due_backlog: int
+    pending_depth: int
+    workers_alive: int
+    workers_dead: int
+    skipped_by_reason: dict[str, int]
+    runs_per_minute: list[MinutePoint]
+    lateness_per_minute: list[LatenessPoint]
+    duration_by_runner: list[RunnerDuration]
+    top_failing_tasks: list[FailingTask]
+    upcoming: list[UpcomingRun]
+    upcoming_count: int
+
+
+def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
+    """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's).
+
+    Seven queries at most (one to read the database clock when ``now`` is not given): the
+    rollup by (minute, runner), the tasks failing most, the live counts, skipped occurrences by
+    reason, and the upcoming executions and task fire times.
+    """
+    now = now or db_now()
+    owner_id = None if user.is_staff else user.pk
+    live = _live_counts(owner_id, now)
+    minutes, lateness, durations, last_hour = _from_rollup(owner_id, now)
+    succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
+    upcoming = _upcoming(owner_id, now)
+    return DashboardSnapshot(
+        now=now,
+        runs_last_hour=last_hour,
+        success_rate=succeeded / (succeeded + failed) if succeeded + failed else None,
+        running_now=live["running"],
+        due_backlog=live["backlog"],
+        pending_depth=live["pending"],
+        workers_alive=live["alive"],
+        workers_dead=live["dead"],
+        skipped_by_reason=_skipped_by_reason(owner_id, now),
+        runs_per_minute=minutes,
+        lateness_per_minute=lateness,
+        duration_by_runner=durations,
+        top_failing_tasks=_top_failing(owner_id, now),
+        upcoming=upcoming,
+        upcoming_count=live["upcoming_executions"] + live["upcoming_tasks"],
+    )
+
+
+def _owned(queryset: QuerySet, owner_id: int | None, field: str) -> QuerySet:
+    return queryset if owner_id is None else queryset.filter(**{field: owner_id})
+
+
+def _from_rollup(
+    owner_id: int | None, now: datetime
+) -> tuple[list[MinutePoint], list[LatenessPoint], list[RunnerDuration], dict[str, int]]:
+    last = floor_minute(now)
+    first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
+    by_minute: dict[datetime, RollupTotals] = {}
+    duration_by_runner: dict[str, tuple[int, ...]] = defaultdict(lambda: (0,) * BUCKETS)
+    for row in rollup_by_minute_and_runner(since=first, until=last, owner_id=owner_id):
+        totals = RollupTotals.from_row(row)
+        seen = by_minute.get(row["minute"])
+        if seen is not None:
+            totals = RollupTotals(
+                {k: seen.outcomes[k] + totals.outcomes[k] for k in OUTCOMES},
+                add_counts(seen.lateness, totals.lateness),
+                add_counts(seen.duration, totals.duration),
+            )
+        by_minute[row["minute"]] = totals
+        runner = row["runner"]
+        duration_by_runner[runner] = add_counts(duration_by_runner[runner], RollupTotals.from_row(row).duration)
+    empty = RollupTotals(dict.fromkeys(OUTCOMES, 0), (0,) * BUCKETS, (0,) * BUCKETS)
+    minutes, lateness = [], []
+    last_hour = dict.fromkeys(OUTCOMES, 0)
+    hour_start = last - timedelta(minutes=59)
+    for step in range(MINUTES_PER_DAY):
+        minute = first + timedelta(minutes=step)
+        totals = by_minute.get(minute, empty)
+        minutes.append(MinutePoint(minute, dict(totals.outcomes)))
+        late = totals.lateness
+        lateness.append(LatenessPoint(minute, sum(late), percentile(late, 0.5), percentile(late, 0.99)))
+        if minute >= hour_start:
+            for outcome in OUTCOMES:
+                last_hour[outcome] += totals.outcomes[outcome]
+    durations = [
+        RunnerDuration(runner, sum(counts), percentile(counts, 0.5), percentile(counts, 0.99))
+        for runner, counts in sorted(duration_by_runner.items())
+        if sum(counts)
+    ]
+    return minutes, lateness, durations, last_hour
+
+
+def _top_failing(owner_id: int | None, now: datetime) -> list[FailingTask]:
+    since = floor_hour(now) - timedelta(hours=23)
+    window = TaskRollup.objects.filter(hour__gte=since, hour__lte=now)
+    runs = (
+        window.filter(task_id=OuterRef("task_id")).order_by().values("task_id").annotate(n=Sum("attempts")).values("n")
+    )
+    failing = (
+        _owned(window.filter(failures__gt=0), owner_id, "owner_id")
+        .order_by()
+        .values("task_id", "task__name")
+        .annotate(failed=Sum("failures"), runs=Subquery(runs))
+        .order_by("-failed", "task_id")[:TOP_FAILING_LIMIT]
+    )
+    return [
+        FailingTask(str(row["task_id"]), row["task__name"] or "", int(row["failed"]), int(row["runs"] or 0))
+        for row in failing
+    ]
+
+
+def _count_sql(queryset: QuerySet) -> tuple[str, tuple]:
+    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    return f"(SELECT COUNT(*) FROM ({sql}) AS counted)", params  # noqa: S608 - compiled by Django
+
+
+def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
+    """Counts of live states in one query, each a subquery on its own partial index."""
+    executions = Execution.objects.all()
+    executions = _owned(executions, owner_id, "task__owner_id")
+    in_an_hour = now + timedelta(hours=1)
+    parts = {
+        "running": executions.filter(status=ExecutionStatus.RUNNING),
+        "backlog": executions.filter(status=ExecutionStatus.SCHEDULED, due_at__lte=now),
+        "pending": executions.filter(status=ExecutionStatus.PENDING),
+        "upcoming_executions": executions.filter(
+            status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour
+        ),
+        "upcoming_tasks": _owned(
+            Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
+            owner_id,
+            "owner_id",
+        ),
+        "alive": Worker.objects.filter(status=WorkerStatus.ALIVE),
+        "dead": Worker.objects.filter(status=WorkerStatus.DEAD, last_heartbeat__gte=now - timedelta(hours=24)),
+    }
+    columns, params = [], []
+    for name, queryset in parts.items():
+        sql, part_params = _count_sql(queryset)
+        columns.append(f"{sql} AS {name}")
+        params += part_params
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(columns), params)
+        return dict(zip(parts, cursor.fetchone(), strict=True))
+
+
+def _skipped_by_reason(owner_id: int | None, now: datetime) -> dict[str, int]:
+    skipped = SkippedOccurrence.objects.filter(recorded_at__gt=now - timedelta(hours=24), recorded_at__lte=now)
+    # Counting ``reason`` (in the index with recorded_at) lets staff's count read the index only.
+    rows = _owned(skipped, owner_id, "task__owner_id").order_by().values("reason").annotate(n=Count("reason"))
+    return {row["reason"]: row["n"] for row in sorted(rows, key=lambda row: row["reason"])}
+
+
+def _upcoming(owner_id: int | None, now: datetime) -> list[UpcomingRun]:
+    in_an_hour = now + timedelta(hours=1)
+    executions = _owned(
+        Execution.objects.filter(status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour),
+        owner_id,
+        "task__owner_id",
+    )
+    tasks = _owned(
+        Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
+        owner_id,
+        "owner_id",
+    )
+    runs = [
+        UpcomingRun(str(task_id), name, due_at, execution_id)
+        for execution_id, task_id, name, due_at in executions.order_by("due_at", "id").values_list(
+            "id", "task_id", "task__name", "due_at"
+        )[:UPCOMING_LIMIT]
+    ]
+    runs += [
+        UpcomingRun(str(task_id), name, due_at, None)
+        for task_id, name, due_at in tasks.order_by("next_run_at", "id").values_list("id", "name", "next_run_at")[
+            :UPCOMING_LIMIT
+        ]
+    ]
+    runs.sort(key=lambda run: (run.due_at, run.execution_id is None, run.task_id))
+    return runs[:UPCOMING_LIMIT]

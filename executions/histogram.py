@@ -1,0 +1,66 @@
+"""Fixed, log-spaced histogram buckets for lateness and run duration.
+
+The buckets never change, so histograms of any minute, owner, runner or shard add up bucket
+by bucket, and a percentile of any sum is read off the summed counts. Bucket ``i`` holds the
+values in ``[EDGES[i - 1], EDGES[i])`` (seconds; bucket 0 everything below ``EDGES[0]``,
+negative values included, the last bucket everything from ``EDGES[-1]`` up): exactly
+PostgreSQL's ``width_bucket(value, EDGES)``, which the rollup trigger uses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+#: Bucket bounds in seconds, 1 - 2.5 - 5 per decade from 10 ms to about 7 hours. Frozen in the
+#: rollup triggers (migration 0006): changing them needs a new migration and a rebuild.
+EDGES: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1000.0,
+    2500.0,
+    5000.0,
+    10000.0,
+    25000.0,
+)
+BUCKETS = len(EDGES) + 1
+
+
+def bucket_of(seconds: float) -> int:
+    """The bucket ``seconds`` falls in."""
+    return bisect.bisect_right(EDGES, seconds)
+
+
+def bucket_value(bucket: int) -> float:
+    """What a percentile landing in ``bucket`` reports: the bucket's upper bound (the value is
+    below it), or for the open last bucket its lower bound (the value is at least that)."""
+    return EDGES[min(bucket, len(EDGES) - 1)]
+
+
+def percentile(counts: Sequence[int], q: float) -> float | None:
+    """The nearest-rank ``q`` percentile (0 < q <= 1) of a histogram, as :func:`bucket_value` of
+    the bucket holding it; None for an empty histogram."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for bucket, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return bucket_value(bucket)
+    raise AssertionError("unreachable: the counts add up to total")  # pragma: no cover

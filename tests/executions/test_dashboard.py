@@ -1,0 +1,421 @@
+"""The dashboard's data: the rollup the trigger keeps equals what the executions say, per owner,
+in a fixed number of queries."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db.models import Sum
+from django.utils import timezone
+
+from executions import transitions
+from executions.dashboard import OUTCOMES, dashboard_snapshot
+from executions.histogram import BUCKETS, EDGES, bucket_of, percentile
+from executions.models import Execution, ExecutionEvent, RunRollup, SkippedOccurrence, TaskRollup, Worker
+from executions.models import ExecutionStatus as S
+from executions.periodic import periodic_jobs
+from executions.rollup import COUNTER_COLUMNS, floor_minute, rollup_prune, rollup_rebuild
+from tasks_app.models import Task
+from tests.factories import TaskFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+MAX = 1000
+WORKER = "host:1:1"
+
+
+class Ledger:
+    """Drives executions through the real transitions and remembers each ended attempt's times,
+    which a retry overwrites on the row."""
+
+    def __init__(self) -> None:
+        self.retried: list[dict] = []
+
+    def start(self, task: Task, *, late: float = 0.0, ran_for: float = 0.0) -> Execution:
+        """A new execution of ``task`` due ``late`` seconds ago, taken, claimed, and made to look as
+        if it started ``ran_for`` seconds ago (started_at only; its status went through
+        transitions)."""
+        due = timezone.now() - timedelta(seconds=late + ran_for)
+        (pk,) = transitions.executions_create(rows=[transitions.NewExecution(task.pk, due, 5)], actor="test")
+        return self._claim(pk, 1, ran_for)
+
+    def _claim(self, pk: int, attempt: int, ran_for: float) -> Execution:
+        taken = transitions.executions_take_due(limit=MAX, actor="monitor:test")
+        assert pk in [d.execution_id for d in taken]
+        assert transitions.execution_claim(execution_id=pk, attempt=attempt, worker_id=WORKER, lease_seconds=60)
+        if ran_for:
+            Execution.objects.filter(pk=pk).update(started_at=timezone.now() - timedelta(seconds=ran_for))
+        return Execution.objects.get(pk=pk)
+
+    def succeed(self, execution: Execution) -> None:
+        assert transitions.execution_succeed(
+            execution_id=execution.pk, attempt=execution.attempt, worker_id=WORKER, output="ok", max_chars=MAX
+        )
+
+    def fail(self, execution: Execution, *, retry: bool = False, claim: bool = True) -> Execution | None:
+        before = Execution.objects.get(pk=execution.pk)
+        outcome = transitions.execution_fail(
+            execution_id=execution.pk,
+            attempt=execution.attempt,
+            worker_id=WORKER,
+            error="boom",
+            output="",
+            retry_in=0 if retry else None,
+            max_chars=MAX,
+        )
+        assert outcome == (S.SCHEDULED if retry else S.FAILED)
+        if not retry:
+            return None
+        event = ExecutionEvent.objects.filter(execution=execution, from_status=S.RUNNING, to_status=S.SCHEDULED).last()
+        self.retried.append(
+            {"task": before.task, "started_at": before.started_at, "due_at": before.due_at, "ended": event.at}
+        )
+        if not claim:
+            return Execution.objects.get(pk=execution.pk)
+        return self._claim(execution.pk, execution.attempt + 1, 0)
+
+
+def _expected(ledger: Ledger, owner_id: int | None) -> dict:
+    """What the execution table (and the retries the ledger saw) says the snapshot must show."""
+    finished = Execution.objects.filter(status__in=(S.SUCCEEDED, S.FAILED, S.CANCELLED), superseded=False)
+    if owner_id is not None:
+        finished = finished.filter(task__owner_id=owner_id)
+    # A cancelled execution's last attempt ran if it was cancelled while RUNNING.
+    cancelled_running = set(
+        ExecutionEvent.objects.filter(to_status=S.CANCELLED, from_status=S.RUNNING).values_list(
+            "execution_id", flat=True
+        )
+    )
+    ended = [
+        {
+            "task": e.task,
+            "outcome": e.status,
+            "started_at": e.started_at if e.status != S.CANCELLED or e.pk in cancelled_running else None,
+            "due_at": e.due_at,
+            "ended": e.finished_at,
+        }
+        for e in finished.select_related("task")
+    ]
+    ended += [
+        {**attempt, "outcome": "RETRIED"}
+        for attempt in ledger.retried
+        if owner_id is None or attempt["task"].owner_id == owner_id
+    ]
+    by_outcome = Counter(row["outcome"] for row in ended)
+    lateness: dict[datetime, list[int]] = defaultdict(lambda: [0] * BUCKETS)
+    duration: dict[str, list[int]] = defaultdict(lambda: [0] * BUCKETS)
+    per_minute: dict[datetime, Counter] = defaultdict(Counter)
+    failures, runs = Counter(), Counter()
+    for row in ended:
+        minute = floor_minute(row["ended"])
+        per_minute[minute][row["outcome"]] += 1
+        runs[str(row["task"].pk)] += 1
+        failures[str(row["task"].pk)] += row["outcome"] in ("FAILED", "RETRIED")
+        if row["started_at"] is not None:
+            lateness[minute][bucket_of((row["started_at"] - row["due_at"]).total_seconds())] += 1
+            duration[row["task"].runner][bucket_of((row["ended"] - row["started_at"]).total_seconds())] += 1
+    return {
+        "runs": {outcome: by_outcome.get(outcome, 0) for outcome in OUTCOMES},
+        "per_minute": per_minute,
+        "lateness": lateness,
+        "duration": duration,
+        "failures": failures,
+        "task_runs": runs,
+    }
+
+
+def _live(owner_id: int | None) -> dict:
+    executions = Execution.objects.all()
+    if owner_id is not None:
+        executions = executions.filter(task__owner_id=owner_id)
+    now = timezone.now()
+    return {
+        "running_now": executions.filter(status=S.RUNNING).count(),
+        "due_backlog": executions.filter(status=S.SCHEDULED, due_at__lte=now).count(),
+        "pending_depth": executions.filter(status=S.PENDING).count(),
+    }
+
+
+@pytest.fixture
+def scene():
+    """Two owners' tasks driven through success, failure, a retry, cancels and a supersede."""
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    a_noop = TaskFactory(owner=alice, runner="noop", name="alice noop")
+    a_sleep = TaskFactory(owner=alice, runner="sleep", name="alice sleep")
+    b_noop = TaskFactory(owner=bob, runner="noop", name="bob noop")
+    ledger = Ledger()
+    for late, ran_for in ((0, 0), (30, 0.3), (120, 7)):
+        ledger.succeed(ledger.start(a_noop, late=late, ran_for=ran_for))
+    ledger.fail(ledger.start(a_sleep, late=3, ran_for=40))
+    # Fails, is retried, fails again for good.
+    ledger.fail(ledger.fail(ledger.start(a_sleep, late=1, ran_for=2), retry=True))
+    # Fails, is retried, succeeds.
+    ledger.succeed(ledger.fail(ledger.start(b_noop, late=0.5, ran_for=1), retry=True))
+    # Fails, is retried, and is cancelled while waiting for the retry: that attempt never ran.
+    waiting = ledger.fail(ledger.start(b_noop, late=2, ran_for=3), retry=True, claim=False)
+    assert transitions.execution_cancel(execution_id=waiting.pk, actor="bob").won
+    running = ledger.start(b_noop, late=10)
+    assert transitions.execution_cancel(execution_id=running.pk, actor="bob").won
+    ledger.fail(ledger.start(b_noop, ran_for=300))
+    # Cancelled before it started: a run (cancelled) with no lateness nor duration.
+    (never,) = transitions.executions_create(
+        rows=[transitions.NewExecution(b_noop.pk, timezone.now() + timedelta(minutes=5), 5)], actor="test"
+    )
+    assert transitions.execution_cancel(execution_id=never, actor="bob").won
+    # Superseded by a schedule change: never a run.
+    (superseded,) = transitions.executions_create(
+        rows=[transitions.NewExecution(a_noop.pk, timezone.now() + timedelta(minutes=7), 5)], actor="test"
+    )
+    assert transitions.execution_cancel(execution_id=superseded, actor="alice", supersede=True).won
+    # Live states: one of each, per owner where it matters.
+    ledger.start(a_sleep)  # RUNNING
+    (pending,) = transitions.executions_create(
+        rows=[transitions.NewExecution(b_noop.pk, timezone.now() - timedelta(seconds=2), 5)], actor="test"
+    )
+    transitions.executions_take_due(limit=MAX, actor="monitor:test")  # PENDING
+    transitions.executions_create(  # SCHEDULED past due (backlog) and upcoming
+        rows=[
+            transitions.NewExecution(a_noop.pk, timezone.now() - timedelta(seconds=1), 5),
+            transitions.NewExecution(a_noop.pk, timezone.now() + timedelta(minutes=10), 5),
+            transitions.NewExecution(b_noop.pk, timezone.now() + timedelta(minutes=20), 5),
+        ],
+        actor="test",
+    )
+    Task.objects.filter(pk=a_sleep.pk).update(next_run_at=timezone.now() + timedelta(minutes=30))
+    Task.objects.filter(pk=b_noop.pk).update(next_run_at=timezone.now() + timedelta(hours=2))  # beyond the hour
+    Task.objects.filter(pk=a_noop.pk).update(next_run_at=None)
+    now = timezone.now()
+    SkippedOccurrence.objects.create(task=a_noop, scheduled_for=now - timedelta(minutes=3), reason="missed")
+    SkippedOccurrence.objects.create(task=b_noop, scheduled_for=now - timedelta(minutes=2), reason="overlap")
+    SkippedOccurrence.objects.create(task=b_noop, scheduled_for=now - timedelta(minutes=1), reason="overlap")
+    Worker.objects.create(id="w:1", hostname="w", pid=1, status="ALIVE")
+    Worker.objects.create(id="w:2", hostname="w", pid=2, status="ALIVE")
+    Worker.objects.create(id="w:3", hostname="w", pid=3, status="DEAD")
+    Worker.objects.create(id="w:4", hostname="w", pid=4, status="DEAD", last_heartbeat=now - timedelta(days=3))
+    return {"alice": alice, "bob": bob, "ledger": ledger, "tasks": (a_noop, a_sleep, b_noop), "pending": pending}
+
+
+@pytest.mark.parametrize("viewer", ["staff", "alice", "bob"])
+def test_snapshot_equals_the_execution_table(scene, viewer, staff_user):
+    user = staff_user if viewer == "staff" else scene[viewer]
+    owner_id = None if viewer == "staff" else user.pk
+    expected = _expected(scene["ledger"], owner_id)
+
+    snap = dashboard_snapshot(user=user)
+
+    assert snap.runs_last_hour == expected["runs"]
+    assert sum(expected["runs"].values()) > 0
+    done = expected["runs"]["SUCCEEDED"] + expected["runs"]["FAILED"]
+    assert snap.success_rate == pytest.approx(expected["runs"]["SUCCEEDED"] / done)
+    assert {k: getattr(snap, k) for k in ("running_now", "due_backlog", "pending_depth")} == _live(owner_id)
+    assert (snap.workers_alive, snap.workers_dead) == (2, 1)
+
+    assert len(snap.runs_per_minute) == 1440
+    assert snap.runs_per_minute[-1].minute == floor_minute(snap.now)
+    shown = {p.minute: p.counts for p in snap.runs_per_minute if p.total}
+    assert shown == {m: {o: c.get(o, 0) for o in OUTCOMES} for m, c in expected["per_minute"].items()}
+
+    lateness = {p.minute: (p.count, p.p50, p.p99) for p in snap.lateness_per_minute if p.count}
+    assert lateness == {
+        m: (sum(h), percentile(h, 0.5), percentile(h, 0.99)) for m, h in expected["lateness"].items() if sum(h)
+    }
+    assert [(d.runner, d.count, d.p50, d.p99) for d in snap.duration_by_runner] == [
+        (runner, sum(h), percentile(h, 0.5), percentile(h, 0.99)) for runner, h in sorted(expected["duration"].items())
+    ]
+
+    failing = [(t.task_id, t.failures, t.runs) for t in snap.top_failing_tasks]
+    assert failing == sorted(
+        [(task, n, expected["task_runs"][task]) for task, n in expected["failures"].items() if n],
+        key=lambda row: (-row[1], row[0]),
+    )
+    names = {str(t.pk): t.name for t in Task.objects.all()}
+    assert all(t.name == names[t.task_id] for t in snap.top_failing_tasks)
+
+    a_noop, a_sleep, b_noop = scene["tasks"]
+    upcoming = {"staff": 3, "alice": 2, "bob": 1}[viewer]  # 2 SCHEDULED executions + a_sleep's cursor
+    assert snap.upcoming_count == upcoming
+    assert [u.due_at for u in snap.upcoming] == sorted(u.due_at for u in snap.upcoming)
+    assert len(snap.upcoming) == upcoming
+    skipped = {"staff": {"missed": 1, "overlap": 2}, "alice": {"missed": 1}, "bob": {"overlap": 2}}
+    assert snap.skipped_by_reason == skipped[viewer]
+
+    if viewer != "staff":  # isolation: nothing of the other owner's shows anywhere
+        others = {str(t.pk) for t in (a_noop, a_sleep, b_noop) if t.owner_id != user.pk}
+        seen = {t.task_id for t in snap.top_failing_tasks} | {u.task_id for u in snap.upcoming}
+        assert seen and not (seen & others)
+
+
+def test_the_expected_figures_are_not_trivial(scene, staff_user):
+    """The scene covers every outcome, several lateness and duration buckets, and both runners."""
+    expected = _expected(scene["ledger"], None)
+    assert all(expected["runs"][o] > 0 for o in OUTCOMES)
+    assert expected["runs"] == {"SUCCEEDED": 4, "FAILED": 3, "CANCELLED": 3, "RETRIED": 3}
+    buckets = {b for h in expected["lateness"].values() for b, n in enumerate(h) if n}
+    assert len(buckets) >= 4
+    assert set(expected["duration"]) == {"noop", "sleep"}
+
+
+def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries):
+    for user in (staff_user, scene["alice"]):
+        with django_assert_num_queries(7):
+            dashboard_snapshot(user=user)
+    now = timezone.now()
+    with django_assert_num_queries(6):  # no clock read
+        dashboard_snapshot(user=staff_user, now=now)
+
+
+def test_snapshot_of_an_empty_platform(staff_user):
+    snap = dashboard_snapshot(user=staff_user)
+    assert snap.runs_last_hour == dict.fromkeys(OUTCOMES, 0)
+    assert snap.success_rate is None
+    assert (snap.running_now, snap.due_backlog, snap.pending_depth, snap.upcoming_count) == (0, 0, 0, 0)
+    assert snap.top_failing_tasks == snap.upcoming == snap.duration_by_runner == []
+    assert all(p.p50 is None for p in snap.lateness_per_minute)
+
+
+def test_a_lost_write_counts_nothing_and_a_dead_workers_run_counts_once():
+    """A worker that dies mid-run counted nothing; the worker that resumes and ends the run
+    counts it once, and the dead worker's late write loses and counts nothing."""
+    task = TaskFactory()
+    ledger = Ledger()
+    execution = ledger.start(task)
+    Execution.objects.filter(pk=execution.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    handed = transitions.executions_take_polls(limit=10, in_flight_for=30, actor="monitor:test")
+    assert [d.execution_id for d in handed] == [execution.pk]
+    assert not RunRollup.objects.exists()  # RUNNING -> RUNNING: nothing ended
+    assert transitions.execution_acquire(execution_id=execution.pk, attempt=1, worker_id="host:2:2", lease_seconds=60)
+    assert transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id="host:2:2", output="", max_chars=MAX
+    )
+    # The first worker comes back and tries to finish: fenced out, nothing counted.
+    assert not transitions.execution_succeed(
+        execution_id=execution.pk, attempt=1, worker_id=WORKER, output="", max_chars=MAX
+    )
+    assert not transitions.execution_cancel(execution_id=execution.pk, actor="user").won
+    totals = RunRollup.objects.aggregate(s=Sum("succeeded"), f=Sum("failed"), c=Sum("cancelled"), r=Sum("retried"))
+    assert totals == {"s": 1, "f": 0, "c": 0, "r": 0}
+    assert TaskRollup.objects.get(task=task).attempts == 1
+
+
+def test_a_herd_of_finishes_spreads_over_shards():
+    task = TaskFactory()
+    ledger = Ledger()
+    for _ in range(16):
+        ledger.succeed(ledger.start(task))
+    rows = RunRollup.objects.filter(owner_id=task.owner_id)
+    assert rows.aggregate(n=Sum("succeeded"))["n"] == 16
+    assert rows.values("shard").distinct().count() == 8  # consecutive ids: every shard once or more
+
+
+def test_bucket_bounds_in_sql_are_the_pythons():
+    """The trigger's width_bucket over the frozen bounds agrees with histogram.bucket_of."""
+    from django.db import connection
+
+    values = [-1.0, 0.0, 0.004, *EDGES, *(e * 0.999 for e in EDGES), *(e * 1.001 for e in EDGES), 1e9]
+    array = "{" + ",".join(repr(e) for e in EDGES) + "}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT width_bucket(v, %s::float8[]) FROM unnest(%s::float8[]) v", [array, values])
+        assert [row[0] for row in cursor.fetchall()] == [bucket_of(v) for v in values]
+
+
+def test_prune_keeps_the_retention_and_beat_runs_it(settings):
+    settings.TMS = {**settings.TMS, "ROLLUP_RETENTION": 3600.0, "TASK_ROLLUP_RETENTION": 7200.0}
+    task = TaskFactory()
+    now = timezone.now().replace(second=0, microsecond=0)
+    for age in (0, 59, 61, 121):
+        RunRollup.objects.create(minute=now - timedelta(minutes=age), owner_id=task.owner_id, runner="noop", shard=0)
+        TaskRollup.objects.create(hour=now - timedelta(minutes=age), task=task, owner_id=task.owner_id)
+    assert rollup_prune(now=now) == (2, 1)
+    assert RunRollup.objects.count() == 2
+    assert TaskRollup.objects.count() == 3
+    assert periodic_jobs()["tms: prune the dashboard rollup"] == ("tms.rollup_prune", 3600.0)
+
+
+def test_rebuild_recounts_what_the_trigger_counted(scene):
+    outcomes = ["succeeded", "failed", "cancelled", "retried"]
+    before = RunRollup.objects.aggregate(**{c: Sum(c) for c in COUNTER_COLUMNS})
+    tasks_before = TaskRollup.objects.aggregate(a=Sum("attempts"), f=Sum("failures"))
+    counted = rollup_rebuild(since=timezone.now() - timedelta(hours=1))
+    after = RunRollup.objects.aggregate(**{c: Sum(c) for c in COUNTER_COLUMNS})
+    assert counted == 10
+    assert {c: after[c] for c in outcomes} == {c: before[c] for c in outcomes}
+    # Attempts that were retried left no row: their histogram entries (they all ran) are gone.
+    for prefix in ("lateness", "duration"):
+        total = [sum(row[c] or 0 for c in COUNTER_COLUMNS if c.startswith(prefix)) for row in (before, after)]
+        assert total[1] == total[0] - 3
+    for column in COUNTER_COLUMNS[4:]:
+        assert after[column] is None or after[column] <= before[column]
+    # A task's hours count final outcomes only after a rebuild: the 3 retried attempts are gone.
+    assert TaskRollup.objects.aggregate(a=Sum("attempts"), f=Sum("failures")) == {
+        "a": tasks_before["a"] - 3,
+        "f": tasks_before["f"] - 3,
+    }
+
+
+SQLITE_SCRIPT = textwrap.dedent(
+    """
+    from datetime import timedelta
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+    from executions import transitions
+    from executions.dashboard import dashboard_snapshot
+    from executions.models import Execution, RunRollup, TaskRollup
+    from tasks_app.models import Task
+
+    user = get_user_model().objects.create_user("solo", is_staff=False)
+    task = Task.objects.create(owner=user, name="t", runner="noop", start_at=timezone.now())
+
+    def start(late):
+        due = timezone.now() - timedelta(seconds=late)
+        (pk,) = transitions.executions_create(rows=[transitions.NewExecution(task.pk, due, 5)], actor="t")
+        transitions.executions_take_due(limit=10, actor="m")
+        assert transitions.execution_claim(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
+        return pk
+
+    ok = start(30)
+    assert transitions.execution_succeed(execution_id=ok, attempt=1, worker_id="w", output="", max_chars=10)
+    assert not transitions.execution_succeed(execution_id=ok, attempt=1, worker_id="w", output="", max_chars=10)
+    bad = start(0)
+    assert transitions.execution_fail(
+        execution_id=bad, attempt=1, worker_id="w", error="x", output="", retry_in=0, max_chars=10
+    ) == "SCHEDULED"
+    assert transitions.execution_cancel(execution_id=bad, actor="u").won
+    snap = dashboard_snapshot(user=user)
+    print(sorted(snap.runs_last_hour.items()))
+    print(sum(p.count for p in snap.lateness_per_minute), snap.lateness_per_minute[-1].p50)
+    print([(t.failures, t.runs) for t in snap.top_failing_tasks])
+    print(RunRollup.objects.count() > 0, TaskRollup.objects.get().attempts)
+    """
+)
+
+
+def test_the_embedded_sqlite_default_keeps_the_rollup_too(tmp_path: Path):
+    """migrate on a fresh SQLite file installs the SQLite trigger; the same transitions fill
+    the same rollup and the snapshot reads it."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tms_project.settings.base",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'tms.sqlite3'}",
+        "CELERY_BROKER_URL": f"filesystem://{tmp_path}",
+        "TMS_VAR_DIR": str(tmp_path),
+    }
+    root = Path(__file__).resolve().parents[2]
+    manage = [sys.executable, str(root / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v", "0"], env=env, cwd=root, check=True, timeout=300)
+    script = [*manage, "shell", "-v", "0", "-c", SQLITE_SCRIPT]
+    result = subprocess.run(script, env=env, cwd=root, check=True, timeout=120, capture_output=True, text=True)
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "[('CANCELLED', 1), ('FAILED', 0), ('RETRIED', 1), ('SUCCEEDED', 1)]"
+    # Two attempts started (the success 30 s late: 25-50 s bucket); the cancel of the retry
+    # never started. p50 of {~0 s, ~30 s}: the lower one's bucket bound.
+    count, p50 = lines[1].split()
+    assert int(count) == 2 and float(p50) <= EDGES[2]
+    assert lines[2] == "[(1, 3)]"
+    assert lines[3] == "True 3"
