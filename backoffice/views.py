@@ -81,7 +81,7 @@ def run_row(execution: Execution) -> dict[str, Any]:
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
 # --- tasks --------------------------------------------------------------------------------------
