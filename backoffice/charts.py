@@ -44,18 +44,25 @@ def _nice_max(value: float) -> float:
     return 10 * power  # pragma: no cover
 
 
-def _time_axis(first: datetime, minutes: int, x0: float, plot_w: float, y: float, every_hours: int) -> list[str]:
-    """Vertical grid lines and HH:MM labels on whole hours, every ``every_hours``."""
+def _tick_minutes(span: int) -> int:
+    """Minutes between labelled grid lines for a span of ``span`` minutes (about 6-8 labels)."""
+    for step in (5, 10, 15, 30, 60, 120, 180, 360):
+        if span / step <= 8:
+            return step
+    return 720
+
+
+def _time_axis(first: datetime, minutes: int, x0: float, plot_w: float, y: float) -> list[str]:
+    """Vertical grid lines and HH:MM labels at round times (multiples of the tick step)."""
+    step = _tick_minutes(minutes)
     body = []
-    start_hour = first.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    when = start_hour
-    while when < first + timedelta(minutes=minutes):
-        offset = (when - first).total_seconds() / 60
-        if when.hour % every_hours == 0:
-            x = x0 + plot_w * offset / minutes
-            body.append(f'<line x1="{x:.1f}" y1="8" x2="{x:.1f}" y2="{y:.1f}" stroke="{_GRID}"/>')
-            body.append(f'<text x="{x:.1f}" y="{y + 14:.1f}" text-anchor="middle">{when:%H:%M}</text>')
-        when += timedelta(hours=1)
+    for offset in range(minutes):
+        when = first + timedelta(minutes=offset)
+        if (when.hour * 60 + when.minute) % step:
+            continue
+        x = x0 + plot_w * (offset + 0.5) / minutes
+        body.append(f'<line x1="{x:.1f}" y1="8" x2="{x:.1f}" y2="{y:.1f}" stroke="{_GRID}"/>')
+        body.append(f'<text x="{x:.1f}" y="{y + 14:.1f}" text-anchor="middle">{when:%H:%M}</text>')
     return body
 
 
@@ -73,8 +80,10 @@ def runs_per_minute(
         body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
         body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * fraction:g}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom, 3)  # type: ignore[attr-defined]
+        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)  # type: ignore[attr-defined]
     bar_w = plot_w / n
+    # Wide bars (a short span) get a gap between them; a day's 1440 thin bars touch.
+    drawn_w = bar_w * 0.8 if bar_w > 4 else max(bar_w, 1.2)
     for index, point in enumerate(points):
         counts: Mapping[str, int] = point.counts  # type: ignore[attr-defined]
         total = sum(counts.values())
@@ -91,7 +100,7 @@ def runs_per_minute(
             h = plot_h * count / peak
             y -= h
             parts.append(
-                f'<rect x="{x:.2f}" y="{y:.2f}" width="{max(bar_w, 1.2):.2f}" height="{h:.2f}" '
+                f'<rect x="{x:.2f}" y="{y:.2f}" width="{drawn_w:.2f}" height="{h:.2f}" '
                 f'fill="{OUTCOME_COLOURS.get(outcome, "#888")}"/>'
             )
         body.append(f"<g>{''.join(parts)}</g>")
@@ -143,7 +152,7 @@ def lateness_per_minute(points: Sequence[object], *, width: int = 960, height: i
             body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
             body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom, 3)  # type: ignore[attr-defined]
+        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)  # type: ignore[attr-defined]
     step = plot_w / n
     for attr, colour in (("p99", P99_COLOUR), ("p50", P50_COLOUR)):
         segment: list[str] = []
@@ -175,7 +184,7 @@ def lateness_per_minute(points: Sequence[object], *, width: int = 960, height: i
 
 def duration_by_runner(rows: Sequence[object], *, width: int = 460) -> SafeString:
     """Horizontal bars per runner: p50 (solid) over p99 (light), log scale of seconds."""
-    row_h, x0, right = 30, 90, 70
+    row_h, x0, right = 30, 90, 120
     height = max(len(rows), 1) * row_h + 24
     plot_w = width - x0 - right
     values = [v for r in rows for v in (r.p50, r.p99) if v]  # type: ignore[attr-defined]
@@ -212,12 +221,13 @@ def duration_by_runner(rows: Sequence[object], *, width: int = 460) -> SafeStrin
 
 def upcoming_strip(runs: Sequence[object], now: datetime, *, width: int = 460, height: int = 56) -> SafeString:
     """The next hour as a strip: one tick per upcoming run (hover for the task and time)."""
-    x0, plot_w, y = 8, width - 16, 22
+    x0, plot_w, y = 22, width - 44, 22
     body = [f'<line x1="{x0}" y1="{y}" x2="{x0 + plot_w}" y2="{y}" stroke="#c8cdd8" stroke-width="2"/>']
     for minutes in range(0, 61, 10):
         x = x0 + plot_w * minutes / 60
         body.append(f'<line x1="{x:.1f}" y1="{y - 5}" x2="{x:.1f}" y2="{y + 5}" stroke="#c8cdd8"/>')
-        body.append(f'<text x="{x:.1f}" y="{y + 22}" text-anchor="middle">+{minutes}m</text>')
+        label = f"+{minutes}m" if minutes else "now"
+        body.append(f'<text x="{x:.1f}" y="{y + 22}" text-anchor="middle">{label}</text>')
     for run in runs:
         offset = (run.due_at - now).total_seconds() / 60  # type: ignore[attr-defined]
         if not 0 <= offset <= 60:

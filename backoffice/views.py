@@ -23,7 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError as DRFValidationError
 
 from backoffice.form_errors import add_errors, add_service_error, error_messages, errors_of
-from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm
+from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
 from backoffice.scope import execution_or_404, task_or_404, visible_executions, visible_tasks
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.services import execution_cancel, execution_retry
@@ -137,10 +137,14 @@ def _occurrences(request: HttpRequest, task: Any) -> tuple[Any, OccurrenceWindow
         else:
             add_errors(form, query.errors)
     try:
-        return task_occurrences(task=task, start=start, end=end), form
+        window = task_occurrences(task=task, start=start, end=end)
     except SERVICE_ERRORS as exc:
         add_service_error(form, exc)
-        return task_occurrences(task=task), form
+        window = task_occurrences(task=task)
+    if not form.is_bound:  # show the window it is, so moving it starts from there
+        shown = {"from": local_text(window.start, task.timezone), "to": local_text(window.end, task.timezone)}
+        form = OccurrenceWindowForm(initial=shown, zone=task.timezone)
+    return window, form
 
 
 def _why(request: HttpRequest, task: Any) -> tuple[Any, WhyForm]:

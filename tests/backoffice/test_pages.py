@@ -79,9 +79,21 @@ def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_a
     assert html.count("<svg") == 4
     assert "hourly hook" in html  # failing most, and upcoming
     assert "Flower counts <em>Celery tasks</em>" in html
-    assert 'data-refresh-url="/ui/dashboard/live"' in html
+    assert 'data-refresh-url="/ui/dashboard/live?window=24h"' in html
     fragment = alice_client.get("/ui/dashboard/live")
     assert fragment.status_code == 200 and b"<html" not in fragment.content and b"tile-runs" in fragment.content
+
+
+def test_dashboard_charts_can_show_the_last_hour_or_six(alice_client, alices):
+    for window, labels in (("1h", 6), ("6h", 6), ("24h", 8)):
+        page = alice_client.get("/", {"window": window})
+        assert page.context["window"] == window
+        runs_chart = str(page.context["runs_chart"])
+        assert labels - 1 <= runs_chart.count('text-anchor="middle">') - runs_chart.count("No runs") <= labels + 1
+        assert f'data-refresh-url="/ui/dashboard/live?window={window}"' in page.content.decode()
+    assert alice_client.get("/", {"window": "1y"}).context["window"] == "24h"
+    fragment = alice_client.get("/ui/dashboard/live", {"window": "1h"})
+    assert "Runs per minute, last 1h" in fragment.content.decode()
 
 
 def test_dashboard_counts_only_the_users_own_runs(client, alices, other_user, staff_user):
