@@ -416,12 +416,17 @@ def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def execution_list(request: HttpRequest) -> HttpResponse:
-    """Executions the user may see: what ran (and runs) first, then what waits."""
+    """Executions the user may see: what ran (and runs), newest first; waiting ones (SCHEDULED,
+    many of them future occurrences) only when asked for, soonest first."""
     executions = visible_executions(request.user).select_related("task")
     status = request.GET.get("status", "")
-    if status in ExecutionStatus.values:
-        executions = executions.filter(status=status)
-    page = Paginator(executions.order_by("-id"), 50).get_page(request.GET.get("page"))
+    if status == ExecutionStatus.SCHEDULED:
+        executions = executions.filter(status=status).order_by("due_at", "id")
+    elif status in ExecutionStatus.values:
+        executions = executions.filter(status=status).order_by("-id")
+    else:
+        executions = executions.exclude(status=ExecutionStatus.SCHEDULED).order_by("-id")
+    page = Paginator(executions, 50).get_page(request.GET.get("page"))
     context = {
         "page": page,
         "rows": [run_row(execution) for execution in page],

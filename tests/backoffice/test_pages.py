@@ -49,16 +49,19 @@ def test_pages_need_a_login(client, path):
     assert response.status_code == 302 and response["Location"].startswith(f"/ui/login/?next={path}")
 
 
-def test_log_in_and_out_with_a_session(client, user):
+def test_log_in_and_out_with_a_session(client, user, staff_user):
     assert client.get("/ui/login/").status_code == 200
     response = client.post("/ui/login/", {"username": "alice", "password": "alice-password"})
     assert response.status_code == 302 and response["Location"] == "/"
     page = client.get("/")
     assert page.status_code == 200
-    for link in ("Dashboard", "Tasks", "Admin", "API docs", "Flower", 'href="http://127.0.0.1:5555/"'):
+    for link in ("Dashboard", "Tasks", "Executions", "API docs", "Flower", 'href="http://127.0.0.1:5555/"'):
         assert link in page.content.decode()
+    assert 'href="/admin/"' not in page.content.decode()  # staff only
     assert client.post("/ui/logout/").status_code == 302
     assert client.get("/").status_code == 302
+    client.force_login(staff_user)
+    assert 'href="/admin/"' in client.get("/").content.decode()
 
 
 def test_a_wrong_password_is_refused_on_the_form(client, user):
@@ -419,12 +422,15 @@ def test_execution_actions_refuse_get_and_posts_without_csrf(user, alices, actio
     assert _state() == before
 
 
-def test_execution_list_shows_own_runs_first(alice_client, alices, other_user):
-    bob_task = task_create(owner=other_user, runner="noop", name="bobs")
+def test_execution_list_shows_what_ran_before_what_waits(alice_client, alices, other_user):
+    task_create(owner=other_user, runner="noop", name="bobs")
+    _, runs = alices
     page = alice_client.get("/ui/executions/")
-    ids = [row["execution"].pk for row in page.context["rows"]]
-    assert set(ids) == {e.pk for e in alices[1].values()}
-    assert not Execution.objects.filter(task=bob_task, pk__in=ids).exists()
+    assert [row["execution"].pk for row in page.context["rows"]] == [runs["failed"].pk, runs["ok"].pk]
+    waiting = alice_client.get("/ui/executions/?status=SCHEDULED").context["rows"]
+    scheduled = Execution.objects.filter(task=runs["ok"].task, status=S.SCHEDULED).order_by("due_at", "id")
+    assert [row["execution"].pk for row in waiting] == list(scheduled.values_list("pk", flat=True))
+    assert runs["waiting"].pk in [row["execution"].pk for row in waiting]
     assert alice_client.get("/ui/executions/?status=FAILED").context["rows"][0]["execution"].status == S.FAILED
 
 
