@@ -72,8 +72,8 @@ def test_a_wrong_password_is_refused_on_the_form(client, user):
 # --- dashboard --------------------------------------------------------------------------------------
 
 
-def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_max_num_queries):
-    with django_assert_max_num_queries(12):  # session, user, and the snapshot's fixed queries
+def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_num_queries):
+    with django_assert_num_queries(9):  # the session, the user, and the snapshot's fixed 7
         page = alice_client.get("/")
     html = page.content.decode()
     assert page.status_code == 200
