@@ -128,7 +128,8 @@ def _log_range(values: Sequence[float]) -> tuple[float, float]:
     present = [v for v in values if v and v > 0]
     if not present:
         return 0.01, 10.0
-    lo = max(_LOG_LO, 10 ** math.floor(math.log10(min(present))))
+    # The decade strictly below the smallest value, so even that one draws a visible mark.
+    lo = max(_LOG_LO, 10 ** math.floor(math.log10(min(present) * 0.999)))
     hi = min(_LOG_HI, 10 ** math.ceil(math.log10(max(present) * 1.01)))
     return lo, max(hi, lo * 10)
 

@@ -112,7 +112,8 @@ def main() -> int:
     from django.core.management import call_command
 
     from executions.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
-    from executions.models import Execution, ExecutionStatus
+    from backoffice.forms import local_text
+    from executions.models import Execution, ExecutionStatus, SkippedOccurrence
     from executions.services import execution_retry
     from tests.browser.conftest import log_in, make_browser
 
@@ -155,7 +156,11 @@ def main() -> int:
             try:
                 log_in(driver, base, "operator", "operator-password")
                 take(driver, f"{base}/?window=1h", args.out / "dashboard.png", wait_css="#tile-runs")
-                take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "task.png")
+                # The task whose runs overlap: skipped occurrences, and "why" asked about one of them.
+                skipped = SkippedOccurrence.objects.filter(task=tasks["report"]).order_by("-scheduled_for").first()
+                at = f"?at={local_text(skipped.scheduled_for, tasks['report'].timezone)}#why" if skipped else ""
+                take(driver, f"{base}/ui/tasks/{tasks['report'].pk}/{at}", args.out / "task.png")
+                take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "task-failing.png")
                 if retried is not None:
                     take(driver, f"{base}/ui/executions/{retried.pk}/", args.out / "execution.png")
             finally:
