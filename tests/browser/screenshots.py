@@ -111,8 +111,8 @@ def main() -> int:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from executions.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
     from backoffice.forms import local_text
+    from executions.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
     from executions.models import Execution, ExecutionStatus, SkippedOccurrence
     from executions.services import execution_retry
     from tests.browser.conftest import log_in, make_browser
