@@ -223,6 +223,22 @@ def test_task_page_lists_skipped_occurrences_with_their_reason(alice_client, ali
     assert "skipped · overlap" in html and "the previous run was still running" in html
 
 
+def test_each_occurrence_links_to_why_with_its_exact_instant(alice_client, user):
+    from executions.models import SkippedOccurrence
+
+    start = timezone.now().replace(microsecond=123456) - timedelta(minutes=10)
+    task = task_create(owner=user, runner="noop", interval=timedelta(seconds=30), start_at=start, misfire_policy="skip")
+    when = start + timedelta(seconds=30)  # the start has microseconds: so has every fire time
+    SkippedOccurrence.objects.update_or_create(
+        task=task, scheduled_for=when, defaults={"reason": "overlap", "detail": "still running"}
+    )
+    html = alice_client.get(f"/ui/tasks/{task.pk}/").content.decode()
+    link = f"?at={when.isoformat().replace('+', '%2B').replace(':', '%3A')}#why"
+    assert link in html
+    page = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": when.isoformat()})
+    assert page.context["why"].verdict == "skipped" and page.context["why"].occurrence == when
+
+
 def test_why_form_answers_and_refuses_bad_times(alice_client, alices):
     task, _ = alices
     page = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": "2020-01-01T00:00:00"})

@@ -23,6 +23,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +112,6 @@ def main() -> int:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from backoffice.forms import local_text
     from executions.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
     from executions.models import Execution, ExecutionStatus, SkippedOccurrence
     from executions.services import execution_retry
@@ -158,7 +158,7 @@ def main() -> int:
                 take(driver, f"{base}/?window=1h", args.out / "dashboard.png", wait_css="#tile-runs")
                 # The task whose runs overlap: skipped occurrences, and "why" asked about one of them.
                 skipped = SkippedOccurrence.objects.filter(task=tasks["report"]).order_by("-scheduled_for").first()
-                at = f"?at={local_text(skipped.scheduled_for, tasks['report'].timezone)}#why" if skipped else ""
+                at = f"?at={quote(skipped.scheduled_for.isoformat())}#why" if skipped else ""
                 take(driver, f"{base}/ui/tasks/{tasks['report'].pk}/{at}", args.out / "task.png")
                 take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "task-failing.png")
                 if retried is not None:
