@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 FLOWER_PORT ?= 5555
 
-.PHONY: run test install services lint format migrate clean
+.PHONY: run test install services browser lint format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,23 @@ run: migrate
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
 ## Check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.
-test: install services
+test: install services browser
 	$(BIN)/pytest
+
+## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
+## installed as root (or with sudo) when missing; otherwise stop and say what to install.
+CHROMIUM ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+browser:
+	@if [ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ]; then exit 0; fi; \
+	need="The browser tests need Chromium and its WebDriver: install Debian's packages with 'apt-get install -y chromium chromium-driver' (as root), then run make test again."; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else echo "$$need" >&2; exit 1; fi; \
+	echo "Installing chromium and chromium-driver for the browser tests..."; \
+	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium chromium-driver >/dev/null \
+		|| { echo "Installing chromium and chromium-driver failed. $$need" >&2; exit 1; }; \
+	[ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ] || { echo "$$need" >&2; exit 1; }
 
 services:
 	bash tests/ensure_services.sh

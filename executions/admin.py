@@ -224,7 +224,9 @@ class ExecutionAdmin(ReadOnlyAdmin):
         actor = actor_for(request.user)
 
         def cancel(execution: Execution) -> str:
-            report = execution_cancel_by_user(execution=execution, actor=actor, reason=f"cancelled by {actor} in the admin")
+            report = execution_cancel_by_user(
+                execution=execution, actor=actor, reason=f"cancelled by {actor} in the admin"
+            )
             return f"cancelled (was {report.from_status}; external run: {report.external_run}). {report.detail}".strip()
 
         run_for_each(self, request, queryset.order_by("pk"), cancel, verb="cancelled")

@@ -195,6 +195,13 @@ class BaseRunner:
         """Stop the external run if it is still going; a no-op when it already ended."""
         raise NotImplementedError("subclasses of BaseRunner must provide a cancel() method")
 
+    def output_so_far(self, spec: RunSpec, handle: RunHandle) -> str | None:
+        """Optional: what a run still going has written so far (bounded, the end of it), for
+        people watching it; None when this runner cannot tell. Reads only, never blocks for long
+        and never changes the run. Pages call it on RUNNING executions (the output recorded in the
+        database is the final one, written when the run ends)."""
+        return None
+
 
 # --------------------------------------------------------------------------------------------
 # Checks and limits shared by backends

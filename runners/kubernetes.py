@@ -337,6 +337,20 @@ class KubernetesRunner(BaseRunner):
             raise
         logger.info("kubernetes runner %r: deleted Job %s/%s", self.alias, namespace, name)
 
+    def output_so_far(self, spec: RunSpec, handle: RunHandle) -> str | None:
+        """The end of the Job's latest pod's log (``log_tail_lines``, bounded), read through the
+        official client; None when there is no pod yet or the API cannot be reached."""
+        namespace, name = handle.data.get("namespace"), handle.data.get("name")
+        if not namespace or not name:
+            return None
+        try:
+            pod = self._last_pod(namespace, name)
+        except RunnerError:
+            return None
+        if pod is None:
+            return None
+        return self._bounded(self._log_tail(namespace, pod))
+
     # -- Job manifest -------------------------------------------------------------------------
 
     def job_name(self, spec: RunSpec) -> str:

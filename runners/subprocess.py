@@ -427,6 +427,17 @@ class SubprocessRunner(BaseRunner):
             _signal_group(info, signal.SIGKILL)
         self._wait_for_exit(run_dir, 2.0)
 
+    def output_so_far(self, spec: RunSpec, handle: RunHandle) -> str | None:
+        """The end of the command's stdout so far (bounded like the final output), read from its
+        run folder; None when the run lives on another host or has no folder (yet)."""
+        try:
+            run_dir = self._run_dir_for(spec, handle)
+        except RunnerError:
+            return None
+        if not (run_dir / LAUNCH).exists():
+            return None
+        return self._output(spec, run_dir)
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _run_dir(self, spec: RunSpec) -> Path:

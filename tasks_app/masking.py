@@ -3,7 +3,8 @@
 A config may carry credentials: an ``Authorization`` header, an API key, a password, a
 process environment. The admin and the back office show configs to operators who need the shape
 (which URL, which headers, which command) but not the secrets; this masks every value whose key
-looks secret, every value of an environment mapping, and the password in a URL's userinfo.
+looks secret, every value of an environment mapping, and the password (and secret-named query parameters)
+of a URL.
 Masking is for display only: the stored config is never changed.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: What a masked value reads as.
 MASK = "********"
@@ -28,19 +29,25 @@ def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and bool(_SECRET_KEY.search(key))
 
 
-def _mask_url(text: str) -> str:
-    """``scheme://user:password@host`` -> ``scheme://user:********@host``; anything else as is."""
-    if "://" not in text or "@" not in text:
-        return text
+def mask_url(url: str) -> str:
+    """``url`` with the password of its userinfo and secret-named query parameters masked."""
     try:
-        parts = urlsplit(text)
+        parts = urlsplit(url)
     except ValueError:
-        return text
-    if parts.password is None:
-        return text
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
+        return url
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{MASK}@{host}" if ":" in userinfo else f"{MASK}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(is_secret_key(name) for name, _ in pairs):
+            query = urlencode([(name, MASK if is_secret_key(name) else value) for name, value in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def _mask(value: Any, *, all_values: bool = False) -> Any:
@@ -57,8 +64,8 @@ def _mask(value: Any, *, all_values: bool = False) -> Any:
         return [_mask(item, all_values=all_values) for item in value]
     if all_values:
         return _mask_all(value)
-    if isinstance(value, str):
-        return _mask_url(value)
+    if isinstance(value, str) and "://" in value:
+        return mask_url(value)
     return value
 
 
@@ -102,6 +109,6 @@ def unmask_config(submitted: Any, stored: Any) -> Any:
             unmask_config(value, stored[index]) if index < len(stored) else value
             for index, value in enumerate(submitted)
         ]
-    if isinstance(submitted, str) and isinstance(stored, str) and MASK in submitted and _mask_url(stored) == submitted:
+    if isinstance(submitted, str) and isinstance(stored, str) and MASK in submitted and mask_url(stored) == submitted:
         return stored
     return submitted

@@ -5,6 +5,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from tasks_app.compat import CompatTaskDetailView, CompatTaskListView
 
 urlpatterns = [
+    # The operator back office: the dashboard at the root, its pages under /ui/ (not under /tasks/,
+    # which is the original service's API).
+    path("", include("backoffice.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("tms_project.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

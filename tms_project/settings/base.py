@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "ops",
     # Benchmark, chaos run, scale check and demo set-up: commands only, never imported by the product.
     "tooling",
+    "backoffice",
 ]
 
 MIDDLEWARE = [
@@ -83,6 +84,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "backoffice.context_processors.backoffice",
             ],
         },
     },
@@ -386,3 +388,12 @@ TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstr
 TMS_RETRY_AFTER = env.int("TMS_RETRY_AFTER", default=5)
 #: tms_check fails the monitor when a SCHEDULED execution is overdue by more than this (seconds).
 TMS_CHECK_MONITOR_LAG = env.float("TMS_CHECK_MONITOR_LAG", default=60.0)
+# --- Back office (the operator pages at /) ----------------------------------------------------
+# Session login for the pages; the API keeps its token (and session) authentication.
+LOGIN_URL = "backoffice:login"
+LOGIN_REDIRECT_URL = "backoffice:dashboard"
+LOGOUT_REDIRECT_URL = "backoffice:login"
+#: Where operators reach Flower (linked from the pages, and each execution to its Celery task).
+TMS_FLOWER_URL = env.str("TMS_FLOWER_URL", default="http://127.0.0.1:5555").rstrip("/")
+#: Seconds between the dashboard's live refreshes (0: no refresh).
+TMS_DASHBOARD_REFRESH = env.float("TMS_DASHBOARD_REFRESH", default=5.0)

@@ -1,0 +1,13 @@
+"""Template context every back-office page shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+
+
+def backoffice(request: HttpRequest) -> dict[str, Any]:
+    """Links the navigation bar needs (Flower lives in its own process, on its own port)."""
+    return {"flower_url": settings.TMS_FLOWER_URL}

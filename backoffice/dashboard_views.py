@@ -1,0 +1,62 @@
+"""The dashboard at ``/``: what runs, what fails, what is late, at a glance.
+
+Its numbers come from :func:`executions.dashboard.dashboard_snapshot` (a per-minute rollup and
+the partial indexes of live states, a fixed number of queries whatever the table sizes); this
+module only lays them out and draws the charts (:mod:`backoffice.charts`). The page refreshes
+its body in place every ``TMS_DASHBOARD_REFRESH`` seconds from :func:`dashboard_fragment`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from backoffice import charts
+from executions.dashboard import OUTCOMES, DashboardSnapshot, dashboard_snapshot
+
+#: Spans the per-minute charts can show (the snapshot holds the last 24 h); the default first.
+WINDOWS = {"24h": 1440, "6h": 360, "1h": 60}
+
+
+def chart_window(request: HttpRequest) -> str:
+    window = request.GET.get("window", "")
+    return window if window in WINDOWS else next(iter(WINDOWS))
+
+
+def dashboard_context(snapshot: DashboardSnapshot, window: str = "24h") -> dict[str, Any]:
+    """The snapshot, its totals and its charts (per-minute ones over ``window``), for the template."""
+    minutes = WINDOWS[window]
+    failing = [
+        {"task": task, "share": task.failures / task.runs if task.runs else 1.0} for task in snapshot.top_failing_tasks
+    ]
+    return {
+        "s": snapshot,
+        "outcomes": [(outcome, charts.OUTCOME_COLOURS[outcome]) for outcome in OUTCOMES],
+        "runs_last_hour_total": sum(snapshot.runs_last_hour.values()),
+        "skipped_total": sum(snapshot.skipped_by_reason.values()),
+        "failing": failing,
+        "runs_chart": charts.runs_per_minute(snapshot.runs_per_minute[-minutes:], OUTCOMES),
+        "lateness_chart": charts.lateness_per_minute(snapshot.lateness_per_minute[-minutes:]),
+        "window": window,
+        "windows": list(WINDOWS),
+        "duration_chart": charts.duration_by_runner(snapshot.duration_by_runner),
+        "upcoming_chart": charts.upcoming_strip(snapshot.upcoming, snapshot.now),
+        "refresh_every": settings.TMS_DASHBOARD_REFRESH,
+    }
+
+
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    snapshot = dashboard_snapshot(user=request.user)
+    return render(request, "backoffice/dashboard.html", dashboard_context(snapshot, chart_window(request)))
+
+
+@login_required
+def dashboard_fragment(request: HttpRequest) -> HttpResponse:
+    """The dashboard's body alone, for the in-place refresh."""
+    snapshot = dashboard_snapshot(user=request.user)
+    return render(request, "backoffice/_dashboard_body.html", dashboard_context(snapshot, chart_window(request)))

@@ -1,0 +1,46 @@
+// TMS back office: live regions and confirmations. No framework, no third-party code.
+// An element with data-refresh-url is re-fetched every data-refresh-every seconds and its
+// content swapped in place (no full reload); refreshing pauses while the tab is hidden and
+// stops when the fragment no longer asks for it (e.g. an execution that has finished).
+(function () {
+  "use strict";
+
+  function schedule(region) {
+    var every = parseFloat(region.getAttribute("data-refresh-every") || "5");
+    if (!(every > 0)) return;
+    region._tmsTimer = window.setTimeout(function () { refresh(region); }, every * 1000);
+  }
+
+  function refresh(region) {
+    var url = region.getAttribute("data-refresh-url");
+    if (!url) return;
+    if (document.hidden) { schedule(region); return; }
+    fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) {
+        if (response.redirected || !response.ok) throw new Error("refresh answered " + response.status);
+        return response.text();
+      })
+      .then(function (html) {
+        region.innerHTML = html;
+        region.removeAttribute("data-stale");
+        var marker = region.querySelector("[data-refresh-stop]");
+        if (marker) {
+          region.removeAttribute("data-refresh-url");
+          window.location.reload();  // the run ended: show its final page (buttons change too)
+          return;
+        }
+        region.setAttribute("data-refreshed-at", new Date().toISOString());
+        schedule(region);
+      })
+      .catch(function () { region.setAttribute("data-stale", "true"); schedule(region); });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-refresh-url]").forEach(schedule);
+    document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+      form.addEventListener("submit", function (event) {
+        if (!window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
+      });
+    });
+  });
+})();

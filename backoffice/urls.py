@@ -1,0 +1,29 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from backoffice import dashboard_views, views
+
+app_name = "backoffice"
+
+urlpatterns = [
+    path("", dashboard_views.dashboard, name="dashboard"),
+    path("ui/dashboard/live", dashboard_views.dashboard_fragment, name="dashboard-live"),
+    path(
+        "ui/login/",
+        auth_views.LoginView.as_view(template_name="registration/login.html", redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("ui/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("ui/tasks/", views.task_list, name="tasks"),
+    path("ui/tasks/<uuid:pk>/", views.task_detail, name="task"),
+    path("ui/tasks/<uuid:pk>/edit/", views.task_edit, name="task-edit"),
+    path("ui/tasks/<uuid:pk>/pause/", views.task_pause_view, name="task-pause"),
+    path("ui/tasks/<uuid:pk>/resume/", views.task_resume_view, name="task-resume"),
+    path("ui/tasks/<uuid:pk>/run/", views.task_trigger_view, name="task-trigger"),
+    path("ui/tasks/<uuid:pk>/backfill/", views.task_backfill_view, name="task-backfill"),
+    path("ui/tasks/<uuid:pk>/delete/", views.task_delete_view, name="task-delete"),
+    path("ui/executions/", views.execution_list, name="executions"),
+    path("ui/executions/<int:pk>/", views.execution_detail, name="execution"),
+    path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),
+    path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
+]

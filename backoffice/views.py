@@ -1,0 +1,436 @@
+"""The back office's task and execution pages.
+
+Reads go through :mod:`backoffice.scope` (another user's ids are a 404); every write validates
+with the API's serializer and calls the API's service, so a page can do nothing the API would
+refuse, and its events, cancellations and isolation are the API's. Errors land on the form.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError as DRFValidationError
+
+from backoffice.form_errors import add_errors, add_service_error, error_messages, errors_of
+from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
+from backoffice.scope import execution_or_404, task_or_404, visible_executions, visible_tasks
+from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
+from executions.runs import run_spec
+from executions.services import execution_cancel_by_user, execution_retry_by_user
+from executions.transitions import RETRYABLE_STATUSES
+from runners.base import RunHandle
+from runners.registry import get_runner
+from tasks_app.masking import mask_config
+from tasks_app.models import TaskStatus
+from tasks_app.schedule_words import schedule_words, short_duration
+from tasks_app.selectors import task_occurrences, task_preview, task_why
+from tasks_app.serializers import (
+    BackfillSerializer,
+    OccurrencesQuerySerializer,
+    TaskCreateSerializer,
+    TaskUpdateSerializer,
+    WhyQuerySerializer,
+)
+from tasks_app.services import (
+    actor_for,
+    task_backfill,
+    task_create,
+    task_delete,
+    task_pause,
+    task_resume,
+    task_trigger,
+    task_update,
+)
+from tms_core.errors import DomainError, InvalidInput
+
+logger = logging.getLogger(__name__)
+
+#: What a service may raise for a request that is wrong or no longer fits the current state.
+SERVICE_ERRORS = (DomainError, DRFValidationError, InvalidInput)
+RECENT_RUNS = 25
+NEXT_FIRE_TIMES = 8
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
+
+
+def run_row(execution: Execution) -> dict[str, Any]:
+    """What the run tables show of an execution: status, duration and lateness in words."""
+    duration = lateness = None
+    if execution.started_at:
+        lateness = _seconds(execution.started_at - execution.due_at)
+        if execution.finished_at:
+            duration = _seconds(execution.finished_at - execution.started_at)
+    return {
+        "execution": execution,
+        "duration": short_duration(duration) if duration is not None else "",
+        "lateness": short_duration(lateness) if lateness is not None else "",
+    }
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def task_list(request: HttpRequest) -> HttpResponse:
+    """Tasks the user may see (searchable, by status) and the "New task" form."""
+    form = TaskForm(request.POST or None, initial={"timezone": "UTC", "runner": "noop"})
+    if request.method == "POST" and form.is_valid():
+        serializer = TaskCreateSerializer(data=form.payload(), context={"request": request})
+        if not serializer.is_valid():
+            add_errors(form, serializer.errors)
+        else:
+            try:
+                task = task_create(owner=request.user, **serializer.validated_data)
+            except SERVICE_ERRORS as exc:
+                add_service_error(form, exc)
+            else:
+                messages.success(request, f"Task {task} created.")
+                return redirect("backoffice:task", pk=task.pk)
+    tasks = visible_tasks(request.user).select_related("owner")
+    query = request.GET.get("q", "").strip().replace("\x00", "")
+    status = request.GET.get("status", "")
+    if query:
+        tasks = tasks.filter(Q(name__icontains=query) | Q(runner=query))
+    if status in TaskStatus.values:
+        tasks = tasks.filter(status=status)
+    page = Paginator(tasks.order_by("-created_at"), 50).get_page(request.GET.get("page"))
+    rows = [{"task": task, "schedule": schedule_words(task)} for task in page]
+    code = 400 if request.method == "POST" else 200
+    context = {
+        "form": form,
+        "page": page,
+        "rows": rows,
+        "query": query,
+        "status": status,
+        "statuses": [s for s in TaskStatus.values if s != TaskStatus.DELETED],
+    }
+    return render(request, "backoffice/task_list.html", context, status=code)
+
+
+def _occurrences(request: HttpRequest, task: Any) -> tuple[Any, OccurrenceWindowForm]:
+    """The occurrence timeline over the window the person asked for (default: around now)."""
+    data = {key: request.GET[key] for key in ("from", "to") if request.GET.get(key)}
+    form = OccurrenceWindowForm(data or None, zone=task.timezone)
+    start = end = None
+    if data and form.is_valid():
+        query = OccurrencesQuerySerializer(data=form.payload())
+        if query.is_valid():
+            start, end = query.validated_data.get("from"), query.validated_data.get("to")
+        else:
+            add_errors(form, query.errors)
+    try:
+        window = task_occurrences(task=task, start=start, end=end)
+    except SERVICE_ERRORS as exc:
+        add_service_error(form, exc)
+        window = task_occurrences(task=task)
+    if not form.is_bound:  # show the window it is, so moving it starts from there
+        shown = {"from": local_text(window.start, task.timezone), "to": local_text(window.end, task.timezone)}
+        form = OccurrenceWindowForm(initial=shown, zone=task.timezone)
+    return window, form
+
+
+def _why(request: HttpRequest, task: Any) -> tuple[Any, WhyForm]:
+    if "at" not in request.GET:
+        return None, WhyForm(zone=task.timezone)
+    form = WhyForm({"at": request.GET["at"]}, zone=task.timezone)
+    if not form.is_valid():
+        return None, form
+    query = WhyQuerySerializer(data=form.payload())
+    if not query.is_valid():
+        add_errors(form, query.errors)
+        return None, form
+    return task_why(task=task, at=query.validated_data["at"]), form
+
+
+def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any]:
+    """Everything the task page shows."""
+    executions = Execution.objects.filter(task=task)
+    recent = executions.exclude(status=ExecutionStatus.SCHEDULED).order_by("-id")[:RECENT_RUNS]
+    waiting = executions.filter(status=ExecutionStatus.SCHEDULED).order_by("due_at", "id")[:10]
+    occurrences, window_form = _occurrences(request, task)
+    why, why_form = _why(request, task)
+    try:
+        fire_times = task_preview(task=task, count=NEXT_FIRE_TIMES) if task.status != TaskStatus.COMPLETED else []
+    except SERVICE_ERRORS:
+        fire_times = []
+    return {
+        "task": task,
+        "schedule": schedule_words(task),
+        "config": pretty_json(mask_config(task.config)),
+        "fire_times": fire_times,
+        "recent": [run_row(execution) for execution in recent],
+        "waiting": list(waiting),
+        "occurrences": occurrences,
+        "window_form": window_form,
+        "why": why,
+        "why_form": why_form,
+        "backfill_form": forms.get("backfill_form") or BackfillForm(zone=task.timezone),
+        "settings_rows": _settings_rows(task),
+    }
+
+
+def _settings_rows(task: Any) -> list[tuple[str, Any]]:
+    return [
+        ("Runner", task.runner),
+        ("Time zone", task.timezone),
+        ("Start", task.start_at),
+        ("End", task.end_at or "\u2013"),
+        ("Max runs", task.max_runs or "\u2013"),
+        ("Attempts", task.max_attempts),
+        (
+            "Retry backoff",
+            f"{short_duration(_seconds(task.retry_backoff))} up to {short_duration(_seconds(task.retry_backoff_max))}",
+        ),
+        ("Timeout", short_duration(_seconds(task.timeout))),
+        ("Priority", task.priority),
+        ("Misfire", f"{task.misfire_policy} (grace {short_duration(_seconds(task.misfire_grace))})"),
+        ("Overlap", task.overlap_policy),
+        ("Owner", task.owner.get_username()),
+    ]
+
+
+@login_required
+def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
+    task = task_or_404(request.user, pk)
+    return render(request, "backoffice/task_detail.html", task_context(request, task))
+
+
+def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
+    task = task_or_404(request.user, pk)
+    try:
+        action(task=task, actor=actor_for(request.user))
+    except SERVICE_ERRORS as exc:
+        for message in error_messages(errors_of(exc)):
+            messages.error(request, message)
+    else:
+        messages.success(request, done)
+    return redirect("backoffice:task", pk=task.pk)
+
+
+@login_required
+@require_POST
+def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    return _task_action(request, pk, task_pause, "Paused: no new runs until it is resumed.")
+
+
+@login_required
+@require_POST
+def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    return _task_action(request, pk, task_resume, "Resumed.")
+
+
+@login_required
+@require_POST
+def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    task = task_or_404(request.user, pk)
+    try:
+        execution = task_trigger(task=task, actor=actor_for(request.user))
+    except SERVICE_ERRORS as exc:
+        for message in error_messages(errors_of(exc)):
+            messages.error(request, message)
+        return redirect("backoffice:task", pk=task.pk)
+    messages.success(request, f"Execution {execution.pk} created, due now.")
+    return redirect("backoffice:execution", pk=execution.pk)
+
+
+@login_required
+@require_POST
+def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    task = task_or_404(request.user, pk)
+    try:
+        report = task_delete(task=task, actor=actor_for(request.user))
+    except SERVICE_ERRORS as exc:
+        for message in error_messages(errors_of(exc)):
+            messages.error(request, message)
+        return redirect("backoffice:task", pk=task.pk)
+    note = " An external run may go on." if report.may_still_run else ""
+    messages.success(request, f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}")
+    return redirect("backoffice:tasks")
+
+
+@login_required
+@require_POST
+def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    task = task_or_404(request.user, pk)
+    form = BackfillForm(request.POST, zone=task.timezone)
+    if form.is_valid():
+        serializer = BackfillSerializer(data=form.payload())
+        if not serializer.is_valid():
+            add_errors(form, serializer.errors)
+        else:
+            try:
+                report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+            except SERVICE_ERRORS as exc:
+                add_service_error(form, exc)
+            else:
+                messages.success(
+                    request,
+                    f"Backfill: {len(report.execution_ids)} execution(s) created, due now; "
+                    f"{report.existing} fire time(s) already had one.",
+                )
+                return redirect("backoffice:task", pk=task.pk)
+    context = task_context(request, task, backfill_form=form)
+    return render(request, "backoffice/task_detail.html", context, status=400)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
+    """Change a task: only the fields whose text changed are sent to the update service."""
+    task = task_or_404(request.user, pk)
+    initial = TaskForm.initial_for(task)
+    form = TaskForm(request.POST or None, initial=initial, zone=task.timezone)
+    if request.method == "POST" and form.is_valid():
+        changes = form.changes()
+        serializer = TaskUpdateSerializer(task, data=changes)
+        if not serializer.is_valid():
+            add_errors(form, serializer.errors)
+        elif changes:
+            try:
+                task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+            except SERVICE_ERRORS as exc:
+                add_service_error(form, exc)
+            else:
+                messages.success(request, f"Saved: {', '.join(sorted(changes))}.")
+                return redirect("backoffice:task", pk=task.pk)
+        else:
+            messages.info(request, "Nothing changed.")
+            return redirect("backoffice:task", pk=task.pk)
+    code = 400 if request.method == "POST" else 200
+    return render(request, "backoffice/task_edit.html", {"task": task, "form": form}, status=code)
+
+
+# --- executions ---------------------------------------------------------------------------------
+
+
+def attempt_chain(execution: Execution, user: Any) -> tuple[list[Execution], list[Execution]]:
+    """The executions this one runs again (oldest first) and those that ran it again (in order)."""
+    scope = visible_executions(user)
+    before, seen, current = [], {execution.pk}, execution
+    while current.retry_of_id and current.retry_of_id not in seen and len(before) < 20:
+        current = scope.filter(pk=current.retry_of_id).first()
+        if current is None:
+            break
+        seen.add(current.pk)
+        before.append(current)
+    after, current = [], execution
+    while len(after) < 20:
+        current = scope.filter(retry_of=current).first()
+        if current is None or current.pk in seen:
+            break
+        seen.add(current.pk)
+        after.append(current)
+    return list(reversed(before)), after
+
+
+def live_output(execution: Execution) -> str | None:
+    """A RUNNING execution's output so far, from its runner (None when it cannot say)."""
+    if execution.status != ExecutionStatus.RUNNING or not execution.external_run_id:
+        return None
+    try:
+        runner = get_runner(execution.task.runner)
+        handle = RunHandle(execution.external_run_id, dict(execution.run_handle or {}))
+        return runner.output_so_far(run_spec(execution, execution.task), handle)
+    except Exception as exc:  # noqa: BLE001 - a page never fails on a runner's trouble
+        logger.info("output so far of execution %s unavailable: %s", execution.pk, exc)
+        return None
+
+
+def flower_task_url(message_id: str) -> str:
+    """Flower's page of the Celery task that carried the execution (its message id)."""
+    return f"{settings.TMS_FLOWER_URL}/task/{message_id}" if message_id else ""
+
+
+def execution_context(request: HttpRequest, execution: Execution) -> dict[str, Any]:
+    before, after = attempt_chain(execution, request.user)
+    events = list(execution.events.order_by("id"))
+    row = run_row(execution)
+    return {
+        "execution": execution,
+        "task": execution.task,
+        "events": events,
+        "row": row,
+        "retry_of_chain": before,
+        "retried_by": after,
+        "live_output": live_output(execution),
+        "run_handle": pretty_json(mask_config(execution.run_handle or {})),
+        "flower_url": flower_task_url(execution.message_id),
+        "can_cancel": execution.status in ACTIVE_STATUSES,
+        "can_retry": execution.status in RETRYABLE_STATUSES and not after,
+        "active": execution.status in ACTIVE_STATUSES,
+    }
+
+
+@login_required
+def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    execution = execution_or_404(request.user, pk)
+    template = "backoffice/_execution_live.html" if request.GET.get("fragment") else "backoffice/execution_detail.html"
+    return render(request, template, execution_context(request, execution))
+
+
+@login_required
+@require_POST
+def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
+    execution = execution_or_404(request.user, pk)
+    try:
+        report = execution_cancel_by_user(execution=execution, actor=actor_for(request.user))
+    except SERVICE_ERRORS as exc:
+        for message in error_messages(errors_of(exc)):
+            messages.error(request, message)
+    else:
+        messages.success(request, f"Execution {execution.pk} cancelled. {report.detail}".strip())
+    return redirect("backoffice:execution", pk=execution.pk)
+
+
+@login_required
+@require_POST
+def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
+    execution = execution_or_404(request.user, pk)
+    try:
+        retry = execution_retry_by_user(execution=execution, actor=actor_for(request.user))
+    except SERVICE_ERRORS as exc:
+        for message in error_messages(errors_of(exc)):
+            messages.error(request, message)
+        return redirect("backoffice:execution", pk=execution.pk)
+    messages.success(request, f"Execution {retry.pk} retries execution {execution.pk}.")
+    return redirect("backoffice:execution", pk=retry.pk)
+
+
+@login_required
+def execution_list(request: HttpRequest) -> HttpResponse:
+    """Executions the user may see: what ran (and runs), newest first; waiting ones (SCHEDULED,
+    many of them future occurrences) only when asked for, soonest first."""
+    executions = visible_executions(request.user).select_related("task")
+    status = request.GET.get("status", "")
+    if status == ExecutionStatus.SCHEDULED:
+        executions = executions.filter(status=status).order_by("due_at", "id")
+    elif status in ExecutionStatus.values:
+        executions = executions.filter(status=status).order_by("-id")
+    else:
+        executions = executions.exclude(status=ExecutionStatus.SCHEDULED).order_by("-id")
+    page = Paginator(executions, 50).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "rows": [run_row(execution) for execution in page],
+        "status": status,
+        "statuses": ExecutionStatus.values,
+    }
+    return render(request, "backoffice/execution_list.html", context)

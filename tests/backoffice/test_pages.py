@@ -1,0 +1,502 @@
+"""The back office's pages through Django's test client: every page renders with real data,
+every action goes through the services (with CSRF enforced), bad forms show their errors and
+change nothing, and another user's tasks and executions are 404s everywhere."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from executions.models import Execution, ExecutionEvent, ExecutionOrigin
+from executions.models import ExecutionStatus as S
+from tasks_app.models import Task, TaskStatus
+from tasks_app.services import task_create
+from tests.backoffice.helpers import csrf_client, csrf_token, run
+from tests.factories import ExecutionFactory
+
+pytestmark = pytest.mark.django_db
+
+HOOK = {"url": "http://127.0.0.1:9/hook", "headers": {"Authorization": "Bearer top-secret-value"}}
+
+
+def _state() -> tuple:
+    return (
+        list(Task.objects.order_by("pk").values()),
+        list(Execution.objects.order_by("pk").values()),
+        ExecutionEvent.objects.count(),
+    )
+
+
+@pytest.fixture
+def alices(user):
+    """Alice's cron task with a success, a failure, a waiting run; and a one-shot sleep task."""
+    task = task_create(
+        owner=user, runner="http", name="hourly hook", config=HOOK, cron="0 * * * *", timezone="Europe/Berlin"
+    )
+    ok, failed = run(task), run(task, outcome="fail", error="HTTP 500 from the hook")
+    waiting = ExecutionFactory(task=task, scheduled_for=timezone.now() + timedelta(minutes=30))
+    return task, {"ok": ok, "failed": failed, "waiting": waiting}
+
+
+# --- login and navigation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/ui/tasks/", "/ui/executions/", "/ui/dashboard/live"])
+def test_pages_need_a_login(client, path):
+    response = client.get(path)
+    assert response.status_code == 302 and response["Location"].startswith(f"/ui/login/?next={path}")
+
+
+def test_log_in_and_out_with_a_session(client, user, staff_user):
+    assert client.get("/ui/login/").status_code == 200
+    response = client.post("/ui/login/", {"username": "alice", "password": "alice-password"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    page = client.get("/")
+    assert page.status_code == 200
+    for link in ("Dashboard", "Tasks", "Executions", "API docs", "Flower", 'href="http://127.0.0.1:5555/"'):
+        assert link in page.content.decode()
+    assert 'href="/admin/"' not in page.content.decode()  # staff only
+    assert client.post("/ui/logout/").status_code == 302
+    assert client.get("/").status_code == 302
+    client.force_login(staff_user)
+    assert 'href="/admin/"' in client.get("/").content.decode()
+
+
+def test_a_wrong_password_is_refused_on_the_form(client, user):
+    response = client.post("/ui/login/", {"username": "alice", "password": "nope"})
+    assert response.status_code == 200 and b"Please enter a correct username and password" in response.content
+
+
+# --- dashboard --------------------------------------------------------------------------------------
+
+
+def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_num_queries):
+    with django_assert_num_queries(9):  # the session, the user, and the snapshot's fixed 7
+        page = alice_client.get("/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert '<div class="value" id="tile-runs">2</div>' in html  # one success, one failure
+    assert '<div class="value" id="tile-success">50.0%</div>' in html
+    assert html.count("<svg") == 4
+    assert "hourly hook" in html  # failing most, and upcoming
+    assert "Flower counts <em>Celery tasks</em>" in html
+    assert 'data-refresh-url="/ui/dashboard/live?window=24h"' in html
+    fragment = alice_client.get("/ui/dashboard/live")
+    assert fragment.status_code == 200 and b"<html" not in fragment.content and b"tile-runs" in fragment.content
+
+
+def test_dashboard_charts_can_show_the_last_hour_or_six(alice_client, alices):
+    for window, labels in (("1h", 6), ("6h", 6), ("24h", 8)):
+        page = alice_client.get("/", {"window": window})
+        assert page.context["window"] == window
+        runs_chart = str(page.context["runs_chart"])
+        assert labels - 1 <= runs_chart.count('text-anchor="middle">') - runs_chart.count("No runs") <= labels + 1
+        assert f'data-refresh-url="/ui/dashboard/live?window={window}"' in page.content.decode()
+    assert alice_client.get("/", {"window": "1y"}).context["window"] == "24h"
+    fragment = alice_client.get("/ui/dashboard/live", {"window": "1h"})
+    assert "Runs per minute, last 1h" in fragment.content.decode()
+
+
+def test_dashboard_counts_only_the_users_own_runs(client, alices, other_user, staff_user):
+    client.force_login(other_user)
+    assert '<div class="value" id="tile-runs">0</div>' in client.get("/").content.decode()
+    client.force_login(staff_user)
+    assert '<div class="value" id="tile-runs">2</div>' in client.get("/").content.decode()
+
+
+# --- the task list and the New task form -------------------------------------------------------------
+
+
+def test_new_task_from_the_form_goes_through_the_service(user):
+    client = csrf_client(user)
+    token = csrf_token(client, "/ui/tasks/")
+    data = {
+        "csrfmiddlewaretoken": token,
+        "name": "every five",
+        "runner": "sleep",
+        "config": '{"duration": "1s"}',
+        "interval": "5m",
+        "timezone": "Europe/Berlin",
+        "start_at": "2030-01-02T09:30:00",
+        "max_attempts": "2",
+        "misfire_policy": "run_once",
+        "overlap_policy": "skip",
+    }
+    response = client.post("/ui/tasks/", data)
+    task = Task.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/ui/tasks/{task.pk}/"
+    assert task.owner == user and task.runner == "sleep" and task.config == {"duration": "1s"}
+    assert task.interval == timedelta(minutes=5) and task.max_attempts == 2 and task.overlap_policy == "skip"
+    # The wall-clock start is read in the task's zone: 09:30 in Berlin is 08:30 UTC in January.
+    assert task.start_at == datetime(2030, 1, 2, 8, 30, tzinfo=UTC)
+    assert task.next_run_at == task.start_at
+
+
+def test_a_task_due_now_gets_its_first_execution_at_once(alice_client):
+    alice_client.post(
+        "/ui/tasks/", {"runner": "noop", "timezone": "UTC", "misfire_policy": "run_once", "overlap_policy": "allow"}
+    )
+    task = Task.objects.get()
+    assert Execution.objects.filter(task=task).count() == 1
+
+
+def test_a_post_without_the_csrf_token_is_refused_and_creates_nothing(user):
+    client = csrf_client(user)
+    response = client.post("/ui/tasks/", {"runner": "noop", "timezone": "UTC"})
+    assert response.status_code == 403
+    assert not Task.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"config": "{not json"}, "config", "Not valid JSON"),
+        ({"runner": "sleep", "config": '{"duration": "forever"}'}, "config", "duration: "),
+        ({"interval": "5m", "cron": "*/5 * * * *"}, "cron", "Give an interval or a cron expression, not both."),
+        ({"cron": "61 * * * *"}, "cron", ""),
+        ({"timezone": "Mars/Olympus"}, "timezone", ""),
+        ({"interval": "soon"}, "interval", ""),
+        ({"start_at": "yesterday"}, "start_at", "Enter a date and time"),
+        (
+            {"start_at": "2030-01-02T10:00:00", "end_at": "2030-01-01T10:00:00"},
+            "end_at",
+            "Must not be before start_at.",
+        ),
+        ({"runner": "shell"}, "runner", "Select a valid choice"),
+        ({"priority": "12"}, "priority", ""),
+        ({"runner": "noop", "config": '{"x": 1}'}, "config", "This runner takes no config."),
+    ],
+)
+def test_a_bad_new_task_shows_its_errors_on_the_form_and_creates_nothing(alice_client, fields, field, message):
+    data = {"runner": "noop", "timezone": "UTC", "misfire_policy": "run_once", "overlap_policy": "allow", **fields}
+    response = alice_client.post("/ui/tasks/", data)
+    assert response.status_code == 400
+    form = response.context["form"]
+    assert field in form.errors, form.errors
+    assert message in " ".join(form.errors[field])
+    assert message in response.content.decode().replace("&#x27;", "'")
+    assert not Task.objects.exists() and not Execution.objects.exists()
+
+
+def test_the_task_list_shows_own_tasks_in_words(alice_client, alices, other_user):
+    task_create(owner=other_user, runner="noop", name="bobs secret task")
+    html = alice_client.get("/ui/tasks/").content.decode()
+    assert "hourly hook" in html and "Every hour (Europe/Berlin)" in html
+    assert "bobs secret task" not in html
+    assert "hourly hook" in alice_client.get("/ui/tasks/?q=hourly&status=ACTIVE").content.decode()
+    assert "hourly hook" not in alice_client.get("/ui/tasks/?status=PAUSED").content.decode()
+
+
+# --- the task page ------------------------------------------------------------------------------------
+
+
+def test_task_page_shows_schedule_runs_occurrences_and_masked_config(alice_client, alices):
+    task, runs = alices
+    page = alice_client.get(f"/ui/tasks/{task.pk}/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Every hour (Europe/Berlin)" in html
+    assert "top-secret-value" not in html and "Authorization" in html and "••••••" in html
+    # Next fire times in the task's zone and in UTC.
+    first = page.context["fire_times"][0]
+    assert first.local.strftime("%Y-%m-%d %H:%M:%S") in html and first.utc.strftime("%Y-%m-%d %H:%M:%S") in html
+    assert "CET" in html or "CEST" in html
+    # Recent runs with status, duration and lateness.
+    assert f"/ui/executions/{runs['ok'].pk}/" in html and f"/ui/executions/{runs['failed'].pk}/" in html
+    rows = {row["execution"].pk: row for row in page.context["recent"]}
+    assert rows[runs["ok"].pk]["lateness"].endswith(("s", "ms")) and rows[runs["ok"].pk]["duration"]
+    # The occurrences timeline.
+    assert page.context["occurrences"].items and "Occurrences" in html
+
+
+def test_task_page_lists_skipped_occurrences_with_their_reason(alice_client, alices):
+    from executions.models import SkippedOccurrence
+
+    task, _ = alices
+    when = timezone.now().replace(minute=0, second=0, microsecond=0)
+    SkippedOccurrence.objects.create(
+        task=task, scheduled_for=when, reason="overlap", detail="the previous run was still running"
+    )
+    html = alice_client.get(f"/ui/tasks/{task.pk}/").content.decode()
+    assert "skipped · overlap" in html and "the previous run was still running" in html
+
+
+def test_each_occurrence_links_to_why_with_its_exact_instant(alice_client, user):
+    from executions.models import SkippedOccurrence
+
+    start = timezone.now().replace(microsecond=123456) - timedelta(minutes=10)
+    task = task_create(owner=user, runner="noop", interval=timedelta(seconds=30), start_at=start, misfire_policy="skip")
+    when = start + timedelta(seconds=30)  # the start has microseconds: so has every fire time
+    SkippedOccurrence.objects.update_or_create(
+        task=task, scheduled_for=when, defaults={"reason": "overlap", "detail": "still running"}
+    )
+    html = alice_client.get(f"/ui/tasks/{task.pk}/").content.decode()
+    link = f"?at={when.isoformat().replace('+', '%2B').replace(':', '%3A')}#why"
+    assert link in html
+    page = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": when.isoformat()})
+    assert page.context["why"].verdict == "skipped" and page.context["why"].occurrence == when
+
+
+def test_why_form_answers_and_refuses_bad_times(alice_client, alices):
+    task, _ = alices
+    page = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": "2020-01-01T00:00:00"})
+    assert page.status_code == 200 and page.context["why"].verdict == "before_start"
+    assert 'id="why-answer"' in page.content.decode()
+    bad = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": "whenever"})
+    assert bad.context["why"] is None and "at" in bad.context["why_form"].errors
+
+
+def test_occurrence_window_can_be_chosen_and_a_bad_one_is_an_error(alice_client, alices):
+    task, _ = alices
+    page = alice_client.get(f"/ui/tasks/{task.pk}/", {"from": "2030-01-01T00:00:00", "to": "2030-01-01T06:00:00"})
+    window = page.context["occurrences"]
+    assert window.start == datetime(2029, 12, 31, 23, 0, tzinfo=UTC)  # midnight in Berlin
+    assert len([item for item in window.items if item.fire_time]) == 6
+    bad = alice_client.get(f"/ui/tasks/{task.pk}/", {"from": "2030-01-02T00:00:00", "to": "2030-01-01T00:00:00"})
+    assert bad.status_code == 200 and "to" in bad.context["window_form"].errors
+
+
+def test_pause_resume_run_now_and_delete_go_through_the_services(user, alices):
+    task, runs = alices
+    client = csrf_client(user)
+    token = csrf_token(client, f"/ui/tasks/{task.pk}/")
+    assert client.post(f"/ui/tasks/{task.pk}/pause/", {"csrfmiddlewaretoken": token}).status_code == 302
+    task.refresh_from_db()
+    assert task.status == TaskStatus.PAUSED
+    waiting = Execution.objects.get(pk=runs["waiting"].pk)
+    assert waiting.status == S.CANCELLED  # as the API's pause does
+    assert waiting.events.last().actor == "user:alice"
+    assert "Resume" in client.get(f"/ui/tasks/{task.pk}/").content.decode()
+    client.post(f"/ui/tasks/{task.pk}/resume/", {"csrfmiddlewaretoken": token})
+    task.refresh_from_db()
+    assert task.status == TaskStatus.ACTIVE
+
+    response = client.post(f"/ui/tasks/{task.pk}/run/", {"csrfmiddlewaretoken": token})
+    triggered = Execution.objects.get(task=task, origin=ExecutionOrigin.TRIGGER)
+    assert response["Location"] == f"/ui/executions/{triggered.pk}/" and triggered.status == S.SCHEDULED
+
+    response = client.post(f"/ui/tasks/{task.pk}/delete/", {"csrfmiddlewaretoken": token})
+    assert response["Location"] == "/ui/tasks/"
+    task.refresh_from_db()
+    assert task.status == TaskStatus.DELETED
+    assert not Execution.objects.filter(task=task, status__in=[S.SCHEDULED, S.PENDING, S.RUNNING]).exists()
+    assert client.get(f"/ui/tasks/{task.pk}/").status_code == 404
+
+
+@pytest.mark.parametrize("action", ["pause", "resume", "run", "delete", "backfill"])
+def test_task_actions_refuse_get_and_posts_without_csrf(user, alices, action):
+    task, _ = alices
+    client = csrf_client(user)
+    before = _state()
+    assert client.get(f"/ui/tasks/{task.pk}/{action}/").status_code == 405
+    assert client.post(f"/ui/tasks/{task.pk}/{action}/").status_code == 403
+    assert _state() == before
+
+
+def test_backfill_creates_the_missing_past_runs(alice_client, user):
+    task = task_create(
+        owner=user,
+        runner="noop",
+        name="hourly",
+        interval=timedelta(hours=1),
+        start_at=datetime(2026, 1, 1, tzinfo=UTC),
+        misfire_policy="skip",
+    )
+    before = Execution.objects.filter(task=task).count()
+    response = alice_client.post(
+        f"/ui/tasks/{task.pk}/backfill/", {"start": "2026-01-01T00:00:00", "end": "2026-01-01T02:00:00"}
+    )
+    assert response.status_code == 302
+    assert Execution.objects.filter(task=task).count() == before + 3
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        ({"start": "2026-01-02T00:00:00", "end": "2026-01-01T00:00:00"}, "end", "Must not be before start."),
+        ({"start": "2026-01-01T00:00:00", "end": "2099-01-01T00:00:00"}, "end", "Must not be in the future"),
+        ({"start": "", "end": "2026-01-01T00:00:00"}, "start", "This field is required."),
+        ({"start": "2000-01-01T00:00:00", "end": "2026-01-01T00:00:00"}, "end", "more than 1000 fire times"),
+    ],
+)
+def test_a_bad_backfill_shows_its_error_on_the_form_and_creates_nothing(alice_client, user, data, field, message):
+    task = task_create(
+        owner=user,
+        runner="noop",
+        interval=timedelta(hours=1),
+        start_at=datetime(2000, 1, 1, tzinfo=UTC),
+        misfire_policy="skip",
+    )
+    before = _state()
+    response = alice_client.post(f"/ui/tasks/{task.pk}/backfill/", data)
+    assert response.status_code == 400
+    errors = response.context["backfill_form"].errors
+    assert message in " ".join(errors[field]), errors
+    assert message in response.content.decode()
+    assert _state() == before
+
+
+def test_edit_changes_only_what_was_changed(alice_client, alices):
+    task, _ = alices
+    Task.objects.filter(pk=task.pk).update(start_at=task.start_at.replace(microsecond=123456))
+    task.refresh_from_db()
+    form = alice_client.get(f"/ui/tasks/{task.pk}/edit/").context["form"]
+    data = dict(form.initial.items())
+    data["name"] = "renamed"
+    response = alice_client.post(f"/ui/tasks/{task.pk}/edit/", data)
+    assert response.status_code == 302, response.context["form"].errors if response.context else ""
+    after = Task.objects.get(pk=task.pk)
+    assert after.name == "renamed"
+    assert after.start_at == task.start_at  # microseconds kept: the shown time was not sent back
+    assert after.config == task.config and after.cron == task.cron
+
+
+def test_edit_of_the_schedule_replaces_the_waiting_runs(alice_client, alices):
+    task, runs = alices
+    data = dict(alice_client.get(f"/ui/tasks/{task.pk}/edit/").context["form"].initial)
+    data.update(cron="", interval="10m")
+    assert alice_client.post(f"/ui/tasks/{task.pk}/edit/", data).status_code == 302
+    task.refresh_from_db()
+    assert task.interval == timedelta(minutes=10) and task.cron == ""
+    waiting = Execution.objects.get(pk=runs["waiting"].pk)
+    assert waiting.status == S.CANCELLED and waiting.superseded
+
+
+def test_a_bad_edit_shows_its_errors_and_changes_nothing(alice_client, alices):
+    task, _ = alices
+    data = dict(alice_client.get(f"/ui/tasks/{task.pk}/edit/").context["form"].initial)
+    before = _state()
+    data.update(interval="5m")  # and the cron is still there
+    response = alice_client.post(f"/ui/tasks/{task.pk}/edit/", data)
+    assert response.status_code == 400
+    assert "Give an interval or a cron expression, not both." in response.context["form"].errors["cron"]
+    data.update(interval="", config='{"url": "ftp://nowhere"}')
+    response = alice_client.post(f"/ui/tasks/{task.pk}/edit/", data)
+    assert response.status_code == 400 and "config" in response.context["form"].errors
+    assert _state() == before
+
+
+# --- the execution page ----------------------------------------------------------------------------
+
+
+def test_execution_page_shows_timeline_error_attempts_and_flower(alice_client, alices, settings):
+    settings.TMS_FLOWER_URL = "http://flower.example:5555"
+    _task, runs = alices
+    failed = runs["failed"]
+    Execution.objects.filter(pk=failed.pk).update(message_id="c0ffee-1234", external_run_id="run-42")
+    page = alice_client.get(f"/ui/executions/{failed.pk}/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "HTTP 500 from the hook" in html
+    assert 'href="http://flower.example:5555/task/c0ffee-1234"' in html
+    assert "run-42" in html and f"tms-{failed.pk}-1" in html
+    events = list(failed.events.order_by("id"))
+    assert len(page.context["events"]) == len(events) == 4
+    for event in events:  # times with seconds
+        assert event.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") in html
+    assert 'id="retry"' in html and 'id="cancel"' not in html
+
+
+def test_cancel_and_retry_go_through_the_services(user, alices):
+    _task, runs = alices
+    client = csrf_client(user)
+    token = csrf_token(client, f"/ui/executions/{runs['waiting'].pk}/")
+    response = client.post(f"/ui/executions/{runs['waiting'].pk}/cancel/", {"csrfmiddlewaretoken": token})
+    assert response.status_code == 302
+    waiting = Execution.objects.get(pk=runs["waiting"].pk)
+    assert waiting.status == S.CANCELLED and waiting.events.last().actor == "user:alice"
+
+    response = client.post(f"/ui/executions/{runs['failed'].pk}/retry/", {"csrfmiddlewaretoken": token})
+    retry = Execution.objects.get(retry_of=runs["failed"])
+    assert response["Location"] == f"/ui/executions/{retry.pk}/" and retry.attempt == 2
+    html = client.get(f"/ui/executions/{retry.pk}/").content.decode()
+    assert f'href="/ui/executions/{runs["failed"].pk}/"' in html  # the attempt chain: retry of
+    html = client.get(f"/ui/executions/{runs['failed'].pk}/").content.decode()
+    assert f'href="/ui/executions/{retry.pk}/"' in html and 'id="retry"' not in html  # retried by
+
+
+def test_cancelling_a_finished_run_is_an_error_message_and_changes_nothing(alice_client, alices):
+    _, runs = alices
+    before = _state()
+    response = alice_client.post(f"/ui/executions/{runs['ok'].pk}/cancel/", follow=True)
+    assert "is SUCCEEDED and can no longer be cancelled" in response.content.decode()
+    response = alice_client.post(f"/ui/executions/{runs['ok'].pk}/retry/", follow=True)
+    assert "Only FAILED or CANCELLED executions can be retried" in response.content.decode()
+    assert _state() == before
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_execution_actions_refuse_get_and_posts_without_csrf(user, alices, action):
+    _, runs = alices
+    client = csrf_client(user)
+    before = _state()
+    target = runs["waiting"] if action == "cancel" else runs["failed"]
+    assert client.get(f"/ui/executions/{target.pk}/{action}/").status_code == 405
+    assert client.post(f"/ui/executions/{target.pk}/{action}/").status_code == 403
+    assert _state() == before
+
+
+def test_execution_list_shows_what_ran_before_what_waits(alice_client, alices, other_user):
+    task_create(owner=other_user, runner="noop", name="bobs")
+    _, runs = alices
+    page = alice_client.get("/ui/executions/")
+    assert [row["execution"].pk for row in page.context["rows"]] == [runs["failed"].pk, runs["ok"].pk]
+    waiting = alice_client.get("/ui/executions/?status=SCHEDULED").context["rows"]
+    scheduled = Execution.objects.filter(task=runs["ok"].task, status=S.SCHEDULED).order_by("due_at", "id")
+    assert [row["execution"].pk for row in waiting] == list(scheduled.values_list("pk", flat=True))
+    assert runs["waiting"].pk in [row["execution"].pk for row in waiting]
+    assert alice_client.get("/ui/executions/?status=FAILED").context["rows"][0]["execution"].status == S.FAILED
+
+
+# --- isolation -----------------------------------------------------------------------------------------
+
+
+TASK_PAGES = [
+    ("get", "/ui/tasks/{id}/"),
+    ("get", "/ui/tasks/{id}/edit/"),
+    ("post", "/ui/tasks/{id}/edit/"),
+    ("post", "/ui/tasks/{id}/pause/"),
+    ("post", "/ui/tasks/{id}/resume/"),
+    ("post", "/ui/tasks/{id}/run/"),
+    ("post", "/ui/tasks/{id}/backfill/"),
+    ("post", "/ui/tasks/{id}/delete/"),
+]
+EXECUTION_PAGES = [
+    ("get", "/ui/executions/{id}/"),
+    ("get", "/ui/executions/{id}/?fragment=1"),
+    ("post", "/ui/executions/{id}/cancel/"),
+    ("post", "/ui/executions/{id}/retry/"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), TASK_PAGES)
+def test_another_users_task_pages_are_404_and_change_nothing(client, alices, other_user, method, path):
+    task, _ = alices
+    client.force_login(other_user)
+    before = _state()
+    response = getattr(client, method)(
+        path.format(id=task.pk), {"name": "hijacked", "start": "2026-01-01T00:00:00", "end": "2026-01-01T01:00:00"}
+    )
+    assert response.status_code == 404
+    assert _state() == before
+
+
+@pytest.mark.parametrize(("method", "path"), EXECUTION_PAGES)
+@pytest.mark.parametrize("which", ["ok", "failed", "waiting"])
+def test_another_users_execution_pages_are_404_and_change_nothing(client, alices, other_user, method, path, which):
+    _, runs = alices
+    client.force_login(other_user)
+    before = _state()
+    assert getattr(client, method)(path.format(id=runs[which].pk)).status_code == 404
+    assert _state() == before
+
+
+def test_staff_see_everyones_tasks_and_executions(client, alices, staff_user):
+    task, runs = alices
+    client.force_login(staff_user)
+    assert "hourly hook" in client.get("/ui/tasks/").content.decode()
+    assert client.get(f"/ui/tasks/{task.pk}/").status_code == 200
+    for execution in runs.values():
+        assert client.get(f"/ui/executions/{execution.pk}/").status_code == 200

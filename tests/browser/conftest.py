@@ -1,0 +1,93 @@
+"""A real headless Chromium driven through Selenium (Debian's ``chromium`` and ``chromium-driver``,
+installed by ``make test``), against pytest-django's live server, a real worker and a monitor."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.processes import running, start_monitor, start_worker, wait_worker_ready
+
+CHROMIUM = os.environ.get("TMS_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TMS_CHROMEDRIVER", "/usr/bin/chromedriver")
+#: Flags for a quiet, self-contained headless browser: no sandbox (containers run as root), no
+#: GPU, no /dev/shm (small in containers), and nothing that phones home or updates itself.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1440,1000",
+)
+
+
+def make_browser(profile: Path, *, window: str | None = None) -> WebDriver:
+    """A headless Chromium with a fresh profile in ``profile``; fails the test if it is missing."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not found: the browser tests need Debian's chromium and chromium-driver "
+            "(`make test` installs them; or `apt-get install -y chromium chromium-driver` as root)."
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    if window:
+        options.add_argument(f"--window-size={window}")
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    driver = make_browser(tmp_path / "chromium-profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def platform() -> Iterator[None]:
+    """A real worker and monitor on this test's database and queue."""
+    worker, monitor = start_worker(concurrency=2), start_monitor()
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        yield
+
+
+def log_in(driver: WebDriver, base_url: str, username: str, password: str) -> None:
+    """Log in through the login form, as a person does."""
+    driver.get(f"{base_url}/ui/login/")
+    driver.find_element(By.NAME, "username").send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".topbar .who")))
+
+
+def wait_text(driver: WebDriver, css: str, text: str, timeout: float = 60) -> None:
+    """Wait until the element at ``css`` reads ``text`` (across live refreshes and reloads)."""
+
+    def reads(d: WebDriver) -> bool:
+        try:
+            return d.find_element(By.CSS_SELECTOR, css).text.strip() == text
+        except Exception:  # noqa: BLE001 - swapped out by a refresh between find and read
+            return False
+
+    WebDriverWait(driver, timeout, poll_frequency=0.25).until(reads, f"{css} never read {text!r}")
