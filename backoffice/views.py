@@ -29,7 +29,7 @@ from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.transitions import RETRYABLE_STATUSES
-from runners.base import RunHandle
+from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_app.masking import mask_config
 from tasks_app.models import TaskStatus
@@ -372,6 +372,7 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
         "retried_by": after,
         "live_output": live_output(execution),
         "run_handle": pretty_json(mask_config(execution.run_handle or {})),
+        "idempotency_key": idempotency_key(execution.pk, execution.attempt),
         "flower_url": flower_task_url(execution.message_id),
         "can_cancel": execution.status in ACTIVE_STATUSES,
         "can_retry": execution.status in RETRYABLE_STATUSES and not after,

@@ -61,6 +61,11 @@ class RunResult:
         return self.state is not RunState.RUNNING
 
 
+def idempotency_key(execution_id: int, attempt: int) -> str:
+    """The key every launch of this execution's attempt carries (also shown to operators)."""
+    return f"tms-{execution_id}-{attempt}"
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything a runner needs to start one attempt of one execution."""
@@ -81,7 +86,7 @@ class RunSpec:
     @property
     def idempotency_key(self) -> str:
         """Deterministic per execution and attempt: a repeated start must adopt, never relaunch."""
-        return f"tms-{self.execution_id}-{self.attempt}"
+        return idempotency_key(self.execution_id, self.attempt)
 
     def environment(self) -> dict[str, str]:
         """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""

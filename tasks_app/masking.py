@@ -80,7 +80,7 @@ def _mask_all(value: Any) -> Any:
     return MASK
 
 
-def mask_config(config: dict[str, Any]) -> dict[str, Any]:
+def mask_config(config: Any) -> Any:
     """A copy of ``config`` with secret-looking values replaced by :data:`MASK`.
 
     Masked: the value of every key that looks secret (``Authorization``, ``token``, ``api_key``,
@@ -88,8 +88,6 @@ def mask_config(config: dict[str, Any]) -> dict[str, Any]:
     included; every value of an environment mapping (``env``, ``environment``); the password of
     a URL with userinfo. Empty values stay empty, so "not set" remains visible.
     """
-    if not isinstance(config, dict):
-        return config
     return _mask(config)
 
 

@@ -82,7 +82,7 @@ def task_state(task: Task) -> TaskState:
     latest, latest_due = task.latest_status, task.latest_due_status
     if ExecutionStatus.RUNNING in (latest, latest_due):
         return TaskState.RUNNING
-    if task.is_recurring:
+    if task.interval is not None or task.cron:
         return TaskState.SCHEDULED if task.status == TaskStatus.ACTIVE or latest in _WAITING else TaskState.COMPLETED
     # One-shot: its latest execution (the run, or a retry or trigger of it) says how it went.
     if latest is None or latest in _WAITING:
