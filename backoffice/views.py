@@ -20,9 +20,7 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
-from rest_framework.exceptions import ValidationError as DRFValidationError
 
-from backoffice.form_errors import add_errors, add_service_error, error_messages, errors_of
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
 from backoffice.scope import execution_or_404, task_or_404, visible_executions, visible_tasks
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
@@ -52,12 +50,10 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
-from tms_core.errors import DomainError, InvalidInput
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 logger = logging.getLogger(__name__)
 
-#: What a service may raise for a request that is wrong or no longer fits the current state.
-SERVICE_ERRORS = (DomainError, DRFValidationError, InvalidInput)
 RECENT_RUNS = 25
 NEXT_FIRE_TIMES = 8
 
@@ -100,7 +96,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
             try:
                 task = task_create(owner=request.user, **serializer.validated_data)
             except SERVICE_ERRORS as exc:
-                add_service_error(form, exc)
+                add_service_errors(form, exc)
             else:
                 messages.success(request, f"Task {task} created.")
                 return redirect("backoffice:task", pk=task.pk)
@@ -139,7 +135,7 @@ def _occurrences(request: HttpRequest, task: Any) -> tuple[Any, OccurrenceWindow
     try:
         window = task_occurrences(task=task, start=start, end=end)
     except SERVICE_ERRORS as exc:
-        add_service_error(form, exc)
+        add_service_errors(form, exc)
         window = task_occurrences(task=task)
     if not form.is_bound:  # show the window it is, so moving it starts from there
         shown = {"from": local_text(window.start, task.timezone), "to": local_text(window.end, task.timezone)}
@@ -218,7 +214,7 @@ def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpR
     try:
         action(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
-        for message in error_messages(errors_of(exc)):
+        for message in exception_messages(exc):
             messages.error(request, message)
     else:
         messages.success(request, done)
@@ -244,7 +240,7 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     try:
         execution = task_trigger(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
-        for message in error_messages(errors_of(exc)):
+        for message in exception_messages(exc):
             messages.error(request, message)
         return redirect("backoffice:task", pk=task.pk)
     messages.success(request, f"Execution {execution.pk} created, due now.")
@@ -258,7 +254,7 @@ def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     try:
         report = task_delete(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
-        for message in error_messages(errors_of(exc)):
+        for message in exception_messages(exc):
             messages.error(request, message)
         return redirect("backoffice:task", pk=task.pk)
     note = " An external run may go on." if report.may_still_run else ""
@@ -279,7 +275,7 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
             try:
                 report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
             except SERVICE_ERRORS as exc:
-                add_service_error(form, exc)
+                add_service_errors(form, exc)
             else:
                 messages.success(
                     request,
@@ -307,7 +303,7 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
             try:
                 task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
             except SERVICE_ERRORS as exc:
-                add_service_error(form, exc)
+                add_service_errors(form, exc)
             else:
                 messages.success(request, f"Saved: {', '.join(sorted(changes))}.")
                 return redirect("backoffice:task", pk=task.pk)
@@ -394,7 +390,7 @@ def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         report = execution_cancel_by_user(execution=execution, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
-        for message in error_messages(errors_of(exc)):
+        for message in exception_messages(exc):
             messages.error(request, message)
     else:
         messages.success(request, f"Execution {execution.pk} cancelled. {report.detail}".strip())
@@ -408,7 +404,7 @@ def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         retry = execution_retry_by_user(execution=execution, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
-        for message in error_messages(errors_of(exc)):
+        for message in exception_messages(exc):
             messages.error(request, message)
         return redirect("backoffice:execution", pk=execution.pk)
     messages.success(request, f"Execution {retry.pk} retries execution {execution.pk}.")

@@ -22,7 +22,7 @@ from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Work
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.masking import mask_config
 from tasks_app.services import actor_for
-from tms_core.form_errors import SERVICE_ERRORS, error_map
+from tms_core.form_errors import SERVICE_ERRORS, exception_messages
 
 #: Actions stop after this many objects per submission (each one is a service call).
 ACTION_MAX = 1000
@@ -34,7 +34,7 @@ def precise(value: Any) -> str:
 
 
 def error_text(exc: Exception) -> str:
-    return " ".join(message for messages_ in error_map(exc).values() for message in messages_)
+    return " ".join(exception_messages(exc))
 
 
 def run_for_each(

@@ -1,9 +1,13 @@
-"""Put a service's validation error onto a Django form, field by field.
+"""Put a serializer's or a service's validation errors onto a Django form, field by field.
 
-Services raise :class:`tms_core.errors.InvalidInput` (``errors``: field -> messages); some still
-raise DRF's ``ValidationError`` or Django's. The admin and the back-office forms call a service
-and show whatever it refused on the fields it names, and the rest (``non_field_errors``, fields
-the form does not have, conflicts) at the top of the form.
+Services raise :class:`tms_core.errors.InvalidInput` (``errors``: field -> messages) or a
+:class:`~tms_core.errors.DomainError`; the API's serializers raise DRF's ``ValidationError`` (or
+leave ``serializer.errors``); some model code raises Django's. The admin and the back-office
+pages validate with the API's serializers and write through its services, so bad input gets
+the API's messages; this module puts them where a person reads them: on the field they name
+(directly, or through a ``field_map`` when the form calls it otherwise), and the rest
+(``non_field_errors``, fields the form does not have, conflicts) above the form, prefixed with
+the name so nothing is lost. It is the one place that does this for both callers.
 """
 
 from __future__ import annotations
@@ -21,43 +25,73 @@ from tms_core.errors import DomainError, InvalidInput
 #: Every error a service may raise about its input or the object's state.
 SERVICE_ERRORS = (InvalidInput, DomainError, DrfValidationError, DjangoValidationError)
 
+#: Keys that mean "the request as a whole", not one field.
+GENERAL_KEYS = frozenset({"non_field_errors", NON_FIELD_ERRORS, "detail"})
 
-def _messages(detail: Any, prefix: str = "") -> list[str]:
-    """Flatten nested error details (``{"config": {"url": ["..."]}}``) to readable strings."""
+
+def error_messages(detail: Any, prefix: str = "") -> list[str]:
+    """Flatten nested error details (``{"config": {"url": ["..."]}}``) to readable strings,
+    naming nested fields (``url: Enter a valid URL.``) but not the general keys."""
     if isinstance(detail, Mapping):
-        return [message for key, value in detail.items() for message in _messages(value, f"{prefix}{key}: ")]
+        messages: list[str] = []
+        for key, value in detail.items():
+            name = "" if key in GENERAL_KEYS or key is None else str(key)
+            messages += error_messages(value, f"{prefix}{name}: " if name else prefix)
+        return messages
     if isinstance(detail, list | tuple):
-        return [message for item in detail for message in _messages(item, prefix)]
+        return [message for item in detail for message in error_messages(item, prefix)]
     return [f"{prefix}{detail}"]
 
 
-def error_map(exc: Exception) -> dict[str, list[str]]:
-    """``exc`` as field -> messages (``__all__`` for errors about the whole request)."""
+def errors_of(exc: BaseException) -> Any:
+    """The error detail an exception carries: a mapping field -> messages, or a list of messages."""
     if isinstance(exc, InvalidInput):
-        detail: Any = exc.errors
-    elif isinstance(exc, DrfValidationError):
-        detail = exc.detail
-    elif isinstance(exc, DjangoValidationError):
-        detail = exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
-    else:
-        detail = {NON_FIELD_ERRORS: [getattr(exc, "message", str(exc))]}
+        return exc.errors
+    if isinstance(exc, DrfValidationError):
+        return exc.detail
+    if isinstance(exc, DjangoValidationError):
+        return exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+    return [getattr(exc, "message", None) or str(exc)]
+
+
+def error_map(exc: BaseException) -> dict[str, list[str]]:
+    """``exc`` as field -> messages (``__all__`` for errors about the whole request)."""
+    detail = errors_of(exc)
     if not isinstance(detail, Mapping):
-        detail = {NON_FIELD_ERRORS: detail}
+        return {NON_FIELD_ERRORS: error_messages(detail)}
     errors: dict[str, list[str]] = {}
-    for field, value in detail.items():
-        name = NON_FIELD_ERRORS if field in ("non_field_errors", None) else str(field)
-        errors.setdefault(name, []).extend(_messages(value))
+    for key, value in detail.items():
+        name = NON_FIELD_ERRORS if key in GENERAL_KEYS or key is None else str(key)
+        errors.setdefault(name, []).extend(error_messages(value))
     return errors
 
 
-def add_service_errors(form: forms.BaseForm, exc: Exception) -> None:
-    """Add ``exc``'s messages to ``form``: on the fields it names, the rest at the top (with the
-    field's name, so nothing is lost)."""
-    for field, messages in error_map(exc).items():
-        for message in messages:
-            if field in form.fields:
-                form.add_error(field, message)
-            elif field == NON_FIELD_ERRORS:
-                form.add_error(None, message)
-            else:
-                form.add_error(None, f"{field}: {message}")
+def exception_messages(exc: BaseException) -> list[str]:
+    """All of ``exc``'s messages as lines, each prefixed with the field it names (for flash
+    messages of a button that has no form)."""
+    return error_messages(errors_of(exc))
+
+
+def add_errors(form: forms.BaseForm, errors: Any, *, field_map: Mapping[str, str] | None = None) -> None:
+    """Add ``errors`` (a serializer's ``errors``: field -> messages, or a list of messages) to ``form``.
+
+    A key naming one of the form's fields (or mapped to one by ``field_map``) goes on that field;
+    a general key goes above the form; any other key goes above the form, prefixed with its name.
+    """
+    field_map = field_map or {}
+    if not isinstance(errors, Mapping):
+        form.add_error(None, error_messages(errors))
+        return
+    for key, detail in errors.items():
+        name = field_map.get(str(key), str(key))
+        if name in form.fields:
+            form.add_error(name, error_messages(detail))
+        elif key in GENERAL_KEYS or key is None:
+            form.add_error(None, error_messages(detail))
+        else:
+            form.add_error(None, error_messages(detail, f"{key}: "))
+
+
+def add_service_errors(form: forms.BaseForm, exc: BaseException, *, field_map: Mapping[str, str] | None = None) -> None:
+    """Put a validation or domain error raised by a serializer or a service on ``form``."""
+    add_errors(form, errors_of(exc), field_map=field_map)
