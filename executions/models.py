@@ -102,6 +102,9 @@ class Execution(models.Model):
             models.Index(fields=["next_poll_at"], condition=Q(status="RUNNING"), name="execution_poll_idx"),
             models.Index(fields=["lease_owner"], condition=Q(status="RUNNING"), name="execution_lease_idx"),
             models.Index(fields=["task", "-scheduled_for"], name="execution_task_idx"),
+            # The back office's execution list (what ran and runs, newest first): keyset pages on
+            # (scheduled_for, id), read as an index range from the last row shown.
+            models.Index(fields=["-scheduled_for", "-id"], condition=~Q(status="SCHEDULED"), name="execution_ran_idx"),
         ]
 
     def __str__(self) -> str:
