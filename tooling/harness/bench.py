@@ -407,6 +407,10 @@ class Bench:
                 figures.extra[f"{label}_runs_24h"] = sum(p.total for p in snapshot.runs_per_minute)
                 if page is not None:
                     figures.extra[f"{label}_page_ms"], figures.extra[f"{label}_page_queries"] = page(user, renders)
+                    for name, path in _execution_list_paths(user):
+                        self.config.progress(f"dashboard: {renders} renders of {path} as {label}")
+                        timed, counted = page(user, renders, path)
+                        figures.extra[f"{label}_{name}_ms"], figures.extra[f"{label}_{name}_queries"] = timed, counted
             figures.executions = Execution.objects.count()
             figures.extra["tasks"] = Task.objects.count()
         finally:
@@ -525,8 +529,30 @@ class Bench:
         return self.results
 
 
-def _dashboard_page() -> Callable[[Any, int], tuple[dict[str, float], int]] | None:
-    """A timer of the page at ``/`` through Django's test client, if the project serves one."""
+def _execution_list_paths(user: Any) -> list[tuple[str, str]]:
+    """The execution list's first page, a page half-way down what the user may see (its keyset
+    cursor), the FAILED filter and the waiting runs: ``(figure name, path)``, if the project
+    serves the list."""
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve("/ui/executions/")
+        from backoffice.keyset import encode_cursor
+        from backoffice.scope import visible_executions
+    except (Resolver404, ImportError):
+        return []
+    ran = visible_executions(user).exclude(status="SCHEDULED").order_by("-scheduled_for", "-id")
+    middle = ran[ran.count() // 2]
+    return [
+        ("list", "/ui/executions/"),
+        ("list_deep", f"/ui/executions/?after={encode_cursor(middle.scheduled_for, middle.pk)}"),
+        ("list_failed", "/ui/executions/?status=FAILED"),
+        ("list_waiting", "/ui/executions/?status=SCHEDULED"),
+    ]
+
+
+def _dashboard_page() -> Callable[..., tuple[dict[str, float], int]] | None:
+    """A timer of a page (``/`` unless told) through Django's test client, if the project serves ``/``."""
     from django.urls import Resolver404, resolve
 
     try:
@@ -536,18 +562,18 @@ def _dashboard_page() -> Callable[[Any, int], tuple[dict[str, float], int]] | No
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    def render(user: Any, times: int) -> tuple[dict[str, float], int]:
+    def render(user: Any, times: int, path: str = "/") -> tuple[dict[str, float], int]:
         client = Client()
         client.force_login(user)
-        client.get("/")
+        client.get(path)
         timings, queries = [], []
         for _ in range(times):
             with CaptureQueriesContext(connection) as captured:
                 started = time.perf_counter()
-                response = client.get("/")
+                response = client.get(path)
                 timings.append((time.perf_counter() - started) * 1000)
             if response.status_code != 200:
-                raise RuntimeError(f"/ answered {response.status_code}")
+                raise RuntimeError(f"{path} answered {response.status_code}")
             queries.append(len(captured))
         return _quantiles(timings), max(queries)
 
