@@ -1,6 +1,7 @@
 """The back office in a real browser: log in, the dashboard, a task created from the page and
 run with "Run now" until the real worker reports SUCCEEDED, a running sleep cancelled from its
-page, and a second user who finds nothing of the first one's anywhere."""
+page, a second user who finds nothing of the first one's anywhere, and a task paused and resumed
+from the Django admin's changelist actions with the API's effect."""
 
 from __future__ import annotations
 
@@ -118,3 +119,54 @@ def test_a_second_user_sees_none_of_the_first_users_tasks(live_server, browser, 
     log_in(browser, live_server.url, "alice", "alice-password")
     browser.get(f"{live_server.url}/ui/tasks/{task.pk}/")
     assert "alices private task" in browser.find_element(By.TAG_NAME, "h1").text
+
+
+def _admin_action(driver, base_url: str, task: Task, action: str) -> str:
+    """In the task changelist: tick ``task``, choose ``action``, press Go; the message it reports."""
+    driver.get(f"{base_url}/admin/tasks_app/task/")
+    driver.find_element(By.CSS_SELECTOR, f"input.action-select[value='{task.pk}']").click()
+    Select(driver.find_element(By.NAME, "action")).select_by_value(action)
+    driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    return WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".messagelist"))).text
+
+
+def test_pause_and_resume_a_task_from_the_admin(live_server, browser, user, admin_user, api_client, settings):
+    """A superuser pauses a task in the admin: its waiting runs are cancelled exactly as the API's
+    pause cancels those of an identical task; resuming brings the same occurrences back."""
+    # An hour's horizon (the suite's is a minute): runs far enough ahead that none falls due meanwhile.
+    settings.TMS = {**settings.TMS, "MATERIALISE_HORIZON": 3600}
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=30)
+    spec = {"runner": "noop", "interval": timedelta(minutes=5), "start_at": start}
+    task = task_create(owner=user, name="every five minutes", **spec)
+    twin = task_create(owner=user, name="its twin, through the API", **spec)
+    waiting = list(Execution.objects.filter(task=task, status=S.SCHEDULED).order_by("scheduled_for"))
+    assert waiting
+
+    browser.get(f"{live_server.url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "user-tools")))
+
+    assert "1 paused, 0 refused." in _admin_action(browser, live_server.url, task, "pause_selected")
+    assert api_client.post(f"/api/v1/tasks/{twin.pk}/pause").status_code == 200
+    task.refresh_from_db()
+    assert task.status == "PAUSED"
+    assert not Execution.objects.filter(task=task, status=S.SCHEDULED).exists()
+    for execution in waiting:
+        execution.refresh_from_db()
+        assert execution.status == S.CANCELLED and execution.error == "paused"
+
+    def effect(of: Task) -> list[tuple[str, str, int]]:
+        rows = Execution.objects.filter(task=of).order_by("scheduled_for", "id")
+        return [(row.status, row.error, row.events.count()) for row in rows]
+
+    assert effect(task) == effect(twin)
+
+    assert "1 resumed, 0 refused." in _admin_action(browser, live_server.url, task, "resume_selected")
+    assert api_client.post(f"/api/v1/tasks/{twin.pk}/resume").status_code == 200
+    task.refresh_from_db()
+    assert task.status == "ACTIVE"
+    again = Execution.objects.filter(task=task, status=S.SCHEDULED).order_by("scheduled_for")
+    assert [e.scheduled_for for e in again] == [e.scheduled_for for e in waiting]
+    assert effect(task) == effect(twin)
