@@ -1,12 +1,19 @@
-"""What a user may see in the back office: the API's owner rule (their own rows; staff see all).
+"""What a user may see and do in the back office.
 
-Every page reads tasks and executions through these, so another user's ids answer 404.
+Seeing follows the API's owner rule (their own rows; staff see all): every page reads tasks and
+executions through these, so another user's ids answer 404. Acting follows the admin's rule
+(:mod:`tasks_app.roles`): a user acts on their own tasks and runs; on anyone else's only with the
+model permission the admin's actions ask for (``tasks_app.change_task`` to edit, pause, resume,
+run or backfill, ``tasks_app.delete_task`` to delete, ``executions.change_execution`` to cancel
+or retry; superusers have them all). So read-only support staff see everything and change nothing:
+the pages hide the buttons and refuse the POSTs with a 403.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
@@ -32,3 +39,33 @@ def task_or_404(user: Any, pk: Any) -> Task:
 
 def execution_or_404(user: Any, pk: Any) -> Execution:
     return get_object_or_404(visible_executions(user).select_related("task"), pk=pk)
+
+
+def may_change_task(user: Any, task: Task) -> bool:
+    """Whether ``user`` may edit, pause, resume, run or backfill ``task``."""
+    return task.owner_id == user.pk or user.has_perm("tasks_app.change_task")
+
+
+def may_delete_task(user: Any, task: Task) -> bool:
+    return task.owner_id == user.pk or user.has_perm("tasks_app.delete_task")
+
+
+def may_change_execution(user: Any, execution: Execution) -> bool:
+    """Whether ``user`` may cancel or retry ``execution``."""
+    return execution.task.owner_id == user.pk or user.has_perm("executions.change_execution")
+
+
+def task_to_change(user: Any, pk: Any, *, delete: bool = False) -> Task:
+    """The task ``user`` acts on: 404 if they may not see it, 403 if they may only look at it."""
+    task = task_or_404(user, pk)
+    if not (may_delete_task(user, task) if delete else may_change_task(user, task)):
+        raise PermissionDenied("You may look at this task but not change it.")
+    return task
+
+
+def execution_to_change(user: Any, pk: Any) -> Execution:
+    """The execution ``user`` acts on: 404 if they may not see it, 403 if they may only look at it."""
+    execution = execution_or_404(user, pk)
+    if not may_change_execution(user, execution):
+        raise PermissionDenied("You may look at this execution but not change it.")
+    return execution

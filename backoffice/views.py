@@ -23,7 +23,17 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
-from backoffice.scope import execution_or_404, task_or_404, visible_executions, visible_tasks
+from backoffice.scope import (
+    execution_or_404,
+    execution_to_change,
+    may_change_execution,
+    may_change_task,
+    may_delete_task,
+    task_or_404,
+    task_to_change,
+    visible_executions,
+    visible_tasks,
+)
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
@@ -183,6 +193,8 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "why_form": why_form,
         "backfill_form": forms.get("backfill_form") or BackfillForm(zone=task.timezone),
         "settings_rows": _settings_rows(task),
+        "can_change": may_change_task(request.user, task),
+        "can_delete": may_delete_task(request.user, task),
     }
 
 
@@ -213,7 +225,7 @@ def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
 
 
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
-    task = task_or_404(request.user, pk)
+    task = task_to_change(request.user, pk)
     try:
         action(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
@@ -239,7 +251,7 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_or_404(request.user, pk)
+    task = task_to_change(request.user, pk)
     try:
         execution = task_trigger(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
@@ -253,7 +265,7 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_or_404(request.user, pk)
+    task = task_to_change(request.user, pk, delete=True)
     try:
         report = task_delete(task=task, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
@@ -268,7 +280,7 @@ def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_or_404(request.user, pk)
+    task = task_to_change(request.user, pk)
     form = BackfillForm(request.POST, zone=task.timezone)
     if form.is_valid():
         serializer = BackfillSerializer(data=form.payload())
@@ -294,7 +306,7 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
     """Change a task: only the fields whose text changed are sent to the update service."""
-    task = task_or_404(request.user, pk)
+    task = task_to_change(request.user, pk)
     initial = TaskForm.initial_for(task)
     form = TaskForm(request.POST or None, initial=initial, zone=task.timezone)
     if request.method == "POST" and form.is_valid():
@@ -362,6 +374,7 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
     before, after = attempt_chain(execution, request.user)
     events = list(execution.events.order_by("id"))
     row = run_row(execution)
+    may_act = may_change_execution(request.user, execution)
     return {
         "execution": execution,
         "task": execution.task,
@@ -373,8 +386,8 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
         "run_handle": pretty_json(mask_config(execution.run_handle or {})),
         "idempotency_key": idempotency_key(execution.pk, execution.attempt),
         "flower_url": flower_task_url(execution.message_id),
-        "can_cancel": execution.status in ACTIVE_STATUSES,
-        "can_retry": execution.status in RETRYABLE_STATUSES and not after,
+        "can_cancel": may_act and execution.status in ACTIVE_STATUSES,
+        "can_retry": may_act and execution.status in RETRYABLE_STATUSES and not after,
         "active": execution.status in ACTIVE_STATUSES,
     }
 
@@ -389,7 +402,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
-    execution = execution_or_404(request.user, pk)
+    execution = execution_to_change(request.user, pk)
     try:
         report = execution_cancel_by_user(execution=execution, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
@@ -403,7 +416,7 @@ def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
-    execution = execution_or_404(request.user, pk)
+    execution = execution_to_change(request.user, pk)
     try:
         retry = execution_retry_by_user(execution=execution, actor=actor_for(request.user))
     except SERVICE_ERRORS as exc:
