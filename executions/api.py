@@ -27,8 +27,8 @@ from executions.services import execution_cancel, execution_retry
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import actor_for
 from tms_core.clock import db_now
-from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
-from tms_project.api_schema import error_responses
+from tms_project.api.base import ApiViewMixin, OwnerScopedMixin
+from tms_project.api.schema import error_responses
 
 EXECUTION_ORDERING_FIELDS = ["scheduled_for", "id", "started_at", "finished_at"]
 #: Filters and ordering; no free-text search over executions.

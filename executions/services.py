@@ -28,7 +28,7 @@ from runners.registry import UnknownRunner, get_runner
 from tasks_app.models import Task, TaskStatus
 from tms_core.clock import db_now
 from tms_core.errors import ConflictError, GoneError
-from tms_project.api_conf import api_settings
+from tms_project.api.conf import api_settings
 
 logger = logging.getLogger(__name__)
 

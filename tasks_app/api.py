@@ -50,8 +50,8 @@ from tasks_app.services import (
     task_update,
 )
 from tms_core.clock import db_now
-from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
-from tms_project.api_schema import error_responses
+from tms_project.api.base import ApiViewMixin, OwnerScopedMixin
+from tms_project.api.schema import error_responses
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     HEADER,

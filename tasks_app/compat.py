@@ -23,9 +23,9 @@ from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idem
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
 from tms_core.durations import DurationField, format_duration, parse_duration
-from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
-from tms_project.api_conf import api_settings
-from tms_project.api_schema import error_responses
+from tms_project.api.base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
+from tms_project.api.conf import api_settings
+from tms_project.api.schema import error_responses
 
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.

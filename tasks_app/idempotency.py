@@ -25,7 +25,7 @@ from rest_framework.exceptions import ValidationError
 from tasks_app.models import ApiIdempotencyKey
 from tms_core.clock import db_now
 from tms_core.errors import IdempotencyKeyReused
-from tms_project.api_conf import api_settings
+from tms_project.api.conf import api_settings
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

@@ -28,7 +28,7 @@ from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
 from tms_core.durations import DurationField
-from tms_project.api_base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
+from tms_project.api.base import BoundedDateTimeField, OffsetDateTimeField, StrictInputMixin
 
 
 class RunnerAliasField(serializers.CharField):

@@ -134,8 +134,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["tms_project.api_parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "tms_project.api_base.Pagination",
+    "DEFAULT_PARSER_CLASSES": ["tms_project.api.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "tms_project.api.base.Pagination",
     "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
@@ -153,12 +153,12 @@ REST_FRAMEWORK = {
         "anon": env.str("TMS_API_THROTTLE_ANON", default="100/minute"),
     },
     "NUM_PROXIES": env.int("TMS_API_NUM_PROXIES", default=None),
-    "DEFAULT_SCHEMA_CLASS": "tms_project.api_schema.AutoSchema",
-    "EXCEPTION_HANDLER": "tms_project.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "tms_project.api.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "tms_project.api.errors.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
-# Read through tms_project.api_conf.api_settings; see that module for what each knob does.
+# Read through tms_project.api.conf.api_settings; see that module for what each knob does.
 TMS_API = {
     "MATERIALISE_MAX": env.int("TMS_API_MATERIALISE_MAX", default=1000),
     "MATERIALISE_MAX_AHEAD": env.float("TMS_API_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
@@ -202,7 +202,7 @@ SPECTACULAR_SETTINGS = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "tms_project.api_schema.strip_trailing_slashes",
+        "tms_project.api.schema.strip_trailing_slashes",
     ],
 }
 

@@ -2,7 +2,7 @@
 
 :class:`AutoSchema` adds the errors every operation can answer (401, 403, 429; 400 and 415 where
 there is input to reject; 404 where the path names an object), each with the one error shape of
-:mod:`tms_project.api_errors`, so a client (and schemathesis) knows every answer it can get.
+:mod:`tms_project.api.errors`, so a client (and schemathesis) knows every answer it can get.
 Operations with their own errors (409, 422, ...) declare them with ``extend_schema``.
 """
 
