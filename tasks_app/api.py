@@ -50,7 +50,7 @@ from tasks_app.services import (
     task_update,
 )
 from tms_core.clock import db_now
-from tms_project.api.base import ApiViewMixin, OwnerScopedMixin
+from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
 from tms_project.api.schema import error_responses
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
@@ -82,7 +82,7 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
     return Response(stored.body, status=stored.status, headers=headers)
 
 
-class TaskFilter(filters.FilterSet):
+class TaskFilter(StrictFilterSet):
     status = filters.ChoiceFilter(
         choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
     )

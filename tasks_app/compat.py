@@ -40,7 +40,7 @@ class CompatStatus:
     choices = [SCHEDULED, PENDING, RUNNING, FINISHED]
 
 
-class _BlankIsNone:
+class BlankIsNone:
     """The original accepted an empty string for an absent optional field."""
 
     def to_internal_value(self, data: Any) -> Any:
@@ -49,11 +49,11 @@ class _BlankIsNone:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class _OptionalDuration(_BlankIsNone, DurationField):
+class _OptionalDuration(BlankIsNone, DurationField):
     pass
 
 
-class _OptionalDateTime(_BlankIsNone, BoundedDateTimeField):
+class _OptionalDateTime(BlankIsNone, BoundedDateTimeField):
     pass
 
 
