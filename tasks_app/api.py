@@ -58,6 +58,8 @@ IDEMPOTENCY_PARAMETER = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=False,
+    # Printable ASCII; a space neither first nor last, where HTTP would strip it.
+    pattern=r"^[!-~](?:[ -~]{0,253}[!-~])?$",
     description=(
         "Makes a retried create safe: a second request with the same key and body gets the first response "
         "(with `Idempotent-Replayed: true`) and creates nothing; the same key with another body is a 422. "

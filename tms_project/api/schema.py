@@ -73,7 +73,11 @@ class AutoSchema(SpectacularAutoSchema):
     characters in text, no empty filter values."""
 
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
-        schema = super()._map_basic_serializer(serializer, direction)
+        outer, self._direction = getattr(self, "_direction", None), direction
+        try:
+            schema = super()._map_basic_serializer(serializer, direction)
+        finally:
+            self._direction = outer
         strict = isinstance(serializer, StrictInputMixin) or type(serializer) in _runner_config_classes()
         if direction == "request" and strict:
             schema["additionalProperties"] = False
@@ -83,9 +87,16 @@ class AutoSchema(SpectacularAutoSchema):
 
     def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> dict[str, Any]:
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
-        if direction == "request" and isinstance(field, serializers.CharField):
-            _refuse_nul(schema)
+        if direction == "request" and isinstance(field, serializers.FileField) and not field.allow_empty_file:
+            schema["minLength"] = 1
         return schema
+
+    def _insert_field_validators(self, field: Any, schema: dict[str, Any]) -> None:
+        super()._insert_field_validators(field, schema)
+        # After the field's own validators: a pattern there would make drf-spectacular spell a
+        # blank-allowing field as a oneOf, and this one matches the empty string anyway.
+        if isinstance(field, serializers.CharField) and getattr(self, "_direction", None) == "request":
+            _refuse_nul(schema)
 
     def _get_filter_parameters(self) -> list[dict[str, Any]]:
         parameters = super()._get_filter_parameters()
