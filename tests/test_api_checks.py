@@ -227,3 +227,10 @@ def test_an_upload_without_a_file_or_with_an_empty_or_long_name_field_is_refused
     assert list(api_client.post(url, long, format="multipart").json()["errors"]) == ["name"]
     fine = {"file": SimpleUploadedFile("a.sh", b"#!/bin/sh\n"), "name": "123"}
     assert api_client.post(url, fine, format="multipart").status_code == 201
+
+
+def test_a_number_for_a_text_field_is_refused_as_the_schema_says(api_client):
+    body = {"runner": "sleep", "config": {"duration": "1s"}, "name": 5, "tracing_id": 1.5}
+    response = api_client.post(TASKS, body, format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"name": ["Not a valid string."], "tracing_id": ["Not a valid string."]}

@@ -66,7 +66,8 @@ class OwnerScopedMixin(ApiViewMixin):
 
 
 class StrictInputMixin:
-    """Rejects fields the serializer does not know, instead of silently ignoring them.
+    """Rejects fields the serializer does not know, instead of silently ignoring them, and numbers
+    sent for text fields.
 
     ``read_only_names`` lists fields that exist but cannot be written here.
     """
@@ -76,11 +77,17 @@ class StrictInputMixin:
     def to_internal_value(self, data: Any) -> Any:
         unknown: dict[str, list[str]] = {}
         if isinstance(data, dict):
-            known = set(self.fields)  # type: ignore[attr-defined]
+            fields = self.fields  # type: ignore[attr-defined]
             unknown = {
                 key: ["This field cannot be changed."] if key in self.read_only_names else ["Unknown field."]
                 for key in data
-                if key not in known
+                if key not in fields
+            }
+            # DRF's CharField takes a number as its text; the schema says string, so refuse it.
+            unknown |= {
+                key: ["Not a valid string."]
+                for key, value in data.items()
+                if isinstance(fields.get(key), serializers.CharField) and isinstance(value, int | float)
             }
         try:
             value = super().to_internal_value(data)  # type: ignore[misc]
