@@ -22,7 +22,7 @@ skipped occurrences by reason, the opted-in tasks). They are the same whichever 
   (gauges): SCHEDULED and due now, PENDING (published, not yet claimed), RUNNING.
 * ``tms_workers_alive`` (gauge): workers heartbeating.
 * ``tms_task_last_success_timestamp_seconds{task_id,task}`` (gauge): finish time of the task's
-  latest occurrence that succeeded, for active or paused tasks with ``expose_metrics`` only, at
+  latest occurrence that succeeded, for tasks (not deleted) with ``expose_metrics`` only, at
   most ``TMS_METRICS_MAX_TASKS`` (default 100) of them, lowest ids first;
   ``tms_tasks_metrics_opted_in`` counts every opted-in task, so a cut is visible.
 * ``tms_metrics_database_up`` and ``tms_metrics_collect_duration_seconds`` (gauges): whether the
@@ -178,10 +178,9 @@ class DatabaseCollector(Collector):
     def _tasks(self, cursor) -> Iterator[Metric]:  # type: ignore[no-untyped-def]
         cap = tms_settings().METRICS_MAX_TASKS
         task, execution = Task._meta.db_table, Execution._meta.db_table
-        live = [TaskStatus.ACTIVE, TaskStatus.PAUSED]
         cursor.execute(
-            f"SELECT count(*) FROM {task} WHERE expose_metrics AND status IN (%s, %s)",  # noqa: S608
-            live,
+            f"SELECT count(*) FROM {task} WHERE expose_metrics AND status <> %s",  # noqa: S608
+            [TaskStatus.DELETED],
         )
         opted_in = cursor.fetchone()[0]
         # The latest succeeded occurrence walks the (task, scheduled_for) index backwards and
@@ -189,8 +188,8 @@ class DatabaseCollector(Collector):
         cursor.execute(
             f"SELECT t.id, t.name, (SELECT e.finished_at FROM {execution} e"  # noqa: S608
             f" WHERE e.task_id = t.id AND e.status = %s ORDER BY e.scheduled_for DESC LIMIT 1)"
-            f" FROM {task} t WHERE t.expose_metrics AND t.status IN (%s, %s) ORDER BY t.id LIMIT %s",
-            [ExecutionStatus.SUCCEEDED, *live, cap],
+            f" FROM {task} t WHERE t.expose_metrics AND t.status <> %s ORDER BY t.id LIMIT %s",
+            [ExecutionStatus.SUCCEEDED, TaskStatus.DELETED, cap],
         )
         last_success = GaugeMetricFamily(
             "tms_task_last_success_timestamp_seconds",
@@ -203,7 +202,7 @@ class DatabaseCollector(Collector):
         yield last_success
         yield GaugeMetricFamily(
             "tms_tasks_metrics_opted_in",
-            f"Active or paused tasks with expose_metrics; at most TMS_METRICS_MAX_TASKS ({cap}) get a series.",
+            f"Tasks (not deleted) with expose_metrics; at most TMS_METRICS_MAX_TASKS ({cap}) get a series.",
             value=opted_in,
         )
 
