@@ -61,7 +61,16 @@ def check_migrations(alias: str = "default") -> CheckResult:
         return CheckResult("migrations", True, "all applied")
     try:
         executor = MigrationExecutor(connections[alias])
-        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        graph, applied = executor.loader.graph, executor.loader.applied_migrations
+        # Every unapplied node, not migration_plan(leaf_nodes()): that plans nothing for a leaf
+        # that is applied, so a gap below an applied leaf (0005 missing under an applied 0006)
+        # went unseen.
+        plan, seen = [], set()
+        for leaf in sorted(graph.leaf_nodes()):
+            for key in graph.forwards_plan(leaf):
+                if key not in applied and key not in seen:
+                    seen.add(key)
+                    plan.append((graph.nodes[key], False))
     except DatabaseError as exc:
         connections[alias].close_if_unusable_or_obsolete()
         return CheckResult("migrations", False, f"cannot read: {_first_line(exc)}")
