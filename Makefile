@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 FLOWER_PORT ?= 5555
+# prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
+METRICS_DIR ?= var/metrics
 
 .PHONY: run test install services browser lint format migrate clean
 
@@ -24,7 +26,9 @@ migrate: install
 ## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all.
 run: migrate
 	$(BIN)/python manage.py tms_demo --port $(PORT) --flower-port $(FLOWER_PORT)
+	PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) $(BIN)/python -c 'from tms_core.metrics import clean_multiproc_dir; clean_multiproc_dir()'
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
+		PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
 ## Check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.

@@ -45,6 +45,9 @@ case "$role" in
         exec celery -A tms_project flower --address="${FLOWER_ADDRESS:-0.0.0.0}" --port="${FLOWER_PORT:-5555}"
         ;;
     migrate)
+        # Runs once before every other role starts: empty the shared multiprocess metrics folder
+        # (files of processes from an earlier start would otherwise be summed for ever).
+        python -c 'from tms_core.metrics import clean_multiproc_dir; clean_multiproc_dir()'
         exec python manage.py migrate --noinput
         ;;
     help | -h | --help)

@@ -29,3 +29,11 @@ loglevel = os.environ.get("TMS_LOG_LEVEL", "info").lower()
 control_socket_disable = True
 # Trust X-Forwarded-* only from these proxy addresses (the reverse proxy in front of the web role).
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def child_exit(server, worker):
+    """A gunicorn worker exited: drop its live-gauge files from the multiprocess metrics folder
+    (its counters stay, summed into the totals; see tms_core/metrics.py)."""
+    from tms_core.metrics import mark_process_dead
+
+    mark_process_dead(worker.pid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, jitter_for
+from tms_core import metrics
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 
@@ -389,6 +391,17 @@ def materialise_due(*, horizon: float | None = None, batch: int | None = None, t
     batches never meet (SKIP LOCKED), and one plans in Python while another waits on the
     database. Inside a caller's transaction, and on SQLite, the pass stays on one connection.
     """
+    started = time.perf_counter()
+    try:
+        created = _materialise_due(horizon=horizon, batch=batch, threads=threads)
+    finally:
+        # Failed passes too: a pass that times out against a slow database is what to see.
+        metrics.MATERIALISER_PASS_SECONDS.observe(time.perf_counter() - started)
+    metrics.MATERIALISED.inc(created)
+    return created
+
+
+def _materialise_due(*, horizon: float | None, batch: int | None, threads: int | None) -> int:
     conf = tms_settings()
     horizon = conf.MATERIALISE_HORIZON if horizon is None else horizon
     size = batch or conf.MATERIALISE_BATCH

@@ -29,6 +29,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from executions import transitions
 from executions.notify import DueListener
+from tms_core import metrics
 from tms_core.conf import TmsSettings, tms_settings
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class Monitor:
                 self.publish(task, item, producer)
                 sent += 1
         except _BROKER_ERRORS:
+            metrics.MONITOR_PUBLISH_ERRORS.inc()
             transitions.executions_untake(
                 dispatches=taken[sent:], actor=self.actor, reason="broker unavailable: not published"
             )
@@ -130,6 +132,7 @@ class Monitor:
                 self._publish(taken, self._run_task, producer)
                 sent += len(taken)
                 self.stats.published += len(taken)
+                metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
                 if len(taken) < self.batch:
                     break
             if housekeeping:
@@ -143,6 +146,8 @@ class Monitor:
                 self._publish(polls, self._poll_task, producer)
                 self.stats.republished += len(stale)
                 self.stats.polls += len(polls)
+                metrics.MONITOR_PUBLISHED.labels("republish").inc(len(stale))
+                metrics.MONITOR_PUBLISHED.labels("poll").inc(len(polls))
                 sent += len(stale) + len(polls)
         return sent, next_due
 
@@ -165,12 +170,15 @@ class Monitor:
         while self._running and (max_passes is None or self.stats.passes < max_passes):
             self.stats.passes += 1
             housekeeping = time.monotonic() - last_housekeeping >= self.conf.MONITOR_MAX_SLEEP
+            started = time.perf_counter()
             try:
                 close_old_connections()
                 with connection.execute_wrapper(self._time_due_query):
                     sent, next_due = self.dispatch_once(housekeeping=housekeeping)
                 failures = 0
             except (DatabaseError, *_BROKER_ERRORS) as exc:
+                metrics.MONITOR_PASS_SECONDS.observe(time.perf_counter() - started)
+                metrics.MONITOR_PASS_ERRORS.inc()
                 failures += 1
                 self.stats.errors += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6))
@@ -178,6 +186,7 @@ class Monitor:
                 connection.close()
                 self._sleep(delay)
                 continue
+            metrics.MONITOR_PASS_SECONDS.observe(time.perf_counter() - started)
             if housekeeping:
                 last_housekeeping = time.monotonic()
             if sent and next_due == 0.0:

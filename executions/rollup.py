@@ -133,12 +133,44 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
         return cursor.rowcount
 
 
+#: The minute of the carry rows: what minutes past the retention counted, one row per owner and
+#: runner, so all-time totals (the counters at /metrics) never go back when minutes are pruned.
+#: No window the dashboard reads reaches it.
+CARRY_MINUTE = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
-    """Delete minute rows older than ``ROLLUP_RETENTION`` and task-hour rows older than
-    ``TASK_ROLLUP_RETENTION``; returns how many of each went. Beat runs it hourly."""
+    """Fold minute rows older than ``ROLLUP_RETENTION`` into the carry rows (:data:`CARRY_MINUTE`)
+    and delete task-hour rows older than ``TASK_ROLLUP_RETENTION``; returns how many of each
+    went. Beat runs it hourly."""
     conf = tms_settings()
     now = now or db_now()
-    minutes, _ = RunRollup.objects.filter(minute__lt=now - timedelta(seconds=conf.ROLLUP_RETENTION)).delete()
+    table = RunRollup._meta.db_table
+    columns = ", ".join(COUNTER_COLUMNS)
+    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
+    add = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS)
+    prep = RunRollup._meta.get_field("minute").get_db_prep_value
+    cutoff = prep(now - timedelta(seconds=conf.ROLLUP_RETENTION), connection)
+    carry = prep(CARRY_MINUTE, connection)
+    upsert = (
+        f"INSERT INTO {table} (minute, owner_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
+        "SELECT %s, owner_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY owner_id, runner "
+        f"ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {add}"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH folded AS (DELETE FROM {table} WHERE minute > %s AND minute < %s RETURNING *), "  # noqa: S608
+                f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
+                "SELECT count(*) FROM folded",
+                [carry, cutoff, carry],
+            )
+            minutes = cursor.fetchone()[0]
+        else:
+            old = "minute > %s AND minute < %s"
+            cursor.execute(upsert.format(sums=sums, source=table, where=old), [carry, carry, cutoff])
+            cursor.execute(f"DELETE FROM {table} WHERE {old}", [carry, cutoff])  # noqa: S608
+            minutes = cursor.rowcount
     hours, _ = TaskRollup.objects.filter(hour__lt=now - timedelta(seconds=conf.TASK_ROLLUP_RETENTION)).delete()
     return minutes, hours
 

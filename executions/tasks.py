@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import task_prerun, worker_init
+from celery.signals import task_prerun, worker_init, worker_process_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
 from executions import heartbeat, materialiser, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
+from tms_core import metrics
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,13 @@ def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     # executions.runs.persist), so they skip Django's per-task health-check query.
     for conn in connections.all():
         conn.settings_dict["CONN_HEALTH_CHECKS"] = False
+
+
+@worker_process_shutdown.connect
+def _forget_process_metrics(pid: int | None = None, **kwargs: Any) -> None:
+    """A prefork child exits: drop its live-gauge files from the multiprocess metrics folder
+    (its counters and histograms stay in the totals; see tms_core/metrics.py)."""
+    metrics.mark_process_dead(pid or os.getpid())
 
 
 @task_prerun.connect

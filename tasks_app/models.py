@@ -133,6 +133,10 @@ class Task(models.Model):
 
     notification_target = models.CharField(max_length=500, blank=True)
     tracing_id = models.CharField(max_length=64, blank=True)
+    #: Opt-in to a per-task series at /metrics (last success time); capped by TMS_METRICS_MAX_TASKS.
+    expose_metrics = models.BooleanField(
+        default=False, help_text="Publish this task's last success time at /metrics (Prometheus)."
+    )
 
     # Materialisation cursor: the next occurrence not yet turned into an execution (null: none left).
     next_run_at = models.DateTimeField(null=True, blank=True)
@@ -150,6 +154,8 @@ class Task(models.Model):
             models.Index(fields=["next_run_at"], condition=Q(status="ACTIVE"), name="task_due_active_idx"),
             models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
             models.Index(fields=["artifact"], condition=Q(artifact__isnull=False), name="task_artifact_idx"),
+            # /metrics lists the opted-in tasks at every scrape: a few rows of a large table.
+            models.Index(fields=["id"], condition=Q(expose_metrics=True), name="task_expose_metrics_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__lte=9), name="task_priority_0_9"),

@@ -177,6 +177,7 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     )
     priority = serializers.IntegerField(required=False, default=5, min_value=0, max_value=9)
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
+    expose_metrics = serializers.BooleanField(required=False, default=False)
     notification_target = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -297,6 +298,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "timeout",
             "priority",
             "tracing_id",
+            "expose_metrics",
             "notification_target",
             "state",
             "next_run_at",

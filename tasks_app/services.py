@@ -157,6 +157,7 @@ UPDATABLE_FIELDS = (
         "retry_jitter",
         "timeout",
         "tracing_id",
+        "expose_metrics",
         "notification_target",
     }
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 
 from django.conf import settings
@@ -50,6 +51,13 @@ class TmsSettings:
     ROLLUP_RETENTION: float = 7 * 86400.0
     #: Seconds the per-task hourly rollup ("tasks failing most") is kept: one row per task and hour.
     TASK_ROLLUP_RETENTION: float = 2 * 86400.0
+    #: Bearer token ``/metrics`` requires (``Authorization: Bearer <token>``); empty: none.
+    METRICS_TOKEN: str = ""
+    #: Client networks (CIDR) allowed to read ``/metrics``. Empty: loopback only when no token is
+    #: set, any address with the right token when one is.
+    METRICS_ALLOWED_NETWORKS: tuple[str, ...] = ()
+    #: Most tasks with ``expose_metrics`` that get a per-task series (the label cardinality bound).
+    METRICS_MAX_TASKS: int = 100
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).
@@ -59,6 +67,16 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_MISFIRE_GRACE must be at least 1 (second).")
         if not 1 <= self.CATCH_UP_LIMIT <= 1000:
             raise ImproperlyConfigured("TMS_CATCH_UP_LIMIT must be between 1 and 1000.")
+        if not 0 <= self.METRICS_MAX_TASKS <= 10000:
+            raise ImproperlyConfigured("TMS_METRICS_MAX_TASKS must be between 0 and 10000.")
+        object.__setattr__(self, "METRICS_ALLOWED_NETWORKS", tuple(self.METRICS_ALLOWED_NETWORKS))
+        for network in self.METRICS_ALLOWED_NETWORKS:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"TMS_METRICS_ALLOWED_NETWORKS: {network!r} is not a network ({exc})."
+                ) from exc
 
 
 def tms_settings() -> TmsSettings:

@@ -21,7 +21,7 @@ from executions.histogram import BUCKETS, EDGES, bucket_of, percentile
 from executions.models import Execution, ExecutionEvent, RunRollup, SkippedOccurrence, TaskRollup, Worker
 from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
-from executions.rollup import COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
+from executions.rollup import CARRY_MINUTE, COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
 from tasks_app.models import Task
 from tests.factories import TaskFactory, UserFactory
 
@@ -342,10 +342,18 @@ def test_prune_keeps_the_retention_and_beat_runs_it(settings):
     task = TaskFactory()
     now = timezone.now().replace(second=0, microsecond=0)
     for age in (0, 59, 61, 121):
-        RunRollup.objects.create(minute=now - timedelta(minutes=age), owner_id=task.owner_id, runner="noop", shard=0)
+        RunRollup.objects.create(
+            minute=now - timedelta(minutes=age), owner_id=task.owner_id, runner="noop", shard=0, succeeded=age + 1
+        )
         TaskRollup.objects.create(hour=now - timedelta(minutes=age), task=task, owner_id=task.owner_id)
     assert rollup_prune(now=now) == (2, 1)
-    assert RunRollup.objects.count() == 2
+    assert RunRollup.objects.exclude(minute=CARRY_MINUTE).count() == 2
+    # The pruned minutes live on in one carry row, so all-time totals (/metrics) never go back.
+    carry = RunRollup.objects.get(minute=CARRY_MINUTE)
+    assert (carry.runner, carry.succeeded) == ("noop", 62 + 122)
+    assert RunRollup.objects.aggregate(s=Sum("succeeded"))["s"] == 1 + 60 + 62 + 122
+    rollup_prune(now=now)  # again: nothing more to fold, the carry unchanged
+    assert RunRollup.objects.get(minute=CARRY_MINUTE).succeeded == 62 + 122
     assert TaskRollup.objects.count() == 3
     assert periodic_jobs()["tms: prune the dashboard rollup"] == ("tms.rollup_prune", 3600.0)
 

@@ -91,10 +91,14 @@ def test_compose_profiles_and_volumes(compose):
         for volume in service.get("volumes", [])
         if not volume.startswith(".")
     }
-    assert used == declared == {"postgres-data", "rabbitmq-data", "media", "prometheus-data", "grafana-data"}
+    assert used == declared == {"postgres-data", "rabbitmq-data", "media", "prometheus-data", "grafana-data", "metrics"}
     assert "media:/var/lib/tms/media" in services["web"]["volumes"] and services["worker"]["volumes"] == [
-        "media:/var/lib/tms/media"
+        "media:/var/lib/tms/media",
+        "metrics:/var/lib/tms/metrics",
     ]
+    # One multiprocess metrics folder for the roles that write or read process-local metrics.
+    for name in ("migrate", "web", "worker", "beat", "monitor"):
+        assert "metrics:/var/lib/tms/metrics" in services[name]["volumes"], name
     for volume in services["prometheus"]["volumes"]:
         if volume.startswith("."):
             assert (DOCKER / volume.split(":")[0]).is_file()
@@ -113,6 +117,20 @@ def test_prometheus_scrapes_the_web_metrics():
     config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
     web = next(job for job in config["scrape_configs"] if job["job_name"] == "tms-web")
     assert web["metrics_path"] == "/metrics" and web["static_configs"] == [{"targets": ["web:8000"]}]
+    assert web["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/tms-metrics-token"}
+
+
+def test_prometheus_gets_the_metrics_token_and_grafana_its_provisioning(compose):
+    services = compose["services"]
+    assert services["prometheus"]["configs"] == [
+        {"source": "prometheus-token", "target": "/etc/prometheus/tms-metrics-token"}
+    ]
+    assert "TMS_METRICS_TOKEN" in compose["configs"]["prometheus-token"]["content"]
+    for volume in services["grafana"]["volumes"]:
+        if volume.startswith("."):
+            assert (DOCKER / volume.split(":")[0]).is_dir(), volume
+    datasource = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
 
 
 def test_dockerfile_builds_wheels_apart_and_runs_as_a_non_root_user():

@@ -57,6 +57,8 @@ MIDDLEWARE = [
     # First: probes answer before the SSL redirect and the host check (a container platform
     # probes by IP over plain HTTP).
     "ops.middleware.HealthCheckMiddleware",
+    # Prometheus scrapes by container name over plain HTTP too (ops/metrics.py).
+    "ops.metrics.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's, and Swagger UI and ReDoc from drf-spectacular-sidecar) are
     # served by the web process itself, also under gunicorn with DEBUG off: no CDN, no extra server.
@@ -305,6 +307,9 @@ TMS = {
     "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
     "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
+    "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
+    "METRICS_ALLOWED_NETWORKS": tuple(env.list("TMS_METRICS_ALLOWED_NETWORKS", default=[])),
+    "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
 }
 
 TMS_RUNNERS = {

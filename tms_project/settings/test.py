@@ -20,6 +20,9 @@ for _name, _value in {
     # Subprocess run folders of this run's own: execution ids restart at 1 in each test database.
     "TMS_SUBPROCESS_WORK_DIR": os.path.join(tempfile.gettempdir(), f"tms-test-runs-{os.getpid()}"),
     "TMS_SUBPROCESS_ALLOW_ARTIFACTS": "true",
+    # prometheus_client's multiprocess mode, in a folder of this run's own: the monitor and worker
+    # processes a test starts write their metrics where the test's /metrics reads them.
+    "PROMETHEUS_MULTIPROC_DIR": os.path.join(tempfile.gettempdir(), f"tms-test-metrics-{os.getpid()}"),
     "TMS_SUBPROCESS_ALLOWED_EXECUTABLES": "/bin/sh,/usr/bin/env,sleep,echo,true,false",
     # Throttling stays on (as in production) but far above anything the suite sends.
     "TMS_API_THROTTLE_USER": "1000000/minute",

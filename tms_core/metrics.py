@@ -1,0 +1,116 @@
+"""Process-local Prometheus metrics (monitor and materialiser passes), shared across processes
+through prometheus_client's multiprocess mode.
+
+Everything the database knows (executions by outcome, backlog, workers, ...) is read at scrape
+time by the web's collector (``ops.metrics``), so it is the same whichever web process answers.
+What only a process knows (how long its last monitor pass took, whether a publish failed) is
+kept here. The monitor is its own process and the materialiser runs in a Celery prefork child,
+so neither can be scraped by the web process directly: with ``PROMETHEUS_MULTIPROC_DIR`` set,
+each process writes its values to memory-mapped files in that folder and the web's ``/metrics``
+adds up every file (counters and histograms are summed, so values of exited processes are kept).
+Without it (a test of one process, a shell) the values stay in the process's own memory.
+
+The folder must be shared by every process of one machine that should be seen (web, worker,
+beat, monitor) and emptied when the stack starts, never while it runs (``clean_multiproc_dir``:
+``make run`` and the docker ``migrate`` role do it). Why files and not the database: a pass
+takes milliseconds and runs up to several times a second, so recording each one in PostgreSQL
+would add a write per pass to the hot loop; an mmap write costs nothing. The price is that one
+web sees the processes of its own machine only: with monitors on several machines, scrape a web
+(or add a web role) on each, or read the database-derived metrics, which are global.
+
+File names carry ``<pid>-<hostname>`` instead of the bare pid, because containers sharing the
+folder each number their processes from 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from prometheus_client import Counter, Histogram, values
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiproc_dir() -> str | None:
+    """The shared folder of multiprocess mode, or None when the mode is off."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def process_identifier() -> str:
+    """This process's name in the folder: ``<pid>-<hostname>``. No underscore, which the
+    library uses to split file names."""
+    return f"{os.getpid()}-{socket.gethostname().replace('_', '-')}"
+
+
+if multiproc_dir():
+    # Must be set before the first metric is created (the library picks its value class then).
+    os.makedirs(multiproc_dir(), exist_ok=True)  # type: ignore[arg-type]
+    values.ValueClass = values.MultiProcessValue(process_identifier)
+
+
+def clean_multiproc_dir() -> int:
+    """Empty the multiprocess folder (at stack start, before any process writes). Returns the
+    number of files removed; 0 when the mode is off."""
+    folder = multiproc_dir()
+    if not folder or not Path(folder).is_dir():
+        return 0
+    removed = 0
+    for entry in Path(folder).iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        removed += 1
+    return removed
+
+
+def mark_process_dead(pid: int, hostname: str | None = None) -> None:
+    """Drop the live-gauge files of an exited child (gunicorn's ``child_exit``, Celery's
+    ``worker_process_shutdown``). Counters and histograms stay: their totals must not go back."""
+    folder = multiproc_dir()
+    if not folder:
+        return
+    from prometheus_client import multiprocess
+
+    host = (hostname or socket.gethostname()).replace("_", "-")
+    multiprocess.mark_process_dead(f"{pid}-{host}", folder)
+
+
+#: Pass durations: a monitor pass is milliseconds when idle, seconds with a backlog; a
+#: materialiser pass similar, up to minutes on a cold start over many tasks.
+PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+MONITOR_PASS_SECONDS = Histogram(
+    "tms_monitor_pass_duration_seconds",
+    "Duration of one monitor pass (take due executions, publish, housekeeping), failed passes included.",
+    buckets=PASS_BUCKETS,
+)
+MONITOR_PUBLISHED = Counter(
+    "tms_monitor_messages_published",
+    "Messages the monitor published, by kind: run (due), republish (lost PENDING) or poll.",
+    ["kind"],
+)
+MONITOR_PUBLISH_ERRORS = Counter(
+    "tms_monitor_publish_errors",
+    "Publishes that failed on a broker error (the rows not published went back to SCHEDULED).",
+)
+MONITOR_PASS_ERRORS = Counter(
+    "tms_monitor_pass_errors",
+    "Monitor passes that failed on a database or broker error (retried with backoff).",
+)
+MATERIALISER_PASS_SECONDS = Histogram(
+    "tms_materialiser_pass_duration_seconds",
+    "Duration of one materialiser pass over the tasks due within the horizon.",
+    buckets=PASS_BUCKETS,
+)
+MATERIALISED = Counter(
+    "tms_materialiser_executions_created",
+    "Executions created by materialiser passes.",
+)
+
+for _kind in ("run", "republish", "poll"):
+    # Present from the start (at 0), so a rate over it exists before the first publish.
+    MONITOR_PUBLISHED.labels(_kind)
