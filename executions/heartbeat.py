@@ -63,9 +63,26 @@ def worker_register(*, worker_id: str) -> None:
 def worker_heartbeat(*, worker_id: str) -> int:
     """Refresh the worker row; end the leases of this node's dead pool processes.
 
+    A row the liveness sweep marked DEAD while this worker was alive but could not heartbeat
+    (paused, or its heartbeat blocked on a lock) comes back ALIVE, and so does a row that was
+    removed meanwhile, each with a warning saying so. Its leases were handed back when it was
+    marked DEAD; its pool processes' writes on those executions are fenced and fail.
+
     Returns how many leases were ended.
     """
-    Worker.objects.filter(id=worker_id).update(last_heartbeat=Now(), status=WorkerStatus.ALIVE)
+    # One statement in the common case; only a row that is not ALIVE any more is looked at.
+    if not Worker.objects.filter(id=worker_id, status=WorkerStatus.ALIVE).update(last_heartbeat=Now()):
+        was = Worker.objects.filter(id=worker_id).values_list("status", flat=True).first()
+        worker_register(worker_id=worker_id)
+        if was is None:
+            logger.warning("worker %s had no row any more; its heartbeat registered it again: ALIVE", worker_id)
+        else:
+            logger.warning(
+                "worker %s was marked %s (its heartbeat was silent); its heartbeat resumed: ALIVE again "
+                "(the executions it held were handed back to other workers)",
+                worker_id,
+                was,
+            )
     owners = (
         Execution.objects.filter(status=ExecutionStatus.RUNNING, lease_owner__startswith=f"{worker_id}:")
         .values_list("lease_owner", flat=True)
@@ -133,10 +150,15 @@ class HeartbeatStep(bootsteps.StartStopStep):
                 close_old_connections()
                 worker_heartbeat(worker_id=self.worker_id)
                 last_ok = time.monotonic()
-            except DatabaseError as exc:
+            except Exception as exc:
+                # Any error, not only the database's: a heartbeat thread that dies leaves a live,
+                # consuming worker DEAD for good.
                 connection.close()
                 silent = time.monotonic() - last_ok
-                logger.warning("heartbeat of %s failed for %.0fs: %s", self.worker_id, silent, exc)
+                if isinstance(exc, DatabaseError):
+                    logger.warning("heartbeat of %s failed for %.0fs: %s", self.worker_id, silent, exc)
+                else:
+                    logger.exception("heartbeat of %s failed for %.0fs", self.worker_id, silent)
                 if silent > conf.WORKER_TIMEOUT:
                     # Other workers own our executions by now: stop consuming and exit; the
                     # supervisor (systemd, Kubernetes, make run) starts a fresh worker.

@@ -25,7 +25,7 @@ from executions import transitions
 from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
-from tasks_app.schedules import Schedule, jitter_for
+from tasks_app.schedules import MAX_WALK, Schedule, jitter_for
 from tms_core import metrics
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -83,6 +83,9 @@ def _misfire_keep(task: Plannable) -> int:
         return task.catch_up_limit
     return 1 if task.misfire_policy == MisfirePolicy.RUN_ONCE else 0
 
+
+#: Longer than a valid cron expression goes without a fire time (8 years).
+_CRON_SILENCE = timedelta(days=366 * 10)
 
 #: The most dropped occurrences recorded one by one per task and pass (the latest ones); one
 #: summary row stands for any earlier ones.
@@ -182,7 +185,14 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     # The latest missed fire times the policy runs, no more than the runs the task has left.
     keep = _misfire_keep(task) if remaining is None else min(_misfire_keep(task), remaining)
     missed_before = now - task.misfire_grace
-    since = catch_up_since(schedule, task.next_run_at, missed_before=missed_before, keep=keep + RECORD_LIMIT)
+    cursor = task.next_run_at
+    if schedule.cron:
+        # A cron walk stops MAX_WALK past its start (its cost grows with the span walked) and
+        # this one must reach the first fire time after ``until`` (at most 9 years on): from a
+        # cursor older than that (API dates start in 1970, so only after 2060 or for rows made
+        # otherwise) only the later fire times are walked, the earlier ones are summarised as "more".
+        cursor = max(cursor, until - MAX_WALK + _CRON_SILENCE)
+    since = catch_up_since(schedule, cursor, missed_before=missed_before, keep=keep + RECORD_LIMIT)
     fire_times: Iterator[datetime] = schedule.fire_times(since=since)
     missed: list[datetime] = []
     lost = 0  # missed occurrences trimmed away during the walk (too many to list)

@@ -50,9 +50,10 @@ def load_execution(execution_id: int) -> tuple[Execution, Task] | None:
     return execution, execution.task
 
 
-def run_spec(execution: Execution, task: Task, *, starting: bool = False) -> RunSpec:
+def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend: bool = False) -> RunSpec:
     """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
-    verified local copy); polls and cancels find the run without it."""
+    verified local copy); polls and cancels find the run without it. ``resend``: a lost worker
+    may have launched this attempt already (see :attr:`RunSpec.resend`)."""
     artifact_path = artifact_local_path(task.artifact) if starting and task.artifact_id else None
     return RunSpec(
         execution_id=execution.pk,
@@ -63,6 +64,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False) -> Run
         callback_url=callback_url(execution_id=execution.pk, attempt=execution.attempt),
         artifact_path=artifact_path,
         tracing_id=task.tracing_id,
+        resend=resend,
     )
 
 

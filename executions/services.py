@@ -16,6 +16,7 @@ from executions.models import ACTIVE_STATUSES, Execution
 from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
 from tasks_app.models import Task, TaskStatus
+from tasks_app.schedules import walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
@@ -106,9 +107,12 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
         raise ConflictError("The task is paused; resume it first.")
     if task.status != TaskStatus.ACTIVE or task.next_run_at is None or until < task.next_run_at:
         return []
-    for count, when in enumerate(task_schedule(task).fire_times(since=task.next_run_at), start=1):
-        if when > until:
-            break
-        if count > limit:
-            raise InvalidInput.on("until", f"That would create more than {limit} executions; choose an earlier time.")
+    with walk_limit("until", "Fire times from the task's next run up to this time"):
+        for count, when in enumerate(task_schedule(task).fire_times(since=task.next_run_at), start=1):
+            if when > until:
+                break
+            if count > limit:
+                raise InvalidInput.on(
+                    "until", f"That would create more than {limit} executions; choose an earlier time."
+                )
     return materialise_task(task_id=task.pk, until=until)

@@ -179,7 +179,7 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
             return execution_record_outcome(
                 execution=execution, task=task, worker_id=worker_id, result=RunResult.failed(error)
             )
-        return _start(execution, task, worker_id)
+        return _start(execution, task, worker_id, resend=True)
     try:
         runner = get_runner(task.runner)
         spec = run_spec(execution, task)
@@ -210,10 +210,10 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
     )
 
 
-def _start(execution: Execution, task: Task, worker_id: str) -> str:
+def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = False) -> str:
     try:
         runner: BaseRunner = get_runner(task.runner)
-        spec = run_spec(execution, task, starting=True)
+        spec = run_spec(execution, task, starting=True, resend=resend)
     except Exception as exc:  # noqa: BLE001 - as in _resume
         return execution_record_outcome(
             execution=execution,

@@ -12,9 +12,10 @@ import enum
 import json
 import logging
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
@@ -26,6 +27,15 @@ MAX_OUTPUT_BYTES_LIMIT = 1024 * 1024
 RESERVED_HEADERS = frozenset({"idempotency-key", "host", "content-length", "transfer-encoding", "connection"})
 #: An HTTP header name (a ``token`` of RFC 9110).
 HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+#: A re-sent launch answered "still in progress" is sent again after this many seconds, the
+#: delay growing by RESEND_FACTOR up to RESEND_CAP (see :func:`resend_while_in_progress`).
+RESEND_BASE, RESEND_FACTOR, RESEND_CAP = 0.25, 2.0, 5.0
+#: What executors following the IETF Idempotency-Key draft (and Stripe) answer while a request
+#: with the same key is still being processed: 409 Conflict.
+DEFAULT_IN_PROGRESS_STATUSES = (409,)
+
+T = TypeVar("T")
 
 
 class RunState(enum.StrEnum):
@@ -82,6 +92,9 @@ class RunSpec:
     #: Local path of the task's uploaded artifact (binary or script), if it has one.
     artifact_path: str | None = None
     tracing_id: str = ""
+    #: This attempt was started before, by a worker that was lost before it recorded a run id:
+    #: the executor may still be working on the first request with this idempotency key.
+    resend: bool = False
 
     @property
     def idempotency_key(self) -> str:
@@ -211,6 +224,63 @@ class BaseRunner:
 # --------------------------------------------------------------------------------------------
 # Checks and limits shared by backends
 # --------------------------------------------------------------------------------------------
+
+
+def status_codes_option(alias: str, options: Mapping[str, Any], name: str) -> frozenset[int]:
+    """The OPTION ``name``, a list of HTTP status codes (``in_progress_statuses``), checked at start-up."""
+    value = options[name]
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 for code in value
+    ):
+        raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: {name} must be a list of HTTP status codes (100-599).")
+    return frozenset(value)
+
+
+def resend_while_in_progress(
+    send: Callable[[float], T],
+    status_of: Callable[[T], int],
+    *,
+    spec: RunSpec,
+    statuses: frozenset[int],
+    log: logging.Logger,
+    runner: str,
+) -> T:
+    """Send a launch; while a re-sent one is answered "in progress", wait and send it again.
+
+    ``send(seconds)`` sends the launch once (with ``spec``'s idempotency key, as always) within
+    ``seconds`` and returns the reply, whose status ``status_of`` reads. When ``spec.resend`` is
+    set (a lost worker may have sent the same launch, and the executor may still be running it)
+    an answer in ``statuses`` means "a request with this key is still being processed": it is
+    not the outcome of the attempt, so the launch is sent again, with the same key, after an
+    exponential backoff, until the executor answers with the stored result of the first request.
+    The attempt's timeout bounds the waiting; past it, :class:`RunnerError` (retryable) says so,
+    as any other timeout. A first send is judged as it comes: there, a 409 is a real conflict.
+    """
+    deadline = time.monotonic() + spec.timeout
+    reply = send(spec.timeout)
+    delay = RESEND_BASE
+    resends = 0
+    while spec.resend and (status := status_of(reply)) in statuses:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RunnerError(
+                f"timed out after {spec.timeout:g}s: the executor still answered HTTP {status} (a request with "
+                f"Idempotency-Key {spec.idempotency_key} in progress) to {resends} re-sends"
+            )
+        log.info(
+            "%s: execution %s attempt %s: HTTP %s, the first launch with this key is still in progress; "
+            "sending it again in %.2fs",
+            runner,
+            spec.execution_id,
+            spec.attempt,
+            status,
+            min(delay, remaining),
+        )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * RESEND_FACTOR, RESEND_CAP)
+        resends += 1
+        reply = send(max(deadline - time.monotonic(), RESEND_BASE))
+    return reply
 
 
 def validate_headers(

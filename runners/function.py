@@ -31,6 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
 from runners.base import (
+    DEFAULT_IN_PROGRESS_STATUSES,
     MAX_OUTPUT_BYTES_LIMIT,
     RESERVED_HEADERS,
     BaseRunner,
@@ -39,6 +40,8 @@ from runners.base import (
     RunResult,
     RunSpec,
     bounded_head,
+    resend_while_in_progress,
+    status_codes_option,
     validate_headers,
     validate_json_size,
 )
@@ -128,6 +131,9 @@ class AsyncHttpFunctionRunner(BaseRunner):
         "verify_ssl": True,
         "max_output_bytes": 65536,
         "user_agent": "TMS-function-runner/1.0",
+        #: Status codes that answer a re-sent start with "a request with this Idempotency-Key is
+        #: still in progress": the start is sent again after a backoff, never judged a failure.
+        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
     }
     config_serializer_class = AsyncHttpFunctionConfigSerializer
     supports_cancel = True
@@ -135,6 +141,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         self.allowed_urls = UrlAllowList(self.options["allowed_urls"], alias=alias)
+        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
         self._lock = threading.Lock()
         self._session: tuple[int, requests.Session] | None = None
 
@@ -148,11 +155,21 @@ class AsyncHttpFunctionRunner(BaseRunner):
     # -- runner interface ---------------------------------------------------------------------
 
     def start(self, spec: RunSpec) -> RunHandle:
-        """POST the payload with the attempt's ``Idempotency-Key``; the platform names the run."""
+        """POST the payload with the attempt's ``Idempotency-Key``; the platform names the run.
+
+        A re-sent start (``spec.resend``) answered with an ``in_progress_statuses`` code is sent
+        again until the platform answers with the run (:func:`resend_while_in_progress`).
+        """
         url = spec.config["url"]
         headers = {**spec.config.get("headers", {}), **self._tms_headers(spec), "Content-Type": "application/json"}
-        status, body, location = self._exchange(
-            "POST", url, spec, headers=headers, data=json.dumps(spec.config.get("payload", {}))
+        payload = json.dumps(spec.config.get("payload", {}))
+        status, body, location = resend_while_in_progress(
+            lambda _seconds: self._exchange("POST", url, spec, headers=headers, data=payload),
+            lambda reply: reply[0],
+            spec=spec,
+            statuses=self.in_progress_statuses,
+            log=logger,
+            runner=f"function runner {self.alias!r}",
         )
         if status == 429 or status >= 500:
             raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}")

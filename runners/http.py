@@ -37,12 +37,15 @@ from rest_framework import serializers
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 
 from runners.base import (
+    DEFAULT_IN_PROGRESS_STATUSES,
     RESERVED_HEADERS,
     BaseRunner,
     RunHandle,
     RunnerError,
     RunResult,
     RunSpec,
+    resend_while_in_progress,
+    status_codes_option,
     validate_headers,
 )
 from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session, literal_ip, normalise_host
@@ -383,6 +386,9 @@ class HttpRunner(BaseRunner):
         "user_agent": "TMS-http-runner/1.0",
         #: Redirect hops followed before giving up.
         "max_redirects": 5,
+        #: Status codes that answer a re-sent launch with "a request with this Idempotency-Key is
+        #: still in progress": the launch is sent again after a backoff, never judged a failure.
+        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
     }
     config_serializer_class = HttpConfigSerializer
     #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
@@ -393,6 +399,7 @@ class HttpRunner(BaseRunner):
         self.policy = AddressPolicy.from_entries(self.options["allowed_networks"], alias=alias)
         self.max_response_bytes = self._int_option("max_response_bytes", upper=MAX_RESPONSE_BYTES_LIMIT)
         self.max_redirects = self._int_option("max_redirects", upper=50)
+        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
         self.user_agent = self.options["user_agent"]
         if not isinstance(self.user_agent, str) or any(char in self.user_agent for char in "\r\n\0"):
             raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: user_agent must be a single-line string.")
@@ -425,8 +432,10 @@ class HttpRunner(BaseRunner):
     def start(self, spec: RunSpec) -> RunHandle:
         """Send the configured request; in async mode, return a handle on the status URL it names.
 
-        Never launches twice for one key by itself (it sends exactly one request, plus redirect
-        hops), and the ``Idempotency-Key`` header lets the endpoint adopt a repeated start.
+        Never launches twice for one key by itself (it sends one request, plus redirect hops),
+        and the ``Idempotency-Key`` header lets the endpoint adopt a repeated start. A re-sent
+        start (``spec.resend``) answered with an ``in_progress_statuses`` code is sent again until
+        the endpoint answers with the first request's result (:func:`resend_while_in_progress`).
         """
         config = spec.config
         key = spec.idempotency_key
@@ -437,16 +446,27 @@ class HttpRunner(BaseRunner):
             headers["Content-Type"] = content_type
         limit = self._limit(config)
         is_async = bool(config.get("async"))
-        try:
-            reply = self._exchange(
+
+        def send(seconds: float) -> _Reply:
+            return self._exchange(
                 method,
                 config["url"],
                 headers=headers,
                 body=body,
-                seconds=self._seconds(spec),
+                seconds=min(self._seconds(spec), seconds),
                 follow_redirects=bool(config.get("follow_redirects", True)),
                 # An async answer is parsed for its status URL, so read it whole (within reason).
                 limit=max(limit, _STATUS_DOCUMENT_MAX_BYTES) if is_async else limit,
+            )
+
+        try:
+            reply = resend_while_in_progress(
+                send,
+                lambda reply: reply.status,
+                spec=spec,
+                statuses=self.in_progress_statuses,
+                log=logger,
+                runner=f"http runner {self.alias!r}",
             )
         except RunnerError as exc:
             return RunHandle(key, result=RunResult.failed(str(exc), retryable=exc.retryable))

@@ -23,7 +23,7 @@ from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
-from tasks_app.schedules import Schedule, ScheduleError
+from tasks_app.schedules import Schedule, ScheduleError, walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
@@ -382,14 +382,15 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
     if task.status == TaskStatus.DELETED:
         raise GoneError("The task no longer exists.")
     times = []
-    for when in task_schedule(task).fire_times(since=start):
-        if when > end:
-            break
-        if len(times) == BACKFILL_MAX:
-            raise InvalidInput.on(
-                "end", f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."
-            )
-        times.append(when)
+    with walk_limit("end", "Fire times up to this time"):
+        for when in task_schedule(task).fire_times(since=start):
+            if when > end:
+                break
+            if len(times) == BACKFILL_MAX:
+                raise InvalidInput.on(
+                    "end", f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."
+                )
+            times.append(when)
     existing = set(
         Execution.objects.filter(task=task, scheduled_for__in=times, superseded=False).values_list(
             "scheduled_for", flat=True

@@ -4,18 +4,17 @@ where a task's runs end (``max_runs``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import islice
 from zoneinfo import ZoneInfo
 
 from executions.materialiser import task_schedule
 from tasks_app.models import Task
-from tasks_app.schedules import Schedule
+from tasks_app.schedules import Schedule, walk_limit
 from tms_core.clock import db_now
 
 #: A ``max_runs`` bound larger than this is not applied to previews (walking it would be too slow).
 _MAX_RUNS_WALK = 100_000
-_END_OF_TIME = datetime.max.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -24,42 +23,55 @@ class FireTime:
     local: datetime
 
 
-def last_fire_time(schedule: Schedule, max_runs: int | None) -> datetime | None:
-    """The ``max_runs``-th fire time of ``schedule``: the last one its task runs (None: no such
-    bound, the schedule ends before it, or ``max_runs`` is too large to walk)."""
-    if max_runs is None or max_runs > _MAX_RUNS_WALK:
+def _runs_end(schedule: Schedule, max_runs: int, *, until: datetime) -> datetime | None:
+    """The ``max_runs``-th fire time of ``schedule`` if it lies at or before ``until`` (None: it
+    lies after, the schedule ends before it, or ``max_runs`` is too large to walk)."""
+    if max_runs > _MAX_RUNS_WALK:
         return None
-    runs = list(islice(schedule.fire_times(), max_runs))
-    return runs[-1] if len(runs) == max_runs else None
+    for count, when in enumerate(schedule.fire_times(), 1):
+        if count == max_runs:
+            return when if when <= until else None
+        if when >= until:  # not one further: the walk that found ``until`` stopped there too
+            return None
+    return None
 
 
 def schedule_preview(
     schedule: Schedule, *, count: int, after: datetime | None = None, max_runs: int | None = None
 ) -> list[FireTime]:
     """The first ``count`` fire times of ``schedule`` at or after ``after`` (default: its start),
-    in UTC and in the schedule's time zone, stopping after its ``max_runs``-th fire time."""
-    last = last_fire_time(schedule, max_runs)
+    in UTC and in the schedule's time zone, stopping after its ``max_runs``-th fire time.
+
+    :class:`InvalidInput` on ``count`` if they reach further than a cron schedule is walked
+    (:data:`~tasks_app.schedules.MAX_WALK_YEARS`).
+    """
+    with walk_limit("count", f"The first {count} fire times"):
+        times = list(islice(schedule.fire_times(since=after), count))
+        if max_runs is not None and times:
+            last = _runs_end(schedule, max_runs, until=times[-1])
+            if last is not None:
+                times = [when for when in times if when <= last]
     zone = ZoneInfo(schedule.timezone)
-    times = []
-    for when in schedule.fire_times(since=after):
-        if len(times) >= count or (last is not None and when > last):
-            break
-        times.append(FireTime(when, when.astimezone(zone)))
-    return times
+    return [FireTime(when, when.astimezone(zone)) for when in times]
 
 
 def task_preview(*, task: Task, count: int, after: datetime | None = None) -> list[FireTime]:
     """The task's next ``count`` fire times at or after ``after`` (default: now), up to where its
-    runs end (``max_runs`` counted from its cursor: see :func:`task_last_fire_time`)."""
+    runs end (``max_runs`` counted from its cursor: see :func:`task_last_fire_time`).
+
+    :class:`InvalidInput` on ``count`` if they reach further than a cron schedule is walked, on
+    ``after`` if it lies that far beyond the task's cursor (where ``max_runs`` is counted from).
+    """
     schedule = task_schedule(task)
-    last = task_last_fire_time(task, schedule, materialised=None, until=_END_OF_TIME)
+    with walk_limit("count", f"The next {count} fire times"):
+        times = list(islice(schedule.fire_times(since=after or db_now()), count))
+    if times:
+        with walk_limit("after", "Fire times counted from the task's next run up to this time"):
+            last = task_last_fire_time(task, schedule, materialised=None, until=times[-1])
+        if last is not None:
+            times = [when for when in times if when <= last]
     zone = ZoneInfo(schedule.timezone)
-    times = []
-    for when in schedule.fire_times(since=after or db_now()):
-        if len(times) >= count or (last is not None and when > last):
-            break
-        times.append(FireTime(when, when.astimezone(zone)))
-    return times
+    return [FireTime(when, when.astimezone(zone)) for when in times]
 
 
 def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None:

@@ -16,7 +16,7 @@ from django.db.models import Q, Subquery
 from executions.materialiser import task_schedule
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_app.models import Task
-from tasks_app.schedules import Schedule
+from tasks_app.schedules import Schedule, walk_limit
 from tasks_app.selectors.fate import Fate, OccurrenceFate, is_summary, occurrence_fate, recorded_by_materialiser
 from tasks_app.selectors.previews import task_last_fire_time
 from tms_core.clock import db_now
@@ -332,7 +332,8 @@ def task_occurrences(*, task: Task, start: datetime | None = None, end: datetime
     executions, last_execution = _window_executions(task, start, end)
     skipped_rows, by_materialiser, last_skipped = _window_skipped(task, start, end)
     materialised = max((when for when in (last_execution, last_skipped) if when is not None), default=None)
-    last = task_last_fire_time(task, schedule, materialised=materialised, until=end)
+    with walk_limit("from", "Fire times counted from the task's next run up to this window"):
+        last = task_last_fire_time(task, schedule, materialised=materialised, until=end)
     fire_times = _window_fire_times(schedule, start, end, last)
     zone, shown = ZoneInfo(task.timezone), _Shown()
     items = _fire_time_items(

@@ -9,6 +9,7 @@ from itertools import islice
 from executions.materialiser import task_schedule
 from executions.models import Execution, ExecutionStatus, SkippedOccurrence
 from tasks_app.models import Task
+from tasks_app.schedules import walk_limit
 from tasks_app.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
 from tasks_app.selectors.previews import occurrence_at_or_before, task_last_fire_time
 from tms_core.clock import db_now
@@ -53,7 +54,8 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
     upcoming = list(islice(schedule.fire_times(since=max(now, at)), next_count))
     occurrence = occurrence_at_or_before(schedule, at)
     materialised = last_materialised(task) if task.next_run_at is None else None
-    last = task_last_fire_time(task, schedule, materialised=materialised, until=max([at, *upcoming]))
+    with walk_limit("at", "Fire times counted from the task's next run up to this time"):
+        last = task_last_fire_time(task, schedule, materialised=materialised, until=max([at, *upcoming]))
     if last is not None:
         upcoming = [when for when in upcoming if when <= last]
     answer = WhyAnswer(at, occurrence, "", "", next_fire_times=upcoming)
