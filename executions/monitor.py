@@ -30,6 +30,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from executions import transitions
 from executions.notify import DueListener
 from tms_core.conf import TmsSettings, tms_settings
+from tms_core.logcontext import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,9 @@ class Monitor:
         sent = 0
         try:
             for item in taken:
-                self.publish(task, item, producer)
+                with log_context(execution_id=item.execution_id, attempt=item.attempt, celery_task_id=item.message_id):
+                    self.publish(task, item, producer)
+                    logger.debug("execution %s attempt %s: published (%s)", item.execution_id, item.attempt, item.kind)
                 sent += 1
         except _BROKER_ERRORS:
             transitions.executions_untake(

@@ -14,7 +14,10 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
+
+from tms_project.log_config import LoggingConfigError, build_logging
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(environ.Env().str("TMS_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -135,18 +138,27 @@ warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWar
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
-# Housekeeping tasks (materialise, liveness every 5 s) log nothing below WARNING from the worker
-# and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
-_QUIET_HOUSEKEEPING = {} if env.bool("TMS_LOG_HOUSEKEEPING", default=False) else {"filters": ["quiet_housekeeping"]}
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"quiet_housekeeping": {"()": "tms_project.log_filters.QuietHousekeeping"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
-    "loggers": dict.fromkeys(("celery.app.trace", "celery.worker.strategy", "celery.beat"), _QUIET_HOUSEKEEPING),
-}
+# --- Logging ----------------------------------------------------------------------------------
+# One JSON object per line by default (production, the docker image); ``local`` (make run) and
+# ``test`` default to the plain format. Every line of an execution's life carries its ids
+# (tms_core.logcontext). Housekeeping tasks (materialise, liveness every 5 s) log nothing below
+# WARNING from the worker and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
+TMS_LOG_HOUSEKEEPING = env.bool("TMS_LOG_HOUSEKEEPING", default=False)
+
+
+def logging_from_env(default_format: str) -> dict:
+    """The LOGGING dictionary for ``TMS_LOG_FORMAT`` (else ``default_format``) and ``TMS_LOG_LEVEL``."""
+    try:
+        return build_logging(
+            fmt=env.str("TMS_LOG_FORMAT", default=default_format),
+            level=env.str("TMS_LOG_LEVEL", default="INFO"),
+            quiet_housekeeping=not TMS_LOG_HOUSEKEEPING,
+        )
+    except LoggingConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+LOGGING = logging_from_env("json")
 
 # --- Caches -----------------------------------------------------------------------------------
 # Throttling counts requests in the cache: with several web processes, point CACHE_URL at a
@@ -261,6 +273,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_DELIVERY_MODE = "persistent"
 CELERY_WORKER_SEND_TASK_EVENTS = True
+# Logging is Django's LOGGING in every process (tms_project/celery.py connects setup_logging).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
