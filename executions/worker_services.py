@@ -32,6 +32,7 @@ from executions.runs import (
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
+from tms_core import logcontext
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.logcontext import log_context
@@ -151,8 +152,11 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
 
 
 def _task_ids(task: Task) -> dict[str, object]:
-    """The task's ids for the log context (tms_core.logcontext)."""
-    return {"task_id": task.pk, "tracing_id": task.tracing_id}
+    """The task's ids for the log context (tms_core.logcontext), also added to the binding of the
+    Celery task handling the message, whose own lines come after this service returns."""
+    ids = {"task_id": task.pk, "tracing_id": task.tracing_id}
+    logcontext.add(**ids)
+    return ids
 
 
 def _stop_cancelled_runs(cancelled: tuple[tuple[int, transitions.CancelOutcome], ...]) -> None:

@@ -51,6 +51,15 @@ def bind(**fields: object) -> contextvars.Token[dict[str, object]]:
     return _context.set(_merged(fields))
 
 
+def add(**fields: object) -> None:
+    """Add ``fields`` to the innermost binding in place, so they stay until that binding ends
+    (a worker adds the task's ids once it has loaded the row, and Celery's "succeeded" line,
+    logged after the task returns, carries them too). Does nothing where nothing is bound."""
+    current = _context.get()
+    if current is not _EMPTY:
+        current.update({k: v for k, v in _merged(fields).items() if k in fields})
+
+
 def unbind(token: contextvars.Token[dict[str, object]]) -> None:
     try:
         _context.reset(token)
