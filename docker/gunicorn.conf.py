@@ -29,3 +29,14 @@ loglevel = os.environ.get("TMS_LOG_LEVEL", "info").lower()
 control_socket_disable = True
 # Trust X-Forwarded-* only from these proxy addresses (the reverse proxy in front of the web role).
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+# gunicorn's own error and access lines in the format of every other TMS process (TMS_LOG_FORMAT:
+# json by default here, as in the production settings), one line each on stderr.
+from tms_project.log_config import build_logging  # noqa: E402 - after the values above, on purpose
+
+logconfig_dict = build_logging(
+    fmt=os.environ.get("TMS_LOG_FORMAT", "json"), level=os.environ.get("TMS_LOG_LEVEL", "INFO")
+)
+logconfig_dict["loggers"].update(
+    {name: {"handlers": ["console"], "propagate": False} for name in ("gunicorn.error", "gunicorn.access")}
+)
