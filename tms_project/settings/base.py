@@ -310,6 +310,7 @@ TMS = {
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
     "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
+    "SHUTDOWN_GRACE": env.float("TMS_SHUTDOWN_GRACE", default=5.0),
     "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
     "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),
