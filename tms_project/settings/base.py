@@ -267,8 +267,9 @@ else:
 # last frame), and the messages it held unacknowledged go back to the queue for another worker.
 # With 5 s a paused worker's messages are running elsewhere within ~16 s of the pause (3 x 5 s, plus
 # a claim; measured 3 x 4 s = 12.0 s with a 4 s heartbeat in tests/executions/test_paused_worker.py).
-# Not much lower: the worker's main process sends them (every 2.5 s here) between its other work. The monitor and the web publish over connections without heartbeats, so this costs them
-# nothing. RabbitMQ's consumer_timeout (server-wide, 30 min by default) is left as it is: it bounds
+# Not much lower: the worker's main process sends them (every 2.5 s here) between its other work.
+# The monitor and the web publish over connections without heartbeats, so this costs them nothing.
+# RabbitMQ's consumer_timeout (server-wide, 30 min by default) is left as it is: it bounds
 # a live worker that never acknowledges, not a paused one, and must stay above the longest run a
 # worker handles inline; the per-queue x-consumer-timeout argument needs RabbitMQ 3.12 (this
 # server is 3.10), and changing a durable queue's arguments makes its existing declaration fail.
