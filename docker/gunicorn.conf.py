@@ -37,3 +37,15 @@ def child_exit(server, worker):
     from tms_core.metrics import mark_process_dead
 
     mark_process_dead(worker.pid)
+
+
+# gunicorn's own error and access lines in the format of every other TMS process (TMS_LOG_FORMAT:
+# json by default here, as in the production settings), one line each on stderr.
+from tms_project.log_config import build_logging  # noqa: E402 - after the values above, on purpose
+
+logconfig_dict = build_logging(
+    fmt=os.environ.get("TMS_LOG_FORMAT", "json"), level=os.environ.get("TMS_LOG_LEVEL", "INFO")
+)
+logconfig_dict["loggers"].update(
+    {name: {"handlers": ["console"], "propagate": False} for name in ("gunicorn.error", "gunicorn.access")}
+)

@@ -11,6 +11,7 @@ the work (see :func:`executions.worker_services.keep_lease`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
+from celery.signals import worker_shutting_down
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
@@ -94,6 +96,54 @@ def worker_heartbeat(*, worker_id: str) -> int:
     return transitions.executions_expire_leases(owners=dead)
 
 
+def _held_by_pool(worker_id: str) -> list[str]:
+    """Lease owners (``node:pid``) among this node's pool processes holding a RUNNING execution."""
+    return list(
+        Execution.objects.filter(status=ExecutionStatus.RUNNING, lease_owner__startswith=f"{worker_id}:")
+        .values_list("lease_owner", flat=True)
+        .distinct()
+    )
+
+
+def worker_hand_back(*, worker_id: str, grace: float, poll: float = 0.1) -> int:
+    """Graceful shutdown of a worker node: let runs end for ``grace`` seconds, then stop the pool
+    processes still holding a lease and hand their executions back at once.
+
+    Runs shorter than the grace end normally (their outcome recorded). A longer one is given to
+    another worker without waiting for its lease to run out: its pool process is killed first
+    (so it can no longer write, or start anything after the hand-back), then its lease ends, as
+    for a pool process that died (:func:`transitions.executions_expire_leases`); the monitor's next
+    pass publishes a resume, and the next worker resumes the same attempt with the same
+    idempotency key (the runner adopts the run it already launched). The message the killed
+    process held goes back to the queue (``task_reject_on_worker_lost``) and finds the execution
+    taken. Returns how many executions were handed back.
+    """
+    deadline = time.monotonic() + grace
+    owners = _held_by_pool(worker_id)
+    while owners and time.monotonic() < deadline:
+        time.sleep(poll)
+        owners = _held_by_pool(worker_id)
+    # Only prefork pool processes can be stopped apart from the node (threads and solo pools run
+    # in the node itself, which then exits after its work, as Celery's warm shutdown does).
+    pids = {pid for owner in owners if (pid := lease_owner_pid(owner)) is not None and pid != os.getpid()}
+    if not pids:
+        return 0
+    logger.warning(
+        "worker %s shutting down: %d run(s) still going after %.1fs; stopping pool processes %s and handing back",
+        worker_id,
+        len(owners),
+        grace,
+        sorted(pids),
+    )
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stop_by = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < stop_by:
+        time.sleep(0.02)
+    return transitions.executions_expire_leases(owners=[o for o in owners if lease_owner_pid(o) in pids])
+
+
 def worker_stopped(*, worker_id: str) -> None:
     Worker.objects.filter(id=worker_id).update(status=WorkerStatus.STOPPED, last_heartbeat=Now())
 
@@ -132,6 +182,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
+        self._shutting_down = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
@@ -141,7 +192,27 @@ class HeartbeatStep(bootsteps.StartStopStep):
         connection.close()
         self._thread = threading.Thread(target=self._loop, args=(conf,), name="tms-heartbeat", daemon=True)
         self._thread.start()
+        # SIGTERM (a warm shutdown): Celery stops consuming and waits for the running tasks; this
+        # thread bounds that wait for long runs by handing them back (worker_hand_back).
+        worker_shutting_down.connect(self._on_shutting_down, weak=False)
+        # Not a daemon: the process waits for the hand-back to be written before it exits.
+        threading.Thread(target=self._hand_back_on_shutdown, args=(conf,), name="tms-shutdown").start()
         logger.info("worker %s registered; heartbeat every %ss", self.worker_id, conf.HEARTBEAT_INTERVAL)
+
+    def _on_shutting_down(self, **kwargs: Any) -> None:
+        # Runs inside the signal handler: only wake the thread.
+        self._shutting_down.set()
+
+    def _hand_back_on_shutdown(self, conf: Any) -> None:
+        self._shutting_down.wait()
+        try:
+            handed = worker_hand_back(worker_id=self.worker_id, grace=conf.SHUTDOWN_GRACE)
+            if handed:
+                logger.warning("worker %s handed back %d execution(s) on shutdown", self.worker_id, handed)
+        except DatabaseError:
+            logger.exception("worker %s could not hand its executions back; their leases will expire", self.worker_id)
+        finally:
+            connection.close()
 
     def _loop(self, conf: Any) -> None:
         last_ok = time.monotonic()
@@ -168,6 +239,8 @@ class HeartbeatStep(bootsteps.StartStopStep):
         connection.close()
 
     def stop(self, parent: Any) -> None:
+        # Also a shutdown without SIGTERM (a remote "shutdown" control command) hands back.
+        self._shutting_down.set()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -31,6 +31,7 @@ from executions import transitions
 from executions.notify import DueListener
 from tms_core import metrics
 from tms_core.conf import TmsSettings, tms_settings
+from tms_core.logcontext import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,9 @@ class Monitor:
         sent = 0
         try:
             for item in taken:
-                self.publish(task, item, producer)
+                with log_context(execution_id=item.execution_id, attempt=item.attempt, celery_task_id=item.message_id):
+                    self.publish(task, item, producer)
+                    logger.debug("execution %s attempt %s: published (%s)", item.execution_id, item.attempt, item.kind)
                 sent += 1
         except _BROKER_ERRORS:
             metrics.MONITOR_PUBLISH_ERRORS.inc()

@@ -7,10 +7,15 @@ The endpoint is :mod:`executions.callback_api`; tokens are made and checked by
 
 from __future__ import annotations
 
+import logging
+
 from executions import transitions
 from executions.callbacks import GRACE, CallbackRefused, callback_verify
 from executions.runs import execution_record_outcome, load_execution
 from runners.base import RunResult
+from tms_core.logcontext import log_context
+
+logger = logging.getLogger(__name__)
 
 
 def execution_report(
@@ -34,6 +39,12 @@ def execution_report(
     if loaded is None:
         raise LookupError(execution_id)
     execution, task = loaded
+    with log_context(execution_id=execution_id, attempt=execution.attempt, task_id=task.pk, tracing_id=task.tracing_id):
+        return _apply_report(execution, task, token, state, output, error, progress, retryable)
+
+
+def _apply_report(execution, task, token, state, output, error, progress, retryable) -> str:  # type: ignore[no-untyped-def]
+    execution_id = execution.pk
     claim = callback_verify(token=token, execution_id=execution_id, max_age=task.timeout + GRACE)
     if claim.attempt != execution.attempt:
         raise CallbackRefused(f"The token is for attempt {claim.attempt}; the execution is at {execution.attempt}.")
@@ -47,4 +58,5 @@ def execution_report(
     else:
         result = RunResult.failed(error or "the job reported failure", output=output, retryable=retryable)
     outcome = execution_record_outcome(execution=execution, task=task, worker_id=None, result=result)
+    logger.info("execution %s attempt %s: the job reported %s (%s)", execution_id, claim.attempt, state, outcome)
     return "recorded" if outcome == "finished" else "ignored"

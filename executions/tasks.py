@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import task_prerun, worker_init, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
 from executions import heartbeat, materialiser, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
-from tms_core import metrics
+from tms_core import logcontext, metrics
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,28 @@ def drop_unusable_connections(**kwargs: Any) -> None:
     """
     for conn in connections.all(initialized_only=True):
         conn.close_if_unusable_or_obsolete()
+
+
+#: Celery task names whose first two arguments are (execution id, attempt).
+EXECUTION_TASKS = frozenset({"tms.run_execution", "tms.poll_execution"})
+
+
+@task_prerun.connect
+def bind_execution_ids(sender: Any = None, task_id: str | None = None, args: Any = (), **kwargs: Any) -> None:
+    """Every line logged while a pool process handles an execution's message carries its ids
+    (the task's id and tracing id are added once the row is loaded: executions.worker_services)."""
+    if getattr(sender, "name", None) in EXECUTION_TASKS and len(args) >= 2:
+        sender.request.tms_log_token = logcontext.bind(
+            execution_id=args[0], attempt=args[1], worker_id=lease_owner(), celery_task_id=task_id
+        )
+
+
+@task_postrun.connect
+def unbind_execution_ids(sender: Any = None, **kwargs: Any) -> None:
+    token = getattr(getattr(sender, "request", None), "tms_log_token", None)
+    if token is not None:
+        logcontext.unbind(token)
+        sender.request.tms_log_token = None
 
 
 def _note_redelivery(task: Task, execution_id: int) -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from django.db import DatabaseError, connection
 
@@ -31,8 +32,10 @@ from executions.runs import (
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
+from tms_core import logcontext
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
+from tms_core.logcontext import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -77,21 +80,22 @@ class _LeaseKeeper:
             with self._lock:
                 due = [(i, *held) for i, held in self._held.items()]
             for execution_id, attempt, worker_id, lost in due:
-                try:
-                    if not transitions.execution_extend_lease(
-                        execution_id=execution_id,
-                        attempt=attempt,
-                        worker_id=worker_id,
-                        lease_seconds=conf.WORKER_TIMEOUT,
-                    ):
-                        lost.set()
-                        self.release(execution_id)
-                        logger.warning("execution %s: lease lost to another worker", execution_id)
-                except DatabaseError as exc:
-                    logger.warning("execution %s: lease extension failed (%s)", execution_id, exc)
-                    connection.close()
+                with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+                    self._extend(conf, execution_id, attempt, worker_id, lost)
             if not due:
                 connection.close()
+
+    def _extend(self, conf: Any, execution_id: int, attempt: int, worker_id: str, lost: threading.Event) -> None:
+        try:
+            if not transitions.execution_extend_lease(
+                execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
+            ):
+                lost.set()
+                self.release(execution_id)
+                logger.warning("execution %s: lease lost to another worker", execution_id)
+        except DatabaseError as exc:
+            logger.warning("execution %s: lease extension failed (%s)", execution_id, exc)
+            connection.close()
 
 
 _keeper = _LeaseKeeper()
@@ -139,8 +143,20 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
             return exclusive.outcome
         execution = exclusive.execution
     task = execution.task
-    with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+    with (
+        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
+    ):
+        logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
         return _start(execution, task, worker_id)
+
+
+def _task_ids(task: Task) -> dict[str, object]:
+    """The task's ids for the log context (tms_core.logcontext), also added to the binding of the
+    Celery task handling the message, whose own lines come after this service returns."""
+    ids = {"task_id": task.pk, "tracing_id": task.tracing_id}
+    logcontext.add(**ids)
+    return ids
 
 
 def _stop_cancelled_runs(cancelled: tuple[tuple[int, transitions.CancelOutcome], ...]) -> None:
@@ -166,7 +182,11 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:
         return "lost"
     execution, task = loaded
-    with keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+    with (
+        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
+    ):
+        logger.info("execution %s attempt %s: leased; resuming", execution_id, attempt)
         return _resume(execution, task, worker_id)
 
 

@@ -27,12 +27,16 @@ def process_env(**extra: str) -> dict[str, str]:
     return processes.process_env(**TEST_SETTINGS, **extra)
 
 
-def start_worker(name: str = "worker", *, concurrency: int = 2, pool: str = "prefork", **env: str) -> ManagedProcess:
-    return processes.start_worker(name, log_dir=LOG_DIR, concurrency=concurrency, pool=pool, **TEST_SETTINGS, **env)
+def start_worker(
+    name: str = "worker", *, concurrency: int = 2, pool: str = "prefork", split_stderr: bool = False, **env: str
+) -> ManagedProcess:
+    return processes.start_worker(
+        name, log_dir=LOG_DIR, concurrency=concurrency, pool=pool, split_stderr=split_stderr, **TEST_SETTINGS, **env
+    )
 
 
-def start_monitor(name: str = "monitor", **env: str) -> ManagedProcess:
-    return processes.start_monitor(name, log_dir=LOG_DIR, **TEST_SETTINGS, **env)
+def start_monitor(name: str = "monitor", *, split_stderr: bool = False, **env: str) -> ManagedProcess:
+    return processes.start_monitor(name, log_dir=LOG_DIR, split_stderr=split_stderr, **TEST_SETTINGS, **env)
 
 
 def run_command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -33,6 +33,10 @@ class TmsSettings:
     #: Lease losses (dead workers) tolerated while an attempt has no external run yet; past it
     #: the attempt fails (and is retried per the task's policy), so a crash loop ends.
     MAX_HANDBACKS: int = 3
+    #: On SIGTERM a worker stops taking messages and lets its runs go on for this many seconds;
+    #: then it stops the pool processes still running one and hands their leases back at once,
+    #: so another worker resumes them (executions.heartbeat.worker_hand_back).
+    SHUTDOWN_GRACE: float = 5.0
     #: Bound on the stored output and error text of an execution.
     OUTPUT_MAX_CHARS: int = 16384
     #: Default task timeout in seconds.

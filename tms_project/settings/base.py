@@ -14,7 +14,10 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
+
+from tms_project.log_config import LoggingConfigError, build_logging
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(environ.Env().str("TMS_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -137,18 +140,27 @@ warnings.filterwarnings("ignore", message=r"No directory at: ", category=UserWar
 MEDIA_ROOT = env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media"))
 MEDIA_URL = "media/"
 
-# Housekeeping tasks (materialise, liveness every 5 s) log nothing below WARNING from the worker
-# and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
-_QUIET_HOUSEKEEPING = {} if env.bool("TMS_LOG_HOUSEKEEPING", default=False) else {"filters": ["quiet_housekeeping"]}
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"quiet_housekeeping": {"()": "tms_project.log_filters.QuietHousekeeping"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("TMS_LOG_LEVEL", default="INFO")},
-    "loggers": dict.fromkeys(("celery.app.trace", "celery.worker.strategy", "celery.beat"), _QUIET_HOUSEKEEPING),
-}
+# --- Logging ----------------------------------------------------------------------------------
+# One JSON object per line by default (production, the docker image); ``local`` (make run) and
+# ``test`` default to the plain format. Every line of an execution's life carries its ids
+# (tms_core.logcontext). Housekeeping tasks (materialise, liveness every 5 s) log nothing below
+# WARNING from the worker and beat unless TMS_LOG_HOUSEKEEPING is set: see tms_project/log_filters.py.
+TMS_LOG_HOUSEKEEPING = env.bool("TMS_LOG_HOUSEKEEPING", default=False)
+
+
+def logging_from_env(default_format: str) -> dict:
+    """The LOGGING dictionary for ``TMS_LOG_FORMAT`` (else ``default_format``) and ``TMS_LOG_LEVEL``."""
+    try:
+        return build_logging(
+            fmt=env.str("TMS_LOG_FORMAT", default=default_format),
+            level=env.str("TMS_LOG_LEVEL", default="INFO"),
+            quiet_housekeeping=not TMS_LOG_HOUSEKEEPING,
+        )
+    except LoggingConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+LOGGING = logging_from_env("json")
 
 # --- Caches -----------------------------------------------------------------------------------
 # Throttling counts requests in the cache: with several web processes, point CACHE_URL at a
@@ -251,6 +263,19 @@ if TMS_EMBEDDED_BROKER:
 else:
     # Publisher confirms: publish() returns only once the broker has taken the message.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+# AMQP heartbeats on a worker's consumer connection (Celery's default is 120 s). A worker that stops
+# answering (SIGSTOP, a frozen VM, a network partition) loses its connection once RabbitMQ has
+# seen no frame in two consecutive checks (one per interval: so at most three intervals after the
+# last frame), and the messages it held unacknowledged go back to the queue for another worker.
+# With 5 s a paused worker's messages are running elsewhere within ~16 s of the pause (3 x 5 s, plus
+# a claim; measured 3 x 4 s = 12.0 s with a 4 s heartbeat in tests/executions/test_paused_worker.py).
+# Not much lower: the worker's main process sends them (every 2.5 s here) between its other work.
+# The monitor and the web publish over connections without heartbeats, so this costs them nothing.
+# RabbitMQ's consumer_timeout (server-wide, 30 min by default) is left as it is: it bounds
+# a live worker that never acknowledges, not a paused one, and must stay above the longest run a
+# worker handles inline; the per-queue x-consumer-timeout argument needs RabbitMQ 3.12 (this
+# server is 3.10), and changing a durable queue's arguments makes its existing declaration fail.
+CELERY_BROKER_HEARTBEAT = env.int("TMS_BROKER_HEARTBEAT", default=5)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_SERIALIZER = "json"
@@ -263,6 +288,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_DELIVERY_MODE = "persistent"
 CELERY_WORKER_SEND_TASK_EVENTS = True
+# Logging is Django's LOGGING in every process (tms_project/celery.py connects setup_logging).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
@@ -298,6 +325,7 @@ TMS = {
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
     "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
+    "SHUTDOWN_GRACE": env.float("TMS_SHUTDOWN_GRACE", default=5.0),
     "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
     "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
     "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),

@@ -6,7 +6,9 @@ stay human-readable.
 """
 
 from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, env
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, env, logging_from_env
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY)
+# Human-readable lines on the console of `make run` (TMS_LOG_FORMAT=json shows what production writes).
+LOGGING = logging_from_env("plain")

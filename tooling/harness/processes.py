@@ -37,15 +37,20 @@ def process_env(**extra: str) -> dict[str, str]:
 
 
 class ManagedProcess:
-    """A platform process with its output in a log file."""
+    """A platform process with its output in a log file (with ``split_stderr``, its stderr, where
+    the logging goes, in a second file: :meth:`stderr`)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log_dir: Path, *, split_stderr: bool = False
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.log_path = log_dir / f"{name}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.stderr_path = self.log_path.with_suffix(".stderr.log") if split_stderr else None
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._err = open(self.stderr_path, "wb") if self.stderr_path else None  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=ROOT, env=env, stdout=self._log, stderr=self._err or subprocess.STDOUT, start_new_session=True
         )
 
     @property
@@ -57,7 +62,11 @@ class ManagedProcess:
         return self.popen.poll() is None
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace") + self.stderr()
+
+    def stderr(self) -> str:
+        """What the process wrote to stderr, if kept apart (``split_stderr``); else empty."""
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path else ""
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the process and everything it started (a worker's pool)."""
@@ -76,21 +85,24 @@ class ManagedProcess:
         else:
             self.signal_group(signal.SIGKILL)  # pool processes a killed main process left behind
         self._log.close()
+        if self._err is not None:
+            self._err.close()
 
 
 def start_worker(
-    name: str, *, log_dir: Path, concurrency: int = 2, pool: str = "prefork", **env: str
+    name: str, *, log_dir: Path, concurrency: int = 2, pool: str = "prefork", split_stderr: bool = False, **env: str
 ) -> ManagedProcess:
     node = f"{name}-{time.monotonic_ns()}@%h"
     argv = [
         sys.executable, "-m", "celery", "-A", "tms_project", "worker", "-l", "info", "-n", node,
         "-c", str(concurrency), "-P", pool, "-Q", settings.TMS_QUEUE, "--without-mingle", "--without-gossip",
     ]  # fmt: skip
-    return ManagedProcess(name, argv, process_env(**env), log_dir)
+    return ManagedProcess(name, argv, process_env(**env), log_dir, split_stderr=split_stderr)
 
 
-def start_monitor(name: str, *, log_dir: Path, **env: str) -> ManagedProcess:
-    return ManagedProcess(name, [sys.executable, "manage.py", "run_monitor"], process_env(**env), log_dir)
+def start_monitor(name: str, *, log_dir: Path, split_stderr: bool = False, **env: str) -> ManagedProcess:
+    argv = [sys.executable, "manage.py", "run_monitor"]
+    return ManagedProcess(name, argv, process_env(**env), log_dir, split_stderr=split_stderr)
 
 
 def wait_ready(proc: ManagedProcess, timeout: float = 30) -> None:
