@@ -52,6 +52,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
+from tms_core.auth import request_user
 from tms_core.errors import DomainError, InvalidInput
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
             add_errors(form, serializer.errors)
         else:
             try:
-                task = task_create(owner=request.user, **serializer.validated_data)
+                task = task_create(owner=request_user(request), **serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_error(form, exc)
             else:
@@ -216,7 +217,7 @@ def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
     task = task_or_404(request.user, pk)
     try:
-        action(task=task, actor=actor_for(request.user))
+        action(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in error_messages(errors_of(exc)):
             messages.error(request, message)
@@ -242,7 +243,7 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_or_404(request.user, pk)
     try:
-        execution = task_trigger(task=task, actor=actor_for(request.user))
+        execution = task_trigger(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in error_messages(errors_of(exc)):
             messages.error(request, message)
@@ -256,7 +257,7 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
 def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_or_404(request.user, pk)
     try:
-        report = task_delete(task=task, actor=actor_for(request.user))
+        report = task_delete(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in error_messages(errors_of(exc)):
             messages.error(request, message)
@@ -277,7 +278,7 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
             add_errors(form, serializer.errors)
         else:
             try:
-                report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+                report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_error(form, exc)
             else:
@@ -305,7 +306,7 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
             add_errors(form, serializer.errors)
         elif changes:
             try:
-                task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+                task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_error(form, exc)
             else:
@@ -392,7 +393,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_or_404(request.user, pk)
     try:
-        report = execution_cancel_by_user(execution=execution, actor=actor_for(request.user))
+        report = execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in error_messages(errors_of(exc)):
             messages.error(request, message)
@@ -406,7 +407,7 @@ def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
 def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_or_404(request.user, pk)
     try:
-        retry = execution_retry_by_user(execution=execution, actor=actor_for(request.user))
+        retry = execution_retry_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in error_messages(errors_of(exc)):
             messages.error(request, message)

@@ -22,6 +22,7 @@ from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Work
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.masking import mask_config
 from tasks_app.services import actor_for
+from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, error_map
 
 #: Actions stop after this many objects per submission (each one is a service call).
@@ -221,7 +222,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel selected executions", permissions=["operate"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def cancel(execution: Execution) -> str:
             report = execution_cancel_by_user(
@@ -233,7 +234,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Retry selected executions (failed or cancelled)", permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def retry(execution: Execution) -> str:
             new = execution_retry_by_user(execution=execution, actor=actor)

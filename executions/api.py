@@ -27,6 +27,7 @@ from executions.serializers import (
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import actor_for
+from tms_core.auth import request_user
 from tms_core.clock import db_now
 from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
@@ -139,7 +140,7 @@ class ExecutionViewSet(
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        report = execution_cancel_by_user(execution=self.get_object(), actor=actor_for(request.user))
+        report = execution_cancel_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
         code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
         return Response(CancelReportSerializer(report).data, status=code)
 
@@ -157,7 +158,7 @@ class ExecutionViewSet(
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
-        execution = execution_retry_by_user(execution=self.get_object(), actor=actor_for(request.user))
+        execution = execution_retry_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
         execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
         headers = {"Location": f"/api/v1/executions/{execution.pk}"}
         return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)

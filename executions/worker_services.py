@@ -11,9 +11,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from django.db import DatabaseError, connection
 
@@ -261,7 +262,7 @@ def _start(execution: Execution, task: Task, worker_id: str) -> str:
     return "polling"
 
 
-def _call(method, *args, transient_is_running: bool = False) -> RunResult:  # type: ignore[no-untyped-def]
+def _call(method: Callable[..., RunResult | None], *args: Any, transient_is_running: bool = False) -> RunResult:
     """Call a runner method; its exceptions become a failed result. For polls, a retryable
     error means "could not ask now": the run is still considered running (the timeout bounds it)."""
     try:

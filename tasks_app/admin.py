@@ -45,6 +45,7 @@ from tasks_app.services import (
     task_update,
 )
 from tasks_app.states import task_next_run, task_state, with_state
+from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 
 #: What a task is created with, in the order the add form shows it.
@@ -152,7 +153,7 @@ class TaskAdminForm(forms.ModelForm):
         data = {name: value for name, value in data.items() if value is not None}
         serializer = TaskCreateSerializer(data=data, context={"request": self.request})
         serializer.is_valid(raise_exception=True)
-        owner = self.cleaned_data.get("owner") or self.request.user
+        owner = self.cleaned_data.get("owner") or request_user(self.request)
         return task_create(owner=owner, **serializer.validated_data)
 
     def _update(self) -> Task:
@@ -162,7 +163,9 @@ class TaskAdminForm(forms.ModelForm):
         data = {name: _api_value(self.cleaned_data.get(name)) for name in changed}
         serializer = TaskUpdateSerializer(self.instance, data=data, context={"request": self.request})
         serializer.is_valid(raise_exception=True)
-        return task_update(task=self.instance, actor=actor_for(self.request.user), changes=serializer.validated_data)
+        return task_update(
+            task=self.instance, actor=actor_for(request_user(self.request)), changes=serializer.validated_data
+        )
 
 
 @admin.register(Task)
@@ -258,14 +261,14 @@ class TaskAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         try:
-            report = task_delete(task=obj, actor=actor_for(request.user))
+            report = task_delete(task=obj, actor=actor_for(request_user(request)))
         except SERVICE_ERRORS as exc:  # deleted meanwhile
             self.message_user(request, f"{obj}: {error_text(exc)}", messages.ERROR)
             return
         self._report_delete(request, obj, report)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def delete(task: Task) -> str:
             report = task_delete(task=task, actor=actor)
@@ -288,7 +291,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Pause selected tasks", permissions=["change"])
     def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def pause(task: Task) -> str:
             if task.status == TaskStatus.PAUSED:
@@ -301,7 +304,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume selected tasks", permissions=["change"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def resume(task: Task) -> str:
             if task.status != TaskStatus.PAUSED:
@@ -313,7 +316,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Run selected tasks now", permissions=["change"])
     def run_now_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def run_now(task: Task) -> str:
             execution = task_trigger(task=task, actor=actor)

@@ -54,6 +54,7 @@ from tasks_app.services import (
     task_update,
 )
 from tasks_app.states import with_state
+from tms_core.auth import request_user
 from tms_core.clock import db_now
 from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
 from tms_project.api_schema import error_responses
@@ -82,7 +83,7 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
     """Run ``create`` (returning status and body) under the request's Idempotency-Key, if any."""
     key = idempotency_key_clean(request.headers.get(HEADER))
     fingerprint = request_fingerprint(method=request.method or "POST", path=request.path, body=request.data)
-    stored = idempotent_create(owner=request.user, key=key, fingerprint=fingerprint, create=create)
+    stored = idempotent_create(owner=request_user(request), key=key, fingerprint=fingerprint, create=create)
     headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
     return Response(stored.body, status=stored.status, headers=headers)
 
@@ -147,7 +148,7 @@ class TaskViewSet(
         serializer.is_valid(raise_exception=True)
 
         def create() -> tuple[int, Any]:
-            task = task_create(owner=request.user, **serializer.validated_data)
+            task = task_create(owner=request_user(request), **serializer.validated_data)
             return status.HTTP_201_CREATED, TaskCreatedSerializer(task).data
 
         return idempotent_create_response(request, create)
@@ -167,7 +168,7 @@ class TaskViewSet(
         task = self.get_object()
         serializer = TaskUpdateSerializer(task, data=request.data)
         serializer.is_valid(raise_exception=True)
-        task = task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+        task = task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -184,7 +185,7 @@ class TaskViewSet(
         },
     )
     def destroy(self, request: Request, pk: str | None = None) -> Response:
-        report = task_delete(task=self.get_object(), actor=actor_for(request.user))
+        report = task_delete(task=self.get_object(), actor=actor_for(request_user(request)))
         code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
         return Response(TaskDeleteSerializer(report).data, status=code)
 
@@ -199,7 +200,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
-        task = task_pause(task=self.get_object(), actor=actor_for(request.user))
+        task = task_pause(task=self.get_object(), actor=actor_for(request_user(request)))
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -213,7 +214,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
-        task = task_resume(task=self.get_object(), actor=actor_for(request.user))
+        task = task_resume(task=self.get_object(), actor=actor_for(request_user(request)))
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -224,7 +225,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
-        execution = task_trigger(task=self.get_object(), actor=actor_for(request.user))
+        execution = task_trigger(task=self.get_object(), actor=actor_for(request_user(request)))
         execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
         headers = {"Location": f"/api/v1/executions/{execution.pk}"}
         return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
@@ -326,7 +327,7 @@ class TaskViewSet(
         task = self.get_object()
         serializer = BackfillSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+        report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
         return Response(BackfillResultSerializer(report).data, status=status.HTTP_201_CREATED)
 
 

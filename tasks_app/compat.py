@@ -21,6 +21,7 @@ from executions.models import Execution, ExecutionStatus
 from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
+from tms_core.auth import request_user
 from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration, parse_duration
 from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
@@ -181,7 +182,7 @@ class CompatTaskListView(_CompatView):
 
         def create() -> tuple[int, Any]:
             task = task_create(
-                owner=request.user,
+                owner=request_user(request),
                 runner=RUNNER,
                 config={"duration": format_duration(command)},
                 name=f"sleep {format_duration(command)}",

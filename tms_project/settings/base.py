@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import environ
 from kombu import Exchange, Queue
@@ -307,7 +308,7 @@ TMS = {
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
 }
 
-TMS_RUNNERS = {
+TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},
     "sleep": {"BACKEND": "runners.noop.SleepRunner"},
     "http": {

@@ -109,7 +109,7 @@ class _StatementCounter:
     def __init__(self) -> None:
         self.count = 0
 
-    def __call__(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         self.count += 1
         return execute(sql, params, many, context)
 
