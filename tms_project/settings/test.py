@@ -6,7 +6,6 @@ processes a test starts (which inherit or override that environment) agree with 
 
 import os
 import tempfile
-from typing import Any
 
 for _name, _value in {
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/tms",
@@ -32,4 +31,4 @@ from tms_project.settings.base import *  # noqa: E402,F403
 from tms_project.settings.base import TMS_RUNNERS  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-TMS_RUNNERS: dict[str, dict[str, Any]] = {**TMS_RUNNERS, "crash": {"BACKEND": "tests.runners_for_tests.CrashRunner"}}
+TMS_RUNNERS = TMS_RUNNERS | {"crash": {"BACKEND": "tests.runners_for_tests.CrashRunner"}}
