@@ -325,18 +325,22 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
 def attempt_chain(execution: Execution, user: Any) -> tuple[list[Execution], list[Execution]]:
     """The executions this one runs again (oldest first) and those that ran it again (in order)."""
     scope = visible_executions(user)
-    before, seen, current = [], {execution.pk}, execution
+    before: list[Execution] = []
+    seen, current = {execution.pk}, execution
     while current.retry_of_id and current.retry_of_id not in seen and len(before) < 20:
-        current = scope.filter(pk=current.retry_of_id).first()
-        if current is None:
+        earlier = scope.filter(pk=current.retry_of_id).first()
+        if earlier is None:
             break
+        current = earlier
         seen.add(current.pk)
         before.append(current)
-    after, current = [], execution
+    after: list[Execution] = []
+    current = execution
     while len(after) < 20:
-        current = scope.filter(retry_of=current).first()
-        if current is None or current.pk in seen:
+        later = scope.filter(retry_of=current).first()
+        if later is None or later.pk in seen:
             break
+        current = later
         seen.add(current.pk)
         after.append(current)
     return list(reversed(before)), after

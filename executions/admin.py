@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -84,8 +85,7 @@ class ExecutionEventInline(admin.TabularInline):
     model = ExecutionEvent
     extra = 0
     can_delete = False
-    fields = ["at_precise", "from_status", "to_status", "attempt", "actor", "detail"]
-    readonly_fields = fields
+    fields = readonly_fields = ("at_precise", "from_status", "to_status", "attempt", "actor", "detail")
     verbose_name_plural = "Timeline (every state change)"
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -168,7 +168,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
     ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [name for _, options in self.fieldsets for name in options["fields"]]
+        return flatten_fieldsets(self.fieldsets)
 
     # --- permissions: the actions need "change execution" (superusers have it) ---------------
 
