@@ -167,7 +167,7 @@ def actor_for(user: AbstractBaseUser) -> str:
     return f"user:{user.get_username()}"
 
 
-def _lock(task_id: object) -> Task:
+def _lock(task_id: uuid.UUID | str) -> Task:
     task = Task.objects.select_for_update().filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
     if task is None:
         raise GoneError("The task no longer exists.")
@@ -380,7 +380,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         raise InvalidInput(errors)
     if task.status == TaskStatus.DELETED:
         raise GoneError("The task no longer exists.")
-    times = []
+    times: list[datetime] = []
     for when in task_schedule(task).fire_times(since=start):
         if when > end:
             break

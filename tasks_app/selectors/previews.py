@@ -40,7 +40,7 @@ def schedule_preview(
     in UTC and in the schedule's time zone, stopping after its ``max_runs``-th fire time."""
     last = last_fire_time(schedule, max_runs)
     zone = ZoneInfo(schedule.timezone)
-    times = []
+    times: list[FireTime] = []
     for when in schedule.fire_times(since=after):
         if len(times) >= count or (last is not None and when > last):
             break
@@ -54,7 +54,7 @@ def task_preview(*, task: Task, count: int, after: datetime | None = None) -> li
     schedule = task_schedule(task)
     last = task_last_fire_time(task, schedule, materialised=None, until=_END_OF_TIME)
     zone = ZoneInfo(schedule.timezone)
-    times = []
+    times: list[FireTime] = []
     for when in schedule.fire_times(since=after or db_now()):
         if len(times) >= count or (last is not None and when > last):
             break
