@@ -3,6 +3,7 @@ renders with another serializer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import QuerySet
@@ -92,7 +93,7 @@ class TaskOrdering(OrderingFilter):
     """``?ordering=next_run_at`` orders by when tasks next run (the ``next_run`` annotation of
     :func:`tasks_app.states.with_state`), as the field reads, not by the materialisation cursor."""
 
-    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> list[str] | None:
+    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> Sequence[str] | None:
         ordering = super().get_ordering(request, queryset, view)
         return [term.replace("next_run_at", "next_run") for term in ordering] if ordering else ordering
 

@@ -9,7 +9,7 @@ authentication, owner scoping and error shape as the rest of the API.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.db.models import Exists, OuterRef, QuerySet
 from drf_spectacular.utils import extend_schema
@@ -27,6 +27,9 @@ from tms_core.durations import DurationField, format_duration, parse_duration
 from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
 from tms_project.api_conf import api_settings
 from tms_project.api_schema import error_responses
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.
@@ -108,7 +111,15 @@ def _command(task: Task) -> str:
     return task.runner
 
 
-def with_execution_states(queryset: QuerySet) -> QuerySet:
+class ExecutionStates(TypedDict):
+    """The columns :func:`with_execution_states` adds to each task."""
+
+    has_running: bool
+    has_pending: bool
+    has_scheduled: bool
+
+
+def with_execution_states(queryset: QuerySet[Task]) -> QuerySet[WithAnnotations[Task, ExecutionStates]]:
     """Annotate tasks with whether they have RUNNING, PENDING and SCHEDULED executions."""
     mine = Execution.objects.filter(task=OuterRef("pk"))
     return queryset.annotate(
@@ -126,13 +137,16 @@ def compat_status(task: Task) -> str:
     recurring one after its end); any other (a recurring task between runs, a paused one) is
     SCHEDULED.
     """
+    states: WithAnnotations[Task, ExecutionStates]
     if getattr(task, "has_running", None) is None:
-        task = with_execution_states(Task.objects.filter(pk=task.pk)).get()
-    if task.has_running:
+        states = with_execution_states(Task.objects.filter(pk=task.pk)).get()
+    else:
+        states = cast("WithAnnotations[Task, ExecutionStates]", task)  # it came from with_execution_states
+    if states.has_running:
         return CompatStatus.RUNNING
-    if task.has_pending:
+    if states.has_pending:
         return CompatStatus.PENDING
-    if task.has_scheduled:
+    if states.has_scheduled:
         return CompatStatus.SCHEDULED
     return CompatStatus.FINISHED if task.status == TaskStatus.COMPLETED else CompatStatus.SCHEDULED
 
