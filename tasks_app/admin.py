@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -47,6 +47,9 @@ from tasks_app.services import (
 from tasks_app.states import task_next_run, task_state, with_state
 from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
 
 #: What a task is created with, in the order the add form shows it.
 WHAT_FIELDS = ["name", "runner", "config", "artifact"]
@@ -140,7 +143,7 @@ class TaskAdminForm(forms.ModelForm):
 
     def _post_clean(self) -> None:
         # Not ModelForm's: the service validates and writes the task.
-        if self._errors:
+        if self.errors:
             return
         try:
             with transaction.atomic():
@@ -199,6 +202,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
+        assert issubclass(form, TaskAdminForm)  # modelform_factory subclasses self.form
         form.request = request  # a class made for this request by modelform_factory
         return form
 
@@ -207,22 +211,22 @@ class TaskAdmin(admin.ModelAdmin):
 
     # --- the pages: add shows what a task is created with, change what may still change -----
 
-    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[str | None, dict[str, Any]]]:
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> _FieldsetSpec:
         if obj is None:
             return [
                 ("What", {"fields": ["owner", *WHAT_FIELDS]}),
-                ("When", {"fields": WHEN_FIELDS}),
-                ("Retries and policies", {"fields": POLICY_FIELDS}),
-                ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+                ("When", {"fields": [*WHEN_FIELDS]}),
+                ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+                ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
             ]
         editable = self.has_change_permission(request, obj) and obj.status != TaskStatus.DELETED
         what = [name if name != "config" or editable else "masked_config" for name in WHAT_FIELDS]
         return [
-            ("Status", {"fields": STATUS_FIELDS}),
-            ("What", {"fields": what}),
-            ("When", {"fields": WHEN_FIELDS}),
-            ("Retries and policies", {"fields": POLICY_FIELDS}),
-            ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+            ("Status", {"fields": [*STATUS_FIELDS]}),
+            ("What", {"fields": [*what]}),
+            ("When", {"fields": [*WHEN_FIELDS]}),
+            ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+            ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -238,7 +242,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)
-        if db_field.name == "owner":
+        if db_field.name == "owner" and field is not None:
             field.required = False
             field.help_text = "Empty: you."
         return field
@@ -256,8 +260,8 @@ class TaskAdmin(admin.ModelAdmin):
         # Deleting a task keeps its history (executions, events): only the tasks are "deleted",
         # so the confirmation lists them alone and asks for no permission on executions.
         tasks = list(objs)
-        shown = [format_html("{}: {}", Task._meta.verbose_name.capitalize(), task) for task in tasks]
-        return shown, {Task._meta.verbose_name_plural: len(tasks)}, set(), []
+        shown = [format_html("{}: {}", str(Task._meta.verbose_name).capitalize(), task) for task in tasks]
+        return shown, {str(Task._meta.verbose_name_plural): len(tasks)}, set(), []
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         try:
