@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.functions import Now
@@ -56,14 +57,21 @@ def history_first(queryset: QuerySet) -> QuerySet:
     ).order_by("upcoming", F("past_at").desc(nulls_last=True), F("upcoming_at").asc(nulls_last=True), "-id")
 
 
-class HistoryFirstMixin:
+# HistoryFirstMixin is only ever combined with DRF's GenericAPIView: let the type checker see that base.
+if TYPE_CHECKING:
+    _ViewBase = generics.GenericAPIView
+else:
+    _ViewBase = object
+
+
+class HistoryFirstMixin(_ViewBase):
     """Execution lists in :func:`history_first` order unless ``?ordering=`` is given."""
 
     ordering = None  # OrderingFilter's default: leave the queryset's own order
 
     def get_queryset(self) -> QuerySet:
-        queryset = super().get_queryset()  # type: ignore[misc]
-        if self.request.query_params.get("ordering"):  # type: ignore[attr-defined]
+        queryset = super().get_queryset()
+        if self.request.query_params.get("ordering"):
             return queryset
         return history_first(queryset)
 

@@ -31,6 +31,11 @@ from tms_project.api.schema import error_responses
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
+    # BlankIsNone is only ever combined with a DRF field: let the type checker see that base.
+    _FieldBase = serializers.Field
+else:
+    _FieldBase = object
+
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.
 TIMEOUT_MARGIN = timedelta(seconds=60)
@@ -44,13 +49,13 @@ class CompatStatus:
     choices = [SCHEDULED, PENDING, RUNNING, FINISHED]
 
 
-class BlankIsNone:
+class BlankIsNone(_FieldBase):
     """The original accepted an empty string for an absent optional field."""
 
     def to_internal_value(self, data: Any) -> Any:
         if data == "":
             return None
-        return super().to_internal_value(data)  # type: ignore[misc]
+        return super().to_internal_value(data)
 
 
 class _OptionalDuration(BlankIsNone, DurationField):
