@@ -31,8 +31,8 @@ run: migrate
 		PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
-## Check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.
-test: install services browser
+## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.
+test: install lint services browser
 	$(BIN)/pytest
 
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
@@ -53,13 +53,15 @@ browser:
 services:
 	bash tests/ensure_services.sh
 
+## ruff (style and common bugs) and mypy (types, with the Django and DRF plugins; configured in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf var/ .pytest_cache .ruff_cache
+	rm -rf var/ .pytest_cache .ruff_cache .mypy_cache

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from executions.dashboard import LatenessPoint, MinutePoint, RunnerDuration, UpcomingRun
 from tasks_app.schedule_words import short_duration
 
 #: Colours per run outcome (the stylesheet's palette).
@@ -67,32 +68,32 @@ def _time_axis(first: datetime, minutes: int, x0: float, plot_w: float, y: float
 
 
 def runs_per_minute(
-    points: Sequence[object], outcomes: Sequence[str], *, width: int = 960, height: int = 190
+    points: Sequence[MinutePoint], outcomes: Sequence[str], *, width: int = 960, height: int = 190
 ) -> SafeString:
     """Stacked bars: runs that ended in each minute, by outcome (bottom to top in ``outcomes``)."""
     x0, top, bottom = 40, 8, height - 22
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
-    peak = _nice_max(max((sum(p.counts.values()) for p in points), default=0))  # type: ignore[attr-defined]
+    peak = _nice_max(max((sum(p.counts.values()) for p in points), default=0))
     body = [f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafbfc"/>']
     for fraction in (0, 0.5, 1):
         y = bottom - plot_h * fraction
         body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
         body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * fraction:g}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)  # type: ignore[attr-defined]
+        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)
     bar_w = plot_w / n
     # Wide bars (a short span) get a gap between them; a day's 1440 thin bars touch.
     drawn_w = bar_w * 0.8 if bar_w > 4 else max(bar_w, 1.2)
     for index, point in enumerate(points):
-        counts: Mapping[str, int] = point.counts  # type: ignore[attr-defined]
+        counts: Mapping[str, int] = point.counts
         total = sum(counts.values())
         if not total:
             continue
         x = x0 + index * bar_w
         y = bottom
         detail = ", ".join(f"{counts.get(o, 0)} {o.lower()}" for o in outcomes if counts.get(o))
-        parts = [f"<title>{point.minute:%H:%M} UTC: {escape(detail)}</title>"]  # type: ignore[attr-defined]
+        parts = [f"<title>{point.minute:%H:%M} UTC: {escape(detail)}</title>"]
         for outcome in outcomes:
             count = counts.get(outcome, 0)
             if not count:
@@ -104,7 +105,7 @@ def runs_per_minute(
                 f'fill="{OUTCOME_COLOURS.get(outcome, "#888")}"/>'
             )
         body.append(f"<g>{''.join(parts)}</g>")
-    if not any(sum(p.counts.values()) for p in points):  # type: ignore[attr-defined]
+    if not any(sum(p.counts.values()) for p in points):
         body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, "No runs ended in the last 24 h"))
     return _svg(width, height, body, "Runs per minute over the last 24 hours, stacked by outcome")
 
@@ -139,12 +140,12 @@ def _log_y(value: float, lo: float, hi: float, top: float, plot_h: float) -> flo
     return top + plot_h * (1 - (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)))
 
 
-def lateness_per_minute(points: Sequence[object], *, width: int = 960, height: int = 190) -> SafeString:
+def lateness_per_minute(points: Sequence[LatenessPoint], *, width: int = 960, height: int = 190) -> SafeString:
     """p50 and p99 lateness (seconds, log scale) per minute; gaps where nothing started."""
     x0, top, bottom = 46, 8, height - 22
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
-    values = [v for p in points for v in (p.p50, p.p99) if v is not None]  # type: ignore[attr-defined]
+    values = [v for p in points for v in (p.p50, p.p99) if v is not None]
     lo, hi = _log_range(values)
     body = [f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafbfc"/>']
     for tick, label in _LOG_TICKS:
@@ -153,7 +154,7 @@ def lateness_per_minute(points: Sequence[object], *, width: int = 960, height: i
             body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
             body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)  # type: ignore[attr-defined]
+        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)
     step = plot_w / n
     for attr, colour in (("p99", P99_COLOUR), ("p50", P50_COLOUR)):
         segment: list[str] = []
@@ -183,12 +184,12 @@ def lateness_per_minute(points: Sequence[object], *, width: int = 960, height: i
     return _svg(width, height, body, "Lateness p50 and p99 per minute over the last 24 hours")
 
 
-def duration_by_runner(rows: Sequence[object], *, width: int = 460) -> SafeString:
+def duration_by_runner(rows: Sequence[RunnerDuration], *, width: int = 460) -> SafeString:
     """Horizontal bars per runner: p50 (solid) over p99 (light), log scale of seconds."""
     row_h, x0, right = 30, 90, 120
     height = max(len(rows), 1) * row_h + 24
     plot_w = width - x0 - right
-    values = [v for r in rows for v in (r.p50, r.p99) if v]  # type: ignore[attr-defined]
+    values = [v for r in rows for v in (r.p50, r.p99) if v]
     lo, hi = _log_range(values)
 
     def x_of(value: float | None) -> float:
@@ -205,8 +206,8 @@ def duration_by_runner(rows: Sequence[object], *, width: int = 460) -> SafeStrin
             body.append(f'<text x="{x:.1f}" y="{height - 5}" text-anchor="middle">{label}</text>')
     for index, row in enumerate(rows):
         y = index * row_h + 4
-        runner = escape(row.runner)  # type: ignore[attr-defined]
-        p50, p99, count = row.p50, row.p99, row.count  # type: ignore[attr-defined]
+        runner = escape(row.runner)
+        p50, p99, count = row.p50, row.p99, row.count
         title = f"{runner}: {count} runs, p50 {short_duration(p50)}, p99 {short_duration(p99)}"
         body.append(
             f"<g><title>{title}</title>"
@@ -220,7 +221,7 @@ def duration_by_runner(rows: Sequence[object], *, width: int = 460) -> SafeStrin
     return _svg(width, height, body, "Run duration per runner, p50 and p99")
 
 
-def upcoming_strip(runs: Sequence[object], now: datetime, *, width: int = 460, height: int = 56) -> SafeString:
+def upcoming_strip(runs: Sequence[UpcomingRun], now: datetime, *, width: int = 460, height: int = 56) -> SafeString:
     """The next hour as a strip: one tick per upcoming run (hover for the task and time)."""
     x0, plot_w, y = 22, width - 44, 22
     body = [f'<line x1="{x0}" y1="{y}" x2="{x0 + plot_w}" y2="{y}" stroke="#c8cdd8" stroke-width="2"/>']
@@ -230,13 +231,13 @@ def upcoming_strip(runs: Sequence[object], now: datetime, *, width: int = 460, h
         label = f"+{minutes}m" if minutes else "now"
         body.append(f'<text x="{x:.1f}" y="{y + 22}" text-anchor="middle">{label}</text>')
     for run in runs:
-        offset = (run.due_at - now).total_seconds() / 60  # type: ignore[attr-defined]
+        offset = (run.due_at - now).total_seconds() / 60
         if not 0 <= offset <= 60:
             continue
         x = x0 + plot_w * offset / 60
-        name = escape(run.name or run.task_id)  # type: ignore[attr-defined]
+        name = escape(run.name or run.task_id)
         body.append(
-            f"<g><title>{name} at {run.due_at:%H:%M:%S} UTC</title>"  # type: ignore[attr-defined]
+            f"<g><title>{name} at {run.due_at:%H:%M:%S} UTC</title>"
             f'<circle cx="{x:.1f}" cy="{y}" r="5" fill="{P50_COLOUR}" fill-opacity="0.75"/></g>'
         )
     return _svg(width, height, body, "Runs due in the next hour")

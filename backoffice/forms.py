@@ -59,7 +59,8 @@ class ApiInputForm(forms.Form):
         self.zone = zone
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         for name in self.json_fields:
             text = (data.get(name) or "").strip()
             if text:

@@ -61,6 +61,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
+from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
             add_errors(form, serializer.errors)
         else:
             try:
-                task = task_create(owner=request.user, **serializer.validated_data)
+                task = task_create(owner=request_user(request), **serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_errors(form, exc)
             else:
@@ -227,7 +228,7 @@ def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
     task = task_to_change(request.user, pk)
     try:
-        action(task=task, actor=actor_for(request.user))
+        action(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)
@@ -253,7 +254,7 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_change(request.user, pk)
     try:
-        execution = task_trigger(task=task, actor=actor_for(request.user))
+        execution = task_trigger(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)
@@ -267,7 +268,7 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
 def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_change(request.user, pk, delete=True)
     try:
-        report = task_delete(task=task, actor=actor_for(request.user))
+        report = task_delete(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)
@@ -288,7 +289,7 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
             add_errors(form, serializer.errors)
         else:
             try:
-                report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+                report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_errors(form, exc)
             else:
@@ -316,7 +317,7 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
             add_errors(form, serializer.errors)
         elif changes:
             try:
-                task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+                task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
             except SERVICE_ERRORS as exc:
                 add_service_errors(form, exc)
             else:
@@ -335,18 +336,22 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
 def attempt_chain(execution: Execution, user: Any) -> tuple[list[Execution], list[Execution]]:
     """The executions this one runs again (oldest first) and those that ran it again (in order)."""
     scope = visible_executions(user)
-    before, seen, current = [], {execution.pk}, execution
+    before: list[Execution] = []
+    seen, current = {execution.pk}, execution
     while current.retry_of_id and current.retry_of_id not in seen and len(before) < 20:
-        current = scope.filter(pk=current.retry_of_id).first()
-        if current is None:
+        earlier = scope.filter(pk=current.retry_of_id).first()
+        if earlier is None:
             break
+        current = earlier
         seen.add(current.pk)
         before.append(current)
-    after, current = [], execution
+    after: list[Execution] = []
+    current = execution
     while len(after) < 20:
-        current = scope.filter(retry_of=current).first()
-        if current is None or current.pk in seen:
+        later = scope.filter(retry_of=current).first()
+        if later is None or later.pk in seen:
             break
+        current = later
         seen.add(current.pk)
         after.append(current)
     return list(reversed(before)), after
@@ -404,7 +409,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_to_change(request.user, pk)
     try:
-        report = execution_cancel_by_user(execution=execution, actor=actor_for(request.user))
+        report = execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)
@@ -418,7 +423,7 @@ def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
 def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_to_change(request.user, pk)
     try:
-        retry = execution_retry_by_user(execution=execution, actor=actor_for(request.user))
+        retry = execution_retry_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)

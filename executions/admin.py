@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -22,6 +23,7 @@ from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Work
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.masking import mask_config
 from tasks_app.services import actor_for
+from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, exception_messages
 
 #: Actions stop after this many objects per submission (each one is a service call).
@@ -83,8 +85,7 @@ class ExecutionEventInline(admin.TabularInline):
     model = ExecutionEvent
     extra = 0
     can_delete = False
-    fields = ["at_precise", "from_status", "to_status", "attempt", "actor", "detail"]
-    readonly_fields = fields
+    fields = readonly_fields = ("at_precise", "from_status", "to_status", "attempt", "actor", "detail")
     verbose_name_plural = "Timeline (every state change)"
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -167,7 +168,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
     ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [name for _, options in self.fieldsets for name in options["fields"]]
+        return flatten_fieldsets(self.fieldsets)
 
     # --- permissions: the actions need "change execution" (superusers have it) ---------------
 
@@ -221,7 +222,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel selected executions", permissions=["operate"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def cancel(execution: Execution) -> str:
             report = execution_cancel_by_user(
@@ -233,7 +234,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Retry selected executions (failed or cancelled)", permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def retry(execution: Execution) -> str:
             new = execution_retry_by_user(execution=execution, actor=actor)

@@ -242,7 +242,8 @@ def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
         "alive": Worker.objects.filter(status=WorkerStatus.ALIVE),
         "dead": Worker.objects.filter(status=WorkerStatus.DEAD, last_heartbeat__gte=now - timedelta(hours=24)),
     }
-    columns, params = [], []
+    columns: list[str] = []
+    params: list[Any] = []
     for name, queryset in parts.items():
         sql, part_params = _count_sql(queryset)
         columns.append(f"{sql} AS {name}")

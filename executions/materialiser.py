@@ -131,10 +131,12 @@ def _skip_reason(task: Plannable, when: datetime) -> tuple[str, str]:
     return SkipReason.MISSED, f"missed by more than its misfire grace of {grace:g}s; misfire policy skip"
 
 
-def _skipped(task: Plannable, dropped: list[datetime], *, unlisted: int | None) -> list[SkippedOccurrence]:
+def _skipped(
+    task: Plannable, dropped: list[datetime], *, cursor: datetime, unlisted: int | None
+) -> list[SkippedOccurrence]:
     """Rows for the latest :data:`RECORD_LIMIT` of ``dropped``, plus one summary row at the
-    cursor standing for ``unlisted`` earlier ones and the rest of ``dropped`` (None: an unknown
-    number, for a cron schedule whose earlier misses were not walked)."""
+    ``cursor`` (the task's next run) standing for ``unlisted`` earlier ones and the rest of
+    ``dropped`` (None: an unknown number, for a cron schedule whose earlier misses were not walked)."""
     rows = []
     for when in dropped[-RECORD_LIMIT:]:
         reason, detail = _skip_reason(task, when)
@@ -142,7 +144,6 @@ def _skipped(task: Plannable, dropped: list[datetime], *, unlisted: int | None) 
     hidden = len(dropped) - len(rows)
     if (unlisted is None or unlisted + hidden) and rows:
         count = "more" if unlisted is None else str(unlisted + hidden)
-        cursor = task.next_run_at
         reason, detail = _skip_reason(task, cursor)
         rows.append(
             SkippedOccurrence(
@@ -181,7 +182,7 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     schedule = task_schedule(task)
     exclusive = task.overlap_policy != OverlapPolicy.ALLOW
     if remaining is None and task.next_run_at >= now - task.misfire_grace:
-        return _plan_on_time(task, schedule, until=until, exclusive=exclusive)
+        return _plan_on_time(task, schedule, cursor=task.next_run_at, until=until, exclusive=exclusive)
     # The latest missed fire times the policy runs, no more than the runs the task has left.
     keep = _misfire_keep(task) if remaining is None else min(_misfire_keep(task), remaining)
     missed_before = now - task.misfire_grace
@@ -219,15 +220,15 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     if remaining is not None and len(times) >= remaining:
         nxt = None
     unlisted = _unlisted(schedule, task.next_run_at, since)
-    skipped = _skipped(task, dropped, unlisted=None if unlisted is None else unlisted + lost)
+    skipped = _skipped(task, dropped, cursor=task.next_run_at, unlisted=None if unlisted is None else unlisted + lost)
     rows = _rows(task, times, exclusive=exclusive)
     return Plan(rows, nxt, task.runs_materialised + len(rows), skipped)
 
 
-def _plan_on_time(task: Plannable, schedule: Schedule, *, until: datetime, exclusive: bool) -> Plan:
+def _plan_on_time(task: Plannable, schedule: Schedule, *, cursor: datetime, until: datetime, exclusive: bool) -> Plan:
     """:func:`plan_task` for the common case, kept short for a pass over many tasks: the cursor
     is not late (nothing missed) and no ``max_runs`` counts down."""
-    since = max(task.next_run_at, schedule.start_at)
+    since = max(cursor, schedule.start_at)
     if schedule.cron:
         times, nxt = _cron_window(schedule.cron, schedule.timezone, schedule.end_at, since, until)
     else:
@@ -238,7 +239,7 @@ def _plan_on_time(task: Plannable, schedule: Schedule, *, until: datetime, exclu
 
 def _window(schedule: Schedule, since: datetime, until: datetime) -> tuple[tuple[datetime, ...], datetime | None]:
     """The fire times from ``since`` up to ``until``, and the first one after it (None: no more)."""
-    times = []
+    times: list[datetime] = []
     for when in schedule.fire_times(since=since):
         if when > until:
             return tuple(times), when
@@ -333,7 +334,7 @@ def _apply(tasks: Sequence[Plannable], *, now: datetime, until: datetime) -> lis
     return ids
 
 
-def materialise_task(*, task_id: object, until: datetime | None = None) -> list[int]:
+def materialise_task(*, task_id: uuid.UUID | str, until: datetime | None = None) -> list[int]:
     """Materialise one task's occurrences up to ``until`` (default: the horizon); return new ids.
 
     Locks the task row, so it is safe beside a running materialiser pass.

@@ -103,7 +103,7 @@ class Monitor:
 
     # -- one pass ---------------------------------------------------------------------------
 
-    def _publish(self, taken: list[transitions.Dispatch], task, producer) -> None:  # type: ignore[no-untyped-def]
+    def _publish(self, taken: list[transitions.Dispatch], task: Any, producer: Producer) -> None:
         """Publish taken rows with confirms; undo (back to SCHEDULED) what could not be published."""
         sent = 0
         try:
@@ -154,7 +154,9 @@ class Monitor:
                 sent += len(stale) + len(polls)
         return sent, next_due
 
-    def _time_due_query(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def _time_due_query(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+    ) -> Any:
         """Execute wrapper: records how long the due query (the SKIP LOCKED select) takes."""
         if "SKIP LOCKED" not in sql or '"due_at" <=' not in sql:
             return execute(sql, params, many, context)

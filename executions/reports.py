@@ -43,7 +43,7 @@ def execution_report(
         return _apply_report(execution, task, token, state, output, error, progress, retryable)
 
 
-def _apply_report(execution, task, token, state, output, error, progress, retryable) -> str:  # type: ignore[no-untyped-def]
+def _apply_report(execution, task, token, state, output, error, progress, retryable) -> str:
     execution_id = execution.pk
     claim = callback_verify(token=token, execution_id=execution_id, max_age=task.timeout + GRACE)
     if claim.attempt != execution.attempt:

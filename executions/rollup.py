@@ -57,8 +57,11 @@ class RollupSeries:
 def _as_utc(value: datetime | str) -> datetime:
     # PostgreSQL hands back aware datetimes; SQLite the text Django stored (UTC).
     if isinstance(value, str):
-        value = parse_datetime(value)  # type: ignore[assignment]
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # type: ignore[union-attr]
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"not a date-time: {value!r}")
+        value = parsed
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> RollupSeries:

@@ -15,7 +15,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
@@ -54,7 +54,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
     """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
     verified local copy); polls and cancels find the run without it. ``resend``: a lost worker
     may have launched this attempt already (see :attr:`RunSpec.resend`)."""
-    artifact_path = artifact_local_path(task.artifact) if starting and task.artifact_id else None
+    artifact_path = artifact_local_path(task.artifact) if starting and task.artifact is not None else None
     return RunSpec(
         execution_id=execution.pk,
         attempt=execution.attempt,
@@ -103,7 +103,7 @@ def execution_record_outcome(
     outcome already recorded).
     """
     conf = tms_settings()
-    common = {
+    common: dict[str, Any] = {
         "execution_id": execution.pk,
         "attempt": execution.attempt,
         "worker_id": worker_id,
@@ -121,9 +121,10 @@ def execution_record_outcome(
                 cap=task.retry_backoff_max.total_seconds(),
                 jitter=task.retry_jitter,
             )
-        won = persist(
+        new_status = persist(
             lambda: transitions.execution_fail(error=result.error, output=result.output, retry_in=retry_in, **common)
         )
+        won = new_status is not None
         if won and retry_in is not None and retry_in < conf.MONITOR_MAX_SLEEP:
             notify_due()
     if not won:

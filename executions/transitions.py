@@ -13,10 +13,23 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Value, sql
+from django.db.models import (
+    CharField,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Field,
+    Min,
+    Model,
+    Q,
+    QuerySet,
+    Value,
+    sql,
+)
 from django.db.models.functions import Cast, Concat, Now
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
@@ -60,14 +73,15 @@ def _event(
     )
 
 
-def _update_sql(queryset: QuerySet, values: Mapping[str, object]) -> tuple[str, tuple]:
+def _update_sql(queryset: QuerySet, values: dict[str, Any]) -> tuple[str, tuple]:
     """Compile ``queryset.update(**values)`` to SQL without running it."""
     query = queryset.query.chain(sql.UpdateQuery)
+    assert isinstance(query, sql.UpdateQuery)  # chain(klass) returns a copy of that class
     query.add_update_values(values)
     return query.get_compiler(connection=connection).as_sql()
 
 
-def _transition(queryset: QuerySet, values: Mapping[str, object], event: ExecutionEvent) -> bool:
+def _transition(queryset: QuerySet, values: dict[str, Any], event: ExecutionEvent) -> bool:
     """Apply one conditional UPDATE and, if it won, its audit event, atomically.
 
     On PostgreSQL both go in one statement (``WITH done AS (UPDATE … RETURNING id) INSERT …``):
@@ -206,7 +220,7 @@ def _insert_executions_portable(rows: Sequence[NewExecution], *, actor: str, det
     for start in range(0, len(rows), 1000):
         chunk = rows[start : start + 1000]
         placeholders = ", ".join(["(%s, %s, %s, 1, %s, %s, '', '', '{}', '', '', '', %s)"] * len(chunk))
-        params: list[object] = []
+        params: list[Any] = []
         for row in chunk:
             params += [
                 task_field.get_db_prep_value(row.task_id, connection),
@@ -365,7 +379,10 @@ def execution_claim_loaded(
     return execution
 
 
-def _from_row(model: type, fields: Sequence, values: Sequence) -> object:  # type: ignore[type-arg]
+_M = TypeVar("_M", bound=Model)
+
+
+def _from_row(model: type[_M], fields: Sequence[Field], values: Sequence[Any]) -> _M:
     """A model instance from raw column values, through the same converters a query applies."""
     converted = []
     for field, value in zip(fields, values, strict=True):
@@ -772,7 +789,7 @@ def execution_cancel(
     return CancelOutcome(True, row["status"], row["external_run_id"], row["run_handle"], row["attempt"])
 
 
-def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: str) -> int | None:
+def _insert_now(select_sql: str, params: list[Any], *, actor: str, detail: str) -> int | None:
     """Run ``INSERT INTO execution (…) SELECT …`` for one SCHEDULED row due now; write its event.
 
     The SELECT carries the conditions (it yields no row when they do not hold) and the unique

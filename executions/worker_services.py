@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -281,7 +281,7 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
     return "polling"
 
 
-def _call(method, *args, transient_is_running: bool = False) -> RunResult:  # type: ignore[no-untyped-def]
+def _call(method: Callable[..., RunResult | None], *args: Any, transient_is_running: bool = False) -> RunResult:
     """Call a runner method; its exceptions become a failed result. For polls, a retryable
     error means "could not ask now": the run is still considered running (the timeout bounds it)."""
     try:

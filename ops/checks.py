@@ -89,16 +89,18 @@ def check_queue(timeout: float = BROKER_TIMEOUT) -> CheckResult:
         with _broker_connection(timeout) as conn:
             conn.ensure_connection(max_retries=0)
             for queue in settings.CELERY_TASK_QUEUES:
+                # The stubs' StdChannel lacks queue_declare, which every transport's channel has (and
+                # kombu's Queue.queue_declare is typed to return str), hence the two ignores below.
                 channel = conn.channel()
                 try:
-                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)
+                    _, messages, consumers = channel.queue_declare(queue=queue.name, passive=True)  # type: ignore[attr-defined]
                 except Exception as exc:  # noqa: BLE001 - amqp's NotFound closes the channel
                     return CheckResult(
                         "queue", False, f"{queue.name}: not declared; no worker has started ({_first_line(exc)})"
                     )
                 channel = conn.channel()
                 try:
-                    channel.queue_declare(
+                    channel.queue_declare(  # type: ignore[attr-defined]
                         queue=queue.name, durable=queue.durable, auto_delete=False, arguments=queue.queue_arguments
                     )
                 except Exception as exc:  # noqa: BLE001 - PRECONDITION_FAILED closes the channel

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 from django.core.exceptions import ImproperlyConfigured
@@ -268,15 +268,16 @@ class Guard:
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-class _GuardedConnectionMixin:
-    """Replaces urllib3's socket creation: resolve once, check each address, connect to it."""
+# The mixin is only ever combined with urllib3's HTTPConnection (or HTTPSConnection): let the type
+# checker see that base, so the attributes and errors it uses are checked against urllib3's own.
+if TYPE_CHECKING:
+    _ConnectionBase = HTTPConnection
+else:
+    _ConnectionBase = object
 
-    host: str
-    port: int
-    timeout: float | None
-    source_address: tuple[str, int] | None
-    socket_options: Sequence[tuple[int, int, int | bytes]] | None
-    _dns_host: str
+
+class _GuardedConnectionMixin(_ConnectionBase):
+    """Replaces urllib3's socket creation: resolve once, check each address, connect to it."""
 
     def __init__(self, *args: Any, tms_guard: Guard, **kwargs: Any) -> None:
         self._tms_guard = tms_guard
@@ -287,7 +288,7 @@ class _GuardedConnectionMixin:
         try:
             infos = socket.getaddrinfo(self._dns_host, self.port, allowed_gai_family(), socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
+            raise NameResolutionError(self.host, self, exc) from exc
         refusals: list[str] = []
         last_error: OSError | None = None
         for family, socktype, proto, _canonname, sockaddr in infos:
@@ -302,12 +303,10 @@ class _GuardedConnectionMixin:
         if last_error is None:
             if refusals:
                 raise AddressRefused(refusals[0])
-            raise NewConnectionError(self, f"{self.host} resolved to no address")  # type: ignore[arg-type]
+            raise NewConnectionError(self, f"{self.host} resolved to no address")
         if isinstance(last_error, TimeoutError):
             raise ConnectTimeoutError(self, f"Connection to {self.host} timed out.") from last_error
-        raise NewConnectionError(  # type: ignore[arg-type]
-            self, f"Failed to establish a new connection: {last_error}"
-        ) from last_error
+        raise NewConnectionError(self, f"Failed to establish a new connection: {last_error}") from last_error
 
     def _connect_to(self, family: int, socktype: int, proto: int, sockaddr: tuple[Any, ...]) -> socket.socket:
         guard = self._tms_guard

@@ -28,7 +28,11 @@ class NoopRunner(BaseRunner):
 
 class SleepConfigSerializer(serializers.Serializer):
     duration = DurationField(help_text='How long to simulate work, e.g. "5s", "250ms" or 1.5 (seconds).')
-    fail = serializers.BooleanField(default=False, help_text="End the run as failed after sleeping.")
+    # The config key is "fail": DRF's serializer metaclass moves declared fields out of the class
+    # body, so Field.fail (the error helper) is not shadowed at run time, only in the stubs' view.
+    fail = serializers.BooleanField(  # type: ignore[assignment]
+        default=False, help_text="End the run as failed after sleeping."
+    )
 
 
 class SleepRunner(BaseRunner):

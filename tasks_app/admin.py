@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -45,7 +45,11 @@ from tasks_app.services import (
     task_update,
 )
 from tasks_app.states import task_next_run, task_state, with_state
+from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
 
 #: What a task is created with, in the order the add form shows it.
 WHAT_FIELDS = ["name", "runner", "config", "artifact"]
@@ -139,7 +143,7 @@ class TaskAdminForm(forms.ModelForm):
 
     def _post_clean(self) -> None:
         # Not ModelForm's: the service validates and writes the task.
-        if self._errors:
+        if self.errors:
             return
         try:
             with transaction.atomic():
@@ -152,7 +156,7 @@ class TaskAdminForm(forms.ModelForm):
         data = {name: value for name, value in data.items() if value is not None}
         serializer = TaskCreateSerializer(data=data, context={"request": self.request})
         serializer.is_valid(raise_exception=True)
-        owner = self.cleaned_data.get("owner") or self.request.user
+        owner = self.cleaned_data.get("owner") or request_user(self.request)
         return task_create(owner=owner, **serializer.validated_data)
 
     def _update(self) -> Task:
@@ -162,7 +166,9 @@ class TaskAdminForm(forms.ModelForm):
         data = {name: _api_value(self.cleaned_data.get(name)) for name in changed}
         serializer = TaskUpdateSerializer(self.instance, data=data, context={"request": self.request})
         serializer.is_valid(raise_exception=True)
-        return task_update(task=self.instance, actor=actor_for(self.request.user), changes=serializer.validated_data)
+        return task_update(
+            task=self.instance, actor=actor_for(request_user(self.request)), changes=serializer.validated_data
+        )
 
 
 @admin.register(Task)
@@ -196,6 +202,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
+        assert issubclass(form, TaskAdminForm)  # modelform_factory subclasses self.form
         form.request = request  # a class made for this request by modelform_factory
         return form
 
@@ -204,22 +211,22 @@ class TaskAdmin(admin.ModelAdmin):
 
     # --- the pages: add shows what a task is created with, change what may still change -----
 
-    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[str | None, dict[str, Any]]]:
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> _FieldsetSpec:
         if obj is None:
             return [
                 ("What", {"fields": ["owner", *WHAT_FIELDS]}),
-                ("When", {"fields": WHEN_FIELDS}),
-                ("Retries and policies", {"fields": POLICY_FIELDS}),
-                ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+                ("When", {"fields": [*WHEN_FIELDS]}),
+                ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+                ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
             ]
         editable = self.has_change_permission(request, obj) and obj.status != TaskStatus.DELETED
         what = [name if name != "config" or editable else "masked_config" for name in WHAT_FIELDS]
         return [
-            ("Status", {"fields": STATUS_FIELDS}),
-            ("What", {"fields": what}),
-            ("When", {"fields": WHEN_FIELDS}),
-            ("Retries and policies", {"fields": POLICY_FIELDS}),
-            ("Other", {"classes": ["collapse"], "fields": OTHER_FIELDS}),
+            ("Status", {"fields": [*STATUS_FIELDS]}),
+            ("What", {"fields": [*what]}),
+            ("When", {"fields": [*WHEN_FIELDS]}),
+            ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+            ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -235,7 +242,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)
-        if db_field.name == "owner":
+        if db_field.name == "owner" and field is not None:
             field.required = False
             field.help_text = "Empty: you."
         return field
@@ -253,19 +260,19 @@ class TaskAdmin(admin.ModelAdmin):
         # Deleting a task keeps its history (executions, events): only the tasks are "deleted",
         # so the confirmation lists them alone and asks for no permission on executions.
         tasks = list(objs)
-        shown = [format_html("{}: {}", Task._meta.verbose_name.capitalize(), task) for task in tasks]
-        return shown, {Task._meta.verbose_name_plural: len(tasks)}, set(), []
+        shown = [format_html("{}: {}", str(Task._meta.verbose_name).capitalize(), task) for task in tasks]
+        return shown, {str(Task._meta.verbose_name_plural): len(tasks)}, set(), []
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         try:
-            report = task_delete(task=obj, actor=actor_for(request.user))
+            report = task_delete(task=obj, actor=actor_for(request_user(request)))
         except SERVICE_ERRORS as exc:  # deleted meanwhile
             self.message_user(request, f"{obj}: {error_text(exc)}", messages.ERROR)
             return
         self._report_delete(request, obj, report)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def delete(task: Task) -> str:
             report = task_delete(task=task, actor=actor)
@@ -288,7 +295,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Pause selected tasks", permissions=["change"])
     def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def pause(task: Task) -> str:
             if task.status == TaskStatus.PAUSED:
@@ -301,7 +308,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Resume selected tasks", permissions=["change"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def resume(task: Task) -> str:
             if task.status != TaskStatus.PAUSED:
@@ -313,7 +320,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.action(description="Run selected tasks now", permissions=["change"])
     def run_now_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = actor_for(request.user)
+        actor = actor_for(request_user(request))
 
         def run_now(task: Task) -> str:
             execution = task_trigger(task=task, actor=actor)

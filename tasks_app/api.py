@@ -3,6 +3,7 @@ renders with another serializer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import QuerySet
@@ -54,6 +55,7 @@ from tasks_app.services import (
     task_update,
 )
 from tasks_app.states import with_state
+from tms_core.auth import request_user
 from tms_core.clock import db_now
 from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
 from tms_project.api.schema import error_responses
@@ -84,7 +86,7 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
     """Run ``create`` (returning status and body) under the request's Idempotency-Key, if any."""
     key = idempotency_key_clean(request.headers.get(HEADER))
     fingerprint = request_fingerprint(method=request.method or "POST", path=request.path, body=request.data)
-    stored = idempotent_create(owner=request.user, key=key, fingerprint=fingerprint, create=create)
+    stored = idempotent_create(owner=request_user(request), key=key, fingerprint=fingerprint, create=create)
     headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
     return Response(stored.body, status=stored.status, headers=headers)
 
@@ -93,7 +95,7 @@ class TaskOrdering(OrderingFilter):
     """``?ordering=next_run_at`` orders by when tasks next run (the ``next_run`` annotation of
     :func:`tasks_app.states.with_state`), as the field reads, not by the materialisation cursor."""
 
-    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> list[str] | None:
+    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> Sequence[str] | None:
         ordering = super().get_ordering(request, queryset, view)
         return [term.replace("next_run_at", "next_run") for term in ordering] if ordering else ordering
 
@@ -149,7 +151,7 @@ class TaskViewSet(
         serializer.is_valid(raise_exception=True)
 
         def create() -> tuple[int, Any]:
-            task = task_create(owner=request.user, **serializer.validated_data)
+            task = task_create(owner=request_user(request), **serializer.validated_data)
             return status.HTTP_201_CREATED, TaskCreatedSerializer(task).data
 
         return idempotent_create_response(request, create)
@@ -169,7 +171,7 @@ class TaskViewSet(
         task = self.get_object()
         serializer = TaskUpdateSerializer(task, data=request.data)
         serializer.is_valid(raise_exception=True)
-        task = task_update(task=task, actor=actor_for(request.user), changes=serializer.validated_data)
+        task = task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -186,7 +188,7 @@ class TaskViewSet(
         },
     )
     def destroy(self, request: Request, pk: str | None = None) -> Response:
-        report = task_delete(task=self.get_object(), actor=actor_for(request.user))
+        report = task_delete(task=self.get_object(), actor=actor_for(request_user(request)))
         code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
         return Response(TaskDeleteSerializer(report).data, status=code)
 
@@ -201,7 +203,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
-        task = task_pause(task=self.get_object(), actor=actor_for(request.user))
+        task = task_pause(task=self.get_object(), actor=actor_for(request_user(request)))
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -215,7 +217,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
-        task = task_resume(task=self.get_object(), actor=actor_for(request.user))
+        task = task_resume(task=self.get_object(), actor=actor_for(request_user(request)))
         return Response(TaskSerializer(task).data)
 
     @extend_schema(
@@ -226,7 +228,7 @@ class TaskViewSet(
     )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
-        execution = task_trigger(task=self.get_object(), actor=actor_for(request.user))
+        execution = task_trigger(task=self.get_object(), actor=actor_for(request_user(request)))
         execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
         headers = {"Location": f"/api/v1/executions/{execution.pk}"}
         return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
@@ -328,7 +330,7 @@ class TaskViewSet(
         task = self.get_object()
         serializer = BackfillSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        report = task_backfill(task=task, actor=actor_for(request.user), **serializer.validated_data)
+        report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
         return Response(BackfillResultSerializer(report).data, status=status.HTTP_201_CREATED)
 
 

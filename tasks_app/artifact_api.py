@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Artifact
+from tms_core.auth import request_user
 from tms_core.errors import ConflictError
 from tms_project.api.base import OwnerScopedMixin
 from tms_project.api.schema import error_responses
@@ -45,7 +46,7 @@ class ArtifactViewSet(
     def create(self, request: Request) -> Response:
         upload = ArtifactUploadSerializer(data=request.data)
         upload.is_valid(raise_exception=True)
-        artifact = artifact_create(owner=request.user, upload=upload.validated_data["file"],
+        artifact = artifact_create(owner=request_user(request), upload=upload.validated_data["file"],
                                    name=upload.validated_data["name"])  # fmt: skip
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
 

@@ -6,10 +6,11 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
 
 from tasks_app.models import Artifact
@@ -20,7 +21,7 @@ class ArtifactCorrupted(RuntimeError):
     """The stored content no longer matches its recorded checksum."""
 
 
-def _digest(chunks) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+def _digest(chunks: Iterable[bytes]) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
     for chunk in chunks:
         digest.update(chunk)
@@ -28,7 +29,7 @@ def _digest(chunks) -> tuple[str, int]:  # type: ignore[no-untyped-def]
     return digest.hexdigest(), size
 
 
-def artifact_create(*, owner: AbstractBaseUser, upload: UploadedFile, name: str = "") -> Artifact:
+def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Artifact:
     """Store an uploaded binary or script and record its SHA-256 and size."""
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:

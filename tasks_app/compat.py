@@ -9,7 +9,7 @@ authentication, owner scoping and error shape as the rest of the API.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.db.models import Exists, OuterRef, QuerySet
 from drf_spectacular.utils import extend_schema
@@ -21,11 +21,20 @@ from executions.models import Execution, ExecutionStatus
 from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
+from tms_core.auth import request_user
 from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration, parse_duration
 from tms_project.api.base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
 from tms_project.api.conf import api_settings
 from tms_project.api.schema import error_responses
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    # BlankIsNone is only ever combined with a DRF field: let the type checker see that base.
+    _FieldBase = serializers.Field
+else:
+    _FieldBase = object
 
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.
@@ -40,13 +49,13 @@ class CompatStatus:
     choices = [SCHEDULED, PENDING, RUNNING, FINISHED]
 
 
-class BlankIsNone:
+class BlankIsNone(_FieldBase):
     """The original accepted an empty string for an absent optional field."""
 
     def to_internal_value(self, data: Any) -> Any:
         if data == "":
             return None
-        return super().to_internal_value(data)  # type: ignore[misc]
+        return super().to_internal_value(data)
 
 
 class _OptionalDuration(BlankIsNone, DurationField):
@@ -107,7 +116,15 @@ def _command(task: Task) -> str:
     return task.runner
 
 
-def with_execution_states(queryset: QuerySet) -> QuerySet:
+class ExecutionStates(TypedDict):
+    """The columns :func:`with_execution_states` adds to each task."""
+
+    has_running: bool
+    has_pending: bool
+    has_scheduled: bool
+
+
+def with_execution_states(queryset: QuerySet[Task]) -> QuerySet[WithAnnotations[Task, ExecutionStates]]:
     """Annotate tasks with whether they have RUNNING, PENDING and SCHEDULED executions."""
     mine = Execution.objects.filter(task=OuterRef("pk"))
     return queryset.annotate(
@@ -125,13 +142,16 @@ def compat_status(task: Task) -> str:
     recurring one after its end); any other (a recurring task between runs, a paused one) is
     SCHEDULED.
     """
+    states: WithAnnotations[Task, ExecutionStates]
     if getattr(task, "has_running", None) is None:
-        task = with_execution_states(Task.objects.filter(pk=task.pk)).get()
-    if task.has_running:
+        states = with_execution_states(Task.objects.filter(pk=task.pk)).get()
+    else:
+        states = cast("WithAnnotations[Task, ExecutionStates]", task)  # it came from with_execution_states
+    if states.has_running:
         return CompatStatus.RUNNING
-    if task.has_pending:
+    if states.has_pending:
         return CompatStatus.PENDING
-    if task.has_scheduled:
+    if states.has_scheduled:
         return CompatStatus.SCHEDULED
     return CompatStatus.FINISHED if task.status == TaskStatus.COMPLETED else CompatStatus.SCHEDULED
 
@@ -181,7 +201,7 @@ class CompatTaskListView(_CompatView):
 
         def create() -> tuple[int, Any]:
             task = task_create(
-                owner=request.user,
+                owner=request_user(request),
                 runner=RUNNER,
                 config={"duration": format_duration(command)},
                 name=f"sleep {format_duration(command)}",

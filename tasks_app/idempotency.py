@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
@@ -62,7 +62,7 @@ def request_fingerprint(*, method: str, path: str, body: Any) -> str:
 
 def idempotent_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     key: str | None,
     fingerprint: str,
     create: Callable[[], tuple[int, Any]],

@@ -318,15 +318,15 @@ class CronExpression:
 
     def _times(self, floor: time | None) -> Iterator[time]:
         """Matching times of day, in order, from ``floor``'s whole second on (all if None)."""
-        hours = self.hours if floor is None else self.hours[bisect.bisect_left(self.hours, floor.hour) :]
+        # Without a floor, -1 matches no hour, minute or second: every time of day.
+        floor_h, floor_m, floor_s = (-1, -1, -1) if floor is None else (floor.hour, floor.minute, floor.second)
+        hours = self.hours if floor is None else self.hours[bisect.bisect_left(self.hours, floor_h) :]
         for hour in hours:
-            same_hour = floor is not None and hour == floor.hour
-            minutes = self.minutes[bisect.bisect_left(self.minutes, floor.minute) :] if same_hour else self.minutes
+            same_hour = hour == floor_h
+            minutes = self.minutes[bisect.bisect_left(self.minutes, floor_m) :] if same_hour else self.minutes
             for minute in minutes:
-                same_minute = same_hour and minute == floor.minute
-                seconds = (
-                    self.seconds[bisect.bisect_left(self.seconds, floor.second) :] if same_minute else self.seconds
-                )
+                same_minute = same_hour and minute == floor_m
+                seconds = self.seconds[bisect.bisect_left(self.seconds, floor_s) :] if same_minute else self.seconds
                 for second in seconds:
                     yield time(hour, minute, second)
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils.timezone import is_naive as timezone_is_naive
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -91,11 +92,22 @@ def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
         raise serializers.ValidationError(errors)
 
 
+class OwnArtifactField(serializers.PrimaryKeyRelatedField):
+    """An artifact by id: staff may name any, everyone else only their own (another's id is "does not exist")."""
+
+    def get_queryset(self) -> QuerySet[Artifact]:
+        queryset = Artifact.objects.all()
+        request = self.context.get("request")
+        if request is not None and not request.user.is_staff:
+            return queryset.filter(owner=request.user)
+        return queryset
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
     config = RunnerConfigField(required=False, default=dict)
-    artifact = serializers.PrimaryKeyRelatedField(
+    artifact = OwnArtifactField(
         queryset=Artifact.objects.all(),
         required=False,
         allow_null=True,
@@ -179,12 +191,6 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     expose_metrics = serializers.BooleanField(required=False, default=False)
     notification_target = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None and not request.user.is_staff:
-            self.fields["artifact"].queryset = Artifact.objects.filter(owner=request.user)
 
     def validate_timezone(self, value: str) -> str:
         try:
@@ -356,7 +362,8 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         super().__init__(*args, **kwargs)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        task: Task = self.instance
+        task = self.instance
+        assert task is not None  # an update serializer is always bound to the task it changes
         localize_wall_times(attrs, attrs.get("timezone", task.timezone))
         merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | attrs
         check_task(merged)

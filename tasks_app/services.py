@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from rest_framework import serializers
@@ -47,7 +47,7 @@ def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
 
 def _build_task(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     now: datetime,
     runner: str,
     config: dict[str, Any] | None = None,
@@ -91,7 +91,7 @@ def _build_task(
     return task
 
 
-def task_create(*, owner: AbstractBaseUser, runner: str, **fields: Any) -> Task:
+def task_create(*, owner: User, runner: str, **fields: Any) -> Task:
     """Create a task and, if its first run falls inside the horizon, its first executions.
 
     "Run now" therefore does not wait for the materialiser: the execution exists, and the monitor
@@ -101,7 +101,7 @@ def task_create(*, owner: AbstractBaseUser, runner: str, **fields: Any) -> Task:
     return task
 
 
-def task_bulk_create(*, owner: AbstractBaseUser, specs: Sequence[Mapping[str, Any]]) -> list[Task]:
+def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list[Task]:
     """Create many tasks in one transaction, with their executions inside the horizon.
 
     Every spec is validated before anything is written: one bad spec fails the whole call with
@@ -168,7 +168,7 @@ def actor_for(user: AbstractBaseUser) -> str:
     return f"user:{user.get_username()}"
 
 
-def _lock(task_id: object) -> Task:
+def _lock(task_id: uuid.UUID | str) -> Task:
     task = Task.objects.select_for_update().filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
     if task is None:
         raise GoneError("The task no longer exists.")
@@ -381,7 +381,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         raise InvalidInput(errors)
     if task.status == TaskStatus.DELETED:
         raise GoneError("The task no longer exists.")
-    times = []
+    times: list[datetime] = []
     with walk_limit("end", "Fire times up to this time"):
         for when in task_schedule(task).fire_times(since=start):
             if when > end:

@@ -14,6 +14,7 @@ through the ``(task, -scheduled_for)`` index, so a page of tasks costs one query
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from django.db import models
 from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, When
@@ -21,6 +22,9 @@ from django.db.models.functions import Coalesce, Least, Now
 
 from executions.models import Execution, ExecutionStatus
 from tasks_app.models import Task, TaskStatus
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 
 class TaskState(models.TextChoices):
@@ -42,7 +46,15 @@ _OUTCOME = {
 }
 
 
-def with_state(queryset: QuerySet[Task]) -> QuerySet[Task]:
+class StateColumns(TypedDict):
+    """The columns :func:`with_state` adds to each task."""
+
+    latest_status: str | None
+    latest_due_status: str | None
+    next_run: datetime | None
+
+
+def with_state(queryset: QuerySet[Task]) -> QuerySet[WithAnnotations[Task, StateColumns]]:
     """Annotate tasks with ``latest_status`` (their latest execution's status), ``latest_due_status``
     (the latest one due by now) and ``next_run`` (when something of theirs is next due: the
     earliest SCHEDULED execution's due time, else the cursor; null when paused, deleted or done).
@@ -63,13 +75,14 @@ def with_state(queryset: QuerySet[Task]) -> QuerySet[Task]:
     )
 
 
-def _annotated(task: Task) -> Task:
+def _annotated(task: Task) -> WithAnnotations[Task, StateColumns]:
     if not hasattr(task, "latest_status"):
         fresh = with_state(Task.objects.filter(pk=task.pk)).values("latest_status", "latest_due_status", "next_run")
         row = fresh.first() or {"latest_status": None, "latest_due_status": None, "next_run": None}
         for name, value in row.items():
             setattr(task, name, value)
-    return task
+    # Either it came from with_state or the loop above set the same columns: the type cannot follow hasattr.
+    return cast("WithAnnotations[Task, StateColumns]", task)
 
 
 def task_state(task: Task) -> TaskState:

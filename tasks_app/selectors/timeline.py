@@ -255,8 +255,8 @@ def _fire_time_items(
     """One item per fire time, from the records at it and the summary row that stands for it
     (the latest materialiser row before it, if a summary: see :func:`occurrence_fate`)."""
     at_instant: dict[datetime, list[Execution]] = {}
-    for execution in executions:
-        at_instant.setdefault(execution.scheduled_for, []).append(execution)
+    for record in executions:
+        at_instant.setdefault(record.scheduled_for, []).append(record)
     skipped_at = {row.scheduled_for: row for row in skipped_rows}
     rows = iter(by_materialiser)
     latest_row, next_row = None, next(rows, None)

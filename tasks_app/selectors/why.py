@@ -15,7 +15,7 @@ from tasks_app.selectors.previews import occurrence_at_or_before, task_last_fire
 from tms_core.clock import db_now
 
 #: Verdicts of "why did this task not run at T?" for a live execution, by its status.
-VERDICT_BY_STATUS = {
+VERDICT_BY_STATUS: dict[str, str] = {  # keyed by the status as stored (ExecutionStatus values)
     ExecutionStatus.SUCCEEDED: "ran",
     ExecutionStatus.RUNNING: "running",
     ExecutionStatus.FAILED: "failed",

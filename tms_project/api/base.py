@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
@@ -15,8 +15,18 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 
+# The mixins below are only ever combined with DRF's GenericAPIView and Serializer (they come first
+# in the bases, so their super() calls reach DRF): let the type checker see those bases.
+if TYPE_CHECKING:
+    from rest_framework.generics import GenericAPIView
 
-class ApiViewMixin:
+    _ViewBase = GenericAPIView
+    _SerializerBase = serializers.Serializer
+else:
+    _ViewBase = _SerializerBase = object
+
+
+class ApiViewMixin(_ViewBase):
     """Base of every API view: rejects what the database cannot store or compare.
 
     PostgreSQL refuses NUL characters in text, so a query parameter holding one would otherwise
@@ -24,7 +34,7 @@ class ApiViewMixin:
     """
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        super().initial(request, *args, **kwargs)
         if any("\x00" in str(value) for value in kwargs.values()):
             raise NotFound()
         params = request.query_params.lists()
@@ -43,21 +53,23 @@ class OwnerScopedMixin(ApiViewMixin):
     owner_field: str = "owner"
 
     def get_queryset(self) -> QuerySet:
-        return self.owner_scope(super().get_queryset(), self.owner_field)  # type: ignore[misc]
+        return self.owner_scope(super().get_queryset(), self.owner_field)
 
-    def options(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+    # DRF's APIView.options takes DRF's Request where Django's View takes an HttpRequest; the DRF
+    # stubs ignore the same override on APIView itself.
+    def options(self, request: Request, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         # Metadata about someone else's object would confirm that it exists: 404 first, as for
         # every other method (nested routes check their parent in get_queryset).
         lookup = getattr(self, "lookup_url_kwarg", None) or getattr(self, "lookup_field", "pk")
         if lookup in kwargs:
-            self.get_object()  # type: ignore[attr-defined]
+            self.get_object()
         elif kwargs:
             self.get_queryset()
-        return super().options(request, *args, **kwargs)  # type: ignore[misc]
+        return super().options(request, *args, **kwargs)
 
     def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
         """``queryset`` narrowed to what the requesting user may see (all of it for staff)."""
-        user = self.request.user  # type: ignore[attr-defined]
+        user = self.request.user
         if getattr(self, "swagger_fake_view", False):
             return queryset.none()
         if user.is_staff:
@@ -65,7 +77,7 @@ class OwnerScopedMixin(ApiViewMixin):
         return queryset.filter(**{owner_field: user})
 
 
-class StrictInputMixin:
+class StrictInputMixin(_SerializerBase):
     """Rejects fields the serializer does not know, instead of silently ignoring them, and numbers
     sent for text fields.
 
@@ -77,7 +89,7 @@ class StrictInputMixin:
     def to_internal_value(self, data: Any) -> Any:
         unknown: dict[str, list[str]] = {}
         if isinstance(data, dict):
-            fields = self.fields  # type: ignore[attr-defined]
+            fields = self.fields
             unknown = {
                 key: ["This field cannot be changed."] if key in self.read_only_names else ["Unknown field."]
                 for key in data
@@ -90,7 +102,7 @@ class StrictInputMixin:
                 if isinstance(fields.get(key), serializers.CharField) and isinstance(value, int | float)
             }
         try:
-            value = super().to_internal_value(data)  # type: ignore[misc]
+            value = super().to_internal_value(data)
         except serializers.ValidationError as exc:
             if unknown and isinstance(exc.detail, dict):
                 raise serializers.ValidationError({**exc.detail, **unknown}) from None

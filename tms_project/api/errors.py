@@ -72,7 +72,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
     """Django's 404 (a path no route matches): the API's error shape for API paths."""
     if _is_api(request):
         return JsonResponse({"type": "not_found", "detail": "Not found."}, status=404)
-    return page_not_found(request, exception)  # type: ignore[arg-type]
+    return page_not_found(request, exception)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

@@ -38,7 +38,9 @@ class ErrorSerializer(serializers.Serializer):
         help_text="What went wrong, for programs: validation_error, not_found, conflict, throttled, ..."
     )
     detail = serializers.CharField(help_text="What went wrong, for people.")
-    errors = serializers.DictField(
+    # The error body's key is "errors": DRF's serializer metaclass moves declared fields out of the
+    # class body, so Serializer.errors is not shadowed at run time, only in the stubs' view.
+    errors = serializers.DictField(  # type: ignore[assignment]
         child=serializers.JSONField(),
         required=False,
         help_text="Validation errors only: each bad field's list of messages (nested for nested input).",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -340,7 +341,7 @@ TMS = {
     "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
 }
 
-TMS_RUNNERS = {
+TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},
     "sleep": {"BACKEND": "runners.noop.SleepRunner"},
     "http": {

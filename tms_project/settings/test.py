@@ -34,6 +34,6 @@ from tms_project.settings.base import *  # noqa: E402,F403
 from tms_project.settings.base import TMS_RUNNERS, logging_from_env  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-TMS_RUNNERS = {**TMS_RUNNERS, "crash": {"BACKEND": "tests.runners_for_tests.CrashRunner"}}
+TMS_RUNNERS = TMS_RUNNERS | {"crash": {"BACKEND": "tests.runners_for_tests.CrashRunner"}}
 # Readable test logs (var/test-logs); the JSON format has its own test (TMS_LOG_FORMAT=json).
 LOGGING = logging_from_env("plain")

@@ -109,7 +109,7 @@ class _StatementCounter:
     def __init__(self) -> None:
         self.count = 0
 
-    def __call__(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         self.count += 1
         return execute(sql, params, many, context)
 
@@ -135,7 +135,9 @@ class Bench:
 
     # -- processes --------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
+    # Any, not str: the values are strings, but start_worker's keyword options (split_stderr) share
+    # the **env namespace, and mypy cannot tell these keys apart from them.
+    def _env(self) -> dict[str, Any]:
         return {"DJANGO_SETTINGS_MODULE": self.config.settings_module} if self.config.settings_module else {}
 
     @contextlib.contextmanager

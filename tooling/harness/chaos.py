@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import OperationalError, close_old_connections, connection
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.test.utils import override_settings
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
@@ -202,7 +202,9 @@ class ChaosRun:
 
     # -- processes --------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
+    # Any, not str: the values are strings, but start_worker's keyword options (split_stderr) share
+    # the **env namespace, and mypy cannot tell these keys apart from them.
+    def _env(self) -> dict[str, Any]:
         env = {
             "TMS_HEARTBEAT_INTERVAL": str(self.config.heartbeat),
             "TMS_WORKER_TIMEOUT": str(self.config.worker_timeout),
@@ -242,7 +244,7 @@ class ChaosRun:
     def _submit(self) -> None:
         # The ledger listens on loopback: open 127.0.0.1 to the http runner here, as the
         # processes this harness starts do through TMS_HTTP_ALLOWED_NETWORKS.
-        runners = copy.deepcopy(settings.TMS_RUNNERS)
+        runners: dict[str, dict[str, Any]] = copy.deepcopy(settings.TMS_RUNNERS)
         runners["http"].setdefault("OPTIONS", {})["allowed_networks"] = ["127.0.0.1/32"]
         with override_settings(TMS_RUNNERS=runners):
             self._create_tasks()
@@ -253,7 +255,12 @@ class ChaosRun:
         for index in range(self.config.executions):
             start_at = db_now() + timedelta(seconds=random.uniform(0, self.config.spread))  # noqa: S311
             duration = round(random.uniform(low, high), 2)  # noqa: S311
-            common = {"owner": owner, "start_at": start_at, "max_attempts": 5, "retry_backoff": timedelta(seconds=1)}
+            common: dict[str, Any] = {
+                "owner": owner,
+                "start_at": start_at,
+                "max_attempts": 5,
+                "retry_backoff": timedelta(seconds=1),
+            }
             if index % 2 == 0:
                 task = task_create(
                     runner="http",
@@ -266,7 +273,7 @@ class ChaosRun:
             self.task_ids.append(task.pk)
         self.report.submitted = len(self.task_ids)
 
-    def _executions(self):  # type: ignore[no-untyped-def]
+    def _executions(self) -> QuerySet[Execution]:
         return Execution.objects.filter(task_id__in=self.task_ids)
 
     def _open(self) -> int:

@@ -7,6 +7,7 @@ filler value here once rather than in every raw INSERT.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
@@ -48,7 +49,7 @@ def insert_tasks(
     owner_id: int,
     count: int,
     columns: Mapping[str, str],
-    params: Mapping[str, object] | None = None,
+    params: Mapping[str, Any] | None = None,
     lateral: str = "",
 ) -> None:
     """Insert ``count`` tasks of ``owner_id`` in one ``INSERT … SELECT … generate_series``.
