@@ -338,7 +338,10 @@ TMS_RUNNERS = {
         "OPTIONS": {
             "region_name": env.str("TMS_LAMBDA_REGION", default=None),
             "endpoint_url": env.str("TMS_LAMBDA_ENDPOINT_URL", default=None),
-            "allowed_functions": env.list("TMS_LAMBDA_ALLOWED_FUNCTIONS", default=None),
+            "account_id": env.str("TMS_LAMBDA_ACCOUNT_ID", default=None),
+            # Nothing by default: an operator lists the functions (ARN patterns, or bare name
+            # patterns of TMS_LAMBDA_ACCOUNT_ID in TMS_LAMBDA_REGION) tasks may invoke.
+            "allowed_functions": env.list("TMS_LAMBDA_ALLOWED_FUNCTIONS", default=[]),
         },
     },
     "function": {
