@@ -11,6 +11,7 @@ starts everything on a laptop. Production and the tests set both, to PostgreSQL 
 from __future__ import annotations
 
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -44,6 +45,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    # Login lockout for the admin, the back office and the browsable API's login (see below).
+    "axes",
     "runners",
     "tasks_app",
     "executions",
@@ -67,9 +70,35 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Answers a locked-out login with its lockout response (after the view has run).
+    "axes.middleware.AxesMiddleware",
     # Last, so its process_exception sees a view's database or broker error first: a 503, not a 500.
     "ops.middleware.OutageMiddleware",
 ]
+
+# --- Login lockout (django-axes) --------------------------------------------------------------
+# Every password login goes through django.contrib.auth's authenticate() with the request: the
+# admin's, the back office's /ui/login/ and the browsable API's /api-auth/login/. Axes counts the
+# failures per username and client address together (one attacker cannot lock a user out from
+# everywhere, nor try many passwords from one place) and refuses that pair, the right password
+# included, until the cool-off has passed. API tokens are not passwords: token requests never
+# reach authenticate() and are not affected. The address is REMOTE_ADDR (django-ipware is not
+# installed, so forwarded headers, which a client can forge, are never trusted): behind a proxy
+# every client shares the proxy's address and the lockout is effectively per username.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env.bool("TMS_LOGIN_LOCKOUT", default=True)
+#: Wrong passwords in a row (per username and address) before the lockout.
+AXES_FAILURE_LIMIT = env.int("TMS_LOGIN_FAILURE_LIMIT", default=5)
+#: How long a lockout lasts; failures older than this are forgotten too.
+AXES_COOLOFF_TIME = timedelta(seconds=env.int("TMS_LOGIN_COOLOFF_SECONDS", default=15 * 60))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+#: A try during the lockout does not extend it (else an attacker keeps the user out for good).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_HTTP_RESPONSE_CODE = 429
 
 ROOT_URLCONF = "tms_project.urls"
 WSGI_APPLICATION = "tms_project.wsgi.application"
