@@ -28,8 +28,8 @@ from executions.services import execution_cancel_by_user, execution_retry_by_use
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import actor_for
 from tms_core.clock import db_now
-from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
-from tms_project.api_schema import error_responses
+from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_project.api.schema import error_responses
 
 EXECUTION_ORDERING_FIELDS = ["scheduled_for", "id", "started_at", "finished_at"]
 #: Filters and ordering; no free-text search over executions.
@@ -74,7 +74,7 @@ class UtcDateTimeFilter(filters.IsoDateTimeFilter):
         return super().filter(qs, value.astimezone(UTC) if value is not None else None)
 
 
-class ExecutionFilter(filters.FilterSet):
+class ExecutionFilter(StrictFilterSet):
     task = filters.UUIDFilter(field_name="task_id", help_text="Only executions of this task.")
     status = filters.ChoiceFilter(choices=ExecutionStatus.choices, help_text="Only executions in this status.")
     origin = filters.ChoiceFilter(choices=ExecutionOrigin.choices, help_text="Only executions with this origin.")

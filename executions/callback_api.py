@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from executions.callbacks import CallbackRefused
 from executions.reports import execution_report
-from tms_project.api_base import StrictInputMixin
+from tms_project.api.base import StrictInputMixin
 
 
 class CallbackSerializer(StrictInputMixin, serializers.Serializer):

@@ -55,14 +55,16 @@ from tasks_app.services import (
 )
 from tasks_app.states import with_state
 from tms_core.clock import db_now
-from tms_project.api_base import ApiViewMixin, OwnerScopedMixin
-from tms_project.api_schema import error_responses
+from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_project.api.schema import error_responses
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     HEADER,
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=False,
+    # Printable ASCII; a space neither first nor last, where HTTP would strip it.
+    pattern=r"^[!-~](?:[ -~]{0,253}[!-~])?$",
     description=(
         "Makes a retried create safe: a second request with the same key and body gets the first response "
         "(with `Idempotent-Replayed: true`) and creates nothing; the same key with another body is a 422. "
@@ -96,7 +98,7 @@ class TaskOrdering(OrderingFilter):
         return [term.replace("next_run_at", "next_run") for term in ordering] if ordering else ordering
 
 
-class TaskFilter(filters.FilterSet):
+class TaskFilter(StrictFilterSet):
     status = filters.ChoiceFilter(
         choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
     )

@@ -12,8 +12,8 @@ from rest_framework.response import Response
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Artifact
 from tms_core.errors import ConflictError
-from tms_project.api_base import OwnerScopedMixin
-from tms_project.api_schema import error_responses
+from tms_project.api.base import OwnerScopedMixin
+from tms_project.api.schema import error_responses
 
 
 class ArtifactSerializer(serializers.ModelSerializer):

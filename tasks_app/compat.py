@@ -23,9 +23,9 @@ from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
 from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration, parse_duration
-from tms_project.api_base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
-from tms_project.api_conf import api_settings
-from tms_project.api_schema import error_responses
+from tms_project.api.base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
+from tms_project.api.conf import api_settings
+from tms_project.api.schema import error_responses
 
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.
@@ -40,7 +40,7 @@ class CompatStatus:
     choices = [SCHEDULED, PENDING, RUNNING, FINISHED]
 
 
-class _BlankIsNone:
+class BlankIsNone:
     """The original accepted an empty string for an absent optional field."""
 
     def to_internal_value(self, data: Any) -> Any:
@@ -49,11 +49,11 @@ class _BlankIsNone:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class _OptionalDuration(_BlankIsNone, DurationField):
+class _OptionalDuration(BlankIsNone, DurationField):
     pass
 
 
-class _OptionalDateTime(_BlankIsNone, BoundedDateTimeField):
+class _OptionalDateTime(BlankIsNone, BoundedDateTimeField):
     pass
 
 

@@ -31,7 +31,7 @@ from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
 from tasks_app.states import TaskState, task_next_run, task_state
 from tms_core.durations import DurationField
 from tms_core.errors import InvalidInput
-from tms_project.api_base import (
+from tms_project.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
     BoundedDateTimeField,

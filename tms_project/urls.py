@@ -9,7 +9,7 @@ urlpatterns = [
     # which is the original service's API).
     path("", include("backoffice.urls")),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("tms_project.api_urls")),
+    path("api/v1/", include("tms_project.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema", template_name="tms/redoc.html"), name="redoc"),
@@ -19,5 +19,5 @@ urlpatterns = [
     re_path(r"^tasks/(?P<pk>[^/]+)/?$", CompatTaskDetailView.as_view(), name="compat-task-detail"),
 ]
 
-handler404 = "tms_project.api_errors.handler404"
-handler500 = "tms_project.api_errors.handler500"
+handler404 = "tms_project.api.errors.handler404"
+handler500 = "tms_project.api.errors.handler500"

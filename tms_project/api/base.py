@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
+from django_filters import rest_framework as filters
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
@@ -65,7 +66,8 @@ class OwnerScopedMixin(ApiViewMixin):
 
 
 class StrictInputMixin:
-    """Rejects fields the serializer does not know, instead of silently ignoring them.
+    """Rejects fields the serializer does not know, instead of silently ignoring them, and numbers
+    sent for text fields.
 
     ``read_only_names`` lists fields that exist but cannot be written here.
     """
@@ -75,11 +77,17 @@ class StrictInputMixin:
     def to_internal_value(self, data: Any) -> Any:
         unknown: dict[str, list[str]] = {}
         if isinstance(data, dict):
-            known = set(self.fields)  # type: ignore[attr-defined]
+            fields = self.fields  # type: ignore[attr-defined]
             unknown = {
                 key: ["This field cannot be changed."] if key in self.read_only_names else ["Unknown field."]
                 for key in data
-                if key not in known
+                if key not in fields
+            }
+            # DRF's CharField takes a number as its text; the schema says string, so refuse it.
+            unknown |= {
+                key: ["Not a valid string."]
+                for key, value in data.items()
+                if isinstance(fields.get(key), serializers.CharField) and isinstance(value, int | float)
             }
         try:
             value = super().to_internal_value(data)  # type: ignore[misc]
@@ -99,13 +107,25 @@ MAX_DATETIME = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 class BoundedDateTimeField(serializers.DateTimeField):
-    """An RFC 3339 date-time between 1970 and 9000."""
+    """An RFC 3339 date-time written with a year from 1970 to 8999.
+
+    The bound applies to the date as written, whatever its UTC offset, so that the OpenAPI schema
+    can state it exactly (a pattern on the year): ``1970-01-01T00:30:00+01:00`` is accepted although
+    it is 1969 in UTC. A day either side of the bounds is still far inside Python's range.
+    """
 
     default_error_messages = {"range": "Must be between 1970-01-01 and 9000-01-01."}
 
     def to_internal_value(self, value: Any) -> datetime:
         parsed = super().to_internal_value(value)
-        if not MIN_DATETIME <= parsed < MAX_DATETIME:
+        written = parsed
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                written = parse_datetime(value.strip()) or parsed
+        elif isinstance(value, datetime):
+            written = value
+        wall_clock = written.replace(tzinfo=None)
+        if not MIN_DATETIME.replace(tzinfo=None) <= wall_clock < MAX_DATETIME.replace(tzinfo=None):
             self.fail("range")
         return parsed
 
@@ -134,12 +154,69 @@ class OffsetDateTimeField(BoundedDateTimeField):
         return super().to_internal_value(value)
 
 
+class StrictFilterSet(filters.FilterSet):
+    """A FilterSet that refuses an empty filter value (``?task=``) instead of ignoring the filter.
+
+    django-filter reads an empty value as "no filter", so a client that lost the value would get
+    everything back; the schema says each filter value is non-empty, and this holds the API to it.
+    """
+
+    def get_form_class(self) -> Any:
+        form_class: Any = super().get_form_class()
+        names = list(self.filters)
+
+        class Form(form_class):
+            def clean(self) -> Any:
+                cleaned = super().clean()
+                for name in names:
+                    values = self.data.getlist(name) if hasattr(self.data, "getlist") else [self.data.get(name)]
+                    if "" in values:
+                        self.add_error(name, "This field may not be blank.")
+                return cleaned
+
+        return Form
+
+
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
 class Pagination(LimitOffsetPagination):
-    """``?limit=`` (at most 500) and ``?offset=``; an offset past the end is an empty page."""
+    """``?limit=`` (at least 1; more than 500 reads as 500) and ``?offset=`` (at least 0; past the
+    end is an empty page). Anything else in them is a 400, not silently the first page."""
 
     max_limit = 500
     #: Beyond this an offset cannot address a row anyway; capped so the database never overflows.
     max_offset = 10**12
 
+    def _whole_number(self, request: Request, name: str, minimum: int) -> int | None:
+        values = request.query_params.getlist(name)
+        if not values:
+            return None
+        for value in values:
+            if not _WHOLE_NUMBER.fullmatch(value):
+                raise ValidationError({name: ["A whole number is required."]})
+            if int(value) < minimum:
+                raise ValidationError({name: [f"Must be at least {minimum}."]})
+        return int(values[-1])
+
+    def get_limit(self, request: Request) -> int | None:
+        limit = self._whole_number(request, self.limit_query_param, minimum=1)
+        return self.default_limit if limit is None else min(limit, self.max_limit)
+
     def get_offset(self, request: Request) -> int:
-        return min(super().get_offset(request), self.max_offset)
+        offset = self._whole_number(request, self.offset_query_param, minimum=0)
+        return 0 if offset is None else min(offset, self.max_offset)
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.limit_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+                parameter["description"] = (
+                    f"Results per page (default {self.default_limit}); more than {self.max_limit} reads as "
+                    f"{self.max_limit}."
+                )
+            elif parameter["name"] == self.offset_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 0}
+                parameter["description"] = "How many results to skip; past the end is an empty page."
+        return parameters

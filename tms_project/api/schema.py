@@ -1,0 +1,414 @@
+"""OpenAPI schema: the error shape, error responses on every operation, duration fields.
+
+:class:`AutoSchema` adds the errors every operation can answer (401, 403, 429; 400 and 415 where
+there is input to reject; 404 where the path names an object), each with the one error shape of
+:mod:`tms_project.api.errors`, so a client (and schemathesis) knows every answer it can get.
+Operations with their own errors (409, 422, ...) declare them with ``extend_schema``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+from rest_framework.settings import api_settings as drf_settings
+
+from tms_project.api.base import StrictInputMixin
+
+
+def _refuse_nul(schema: dict[str, Any]) -> None:
+    """Add :data:`NO_NUL_PATTERN` to a plain string schema (formats, enums and patterns exclude NUL already)."""
+    if schema.get("type") == "string" and not ({"format", "enum", "pattern"} & set(schema)):
+        schema["pattern"] = NO_NUL_PATTERN
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape of the API."""
+
+    type = serializers.CharField(
+        help_text="What went wrong, for programs: validation_error, not_found, conflict, throttled, ..."
+    )
+    detail = serializers.CharField(help_text="What went wrong, for people.")
+    errors = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text="Validation errors only: each bad field's list of messages (nested for nested input).",
+    )
+
+
+#: Description of each error status, as documented on every operation that can answer it.
+ERROR_DESCRIPTIONS = {
+    400: "Invalid input; nothing was changed. `errors` maps each bad field to its messages.",
+    401: "Missing or invalid credentials (`Authorization: Token <key>`).",
+    403: "Not allowed: staff only, or a session request without its CSRF token.",
+    404: "No such object, or it is not yours.",
+    409: "The request conflicts with the object's current state; nothing was changed.",
+    415: "Unsupported media type: send `application/json`.",
+    422: "The `Idempotency-Key` was already used with a different request.",
+    429: "Too many requests: throttled per user. `Retry-After` says when to try again.",
+}
+
+
+def error_response(code: int, description: str | None = None) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description or ERROR_DESCRIPTIONS[code])
+
+
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    """``responses=`` entries for errors an operation answers besides the ones added to all."""
+    return {code: error_response(code) for code in codes}
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """drf-spectacular's AutoSchema plus what the API checks that it would not say on its own: the
+    error responses each operation can give, no unknown fields where they are refused, no NUL
+    characters in text, no empty filter values."""
+
+    def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
+        outer, self._direction = getattr(self, "_direction", None), direction
+        try:
+            schema = super()._map_basic_serializer(serializer, direction)
+        finally:
+            self._direction = outer
+        strict = isinstance(serializer, StrictInputMixin) or type(serializer) in _runner_config_classes()
+        if direction == "request" and strict:
+            schema["additionalProperties"] = False
+        if schema.get("description") == inspect.cleandoc(StrictInputMixin.__doc__ or ""):
+            del schema["description"]  # the mixin's docstring, not the serializer's
+        return schema
+
+    def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> dict[str, Any]:
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if direction == "request" and isinstance(field, serializers.FileField) and not field.allow_empty_file:
+            schema["minLength"] = 1
+        return schema
+
+    def _insert_field_validators(self, field: Any, schema: dict[str, Any]) -> None:
+        super()._insert_field_validators(field, schema)
+        # After the field's own validators: a pattern there would make drf-spectacular spell a
+        # blank-allowing field as a oneOf, and this one matches the empty string anyway.
+        if isinstance(field, serializers.CharField) and getattr(self, "_direction", None) == "request":
+            _refuse_nul(schema)
+
+    def _get_filter_parameters(self) -> list[dict[str, Any]]:
+        parameters = super()._get_filter_parameters()
+        # Empty search and ordering read as none; StrictFilterSet refuses empty filter values.
+        lenient = {drf_settings.SEARCH_PARAM, drf_settings.ORDERING_PARAM}
+        for parameter in parameters:
+            schema = parameter.get("schema", {})
+            if parameter.get("name") not in lenient and schema.get("type") == "string" and not schema.get("enum"):
+                schema.setdefault("minLength", 1)
+        return parameters
+
+    def _get_parameters(self) -> list[dict[str, Any]]:
+        parameters = super()._get_parameters()
+        for parameter in parameters:
+            if parameter.get("in") == "query":
+                _refuse_nul(parameter.get("schema", {}))  # ApiViewMixin refuses them in any parameter
+        return parameters
+
+    def _error_codes(self) -> set[int]:
+        codes = {401, 403, 429}
+        if self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None:
+            codes |= {400, 415}
+        if self.method == "GET" and self._is_list_view():
+            codes.add(400)  # a bad filter, ordering or page parameter
+        if "{" in self.path:
+            codes.add(404)
+        return codes
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses = super()._get_response_bodies(direction)
+        for code in sorted(self._error_codes()):
+            if str(code) not in responses:
+                responses[str(code)] = self._get_response_for_code(error_response(code), str(code), direction=direction)
+        return responses
+
+
+#: A string without NUL characters: PostgreSQL cannot store them, so every text input refuses them.
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+
+
+#: RFC 3339 date-times as the API reads them (``T`` and ``Z`` in capitals, at most 9 fraction
+#: digits, no leap second), with the year bounds of :class:`tms_project.api.base.BoundedDateTimeField`.
+BOUNDED_DATETIME_PATTERN = (
+    "^(?:19[7-9][0-9]|[2-8][0-9]{3})"  # MIN_DATETIME.year to MAX_DATETIME.year - 1 (a test checks)
+    + r"-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
+    + r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+
+
+class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
+    """:class:`tms_project.api.base.BoundedDateTimeField`: its year bounds as a pattern."""
+
+    target_class = "tms_project.api.base.BoundedDateTimeField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = {"type": "string", "format": "date-time"}
+        if direction == "request":
+            schema["pattern"] = BOUNDED_DATETIME_PATTERN
+            schema["description"] = "RFC 3339, with a year from 1970 to 8999 as written."
+        return _blank_allowed(self.target, schema) if direction == "request" else schema
+
+
+def _blank_allowed(field: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema plus an empty string, for fields that read ``""`` as absent (the compat API)."""
+    from tasks_app.compat import BlankIsNone
+
+    if isinstance(field, BlankIsNone):
+        return {"oneOf": [schema, {"type": "string", "enum": [""], "description": "Absent."}]}
+    return schema
+
+
+# --- durations ----------------------------------------------------------------------------------
+
+#: Seconds per unit of a duration string, as :mod:`tms_core.durations` reads them.
+_DURATION_UNITS = {
+    "d": Decimal(86400),
+    "h": Decimal(3600),
+    "m": Decimal(60),
+    "s": Decimal(1),
+    "ms": Decimal("0.001"),
+    "us": Decimal("0.000001"),
+}
+#: Most parts (``1h30m`` has two) a duration string of the schema has.
+_DURATION_MAX_PARTS = 6
+
+
+def _number_pattern(below: Decimal, at_least: Decimal) -> str | None:
+    """A decimal number (digits, optional fraction) that is surely ``>= at_least`` and ``< below``.
+
+    Exact bounds on a decimal are not regular in general; this rounds them inwards to powers of
+    ten (``at_least`` up, ``below`` down), so every number it matches is in range.
+    """
+    if below < 10:
+        return None
+    digits = below.adjusted()  # at most this many integer digits: < 10**digits <= below
+    fraction = r"(?:\.[0-9]+)?"
+    if at_least <= 0:
+        return rf"[0-9]{{1,{digits}}}{fraction}"
+    exponent = at_least.adjusted() + (0 if at_least == Decimal(10) ** at_least.adjusted() else 1)
+    if exponent >= 0:
+        if exponent + 1 > digits:
+            return None
+        return rf"[1-9][0-9]{{{exponent},{digits - 1}}}{fraction}"
+    # A number below 1: a non-zero digit among the first -exponent decimals.
+    return rf"(?:[1-9][0-9]{{0,{digits - 1}}}{fraction}|0\.[0-9]{{0,{-exponent - 1}}}[1-9][0-9]*)"
+
+
+def _parts_pattern(minimum: Decimal, below: Decimal) -> str | None:
+    """One ``<number><unit>`` part surely in ``[minimum, below)`` seconds."""
+    options = []
+    for unit, seconds in _DURATION_UNITS.items():
+        number = _number_pattern(below / seconds, minimum / seconds)
+        if number is not None:
+            options.append(f"{number}{unit}")
+    return "(?:" + "|".join(options) + ")" if options else None
+
+
+def duration_pattern(minimum: timedelta | None, maximum: timedelta | None) -> str:
+    """A pattern for duration strings that are surely within ``[minimum, maximum]``.
+
+    :func:`tms_core.durations.parse_duration` adds up any number of parts, which no regular
+    expression can bound; this pattern matches a bare number of seconds, one part, or up to
+    :data:`_DURATION_MAX_PARTS` parts of which the first alone reaches ``minimum`` and each is
+    small enough that together they stay within ``maximum``. Every string it matches is accepted;
+    the description states the bounds for the other spellings.
+    """
+    from tms_core.durations import MAX_DURATION
+
+    low = Decimal(str((minimum or timedelta(0)).total_seconds()))
+    high = Decimal(str((maximum or MAX_DURATION).total_seconds()))
+    forms = [_number_pattern(high, low), _parts_pattern(low, high)]
+    share = high / _DURATION_MAX_PARTS
+    first, other = _parts_pattern(low, share), _parts_pattern(Decimal(0), share)
+    if first and other:
+        forms.append(f"{first}{other}{{1,{_DURATION_MAX_PARTS - 1}}}")
+    return "^(?:" + "|".join(form for form in forms if form) + ")$"
+
+
+class DurationFieldExtension(OpenApiSerializerFieldExtension):
+    """:class:`tms_core.durations.DurationField`: seconds or a duration string in, seconds out."""
+
+    target_class = "tms_core.durations.DurationField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        from tms_core.durations import MAX_DURATION, format_duration
+
+        if direction != "request":
+            return {"type": "number", "format": "double", "description": "Seconds."}
+        low, high = self.target.min_value or timedelta(0), self.target.max_value or MAX_DURATION
+        bounds = f"from {format_duration(low)} to {format_duration(high)}"
+        schema = {
+            "oneOf": [
+                {
+                    "type": "number",
+                    "minimum": low.total_seconds(),
+                    "maximum": high.total_seconds(),
+                    "description": "Seconds.",
+                },
+                {
+                    "type": "string",
+                    "pattern": duration_pattern(low, high),
+                    "description": (
+                        f'A duration such as "250ms", "90s", "5m", "1h30m" (units d, h, m, s, ms, us), {bounds} in all.'
+                    ),
+                    "example": "90s",
+                },
+            ]
+        }
+        return _blank_allowed(self.target, schema)
+
+
+# --- runners ------------------------------------------------------------------------------------
+
+
+class RunnerAliasFieldExtension(OpenApiSerializerFieldExtension):
+    """Runner aliases as an enum of the runners configured when the schema is generated."""
+
+    target_class = "tasks_app.serializers.RunnerAliasField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        from runners.registry import runner_aliases
+
+        return {"type": "string", "enum": runner_aliases()}
+
+
+class RunnerConfigFieldExtension(OpenApiSerializerFieldExtension):
+    """A runner config outside a per-runner variant: any of the runners' config schemas."""
+
+    target_class = "tasks_app.serializers.RunnerConfigField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schemas = {id(schema): schema for schema in _runner_config_schemas(auto_schema, direction).values()}
+        return {
+            "anyOf": list(schemas.values()),
+            "description": "The config of the task's runner, validated by it (unknown fields are an error).",
+        }
+
+
+def _runner_config_schemas(auto_schema: Any, direction: Any) -> dict[str, dict[str, Any]]:
+    """Each runner's config schema by alias: its backend's config serializer as a component (the
+    one the runner validates with), or an empty object for a runner that takes no config."""
+    from runners.registry import all_runners
+
+    schemas = {}
+    for alias, runner in sorted(all_runners().items()):
+        if runner.config_serializer_class is None:
+            schemas[alias] = {"type": "object", "properties": {}, "additionalProperties": False}
+        else:
+            schemas[alias] = auto_schema.resolve_serializer(runner.config_serializer_class, direction).ref
+    return schemas
+
+
+def _runner_config_classes() -> set[type]:
+    from runners.registry import all_runners
+
+    return {runner.config_serializer_class for runner in all_runners().values() if runner.config_serializer_class}
+
+
+def _runner_requires_config(alias: str) -> bool:
+    from runners.registry import all_runners
+
+    serializer_class = all_runners()[alias].config_serializer_class
+    return serializer_class is not None and any(field.required for field in serializer_class().fields.values())
+
+
+def _camel(alias: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", alias) if part)
+
+
+def _task_variants(extension: Any, auto_schema: Any, direction: Any, *, runner_required: bool) -> dict[str, Any]:
+    """One component per runner: the task fields with ``runner`` fixed to its alias and ``config``
+    its config schema. Returns ``{alias: component}``."""
+    name = auto_schema._get_serializer_name(extension.target, direction, bypass_extensions=True)
+    stem, suffix = (name[: -len("Request")], "Request") if name.endswith("Request") else (name, "")
+    base = auto_schema._map_serializer(extension.target, direction, bypass_extensions=True)
+    configs = _runner_config_schemas(auto_schema, direction)
+    variants = {}
+    for alias, config in configs.items():
+        schema = copy.deepcopy(base)
+        # A component of its own, as drf-spectacular makes for enums: the discriminator's value.
+        enum = ResolvedComponent(
+            name=f"{_camel(alias)}RunnerEnum",
+            type=ResolvedComponent.SCHEMA,
+            schema={"type": "string", "enum": [alias]},
+            object=("runner", alias),
+        )
+        auto_schema.registry.register_on_missing(enum)
+        schema["properties"]["runner"] = enum.ref
+        schema["properties"]["config"] = config
+        required = set(schema.get("required", [])) | {"runner"}
+        if runner_required and _runner_requires_config(alias):
+            required.add("config")
+        schema["required"] = sorted(required)
+        schema["description"] = f"A task on the `{alias}` runner."
+        component = ResolvedComponent(
+            name=f"{stem}{_camel(alias)}{suffix}", type=ResolvedComponent.SCHEMA, schema=schema, object=(name, alias)
+        )
+        auto_schema.registry.register_on_missing(component)
+        variants[alias] = component
+    return variants
+
+
+class TaskCreateSerializerExtension(OpenApiSerializerExtension):
+    """A new task: one schema per runner, selected by ``runner`` (oneOf with a discriminator), so
+    that each runner's config, and which of its fields are required, is visible to clients."""
+
+    target_class = "tasks_app.serializers.TaskCreateSerializer"
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        if direction != "request":
+            return auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        variants = _task_variants(self, auto_schema, direction, runner_required=True)
+        return {
+            "oneOf": [component.ref for component in variants.values()],
+            "discriminator": {
+                "propertyName": "runner",
+                "mapping": {alias: component.ref["$ref"] for alias, component in variants.items()},
+            },
+        }
+
+
+class TaskUpdateSerializerExtension(OpenApiSerializerExtension):
+    """A partial update: with ``runner``, one schema per runner as for a new task; without it, the
+    task keeps its runner and ``config`` must suit that runner (which the schema cannot know)."""
+
+    target_class = "tasks_app.serializers.TaskUpdateSerializer"
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        if direction != "request":
+            return auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        variants = _task_variants(self, auto_schema, direction, runner_required=False)
+        name = auto_schema._get_serializer_name(self.target, direction, bypass_extensions=True)
+        keep = copy.deepcopy(auto_schema._map_serializer(self.target, direction, bypass_extensions=True))
+        del keep["properties"]["runner"]
+        keep["properties"]["config"]["description"] = (
+            "The new config of the task's current runner: that runner's config schema."
+        )
+        keep["description"] = "A change that keeps the task's runner."
+        component = ResolvedComponent(
+            name=name.replace("Request", "KeepRunnerRequest") if name.endswith("Request") else f"{name}KeepRunner",
+            type=ResolvedComponent.SCHEMA,
+            schema=keep,
+            object=(name, None),
+        )
+        auto_schema.registry.register_on_missing(component)
+        return {"oneOf": [component.ref, *(variant.ref for variant in variants.values())]}
+
+
+def strip_trailing_slashes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Document paths without the optional trailing slash (``/api/v1/tasks``, as the README writes
+    them); both forms resolve."""
+    result["paths"] = {(path.rstrip("/") or "/"): item for path, item in result["paths"].items()}
+    return result
