@@ -447,6 +447,8 @@ def _metadata(spec: RunSpec) -> dict[str, Any]:
     }
     if spec.callback_url:
         metadata["callback_url"] = spec.callback_url
+        if spec.callback_token:
+            metadata["callback_token"] = spec.callback_token
     if spec.tracing_id:
         metadata["tracing_id"] = spec.tracing_id
     return metadata

@@ -52,8 +52,8 @@ logger = logging.getLogger(__name__)
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _BODYLESS_METHODS = frozenset({"GET", "HEAD"})
-#: On top of the shared ones: the runner sends the callback URL itself.
-_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url"}
+#: On top of the shared ones: the runner sends the callback URL and token itself.
+_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url", "x-tms-callback-token"}
 #: The only headers a redirect to another origin keeps. Every other one (the task's own headers,
 #: whatever their names, the callback URL, the Idempotency-Key) was meant for the origin the task
 #: names: a secret in ``X-Api-Key`` deserves the same care as one in ``Authorization``, and the
@@ -547,7 +547,7 @@ class HttpRunner(BaseRunner):
     def _headers(self, spec: RunSpec, *, target: str) -> CaseInsensitiveDict[str]:
         """Headers for a request to ``target``.
 
-        The task's own headers and the callback URL only go to the task URL's origin (a status URL
+        The task's own headers and the callback URL and token only go to the task URL's origin (a status URL
         on another origin gets neither); the Idempotency-Key goes with every request.
         """
         headers: CaseInsensitiveDict[str] = CaseInsensitiveDict({"User-Agent": self.user_agent})
@@ -562,6 +562,8 @@ class HttpRunner(BaseRunner):
         headers["Idempotency-Key"] = spec.idempotency_key
         if spec.callback_url and same_origin:
             headers["X-TMS-Callback-URL"] = spec.callback_url
+            if spec.callback_token:
+                headers["X-TMS-Callback-Token"] = spec.callback_token
         return headers
 
     def _exchange(

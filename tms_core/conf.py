@@ -50,6 +50,11 @@ class TmsSettings:
     ROLLUP_RETENTION: float = 7 * 86400.0
     #: Seconds the per-task hourly rollup ("tasks failing most") is kept: one row per task and hour.
     TASK_ROLLUP_RETENTION: float = 2 * 86400.0
+    #: Longest life of a callback token, in seconds, before its grace (a shorter task timeout
+    #: shortens it); a job that reports for longer renews it with each heartbeat.
+    CALLBACK_TOKEN_MAX_AGE: float = 3600.0
+    #: Seconds a callback token is still accepted after its life, for a report sent at the end.
+    CALLBACK_TOKEN_GRACE: float = 300.0
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).
@@ -59,6 +64,10 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_MISFIRE_GRACE must be at least 1 (second).")
         if not 1 <= self.CATCH_UP_LIMIT <= 1000:
             raise ImproperlyConfigured("TMS_CATCH_UP_LIMIT must be between 1 and 1000.")
+        if not 60 <= self.CALLBACK_TOKEN_MAX_AGE <= 86400:
+            raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_MAX_AGE must be between 60 and 86400 (seconds).")
+        if not 0 <= self.CALLBACK_TOKEN_GRACE <= 3600:
+            raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_GRACE must be between 0 and 3600 (seconds).")
 
 
 def tms_settings() -> TmsSettings:

@@ -204,6 +204,7 @@ def test_lambda_event_invocation_waits_for_the_callback(aws: LambdaEmulator, lam
         lam,
         {"function_name": "report", "invocation_type": "Event", "wait_for_callback": True, "payload": {"day": "mon"}},
         callback_url="http://127.0.0.1:9/api/v1/callbacks/1",
+        callback_token="signed-token",
     )
 
     handle = lam.start(spec)
@@ -213,6 +214,7 @@ def test_lambda_event_invocation_waits_for_the_callback(aws: LambdaEmulator, lam
     assert lam.poll(spec, handle).state is RunState.RUNNING  # until the callback or the timeout
     assert seen[0]["day"] == "mon"
     assert seen[0]["tms"]["callback_url"] == "http://127.0.0.1:9/api/v1/callbacks/1"
+    assert seen[0]["tms"]["callback_token"] == "signed-token"  # the function sends it in a header
     assert aws.invocations[0].client_context is None  # Lambda does not pass it to Event calls
     lam.cancel(spec, handle)  # Lambda cannot cancel: a no-op
     assert LambdaRunner.supports_cancel is False

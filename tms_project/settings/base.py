@@ -332,6 +332,8 @@ TMS = {
     "MATERIALISE_MAX": env.int("TMS_MATERIALISE_MAX", default=1000),
     "MATERIALISE_MAX_AHEAD": env.float("TMS_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
     "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
+    "CALLBACK_TOKEN_MAX_AGE": env.float("TMS_CALLBACK_TOKEN_MAX_AGE", default=3600.0),
+    "CALLBACK_TOKEN_GRACE": env.float("TMS_CALLBACK_TOKEN_GRACE", default=300.0),
     "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
 }
@@ -412,6 +414,9 @@ STORAGES = {
 TMS_ARTIFACT_MAX_BYTES = env.int("TMS_ARTIFACT_MAX_BYTES", default=100 * 1024 * 1024)
 TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR / "artifact-cache"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+#: Callback reports accepted per client address (jobs report from wherever they run, unauthenticated
+#: but for their token): "<n>/<second|minute|hour|day>".
+TMS_CALLBACK_THROTTLE = env.str("TMS_CALLBACK_THROTTLE", default="600/minute")
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 
