@@ -261,6 +261,7 @@ class TaskSerializer(serializers.ModelSerializer):
     next_occurrence_at = serializers.DateTimeField(
         source="next_run_at",
         read_only=True,
+        allow_null=True,
         help_text="The materialisation cursor: the next fire time not yet turned into an execution (null: none).",
     )
     interval = DurationField(allow_null=True, help_text="Seconds between runs; null for one-shot and cron.")

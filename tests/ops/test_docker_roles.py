@@ -19,6 +19,7 @@ import requests
 from django.conf import settings
 from kombu import Connection
 
+from executions.periodic import periodic_jobs
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, wait_for
 from tests.web import free_port
 
@@ -68,6 +69,8 @@ def role_env() -> Iterator[dict[str, str]]:
         TMS_VAR_DIR=var,
         TMS_SUBPROCESS_WORK_DIR=os.path.join(var, "runs"),
         TMS_LOG_LEVEL="INFO",
+        # The beat check below reads its "Sending due task" line, which is quiet by default.
+        TMS_LOG_HOUSEKEEPING="true",
         TMS_WEB_HOST="127.0.0.1",
         PORT=str(free_port()),
         WEB_CONCURRENCY="1",
@@ -118,7 +121,7 @@ def test_every_role_starts_becomes_ready_and_stops(role_env):
     migrate = _run(env, "migrate")
     assert migrate.returncode == 0, migrate.stderr
     assert "Applying executions.0001_initial... OK" in migrate.stdout
-    assert _query(env, "SELECT count(*) FROM django_celery_beat_periodictask")[0][0] == 3
+    assert _query(env, "SELECT count(*) FROM django_celery_beat_periodictask")[0][0] == len(periodic_jobs())
     again = _run(env, "migrate")
     assert again.returncode == 0 and "No migrations to apply." in again.stdout
 

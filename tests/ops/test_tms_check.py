@@ -13,6 +13,7 @@ from django_celery_beat.models import PeriodicTask
 from kombu import Queue
 
 from executions import transitions
+from executions.periodic import periodic_jobs
 from tests.factories import TaskFactory
 from tests.ops.test_health import closed_port
 from tests.processes import run_command, running, start_monitor, start_worker, wait_for
@@ -75,7 +76,7 @@ def test_all_ok_with_a_worker_and_a_monitor_running(declared_queue):
     assert "{'x-max-priority': 9}" in lines["queue"][1] and "1 consumers" in lines["queue"][1]
     assert lines["monitor"][1].startswith("1 connected")
     assert lines["workers"][1].startswith("1 alive")
-    assert lines["beat schedule"][1].startswith("3 jobs registered and enabled")
+    assert lines["beat schedule"][1].startswith(f"{len(periodic_jobs())} jobs registered and enabled")
 
 
 def test_no_worker_and_no_monitor_fail_with_exit_1(declared_queue):
