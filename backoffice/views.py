@@ -312,7 +312,7 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
     form = TaskForm(request.POST or None, initial=initial, zone=task.timezone)
     if request.method == "POST" and form.is_valid():
         changes = form.changes()
-        serializer = TaskUpdateSerializer(task, data=changes)
+        serializer = TaskUpdateSerializer(task, data=changes, context={"request": request})
         if not serializer.is_valid():
             add_errors(form, serializer.errors)
         elif changes:

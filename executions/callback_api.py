@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
-from executions.callbacks import CallbackRefused
+from executions.callbacks import TOKEN_HEADER, CallbackRefused, callback_verify
 from executions.reports import execution_report
 from tms_project.api.base import StrictInputMixin
 
@@ -23,27 +25,80 @@ class CallbackSerializer(StrictInputMixin, serializers.Serializer):
     retryable = serializers.BooleanField(required=False, default=True)
 
 
+class CallbackRateThrottle(SimpleRateThrottle):
+    """Reports per client address, at ``TMS_CALLBACK_THROTTLE`` (read per request, so it can change)."""
+
+    scope = "callback"
+
+    def get_rate(self) -> str | None:
+        return settings.TMS_CALLBACK_THROTTLE
+
+    def get_cache_key(self, request: Request, view: APIView) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+def _token(request: Request) -> str:
+    """The token from ``X-TMS-Callback-Token`` or ``Authorization: Bearer``; never from the URL."""
+    token = request.headers.get(TOKEN_HEADER, "").strip()
+    if token:
+        return token
+    scheme, _, value = request.headers.get("Authorization", "").strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
 class ExecutionCallbackView(APIView):
-    """Authenticated by the signed token in the URL the job was given, not by a user."""
+    """Authenticated by the signed token the job was given (in a header), not by a user.
+
+    The token is checked before anything else, the execution's existence included: without a
+    valid token every id gets the same 403. A ``token`` query parameter is refused (403) rather
+    than read: URLs end up in access logs.
+    """
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
-    throttle_classes: list = []
+    throttle_classes = [CallbackRateThrottle]
 
     @extend_schema(
         request=CallbackSerializer,
-        parameters=[OpenApiParameter("token", str, OpenApiParameter.QUERY, required=True)],
-        responses={202: inline_serializer("CallbackAccepted", {"result": serializers.CharField()})},
+        parameters=[
+            OpenApiParameter(
+                TOKEN_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="The attempt's callback token (or send `Authorization: Bearer <token>`).",
+            )
+        ],
+        responses={
+            202: inline_serializer(
+                "CallbackAccepted",
+                {
+                    "result": serializers.CharField(),
+                    "token": serializers.CharField(
+                        required=False, help_text="A renewed token for the next reports (after heartbeat/progress)."
+                    ),
+                },
+            )
+        },
         summary="Report heartbeat, progress or outcome of the current attempt (for jobs)",
     )
     def post(self, request: Request, pk: int) -> Response:
+        if "token" in request.query_params:
+            raise PermissionDenied(
+                f"Send the callback token in the {TOKEN_HEADER} header (or Authorization: Bearer), not in the URL."
+            )
+        token = _token(request)
+        try:
+            callback_verify(token=token, execution_id=pk)
+        except CallbackRefused as exc:
+            raise PermissionDenied(str(exc)) from None
         serializer = CallbackSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            result = execution_report(
+            answer = execution_report(
                 execution_id=pk,
-                token=request.query_params.get("token", ""),
+                token=token,
                 state=data["status"],
                 output=data["output"],
                 error=data["error"],
@@ -54,4 +109,7 @@ class ExecutionCallbackView(APIView):
             raise PermissionDenied(str(exc)) from None
         except LookupError:
             raise NotFound() from None
-        return Response({"result": result}, status=status.HTTP_202_ACCEPTED)
+        body = {"result": answer.result}
+        if answer.token is not None:
+            body["token"] = answer.token
+        return Response(body, status=status.HTTP_202_ACCEPTED)

@@ -1,13 +1,20 @@
-"""Callback URLs: a job pushes its heartbeat, progress or outcome instead of waiting to be polled.
+"""Callback tokens: a job pushes its heartbeat, progress or outcome instead of waiting to be polled.
 
-Each attempt gets its own URL, ``/api/v1/executions/<id>/callback?token=…``, whose token is
-signed (``django.core.signing``), names the execution and the attempt, and expires an hour after
-the task's timeout. A token for another execution, for an earlier attempt or past its age is
-refused, and a report changes nothing once the attempt has ended.
+Each attempt gets the URL ``/api/v1/executions/<id>/callback`` and a token, which the job sends
+in a header (``X-TMS-Callback-Token: <token>`` or ``Authorization: Bearer <token>``), never in the
+URL, where access logs and proxies would keep it. The token is signed (``django.core.signing``),
+names the execution and the attempt, and carries its own expiry: ``min(task timeout,
+CALLBACK_TOKEN_MAX_AGE)`` plus ``CALLBACK_TOKEN_GRACE`` from when it was issued, so a task with a
+timeout of years still gets a token of an hour. A job that reports for longer renews it: every
+accepted heartbeat or progress report answers with a fresh token.
+
+A token is checked entirely from its signature, before the execution is looked up, so a caller
+without a valid token learns nothing about which executions exist.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,24 +22,33 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 
+from tms_core.conf import tms_settings
+
 _SALT = "tms.executions.callback"
-#: How long after the task's timeout a callback token is still accepted.
-GRACE = timedelta(hours=1)
+#: Where a job puts its token (``Authorization: Bearer <token>`` is accepted as well).
+TOKEN_HEADER = "X-TMS-Callback-Token"  # noqa: S105 (a header name, not a secret)
 
 
 class CallbackRefused(Exception):
     """The token does not allow this report; the message says why."""
 
 
-def callback_token(*, execution_id: int, attempt: int) -> str:
-    return signing.dumps({"e": execution_id, "a": attempt}, salt=_SALT, compress=True)
+def token_lifetime(timeout: timedelta | float) -> float:
+    """Seconds a token issued now stays valid for an attempt that may take ``timeout``."""
+    conf = tms_settings()
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return min(max(seconds, 0.0), conf.CALLBACK_TOKEN_MAX_AGE) + conf.CALLBACK_TOKEN_GRACE
 
 
-def callback_url(*, execution_id: int, attempt: int) -> str:
-    """The URL this attempt's job may POST to (its token is accepted until the task's timeout
-    plus :data:`GRACE` has passed)."""
-    token = callback_token(execution_id=execution_id, attempt=attempt)
-    return f"{settings.TMS_PUBLIC_URL}/api/v1/executions/{execution_id}/callback?token={token}"
+def callback_token(*, execution_id: int, attempt: int, timeout: timedelta | float) -> str:
+    """A token for this attempt's reports, valid for :func:`token_lifetime` of ``timeout``."""
+    expires = int(time.time() + token_lifetime(timeout))
+    return signing.dumps({"e": execution_id, "a": attempt, "x": expires}, salt=_SALT, compress=True)
+
+
+def callback_url(*, execution_id: int) -> str:
+    """The URL the job of any attempt of this execution POSTs its reports to (with its token)."""
+    return f"{settings.TMS_PUBLIC_URL}/api/v1/executions/{execution_id}/callback"
 
 
 @dataclass(frozen=True)
@@ -41,14 +57,22 @@ class CallbackClaim:
     attempt: int
 
 
-def callback_verify(*, token: str, execution_id: int, max_age: timedelta) -> CallbackClaim:
-    """Check a token against the execution it is used for; raise CallbackRefused if invalid."""
+def callback_verify(*, token: str, execution_id: int) -> CallbackClaim:
+    """Check a token for the execution it is used for, from its signature alone (no database);
+    raise CallbackRefused if it does not allow a report."""
+    conf = tms_settings()
+    # The signature's own age bounds any token, whatever expiry it claims.
+    hard_limit = timedelta(seconds=conf.CALLBACK_TOKEN_MAX_AGE + conf.CALLBACK_TOKEN_GRACE)
     try:
-        payload: Any = signing.loads(token, salt=_SALT, max_age=max_age)
+        payload: Any = signing.loads(token, salt=_SALT, max_age=hard_limit)
     except signing.SignatureExpired:
         raise CallbackRefused("The callback token has expired.") from None
     except signing.BadSignature:
         raise CallbackRefused("The callback token is not valid.") from None
-    if not isinstance(payload, dict) or payload.get("e") != execution_id:
+    if not isinstance(payload, dict) or not isinstance(payload.get("x"), int) or not isinstance(payload.get("a"), int):
+        raise CallbackRefused("The callback token is not valid.")
+    if payload["x"] < time.time():
+        raise CallbackRefused("The callback token has expired.")
+    if payload.get("e") != execution_id:
         raise CallbackRefused("The callback token belongs to another execution.")
-    return CallbackClaim(execution_id=execution_id, attempt=int(payload["a"]))
+    return CallbackClaim(execution_id=execution_id, attempt=payload["a"])

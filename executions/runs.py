@@ -21,7 +21,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from executions import transitions
 from executions.backoff import exponential_backoff
-from executions.callbacks import callback_url
+from executions.callbacks import callback_token, callback_url
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
@@ -61,7 +61,8 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         task_id=str(task.pk),
         config=get_runner(task.runner).validate_config(task.config),
         timeout=task.timeout.total_seconds(),
-        callback_url=callback_url(execution_id=execution.pk, attempt=execution.attempt),
+        callback_url=callback_url(execution_id=execution.pk),
+        callback_token=callback_token(execution_id=execution.pk, attempt=execution.attempt, timeout=task.timeout),
         artifact_path=artifact_path,
         tracing_id=task.tracing_id,
         resend=resend,

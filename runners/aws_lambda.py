@@ -24,6 +24,13 @@ try cannot fix (``Runtime.ImportModuleError``, ``Runtime.HandlerNotFound``, ...)
 Throttling (429), Lambda service errors (5xx) and connection trouble are retryable
 :class:`RunnerError`\\ s; other client errors (unknown function, access denied, bad request)
 are not. Lambda cannot stop a running invocation, so ``cancel`` does nothing.
+
+Allow-list: a task may invoke only functions the operator listed in ``allowed_functions``; the
+list is empty by default, so a fresh deployment invokes nothing, whatever its IAM role may call.
+Patterns match the function's full unqualified ARN, so account and region are part of every
+check: a bare name pattern (``etl-*``) stands for that name in the runner's ``account_id`` and
+``region_name``, and a task's bare name resolves the same way. The runner invokes the ARN it
+checked, never the bare name, so the credentials' default account cannot substitute another.
 """
 
 from __future__ import annotations
@@ -163,10 +170,20 @@ class LambdaConfigSerializer(serializers.Serializer):
         return attrs
 
 
-def _function_label(function_name: str) -> str:
-    """The bare function name of a name, name:alias or ARN (for the allow-list)."""
-    match = _FUNCTION_NAME.match(function_name)
-    return match.group(7) if match else function_name
+_ACCOUNT_ID = re.compile(r"^\d{12}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+
+
+def _partition(region: str) -> str:
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def _arn(*, region: str, account: str, name: str, partition: str | None = None) -> str:
+    return f"arn:{partition or _partition(region)}:lambda:{region}:{account}:function:{name}"
 
 
 class LambdaRunner(BaseRunner):
@@ -180,8 +197,14 @@ class LambdaRunner(BaseRunner):
         "aws_access_key_id": None,
         "aws_secret_access_key": None,
         "aws_session_token": None,
-        #: Shell-style patterns of function names tasks may invoke; None: whatever IAM allows.
-        "allowed_functions": None,
+        #: The AWS account the runner's credentials belong to: bare function names (in tasks and
+        #: in ``allowed_functions``) mean functions of this account in ``region_name``.
+        "account_id": None,
+        #: Shell-style patterns of the functions tasks may invoke, matched against the function's
+        #: full unqualified ARN: ``arn:aws:lambda:eu-west-1:123456789012:function:etl-*``, or a bare
+        #: name pattern (``etl-*``), which stands for that name in ``account_id`` and ``region_name``.
+        #: Empty (the default): no function at all; an operator lists what tasks may call.
+        "allowed_functions": [],
         "connect_timeout": 5.0,
         #: Ask Lambda for the last 4 KB of the function's log on synchronous calls.
         "log_tail": True,
@@ -194,10 +217,19 @@ class LambdaRunner(BaseRunner):
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         allowed = self.options["allowed_functions"]
-        if allowed is not None and (
-            not isinstance(allowed, list | tuple) or not all(isinstance(item, str) for item in allowed)
+        if not isinstance(allowed, list | tuple) or not all(isinstance(item, str) and item for item in allowed):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{alias!r}]: allowed_functions must be a list of function ARN or name patterns "
+                "(an empty list allows no function)."
+            )
+        self.account_id = self.options["account_id"]
+        self.region = self.options["region_name"]
+        if self.account_id is not None and not (
+            isinstance(self.account_id, str) and _ACCOUNT_ID.match(self.account_id)
         ):
-            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_functions must be None or a list.")
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: account_id must be a 12-digit AWS account id.")
+        #: Every pattern as a pattern of full ARNs, so that a name never matches another account's function.
+        self.allowed_arns: tuple[str, ...] = tuple(self._arn_pattern(pattern) for pattern in allowed)
         if bool(self.options["aws_access_key_id"]) != bool(self.options["aws_secret_access_key"]):
             raise ImproperlyConfigured(
                 f"TMS_RUNNERS[{alias!r}]: give both aws_access_key_id and aws_secret_access_key, or neither."
@@ -213,14 +245,47 @@ class LambdaRunner(BaseRunner):
             self.refuse("function_name", "This function is not open to tasks.", "allowed_functions")
         return data
 
+    def _arn_pattern(self, pattern: str) -> str:
+        if pattern.startswith("arn:"):
+            if len(pattern.split(":")) < 7:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{self.alias!r}]: allowed_functions entry {pattern!r} is not a function ARN "
+                    "(arn:aws:lambda:REGION:ACCOUNT:function:NAME)."
+                )
+            return pattern
+        if ":" in pattern:
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{self.alias!r}]: allowed_functions entry {pattern!r} must be a bare name pattern "
+                "or a full function ARN pattern."
+            )
+        if not (self.account_id and isinstance(self.region, str) and _REGION.match(self.region)):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{self.alias!r}]: the bare name pattern {pattern!r} in allowed_functions needs "
+                "account_id and region_name (or list full function ARNs)."
+            )
+        return _arn(region=self.region, account=self.account_id, name=pattern)
+
+    def resolve_arn(self, function_name: str) -> str | None:
+        """The full ARN (with its qualifier, if any) a name, name:qualifier, partial or full ARN
+        stands for, or None when the runner does not know the account or region it lacks."""
+        match = _FUNCTION_NAME.match(function_name)
+        if match is None:
+            return None
+        partition = match.group(2)
+        region = match.group(3)[:-1] if match.group(3) else self.region
+        account = match.group(5)[:-1] if match.group(5) else self.account_id
+        if not region or not account:
+            return None
+        arn = _arn(region=region, account=account, name=match.group(7), partition=partition)
+        return f"{arn}:{match.group(9)}" if match.group(9) else arn
+
     def _function_allowed(self, function_name: str) -> bool:
-        allowed = self.options["allowed_functions"]
-        if allowed is None:
-            return True
-        label = _function_label(function_name)
-        return any(
-            fnmatch.fnmatchcase(label, pattern) or fnmatch.fnmatchcase(function_name, pattern) for pattern in allowed
-        )
+        """Whether the function's full ARN (qualifier left out) matches an allowed pattern."""
+        arn = self.resolve_arn(function_name)
+        if arn is None:
+            return False
+        unqualified = ":".join(arn.split(":")[:7])
+        return any(fnmatch.fnmatchcase(unqualified, pattern) for pattern in self.allowed_arns)
 
     # -- runner interface ---------------------------------------------------------------------
 
@@ -238,7 +303,8 @@ class LambdaRunner(BaseRunner):
         invocation_type = config.get("invocation_type", "RequestResponse")
         metadata = _metadata(spec)
         request: dict[str, Any] = {
-            "FunctionName": config["function_name"],
+            # The ARN that was checked is the one invoked, whatever account the credentials are for.
+            "FunctionName": self.resolve_arn(config["function_name"]),
             "InvocationType": invocation_type,
             "Payload": json.dumps({**config.get("payload", {}), TMS_EVENT_KEY: metadata}).encode(),
         }
@@ -381,6 +447,8 @@ def _metadata(spec: RunSpec) -> dict[str, Any]:
     }
     if spec.callback_url:
         metadata["callback_url"] = spec.callback_url
+        if spec.callback_token:
+            metadata["callback_token"] = spec.callback_token
     if spec.tracing_id:
         metadata["tracing_id"] = spec.tracing_id
     return metadata

@@ -89,6 +89,8 @@ class RunSpec:
     timeout: float
     #: URL the external job may POST its status to (heartbeat, success, failure), if any.
     callback_url: str | None = None
+    #: The token the job sends with those reports (a header, never the URL); short-lived.
+    callback_token: str | None = None
     #: Local path of the task's uploaded artifact (binary or script), if it has one.
     artifact_path: str | None = None
     tracing_id: str = ""
@@ -111,6 +113,8 @@ class RunSpec:
         }
         if self.callback_url:
             env["TMS_CALLBACK_URL"] = self.callback_url
+        if self.callback_token:
+            env["TMS_CALLBACK_TOKEN"] = self.callback_token
         if self.tracing_id:
             env["TMS_TRACING_ID"] = self.tracing_id
         return env

@@ -248,6 +248,8 @@ class AsyncHttpFunctionRunner(BaseRunner):
         }
         if spec.callback_url:
             headers["X-TMS-Callback-Url"] = spec.callback_url
+            if spec.callback_token:
+                headers["X-TMS-Callback-Token"] = spec.callback_token
         if spec.tracing_id:
             headers["X-TMS-Tracing-Id"] = spec.tracing_id
         return headers

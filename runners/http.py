@@ -55,10 +55,13 @@ logger = logging.getLogger(__name__)
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _BODYLESS_METHODS = frozenset({"GET", "HEAD"})
-#: On top of the shared ones: the runner sends the callback URL itself.
-_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url"}
-#: Headers dropped when a redirect leaves the origin they were meant for (as browsers and requests do).
-_CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie")
+#: On top of the shared ones: the runner sends the callback URL and token itself.
+_RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url", "x-tms-callback-token"}
+#: The only headers a redirect to another origin keeps. Every other one (the task's own headers,
+#: whatever their names, the callback URL, the Idempotency-Key) was meant for the origin the task
+#: names: a secret in ``X-Api-Key`` deserves the same care as one in ``Authorization``, and the
+#: Idempotency-Key identifies a launch only to the endpoint that received it.
+_CROSS_ORIGIN_HEADERS = frozenset({"user-agent", "content-type"})
 
 #: Upper bound a task may set for ``max_response_bytes``: outputs end up in the database.
 MAX_RESPONSE_BYTES_LIMIT = 10 * 1024 * 1024
@@ -562,7 +565,11 @@ class HttpRunner(BaseRunner):
         return None, None
 
     def _headers(self, spec: RunSpec, *, target: str) -> CaseInsensitiveDict[str]:
-        """Headers for a request to ``target``; the task's own headers only go to the task URL's origin."""
+        """Headers for a request to ``target``.
+
+        The task's own headers and the callback URL and token only go to the task URL's origin (a status URL
+        on another origin gets neither); the Idempotency-Key goes with every request.
+        """
         headers: CaseInsensitiveDict[str] = CaseInsensitiveDict({"User-Agent": self.user_agent})
         try:
             same_origin = _origin_key(target) == _origin_key(spec.config["url"])
@@ -573,8 +580,10 @@ class HttpRunner(BaseRunner):
                 if name.lower() not in _RESERVED_HEADERS:
                     headers[name] = str(value)
         headers["Idempotency-Key"] = spec.idempotency_key
-        if spec.callback_url:
+        if spec.callback_url and same_origin:
             headers["X-TMS-Callback-URL"] = spec.callback_url
+            if spec.callback_token:
+                headers["X-TMS-Callback-Token"] = spec.callback_token
         return headers
 
     def _exchange(
@@ -639,8 +648,9 @@ class HttpRunner(BaseRunner):
                     headers.pop("Content-Type", None)
                 body = new_body
                 if _safe_origin_key(next_url) != _safe_origin_key(url):
-                    for name in _CREDENTIAL_HEADERS:
-                        headers.pop(name, None)
+                    # Once dropped they stay dropped, even if a later hop comes back.
+                    for name in [name for name in headers if name.lower() not in _CROSS_ORIGIN_HEADERS]:
+                        del headers[name]
                 url = next_url
 
     def _run_id(self, reply: _Reply) -> str | None:

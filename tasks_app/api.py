@@ -169,7 +169,9 @@ class TaskViewSet(
     )
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         task = self.get_object()
-        serializer = TaskUpdateSerializer(task, data=request.data)
+        # The request in the context limits artifacts to the caller's own: another owner's id is
+        # "does not exist", as a missing one, never a hint that it exists.
+        serializer = TaskUpdateSerializer(task, data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         task = task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
         return Response(TaskSerializer(task).data)

@@ -62,6 +62,11 @@ class TmsSettings:
     METRICS_ALLOWED_NETWORKS: tuple[str, ...] = ()
     #: Most tasks with ``expose_metrics`` that get a per-task series (the label cardinality bound).
     METRICS_MAX_TASKS: int = 100
+    #: Longest life of a callback token, in seconds, before its grace (a shorter task timeout
+    #: shortens it); a job that reports for longer renews it with each heartbeat.
+    CALLBACK_TOKEN_MAX_AGE: float = 3600.0
+    #: Seconds a callback token is still accepted after its life, for a report sent at the end.
+    CALLBACK_TOKEN_GRACE: float = 300.0
 
     def __post_init__(self) -> None:
         # The bounds of the task fields these are defaults for (tasks_app.models).
@@ -81,6 +86,10 @@ class TmsSettings:
                 raise ImproperlyConfigured(
                     f"TMS_METRICS_ALLOWED_NETWORKS: {network!r} is not a network ({exc})."
                 ) from exc
+        if not 60 <= self.CALLBACK_TOKEN_MAX_AGE <= 86400:
+            raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_MAX_AGE must be between 60 and 86400 (seconds).")
+        if not 0 <= self.CALLBACK_TOKEN_GRACE <= 3600:
+            raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_GRACE must be between 0 and 3600 (seconds).")
 
 
 def tms_settings() -> TmsSettings:

@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -111,7 +112,7 @@ def test_local_settings_run_a_checkout_with_the_development_key():
 
 def test_the_base_settings_sign_nothing_without_a_key():
     """The base no longer falls back to the repository's key: signing refuses."""
-    shell = "from executions.callbacks import callback_token; callback_token(execution_id=1, attempt=1)"
+    shell = "from executions.callbacks import callback_token; callback_token(execution_id=1, attempt=1, timeout=60)"
     result = _start("tms_project.settings.base", "shell", "--no-imports", "-c", shell)
     assert result.returncode != 0
     assert "The SECRET_KEY setting must not be empty" in result.stderr
@@ -127,10 +128,14 @@ def test_a_token_signed_with_the_repository_key_cannot_finish_an_execution(setti
     )
     transitions.executions_take_due(limit=100, actor="monitor")
     assert transitions.execution_claim(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
-    forged = signing.dumps({"e": execution_id, "a": 1}, key=DEVELOPMENT_SECRET_KEY, salt=_SALT, compress=True)
+    claim = {"e": execution_id, "a": 1, "x": int(time.time()) + 600}
+    forged = signing.dumps(claim, key=DEVELOPMENT_SECRET_KEY, salt=_SALT, compress=True)
 
     response = APIClient().post(
-        f"/api/v1/executions/{execution_id}/callback?token={forged}", {"status": "succeeded"}, format="json"
+        f"/api/v1/executions/{execution_id}/callback",
+        {"status": "succeeded"},
+        format="json",
+        headers={"X-TMS-Callback-Token": forged},
     )
 
     assert response.status_code == 403

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -13,7 +14,7 @@ from django.test import override_settings
 from rest_framework import serializers
 
 from runners.aws_lambda import LambdaRunner
-from runners.base import RunnerError, RunState
+from runners.base import RunnerError, RunSpec, RunState
 from runners.registry import get_runner
 from tests.emulators.lambda_api import LambdaContext, LambdaEmulator
 from tests.runners.conftest import free_port, spec_maker
@@ -27,11 +28,17 @@ def aws() -> Iterator[LambdaEmulator]:
         yield emulator
 
 
+ACCOUNT = "123456789012"  # the emulator's
+
+
 def lambda_runner(endpoint: str, **options: Any) -> LambdaRunner:
+    """A runner for the emulator's account and region, open to every function of that account."""
     return LambdaRunner(
         "lambda",
         {
             "region_name": "us-east-1",
+            "account_id": ACCOUNT,
+            "allowed_functions": ["*"],
             "endpoint_url": endpoint,
             "aws_access_key_id": "AKIDEXAMPLE",
             "aws_secret_access_key": "not-a-real-secret",
@@ -197,6 +204,7 @@ def test_lambda_event_invocation_waits_for_the_callback(aws: LambdaEmulator, lam
         lam,
         {"function_name": "report", "invocation_type": "Event", "wait_for_callback": True, "payload": {"day": "mon"}},
         callback_url="http://127.0.0.1:9/api/v1/callbacks/1",
+        callback_token="signed-token",
     )
 
     handle = lam.start(spec)
@@ -206,6 +214,7 @@ def test_lambda_event_invocation_waits_for_the_callback(aws: LambdaEmulator, lam
     assert lam.poll(spec, handle).state is RunState.RUNNING  # until the callback or the timeout
     assert seen[0]["day"] == "mon"
     assert seen[0]["tms"]["callback_url"] == "http://127.0.0.1:9/api/v1/callbacks/1"
+    assert seen[0]["tms"]["callback_token"] == "signed-token"  # the function sends it in a header
     assert aws.invocations[0].client_context is None  # Lambda does not pass it to Event calls
     lam.cancel(spec, handle)  # Lambda cannot cancel: a no-op
     assert LambdaRunner.supports_cancel is False
@@ -282,10 +291,73 @@ def test_lambda_bad_config_is_reported_per_field(config: dict[str, Any], field: 
     assert field in caught.value.detail
 
 
-def test_lambda_allowed_functions_match_names_inside_arns() -> None:
+def test_lambda_allowed_functions_match_names_inside_arns_of_the_runners_account() -> None:
     runner = lambda_runner("http://127.0.0.1:1", allowed_functions=["etl-*"])
 
     assert runner.validate_config({"function_name": "arn:aws:lambda:us-east-1:123456789012:function:etl-daily:prod"})
+    assert runner.validate_config({"function_name": "123456789012:function:etl-daily"})
+    assert runner.validate_config({"function_name": "etl-daily:prod"})
+
+
+@pytest.mark.parametrize(
+    "function_name",
+    [
+        "arn:aws:lambda:us-east-1:999999999999:function:etl-daily",  # another account
+        "arn:aws:lambda:eu-west-1:123456789012:function:etl-daily",  # another region
+        "999999999999:function:etl-daily",
+        "arn:aws:lambda:us-east-1:999999999999:function:etl-daily:prod",
+    ],
+)
+def test_lambda_a_name_pattern_does_not_open_another_accounts_or_regions_function(function_name: str) -> None:
+    runner = lambda_runner("http://127.0.0.1:1", allowed_functions=["etl-*"])
+
+    with pytest.raises(serializers.ValidationError) as caught:
+        runner.validate_config({"function_name": function_name})
+
+    assert "not open to tasks" in str(caught.value.detail["function_name"])
+
+
+def test_lambda_arn_patterns_name_accounts_and_regions_explicitly() -> None:
+    runner = lambda_runner(
+        "http://127.0.0.1:1", allowed_functions=["arn:aws:lambda:*:999999999999:function:shared-*"], account_id=None
+    )
+
+    assert runner.validate_config({"function_name": "arn:aws:lambda:eu-west-1:999999999999:function:shared-x"})
+    for refused in ("shared-x", "arn:aws:lambda:eu-west-1:123456789012:function:shared-x"):
+        with pytest.raises(serializers.ValidationError):
+            runner.validate_config({"function_name": refused})
+
+
+def test_lambda_with_no_allow_list_allows_no_function(aws: LambdaEmulator) -> None:
+    aws.register("greeter", _greet)
+    runner = LambdaRunner(
+        "lambda",
+        {
+            "region_name": "us-east-1",
+            "account_id": ACCOUNT,
+            "endpoint_url": aws.url,
+            "aws_access_key_id": "AKIDEXAMPLE",
+            "aws_secret_access_key": "not-a-real-secret",
+        },
+    )
+
+    for name in ("greeter", aws.arn("greeter")):
+        with pytest.raises(serializers.ValidationError):
+            runner.validate_config({"function_name": name})
+    config = {"function_name": "greeter", "payload": {}, "invocation_type": "RequestResponse"}
+    with pytest.raises(RunnerError, match="not open to tasks") as caught:
+        runner.start(RunSpec(execution_id=1, attempt=1, task_id="t", config=config, timeout=5.0))
+    assert caught.value.retryable is False
+    assert aws.invocations == []
+
+
+def test_lambda_invokes_the_arn_it_checked(aws: LambdaEmulator, lam: LambdaRunner) -> None:
+    aws.register("greeter", _greet)
+
+    lam.start(make_spec(lam, {"function_name": "greeter", "qualifier": "3", "payload": {"name": "x"}}))
+
+    [request] = aws.requests_matching("POST")
+    assert aws.arn("greeter") in unquote(request.path)
 
 
 def test_lambda_bad_options_are_configuration_errors() -> None:
@@ -293,6 +365,14 @@ def test_lambda_bad_options_are_configuration_errors() -> None:
         LambdaRunner("lambda", {"profile": "x"})
     with pytest.raises(ImproperlyConfigured, match="aws_secret_access_key"):
         LambdaRunner("lambda", {"aws_access_key_id": "AKID"})
+    with pytest.raises(ImproperlyConfigured, match="must be a list"):
+        LambdaRunner("lambda", {"allowed_functions": None})
+    with pytest.raises(ImproperlyConfigured, match="needs account_id and region_name"):
+        LambdaRunner("lambda", {"region_name": "us-east-1", "allowed_functions": ["etl-*"]})
+    with pytest.raises(ImproperlyConfigured, match="12-digit"):
+        LambdaRunner("lambda", {"account_id": "12"})
+    with pytest.raises(ImproperlyConfigured, match="not a function ARN"):
+        LambdaRunner("lambda", {"allowed_functions": ["arn:aws:lambda:*"]})
 
 
 def test_lambda_runner_loads_from_the_tms_runners_setting(aws: LambdaEmulator) -> None:
@@ -301,6 +381,7 @@ def test_lambda_runner_loads_from_the_tms_runners_setting(aws: LambdaEmulator) -
             "BACKEND": "runners.aws_lambda.LambdaRunner",
             "OPTIONS": {
                 "region_name": "eu-west-1",
+                "account_id": ACCOUNT,
                 "endpoint_url": aws.url,
                 "aws_access_key_id": "AKIDEXAMPLE",
                 "aws_secret_access_key": "not-a-real-secret",

@@ -552,17 +552,79 @@ def test_307_redirect_keeps_method_and_body(server: TestServer) -> None:
     assert (final.method, final.body) == ("PUT", b"payload")
 
 
-def test_redirect_to_another_origin_drops_credentials(server: TestServer, other_server: TestServer) -> None:
-    server.route("/start", status=302, headers={"Location": other_server.url("/elsewhere")})
+def test_redirect_to_another_origin_drops_every_header_meant_for_the_task_origin(
+    server: TestServer, other_server: TestServer
+) -> None:
+    # A 307 keeps the body, so Content-Type must survive the hop; nothing the task configured does.
+    server.route("/start", status=307, headers={"Location": other_server.url("/elsewhere")})
     other_server.route("/elsewhere", status=200)
+    http = runner(user_agent="TMS-test/1")
+    secrets = {"Authorization": "Bearer t", "X-Api-Key": "k-123", "Private-Token": "p-456", "X-Keep": "1"}
+    run = spec(
+        http,
+        {"url": server.url("/start"), "method": "POST", "json": {"a": 1}, "headers": secrets},
+        callback_url="https://tms.example/cb/42",
+    )
+
+    result = http.start(run).result
+
+    assert result is not None and result.state is RunState.SUCCEEDED
+    [first] = server.to("/start")
+    assert first.headers["x-api-key"] == "k-123" and first.headers["private-token"] == "p-456"
+    assert first.headers["x-tms-callback-url"] == "https://tms.example/cb/42"
+    [moved] = other_server.to("/elsewhere")
+    assert (moved.method, moved.json()) == ("POST", {"a": 1})
+    for name in ("authorization", "x-api-key", "private-token", "x-keep", "x-tms-callback-url", "idempotency-key"):
+        assert name not in moved.headers, name
+    assert moved.headers["user-agent"] == "TMS-test/1"
+    assert moved.headers["content-type"] == "application/json"
+
+
+def test_headers_dropped_on_leaving_the_origin_stay_dropped_when_a_hop_comes_back(
+    server: TestServer, other_server: TestServer
+) -> None:
+    server.route("/start", status=302, headers={"Location": other_server.url("/bounce")})
+    other_server.route("/bounce", status=302, headers={"Location": server.url("/back")})
+    server.route("/back", status=200)
     http = runner()
 
-    http.start(spec(http, {"url": server.url("/start"), "headers": {"Authorization": "Bearer t", "X-Keep": "1"}}))
+    http.start(spec(http, {"url": server.url("/start"), "headers": {"X-Api-Key": "k-123"}}))
 
-    assert server.to("/start")[0].headers["authorization"] == "Bearer t"
-    [moved] = other_server.to("/elsewhere")
-    assert "authorization" not in moved.headers
-    assert moved.headers["x-keep"] == "1"
+    [back] = server.to("/back")
+    assert "x-api-key" not in back.headers
+
+
+def test_same_origin_redirect_keeps_the_task_headers(server: TestServer) -> None:
+    server.route("/start", status=302, headers={"Location": "/next"})
+    server.route("/next", status=200)
+    http = runner()
+
+    http.start(
+        spec(http, {"url": server.url("/start"), "headers": {"X-Api-Key": "k-123"}}, callback_url="https://t/cb")
+    )
+
+    [moved] = server.to("/next")
+    assert moved.headers["x-api-key"] == "k-123"
+    assert moved.headers["x-tms-callback-url"] == "https://t/cb"
+    assert moved.headers["idempotency-key"] == "tms-42-1"
+
+
+def test_a_status_url_on_another_origin_gets_no_task_header_nor_callback(
+    server: TestServer, other_server: TestServer
+) -> None:
+    other_server.route("/jobs/7", lambda h, _r: h.reply_json(200, {"status": "succeeded"}))
+    http = runner()
+    run = spec(
+        http,
+        {"url": server.url("/jobs"), "async": True, "headers": {"X-Api-Key": "k-123"}},
+        callback_url="https://tms.example/cb/42",
+    )
+
+    http.poll(run, RunHandle("job-7", {"status_url": other_server.url("/jobs/7")}))
+
+    [poll] = other_server.to("/jobs/7")
+    assert "x-api-key" not in poll.headers
+    assert "x-tms-callback-url" not in poll.headers
 
 
 def test_redirect_loop_stops_at_max_redirects_without_retry(server: TestServer) -> None:

@@ -75,6 +75,24 @@ def test_task_can_use_own_artifact_but_not_another_users(api_client, other_user)
     assert "artifact" in refused.data["errors"]
 
 
+def test_patch_with_another_owners_artifact_answers_as_for_a_missing_one(api_client, other_user):
+    task = api_client.post("/api/v1/tasks", {"runner": "noop"}, format="json").data["id"]
+    stranger = APIClient()
+    stranger.force_authenticate(other_user)
+    theirs = _upload(stranger).data["id"]
+    missing = "00000000-0000-4000-8000-000000000000" if "-" in str(theirs) else 987654321
+
+    foreign = api_client.patch(f"/api/v1/tasks/{task}", {"artifact": theirs}, format="json")
+    absent = api_client.patch(f"/api/v1/tasks/{task}", {"artifact": missing}, format="json")
+
+    assert (foreign.status_code, absent.status_code) == (400, 400)
+    assert foreign.data["errors"]["artifact"] == [
+        m.replace(str(missing), str(theirs)) for m in absent.data["errors"]["artifact"]
+    ]
+    assert "does not exist" in str(foreign.data["errors"]["artifact"])
+    assert api_client.get(f"/api/v1/tasks/{task}").data["artifact"] is None
+
+
 def test_artifact_in_use_cannot_be_deleted(api_client):
     own = _upload(api_client).data["id"]
     api_client.post("/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own},

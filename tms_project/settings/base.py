@@ -11,6 +11,7 @@ starts everything on a laptop. Production and the tests set both, to PostgreSQL 
 from __future__ import annotations
 
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    # Login lockout for the admin, the back office and the browsable API's login (see below).
+    "axes",
     "runners",
     "tasks_app",
     "executions",
@@ -73,9 +76,35 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Answers a locked-out login with its lockout response (after the view has run).
+    "axes.middleware.AxesMiddleware",
     # Last, so its process_exception sees a view's database or broker error first: a 503, not a 500.
     "ops.middleware.OutageMiddleware",
 ]
+
+# --- Login lockout (django-axes) --------------------------------------------------------------
+# Every password login goes through django.contrib.auth's authenticate() with the request: the
+# admin's, the back office's /ui/login/ and the browsable API's /api-auth/login/. Axes counts the
+# failures per username and client address together (one attacker cannot lock a user out from
+# everywhere, nor try many passwords from one place) and refuses that pair, the right password
+# included, until the cool-off has passed. API tokens are not passwords: token requests never
+# reach authenticate() and are not affected. The address is REMOTE_ADDR (django-ipware is not
+# installed, so forwarded headers, which a client can forge, are never trusted): behind a proxy
+# every client shares the proxy's address and the lockout is effectively per username.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env.bool("TMS_LOGIN_LOCKOUT", default=True)
+#: Wrong passwords in a row (per username and address) before the lockout.
+AXES_FAILURE_LIMIT = env.int("TMS_LOGIN_FAILURE_LIMIT", default=5)
+#: How long a lockout lasts; failures older than this are forgotten too.
+AXES_COOLOFF_TIME = timedelta(seconds=env.int("TMS_LOGIN_COOLOFF_SECONDS", default=15 * 60))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+#: A try during the lockout does not extend it (else an attacker keeps the user out for good).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_HTTP_RESPONSE_CODE = 429
 
 ROOT_URLCONF = "tms_project.urls"
 WSGI_APPLICATION = "tms_project.wsgi.application"
@@ -334,6 +363,8 @@ TMS = {
     "MATERIALISE_MAX": env.int("TMS_MATERIALISE_MAX", default=1000),
     "MATERIALISE_MAX_AHEAD": env.float("TMS_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
     "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
+    "CALLBACK_TOKEN_MAX_AGE": env.float("TMS_CALLBACK_TOKEN_MAX_AGE", default=3600.0),
+    "CALLBACK_TOKEN_GRACE": env.float("TMS_CALLBACK_TOKEN_GRACE", default=300.0),
     "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
     "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
@@ -372,7 +403,10 @@ TMS_RUNNERS: dict[str, dict[str, Any]] = {
         "OPTIONS": {
             "region_name": env.str("TMS_LAMBDA_REGION", default=None),
             "endpoint_url": env.str("TMS_LAMBDA_ENDPOINT_URL", default=None),
-            "allowed_functions": env.list("TMS_LAMBDA_ALLOWED_FUNCTIONS", default=None),
+            "account_id": env.str("TMS_LAMBDA_ACCOUNT_ID", default=None),
+            # Nothing by default: an operator lists the functions (ARN patterns, or bare name
+            # patterns of TMS_LAMBDA_ACCOUNT_ID in TMS_LAMBDA_REGION) tasks may invoke.
+            "allowed_functions": env.list("TMS_LAMBDA_ALLOWED_FUNCTIONS", default=[]),
         },
     },
     "function": {
@@ -414,6 +448,9 @@ STORAGES = {
 TMS_ARTIFACT_MAX_BYTES = env.int("TMS_ARTIFACT_MAX_BYTES", default=100 * 1024 * 1024)
 TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR / "artifact-cache"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+#: Callback reports accepted per client address (jobs report from wherever they run, unauthenticated
+#: but for their token): "<n>/<second|minute|hour|day>".
+TMS_CALLBACK_THROTTLE = env.str("TMS_CALLBACK_THROTTLE", default="600/minute")
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 
