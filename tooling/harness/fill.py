@@ -33,6 +33,7 @@ _DEFAULTS: Mapping[str, str] = {
     "retry_backoff": "interval '5 seconds'",
     "retry_backoff_max": "interval '10 minutes'",
     "retry_jitter": "true",
+    "expose_metrics": "false",
     "timeout": "interval '20 minutes'",
     "priority": "5",
     "notification_target": "''",
