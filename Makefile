@@ -13,9 +13,11 @@ METRICS_DIR ?= var/metrics
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: requirements.txt | $(BIN)/python
+# requirements.txt: what TMS needs to run (all the docker image installs); requirements-dev.txt:
+# that plus the tests, the linters and make run's process manager.
+$(VENV)/.installed: requirements.txt requirements-dev.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
 install: $(VENV)/.installed

@@ -18,7 +18,9 @@ ROLES="web worker beat monitor flower migrate"
 # The application is the folder above this script: /app in the image, the checkout in tests.
 cd "$(dirname "$0")/.."
 
-LOG_LEVEL="$(echo "${TMS_LOG_LEVEL:-info}" | tr 'A-Z' 'a-z')"
+# Logging (level and format) comes from TMS_LOG_LEVEL and TMS_LOG_FORMAT only, read by the settings
+# in every process (tms_project/celery.py takes over Celery's logging set-up, so Celery's
+# -l/--loglevel would do nothing): no role passes a level of its own.
 
 role="${1:-web}"
 case "$role" in
@@ -26,12 +28,12 @@ case "$role" in
         exec gunicorn --config docker/gunicorn.conf.py tms_project.wsgi
         ;;
     worker)
-        exec celery -A tms_project worker --loglevel "$LOG_LEVEL" \
+        exec celery -A tms_project worker \
             --concurrency "${TMS_WORKER_CONCURRENCY:-4}" --without-mingle --without-gossip
         ;;
     beat)
         # The schedule lives in PostgreSQL (DatabaseScheduler); no schedule or pid file on disk.
-        exec celery -A tms_project beat --loglevel "$LOG_LEVEL" --pidfile=
+        exec celery -A tms_project beat --pidfile=
         ;;
     monitor)
         exec python manage.py run_monitor

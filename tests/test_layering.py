@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("tms_core", "runners", "tasks_app", "executions", "tms_project", "tooling", "tests")
 PRODUCTION = ("tms_core", "runners", "tasks_app", "executions", "tms_project")
 
-#: Installed for the suite only (the test section of requirements.txt): no production module needs them.
+#: Installed for the suite only (requirements-dev.txt): no production module needs them.
 TEST_ONLY = frozenset({"pytest", "pytest_django", "factory", "hypothesis", "aiosmtpd", "schemathesis", "croniter"})
 #: For each production package, the packages it must never import.
 FORBIDDEN: dict[str, frozenset[str]] = {

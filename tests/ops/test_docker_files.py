@@ -148,3 +148,14 @@ def test_dockerfile_builds_wheels_apart_and_runs_as_a_non_root_user():
     assert "DJANGO_SETTINGS_MODULE=tms_project.settings.production" in runtime
     ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
     assert {".git", ".venv", "tests", "var", "docker/.env"} <= set(ignored)
+
+
+def test_the_log_level_has_one_source_tms_log_level():
+    """Celery's -l/--loglevel does nothing once TMS configures logging (tms_project/celery.py): no
+    role of the entrypoint, and no process of `make run`, passes one beside TMS_LOG_LEVEL."""
+    for path in (DOCKER / "entrypoint.sh", ROOT / "tms_project" / "Procfile"):
+        commands = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+        for line in commands:
+            assert not re.search(r"(--loglevel|--log-level|\s-l\s)", line), f"{path.name}: {line.strip()}"
+    gunicorn_conf = (DOCKER / "gunicorn.conf.py").read_text()
+    assert 'loglevel = os.environ.get("TMS_LOG_LEVEL"' in gunicorn_conf

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -49,13 +50,40 @@ def test_materialise_is_operational_only():
     assert _run("materialise").strip() == "created 0 executions"
 
 
-def test_tms_demo_creates_the_admin_once_and_prints_its_token():
+def test_tms_demo_creates_the_admin_once_with_a_random_password_and_prints_its_token():
     printed = _run("tms_demo", "--port", "8123")
     admin = get_user_model().objects.get(username="admin")
-    assert admin.is_staff and admin.is_superuser and admin.check_password("admin")
+    assert admin.is_staff and admin.is_superuser
+    # Never the well-known admin/admin: a random password, printed with the admin's line.
+    assert not admin.check_password("admin")
+    (password,) = re.findall(r"user 'admin', password '([^']+)' \(new", printed)
+    assert len(password) >= 16 and admin.check_password(password)
     token = Token.objects.get(user=admin).key
     assert f"token:     {token}" in printed
     assert "http://127.0.0.1:8123/api/v1/tasks" in printed
+
+    # Running it again (a second `make run`) neither resets nor shows the password, and says how
+    # to reset it; the token and the single admin stay.
     again = _run("tms_demo")
-    assert "(unchanged; set earlier)" in again and f"token:     {token}" in again
+    admin.refresh_from_db()
+    assert admin.check_password(password)
+    assert password not in again
+    assert "password unchanged (set earlier; to reset it: python manage.py changepassword admin)" in again
+    assert f"token:     {token}" in again
     assert get_user_model().objects.filter(username="admin").count() == 1
+
+
+def test_tms_demo_draws_a_new_password_for_each_new_admin():
+    first = _run("tms_demo", "--username", "demo-one")
+    second = _run("tms_demo", "--username", "demo-two")
+    passwords = [re.findall(r"password '([^']+)'", text)[0] for text in (first, second)]
+    assert passwords[0] != passwords[1]
+    assert get_user_model().objects.get(username="demo-two").check_password(passwords[1])
+
+
+def test_tms_demo_never_changes_an_existing_users_password_even_when_given_one():
+    user = get_user_model().objects.create_user("admin", password="chosen-by-the-operator")
+    printed = _run("tms_demo", "--password", "something-else")
+    user.refresh_from_db()
+    assert user.check_password("chosen-by-the-operator")
+    assert "something-else" not in printed and "changepassword admin" in printed

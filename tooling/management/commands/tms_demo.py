@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
-        parser.add_argument("--password", default="admin")
+        parser.add_argument(
+            "--password",
+            default=None,
+            help="Password of a new admin (default: a random one, printed once). An existing admin's "
+            "password is never changed: reset it with `manage.py changepassword USERNAME`.",
+        )
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--flower-port", type=int, default=5555)
 
@@ -27,14 +33,21 @@ class Command(BaseCommand):
         user, created = users.objects.get_or_create(
             username=options["username"], defaults={"is_staff": True, "is_superuser": True}
         )
+        # A fresh random password for a new admin (never a well-known one: `make run` may listen on a
+        # shared machine); an existing admin keeps theirs, so running `make run` again changes nothing.
+        password = options["password"] or secrets.token_urlsafe(12)
         if created:
-            user.set_password(options["password"])
+            user.set_password(password)
             user.save()
         token, _ = Token.objects.get_or_create(user=user)
         web = f"http://127.0.0.1:{options['port']}"
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         broker = "filesystem (embedded)" if settings.TMS_EMBEDDED_BROKER else settings.CELERY_BROKER_URL.split("@")[-1]
-        password = options["password"] if created else "(unchanged; set earlier)"
+        shown = (
+            f"password {password!r} (new: later runs do not show it again)"
+            if created
+            else f"password unchanged (set earlier; to reset it: python manage.py changepassword {user.username})"
+        )
         banner_file = Path(settings.VAR_DIR) / BANNER_FILE
         banner = "\n".join(
             [
@@ -42,7 +55,7 @@ class Command(BaseCommand):
                 f"TMS is starting (this banner is repeated once start-up is done, and kept in {banner_file})",
                 f"  database:  {database}    broker: {broker}",
                 f"  API:       {web}/api/v1/tasks   (docs: {web}/api/docs/)",
-                f"  admin:     {web}/admin/   user {user.username!r}, password {password!r}",
+                f"  admin:     {web}/admin/   user {user.username!r}, {shown}",
                 f"  token:     {token.key}",
                 f"  flower:    http://127.0.0.1:{options['flower_port']}/",
                 f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {token.key}' "
