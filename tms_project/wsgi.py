@@ -1,7 +1,8 @@
 """The WSGI application gunicorn serves.
 
-Defaults to the production settings: only a deployment serves through WSGI (``make run`` uses
-``manage.py runserver``, which names the local settings before loading this module).
+Defaults to the production settings. ``make run`` serves it through the same gunicorn
+configuration as the image (``docker/gunicorn.conf.py``) and names the local settings itself
+(``tms_project/Procfile``).
 """
 
 import os
