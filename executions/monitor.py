@@ -96,6 +96,8 @@ class Monitor:
         self.listener = DueListener()
         self.stats = MonitorStats()
         self._running = False
+        #: Set by :meth:`stop`: a pass in progress ends after its current batch.
+        self._stop_requested = False
         from executions.tasks import poll_execution, run_execution
 
         self._run_task = run_execution
@@ -136,9 +138,11 @@ class Monitor:
                 sent += len(taken)
                 self.stats.published += len(taken)
                 metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
-                if len(taken) < self.batch:
+                # A stop (SIGTERM) ends the pass between batches: every batch taken so far has
+                # been published; the rest of a backlog stays SCHEDULED for another monitor.
+                if len(taken) < self.batch or self._stop_requested:
                     break
-            if housekeeping:
+            if housekeeping and not self._stop_requested:
                 stale = transitions.executions_take_stale_pending(
                     limit=self.batch, older_than=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
                 )
@@ -207,7 +211,11 @@ class Monitor:
             time.sleep(min(0.2, deadline - time.monotonic()))
 
     def stop(self, *args: object) -> None:
+        """Stop between batches (also the SIGTERM/SIGINT handler: it only sets a flag, so a batch
+        being taken or published is finished, never cut in half). The loop ends after the batch in
+        hand, or within ``MONITOR_MAX_SLEEP`` when it is sleeping."""
         self._running = False
+        self._stop_requested = True
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)

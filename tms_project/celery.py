@@ -3,10 +3,14 @@
 import logging
 import logging.config
 import os
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_init, setup_logging
+from celery.beat import Service
+from celery.signals import beat_init, celeryd_init, setup_logging
 
 # A checkout runs the local settings; the docker image sets DJANGO_SETTINGS_MODULE to production.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.local")
@@ -32,3 +36,28 @@ def _use_django_logging(**kwargs: Any) -> None:
     logging.config.dictConfig(settings.LOGGING)
     # Python warnings become log records too, so nothing unformatted reaches stderr.
     logging.captureWarnings(True)
+
+
+@beat_init.connect
+def _stop_beat_between_ticks(sender: Service, **kwargs: Any) -> None:
+    """SIGTERM/SIGINT stop beat between ticks, never inside one.
+
+    Celery's own handler saves the schedule from inside the signal handler and raises
+    ``SystemExit`` wherever beat happens to be: in the middle of a tick, with a job half sent or
+    the scheduler's query on the database connection the save then reuses. This one (installed
+    when beat starts, over Celery's) asks the service to stop; it raises ``SystemExit`` only when
+    the signal arrives in the service's own loop (sleeping between ticks, or about to), where the
+    loop catches it and saves the schedule on its way out. A tick in progress finishes first, and
+    the loop then ends before the next one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # beat embedded in a worker thread (-B): signals belong to the worker
+    loop = Service.start.__code__
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        sender.stop()
+        if frame is not None and frame.f_code is loop:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)

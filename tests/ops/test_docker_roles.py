@@ -133,7 +133,7 @@ def test_every_role_starts_becomes_ready_and_stops(role_env):
         def web_ready():  # type: ignore[no-untyped-def]
             try:
                 response = requests.get(f"{base}/readyz", timeout=5)
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or still booting its worker
                 return None
             return response.status_code == 200 and response
 
@@ -172,7 +172,7 @@ def test_every_role_starts_becomes_ready_and_stops(role_env):
         def flower_ready():  # type: ignore[no-untyped-def]
             try:
                 return requests.get(f"{flower}/healthcheck", timeout=5).text == "OK"
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 return False
 
         _ready(procs["flower"], flower_ready, "flower /healthcheck")
