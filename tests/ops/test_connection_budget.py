@@ -24,12 +24,14 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from executions.periodic import register_periodic_tasks
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, process_env, wait_for
 from tests.web import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CONCURRENT = 400
+CELERY = (sys.executable, "-m", "celery", "-A", "tms_project")
 
 
 def procfile_web_command() -> str:
@@ -201,3 +203,106 @@ def test_a_refused_database_connection_answers_503_with_retry_after_never_500(us
         with connection.cursor() as cursor:
             cursor.execute(f'DROP OWNED BY "{role}"')
             cursor.execute(f'DROP ROLE "{role}"')
+
+
+class ConnectionsByName:
+    """Every 50 ms until stopped: this database's server processes per ``application_name``; keeps
+    the highest count of each."""
+
+    def __init__(self) -> None:
+        db = settings.DATABASES["default"]
+        self._conn = psycopg2.connect(
+            host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]
+        )
+        self._conn.autocommit = True
+        self.highest: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sql = (
+            "SELECT application_name, count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() GROUP BY application_name"
+        )
+        with self._conn.cursor() as cursor:
+            while not self._stop.is_set():
+                cursor.execute(sql)
+                for name, count in cursor.fetchall():
+                    self.highest[name] = max(self.highest[name], count)
+                time.sleep(0.05)
+
+    def stop(self) -> Counter[str]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._conn.close()
+        return self.highest
+
+
+def test_each_process_kind_holds_no_more_connections_than_its_stated_budget(user):
+    """The budget README's "Scaling out" states, per process, measured on the real processes while
+    they work: a worker (2 pool processes) running short and long runs, the monitor, beat, Flower."""
+    from tasks_app.services import task_create
+    from tests.processes import start_monitor, start_worker
+
+    register_periodic_tasks()
+    concurrency, materialise_threads = 2, settings.TMS["MATERIALISE_THREADS"]
+    budget = {
+        # heartbeat thread of the main process + per pool process (task, lease keeper) + a
+        # materialiser pass draining a backlog
+        "worker": 1 + 2 * concurrency + materialise_threads,
+        "monitor": 2,  # its passes + its LISTEN connection
+        "beat": 1,  # the DatabaseScheduler
+        "flower": 0,
+    }
+    names = {kind: f"tms-budget-{kind}-{os.getpid()}" for kind in budget}
+    user_name = settings.DATABASES["default"]["USER"]
+
+    def url(kind: str) -> str:
+        return _database_url(user=user_name, application_name=names[kind])
+
+    sampler = ConnectionsByName()
+    procs = [
+        # A heartbeat every second, so the lease keeper of a 4 s run extends its lease (a connection).
+        start_worker("budget-worker", concurrency=concurrency, DATABASE_URL=url("worker"), TMS_HEARTBEAT_INTERVAL="1"),
+        start_monitor("budget-monitor", DATABASE_URL=url("monitor")),
+        ManagedProcess(
+            "budget-beat",
+            [*CELERY, "beat", "--pidfile="],
+            process_env(DATABASE_URL=url("beat"), TMS_LOG_HOUSEKEEPING="true"),
+            LOG_DIR,
+        ),
+        ManagedProcess(
+            "budget-flower",
+            [*CELERY, "flower", "--address=127.0.0.1", f"--port={free_port()}"],
+            process_env(DATABASE_URL=url("flower")),
+            LOG_DIR,
+        ),
+    ]
+    try:
+        tasks = [task_create(owner=user, runner="sleep", config={"duration": "4s"})]
+        tasks += [task_create(owner=user, runner="noop") for _ in range(6)]
+        wait_for(
+            lambda: all(
+                task.executions.filter(status="SUCCEEDED").exists()  # type: ignore[attr-defined]
+                for task in tasks
+            ),
+            timeout=90,
+            interval=0.5,
+            what="the runs to succeed",
+        )
+        wait_for(
+            lambda: "Sending due task tms: materialise upcoming executions" in procs[2].log(),
+            timeout=30,
+            what="beat to send the materialiser job",
+        )
+        assert "Visit me at" in procs[3].log() or procs[3].alive
+    finally:
+        highest = sampler.stop()
+        for proc in procs:
+            proc.stop()
+    held = {kind: highest[names[kind]] for kind in budget}
+    print(f"connections held (most seen): {held}; budget {budget}")
+    for kind, most in held.items():
+        assert most <= budget[kind], (kind, most, budget[kind])
+    assert held["monitor"] == 2 and held["beat"] == 1 and held["worker"] >= 2
