@@ -5,8 +5,10 @@ import os
 
 # Where to listen: all interfaces in a container; TMS_WEB_HOST narrows it (tests use 127.0.0.1).
 bind = [f"{os.environ.get('TMS_WEB_HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"]  # noqa: S104
-# Synchronous workers, each with at most one database connection (CONN_MAX_AGE keeps it open):
-# WEB_CONCURRENCY workers per container is also the web's share of PostgreSQL's connections.
+# The web's database connection budget: one persistent connection (CONN_MAX_AGE) per worker
+# thread, so WEB_CONCURRENCY x GUNICORN_THREADS per web process (synchronous workers when threads
+# is 1). Requests beyond them wait in the listen queue instead of opening connections (README,
+# "Scaling out"; tests/ops/test_connection_budget.py). `make run` uses this file too.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("GUNICORN_THREADS", "1"))
 # A request longer than this is killed and answered 502 by the worker's replacement.

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import socket
+from urllib.parse import urlsplit
 
 import pytest
+import requests
+from django.conf import settings as django_settings
 from django.db import connection
 
 from ops import checks
+from tests.tcp_proxy import TcpProxy
+from tests.web import start_web
 
 pytestmark = pytest.mark.django_db
 
@@ -87,3 +92,31 @@ def test_probes_answer_before_the_ssl_redirect_and_the_host_check(client, settin
 def test_probes_are_read_only(client):
     response = client.post("/readyz")
     assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_readyz_of_a_real_web_process_fails_while_the_broker_is_gone_and_recovers():
+    """The broker taken away from one gunicorn process (its connections cut and refused, as when
+    RabbitMQ stops; the shared RabbitMQ itself is never stopped here): /readyz answers 503 naming
+    the broker, /healthz stays alive, and /readyz is 200 again once the broker is back."""
+    broker = urlsplit(django_settings.CELERY_BROKER_URL)
+    proxy = TcpProxy(broker.port or 5672, broker.hostname or "127.0.0.1")
+    through_proxy = broker._replace(netloc=f"{broker.username}:{broker.password}@127.0.0.1:{proxy.port}").geturl()
+    web, base = start_web(workers=1, CELERY_BROKER_URL=through_proxy, TMS_RETRY_AFTER="4")
+    try:
+        assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
+
+        proxy.cut()
+        down = requests.get(f"{base}/readyz", timeout=10)
+        assert down.status_code == 503 and down.headers["Retry-After"] == "4"
+        checks = down.json()["checks"]
+        assert checks["broker"]["ok"] is False and checks["database"]["ok"] is True
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+
+        proxy.restore()
+        assert requests.get(f"{base}/readyz", timeout=10).json()["status"] == "ready"
+        assert "Traceback" not in web.log()
+    finally:
+        web.stop()
+        proxy.close()
