@@ -159,3 +159,19 @@ def test_the_log_level_has_one_source_tms_log_level():
             assert not re.search(r"(--loglevel|--log-level|\s-l\s)", line), f"{path.name}: {line.strip()}"
     gunicorn_conf = (DOCKER / "gunicorn.conf.py").read_text()
     assert 'loglevel = os.environ.get("TMS_LOG_LEVEL"' in gunicorn_conf
+
+
+def test_the_compose_stack_stays_within_postgresqls_connection_limit(compose):
+    """The connections of the stack as shipped (docker/.env.example's counts, one container per
+    role), per the budget of README's "Scaling out", fit in the limit the compose file gives
+    PostgreSQL, with room for the superuser reserve and an operator's commands."""
+    example = dict(re.findall(r"^#? ?(\w+)=(.*)$", (DOCKER / ".env.example").read_text(), flags=re.MULTILINE))
+    web = int(example["WEB_CONCURRENCY"]) * int(example.get("GUNICORN_THREADS", "1"))
+    worker = 1 + 2 * int(example["TMS_WORKER_CONCURRENCY"]) + 2  # heartbeat, task + keeper each, drains
+    monitor, beat, flower, migrate, probe = 2, 1, 0, 1, 1
+    command = compose["services"]["postgres"]["command"]
+    (limit,) = re.findall(r"max_connections=\$\{POSTGRES_MAX_CONNECTIONS:-(\d+)\}", " ".join(command))
+    assert int(example["POSTGRES_MAX_CONNECTIONS"]) == int(limit)
+    total = web + worker + monitor + beat + flower + migrate + probe
+    reserved, operators = 3, 3
+    assert total + reserved + operators <= int(limit), (total, limit)
