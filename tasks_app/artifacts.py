@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -15,6 +16,8 @@ from django.core.files.uploadedfile import UploadedFile
 
 from tasks_app.models import Artifact
 from tms_core.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
 
 
 class ArtifactCorrupted(RuntimeError):
@@ -44,17 +47,32 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Art
     return artifact
 
 
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def artifact_local_path(artifact: Artifact) -> str:
-    """A local, checksum-verified copy of the artifact, cached by checksum on this host."""
+    """A local, checksum-verified copy of the artifact, cached by checksum on this host.
+
+    The cache folder is the worker's own (0700): runs never reach it (they get a copy in their
+    run folder, checked again there). A cached file is still re-hashed on every hit, and one
+    that no longer matches is dropped and fetched again from storage, so a file replaced in the
+    cache is never handed to a run.
+    """
     cache = Path(settings.TMS_ARTIFACT_CACHE_DIR)
     target = cache / artifact.sha256
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if cache.stat().st_mode & 0o077:
+        cache.chmod(0o700)
     if target.exists():
-        return str(target)
-    cache.mkdir(parents=True, exist_ok=True)
+        if _file_digest(target) == artifact.sha256:
+            return str(target)
+        logger.warning("artifact cache: %s does not match its checksum; fetching it again", target)
+        target.unlink(missing_ok=True)
     with artifact.file.open("rb") as source, tempfile.NamedTemporaryFile(dir=cache, delete=False) as copy:
         shutil.copyfileobj(source, copy)
-    sha256, _ = _digest([Path(copy.name).read_bytes()])
-    if sha256 != artifact.sha256:
+    if _file_digest(Path(copy.name)) != artifact.sha256:
         os.unlink(copy.name)
         raise ArtifactCorrupted(f"artifact {artifact.pk} does not match its checksum {artifact.sha256}")
     os.chmod(copy.name, 0o500)
