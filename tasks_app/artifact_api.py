@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from django.db.models import ProtectedError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from tasks_app.artifacts import artifact_create
+from tasks_app.artifacts import artifact_create, artifact_delete
 from tasks_app.models import Artifact
 from tms_core.auth import request_user
-from tms_core.errors import ConflictError
 from tms_project.api.base import OwnerScopedMixin
 from tms_project.api.schema import error_responses
 
@@ -55,8 +53,4 @@ class ArtifactViewSet(
         return super().destroy(request, *args, **kwargs)
 
     def perform_destroy(self, instance: Artifact) -> None:
-        try:
-            instance.delete()
-        except ProtectedError:
-            raise ConflictError("Tasks still use this artifact; delete them first.") from None
-        instance.file.delete(save=False)
+        artifact_delete(artifact=instance)

@@ -13,9 +13,11 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+from django.db.models import ProtectedError
 
-from tasks_app.models import Artifact
-from tms_core.errors import InvalidInput
+from tasks_app.models import Artifact, Task, TaskStatus
+from tms_core.errors import ConflictError, InvalidInput
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,29 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Art
 def _file_digest(path: Path) -> str:
     with path.open("rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def artifact_delete(*, artifact: Artifact) -> None:
+    """Delete an artifact that no live task uses, and its stored file.
+
+    Deleted tasks keep their history but not their artifact: their link is cleared here, so an
+    artifact whose tasks were all deleted can go (a task that is not deleted still protects it:
+    409). The file is removed after the commit.
+    """
+    with transaction.atomic():
+        locked = Artifact.objects.select_for_update().filter(pk=artifact.pk).first()
+        if locked is None:
+            return
+        live = Task.objects.filter(artifact=locked).exclude(status=TaskStatus.DELETED).count()
+        if live:
+            raise ConflictError(f"{live} task(s) still use this artifact; delete them first.")
+        Task.objects.filter(artifact=locked, status=TaskStatus.DELETED).update(artifact=None)
+        file = locked.file
+        try:
+            locked.delete()
+        except ProtectedError:  # a task created meanwhile
+            raise ConflictError("Tasks still use this artifact; delete them first.") from None
+    transaction.on_commit(lambda: file.delete(save=False))
 
 
 def artifact_local_path(artifact: Artifact) -> str:
