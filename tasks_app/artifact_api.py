@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -24,7 +24,11 @@ from tasks_app.artifacts import (
 from tasks_app.models import Artifact, ArtifactStatus
 from tms_core.auth import request_user
 from tms_project.api.base import OwnerScopedMixin, StrictInputMixin
-from tms_project.api.schema import error_responses
+from tms_project.api.schema import error_response, error_responses
+
+REJECTED = error_response(
+    400, "The upload is REJECTED (its size or SHA-256 differ from the declaration): `detail` says why."
+)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
@@ -106,7 +110,7 @@ class ArtifactViewSet(
             {"artifact": ArtifactSerializer(ticket.artifact).data, "upload": upload}, status=status.HTTP_201_CREATED
         )
 
-    @extend_schema(request=None, responses={200: ArtifactSerializer, 400: ArtifactSerializer, **error_responses(409)})
+    @extend_schema(request=None, responses={200: ArtifactSerializer, 400: REJECTED, **error_responses(409)})
     @action(detail=True, methods=["post"], url_path="complete", parser_classes=[JSONParser])
     def complete(self, request: Request, pk: Any = None) -> Response:
         """After a presigned POST to S3: verify what was stored; READY (200) or REJECTED (400)."""
@@ -125,9 +129,10 @@ def _verdict(artifact: Artifact) -> Response:
     data = ArtifactSerializer(artifact).data
     if artifact.status == ArtifactStatus.READY:
         return Response(data)
+    # The one error shape of the API; the artifact (now REJECTED, with its reason) stays readable.
+    reason = artifact.rejection_reason
     return Response(
-        {"type": "upload_rejected", "detail": artifact.rejection_reason, "artifact": data},
-        status=status.HTTP_400_BAD_REQUEST,
+        {"type": "upload_rejected", "detail": reason, "errors": {"file": [reason]}}, status=status.HTTP_400_BAD_REQUEST
     )
 
 
@@ -143,7 +148,7 @@ class ArtifactUploadReceiveView(APIView):
         request={"application/octet-stream": {"type": "string", "format": "binary"}},
         responses={
             200: ArtifactSerializer,
-            400: OpenApiResponse(description="REJECTED: size or SHA-256 differ from what was declared."),
+            400: REJECTED,
             **error_responses(404, 409),
         },
     )

@@ -90,7 +90,7 @@ def test_content_that_differs_from_the_declaration_is_rejected(api_client, conte
     answer = put(started.data["upload"]["url"], content)
     assert answer.status_code == 400
     assert answer.json()["type"] == "upload_rejected"
-    assert reason in answer.json()["detail"]
+    assert reason in answer.json()["detail"] and reason in answer.json()["errors"]["file"][0]
     artifact = Artifact.objects.get(pk=started.data["artifact"]["id"])
     assert artifact.status == ArtifactStatus.REJECTED and reason in artifact.rejection_reason
     assert not artifact.file.name or not artifact.file.storage.exists(artifact.file.name)
