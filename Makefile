@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test install services browser lint format migrate clean
+.PHONY: run test install services browser sandbox lint format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,7 @@ run: migrate
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
 ## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.
-test: install lint services browser
+test: install lint services browser sandbox
 	$(BIN)/pytest
 
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
@@ -51,6 +51,25 @@ browser:
 	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium chromium-driver >/dev/null \
 		|| { echo "Installing chromium and chromium-driver failed. $$need" >&2; exit 1; }; \
 	[ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ] || { echo "$$need" >&2; exit 1; }
+
+## Sandboxed subprocess runs (runners/sandbox.py): bubblewrap from Debian's package and the run users
+## (manage.py tms_sandbox_setup), as root (or with sudo); otherwise stop and say what is missing.
+BWRAP ?= /usr/bin/bwrap
+sandbox: install
+	@if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else sudo="none"; fi; \
+	need="Sandboxed runs need bubblewrap and the run users: as root, run 'apt-get install -y bubblewrap' and '$(BIN)/python manage.py tms_sandbox_setup', then make test again."; \
+	if [ ! -x "$(BWRAP)" ]; then \
+		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
+		echo "Installing bubblewrap for sandboxed subprocess runs..."; \
+		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q bubblewrap >/dev/null \
+			|| { echo "Installing bubblewrap failed. $$need" >&2; exit 1; }; \
+	fi; \
+	if ! $(BIN)/python manage.py tms_sandbox_setup --check >/dev/null 2>&1; then \
+		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
+		$$sudo $(BIN)/python manage.py tms_sandbox_setup || { echo "$$need" >&2; exit 1; }; \
+	fi
 
 services:
 	bash tests/ensure_services.sh

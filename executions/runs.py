@@ -64,6 +64,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         callback_url=callback_url(execution_id=execution.pk),
         callback_token=callback_token(execution_id=execution.pk, attempt=execution.attempt, timeout=task.timeout),
         artifact_path=artifact_path,
+        artifact_sha256=task.artifact.sha256 if artifact_path and task.artifact is not None else None,
         tracing_id=task.tracing_id,
         resend=resend,
     )

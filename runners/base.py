@@ -93,6 +93,8 @@ class RunSpec:
     callback_token: str | None = None
     #: Local path of the task's uploaded artifact (binary or script), if it has one.
     artifact_path: str | None = None
+    #: The artifact's recorded SHA-256: the runner checks the copy it runs against it.
+    artifact_sha256: str | None = None
     tracing_id: str = ""
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
     #: the executor may still be working on the first request with this idempotency key.

@@ -39,6 +39,7 @@ are kept after the run (for the output and for adoption); a retention job should
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -57,7 +58,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
-from runners import supervisor
+from runners import sandbox, supervisor
 from runners.base import MAX_OUTPUT_BYTES_LIMIT, BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
 from runners.supervisor import (
     CANCEL,
@@ -70,6 +71,7 @@ from runners.supervisor import (
     STDOUT,
     SUPERVISOR_PID,
 )
+from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,23 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # File names inside a run folder, besides those the supervisor writes (imported from it).
-LAUNCH, SUPERVISOR_LOG, WORK = "launch", "supervisor.log", "work"
+LAUNCH, SUPERVISOR_LOG, WORK, BIN = "launch", "supervisor.log", "work", "bin"
+#: Resource limits a run gets (setrlimit in the command's process), their defaults and maxima.
+LIMIT_NAMES = tuple(supervisor.RLIMITS)
+DEFAULT_LIMITS = {
+    "cpu_seconds": 3600,
+    "memory_bytes": 2 * 1024**3,
+    "file_bytes": 64 * 1024**2,
+    "processes": 64,
+    "open_files": 1024,
+}
+DEFAULT_MAX_LIMITS = {
+    "cpu_seconds": 86400,
+    "memory_bytes": 16 * 1024**3,
+    "file_bytes": 4 * 1024**3,
+    "processes": 1024,
+    "open_files": 65536,
+}
 #: The supervisor program, run by path: see :mod:`runners.supervisor`.
 SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
@@ -121,6 +139,22 @@ class SubprocessConfigSerializer(serializers.Serializer):
         max_value=MAX_OUTPUT_BYTES_LIMIT,
         help_text="How much of the end of stdout (and stderr, for errors) is kept.",
     )
+    limits = serializers.DictField(
+        child=serializers.IntegerField(min_value=1),
+        default=dict,
+        help_text=(
+            "Resource limits of the run, within the operator's maxima: cpu_seconds, memory_bytes (address "
+            "space), file_bytes (largest file written, stdout and stderr included), processes, open_files."
+        ),
+    )
+
+    def validate_limits(self, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(LIMIT_NAMES))
+        if unknown:
+            raise serializers.ValidationError(
+                f"Unknown limits: {', '.join(unknown)} (known: {', '.join(LIMIT_NAMES)})."
+            )
+        return value
 
     def validate_command(self, value: list[str]) -> list[str]:
         if any("\0" in part for part in value):
@@ -181,6 +215,13 @@ def _write_json(path: Path, data: Mapping[str, Any], *, mode: int = 0o600) -> No
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _tail(path: Path, limit: int) -> str:
@@ -251,6 +292,8 @@ class SubprocessRunner(BaseRunner):
 
     option_defaults: ClassVar[dict[str, Any]] = {
         #: Absolute paths, or names looked up on ``path``, that tasks may run. Empty: no command.
+        #: A dict pins arguments too: ``{program: [regex, ...]}``, where every argument must match
+        #: one of the patterns in full (an empty list: no arguments; ``None``: any arguments).
         "allowed_executables": [],
         #: Whether tasks may run their uploaded artifact.
         "allow_artifacts": False,
@@ -270,6 +313,16 @@ class SubprocessRunner(BaseRunner):
         "inherit_env": [],
         #: A run whose launcher died before the supervisor wrote its pid is lost after this long.
         "launch_grace_seconds": 30.0,
+        #: Sandbox mode of this runner (bwrap, user, none, auto); None: TMS_SUBPROCESS_SANDBOX.
+        "sandbox": None,
+        #: Resource limits of a run unless its config sets lower (or, up to ``max_limits``, higher).
+        "limits": {},
+        #: The highest limits a task's config may ask for.
+        "max_limits": {},
+        #: Extra host paths a run sees read-only in bwrap mode (an interpreter's libraries, say).
+        "read_only_paths": [],
+        #: Whether runs in bwrap mode keep the host's network (False: a network namespace of their own).
+        "network": True,
     }
     config_serializer_class = SubprocessConfigSerializer
     supports_cancel = True
@@ -277,14 +330,49 @@ class SubprocessRunner(BaseRunner):
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         allowed = self.options["allowed_executables"]
-        if not isinstance(allowed, list | tuple) or not all(isinstance(item, str) and item for item in allowed):
-            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_executables must be a list of strings.")
-        for entry in allowed:
+        if isinstance(allowed, Mapping):
+            entries = dict(allowed)
+        elif isinstance(allowed, list | tuple):
+            entries = dict.fromkeys(allowed)
+        else:
+            entries = None
+        if entries is None or not all(isinstance(item, str) and item for item in entries):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{alias!r}]: allowed_executables must be a list of strings, or a dict of program -> "
+                "argument patterns."
+            )
+        #: entry -> compiled argument patterns (None: any arguments).
+        self.arg_patterns: dict[str, tuple[re.Pattern[str], ...] | None] = {}
+        for entry, patterns in entries.items():
             if "/" in entry and not os.path.isabs(entry):
                 raise ImproperlyConfigured(
                     f"TMS_RUNNERS[{alias!r}]: allowed_executables entry {entry!r} must be an absolute path or a name."
                 )
-        self.allowed: tuple[str, ...] = tuple(os.path.normpath(item) if "/" in item else item for item in allowed)
+            key = os.path.normpath(entry) if "/" in entry else entry
+            if patterns is None:
+                self.arg_patterns[key] = None
+                continue
+            if not isinstance(patterns, list | tuple) or not all(isinstance(item, str) for item in patterns):
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_executables[{entry!r}] must be a list of regular expressions."
+                )
+            try:
+                self.arg_patterns[key] = tuple(re.compile(item) for item in patterns)
+            except re.error as exc:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_executables[{entry!r}]: bad pattern: {exc}"
+                ) from exc
+        self.allowed: tuple[str, ...] = tuple(self.arg_patterns)
+        self.max_limits = self._limits("max_limits", DEFAULT_MAX_LIMITS, DEFAULT_MAX_LIMITS)
+        self.limits = self._limits("limits", DEFAULT_LIMITS, self.max_limits)
+        paths = self.options["read_only_paths"]
+        if not isinstance(paths, list | tuple) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: read_only_paths must be a list of absolute paths.")
+        mode = self.options["sandbox"]
+        if mode is not None and mode not in ("auto", *sandbox.MODES):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: sandbox must be one of auto, bwrap, user, none.")
+        self._mode: str | None = None
+        self._pruned_at = 0.0
         inherit = self.options["inherit_env"]
         if not isinstance(inherit, list | tuple) or not all(isinstance(name, str) for name in inherit):
             raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: inherit_env must be a list of variable names.")
@@ -294,6 +382,26 @@ class SubprocessRunner(BaseRunner):
         self.inline_wait = self._number("inline_wait_seconds", upper=3600)
         self.launch_grace = self._number("launch_grace_seconds", upper=3600)
         self.host = socket.gethostname()
+
+    def _limits(self, name: str, defaults: Mapping[str, int], maxima: Mapping[str, int]) -> dict[str, int]:
+        given = self.options[name]
+        if not isinstance(given, Mapping) or set(given) - set(LIMIT_NAMES):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{self.alias!r}]: {name} must be a dict with keys among {', '.join(LIMIT_NAMES)}."
+            )
+        limits = {**defaults, **given}
+        for key, value in limits.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maxima[key]:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{self.alias!r}]: {name}[{key!r}] must be a whole number from 1 to {maxima[key]}."
+                )
+        return limits
+
+    def sandbox_mode(self) -> str:
+        """The sandbox mode runs get (resolved once): see :mod:`runners.sandbox`."""
+        if self._mode is None:
+            self._mode = sandbox.resolve_mode(self.options["sandbox"])
+        return self._mode
 
     def _number(self, name: str, *, upper: float, integer: bool = False) -> Any:
         value = self.options[name]
@@ -313,7 +421,31 @@ class SubprocessRunner(BaseRunner):
             )
         if data.get("command") and not self.executable_allowed(data["command"][0]):
             self.refuse("command", f"{data['command'][0]!r} is not an allowed executable.", "allowed_executables")
+        if data.get("command"):
+            refused = self.refused_argument(data["command"][0], [*data["command"][1:], *data.get("args", [])])
+            if refused is not None:
+                field = "command" if refused in data["command"][1:] else "args"
+                self.refuse(
+                    field, f"argument {refused!r} matches none of the patterns allowed for {data['command'][0]!r}.",
+                    "allowed_executables",
+                )  # fmt: skip
+        for name, value in data.get("limits", {}).items():
+            if value > self.max_limits[name]:
+                raise serializers.ValidationError(
+                    {"limits": [f"{name} may be at most {self.max_limits[name]} on the {self.alias!r} runner."]}
+                )
         return data
+
+    def refused_argument(self, program: str, arguments: list[str]) -> str | None:
+        """The first argument that the operator's patterns for ``program`` do not allow, if any."""
+        entry = self._allowed_entry(program)
+        patterns = self.arg_patterns.get(entry) if entry is not None else None
+        if patterns is None:
+            return None
+        for argument in arguments:
+            if not any(pattern.fullmatch(argument) for pattern in patterns):
+                return argument
+        return None
 
     def executable_allowed(self, program: str) -> bool:
         """Whether ``program`` (an absolute path or a name looked up on PATH) is allow-listed.
@@ -321,14 +453,21 @@ class SubprocessRunner(BaseRunner):
         Paths are compared as written, never through symlinks: allowing ``/bin/ls`` on a busybox
         system must not allow every other applet that links to the same binary.
         """
+        return self._allowed_entry(program) is not None
+
+    def _allowed_entry(self, program: str) -> str | None:
+        """The allow-list entry that admits ``program``, or None."""
         if "\0" in program or ("/" in program and not os.path.isabs(program)):
-            return False
+            return None
         if "/" not in program and program in self.allowed:
-            return True
+            return program
         resolved = self._which(program)
         if resolved is None:
-            return False
-        return any(entry == resolved or ("/" not in entry and self._which(entry) == resolved) for entry in self.allowed)
+            return None
+        for entry in self.allowed:
+            if entry == resolved or ("/" not in entry and self._which(entry) == resolved):
+                return entry
+        return None
 
     def _which(self, program: str) -> str | None:
         if os.path.isabs(program):
@@ -347,7 +486,13 @@ class SubprocessRunner(BaseRunner):
         run_dir = self._run_dir(spec)
         handle = RunHandle(f"{self.host}:{spec.idempotency_key}", data={"host": self.host, "run_dir": str(run_dir)})
         try:
-            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            mode = self.sandbox_mode()
+        except ImproperlyConfigured as exc:
+            raise RunnerError(f"the subprocess sandbox is not set up on {self.host}: {exc}", retryable=False) from exc
+        self._prune_now_and_then()
+        try:
+            self._prepare_work_dir(mode)
+            run_dir.mkdir(mode=0o700, exist_ok=True)
             marker = os.open(run_dir / LAUNCH, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             owner = (_read_json(run_dir / LAUNCH) or {}).get("task_id")
@@ -366,10 +511,10 @@ class SubprocessRunner(BaseRunner):
                 {"host": self.host, "launcher_pid": os.getpid(), "task_id": str(spec.task_id), "at": time.time()}, fh
             )
         try:
-            plan = self._plan(spec, run_dir)
-        except (RunnerError, OSError) as exc:
+            plan = self._plan(spec, run_dir, mode)
+        except (RunnerError, OSError, sandbox.NoFreeRunUser) as exc:
             retryable = exc.retryable if isinstance(exc, RunnerError) else True
-            message = str(exc) if isinstance(exc, RunnerError) else f"cannot prepare the run folder: {exc}"
+            message = str(exc) if not isinstance(exc, OSError) else f"cannot prepare the run folder: {exc}"
             # Recorded in the folder too, so a start that adopts this run reports the same failure.
             self._record_failure(run_dir, message, retryable=retryable)
             return RunHandle(handle.external_run_id, handle.data, result=RunResult.failed(message, retryable=retryable))
@@ -450,28 +595,57 @@ class SubprocessRunner(BaseRunner):
             raise RunnerError(f"run {handle.external_run_id} lives on host {host!r}, not on {self.host!r}")
         return self._run_dir(spec)
 
-    def _plan(self, spec: RunSpec, run_dir: Path) -> dict[str, Any]:
-        """What the supervisor runs: resolved executable, argv, environment and folder."""
+    def _prepare_work_dir(self, mode: str) -> None:
+        """Create ``work_dir``; with a run user, check that it can reach its folder (no more)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if mode == "none":
+            return
+        # Search (x) but no listing (r) for others: a run user reaches its own folder by name only.
+        if self.work_dir.stat().st_mode & 0o777 != 0o711:
+            self.work_dir.chmod(0o711)
+        for folder in self.work_dir.parents:
+            if not folder.stat().st_mode & 0o001:
+                raise RunnerError(
+                    f"run users cannot reach the work_dir {self.work_dir}: {folder} is not searchable by others "
+                    "(chmod o+x it, or choose another work_dir)",
+                    retryable=False,
+                )
+
+    def _plan(self, spec: RunSpec, run_dir: Path, mode: str = "none") -> dict[str, Any]:
+        """What the supervisor runs: resolved executable, argv, environment, folder, user and limits.
+
+        With a run user (modes ``user`` and ``bwrap``) the run folder is the worker's and only
+        searchable by others (0711), its control files are the worker's 0600, ``work/`` is the run
+        user's 0700, and an artifact is copied to ``bin/`` (the worker's, read-only to the run)
+        and its checksum checked on the copy.
+        """
+        work = run_dir / WORK
+        work.mkdir(mode=0o700, exist_ok=True)
+        (work / "tmp").mkdir(mode=0o700, exist_ok=True)
+        user = sandbox.claim_run_user(run_dir) if mode != "none" else None
+        try:
+            return self._plan_as(spec, run_dir, mode, user)
+        except BaseException:
+            if user is not None:  # no supervisor will ever give it back
+                Path(user.lock).unlink(missing_ok=True)
+            raise
+
+    def _plan_as(self, spec: RunSpec, run_dir: Path, mode: str, user: sandbox.RunUser | None) -> dict[str, Any]:
         config = spec.config
         work = run_dir / WORK
-        (work / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
+        if user is not None:
+            run_dir.chmod(0o711)
+            for folder in (work, work / "tmp"):
+                os.chown(folder, user.uid, user.gid)
         if config.get("artifact"):
-            if not self.options["allow_artifacts"]:
-                raise RunnerError(f"the {self.alias!r} runner does not run uploaded artifacts", retryable=False)
-            if not spec.artifact_path:
-                raise RunnerError("the task has no uploaded artifact to run", retryable=False)
-            source = Path(spec.artifact_path)
-            target = work / (source.name or "artifact")
-            try:
-                shutil.copyfile(source, target)
-            except OSError as exc:
-                raise RunnerError(f"cannot copy the artifact {source}: {exc}", retryable=False) from exc
-            target.chmod(0o700)
-            executable = str(target)
+            executable = self._copy_artifact(spec, run_dir if user is None else run_dir / BIN, shared=user is not None)
         else:
             program = config["command"][0]
             if not self.executable_allowed(program):
                 raise RunnerError(f"{program!r} is not an allowed executable", retryable=False)
+            refused = self.refused_argument(program, [*config["command"][1:], *config.get("args", [])])
+            if refused is not None:
+                raise RunnerError(f"argument {refused!r} is not allowed for {program!r}", retryable=False)
             resolved = self._which(program)
             if resolved is None:
                 raise RunnerError(f"{program!r} was not found on PATH {self.options['path']}", retryable=False)
@@ -483,6 +657,21 @@ class SubprocessRunner(BaseRunner):
             cwd.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not cwd.resolve().is_relative_to(work.resolve()):
                 raise RunnerError(f"cwd {config['cwd']!r} leaves the work folder", retryable=False)
+            if user is not None:
+                for folder in [cwd, *cwd.parents]:
+                    if folder == work:
+                        break
+                    os.chown(folder, user.uid, user.gid)
+        if mode == "bwrap":
+            read_only = [str(run_dir / BIN)] if config.get("artifact") else []
+            if not executable.startswith(("/usr/", "/bin/", "/sbin/", "/lib")):
+                read_only.append(executable)
+            read_only += list(self.options["read_only_paths"])
+            argv = sandbox.bwrap_argv(
+                work=str(work), read_only=read_only, cwd=str(cwd), executable=executable, argv=argv,
+                network=bool(self.options["network"]),
+            )  # fmt: skip
+            executable = argv[0]
         return {
             "argv": argv,
             "executable": executable,
@@ -490,7 +679,82 @@ class SubprocessRunner(BaseRunner):
             "env": self._environment(spec, work),
             "deadline": time.time() + float(spec.timeout),
             "kill_grace": float(self.kill_grace),
+            "sandbox": mode,
+            "user": None if user is None else {"name": user.name, "uid": user.uid, "gid": user.gid, "lock": user.lock},
+            "rlimits": self._run_limits(spec),
+            "ignore_sigterm": mode == "bwrap",
         }
+
+    def _run_limits(self, spec: RunSpec) -> dict[str, int]:
+        return {**self.limits, **(spec.config.get("limits") or {})}
+
+    def _copy_artifact(self, spec: RunSpec, folder: Path, *, shared: bool) -> str:
+        """Copy the artifact into the run's own folder and check the copy's SHA-256: what runs is
+        what was uploaded, whatever happened to the cache since."""
+        if not self.options["allow_artifacts"]:
+            raise RunnerError(f"the {self.alias!r} runner does not run uploaded artifacts", retryable=False)
+        if not spec.artifact_path:
+            raise RunnerError("the task has no uploaded artifact to run", retryable=False)
+        source = Path(spec.artifact_path)
+        folder.mkdir(mode=0o755 if shared else 0o700, exist_ok=True)
+        # A plain name: it becomes an argument of env(1) in bwrap mode, where "a=b" would be a variable.
+        target = folder / (re.sub(r"[^A-Za-z0-9._-]", "_", source.name).lstrip(".") or "artifact")
+        digest = hashlib.sha256()
+        try:
+            with source.open("rb") as src, target.open("wb") as dst:
+                while chunk := src.read(1 << 20):
+                    digest.update(chunk)
+                    dst.write(chunk)
+        except OSError as exc:
+            raise RunnerError(f"cannot copy the artifact {source}: {exc}", retryable=False) from exc
+        if spec.artifact_sha256 and digest.hexdigest() != spec.artifact_sha256:
+            target.unlink(missing_ok=True)
+            raise RunnerError(
+                f"the artifact's copy does not match its checksum {spec.artifact_sha256}: not running it",
+                retryable=False,
+            )
+        # Read and execute only, for the run user too: it cannot replace what it runs.
+        target.chmod(0o555 if shared else 0o700)
+        return str(target)
+
+    def _prune_now_and_then(self) -> None:
+        if time.monotonic() - self._pruned_at < 300:
+            return
+        self._pruned_at = time.monotonic()
+        try:
+            self.prune_runs()
+        except OSError:
+            logger.exception("subprocess runner %r: pruning old run folders failed", self.alias)
+
+    def prune_runs(self, retention: float | None = None) -> int:
+        """Remove run folders older than ``TMS_SUBPROCESS_RUN_RETENTION``; never a run in progress.
+
+        A folder goes when its run has ended (exit record) that long ago, or when it was launched
+        that long ago and neither its supervisor nor its command is alive. Returns how many went.
+        """
+        keep = tms_settings().SUBPROCESS_RUN_RETENTION if retention is None else retention
+        cutoff = time.time() - keep
+        removed = 0
+        if not self.work_dir.is_dir():
+            return 0
+        for folder in self.work_dir.iterdir():
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            try:
+                ended = (folder / EXIT).stat().st_mtime
+            except FileNotFoundError:
+                try:
+                    launched = (folder / LAUNCH).stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if launched > cutoff or _alive(_read_json(folder / SUPERVISOR_PID)) or _alive(_read_json(folder / PID)):
+                    continue
+            else:
+                if ended > cutoff:
+                    continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        return removed
 
     def _environment(self, spec: RunSpec, work: Path) -> dict[str, str]:
         env = {
@@ -507,7 +771,8 @@ class SubprocessRunner(BaseRunner):
     def _launch(self, run_dir: Path, plan: Mapping[str, Any]) -> None:
         try:
             _write_json(run_dir / RUN, plan)
-            with (run_dir / SUPERVISOR_LOG).open("ab") as log:
+            fd = os.open(run_dir / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "ab") as log:
                 launcher = subprocess.Popen(
                     [sys.executable, "-I", SUPERVISOR, str(run_dir)],
                     stdin=subprocess.DEVNULL,
@@ -571,6 +836,23 @@ class SubprocessRunner(BaseRunner):
     def _output(self, spec: RunSpec, run_dir: Path) -> str:
         return _tail(run_dir / STDOUT, self._limit(spec))
 
+    def _limit_exceeded(self, spec: RunSpec, run_dir: Path, outcome: Mapping[str, Any]) -> str | None:
+        """Which resource limit ended a failed run, if one did (signals are 128+n through bwrap)."""
+        returncode = outcome.get("returncode")
+        if not isinstance(returncode, int) or returncode == 0:
+            return None
+        limits = self._run_limits(spec)
+        signalled = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else None
+        cpu = outcome.get("cpu_seconds")
+        if signalled in (signal.SIGXCPU, signal.SIGKILL) and (
+            signalled == signal.SIGXCPU or (isinstance(cpu, int | float) and cpu >= limits["cpu_seconds"] - 0.05)
+        ):
+            return f"killed: CPU time limit of {limits['cpu_seconds']} s reached"
+        written = max((_size(run_dir / name) for name in (STDOUT, STDERR)), default=0)
+        if signalled == signal.SIGXFSZ or written >= limits["file_bytes"]:
+            return f"output exceeded {limits['file_bytes']} bytes (file size limit)"
+        return None
+
     def _judge(self, spec: RunSpec, run_dir: Path, outcome: Mapping[str, Any]) -> RunResult:
         """Turn the supervisor's exit record into a result."""
         output = self._output(spec, run_dir)
@@ -584,8 +866,11 @@ class SubprocessRunner(BaseRunner):
         if returncode == 0:
             return RunResult.succeeded(output)
         stderr = _tail(run_dir / STDERR, self._limit(spec)).strip()
+        exceeded = self._limit_exceeded(spec, run_dir, outcome)
         if outcome.get("error"):
             message = str(outcome["error"])
+        elif exceeded:
+            message = exceeded
         elif isinstance(returncode, int) and returncode < 0:
             try:
                 name = signal.Signals(-returncode).name

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -35,6 +36,14 @@ RUN, LAUNCHES, SUPERVISOR_PID, PID = "run.json", "launches", "supervisor.pid", "
 STDOUT, STDERR, EXIT, CANCEL = "stdout", "stderr", "exit", "cancel"
 #: Exit codes that mean the program could not be executed or found, as a shell reports them.
 NOT_EXECUTABLE, NOT_FOUND = 126, 127
+#: run.json's "rlimits" keys -> resource limits set in the command's process before exec.
+RLIMITS = {
+    "cpu_seconds": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "file_bytes": resource.RLIMIT_FSIZE,
+    "processes": resource.RLIMIT_NPROC,
+    "open_files": resource.RLIMIT_NOFILE,
+}
 
 
 def path(run_dir: str, name: str) -> str:
@@ -89,6 +98,8 @@ def detach() -> None:
     if os.fork() > 0:
         os._exit(0)
     os.setsid()
+    # Everything the supervisor creates (stdout, stderr, pid, exit) is for the worker only.
+    os.umask(0o077)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
@@ -100,8 +111,38 @@ def record_start(run_dir: str) -> None:
     write_json(run_dir, SUPERVISOR_PID, {"pid": os.getpid(), "start": start_ticks(os.getpid())})
 
 
+def limiter(limits: dict[str, int], *, ignore_sigterm: bool = False) -> Any:
+    """A function that sets ``limits`` (soft = hard: the command cannot raise them) in the child.
+
+    Runs after the switch to the run user (Popen's order), so RLIMIT_NPROC counts that user's
+    processes. The CPU limit's hard value is a second above the soft one: SIGXCPU first, then
+    SIGKILL for a program that ignores it.
+    """
+
+    def apply() -> None:
+        if ignore_sigterm:
+            # Inherited by bwrap (see runners.sandbox.bwrap_argv), which must outlive the
+            # command's own handling of a SIGTERM sent to the group.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for name, value in limits.items():
+            kind = RLIMITS[name]
+            resource.setrlimit(kind, (value, value + 1 if kind == resource.RLIMIT_CPU else value))
+
+    return apply
+
+
 def start_command(run_dir: str, spec: dict[str, Any]) -> subprocess.Popen[bytes] | None:
-    """Start the command in a process group of its own; None (with ``exit`` written) if it cannot run."""
+    """Start the command in a process group of its own; None (with ``exit`` written) if it cannot run.
+
+    With a run user the child drops privileges (setgroups, setgid, setuid) before exec, then
+    applies the resource limits; stdout and stderr stay files of the worker's, which the command
+    writes through the descriptors it inherits (RLIMIT_FSIZE bounds them as they grow).
+    """
+    user = spec.get("user")
+    identity: dict[str, Any] = {}
+    if user:
+        identity = {"user": user["uid"], "group": user["gid"], "extra_groups": []}
+    limits = {name: int(value) for name, value in (spec.get("rlimits") or {}).items() if name in RLIMITS}
     try:
         with open(path(run_dir, STDOUT), "wb") as out, open(path(run_dir, STDERR), "wb") as err:
             return subprocess.Popen(
@@ -114,6 +155,8 @@ def start_command(run_dir: str, spec: dict[str, Any]) -> subprocess.Popen[bytes]
                 stderr=err,
                 close_fds=True,
                 start_new_session=True,
+                preexec_fn=limiter(limits, ignore_sigterm=bool(spec.get("ignore_sigterm"))),
+                **identity,
             )
     except OSError as exc:
         code = NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE
@@ -138,11 +181,51 @@ def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tup
         return proc.wait(), True
 
 
+def kill_user(uid: int) -> None:
+    """SIGKILL every process of the run user: kill(-1) from a child that became that user."""
+    if uid in (0, os.getuid()):
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def release(run_dir: str, spec: dict[str, Any]) -> None:
+    """After the run: close the folder to everyone but the worker, give the run user back."""
+    user = spec.get("user")
+    if not user:
+        return
+    # The run user goes to another run next: it must not reach this run's work folder.
+    with contextlib.suppress(OSError):
+        os.chmod(run_dir, 0o700)
+    lock = user.get("lock")
+    if lock:
+        with contextlib.suppress(OSError, ValueError):
+            with open(lock) as fh:
+                mine = json.load(fh).get("run_dir") == run_dir
+            if mine:
+                os.unlink(lock)
+
+
 def supervise(run_dir: str) -> None:
     """Everything after detaching: run the command described in ``run.json`` to its end."""
     record_start(run_dir)
+    # Read while still privileged: run.json (secrets, callback token) is the worker's, 0600.
     with open(path(run_dir, RUN)) as fh:
         spec = json.load(fh)
+    try:
+        run(run_dir, spec)
+    finally:
+        release(run_dir, spec)
+
+
+def run(run_dir: str, spec: dict[str, Any]) -> None:
     if cancelled(run_dir):
         finish(run_dir, error="cancelled before the command started")
         return
@@ -155,9 +238,12 @@ def supervise(run_dir: str) -> None:
     if cancelled(run_dir):  # a cancel that came before the pid file could be seen
         killpg(proc.pid, signal.SIGTERM)
     returncode, timed_out = wait_for_command(proc, spec)
-    # The run is over: nothing it started may keep running.
+    # The run is over: nothing it started may keep running, not even what left the group.
     killpg(proc.pid, signal.SIGKILL)
-    finish(run_dir, returncode=returncode, timed_out=timed_out)
+    if spec.get("user"):
+        kill_user(int(spec["user"]["uid"]))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finish(run_dir, returncode=returncode, timed_out=timed_out, cpu_seconds=usage.ru_utime + usage.ru_stime)
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -35,6 +36,12 @@ class MisfirePolicy(models.TextChoices):
     RUN_ALL = "run_all"  #: every missed occurrence, bounded by a maximum
 
 
+class ArtifactStatus(models.TextChoices):
+    UPLOADING = "UPLOADING"  #: waiting for the bytes at a signed upload URL
+    READY = "READY"  #: stored and verified (size, SHA-256): tasks may use it
+    REJECTED = "REJECTED"  #: the upload did not match what was declared, or it expired
+
+
 def artifact_upload_to(instance: Artifact, filename: str) -> str:
     return f"artifacts/{instance.owner_id}/{instance.id}/{filename}"
 
@@ -50,6 +57,17 @@ class Artifact(models.Model):
     sha256 = models.CharField(max_length=64, help_text="Checksum of the content, checked before every run.")
     size = models.PositiveBigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    status = models.CharField(
+        max_length=10,
+        choices=ArtifactStatus.choices,
+        default=ArtifactStatus.READY,
+        help_text="UPLOADING until a signed upload arrives and is verified; tasks use READY artifacts only.",
+    )
+    rejection_reason = models.CharField(max_length=500, blank=True, default="")
+    #: A signed upload URL is valid until then (UPLOADING artifacts only).
+    upload_expires_at = models.DateTimeField(null=True, blank=True)
+    #: Set (conditionally) by the first request to the signed URL: the URL is single-use.
+    upload_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -171,6 +189,13 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return self.name or str(self.id)
+
+    def clean(self) -> None:
+        # Only a verified upload can run: not one still UPLOADING, nor a REJECTED one.
+        if self.artifact_id is not None and self.artifact is not None and self.artifact.status != ArtifactStatus.READY:
+            raise ValidationError(
+                {"artifact": [f"Artifact {self.artifact_id} is {self.artifact.status}: only READY artifacts can run."]}
+            )
 
 
 class ApiIdempotencyKey(models.Model):

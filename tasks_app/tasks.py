@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from tasks_app.artifacts import artifact_uploads_expire
 from tasks_app.idempotency import idempotency_keys_expire
 
 
 @shared_task(name="tms.expire_idempotency_keys", ignore_result=True, send_events=False)
 def expire_idempotency_keys() -> int:
     return idempotency_keys_expire()
+
+
+@shared_task(name="tms.expire_artifact_uploads", ignore_result=True, send_events=False)
+def expire_artifact_uploads() -> int:
+    return artifact_uploads_expire()

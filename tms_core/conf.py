@@ -67,8 +67,32 @@ class TmsSettings:
     CALLBACK_TOKEN_MAX_AGE: float = 3600.0
     #: Seconds a callback token is still accepted after its life, for a report sent at the end.
     CALLBACK_TOKEN_GRACE: float = 300.0
+    #: How the subprocess runner isolates a run (runners.sandbox): ``auto`` (``bwrap`` when the
+    #: worker is privileged and bubblewrap is installed, else ``user`` when privileged, else
+    #: refuse), ``bwrap`` (namespaces + a run user), ``user`` (a run user only) or ``none``
+    #: (explicit opt-in: the run shares the worker's user; not a sandbox).
+    SUBPROCESS_SANDBOX: str = "auto"
+    #: Run users ``<prefix>0 .. <prefix>N-1`` (created by ``manage.py tms_sandbox_setup``); each
+    #: concurrent run on a host gets one of its own.
+    SUBPROCESS_RUN_USER_PREFIX: str = "tms-run-"
+    SUBPROCESS_RUN_USERS: int = 32
+    #: Host-wide folder of the run users' claim files (root-only; one per busy run user).
+    SUBPROCESS_RUN_USER_LOCKS: str = "/run/tms-run-users"
+    #: Seconds a finished run's folder (output, exit record) is kept before it is removed.
+    SUBPROCESS_RUN_RETENTION: float = 7 * 86400.0
+    #: Seconds a signed upload URL (POST /api/v1/artifacts/uploads) stays valid; an upload not
+    #: finished by then is REJECTED and its bytes removed by the periodic cleanup.
+    ARTIFACT_UPLOAD_TTL: float = 900.0
 
     def __post_init__(self) -> None:
+        if self.SUBPROCESS_SANDBOX not in ("auto", "bwrap", "user", "none"):
+            raise ImproperlyConfigured("TMS_SUBPROCESS_SANDBOX must be one of auto, bwrap, user, none.")
+        if not 1 <= self.SUBPROCESS_RUN_USERS <= 1000:
+            raise ImproperlyConfigured("TMS_SUBPROCESS_RUN_USERS must be between 1 and 1000.")
+        if self.SUBPROCESS_RUN_RETENTION < 60:
+            raise ImproperlyConfigured("TMS_SUBPROCESS_RUN_RETENTION must be at least 60 (seconds).")
+        if not 60 <= self.ARTIFACT_UPLOAD_TTL <= 86400:
+            raise ImproperlyConfigured("TMS_ARTIFACT_UPLOAD_TTL must be between 60 and 86400 (seconds).")
         # The bounds of the task fields these are defaults for (tasks_app.models).
         if self.MATERIALISE_THREADS < 1:
             raise ImproperlyConfigured("TMS_MATERIALISE_THREADS must be at least 1.")

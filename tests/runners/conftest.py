@@ -7,8 +7,11 @@ because each module wants them with its own defaults rather than as fixtures.
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from runners.base import BaseRunner, RunHandle, RunResult, RunSpec
@@ -56,3 +59,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+#: An interpreter run users can execute (the suite's own may live under /root, closed to them).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def reachable_dir(tmp_path: Path) -> Path:
+    """A folder for run folders that run users can reach (pytest's own tmp_path is 0700 root's).
+
+    ``/tmp/tms-test-runs-<pid>/<test's tmp folder name>``, searchable (not listable) by others.
+    """
+    top = Path(tempfile.gettempdir()) / f"tms-test-reach-{os.getpid()}"
+    top.mkdir(mode=0o711, exist_ok=True)
+    top.chmod(0o711)
+    folder = top / tmp_path.name
+    folder.mkdir(mode=0o711, exist_ok=True)
+    return folder

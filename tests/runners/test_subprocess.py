@@ -11,7 +11,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,15 +24,16 @@ from rest_framework import serializers
 from runners.base import RunHandle, RunnerError, RunSpec, RunState
 from runners.registry import get_runner
 from runners.subprocess import SubprocessRunner
-from tests.runners.conftest import spec_maker, wait_for_result
+from tests.runners.conftest import SYSTEM_PYTHON, reachable_dir, spec_maker, wait_for_result
 
-PYTHON = sys.executable
+# Runs execute as a run user, which may not reach the suite's own interpreter (under /root).
+PYTHON = SYSTEM_PYTHON
 make_spec = spec_maker(task_id="task-7", timeout=30.0)
 
 
 def make_runner(tmp_path: Path, **options: Any) -> SubprocessRunner:
     options.setdefault("allowed_executables", [PYTHON, "echo", "sleep", "true"])
-    options.setdefault("work_dir", str(tmp_path / "runs"))
+    options.setdefault("work_dir", str(reachable_dir(tmp_path) / "runs"))
     options.setdefault("kill_grace_seconds", 0.5)
     return SubprocessRunner("local", options)
 
@@ -211,7 +211,8 @@ def test_environment_is_scrubbed_and_carries_the_run_identity(tmp_path: Path, mo
     assert env["TMS_IDEMPOTENCY_KEY"] == "tms-41-2"
     assert env["TMS_CALLBACK_URL"] == "http://127.0.0.1:9/api/v1/callbacks/41"
     assert env["TMS_TRACING_ID"] == "trace-1"
-    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "GREETING", "SSL_CERT_FILE", "LC_CTYPE"} | {
+    # PWD: bubblewrap sets it to the working directory.
+    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "GREETING", "SSL_CERT_FILE", "LC_CTYPE", "PWD"} | {
         name for name in env if name.startswith("TMS_")
     }
 
@@ -237,7 +238,8 @@ def test_uploaded_artifact_is_copied_made_executable_and_run_with_args(tmp_path:
     work = run_dir(runner, spec) / "work"
     assert result.state is RunState.SUCCEEDED
     assert result.output == f"artifact got --fast in {work}\n"
-    assert os.access(work / "report.sh", os.X_OK)
+    # The copy is in the run's bin/ (the worker's, read-only to the run user), checked against the upload.
+    assert os.access(run_dir(runner, spec) / "bin" / "report.sh", os.X_OK)
     assert not os.access(upload, os.X_OK)
 
 
@@ -272,7 +274,14 @@ def _grandchild_pid(runner: SubprocessRunner, spec: RunSpec) -> int:
     return int(stdout.read_text().split()[0])
 
 
-def test_timeout_backstop_kills_the_whole_process_group(runner: SubprocessRunner) -> None:
+@pytest.fixture
+def user_runner(tmp_path: Path) -> SubprocessRunner:
+    """A runner in ``user`` mode: the run's pids are the host's (bubblewrap gives it a PID namespace)."""
+    return make_runner(tmp_path, sandbox="user")
+
+
+def test_timeout_backstop_kills_the_whole_process_group(user_runner: SubprocessRunner) -> None:
+    runner = user_runner
     spec = make_spec(runner, python(_FAMILY), timeout=1.0)
     handle = runner.start(spec)
     pid = command_pid(runner, spec)
@@ -286,7 +295,8 @@ def test_timeout_backstop_kills_the_whole_process_group(runner: SubprocessRunner
     assert wait_gone(pid) and wait_gone(grandchild)
 
 
-def test_cancel_terminates_the_process_group(runner: SubprocessRunner) -> None:
+def test_cancel_terminates_the_process_group(user_runner: SubprocessRunner) -> None:
+    runner = user_runner
     spec = make_spec(runner, python(_FAMILY))
     handle = runner.start(spec)
     pid = command_pid(runner, spec)
@@ -523,7 +533,11 @@ def test_run_folder_of_another_task_is_never_adopted(runner: SubprocessRunner) -
 def test_runner_loads_from_the_tms_runners_setting(tmp_path: Path) -> None:
     entry = {
         "BACKEND": "runners.subprocess.SubprocessRunner",
-        "OPTIONS": {"allowed_executables": ["echo"], "work_dir": str(tmp_path / "runs"), "inline_wait_seconds": 2},
+        "OPTIONS": {
+            "allowed_executables": ["echo"],
+            "work_dir": str(reachable_dir(tmp_path) / "runs"),
+            "inline_wait_seconds": 2,
+        },
     }
     with override_settings(TMS_RUNNERS={"subprocess": entry}):
         runner = get_runner("subprocess")

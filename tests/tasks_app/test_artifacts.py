@@ -10,7 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
 from tasks_app.artifacts import ArtifactCorrupted, artifact_local_path
-from tasks_app.models import Artifact
+from tasks_app.models import Artifact, Task
 
 pytestmark = pytest.mark.django_db
 
@@ -99,5 +99,30 @@ def test_artifact_in_use_cannot_be_deleted(api_client):
                     format="json")  # fmt: skip
     response = api_client.delete(f"/api/v1/artifacts/{own}")
     assert response.status_code == 409  # a conflict with the current state, as documented
-    assert response.json()["type"] == "conflict" and "Tasks still use" in response.json()["detail"]
+    assert response.json()["type"] == "conflict" and "still use this artifact" in response.json()["detail"]
     assert Artifact.objects.filter(pk=own).exists()
+
+
+def test_artifact_whose_tasks_were_all_deleted_can_be_deleted(api_client, django_capture_on_commit_callbacks):
+    own = _upload(api_client).data["id"]
+    tasks = [
+        api_client.post(
+            "/api/v1/tasks", {"runner": "subprocess", "config": {"artifact": True}, "artifact": own}, format="json"
+        ).data["id"]
+        for _ in range(2)
+    ]
+    stored = Artifact.objects.get(pk=own).file.path
+    api_client.delete(f"/api/v1/tasks/{tasks[0]}")
+    still = api_client.delete(f"/api/v1/artifacts/{own}")
+    assert still.status_code == 409 and "1 task(s) still use" in still.json()["detail"]
+
+    api_client.delete(f"/api/v1/tasks/{tasks[1]}")
+    with django_capture_on_commit_callbacks(execute=True):  # the file goes after the commit
+        response = api_client.delete(f"/api/v1/artifacts/{own}")
+
+    assert response.status_code == 204, response.content
+    assert not Artifact.objects.filter(pk=own).exists()
+    assert not os.path.exists(stored)
+    # The deleted tasks keep their history, without the artifact.
+    assert api_client.get(f"/api/v1/tasks/{tasks[0]}").status_code in (200, 404)
+    assert Task.objects.filter(pk__in=tasks, artifact__isnull=True).count() == 2

@@ -4,7 +4,7 @@ from rest_framework.routers import SimpleRouter
 from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSet
 from executions.callback_api import ExecutionCallbackView
 from tasks_app.api import SchedulePreviewView, TaskViewSet
-from tasks_app.artifact_api import ArtifactViewSet
+from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
@@ -17,5 +17,6 @@ urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
+    path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),
     *router.urls,
 ]

@@ -370,6 +370,12 @@ TMS = {
     "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
     "METRICS_ALLOWED_NETWORKS": tuple(env.list("TMS_METRICS_ALLOWED_NETWORKS", default=[])),
     "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
+    "SUBPROCESS_SANDBOX": env.str("TMS_SUBPROCESS_SANDBOX", default="auto"),
+    "SUBPROCESS_RUN_USER_PREFIX": env.str("TMS_SUBPROCESS_RUN_USER_PREFIX", default="tms-run-"),
+    "SUBPROCESS_RUN_USERS": env.int("TMS_SUBPROCESS_RUN_USERS", default=32),
+    "SUBPROCESS_RUN_USER_LOCKS": env.str("TMS_SUBPROCESS_RUN_USER_LOCKS", default="/run/tms-run-users"),
+    "SUBPROCESS_RUN_RETENTION": env.float("TMS_SUBPROCESS_RUN_RETENTION", default=7 * 86400.0),
+    "ARTIFACT_UPLOAD_TTL": env.float("TMS_ARTIFACT_UPLOAD_TTL", default=900.0),
 }
 
 TMS_RUNNERS: dict[str, dict[str, Any]] = {

@@ -1,0 +1,373 @@
+"""The subprocess sandbox (issue 15, finding 1) against real child processes.
+
+The three attacks of the audit, each run by a real command through the runner: reading the
+worker's environment from ``/proc``, reading another task's ``run.json`` through ``$HOME/../..``,
+and replacing a cached artifact that another task's next run executes. Each failed to be stopped
+before run users and bubblewrap (the run shared the worker's user); each is stopped in both
+sandbox modes here. Then the resource limits and the argument patterns.
+
+The tests are written against the runner's public interface only, so the same file shows the
+holes on a checkout without the sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.files.uploadedfile import SimpleUploadedFile
+from rest_framework import serializers
+
+from runners.base import RunSpec, RunState
+from runners.subprocess import SubprocessRunner
+from tests.runners.conftest import wait_for_result
+
+SECRET = "s3cr3t-worker-key-0b1d"
+#: Modes a root worker on this host can use (bwrap only where bubblewrap is installed).
+MODES = ["bwrap", "user"]
+_ids = itertools.count(1000)
+
+
+def _reachable(tmp_path: Path) -> Path:
+    top = Path(tempfile.gettempdir()) / f"tms-test-sandbox-{os.getpid()}"
+    top.mkdir(mode=0o711, exist_ok=True)
+    top.chmod(0o711)
+    folder = top / tmp_path.name
+    folder.mkdir(mode=0o711, exist_ok=True)
+    return folder
+
+
+def make_runner(tmp_path: Path, mode: str, **options: Any) -> SubprocessRunner:
+    options.setdefault("allowed_executables", ["/bin/sh", "/usr/bin/python3"])
+    options.setdefault("work_dir", str(_reachable(tmp_path) / "runs"))
+    options.setdefault("kill_grace_seconds", 0.5)
+    if "sandbox" in SubprocessRunner.option_defaults:  # a checkout without the sandbox has no modes
+        options["sandbox"] = mode
+    return SubprocessRunner("local", options)
+
+
+def make_spec(runner: SubprocessRunner, config: dict[str, Any], **fields: Any) -> RunSpec:
+    fields.setdefault("execution_id", next(_ids))
+    fields.setdefault("attempt", 1)
+    fields.setdefault("task_id", "task-1")
+    fields.setdefault("timeout", 30.0)
+    return RunSpec(config=runner.validate_config(config), **fields)
+
+
+def sh(script: str, **config: Any) -> dict[str, Any]:
+    return {"command": ["/bin/sh", "-c", script], **config}
+
+
+def run(runner: SubprocessRunner, config: dict[str, Any], **fields: Any):
+    spec = make_spec(runner, config, **fields)
+    return wait_for_result(runner, spec, runner.start(spec), seconds=30)
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    if request.param == "bwrap" and not Path("/usr/bin/bwrap").exists():
+        pytest.fail("bubblewrap is not installed: apt-get install -y bubblewrap (make test installs it)")
+    return request.param
+
+
+# --------------------------------------------------------------------------------------------
+# Attack (a): the worker's environment through /proc
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_run_cannot_read_the_worker_environment_from_proc(tmp_path: Path, mode: str) -> None:
+    # A process started the way the worker is (its secrets in its environment), as the worker's user.
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={"DJANGO_SECRET_KEY": SECRET, "PATH": "/usr/bin"}
+    )
+    try:
+        runner = make_runner(tmp_path, mode)
+        script = (
+            f"cat /proc/{worker.pid}/environ; cat /proc/{os.getpid()}/environ; "
+            "for f in /proc/[0-9]*/environ; do cat $f; done 2>/dev/null; echo done"
+        )
+        result = run(runner, sh(script))
+    finally:
+        worker.kill()
+        worker.wait()
+    assert SECRET not in result.output + result.error
+    assert "DJANGO_SECRET_KEY" not in result.output + result.error
+
+
+# --------------------------------------------------------------------------------------------
+# Attack (b): another task's run.json through $HOME/../..
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_run_cannot_read_another_runs_run_json(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode)
+    victim = make_spec(runner, sh("sleep 20", env={"API_TOKEN": SECRET}), task_id="victim")
+    handle = runner.start(victim)
+    try:
+        folder = runner.work_dir / victim.idempotency_key
+        assert SECRET in (folder / "run.json").read_text()  # the secret is there, for the worker
+        result = run(
+            runner,
+            sh(
+                f'cat "$HOME/../../{victim.idempotency_key}/run.json"; '
+                f'ls "$HOME/../../{victim.idempotency_key}/work"; cat "$HOME/../run.json"; '
+                f'cat "$HOME/../../{victim.idempotency_key}/stdout"; echo end'
+            ),
+            task_id="attacker",
+        )
+    finally:
+        runner.cancel(victim, handle)
+    assert SECRET not in result.output + result.error
+    assert "callback" not in result.output.lower()
+    assert result.output.strip().endswith("end")
+
+
+def test_run_json_and_control_files_are_the_workers_and_work_is_the_run_users(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode)
+    spec = make_spec(runner, sh("id -u; sleep 5"))
+    handle = runner.start(spec)
+    try:
+        folder = runner.work_dir / spec.idempotency_key
+        deadline = time.monotonic() + 5
+        stdout = folder / "stdout"
+        while time.monotonic() < deadline and not (stdout.exists() and stdout.stat().st_size):
+            time.sleep(0.02)
+        run_uid = int((folder / "stdout").read_text().split()[0])
+        assert run_uid not in (0, os.getuid())
+        assert (folder / "run.json").stat().st_mode & 0o777 == 0o600
+        assert (folder / "run.json").stat().st_uid == os.getuid()
+        assert (folder / "work").stat().st_uid == run_uid
+        assert (folder / "work").stat().st_mode & 0o777 == 0o700
+        assert folder.stat().st_mode & 0o777 == 0o711
+    finally:
+        runner.cancel(spec, handle)
+    # Over: the folder is closed to the run user, which goes to another run next.
+    deadline = time.monotonic() + 5
+    while folder.stat().st_mode & 0o777 != 0o700 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+# --------------------------------------------------------------------------------------------
+# Attack (c): replacing a cached artifact that another task runs next
+# --------------------------------------------------------------------------------------------
+
+ARTIFACT = b"#!/bin/sh\necho hello from the artifact\n"
+EVIL = b"#!/bin/sh\necho PWNED\n"
+
+
+@pytest.fixture
+def artifact_settings(settings: Any, tmp_path: Path) -> Any:
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.TMS_ARTIFACT_CACHE_DIR = str(_reachable(tmp_path) / "artifact-cache")
+    return settings
+
+
+def _artifact_task(owner: Any) -> Any:
+    from tasks_app.artifacts import artifact_create
+    from tasks_app.services import task_create
+
+    artifact = artifact_create(owner=owner, upload=SimpleUploadedFile("hello.sh", ARTIFACT))
+    return task_create(owner=owner, runner="subprocess", config={"artifact": True}, artifact=artifact)
+
+
+def _run_task(task: Any, runner: SubprocessRunner) -> Any:
+    from executions.runs import run_spec
+    from tests.factories import ExecutionFactory
+
+    execution = ExecutionFactory(task=task)
+    spec = run_spec(execution, task, starting=True)
+    return wait_for_result(runner, spec, runner.start(spec), seconds=30)
+
+
+@pytest.mark.django_db
+def test_a_run_cannot_replace_a_cached_artifact_that_another_task_runs(
+    tmp_path: Path, mode: str, artifact_settings: Any
+) -> None:
+    from tests.factories import UserFactory
+
+    runner = make_runner(tmp_path, mode, allow_artifacts=True)
+    victim = _artifact_task(UserFactory())
+    assert _run_task(victim, runner).output == "hello from the artifact\n"  # cached now
+    cached = Path(settings.TMS_ARTIFACT_CACHE_DIR) / victim.artifact.sha256
+
+    # Another tenant's run tries to replace the cached file (path and content in its environment).
+    attack = run(
+        runner,
+        sh(
+            'chmod 700 "$TARGET"; printf "$EVIL" > "$TARGET"; rm -f "$TARGET"; printf "$EVIL" > "$TARGET"; echo tried',
+            env={"TARGET": str(cached), "EVIL": EVIL.decode().replace("\n", "\\n")},
+        ),
+    )
+    assert "tried" in attack.output
+
+    result = _run_task(victim, runner)
+    assert result.state is RunState.SUCCEEDED, result.error
+    assert result.output == "hello from the artifact\n"
+    assert "PWNED" not in result.output
+
+
+@pytest.mark.django_db
+def test_a_replaced_cache_file_is_fetched_again_not_run(tmp_path: Path, artifact_settings: Any) -> None:
+    from tests.factories import UserFactory
+
+    runner = make_runner(tmp_path, "user", allow_artifacts=True)
+    victim = _artifact_task(UserFactory())
+    _run_task(victim, runner)
+    cached = Path(settings.TMS_ARTIFACT_CACHE_DIR) / victim.artifact.sha256
+    # Whoever managed to write there (the worker's own user, say): a hit is re-hashed.
+    cached.chmod(0o700)
+    cached.write_bytes(EVIL)
+
+    result = _run_task(victim, runner)
+    assert result.output == "hello from the artifact\n"
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == victim.artifact.sha256
+    assert Path(settings.TMS_ARTIFACT_CACHE_DIR).stat().st_mode & 0o777 == 0o700
+
+
+# --------------------------------------------------------------------------------------------
+# Processes left behind, limits
+# --------------------------------------------------------------------------------------------
+
+
+def test_nothing_the_run_started_survives_it_even_outside_its_group(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode)
+    code = (
+        "import os, subprocess, time; "
+        "subprocess.Popen(['/usr/bin/python3', '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+        "print(os.getuid(), flush=True)"
+    )
+    result = run(runner, {"command": ["/usr/bin/python3", "-c", code]})
+    uid = int(result.output.split()[0])
+    time.sleep(0.2)
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        # A zombie has ended already; init reaps it in its own time.
+        if str(uid) in fields["Uid"].split() and not fields["State"].strip().startswith(("Z", "X")):
+            left.append(f"{stat.parent.name}: {text.splitlines()[0]} {text.splitlines()[2]}")
+    assert left == []
+
+
+def test_cpu_time_limit_ends_the_run_with_a_clear_reason(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode)
+    result = run(runner, {"command": ["/usr/bin/python3", "-c", "while True: pass"], "limits": {"cpu_seconds": 1}})
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("killed: CPU time limit of 1 s reached")
+
+
+def test_file_size_limit_caps_output_while_it_is_written(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode)
+    code = "import sys\nwhile True: sys.stdout.write('x' * 65536)"
+    spec = make_spec(runner, {"command": ["/usr/bin/python3", "-c", code], "limits": {"file_bytes": 200_000}})
+    result = wait_for_result(runner, spec, runner.start(spec), seconds=30)
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("output exceeded 200000 bytes")
+    # Capped on the disk, not only when read back.
+    assert (runner.work_dir / spec.idempotency_key / "stdout").stat().st_size <= 200_000
+
+
+def test_limits_above_the_operator_maxima_are_refused_at_save(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, "user", max_limits={"cpu_seconds": 60}, limits={"cpu_seconds": 30})
+    with pytest.raises(serializers.ValidationError) as refused:
+        runner.validate_config(sh("true", limits={"cpu_seconds": 61}))
+    assert "limits" in refused.value.detail  # type: ignore[operator]
+    with pytest.raises(serializers.ValidationError):
+        runner.validate_config(sh("true", limits={"wall_seconds": 1}))
+    assert runner.validate_config(sh("true", limits={"cpu_seconds": 60}))["limits"] == {"cpu_seconds": 60}
+
+
+# --------------------------------------------------------------------------------------------
+# Argument patterns
+# --------------------------------------------------------------------------------------------
+
+
+def test_argument_patterns_pin_what_an_allowed_interpreter_may_run(tmp_path: Path) -> None:
+    jobs = _reachable(tmp_path) / "jobs"
+    jobs.mkdir(mode=0o755, exist_ok=True)
+    (jobs / "report.py").write_text("print('report ran')\n")
+    (jobs / "report.py").chmod(0o644)
+    pattern = "^" + str(jobs).replace(".", r"\.") + r"/[a-z_]+\.py$"
+    runner = make_runner(tmp_path, "user", allowed_executables={"/usr/bin/python3": [pattern], "/bin/sh": None})
+
+    assert run(runner, {"command": ["/usr/bin/python3", str(jobs / "report.py")]}).output == "report ran\n"
+    with pytest.raises(serializers.ValidationError) as refused:
+        runner.validate_config({"command": ["/usr/bin/python3", "-c", "print(1)"]})
+    assert "command" in refused.value.detail  # type: ignore[operator]
+    with pytest.raises(serializers.ValidationError) as refused:
+        runner.validate_config({"command": ["/usr/bin/python3", str(jobs / "report.py")], "args": ["-x"]})
+    assert "args" in refused.value.detail  # type: ignore[operator]
+    # Checked again at start: a config saved before the pattern was pinned does not run.
+    spec = RunSpec(
+        execution_id=next(_ids), attempt=1, task_id="t", timeout=10.0,
+        config={"command": ["/usr/bin/python3", "-c", "print('no')"], "args": [], "env": {}, "limits": {}},
+    )  # fmt: skip
+    result = wait_for_result(runner, spec, runner.start(spec))
+    assert result.state is RunState.FAILED and "not allowed" in result.error and result.retryable is False
+
+
+def test_bad_argument_patterns_are_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ImproperlyConfigured, match="bad pattern"):
+        make_runner(tmp_path, "user", allowed_executables={"/usr/bin/python3": ["(unclosed"]})
+
+
+# --------------------------------------------------------------------------------------------
+# Modes
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_unprivileged_worker_refuses_to_run_unless_unsandboxed_is_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runners import sandbox
+
+    monkeypatch.setattr(sandbox, "privileged", lambda: False)
+    runner = make_runner(tmp_path, "auto")
+    spec = make_spec(runner, sh("echo hi"))
+    with pytest.raises(Exception, match="CAP_SETUID") as refused:
+        runner.start(spec)
+    assert getattr(refused.value, "retryable", True) is False
+    assert not (runner.work_dir / spec.idempotency_key).exists()
+    for mode in ("bwrap", "user"):
+        with pytest.raises(ImproperlyConfigured, match="root"):
+            sandbox.resolve_mode(mode)
+    assert run(make_runner(tmp_path, "none"), sh("echo unsandboxed")).output == "unsandboxed\n"
+
+
+def test_old_run_folders_are_pruned_but_never_a_running_one(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, "user")
+    done = make_spec(runner, sh("echo done"))
+    wait_for_result(runner, done, runner.start(done))
+    live = make_spec(runner, sh("sleep 20"))
+    handle = runner.start(live)
+    deadline = time.monotonic() + 5
+    while not (runner.work_dir / live.idempotency_key / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        old = time.time() - 3600
+        for spec in (done, live):
+            for name in ("exit", "launch"):
+                path = runner.work_dir / spec.idempotency_key / name
+                if path.exists():
+                    os.utime(path, (old, old))
+        assert runner.prune_runs(retention=60) == 1
+        assert not (runner.work_dir / done.idempotency_key).exists()
+        assert (runner.work_dir / live.idempotency_key / "run.json").exists()
+    finally:
+        runner.cancel(live, handle)
+    assert json.loads((runner.work_dir / live.idempotency_key / "exit").read_text())["cancelled"] is True
