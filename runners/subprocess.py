@@ -272,6 +272,7 @@ class SubprocessRunner(BaseRunner):
         "launch_grace_seconds": 30.0,
     }
     config_serializer_class = SubprocessConfigSerializer
+    secret_config_fields = ("env",)
     supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
