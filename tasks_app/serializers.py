@@ -124,12 +124,13 @@ def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
 
 
 class OwnArtifactField(serializers.PrimaryKeyRelatedField):
-    """An artifact by id: staff may name any, everyone else only their own (another's id is "does not exist")."""
+    """An artifact by id: your own (another's id is "does not exist"); any with the permission to
+    change anyone's tasks (superusers), not for read-only support staff."""
 
     def get_queryset(self) -> QuerySet[Artifact]:
         queryset = Artifact.objects.all()
         request = self.context.get("request")
-        if request is not None and not request.user.is_staff:
+        if request is not None and not request.user.has_perm("tasks_app.change_task"):
             return queryset.filter(owner=request.user)
         return queryset
 
