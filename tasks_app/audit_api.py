@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
 
+from executions.api import UtcDateTimeFilter
 from tasks_app.models import AuditEntry
 from tms_project.api.base import OwnerScopedMixin, StrictFilterSet
 
@@ -49,8 +54,8 @@ class AuditFilter(StrictFilterSet):
     user = filters.CharFilter(field_name="actor_name", help_text="Only entries of this actor (username).")
     action = filters.CharFilter(help_text="Only this action: create, update, delete, pause, resume, trigger, ...")
     object_type = filters.CharFilter(help_text="Only entries about this kind of object: task, execution, ...")
-    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Only entries at or after this.")
-    until = filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Only entries before this.")
+    since = UtcDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Only entries at or after this.")
+    until = UtcDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Only entries before this.")
 
     class Meta:
         model = AuditEntry
@@ -64,6 +69,31 @@ class AuditPagination(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int:
+        # DRF falls back to the default on a bad value; the API answers 400 instead, as elsewhere.
+        values = request.query_params.getlist(self.page_size_query_param)
+        if not values:
+            return self.page_size
+        for value in values:
+            if not value.isdigit() or int(value) < 1:
+                raise ValidationError({self.page_size_query_param: ["A whole number of at least 1 is required."]})
+        return min(int(values[-1]), self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> Any:
+        # DRF answers a bad cursor with 404; it is bad input, like a bad filter.
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({self.cursor_query_param: ["Invalid cursor: follow a page's next link."]}) from None
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+                parameter["description"] = f"Entries per page (default {self.page_size}); more than 500 reads as 500."
+        return parameters
 
 
 @extend_schema_view(

@@ -102,7 +102,7 @@ def test_the_audit_api_is_owner_scoped_filtered_and_cursor_paged(user, other_use
     entry = AuditEntry.objects.get(task_id=theirs.pk)
     assert api_client.get(f"/api/v1/audit/{entry.pk}").status_code == 404
     assert staff_client.get(f"/api/v1/audit/{entry.pk}").status_code == 200
-    for bad in ("?task=nope", "?since=yesterday", "?task="):
+    for bad in ("?task=nope", "?since=yesterday", "?task=", "?cursor=nope", "?limit=0", "?limit=x"):
         assert api_client.get(f"/api/v1/audit{bad}").status_code == 400, bad
 
 
