@@ -14,7 +14,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
@@ -29,7 +29,7 @@ from runners.base import RunHandle, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
-from tasks_app.secrets import config_open
+from tasks_app.secrets import config_open, redact, secret_values
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,11 @@ def execution_record_outcome(
     outcome already recorded).
     """
     conf = tms_settings()
+    # An error or output quoting one of the task's secrets (a URL's key in a connection error, a
+    # header echoed back) is stored, in the execution and its events, with the secret masked.
+    values = secret_values(task.runner, task.config, task.secret_fields or [])
+    if values:
+        result = replace(result, output=redact(result.output, values), error=redact(result.error, values))
     common: dict[str, Any] = {
         "execution_id": execution.pk,
         "attempt": execution.attempt,

@@ -34,6 +34,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.core.exceptions import ImproperlyConfigured
@@ -245,6 +246,38 @@ def config_unmask(submitted: Any, stored_plain: Any) -> Any:
     """``submitted`` (edited from the masked config) with each value still reading :data:`MASK`
     given back its stored value: sending the mask back keeps a secret, anything else replaces it."""
     return unmask_config(submitted, stored_plain)
+
+
+#: Secret values shorter than this are not redacted from texts (they would mask ordinary words).
+REDACT_MIN_LENGTH = 4
+
+
+def secret_values(runner: str, config: Any, secret_fields: Iterable[str] = ()) -> list[str]:
+    """The secret values of ``config`` (stored or plain) as text, longest first, for
+    :func:`redact`: each whole secret value, and a secret URL's password and secret-named query
+    values (which an error message quoting the URL would show)."""
+    plain = config_open(config)
+    values: set[str] = set()
+    for path, whole in _secret_leaves(runner, plain, secret_fields):
+        value = _get(plain, path)
+        text = value if isinstance(value, str) else json.dumps(value)
+        if whole:
+            values.add(text)
+            continue
+        parts = urlsplit(text)
+        if parts.password:
+            values.update({parts.password, quote(parts.password, safe="")})
+        values.update(item for name, item in parse_qsl(parts.query) if is_secret_key(name))
+    return sorted((value for value in values if len(value) >= REDACT_MIN_LENGTH), key=len, reverse=True)
+
+
+def redact(text: str, values: Sequence[str]) -> str:
+    """``text`` with every occurrence of ``values`` replaced by :data:`MASK` (an error message or
+    output that quotes a secret never reaches the database, the events or the logs)."""
+    for value in values:
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
 
 
 def has_reserved_key(value: Any) -> bool:

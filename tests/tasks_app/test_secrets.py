@@ -22,7 +22,7 @@ from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from tasks_app.masking import MASK
 from tasks_app.models import AuditEntry, Task
-from tasks_app.secrets import config_masked, config_open, config_seal, secret_paths
+from tasks_app.secrets import config_masked, config_open, config_seal, redact, secret_paths, secret_values
 from tasks_app.services import task_config, task_create
 from tests.conftest import client_for
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
@@ -242,7 +242,8 @@ class _Recorder(BaseHTTPRequestHandler):
         self.rfile.read(length)
         self.send_response(200)
         self.end_headers()
-        self.wfile.write(b"received")
+        # A careless endpoint echoes the credential back: the stored output must not keep it.
+        self.wfile.write(f"received {self.headers.get('Authorization')}".encode())
 
     def log_message(self, *args: object) -> None:
         pass
@@ -285,3 +286,16 @@ def test_a_real_run_sends_the_real_secret_and_logs_and_events_hold_none(user, ap
     stored += json.dumps(list(ExecutionEvent.objects.filter(execution__in=executions).values()), default=str)
     stored += json.dumps(list(AuditEntry.objects.values()), default=str)
     assert "sk-live" not in stored and CUSTOM not in stored
+    assert executions.filter(output=f"received {MASK}").exists()  # the echo, redacted
+
+
+def test_secret_values_are_redacted_from_errors_and_outputs(user):
+    config = {"url": "http://127.0.0.1:9/hook?api_key=key-abcdef&page=2", "headers": {"X-Token": "tok-123456"}}
+    task = task_create(owner=user, runner="http", config=config, start_at=LATER)
+    values = secret_values(task.runner, task.config, task.secret_fields)
+    assert set(values) == {"key-abcdef", "tok-123456"}
+    error = "ConnectionError: Max retries exceeded with url: /hook?api_key=key-abcdef&page=2; sent tok-123456"
+    assert (
+        redact(error, values)
+        == f"ConnectionError: Max retries exceeded with url: /hook?api_key={MASK}&page=2; sent {MASK}"
+    )
