@@ -299,3 +299,22 @@ def test_secret_values_are_redacted_from_errors_and_outputs(user):
         redact(error, values)
         == f"ConnectionError: Max retries exceeded with url: /hook?api_key={MASK}&page=2; sent {MASK}"
     )
+
+
+def test_the_back_office_shows_and_edits_configs_masked(user):
+    from django.test import Client
+
+    from backoffice.forms import TaskForm
+
+    task = _http_task(user)
+    client = Client()
+    client.force_login(user)
+    for page in (f"/ui/tasks/{task.pk}/", f"/ui/tasks/{task.pk}/edit/"):
+        text = client.get(page).content.decode()
+        assert MASK in text and "sk-live" not in text and CUSTOM not in text, page
+    data = {key: value for key, value in TaskForm.initial_for(task).items() if value not in (None, "")}
+    response = client.post(f"/ui/tasks/{task.pk}/edit/", {**data, "name": "edited in the back office"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    task.refresh_from_db()
+    assert task.name == "edited in the back office"
+    assert task_config(task)["headers"] == {"Authorization": SECRET, "X-Custom": CUSTOM}
