@@ -21,6 +21,26 @@ def encrypt_existing(apps, schema_editor):
             Task.objects.using(schema_editor.connection.alias).filter(pk=task.pk).update(config=sealed)
 
 
+def mask_stored_responses(apps, schema_editor):
+    """Stored create responses (Idempotency-Key replays, kept 24 hours) showed configs in clear:
+    mask them as the API now shows them."""
+    from tasks_app.secrets import config_masked
+
+    def masked(body):
+        if isinstance(body, list):
+            return [masked(item) for item in body]
+        if isinstance(body, dict) and isinstance(body.get("config"), dict) and "runner" in body:
+            return {**body, "config": config_masked(body["runner"], body["config"], [])}
+        return body
+
+    ApiIdempotencyKey = apps.get_model("tasks_app", "ApiIdempotencyKey")
+    keys = ApiIdempotencyKey.objects.using(schema_editor.connection.alias)
+    for row in keys.only("id", "response_body").iterator(2000):
+        body = masked(row.response_body)
+        if body != row.response_body:
+            keys.filter(pk=row.pk).update(response_body=body)
+
+
 def decrypt_existing(apps, schema_editor):
     from tasks_app.secrets import config_open
 
@@ -68,4 +88,5 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.RunPython(encrypt_existing, decrypt_existing, elidable=False),
+        migrations.RunPython(mask_stored_responses, migrations.RunPython.noop, elidable=False),
     ]

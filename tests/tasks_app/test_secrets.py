@@ -21,7 +21,7 @@ from django.utils import timezone
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from tasks_app.masking import MASK
-from tasks_app.models import AuditEntry, Task
+from tasks_app.models import ApiIdempotencyKey, AuditEntry, Task
 from tasks_app.secrets import config_masked, config_open, config_seal, redact, secret_paths, secret_values
 from tasks_app.services import task_config, task_create
 from tests.conftest import client_for
@@ -121,11 +121,19 @@ def test_the_data_migration_encrypts_existing_secrets(user):
     plain = task_config(task)
     Task.objects.filter(pk=task.pk).update(config=plain)  # as a row written before the migration
     assert SECRET in _raw_config(task.pk)
+    replay = ApiIdempotencyKey.objects.create(
+        owner=user, key="k1", request_fingerprint="f", response_status=201,
+        response_body={"id": str(task.pk), "runner": "http", "config": plain},
+    )  # fmt: skip
     migration = importlib.import_module("tasks_app.migrations.0007_secret_fields_and_audit_log")
-    migration.encrypt_existing(django_apps, SimpleNamespace(connection=connection))
+    editor = SimpleNamespace(connection=connection)
+    migration.encrypt_existing(django_apps, editor)
+    migration.mask_stored_responses(django_apps, editor)
     assert SECRET not in _raw_config(task.pk)
     task.refresh_from_db()
     assert task_config(task) == plain
+    replay.refresh_from_db()
+    assert replay.response_body["config"]["headers"] == {"Authorization": MASK, "X-Custom": MASK}
 
 
 def test_rotation_re_encrypts_with_the_new_key_and_the_old_key_can_go(user, settings):
