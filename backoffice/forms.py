@@ -16,6 +16,7 @@ from django import forms
 
 from runners.registry import runner_aliases
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task
+from tasks_app.services import task_config_masked
 
 #: Wall-clock input to the second (``<input type=datetime-local step=1>``).
 LOCAL_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -127,7 +128,8 @@ class TaskForm(ApiInputForm):
         return {
             "name": task.name,
             "runner": task.runner,
-            "config": json.dumps(task.config, indent=2, sort_keys=True),
+            # Secrets masked: sending the mask back keeps them (tasks_app.secrets).
+            "config": json.dumps(task_config_masked(task), indent=2, sort_keys=True),
             "start_at": local_text(task.start_at, task.timezone),
             "interval": seconds(task.interval),
             "cron": task.cron,

@@ -19,6 +19,7 @@ from django.shortcuts import get_object_or_404
 
 from executions.models import Execution
 from tasks_app.models import Task, TaskStatus
+from tasks_app.roles import may_act_for
 
 
 def visible_tasks(user: Any) -> QuerySet[Task]:
@@ -43,16 +44,16 @@ def execution_or_404(user: Any, pk: Any) -> Execution:
 
 def may_change_task(user: Any, task: Task) -> bool:
     """Whether ``user`` may edit, pause, resume, run or backfill ``task``."""
-    return task.owner_id == user.pk or user.has_perm("tasks_app.change_task")
+    return may_act_for(user, task.owner_id, "tasks_app.change_task")
 
 
 def may_delete_task(user: Any, task: Task) -> bool:
-    return task.owner_id == user.pk or user.has_perm("tasks_app.delete_task")
+    return may_act_for(user, task.owner_id, "tasks_app.delete_task")
 
 
 def may_change_execution(user: Any, execution: Execution) -> bool:
     """Whether ``user`` may cancel or retry ``execution``."""
-    return execution.task.owner_id == user.pk or user.has_perm("executions.change_execution")
+    return may_act_for(user, execution.task.owner_id, "executions.change_execution")
 
 
 def task_to_change(user: Any, pk: Any, *, delete: bool = False) -> Task:

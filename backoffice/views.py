@@ -41,7 +41,7 @@ from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_app.masking import mask_config
-from tasks_app.models import TaskStatus
+from tasks_app.models import AuditEntry, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.selectors import task_occurrences, task_preview, task_why
 from tasks_app.serializers import (
@@ -54,6 +54,7 @@ from tasks_app.serializers import (
 from tasks_app.services import (
     actor_for,
     task_backfill,
+    task_config_masked,
     task_create,
     task_delete,
     task_pause,
@@ -184,7 +185,8 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
     return {
         "task": task,
         "schedule": schedule_words(task),
-        "config": pretty_json(mask_config(task.config)),
+        "config": pretty_json(task_config_masked(task)),
+        "changes": recent_changes(task),
         "fire_times": fire_times,
         "recent": [run_row(execution) for execution in recent],
         "waiting": list(waiting),
@@ -197,6 +199,35 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "can_change": may_change_task(request.user, task),
         "can_delete": may_delete_task(request.user, task),
     }
+
+
+#: Audit entries the task page lists.
+RECENT_CHANGES = 10
+
+
+def _change_text(change: Any) -> str:
+    if isinstance(change, dict) and set(change) == {"from", "to"}:
+        return f"{json.dumps(change['from'], default=str)} \u2192 {json.dumps(change['to'], default=str)}"
+    return json.dumps(change, default=str)
+
+
+def recent_changes(task: Any) -> list[dict[str, Any]]:
+    """The task's latest audit entries (its executions' cancels and retries included), newest first."""
+    entries = AuditEntry.objects.filter(task_id=task.pk).order_by("-id")[:RECENT_CHANGES]
+    return [
+        {
+            "at": entry.at,
+            "actor_name": entry.actor_name,
+            "source": entry.source,
+            "remote_addr": entry.remote_addr,
+            "action": entry.action,
+            "object_type": entry.object_type,
+            "object_id": entry.object_id,
+            "detail": entry.detail,
+            "diff": [(name, _change_text(change)) for name, change in sorted((entry.changes or {}).items())],
+        }
+        for entry in entries
+    ]
 
 
 def _settings_rows(task: Any) -> list[tuple[str, Any]]:

@@ -14,7 +14,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
@@ -29,6 +29,7 @@ from runners.base import RunHandle, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
+from tasks_app.secrets import config_open, redact, secret_values
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         execution_id=execution.pk,
         attempt=execution.attempt,
         task_id=str(task.pk),
-        config=get_runner(task.runner).validate_config(task.config),
+        # Secrets are decrypted here, in the worker's memory, for the runner alone.
+        config=get_runner(task.runner).validate_config(config_open(task.config)),
         timeout=task.timeout.total_seconds(),
         callback_url=callback_url(execution_id=execution.pk),
         callback_token=callback_token(execution_id=execution.pk, attempt=execution.attempt, timeout=task.timeout),
@@ -105,6 +107,11 @@ def execution_record_outcome(
     outcome already recorded).
     """
     conf = tms_settings()
+    # An error or output quoting one of the task's secrets (a URL's key in a connection error, a
+    # header echoed back) is stored, in the execution and its events, with the secret masked.
+    values = secret_values(task.runner, task.config, task.secret_fields or [])
+    if values:
+        result = replace(result, output=redact(result.output, values), error=redact(result.error, values))
     common: dict[str, Any] = {
         "execution_id": execution.pk,
         "attempt": execution.attempt,

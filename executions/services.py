@@ -10,16 +10,32 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.db import transaction
+
 from executions import transitions
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import ACTIVE_STATUSES, Execution
 from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
-from tasks_app.models import Task, TaskStatus
+from tasks_app.audit import audit_record
+from tasks_app.models import AuditAction, Task, TaskStatus
 from tasks_app.schedules import walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
+
+
+def _audit_execution(execution: Execution, action: str, *, changes: dict, detail: str = "") -> None:
+    owner_id = Task.objects.filter(pk=execution.task_id).values_list("owner_id", flat=True).first()
+    audit_record(
+        action=action,
+        object_type="execution",
+        object_id=execution.pk,
+        owner=owner_id,
+        task_id=execution.task_id,
+        changes=changes,
+        detail=detail,
+    )
 
 
 def execution_cancel_by_user(*, execution: Execution, actor: str, reason: str = "cancelled by user") -> CancelReport:
@@ -28,7 +44,15 @@ def execution_cancel_by_user(*, execution: Execution, actor: str, reason: str = 
 
     Raises :class:`ConflictError` when the execution is already finished.
     """
-    outcome = transitions.execution_cancel(execution_id=execution.pk, actor=actor, reason=reason)
+    with transaction.atomic():
+        outcome = transitions.execution_cancel(execution_id=execution.pk, actor=actor, reason=reason)
+        if outcome.won:
+            _audit_execution(
+                execution,
+                AuditAction.CANCEL,
+                changes={"status": {"from": outcome.from_status, "to": "CANCELLED"}},
+                detail=reason,
+            )
     if not outcome.won:
         if outcome.from_status is None:
             raise GoneError(f"Execution {execution.pk} no longer exists.")
@@ -70,7 +94,10 @@ def execution_retry_by_user(*, execution: Execution, actor: str) -> Execution:
     Raises :class:`ConflictError` when it is not FAILED or CANCELLED, was already retried, or
     its task was deleted.
     """
-    new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
+    with transaction.atomic():
+        new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
+        if new_id is not None:
+            _audit_execution(execution, AuditAction.RETRY, changes={"retry": new_id}, detail=f"execution {new_id}")
     if new_id is None:
         current = Execution.objects.select_related("task").filter(pk=execution.pk).first()
         if current is None:
@@ -115,4 +142,15 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
                 raise InvalidInput.on(
                     "until", f"That would create more than {limit} executions; choose an earlier time."
                 )
-    return materialise_task(task_id=task.pk, until=until)
+    with transaction.atomic():
+        ids = materialise_task(task_id=task.pk, until=until)
+        if ids:
+            audit_record(
+                action=AuditAction.MATERIALISE,
+                object_type="task",
+                object_id=task.pk,
+                owner=task.owner_id,
+                task_id=task.pk,
+                changes={"until": until.isoformat(), "created": len(ids)},
+            )
+    return ids

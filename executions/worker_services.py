@@ -32,6 +32,7 @@ from executions.runs import (
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
+from tasks_app.secrets import secret_values
 from tms_core import logcontext
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -145,6 +146,7 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     task = execution.task
     with (
         log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
     ):
         logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
@@ -184,6 +186,7 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     execution, task = loaded
     with (
         log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
     ):
         logger.info("execution %s attempt %s: leased; resuming", execution_id, attempt)

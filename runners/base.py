@@ -155,6 +155,10 @@ class BaseRunner:
     config_serializer_class: ClassVar[type[serializers.Serializer] | None] = None
     #: Whether ``cancel`` really stops the external run.
     supports_cancel: ClassVar[bool] = False
+    #: Config fields (dot paths) whose every value is a secret: encrypted at rest, masked
+    #: wherever a config is shown (tasks_app.secrets). Keys that look secret anywhere in a
+    #: config (``token``, ``password``, ``api_key``, ...) and ``env`` mappings are secret for every runner.
+    secret_config_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})

@@ -136,6 +136,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
         "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
     }
     config_serializer_class = AsyncHttpFunctionConfigSerializer
+    secret_config_fields = ("headers",)
     supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:

@@ -394,6 +394,7 @@ class HttpRunner(BaseRunner):
         "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
     }
     config_serializer_class = HttpConfigSerializer
+    secret_config_fields = ("headers",)
     #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
     supports_cancel = True
 

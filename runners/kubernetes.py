@@ -233,6 +233,7 @@ class KubernetesRunner(BaseRunner):
         "max_output_bytes": 65536,
     }
     config_serializer_class = KubernetesConfigSerializer
+    secret_config_fields = ("env",)
     supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:

@@ -325,6 +325,7 @@ class SubprocessRunner(BaseRunner):
         "network": True,
     }
     config_serializer_class = SubprocessConfigSerializer
+    secret_config_fields = ("env",)
     supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:

@@ -8,8 +8,8 @@
   accepts exactly what the API accepts, and every refusal lands on the form field it is about.
 * ``status`` is read-only; the pause, resume and run-now actions change it, in bulk on a filtered
   selection, reporting per task what happened.
-* Secret-looking config values are masked (:mod:`tasks_app.masking`); a masked value left alone
-  when saving keeps its stored value.
+* Secret config values are masked (:mod:`tasks_app.secrets`: encrypted at rest, never shown); a
+  masked value left alone when saving keeps its stored value.
 
 Who may do what: :mod:`tasks_app.roles`.
 """
@@ -31,12 +31,14 @@ from django.utils.html import format_html, format_html_join
 from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
-from tasks_app.masking import mask_config, unmask_config
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import AuditEntry, Task, TaskStatus
+from tasks_app.secrets import config_unmask
 from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_app.services import (
     UPDATABLE_FIELDS,
     actor_for,
+    task_config,
+    task_config_masked,
     task_create,
     task_delete,
     task_pause,
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
 
 #: What a task is created with, in the order the add form shows it.
-WHAT_FIELDS = ["name", "runner", "config", "artifact"]
+WHAT_FIELDS = ["name", "runner", "config", "secret_fields", "artifact"]
 WHEN_FIELDS = ["start_at", "interval", "cron", "timezone", "end_at", "max_runs", "jitter"]
 POLICY_FIELDS = [
     "misfire_policy",
@@ -131,14 +133,14 @@ class TaskAdminForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if not self.instance._state.adding and "config" in self.fields:
             # Edited from its masked form; clean_config puts the untouched secrets back.
-            self.initial["config"] = mask_config(self.instance.config)
+            self.initial["config"] = task_config_masked(self.instance)
         if "timezone" in self.fields:
             self.fields["timezone"].help_text = 'IANA name, e.g. "Europe/Berlin": the zone cron expressions follow.'
 
     def clean_config(self) -> Any:
         config = self.cleaned_data.get("config")
         if not self.instance._state.adding:
-            config = unmask_config(config, self.instance.config)
+            config = config_unmask(config, task_config(self.instance))
         return {} if config is None else config
 
     def _post_clean(self) -> None:
@@ -357,7 +359,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     @admin.display(description="config")
     def masked_config(self, task: Task) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(mask_config(task.config), indent=2, sort_keys=True))
+        return format_html("<pre>{}</pre>", json.dumps(task_config_masked(task), indent=2, sort_keys=True))
 
     @admin.display(description="recent runs")
     def recent_runs(self, task: Task) -> str:
@@ -380,3 +382,37 @@ class TaskAdmin(admin.ModelAdmin):
                 for e in executions
             ),
         )
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    """The audit log, read-only: entries are written by the services, never by hand."""
+
+    list_display = ["at", "actor_name", "source", "action", "object_type", "object_id", "owner", "remote_addr"]
+    list_filter = ["action", "object_type", "source", ("at", admin.DateFieldListFilter)]
+    search_fields = ["=object_id", "=task_id", "actor_name", "owner__username"]
+    list_select_related = ["owner"]
+    show_full_result_count = False
+    readonly_fields = [
+        "at",
+        "actor",
+        "actor_name",
+        "source",
+        "remote_addr",
+        "action",
+        "object_type",
+        "object_id",
+        "task_id",
+        "owner",
+        "changes",
+        "detail",
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

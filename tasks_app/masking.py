@@ -29,6 +29,11 @@ def is_secret_key(key: object) -> bool:
     return isinstance(key, str) and bool(_SECRET_KEY.search(key))
 
 
+def is_environment_key(key: object) -> bool:
+    """Whether the mapping under ``key`` is a process environment (all its values are secret)."""
+    return isinstance(key, str) and bool(_ENVIRONMENT_KEY.match(key))
+
+
 def mask_url(url: str) -> str:
     """``url`` with the password of its userinfo and secret-named query parameters masked."""
     try:

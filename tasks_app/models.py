@@ -104,7 +104,13 @@ class Task(models.Model):
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.ACTIVE)
 
     runner = models.CharField(max_length=64, help_text="Alias of a runner in TMS_RUNNERS.")
+    #: Secret values are stored encrypted ({"$enc": token}); read it through tasks_app.secrets.
     config = models.JSONField(default=dict, blank=True, help_text="Runner config, validated by the runner.")
+    secret_fields = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Paths into config whose values are secret, e.g. ["payload.token"]: encrypted, masked on read.',
+    )
     # Indexed only where set (task_artifact_idx): most tasks have none.
     artifact = models.ForeignKey(
         Artifact,
@@ -220,3 +226,62 @@ class ApiIdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.owner_id})"
+
+
+class AuditAction(models.TextChoices):
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    PAUSE = "pause"
+    RESUME = "resume"
+    TRIGGER = "trigger"
+    BACKFILL = "backfill"
+    MATERIALISE = "materialise"
+    CANCEL = "cancel"
+    RETRY = "retry"
+
+
+class AuditEntry(models.Model):
+    """One user action: who did what to which object, when, from where, and what changed.
+
+    Append-only; written in the same transaction as the change by :func:`tasks_app.audit.audit_record`.
+    ``owner`` is the owner of the object acted on (who may read the entry), ``actor`` who acted
+    (the same person, or staff acting for them). Secrets in ``changes`` are masked.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(db_default=Now())
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    #: The actor's username when it acted (kept if the user is deleted), or the command's user.
+    actor_name = models.CharField(max_length=150)
+    #: ``api``, ``admin``, ``backoffice``, ``command:<name>`` or ``system``.
+    source = models.CharField(max_length=100)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    #: One of :class:`AuditAction`, or another app's verb (``channel.create``, ``rule.update``, ...).
+    action = models.CharField(max_length=40)
+    #: ``task``, ``execution``, ``artifact``, or another app's object kind (``channel``, ``rule``).
+    object_type = models.CharField(max_length=40)
+    object_id = models.CharField(max_length=64)
+    #: The task the object belongs to (filters by task); no foreign key: entries outlive rows.
+    task_id = models.UUIDField(null=True, blank=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    #: ``{field: {"from": before, "to": after}}`` for an update; what was given for the others.
+    changes = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [
+            models.Index(fields=["owner", "-id"], name="audit_owner_idx"),
+            models.Index(fields=["task_id", "-id"], name="audit_task_idx", condition=Q(task_id__isnull=False)),
+            models.Index(fields=["actor", "-id"], name="audit_actor_idx"),
+            models.Index(fields=["at"], name="audit_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.action} {self.object_type} {self.object_id}"

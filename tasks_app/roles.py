@@ -8,6 +8,10 @@
   admin (``tasks_app.change_task`` lets a user edit, pause, resume and run tasks;
   ``executions.change_execution`` lets them cancel and retry executions).
 
+The same rule holds in the API and the back office (:func:`may_act_for`): everyone acts on their
+own objects; staff read everyone's, and change another owner's only with the model permission
+the admin asks for (superusers have every permission). Every change is in the audit log.
+
 The group is created after every ``migrate`` and by ``tms_create_user``; it is safe to edit:
 permissions an operator adds to it are kept, the view permissions below are put back.
 """
@@ -23,11 +27,18 @@ SUPPORT_GROUP = "TMS support"
 SUPPORT_VIEWS = (
     ("tasks_app", "task"),
     ("tasks_app", "artifact"),
+    ("tasks_app", "auditentry"),
     ("executions", "execution"),
     ("executions", "executionevent"),
     ("executions", "skippedoccurrence"),
     ("executions", "worker"),
 )
+
+
+def may_act_for(user: Any, owner_id: Any, permission: str) -> bool:
+    """Whether ``user`` may change an object owned by ``owner_id``: their own, or anyone's with
+    ``permission`` (``"tasks_app.change_task"``, ...; superusers have them all)."""
+    return bool(owner_id is not None and owner_id == user.pk) or bool(user.has_perm(permission))
 
 
 def ensure_support_group(using: str = "default") -> Any:

@@ -27,8 +27,9 @@ from tasks_app.models import (
     default_timeout,
 )
 from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone, wall_time_to_utc
+from tasks_app.secrets import check_secret_fields, config_unmask
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
-from tasks_app.services import UPDATABLE_FIELDS, task_validate_runner
+from tasks_app.services import UPDATABLE_FIELDS, task_config, task_config_masked, task_validate_runner
 from tasks_app.states import TaskState, task_next_run, task_state
 from tms_core.durations import DurationField
 from tms_core.errors import InvalidInput
@@ -52,6 +53,36 @@ class RunnerAliasField(serializers.CharField):
 
 class RunnerConfigField(serializers.JSONField):
     """A runner's per-task config: a JSON object the runner validates (its fields are documented per runner)."""
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": True,
+        "description": 'The runner config, every secret value masked as "********" (headers, env values, '
+        "secret-looking keys, URL passwords, the paths in secret_fields). Send a masked value back "
+        "unchanged to keep it.",
+    }
+)
+class MaskedConfigField(serializers.Field):
+    """A task's config as the API shows it: secrets masked (read-only, ``source="*"``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("source", "*")
+        kwargs.setdefault("read_only", True)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        return task_config_masked(value)
+
+
+#: Help text of ``secret_fields``.
+PROTECTED_PATHS_HELP = (
+    'Paths into config whose values are secret, e.g. ["payload.token", "args.2"] (dot-separated; a number '
+    "indexes a list; everything under a path is secret). Header values, env values, secret-looking keys "
+    "(token, password, api_key, ...) and URL passwords are secret without being listed. Secret values are "
+    "encrypted at rest, write-only (masked on read, kept when the mask is sent back) and given to the runner only."
+)
 
 
 class LocalDateTimeField(BoundedDateTimeField):
@@ -93,12 +124,13 @@ def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
 
 
 class OwnArtifactField(serializers.PrimaryKeyRelatedField):
-    """An artifact by id: staff may name any, everyone else only their own (another's id is "does not exist")."""
+    """An artifact by id: your own (another's id is "does not exist"); any with the permission to
+    change anyone's tasks (superusers), not for read-only support staff."""
 
     def get_queryset(self) -> QuerySet[Artifact]:
         queryset = Artifact.objects.all()
         request = self.context.get("request")
-        if request is not None and not request.user.is_staff:
+        if request is not None and not request.user.has_perm("tasks_app.change_task"):
             return queryset.filter(owner=request.user)
         return queryset
 
@@ -107,6 +139,13 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
     config = RunnerConfigField(required=False, default=dict)
+    secret_fields = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        default=list,
+        max_length=100,
+        help_text=PROTECTED_PATHS_HELP,
+    )
     artifact = OwnArtifactField(
         queryset=Artifact.objects.all(),
         required=False,
@@ -216,7 +255,14 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         localize_wall_times(attrs, attrs["timezone"])
         check_task(attrs)
         _check_runner(attrs["runner"], attrs["config"])
+        _check_secret_fields(attrs["config"], attrs["secret_fields"])
         return attrs
+
+
+def _check_secret_fields(config: Any, secret_fields: Any) -> None:
+    errors = check_secret_fields(config, secret_fields)
+    if errors:
+        raise serializers.ValidationError(errors)
 
 
 def _check_runner(runner: str, config: Any) -> None:
@@ -271,6 +317,7 @@ class TaskSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The materialisation cursor: the next fire time not yet turned into an execution (null: none).",
     )
+    config = MaskedConfigField()
     interval = DurationField(allow_null=True, help_text="Seconds between runs; null for one-shot and cron.")
     jitter = DurationField()
     misfire_grace = DurationField()
@@ -286,6 +333,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "status",
             "runner",
             "config",
+            "secret_fields",
             "artifact",
             "start_at",
             "interval",
@@ -365,10 +413,16 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         task = self.instance
         assert task is not None  # an update serializer is always bound to the task it changes
         localize_wall_times(attrs, attrs.get("timezone", task.timezone))
-        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | attrs
+        plain = task_config(task)
+        if "config" in attrs:
+            # A secret sent back as its mask keeps its stored value (the runner checks the real one).
+            attrs["config"] = config_unmask(attrs["config"], plain)
+        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | {"config": plain} | attrs
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])
+        if "config" in attrs or "secret_fields" in attrs:
+            _check_secret_fields(merged["config"], merged["secret_fields"])
         return attrs
 
 

@@ -22,8 +22,18 @@ from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
-from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tasks_app.audit import audit_diff, audit_record, audit_record_many
+from tasks_app.models import AuditAction, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import Schedule, ScheduleError, walk_limit
+from tasks_app.secrets import (
+    check_secret_fields,
+    config_masked,
+    config_masked_pair,
+    config_open,
+    config_seal,
+    config_unmask,
+    has_reserved_key,
+)
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
@@ -38,11 +48,81 @@ def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
         raise InvalidInput.on(
             "runner", f"Unknown runner {runner!r}; choose one of: {', '.join(runner_aliases())}."
         ) from None
+    if has_reserved_key(config):
+        raise InvalidInput.on("config", 'The key "$enc" is reserved (it marks encrypted values).')
     try:
         backend.validate_config(config)
     except serializers.ValidationError as exc:  # how runners reject a config (BaseRunner.validate_config)
         raise InvalidInput({"config": exc.detail}) from None
     return config
+
+
+def task_check_secret_fields(*, config: Any, secret_fields: Any) -> None:
+    """Raise :class:`InvalidInput` on ``secret_fields`` unless each path names something in ``config``."""
+    errors = check_secret_fields(config, secret_fields)
+    if errors:
+        raise InvalidInput(errors)
+
+
+def task_config(task: Task) -> dict[str, Any]:
+    """The task's runner config with its secrets decrypted: for the runner (and edits), never for display."""
+    opened: dict[str, Any] = config_open(task.config)
+    return opened
+
+
+def task_config_masked(task: Task) -> dict[str, Any]:
+    """The task's runner config as people may see it: every secret value masked."""
+    masked: dict[str, Any] = config_masked(task.runner, task.config, task.secret_fields or [])
+    return masked
+
+
+#: What an audit entry shows of a task (config masked).
+AUDITED_FIELDS = (
+    "name",
+    "runner",
+    "config",
+    "secret_fields",
+    "artifact",
+    "start_at",
+    "interval",
+    "cron",
+    "timezone",
+    "end_at",
+    "max_runs",
+    "jitter",
+    "misfire_policy",
+    "misfire_grace",
+    "catch_up_limit",
+    "overlap_policy",
+    "max_attempts",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+    "timeout",
+    "priority",
+    "tracing_id",
+    "expose_metrics",
+    "notification_target",
+    "status",
+)
+
+
+def _snapshot(task: Task, config: Any) -> dict[str, Any]:
+    """The audited fields of ``task``, with ``config`` (already masked) in place of its own."""
+    values = {name: getattr(task, name) for name in AUDITED_FIELDS if name not in ("config", "artifact")}
+    return {**values, "config": config, "artifact": str(task.artifact_id) if task.artifact_id else None}
+
+
+def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = None, detail: str = "") -> None:
+    audit_record(
+        action=action,
+        object_type="task",
+        object_id=task.pk,
+        owner=task.owner_id,
+        task_id=task.pk,
+        changes=changes,
+        detail=detail,
+    )
 
 
 def _build_task(
@@ -62,6 +142,8 @@ def _build_task(
     """A validated, unsaved Task whose cursor points at its first fire time."""
     config = config or {}
     task_validate_runner(runner=runner, config=config)
+    secret_fields = options.pop("secret_fields", None) or []
+    task_check_secret_fields(config=config, secret_fields=secret_fields)
     start_at = start_at or now
     try:
         schedule = Schedule(start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at)
@@ -72,7 +154,8 @@ def _build_task(
         owner=owner,
         name=name,
         runner=runner,
-        config=config,
+        config=config_seal(runner, config, secret_fields),
+        secret_fields=secret_fields,
         start_at=start_at,
         interval=interval,
         cron=cron,
@@ -128,6 +211,19 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
             task.status = TaskStatus.COMPLETED
     with transaction.atomic():
         Task.objects.bulk_create(tasks, batch_size=1000)
+        audit_record_many(
+            [
+                {
+                    "action": AuditAction.CREATE,
+                    "object_type": "task",
+                    "object_id": task.pk,
+                    "owner": task.owner_id,
+                    "task_id": task.pk,
+                    "changes": audit_diff({}, _snapshot(task, task_config_masked(task))),
+                }
+                for task in tasks
+            ]
+        )
         skipped_record(skipped)
         if rows:
             executions_create(rows=rows, actor=MATERIALISER)
@@ -159,6 +255,7 @@ UPDATABLE_FIELDS = (
         "tracing_id",
         "expose_metrics",
         "notification_target",
+        "secret_fields",
     }
 )
 
@@ -230,13 +327,28 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     unknown = set(changes) - UPDATABLE_FIELDS
     if unknown:
         raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
+    changes = dict(changes)
     with transaction.atomic():
         task = _lock(task.pk)
+        sealed, plain = task.config, task_config(task)
+        before = (task.runner, plain, list(task.secret_fields or []))
+        snapshot_before = _snapshot(task, None)
+        if "config" in changes:
+            # A secret sent back as its mask keeps its stored value.
+            changes["config"] = config_unmask(changes["config"], plain)
+        task.config = plain  # compared and validated in the clear; sealed again below
         changed = {name for name, value in changes.items() if getattr(task, name) != value}
         for name in changed:
             setattr(task, name, changes[name])
         if changed & {"runner", "config"}:
             task.config = task_validate_runner(runner=task.runner, config=task.config)
+        if changed & {"config", "secret_fields"}:
+            task_check_secret_fields(config=task.config, secret_fields=task.secret_fields)
+        after = (task.runner, task.config, list(task.secret_fields or []))
+        if changed & {"runner", "config", "secret_fields"}:
+            task.config = config_seal(*after)
+        else:
+            task.config = sealed
         try:
             schedule = task_schedule(task)
         except ScheduleError as exc:
@@ -261,6 +373,12 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 exclusive=task.overlap_policy != OverlapPolicy.ALLOW
             )
         task.save()
+        if changed:
+            masked_before, masked_after = config_masked_pair(before, after)
+            diff = audit_diff(
+                {**snapshot_before, "config": masked_before}, {**_snapshot(task, None), "config": masked_after}
+            )
+            _audit_task(task, AuditAction.UPDATE, changes=diff)
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
     task.refresh_from_db()
@@ -278,6 +396,7 @@ def task_pause(*, task: Task, actor: str) -> Task:
         task = _lock(task.pk)
         if task.status == TaskStatus.PAUSED:
             return task
+        previous = task.status
         scheduled = frozenset({ExecutionStatus.SCHEDULED})
         superseded = _supersede(task, only_from=scheduled, actor=actor, reason="paused")
         # Retries and triggered runs waiting in SCHEDULED are cancelled too (not superseded).
@@ -290,6 +409,7 @@ def task_pause(*, task: Task, actor: str) -> Task:
         # Occurrences missed from now until the resume are recorded as "paused".
         task.paused_at = db_now()
         task.save()
+        _audit_task(task, AuditAction.PAUSE, changes={"status": {"from": previous, "to": TaskStatus.PAUSED}})
     task.refresh_from_db()
     return task
 
@@ -306,6 +426,7 @@ def task_resume(*, task: Task, actor: str) -> Task:
             return task
         task.status = TaskStatus.ACTIVE
         task.save(update_fields=["status", "updated_at"])
+        _audit_task(task, AuditAction.RESUME, changes={"status": {"from": TaskStatus.PAUSED, "to": TaskStatus.ACTIVE}})
         materialise_task(task_id=task.pk)
     task.refresh_from_db()
     return task
@@ -315,7 +436,10 @@ def task_trigger(*, task: Task, actor: str) -> Execution:
     """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
     execution due now. Returns it."""
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
-        new_id = transitions.execution_trigger(task_id=task.pk, actor=actor, detail=f"triggered by {actor}")
+        with transaction.atomic():
+            new_id = transitions.execution_trigger(task_id=task.pk, actor=actor, detail=f"triggered by {actor}")
+            if new_id is not None:
+                _audit_task(task, AuditAction.TRIGGER, changes={"execution": new_id}, detail=f"execution {new_id}")
         if new_id is not None:
             notify_due()
             return Execution.objects.get(pk=new_id)
@@ -342,10 +466,17 @@ def task_delete(*, task: Task, actor: str) -> TaskDeleteReport:
     """
     with transaction.atomic():
         task = _lock(task.pk)
+        previous = task.status
         task.status = TaskStatus.DELETED
         task.next_run_at = None
         task.save(update_fields=["status", "next_run_at", "updated_at"])
         cancelled = executions_cancel_active(task=task, actor=actor, reason="task deleted")
+        _audit_task(
+            task,
+            AuditAction.DELETE,
+            changes={"status": {"from": previous, "to": TaskStatus.DELETED}},
+            detail=f"{sum(1 for _, outcome in cancelled if outcome.won)} active execution(s) cancelled",
+        )
     # External runs are stopped after the commit: a slow runner never holds row locks.
     return TaskDeleteReport(task.pk, stop_external_runs(task=task, cancelled=cancelled))
 
@@ -402,7 +533,18 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         for when in times
         if when not in existing
     ]
-    ids = executions_create(rows=rows, actor=actor, detail=f"backfill of {start.isoformat()} to {end.isoformat()}")
+    with transaction.atomic():
+        ids = executions_create(rows=rows, actor=actor, detail=f"backfill of {start.isoformat()} to {end.isoformat()}")
+        _audit_task(
+            task,
+            AuditAction.BACKFILL,
+            changes={
+                "start": start.isoformat(),
+                "end": end.isoformat(),
+                "created": len(ids),
+                "existing": len(times) - len(ids),
+            },
+        )
     if ids:
         notify_due()
     return BackfillReport(task.pk, start, end, ids, len(times) - len(ids))

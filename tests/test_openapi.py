@@ -87,6 +87,8 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/executions/{id}/retry"),
         ("GET", "/api/v1/workers"),
         ("GET", "/api/v1/workers/{id}"),
+        ("GET", "/api/v1/audit"),
+        ("GET", "/api/v1/audit/{id}"),
         ("GET", "/api/v1/artifacts"),
         ("POST", "/api/v1/artifacts"),
         ("GET", "/api/v1/artifacts/{id}"),

@@ -83,6 +83,10 @@ class TmsSettings:
     #: Seconds a signed upload URL (POST /api/v1/artifacts/uploads) stays valid; an upload not
     #: finished by then is REJECTED and its bytes removed by the periodic cleanup.
     ARTIFACT_UPLOAD_TTL: float = 900.0
+    #: Fernet keys (url-safe base64 of 32 bytes) that encrypt the secret values of task configs
+    #: at rest: the first encrypts, every one decrypts (rotation: put a new key first, run
+    #: ``manage.py tms_rotate_keys``, then drop the old one). Production refuses to start without.
+    SECRET_KEYS: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.SUBPROCESS_SANDBOX not in ("auto", "bwrap", "user", "none"):
@@ -103,6 +107,7 @@ class TmsSettings:
         if not 0 <= self.METRICS_MAX_TASKS <= 10000:
             raise ImproperlyConfigured("TMS_METRICS_MAX_TASKS must be between 0 and 10000.")
         object.__setattr__(self, "METRICS_ALLOWED_NETWORKS", tuple(self.METRICS_ALLOWED_NETWORKS))
+        object.__setattr__(self, "SECRET_KEYS", tuple(self.SECRET_KEYS))
         for network in self.METRICS_ALLOWED_NETWORKS:
             try:
                 ipaddress.ip_network(network, strict=False)

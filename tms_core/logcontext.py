@@ -67,13 +67,47 @@ def unbind(token: contextvars.Token[dict[str, object]]) -> None:
         _context.set(_EMPTY)
 
 
+#: Texts masked in every line logged while bound: the secret values of the task being handled.
+_redacted: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("tms_log_redacted", default=())
+REDACTED = "********"
+
+
+@contextmanager
+def redacting(values: tuple[str, ...] | list[str]) -> Iterator[None]:
+    """Mask ``values`` (a task's secrets) in the lines logged inside the block, exception texts
+    included: a library's error message that quotes a URL or a header never reaches the logs."""
+    token = _redacted.set(tuple(_redacted.get()) + tuple(values))
+    try:
+        yield
+    finally:
+        _redacted.reset(token)
+
+
+def _redact(text: str, values: tuple[str, ...]) -> str:
+    for value in values:
+        text = text.replace(value, REDACTED)
+    return text
+
+
 class ContextFilter(logging.Filter):
-    """Copy the bound fields onto each record (a field the call passed in ``extra`` wins)."""
+    """Copy the bound fields onto each record (a field the call passed in ``extra`` wins), and
+    mask the values bound with :func:`redacting` in its message and exception text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         for key, value in _context.get().items():
             if not hasattr(record, key):
                 setattr(record, key, value)
+        values = _redacted.get()
+        if values:
+            message = record.getMessage()
+            redacted = _redact(message, values)
+            if redacted != message:
+                record.msg, record.args = redacted, ()
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = _redact(record.exc_text, values)
+                record.exc_info = None  # formatters print exc_text, never the unmasked original
         return True
 
 

@@ -61,6 +61,8 @@ GOOD = {"DJANGO_SECRET_KEY": STRONG_KEY, "DJANGO_ALLOWED_HOSTS": "tms.example.co
         ({"DJANGO_DEBUG": "true"}, "DJANGO_DEBUG is on"),
         ({"DJANGO_ALLOWED_HOSTS": None}, "DJANGO_ALLOWED_HOSTS is not set"),
         ({"DJANGO_ALLOWED_HOSTS": ""}, "DJANGO_ALLOWED_HOSTS is not set"),
+        ({"TMS_SECRET_KEYS": ""}, "TMS_SECRET_KEYS is not set"),
+        ({"TMS_SECRET_KEYS": "not-a-fernet-key"}, "TMS_SECRET_KEYS: key 1 is not a Fernet key"),
     ],
 )
 def test_production_refuses_to_start(variables, reason):

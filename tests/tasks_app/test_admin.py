@@ -22,7 +22,7 @@ from tasks_app.masking import MASK, mask_config, unmask_config
 from tasks_app.models import Task, TaskStatus
 from tasks_app.roles import SUPPORT_GROUP
 from tasks_app.selectors import task_why
-from tasks_app.services import task_create
+from tasks_app.services import task_config, task_create
 from tests.factories import ExecutionFactory
 
 pytestmark = pytest.mark.django_db
@@ -281,7 +281,8 @@ def test_config_secrets_are_masked_in_the_admin_and_kept_when_saving(admin_clien
     assert "sk-live" not in page and MASK in page
     assert _change(admin_client, task, name="renamed").status_code == 302
     task.refresh_from_db()
-    assert task.config == config and task.name == "renamed"
+    assert task_config(task) == config and task.name == "renamed"
+    assert SECRET not in json.dumps(task.config)  # stored encrypted
 
 
 # --- staff: read-only support ------------------------------------------------------------------

@@ -126,3 +126,14 @@ def test_artifact_whose_tasks_were_all_deleted_can_be_deleted(api_client, django
     # The deleted tasks keep their history, without the artifact.
     assert api_client.get(f"/api/v1/tasks/{tasks[0]}").status_code in (200, 404)
     assert Task.objects.filter(pk__in=tasks, artifact__isnull=True).count() == 2
+
+
+def test_read_only_staff_cannot_put_another_owners_artifact_in_their_task(api_client, staff_client, staff_user):
+    """Naming someone's artifact runs their binary and pins it (PROTECT): a write support staff may not make."""
+    theirs = _upload(api_client).data["id"]
+    assert staff_client.get(f"/api/v1/artifacts/{theirs}").status_code == 200  # staff read everyone's
+    body = {"runner": "subprocess", "config": {"artifact": True}, "artifact": theirs}
+    refused = staff_client.post("/api/v1/tasks", body, format="json")
+    assert refused.status_code == 400 and "does not exist" in str(refused.data["errors"]["artifact"])
+    assert staff_client.delete(f"/api/v1/artifacts/{theirs}").status_code == 403
+    assert api_client.get(f"/api/v1/artifacts/{theirs}").status_code == 200

@@ -11,9 +11,12 @@ from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 from django_filters import rest_framework as filters
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
+
+from tasks_app.roles import may_act_for
 
 # The mixins below are only ever combined with DRF's GenericAPIView and Serializer (they come first
 # in the bases, so their super() calls reach DRF): let the type checker see those bases.
@@ -48,9 +51,28 @@ class OwnerScopedMixin(ApiViewMixin):
 
     Every view over user data inherits this, so another owner's ids answer 404. ``owner_field``
     names the lookup from the model to its owning user.
+
+    Staff are read-only support: a write (any method but GET, HEAD and OPTIONS) on another
+    owner's object answers 403 unless the user has the model's permission, as in the admin and
+    the back office (``change_<model>``, ``delete_<model>`` for DELETE; superusers have them all:
+    :func:`tasks_app.roles.may_act_for`).
     """
 
     owner_field: str = "owner"
+
+    def check_object_permissions(self, request: Request, obj: Any) -> None:
+        super().check_object_permissions(request, obj)
+        if request.method in SAFE_METHODS:
+            return
+        *path, last = self.owner_field.split("__")
+        holder = obj
+        for name in path:
+            holder = getattr(holder, name)
+        owner_id = getattr(holder, f"{last}_id")
+        meta = obj._meta
+        verb = "delete" if request.method == "DELETE" else "change"
+        if not may_act_for(request.user, owner_id, f"{meta.app_label}.{verb}_{meta.model_name}"):
+            raise PermissionDenied("You may read another owner's objects but not change them.")
 
     def get_queryset(self) -> QuerySet:
         return self.owner_scope(super().get_queryset(), self.owner_field)

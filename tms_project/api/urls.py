@@ -5,6 +5,7 @@ from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSe
 from executions.callback_api import ExecutionCallbackView
 from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
+from tasks_app.audit_api import AuditEntryViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
@@ -12,6 +13,7 @@ router.register("tasks", TaskViewSet, basename="task")
 router.register("executions", ExecutionViewSet, basename="execution")
 router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),

@@ -10,6 +10,8 @@ starts everything on a laptop. Production and the tests set both, to PostgreSQL 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +32,15 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 #: The key a checkout runs with (``local.py`` only). It is public, so ``production.py`` refuses it:
 #: anyone could sign callback tokens and sessions with it.
 DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-change-me-in-production"  # noqa: S105 - public on purpose
+
+
+def development_secrets_key(secret_key: str) -> str:
+    """DEVELOPMENT ONLY: a Fernet key derived from ``secret_key``, used by ``local`` when
+    ``TMS_SECRET_KEYS`` is unset (``production`` refuses to start without TMS_SECRET_KEYS)."""
+    digest = hashlib.sha256(b"tms-development-secrets-key:" + secret_key.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
 # No fallback: with DJANGO_SECRET_KEY unset, Django refuses to sign anything (ImproperlyConfigured)
 # instead of signing with a key that is in the repository.
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
@@ -74,6 +85,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Who acts and from where, for the audit log the services write (tasks_app/audit.py).
+    "tasks_app.audit.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Answers a locked-out login with its lockout response (after the view has run).
@@ -376,6 +389,9 @@ TMS = {
     "SUBPROCESS_RUN_USER_LOCKS": env.str("TMS_SUBPROCESS_RUN_USER_LOCKS", default="/run/tms-run-users"),
     "SUBPROCESS_RUN_RETENTION": env.float("TMS_SUBPROCESS_RUN_RETENTION", default=7 * 86400.0),
     "ARTIFACT_UPLOAD_TTL": env.float("TMS_ARTIFACT_UPLOAD_TTL", default=900.0),
+    # Comma-separated Fernet keys, newest first (tasks_app/secrets.py). local.py derives a
+    # development key when unset; production.py refuses to start without them.
+    "SECRET_KEYS": tuple(key.strip() for key in env.list("TMS_SECRET_KEYS", default=[]) if key.strip()),
 }
 
 TMS_RUNNERS: dict[str, dict[str, Any]] = {

@@ -6,9 +6,14 @@ stay human-readable.
 """
 
 from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, env, logging_from_env
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, TMS, development_secrets_key, env, logging_from_env
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY)
 # Human-readable lines on the console of `make run` (TMS_LOG_FORMAT=json shows what production writes).
 LOGGING = logging_from_env("plain")
+
+if not TMS["SECRET_KEYS"]:
+    # DEVELOPMENT ONLY: a key derived from SECRET_KEY encrypts secret config values when
+    # TMS_SECRET_KEYS is unset (production refuses to start without TMS_SECRET_KEYS).
+    TMS = {**TMS, "SECRET_KEYS": (development_secrets_key(SECRET_KEY),)}

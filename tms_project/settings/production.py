@@ -2,7 +2,8 @@
 
 Refuses to start, with every problem in one message, without a real ``DJANGO_SECRET_KEY`` (unset,
 the public development key, or too short or too uniform to pass Django's own check), with DEBUG on,
-or without ``DJANGO_ALLOWED_HOSTS``. HTTPS hardening is on by default and each part can be changed
+without ``DJANGO_ALLOWED_HOSTS``, or without valid ``TMS_SECRET_KEYS`` (the Fernet keys that
+encrypt secret task config values). HTTPS hardening is on by default and each part can be changed
 from the environment (for example behind a TLS-terminating proxy, or for a plain-HTTP try-out):
 
 ==================================  =========  ================================================
@@ -29,14 +30,31 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, env
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, TMS, env
 
 #: Django's own bar (``security.W009``): at least this many characters, this many distinct ones.
 SECRET_KEY_MIN_LENGTH = 50
 SECRET_KEY_MIN_UNIQUE = 5
 
 
-def _refusals(*, secret_key: str, debug: bool, allowed_hosts: list[str]) -> list[str]:
+def _secrets_keys_problem(keys: tuple[str, ...]) -> str | None:
+    """What is wrong with TMS_SECRET_KEYS (the keys that encrypt secret config values), if anything."""
+    if not keys:
+        return (
+            "TMS_SECRET_KEYS is not set (comma-separated Fernet keys, newest first; make one with: "
+            "python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
+        )
+    from cryptography.fernet import Fernet
+
+    for index, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except ValueError:
+            return f"TMS_SECRET_KEYS: key {index} is not a Fernet key (url-safe base64 of 32 bytes)"
+    return None
+
+
+def _refusals(*, secret_key: str, debug: bool, allowed_hosts: list[str], secrets_keys: tuple[str, ...]) -> list[str]:
     problems = []
     if not secret_key:
         problems.append("DJANGO_SECRET_KEY is not set")
@@ -55,6 +73,9 @@ def _refusals(*, secret_key: str, debug: bool, allowed_hosts: list[str]) -> list
         problems.append("DJANGO_DEBUG is on")
     if not allowed_hosts:
         problems.append("DJANGO_ALLOWED_HOSTS is not set (a comma-separated list of the host names served)")
+    keys_problem = _secrets_keys_problem(secrets_keys)
+    if keys_problem:
+        problems.append(keys_problem)
     return problems
 
 
@@ -63,7 +84,9 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 # No default host list here: the base's localhost defaults would hide a forgotten variable.
 ALLOWED_HOSTS = [host for host in os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",") if host.strip()]
 
-_problems = _refusals(secret_key=SECRET_KEY, debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
+_problems = _refusals(
+    secret_key=SECRET_KEY, debug=DEBUG, allowed_hosts=ALLOWED_HOSTS, secrets_keys=tuple(TMS["SECRET_KEYS"])
+)
 if _problems:
     raise ImproperlyConfigured(
         "Refusing to start with the production settings: "

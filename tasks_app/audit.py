@@ -1,0 +1,208 @@
+"""The audit log: every user action, who took it, from where, and what changed.
+
+The services write the entries (:func:`audit_record`), in the transaction of the change, so an
+action from the API, the admin, the back office or a command is recorded the same way. Who and
+where come from the *audit context*, a context variable set once at the edge instead of being
+passed through every call:
+
+* :class:`AuditContextMiddleware` sets it for every web request: the source is ``api`` (under
+  ``/api/`` and the original ``/tasks`` API), ``admin`` (under ``/admin/``) or ``backoffice``,
+  the address is the client's (``REMOTE_ADDR``), and the actor is the request's user as it is
+  when the entry is written (so DRF's token authentication, which runs in the view, counts).
+* :class:`AuditedCommand`, the base of management commands that act, sets ``command:<name>``
+  with the operating-system user who ran it (:func:`audit_context` does the same for any code).
+* Without a context (the scheduler's own processes) the source is ``system``.
+
+Other apps record their own objects with :func:`audit_record` (for example a notifications app:
+``audit_record(action="channel.update", object_type="channel", object_id=..., owner=...,
+changes=audit_diff(before, after))``), masking secrets in what they pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import getpass
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import BaseCommand
+from django.http import HttpRequest, HttpResponse
+
+from tasks_app.models import AuditEntry
+
+
+@dataclass(frozen=True)
+class AuditContext:
+    """Who acts and from where, for the entries written while it is set."""
+
+    source: str
+    actor: AbstractBaseUser | None = None
+    #: An explicit name (a command's OS user); else the actor's username.
+    actor_name: str = ""
+    remote_addr: str | None = None
+    #: The web request, whose ``user`` is read when an entry is written (set after authentication).
+    request: HttpRequest | None = None
+
+    def who(self) -> tuple[AbstractBaseUser | None, str]:
+        user = self.actor
+        if user is None and self.request is not None:
+            candidate = getattr(self.request, "user", None)
+            if candidate is not None and candidate.is_authenticated:
+                user = candidate
+        name = self.actor_name or (user.get_username() if user is not None else "")
+        return user, name or "anonymous"
+
+
+_context: contextvars.ContextVar[AuditContext | None] = contextvars.ContextVar("tms_audit_context", default=None)
+
+
+def current_context() -> AuditContext | None:
+    return _context.get()
+
+
+@contextlib.contextmanager
+def audit_context(
+    *, source: str, actor: AbstractBaseUser | None = None, actor_name: str = "", remote_addr: str | None = None
+) -> Iterator[AuditContext]:
+    """Record the entries written inside as coming from ``source`` (and ``actor``)."""
+    context = AuditContext(source=source, actor=actor, actor_name=actor_name, remote_addr=remote_addr)
+    token = _context.set(context)
+    try:
+        yield context
+    finally:
+        _context.reset(token)
+
+
+def request_source(path: str) -> str:
+    """Where a web request comes from, by its path."""
+    if path.startswith("/admin/"):
+        return "admin"
+    if path.startswith("/api/") or path == "/tasks" or path.startswith("/tasks/"):
+        return "api"
+    return "backoffice"
+
+
+class AuditContextMiddleware:
+    """Sets the audit context for each web request (see the module docstring)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        context = AuditContext(
+            source=request_source(request.path), remote_addr=request.META.get("REMOTE_ADDR") or None, request=request
+        )
+        token = _context.set(context)
+        try:
+            return self.get_response(request)
+        finally:
+            _context.reset(token)
+
+
+class AuditedCommand(BaseCommand):
+    """Base of management commands that act on users' objects: their actions are recorded as
+    ``command:<name>`` by the operating-system user who ran the command."""
+
+    #: The operating-system user running the command (set by :meth:`execute`).
+    os_user = "unknown"
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        name = type(self).__module__.rpartition(".")[2]
+        try:
+            self.os_user = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry (some containers)
+            self.os_user = "unknown"
+        with audit_context(source=f"command:{name}", actor_name=self.os_user):
+            return super().execute(*args, **options)
+
+
+# --- writing entries ----------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if hasattr(value, "pk"):
+        return None if value.pk is None else str(value.pk)
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def audit_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{field: {"from": ..., "to": ...}}`` for each field whose value differs (give both sides
+    with secrets already masked)."""
+    return {
+        name: {"from": _jsonable(before.get(name)), "to": _jsonable(after.get(name))}
+        for name in sorted(set(before) | set(after))
+        if _jsonable(before.get(name)) != _jsonable(after.get(name))
+    }
+
+
+def _entry(
+    *,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    owner: AbstractBaseUser | int | None,
+    task_id: Any = None,
+    changes: Mapping[str, Any] | None = None,
+    detail: str = "",
+) -> AuditEntry:
+    context = current_context()
+    actor, actor_name = context.who() if context is not None else (None, "system")
+    return AuditEntry(
+        actor_id=actor.pk if actor is not None else None,
+        actor_name=actor_name[:150],
+        source=(context.source if context is not None else "system")[:100],
+        remote_addr=context.remote_addr if context is not None else None,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        task_id=task_id,
+        owner_id=owner if isinstance(owner, int) or owner is None else owner.pk,
+        changes=_jsonable(dict(changes or {})),
+        detail=detail[:500],
+    )
+
+
+def audit_record(
+    *,
+    action: str,
+    object_type: str,
+    object_id: Any,
+    owner: AbstractBaseUser | int | None,
+    task_id: Any = None,
+    changes: Mapping[str, Any] | None = None,
+    detail: str = "",
+) -> AuditEntry:
+    """Write one audit entry for an action on an object of ``owner``, as the current context's
+    actor and source. Call it inside the transaction of the change. ``changes`` must already
+    have its secrets masked."""
+    entry = _entry(
+        action=action,
+        object_type=object_type,
+        object_id=object_id,
+        owner=owner,
+        task_id=task_id,
+        changes=changes,
+        detail=detail,
+    )
+    entry.save()
+    return entry
+
+
+def audit_record_many(entries: list[dict[str, Any]]) -> None:
+    """:func:`audit_record` for many objects at once (one INSERT): each dict holds its arguments."""
+    AuditEntry.objects.bulk_create([_entry(**entry) for entry in entries], batch_size=1000)

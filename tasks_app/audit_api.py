@@ -1,0 +1,119 @@
+"""``GET /api/v1/audit``: the audit log, newest first, cursor-paginated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_filters import rest_framework as filters
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+
+from executions.api import UtcDateTimeFilter
+from tasks_app.models import AuditEntry
+from tms_project.api.base import OwnerScopedMixin, StrictFilterSet
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor_name", help_text="Who acted (username, or the command's user).")
+    owner: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Owner of the object acted on."
+    )
+    source = serializers.CharField(  # type: ignore[assignment]  # the model field, not DRF's Field.source
+        help_text="api, admin, backoffice, command:<name> or system."
+    )
+    changes = serializers.JSONField(
+        help_text='What changed: {"field": {"from": ..., "to": ...}} for an update (secrets masked); '
+        "the values given for other actions."
+    )
+
+    class Meta:
+        model = AuditEntry
+        fields = [
+            "id",
+            "at",
+            "actor",
+            "source",
+            "remote_addr",
+            "action",
+            "object_type",
+            "object_id",
+            "task_id",
+            "owner",
+            "changes",
+            "detail",
+        ]
+        read_only_fields = fields
+
+
+class AuditFilter(StrictFilterSet):
+    task = filters.UUIDFilter(field_name="task_id", help_text="Only entries about this task (and its executions).")
+    user = filters.CharFilter(field_name="actor_name", help_text="Only entries of this actor (username).")
+    action = filters.CharFilter(help_text="Only this action: create, update, delete, pause, resume, trigger, ...")
+    object_type = filters.CharFilter(help_text="Only entries about this kind of object: task, execution, ...")
+    since = UtcDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Only entries at or after this.")
+    until = UtcDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Only entries before this.")
+
+    class Meta:
+        model = AuditEntry
+        fields = ["task", "user", "action", "object_type", "since", "until"]
+
+
+class AuditPagination(CursorPagination):
+    """Newest first by id (the log only grows): a page costs the same at any depth, no count."""
+
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int:
+        # DRF falls back to the default on a bad value; the API answers 400 instead, as elsewhere.
+        values = request.query_params.getlist(self.page_size_query_param)
+        if not values:
+            return self.page_size
+        for value in values:
+            if not value.isdigit() or int(value) < 1:
+                raise ValidationError({self.page_size_query_param: ["A whole number of at least 1 is required."]})
+        return min(int(values[-1]), self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> Any:
+        # DRF answers a bad cursor with 404; it is bad input, like a bad filter.
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({self.cursor_query_param: ["Invalid cursor: follow a page's next link."]}) from None
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+                parameter["description"] = f"Entries per page (default {self.page_size}); more than 500 reads as 500."
+        return parameters
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="The audit log",
+        description=(
+            "Every user action on your objects (staff: everyone's): create, update (with a diff, secrets "
+            "masked), delete, pause, resume, trigger, backfill, materialise, cancel, retry; who, when, from where "
+            "(`api`, `admin`, `backoffice`, `command:<name>`) and the client address. Newest first; follow "
+            "`next` to page."
+        ),
+    ),
+    retrieve=extend_schema(summary="An audit entry"),
+)
+class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The audit log (read-only)."""
+
+    queryset = AuditEntry.objects.select_related("owner")
+    serializer_class = AuditEntrySerializer
+    pagination_class = AuditPagination
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = AuditFilter
+    lookup_value_regex = r"[0-9]{1,18}"
