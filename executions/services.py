@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.db import transaction
+
 from executions import transitions
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import ACTIVE_STATUSES, Execution
 from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
 from tasks_app.models import Task, TaskStatus
+from tasks_app.quotas import quota_charge_executions
 from tasks_app.schedules import walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -68,9 +71,16 @@ def execution_retry_by_user(*, execution: Execution, actor: str) -> Execution:
     (``retry_of`` = the old one, attempt = its attempt + 1); the old execution stays as it was.
 
     Raises :class:`ConflictError` when it is not FAILED or CANCELLED, was already retried, or
-    its task was deleted.
+    its task was deleted, and :class:`QuotaExceeded` when the owner's hourly execution quota is
+    used up (the retry counts against it).
     """
-    new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
+    owner_id = Task.objects.filter(pk=execution.task_id).values_list("owner_id", flat=True).first()
+    with transaction.atomic():
+        if owner_id is not None:
+            quota_charge_executions(owner_id=owner_id, count=1)
+        new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
+        if new_id is None:
+            transaction.set_rollback(True)  # nothing created: nothing counted
     if new_id is None:
         current = Execution.objects.select_related("task").filter(pk=execution.pk).first()
         if current is None:

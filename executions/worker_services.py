@@ -32,6 +32,7 @@ from executions.runs import (
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
+from tasks_app.quotas import rate_take
 from tms_core import logcontext
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -241,6 +242,28 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
             worker_id=worker_id,
             result=RunResult.failed(describe_error(exc), retryable=False),
         )
+    rate = runner.launch_rate()
+    if rate is not None:
+        # The runner's send rate, per owner across every worker: counted in PostgreSQL (runners
+        # never touch the database). Over it, the launch waits, still RUNNING without a run id and
+        # without a lease, until a poll message resumes it (_resume starts it again): no attempt
+        # is used up and no worker is held.
+        wait = rate_take(owner_id=task.owner_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
+        if wait:
+            logger.info(
+                "execution %s: runner %s allows %s launches per %gs per owner; deferred %.1fs",
+                execution.pk,
+                task.runner,
+                rate[0],
+                rate[1],
+                wait,
+            )
+            released = persist(
+                lambda: transitions.execution_release(
+                    execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=wait
+                )
+            )
+            return "deferred" if released else "lost"
     try:
         handle = runner.start(spec)
     except RunnerError as exc:
