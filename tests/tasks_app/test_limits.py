@@ -16,7 +16,7 @@ from rest_framework.authtoken.models import Token
 
 from executions.models import Execution
 from tasks_app.models import ApiIdempotencyKey, Artifact, OwnerQuota, QuotaUse, Task
-from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap
 from tasks_app.services import task_create
 from tests.factories import TaskFactory
@@ -45,13 +45,33 @@ def tms(settings):
 # --- config and request size -----------------------------------------------------------------
 
 
-def test_an_8_8_mb_config_is_refused_and_nothing_is_stored(api_client):
-    config = {**HTTP_TASK["config"], "json": {"blob": "x" * 8_800_000}}
-    response = api_client.post(URL, {"runner": "http", "config": config}, HTTP_IDEMPOTENCY_KEY="big-1")
+#: 8.8 MB of config that every field of the http runner accepts (1,100 headers of 8,000 characters).
+BIG_CONFIG = {**HTTP_TASK["config"], "headers": {f"X-Pad-{n}": "x" * 8000 for n in range(1100)}}
+
+
+def test_an_8_8_mb_config_is_refused_and_nothing_is_stored(api_client, settings):
+    response = api_client.post(URL, {"runner": "http", "config": BIG_CONFIG}, HTTP_IDEMPOTENCY_KEY="big-1")
     # The body alone is over TMS_MAX_REQUEST_BYTES: a clean 413 in the API's error shape.
-    assert response.status_code == 413, response.content
+    assert response.status_code == 413, response.content[:300]
     assert response.json()["type"] == "request_too_large"
     assert not Task.objects.exists() and not ApiIdempotencyKey.objects.exists()
+
+    # With room for the body, the config bound answers: 400 on config.
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+    response = api_client.post(URL, {"runner": "http", "config": BIG_CONFIG}, HTTP_IDEMPOTENCY_KEY="big-1")
+    assert response.status_code == 400, response.content[:300]
+    assert "TMS_MAX_CONFIG_BYTES" in response.json()["errors"]["config"][0]
+    assert not Task.objects.exists() and not ApiIdempotencyKey.objects.exists()
+
+
+def test_the_idempotency_record_stays_within_the_config_bound(api_client):
+    config = {**HTTP_TASK["config"], "headers": {f"X-Pad-{n}": "x" * 8000 for n in range(7)}}  # ~56 KB
+    response = api_client.post(URL, {"runner": "http", "config": config}, HTTP_IDEMPOTENCY_KEY="fits-1")
+    assert response.status_code == 201, response.content[:300]
+    # It stores the response (the task with its config) once more: bounded by the config's bound.
+    record = ApiIdempotencyKey.objects.get()
+    assert json_size(record.response_body) < 65536 + 4096
+    assert len(record.request_fingerprint) == 64  # a digest, not the request
 
 
 def test_a_config_over_tms_max_config_bytes_is_a_400_on_config(api_client):
@@ -64,10 +84,10 @@ def test_a_config_over_tms_max_config_bytes_is_a_400_on_config(api_client):
 
 
 def test_the_config_bound_holds_in_the_service_and_on_change(api_client, user, tms):
-    tms(MAX_CONFIG_BYTES=2048)
     with pytest.raises(InvalidInput) as caught:
-        task_create(owner=user, runner="http", config={**HTTP_TASK["config"], "json": "y" * 8_800_000})
+        task_create(owner=user, runner="http", config=BIG_CONFIG)
     assert list(caught.value.errors) == ["config"]
+    tms(MAX_CONFIG_BYTES=2048)
     created = api_client.post(URL, HTTP_TASK)
     assert created.status_code == 201, created.content
     patched = api_client.patch(f"{URL}/{created.json()['id']}", {"config": {**HTTP_TASK["config"], "json": "z" * 3000}})
