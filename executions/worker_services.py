@@ -121,7 +121,8 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     the previous run (whose external run is then stopped through its runner).
 
     Returns a short word for logs and tests: ``lost`` (the claim lost), ``skipped``, ``queued``,
-    ``finished`` or ``polling``.
+    ``finished``, ``polling`` or ``deferred`` (the runner's launch rate is used up for the owner:
+    the launch waits for a poll, see :func:`_start`).
     """
     execution = transitions.execution_claim_loaded(
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT

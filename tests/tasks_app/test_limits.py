@@ -278,3 +278,24 @@ def test_min_interval_is_configured_per_runner_alias(api_client, settings):
     response = api_client.post(URL, {**HTTP_TASK, "cron": "*/30 * * * *"})
     assert response.status_code == 400
     assert "every 3600 s" in response.json()["errors"]["schedule"][0]
+
+
+# --- the admin -------------------------------------------------------------------------------
+
+
+def test_superusers_set_owner_quotas_in_the_admin_and_staff_only_look(admin_client, client, user, django_user_model):
+    response = admin_client.post(
+        "/admin/tasks_app/ownerquota/add/",
+        {"user": user.pk, "max_tasks": "5", "max_executions_per_hour": "", "max_artifact_bytes": "0"},
+    )
+    assert response.status_code == 302, response.content[:500]
+    quota = OwnerQuota.objects.get(pk=user.pk)
+    assert (quota.max_tasks, quota.max_executions_per_hour, quota.max_artifact_bytes) == (5, None, 0)
+    assert owner_limits(user).max_artifact_bytes == 0  # 0: no limit
+
+    staff = django_user_model.objects.create_user(username="support", password="x", is_staff=True)
+    client.force_login(staff)
+    assert client.get("/admin/tasks_app/ownerquota/").status_code == 200
+    change = client.post(f"/admin/tasks_app/ownerquota/{user.pk}/change/", {"user": user.pk, "max_tasks": "9999"})
+    assert change.status_code == 403
+    assert OwnerQuota.objects.get(pk=user.pk).max_tasks == 5
