@@ -173,7 +173,8 @@ class BaseRunner:
     def launch_rate(self) -> tuple[int, float] | None:
         """At most ``(count, seconds)`` launches per owner in any window of that many seconds, or
         None for no limit. The worker-side services enforce it (through the database, which a
-        runner never touches) before each :meth:`start`, deferring a launch that would exceed it."""
+        runner never touches) before each :meth:`start`, deferring a launch that would exceed it.
+        The window is at most an hour (the ledger keeps no use longer)."""
         return None
 
     def validate_config(self, config: Any) -> dict[str, Any]:

@@ -188,3 +188,10 @@ def rate_take(*, owner_id: int, kind: str, limit: int, window: float) -> float:
     with transaction.atomic():
         _lock(owner_id)
         return _take(owner_id=owner_id, kind=kind, amount=1, limit=limit, window=window)
+
+
+def quota_uses_expire() -> int:
+    """Delete ledger rows older than the longest window (an hour): those of owners whose next
+    check would have deleted them but who have not come back. Returns how many."""
+    deleted, _ = QuotaUse.objects.filter(at__lt=db_now() - timedelta(seconds=HOUR)).delete()
+    return deleted

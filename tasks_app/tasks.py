@@ -5,8 +5,14 @@ from __future__ import annotations
 from celery import shared_task
 
 from tasks_app.idempotency import idempotency_keys_expire
+from tasks_app.quotas import quota_uses_expire
 
 
 @shared_task(name="tms.expire_idempotency_keys", ignore_result=True, send_events=False)
 def expire_idempotency_keys() -> int:
     return idempotency_keys_expire()
+
+
+@shared_task(name="tms.expire_quota_uses", ignore_result=True, send_events=False)
+def expire_quota_uses() -> int:
+    return quota_uses_expire()

@@ -299,3 +299,13 @@ def test_superusers_set_owner_quotas_in_the_admin_and_staff_only_look(admin_clie
     change = client.post(f"/admin/tasks_app/ownerquota/{user.pk}/change/", {"user": user.pk, "max_tasks": "9999"})
     assert change.status_code == 403
     assert OwnerQuota.objects.get(pk=user.pk).max_tasks == 5
+
+
+def test_uses_past_the_longest_window_are_expired_by_the_beat_job(user):
+    from tasks_app.tasks import expire_quota_uses
+
+    QuotaUse.objects.create(owner=user, kind="executions", amount=3)
+    old = QuotaUse.objects.create(owner=user, kind="send:email", amount=1)
+    QuotaUse.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(hours=1, minutes=1))
+    assert expire_quota_uses() == 1
+    assert list(QuotaUse.objects.values_list("kind", flat=True)) == ["executions"]
