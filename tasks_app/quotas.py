@@ -9,7 +9,7 @@ granted), so they can never both pass the last free unit. Owners never wait on e
 
 Which creations count against the hourly execution quota: those a user asks for (run now,
 backfill, retry). The scheduler's own occurrences do not: they are bounded by the task quota and
-the runners' minimum intervals (see :func:`tasks_app.services.task_validate_runner`).
+the runners' minimum intervals (see :func:`tasks_app.services.task_check_min_interval`).
 """
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ def _limit(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+def _unlimited(owner_id: int, field: str, default: int) -> bool:
+    """Whether the owner has no limit on ``field`` (0), read without a lock: such an owner's
+    writes need not take turns (a limit set meanwhile applies from the next request on)."""
+    value = OwnerQuota.objects.filter(pk=owner_id).values_list(field, flat=True).first()
+    return _limit(value, default) == 0
+
+
 # --- sizes ---------------------------------------------------------------------------------------
 
 
@@ -102,6 +109,8 @@ def check_config_size(config: Any, *, field: str = "config") -> None:
 def quota_check_tasks(*, owner: AbstractBaseUser, adding: int) -> None:
     """Inside the creating transaction: raise :class:`InvalidInput` unless ``owner`` may have
     ``adding`` more tasks (tasks not deleted count, paused and completed ones included)."""
+    if _unlimited(owner.pk, "max_tasks", tms_settings().QUOTA_MAX_TASKS):
+        return
     quota = _lock(owner.pk)
     limit = _limit(quota.max_tasks, tms_settings().QUOTA_MAX_TASKS)
     if not limit:
@@ -118,6 +127,8 @@ def quota_check_tasks(*, owner: AbstractBaseUser, adding: int) -> None:
 def quota_check_artifact(*, owner: AbstractBaseUser, size: int) -> None:
     """Inside the storing transaction: raise :class:`InvalidInput` on ``file`` unless ``owner``
     may keep ``size`` more bytes of artifacts."""
+    if _unlimited(owner.pk, "max_artifact_bytes", tms_settings().QUOTA_ARTIFACT_BYTES):
+        return
     quota = _lock(owner.pk)
     limit = _limit(quota.max_artifact_bytes, tms_settings().QUOTA_ARTIFACT_BYTES)
     if not limit:
@@ -144,14 +155,13 @@ def _take(*, owner_id: int, kind: str, amount: int, limit: int, window: float) -
     uses.filter(at__lte=start).delete()
     if amount > limit:
         return math.inf
-    window_uses = list(uses.order_by("at").values_list("at", "amount"))
-    used = sum(count for _, count in window_uses)
+    used = uses.aggregate(total=Sum("amount"))["total"] or 0
     excess = used + amount - limit
     if excess <= 0:
         QuotaUse.objects.create(owner_id=owner_id, kind=kind, amount=amount)
         return 0.0
     freed = 0
-    for at, count in window_uses:  # the oldest uses leave the window first
+    for at, count in uses.order_by("at").values_list("at", "amount").iterator():  # the oldest leave first
         freed += count
         if freed >= excess:
             return max((at + timedelta(seconds=window) - now).total_seconds(), 0.001)
@@ -162,7 +172,7 @@ def quota_charge_executions(*, owner_id: int, count: int, field: str = "non_fiel
     """Inside the creating transaction: count ``count`` executions created on request against
     the owner's hourly quota, or raise :class:`QuotaExceeded` (429, with the seconds to wait) if
     they do not fit now, or :class:`InvalidInput` on ``field`` if they never can in one request."""
-    if count <= 0:
+    if count <= 0 or _unlimited(owner_id, "max_executions_per_hour", tms_settings().QUOTA_EXECUTIONS_PER_HOUR):
         return
     quota = _lock(owner_id)
     limit = _limit(quota.max_executions_per_hour, tms_settings().QUOTA_EXECUTIONS_PER_HOUR)
