@@ -19,6 +19,7 @@ def periodic_jobs() -> dict[str, tuple[str, float]]:
         "tms: materialise upcoming executions": ("tms.materialise", conf.MATERIALISE_INTERVAL),
         "tms: mark silent workers dead": ("tms.liveness", conf.HEARTBEAT_INTERVAL),
         "tms: expire API idempotency keys": ("tms.expire_idempotency_keys", 3600.0),
+        "tms: expire quota uses past their window": ("tms.expire_quota_uses", 3600.0),
         "tms: prune the dashboard rollup": ("tms.rollup_prune", 3600.0),
         "tms: fold the dashboard rollup's shards": ("tms.rollup_compact", 60.0),
         "tms: expire unfinished artifact uploads": ("tms.expire_artifact_uploads", 300.0),

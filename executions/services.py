@@ -19,6 +19,7 @@ from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
 from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, Task, TaskStatus
+from tasks_app.quotas import quota_charge_executions
 from tasks_app.schedules import walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -92,11 +93,17 @@ def execution_retry_by_user(*, execution: Execution, actor: str) -> Execution:
     (``retry_of`` = the old one, attempt = its attempt + 1); the old execution stays as it was.
 
     Raises :class:`ConflictError` when it is not FAILED or CANCELLED, was already retried, or
-    its task was deleted.
+    its task was deleted, and :class:`QuotaExceeded` when the owner's hourly execution quota is
+    used up (the retry counts against it).
     """
+    owner_id = Task.objects.filter(pk=execution.task_id).values_list("owner_id", flat=True).first()
     with transaction.atomic():
+        if owner_id is not None:
+            quota_charge_executions(owner_id=owner_id, count=1)
         new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
-        if new_id is not None:
+        if new_id is None:
+            transaction.set_rollback(True)  # nothing created: nothing counted
+        else:
             _audit_execution(execution, AuditAction.RETRY, changes={"retry": new_id}, detail=f"execution {new_id}")
     if new_id is None:
         current = Execution.objects.select_related("task").filter(pk=execution.pk).first()

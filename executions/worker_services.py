@@ -32,6 +32,7 @@ from executions.runs import (
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
+from tasks_app.quotas import rate_take
 from tasks_app.secrets import secret_values
 from tms_core import logcontext
 from tms_core.clock import db_now
@@ -121,7 +122,8 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     the previous run (whose external run is then stopped through its runner).
 
     Returns a short word for logs and tests: ``lost`` (the claim lost), ``skipped``, ``queued``,
-    ``finished`` or ``polling``.
+    ``finished``, ``polling`` or ``deferred`` (the runner's launch rate is used up for the owner:
+    the launch waits for a poll, see :func:`_start`).
     """
     execution = transitions.execution_claim_loaded(
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
@@ -244,6 +246,28 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
             worker_id=worker_id,
             result=RunResult.failed(describe_error(exc), retryable=False),
         )
+    rate = runner.launch_rate()
+    if rate is not None:
+        # The runner's send rate, per owner across every worker: counted in PostgreSQL (runners
+        # never touch the database). Over it, the launch waits, still RUNNING without a run id and
+        # without a lease, until a poll message resumes it (_resume starts it again): no attempt
+        # is used up and no worker is held.
+        wait = rate_take(owner_id=task.owner_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
+        if wait:
+            logger.info(
+                "execution %s: runner %s allows %s launches per %gs per owner; deferred %.1fs",
+                execution.pk,
+                task.runner,
+                rate[0],
+                rate[1],
+                wait,
+            )
+            released = persist(
+                lambda: transitions.execution_release(
+                    execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=wait
+                )
+            )
+            return "deferred" if released else "lost"
     try:
         handle = runner.start(spec)
     except RunnerError as exc:

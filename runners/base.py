@@ -151,6 +151,9 @@ class BaseRunner:
 
     #: Accepted OPTIONS and their defaults; any other option is a configuration error.
     option_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: Shortest time, in seconds, between two fire times of a task on this runner, unless the
+    #: alias sets ``MIN_INTERVAL`` in ``TMS_RUNNERS`` (see :mod:`runners.registry`).
+    default_min_interval: ClassVar[float] = 1.0
     #: Validates a task's ``config`` for this runner; errors become per-field 400s.
     config_serializer_class: ClassVar[type[serializers.Serializer] | None] = None
     #: Whether ``cancel`` really stops the external run.
@@ -170,6 +173,15 @@ class BaseRunner:
             )
         self.alias = alias
         self.options = {**self.option_defaults, **options}
+        #: Shortest time, in seconds, between two fire times a task on this runner may ask for.
+        self.min_interval: float = self.default_min_interval
+
+    def launch_rate(self) -> tuple[int, float] | None:
+        """At most ``(count, seconds)`` launches per owner in any window of that many seconds, or
+        None for no limit. The worker-side services enforce it (through the database, which a
+        runner never touches) before each :meth:`start`, deferring a launch that would exceed it.
+        The window is at most an hour (the ledger keeps no use longer)."""
+        return None
 
     def validate_config(self, config: Any) -> dict[str, Any]:
         """Return the normalised config, or raise ``serializers.ValidationError`` per field."""

@@ -15,6 +15,14 @@ permanent and is not retried; 4xx answers, dropped connections, refused connecti
 are retried. When a server refuses only some recipients, Django's SMTP backend delivers to the
 others without raising, so partial refusals are not reported. A sent message cannot be recalled:
 ``cancel`` does nothing.
+
+Limits: tasks may only send to the recipients the operator allows (``allowed_recipients``:
+addresses, ``@domain``, ``@*.domain`` for its subdomains too, or ``*``; nothing by default), checked
+when a task is saved (400 on ``to``, ``cc`` or ``bcc``) and again before each send, since the
+option may have changed since. Each owner may send at most ``max_per_minute`` messages in any
+60 seconds through this runner (:meth:`EmailRunner.launch_rate`: the worker-side services count
+sends in PostgreSQL and defer one that would exceed it), and a task may fire at most every
+``MIN_INTERVAL`` seconds (300 by default for this runner).
 """
 
 from __future__ import annotations
@@ -81,9 +89,16 @@ class EmailRunner(BaseRunner):
         "message_id_domain": None,
         #: Most recipients (to + cc + bcc) one message may have.
         "max_recipients": 50,
+        #: Recipients tasks may send to: addresses, ``@domain``, ``@*.domain`` (the domain and its
+        #: subdomains), or ``*`` for anyone. Empty (the default): nobody.
+        "allowed_recipients": [],
+        #: Messages one owner may send through this runner in any 60 seconds (0: no limit).
+        "max_per_minute": 10,
     }
     config_serializer_class = EmailConfigSerializer
     supports_cancel = False
+    #: A mail per five minutes per task at most, unless TMS_RUNNERS sets MIN_INTERVAL.
+    default_min_interval = 300.0
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
@@ -98,6 +113,12 @@ class EmailRunner(BaseRunner):
         limit = self.options["max_recipients"]
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: max_recipients must be a positive integer.")
+        recipients = self.options["allowed_recipients"]
+        if not isinstance(recipients, list | tuple) or not all(isinstance(item, str) for item in recipients):
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: allowed_recipients must be a list of strings.")
+        rate = self.options["max_per_minute"]
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: max_per_minute must be 0 (no limit) or more.")
 
     # -- validation ---------------------------------------------------------------------------
 
@@ -109,10 +130,35 @@ class EmailRunner(BaseRunner):
             raise serializers.ValidationError(
                 {"to": [f"At most {self.options['max_recipients']} recipients (to, cc and bcc together)."]}
             )
+        for field in ("to", "cc", "bcc"):
+            refused = [address for address in data.get(field, []) if not self.recipient_allowed(address)]
+            if refused:
+                self.refuse(field, f"Tasks may not send to {', '.join(map(repr, refused))}.", "allowed_recipients")
         sender = data.get("from_email")
         if sender and not self.sender_allowed(sender):
             self.refuse("from_email", f"Tasks may not send as {sender!r}.", "allowed_senders")
         return data
+
+    def recipient_allowed(self, address: str) -> bool:
+        """Whether ``allowed_recipients`` lets tasks send to ``address``."""
+        address = parseaddr(address)[1].lower()
+        domain = address.rpartition("@")[2]
+        if not domain:
+            return False
+        for entry in self.options["allowed_recipients"]:
+            entry = entry.strip().lower()
+            if entry == "*" or entry == address:
+                return True
+            if entry.startswith("@*.") and (domain == entry[3:] or domain.endswith("." + entry[3:])):
+                return True
+            if entry.startswith("@") and entry[1:] == domain:
+                return True
+        return False
+
+    def launch_rate(self) -> tuple[int, float] | None:
+        """``max_per_minute`` sends per owner in any 60 seconds (None when 0: no limit)."""
+        rate = self.options["max_per_minute"]
+        return (rate, 60.0) if rate else None
 
     def sender_allowed(self, address: str) -> bool:
         address = address.lower()
@@ -130,6 +176,12 @@ class EmailRunner(BaseRunner):
         message = self.build_message(spec)
         message_id = message.extra_headers["Message-ID"]
         recipients = message.recipients()
+        # Checked again at send time: the allow-list may have shrunk since the task was saved.
+        refused = [address for address in recipients if not self.recipient_allowed(address)]
+        if refused:
+            error = f"not sent: recipients not allowed (allowed_recipients): {', '.join(sorted(refused))}"
+            result = RunResult.failed(error, retryable=False)
+            return RunHandle(message_id, data={"message_id": message_id}, result=result)
         options = dict(self.options["backend_options"])
         # Never wait on the mail server longer than the attempt may take.
         timeout = float(spec.timeout)

@@ -19,7 +19,7 @@ class UnknownRunner(LookupError):
 def _build(alias: str, conf: object) -> BaseRunner:
     if not isinstance(conf, dict) or "BACKEND" not in conf:
         raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}] must be a dict with a BACKEND key.")
-    extra = sorted(set(conf) - {"BACKEND", "OPTIONS"})
+    extra = sorted(set(conf) - {"BACKEND", "OPTIONS", "MIN_INTERVAL"})
     if extra:
         raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: unknown keys {', '.join(extra)}.")
     try:
@@ -28,7 +28,13 @@ def _build(alias: str, conf: object) -> BaseRunner:
         raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: cannot import {conf['BACKEND']!r}: {exc}") from exc
     if not (isinstance(backend, type) and issubclass(backend, BaseRunner)):
         raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: {conf['BACKEND']!r} is not a BaseRunner.")
-    return backend(alias, conf.get("OPTIONS") or {})
+    runner = backend(alias, conf.get("OPTIONS") or {})
+    if "MIN_INTERVAL" in conf:
+        value = conf["MIN_INTERVAL"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: MIN_INTERVAL must be a number of seconds (>= 0).")
+        runner.min_interval = float(value)
+    return runner
 
 
 @cache

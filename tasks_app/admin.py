@@ -31,7 +31,8 @@ from django.utils.html import format_html, format_html_join
 from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
-from tasks_app.models import AuditEntry, Task, TaskStatus
+from tasks_app.models import AuditEntry, OwnerQuota, Task, TaskStatus
+from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.secrets import config_unmask
 from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_app.services import (
@@ -416,3 +417,41 @@ class AuditEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(OwnerQuota)
+class OwnerQuotaAdmin(admin.ModelAdmin):
+    """Per-owner limits; an empty field means the TMS_QUOTA_* default. Superusers change them
+    (through :func:`tasks_app.quotas.owner_quota_set`), staff may look."""
+
+    list_display = ("user", "max_tasks", "max_executions_per_hour", "max_artifact_bytes", "effective")
+    search_fields = ("user__username",)
+    autocomplete_fields = ("user",)
+
+    @admin.display(description="In force (0: no limit)")
+    def effective(self, quota: OwnerQuota) -> str:
+        limits = owner_limits(quota.user)
+        return (
+            f"{limits.max_tasks} tasks, {limits.max_executions_per_hour} runs/hour on request, "
+            f"{limits.max_artifact_bytes} artifact bytes"
+        )
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_staff)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser)
+
+    def save_model(self, request: HttpRequest, obj: OwnerQuota, form: Any, change: bool) -> None:
+        owner_quota_set(
+            owner=obj.user,
+            max_tasks=obj.max_tasks,
+            max_executions_per_hour=obj.max_executions_per_hour,
+            max_artifact_bytes=obj.max_artifact_bytes,
+        )

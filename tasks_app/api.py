@@ -224,7 +224,10 @@ class TaskViewSet(
 
     @extend_schema(
         summary="Run a task now",
-        description="Creates one execution due now, outside the schedule, whatever the task's status.",
+        description=(
+            "Creates one execution due now, outside the schedule, whatever the task's status. It counts against "
+            "the owner's hourly quota of executions created on request: 429 with `Retry-After` when used up."
+        ),
         request=None,
         responses={201: ExecutionDetailSerializer},
     )
@@ -321,7 +324,9 @@ class TaskViewSet(
         summary="Backfill a past time range",
         description=(
             "Creates one execution, due now, for each fire time in [`start`, `end`] that has none yet (at most "
-            "1000 fire times, else 400). They run under the task's overlap policy. `existing` counts the fire "
+            "`TMS_BACKFILL_MAX` fire times, 500 by default, else 400). They count against the owner's hourly "
+            "quota of executions created on request: 429 with `Retry-After` when it is used up. They run under "
+            "the task's overlap policy. `existing` counts the fire "
             "times that already had an execution."
         ),
         request=BackfillSerializer,

@@ -285,3 +285,55 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_name} {self.action} {self.object_type} {self.object_id}"
+
+
+class OwnerQuota(models.Model):
+    """An owner's limits, where an operator set them; an empty field (or no row) means the
+    default from the ``TMS_QUOTA_*`` settings, and 0 means no limit.
+
+    The row is also what serialises an owner's quota-checked writes: each check locks it
+    (``SELECT ... FOR UPDATE``) before it counts and writes, so two concurrent requests can never
+    both pass the last free unit (see :mod:`tasks_app.quotas`). A row is created for an owner at
+    their first checked write, with every limit empty.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE, related_name="tms_quota"
+    )
+    max_tasks = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tasks (not deleted). Empty: TMS_QUOTA_MAX_TASKS; 0: no limit."
+    )
+    max_executions_per_hour = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Executions created on request (run now, backfill, retry) per rolling hour. "
+        "Empty: TMS_QUOTA_EXECUTIONS_PER_HOUR; 0: no limit.",
+    )
+    max_artifact_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Bytes of uploaded artifacts. Empty: TMS_QUOTA_ARTIFACT_BYTES; 0: no limit."
+    )
+
+    class Meta:
+        verbose_name = "owner quota"
+
+    def __str__(self) -> str:
+        return f"quota of user {self.user_id}"
+
+
+class QuotaUse(models.Model):
+    """One use counted against a rolling-window limit: executions created on request, or
+    messages a runner with a send rate sent. Rows older than their window are deleted by the
+    next check of the same owner and kind (under the owner's quota lock), so the table stays small.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    #: ``executions``, or ``send:<runner alias>``.
+    kind = models.CharField(max_length=80)
+    amount = models.PositiveIntegerField()
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "kind", "at"], name="quota_use_owner_kind_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.kind} of user {self.owner_id} at {self.at}"

@@ -88,7 +88,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from itertools import chain, islice
+from itertools import chain, islice, pairwise
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from tms_core.errors import InvalidInput
@@ -601,3 +601,26 @@ def jitter_for(*, key: str, max_jitter: timedelta) -> timedelta:
         return timedelta(0)
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return timedelta(microseconds=int.from_bytes(digest, "big") % (span + 1))
+
+
+def shortest_gap(schedule: Schedule) -> timedelta | None:
+    """The shortest time between two fire times the schedule can have (None for a one-shot).
+
+    For an interval, the interval. For a cron expression, read from the expression rather than
+    from a walk (a walk from today may miss a dense burst months away): the smallest step between
+    two consecutive times of day it selects, and from the last time of a day to the first of the
+    next, as if every day matched. That is exact for ``* * * * *`` (60 s), ``*/5 * * * *``
+    (300 s) and any expression firing daily, and errs short (stricter) when the day fields skip
+    days. The clock changes of a zone can only lengthen these gaps (skipped wall times do not
+    fire; repeated ones repeat the same steps).
+    """
+    if schedule.interval is not None:
+        return schedule.interval
+    if not schedule.cron:
+        return None
+    cron = parse_cron(schedule.cron)
+    times = [(h * 60 + m) * 60 + s for h in cron.hours for m in cron.minutes for s in cron.seconds]  # sorted
+    gap = 86400 - times[-1] + times[0]
+    for earlier, later in pairwise(times):
+        gap = min(gap, later - earlier)
+    return timedelta(seconds=gap)

@@ -24,7 +24,8 @@ from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.audit import audit_diff, audit_record, audit_record_many
 from tasks_app.models import AuditAction, OverlapPolicy, Task, TaskStatus
-from tasks_app.schedules import Schedule, ScheduleError, walk_limit
+from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
+from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
     check_secret_fields,
     config_masked,
@@ -42,6 +43,8 @@ from tms_core.errors import ConflictError, GoneError, InvalidInput
 def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
     """Return ``config`` once the runner accepted it, or raise :class:`InvalidInput` on ``runner``
     or ``config`` (with the runner's per-field messages nested under ``config``)."""
+    # The size first: a runner's validation of a huge document would cost more than measuring it.
+    check_config_size(config)
     try:
         backend = get_runner(runner)
     except UnknownRunner:
@@ -125,6 +128,28 @@ def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = Non
     )
 
 
+def task_check_min_interval(*, runner: str, schedule: Schedule, jitter: timedelta | None = None) -> None:
+    """Raise :class:`InvalidInput` on ``schedule`` when it can fire more often than the runner's
+    ``min_interval`` allows (its ``MIN_INTERVAL`` in ``TMS_RUNNERS``). A jitter can bring two
+    fire times closer by up to itself, so it counts against the gap."""
+    try:
+        minimum = get_runner(runner).min_interval
+    except UnknownRunner:
+        return  # reported on "runner" by task_validate_runner
+    gap = shortest_gap(schedule)
+    if gap is None or not minimum:
+        return
+    effective = gap - (jitter or timedelta(0))
+    if effective.total_seconds() < minimum:
+        what = f"{gap.total_seconds():g} s apart"
+        if jitter:
+            what += f" ({effective.total_seconds():g} s with the jitter)"
+        raise InvalidInput.on(
+            "schedule",
+            f"The {runner!r} runner allows at most one run every {minimum:g} s; this schedule fires {what}.",
+        )
+
+
 def _build_task(
     *,
     owner: User,
@@ -150,6 +175,7 @@ def _build_task(
         first = next(schedule.fire_times(), None)
     except ScheduleError as exc:
         raise InvalidInput.on("schedule", str(exc)) from None
+    task_check_min_interval(runner=runner, schedule=schedule, jitter=options.get("jitter"))
     task = Task(
         owner=owner,
         name=name,
@@ -210,6 +236,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
         if plan.next_run_at is None:
             task.status = TaskStatus.COMPLETED
     with transaction.atomic():
+        quota_check_tasks(owner=owner, adding=len(tasks))
         Task.objects.bulk_create(tasks, batch_size=1000)
         audit_record_many(
             [
@@ -353,6 +380,8 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             schedule = task_schedule(task)
         except ScheduleError as exc:
             raise InvalidInput.on("schedule", str(exc)) from None
+        if changed & (SCHEDULE_FIELDS | {"runner"}):
+            task_check_min_interval(runner=task.runner, schedule=schedule, jitter=task.jitter)
         _clean(task)
         replace = bool(changed & (SCHEDULE_FIELDS | RUN_FIELDS))
         if replace:
@@ -434,11 +463,16 @@ def task_resume(*, task: Task, actor: str) -> Task:
 
 def task_trigger(*, task: Task, actor: str) -> Execution:
     """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
-    execution due now. Returns it."""
+    execution due now. Returns it. It counts against the owner's hourly execution quota
+    (:class:`~tms_core.errors.QuotaExceeded` when used up)."""
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
         with transaction.atomic():
+            # Counted (under the owner's quota lock) in the transaction that creates it.
+            quota_charge_executions(owner_id=task.owner_id, count=1)
             new_id = transitions.execution_trigger(task_id=task.pk, actor=actor, detail=f"triggered by {actor}")
-            if new_id is not None:
+            if new_id is None:
+                transaction.set_rollback(True)  # nothing created: nothing counted
+            else:
                 _audit_task(task, AuditAction.TRIGGER, changes={"execution": new_id}, detail=f"execution {new_id}")
         if new_id is not None:
             notify_due()
@@ -481,10 +515,6 @@ def task_delete(*, task: Task, actor: str) -> TaskDeleteReport:
     return TaskDeleteReport(task.pk, stop_external_runs(task=task, cancelled=cancelled))
 
 
-#: The most occurrences one backfill may create.
-BACKFILL_MAX = 1000
-
-
 @dataclass(frozen=True)
 class BackfillReport:
     task_id: uuid.UUID
@@ -498,10 +528,12 @@ class BackfillReport:
 def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> BackfillReport:
     """Run a task's past fire times in ``[start, end]`` that have no execution yet: one new
     execution each, all due now. They are claimed under the task's overlap policy like any other
-    run. At most :data:`BACKFILL_MAX` fire times per call (a wider range is :class:`InvalidInput`);
+    run. At most ``TMS_BACKFILL_MAX`` fire times per call (a wider range is :class:`InvalidInput`);
     ``end`` must not be in the future. Fire times already run, running or waiting are counted in
-    ``existing`` and not created again.
+    ``existing`` and not created again. The executions created count against the owner's hourly
+    execution quota: all of them fit, or none is created (:class:`~tms_core.errors.QuotaExceeded`).
     """
+    backfill_max = tms_settings().BACKFILL_MAX
     now = db_now()
     errors: dict[str, list[str]] = {}
     if end < start:
@@ -517,9 +549,11 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         for when in task_schedule(task).fire_times(since=start):
             if when > end:
                 break
-            if len(times) == BACKFILL_MAX:
+            if len(times) == backfill_max:
                 raise InvalidInput.on(
-                    "end", f"The range holds more than {BACKFILL_MAX} fire times; backfill a shorter range."
+                    "end",
+                    f"The range holds more than {backfill_max} fire times (TMS_BACKFILL_MAX); "
+                    "backfill a shorter range.",
                 )
             times.append(when)
     existing = set(
@@ -534,6 +568,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         if when not in existing
     ]
     with transaction.atomic():
+        quota_charge_executions(owner_id=task.owner_id, count=len(rows), field="end")
         ids = executions_create(rows=rows, actor=actor, detail=f"backfill of {start.isoformat()} to {end.isoformat()}")
         _audit_task(
             task,

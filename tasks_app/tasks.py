@@ -6,6 +6,7 @@ from celery import shared_task
 
 from tasks_app.artifacts import artifact_uploads_expire
 from tasks_app.idempotency import idempotency_keys_expire
+from tasks_app.quotas import quota_uses_expire
 
 
 @shared_task(name="tms.expire_idempotency_keys", ignore_result=True, send_events=False)
@@ -16,3 +17,8 @@ def expire_idempotency_keys() -> int:
 @shared_task(name="tms.expire_artifact_uploads", ignore_result=True, send_events=False)
 def expire_artifact_uploads() -> int:
     return artifact_uploads_expire()
+
+
+@shared_task(name="tms.expire_quota_uses", ignore_result=True, send_events=False)
+def expire_quota_uses() -> int:
+    return quota_uses_expire()

@@ -87,6 +87,17 @@ class TmsSettings:
     #: at rest: the first encrypts, every one decrypts (rotation: put a new key first, run
     #: ``manage.py tms_rotate_keys``, then drop the old one). Production refuses to start without.
     SECRET_KEYS: tuple[str, ...] = ()
+    #: Largest runner config (payloads included) a task may have, in bytes of compact JSON.
+    MAX_CONFIG_BYTES: int = 65536
+    #: Most fire times one backfill request may create.
+    BACKFILL_MAX: int = 500
+    #: Default per-owner quotas (an operator overrides them per user: tasks_app.models.OwnerQuota);
+    #: 0 means no limit. Tasks an owner may have (not deleted) ...
+    QUOTA_MAX_TASKS: int = 1000
+    #: ... executions an owner may create on request (run now, backfill, retry) per rolling hour ...
+    QUOTA_EXECUTIONS_PER_HOUR: int = 1000
+    #: ... and bytes of uploaded artifacts an owner may keep.
+    QUOTA_ARTIFACT_BYTES: int = 1024**3
 
     def __post_init__(self) -> None:
         if self.SUBPROCESS_SANDBOX not in ("auto", "bwrap", "user", "none"):
@@ -117,6 +128,13 @@ class TmsSettings:
                 ) from exc
         if not 60 <= self.CALLBACK_TOKEN_MAX_AGE <= 86400:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_MAX_AGE must be between 60 and 86400 (seconds).")
+        if not 1024 <= self.MAX_CONFIG_BYTES <= 16 * 1024 * 1024:
+            raise ImproperlyConfigured("TMS_MAX_CONFIG_BYTES must be between 1024 and 16777216.")
+        if not 1 <= self.BACKFILL_MAX <= 100000:
+            raise ImproperlyConfigured("TMS_BACKFILL_MAX must be between 1 and 100000.")
+        for name in ("QUOTA_MAX_TASKS", "QUOTA_EXECUTIONS_PER_HOUR", "QUOTA_ARTIFACT_BYTES"):
+            if getattr(self, name) < 0:
+                raise ImproperlyConfigured(f"TMS_{name} must be 0 (no limit) or positive.")
         if not 0 <= self.CALLBACK_TOKEN_GRACE <= 3600:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_GRACE must be between 0 and 3600 (seconds).")
 

@@ -55,3 +55,14 @@ class InvalidInput(DomainError):
     def on(cls, field: str, message: str) -> InvalidInput:
         """The error for one field with one message."""
         return cls({field: [message]})
+
+
+class QuotaExceeded(DomainError):
+    """The owner used up a rolling-window quota; ``retry_after`` is how many seconds until the
+    request would fit again (the API answers 429 with a ``Retry-After`` header)."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)

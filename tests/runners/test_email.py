@@ -67,6 +67,7 @@ def smtp_runner(port: int, **options: Any) -> EmailRunner:
             "backend": SMTP_BACKEND,
             "backend_options": {"host": "127.0.0.1", "port": port, "timeout": 5},
             "default_from": "TMS <tms@example.com>",
+            "allowed_recipients": ["@*.example.com", "@example.com"],
             **options,
         },
     )
@@ -206,7 +207,7 @@ def test_silent_server_times_out_within_the_attempt_timeout() -> None:
 
 def test_default_backend_comes_from_settings(mailoutbox: list[Any]) -> None:
     # pytest-django switches settings.EMAIL_BACKEND to the locmem backend.
-    runner = EmailRunner("email", {"message_id_domain": "mail.example.org"})
+    runner = EmailRunner("email", {"message_id_domain": "mail.example.org", "allowed_recipients": ["@example.com"]})
     spec = make_spec(runner, REPORT, execution_id=5, attempt=2, task_id="weekly report")
 
     handle = runner.start(spec)
@@ -262,7 +263,7 @@ def test_concurrent_sends_use_separate_connections(mailbox: tuple[Mailbox, int])
     ],
 )
 def test_bad_config_is_reported_per_field(config: dict[str, Any], field: str) -> None:
-    runner = EmailRunner("email", {"max_recipients": 5})
+    runner = EmailRunner("email", {"max_recipients": 5, "allowed_recipients": ["*"]})
 
     with pytest.raises(serializers.ValidationError) as caught:
         runner.validate_config(config)
@@ -287,6 +288,7 @@ def test_runner_loads_from_the_tms_runners_setting(mailbox: tuple[Mailbox, int])
             "backend": SMTP_BACKEND,
             "backend_options": {"host": "127.0.0.1", "port": port},
             "default_from": "tms@example.com",
+            "allowed_recipients": ["alice@example.com"],
         },
     }
     with override_settings(TMS_RUNNERS={"email": entry}):

@@ -130,7 +130,7 @@ def test_backfill_refuses_a_future_end_and_too_wide_a_range(api_client, user):
     wide = {"start": "2025-01-01T00:00:00Z", "end": "2025-01-02T00:00:00Z"}
     response = api_client.post(f"/api/v1/tasks/{task.pk}/backfill", wide, format="json")
     assert response.status_code == 400
-    assert "more than 1000" in str(response.json())
+    assert "more than 500 fire times (TMS_BACKFILL_MAX)" in str(response.json())
     assert not Execution.objects.filter(task=task, scheduled_for__lt=datetime(2025, 1, 2, tzinfo=UTC)).exists()
 
 

@@ -11,25 +11,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found, server_error
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from tms_core.errors import ConflictError, DomainError, GoneError, IdempotencyKeyReused, InvalidInput
+from tms_core.errors import ConflictError, DomainError, GoneError, IdempotencyKeyReused, InvalidInput, QuotaExceeded
 
 #: HTTP status of each domain error.
 DOMAIN_STATUS: dict[type[DomainError], int] = {
     ConflictError: status.HTTP_409_CONFLICT,
     GoneError: status.HTTP_404_NOT_FOUND,
     IdempotencyKeyReused: status.HTTP_422_UNPROCESSABLE_ENTITY,
+    QuotaExceeded: status.HTTP_429_TOO_MANY_REQUESTS,
 }
+
+
+class RequestTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+    def __init__(self) -> None:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        super().__init__(f"The request body is larger than {limit} bytes (TMS_MAX_REQUEST_BYTES).")
 
 
 class _DomainAPIError(exceptions.APIException):
     def __init__(self, error: DomainError) -> None:
+        if isinstance(error, QuotaExceeded):
+            self.wait = error.retry_after  # DRF's handler turns it into a Retry-After header
         self.status_code = next(
             (code for kind, code in DOMAIN_STATUS.items() if isinstance(error, kind)), status.HTTP_400_BAD_REQUEST
         )
@@ -43,6 +57,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = _DomainAPIError(exc)
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()  # never "No Task matches the given query."
+    elif isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLarge()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, exceptions.NotAuthenticated):

@@ -1,6 +1,6 @@
 """OpenAPI schema: the error shape, error responses on every operation, duration fields.
 
-:class:`AutoSchema` adds the errors every operation can answer (401, 403, 429; 400 and 415 where
+:class:`AutoSchema` adds the errors every operation can answer (401, 403, 429; 400, 413 and 415 where
 there is input to reject; 404 where the path names an object), each with the one error shape of
 :mod:`tms_project.api.errors`, so a client (and schemathesis) knows every answer it can get.
 Operations with their own errors (409, 422, ...) declare them with ``extend_schema``.
@@ -54,9 +54,11 @@ ERROR_DESCRIPTIONS = {
     403: "Not allowed: staff only, or a session request without its CSRF token.",
     404: "No such object, or it is not yours.",
     409: "The request conflicts with the object's current state; nothing was changed.",
+    413: "The request body is larger than `TMS_MAX_REQUEST_BYTES`.",
     415: "Unsupported media type: send `application/json`.",
     422: "The `Idempotency-Key` was already used with a different request.",
-    429: "Too many requests: throttled per user. `Retry-After` says when to try again.",
+    429: "Too many requests: throttled per user, or an hourly quota used up (`quota_exceeded`). "
+    "`Retry-After` says when to try again.",
 }
 
 
@@ -120,7 +122,7 @@ class AutoSchema(SpectacularAutoSchema):
     def _error_codes(self) -> set[int]:
         codes = {401, 403, 429}
         if self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None:
-            codes |= {400, 415}
+            codes |= {400, 413, 415}
         if self.method == "GET" and self._is_list_view():
             codes.add(400)  # a bad filter, ordering or page parameter
         if "{" in self.path:

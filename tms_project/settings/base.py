@@ -392,6 +392,11 @@ TMS = {
     # Comma-separated Fernet keys, newest first (tasks_app/secrets.py). local.py derives a
     # development key when unset; production.py refuses to start without them.
     "SECRET_KEYS": tuple(key.strip() for key in env.list("TMS_SECRET_KEYS", default=[]) if key.strip()),
+    "MAX_CONFIG_BYTES": env.int("TMS_MAX_CONFIG_BYTES", default=65536),
+    "BACKFILL_MAX": env.int("TMS_BACKFILL_MAX", default=500),
+    "QUOTA_MAX_TASKS": env.int("TMS_QUOTA_MAX_TASKS", default=1000),
+    "QUOTA_EXECUTIONS_PER_HOUR": env.int("TMS_QUOTA_EXECUTIONS_PER_HOUR", default=1000),
+    "QUOTA_ARTIFACT_BYTES": env.int("TMS_QUOTA_ARTIFACT_BYTES", default=1024**3),
 }
 
 TMS_RUNNERS: dict[str, dict[str, Any]] = {
@@ -440,7 +445,11 @@ TMS_RUNNERS: dict[str, dict[str, Any]] = {
         "OPTIONS": {
             "default_from": env.str("TMS_EMAIL_FROM", default=None),
             "allowed_senders": env.list("TMS_EMAIL_ALLOWED_SENDERS", default=[]),
+            # Nobody by default: an operator lists addresses, @domain or @*.domain entries (or *).
+            "allowed_recipients": env.list("TMS_EMAIL_ALLOWED_RECIPIENTS", default=[]),
+            "max_per_minute": env.int("TMS_EMAIL_MAX_PER_MINUTE", default=10),
         },
+        "MIN_INTERVAL": env.float("TMS_EMAIL_MIN_INTERVAL", default=300.0),
     },
 }
 # Outgoing e-mail for the email runner: https://docs.djangoproject.com/en/5.2/topics/email/
@@ -469,7 +478,9 @@ STORAGES = {
 }
 TMS_ARTIFACT_MAX_BYTES = env.int("TMS_ARTIFACT_MAX_BYTES", default=100 * 1024 * 1024)
 TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR / "artifact-cache"))
-DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# Largest request body (JSON, or a form without its files: uploads are bounded by
+# TMS_ARTIFACT_MAX_BYTES) a view reads; larger ones answer 413 (400 outside the API).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TMS_MAX_REQUEST_BYTES", default=2 * 1024 * 1024)
 #: Callback reports accepted per client address (jobs report from wherever they run, unauthenticated
 #: but for their token): "<n>/<second|minute|hour|day>".
 TMS_CALLBACK_THROTTLE = env.str("TMS_CALLBACK_THROTTLE", default="600/minute")

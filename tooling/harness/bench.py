@@ -30,6 +30,7 @@ from django.db.models import Max
 
 from executions.models import TERMINAL_STATUSES, Execution
 from tasks_app.models import Task
+from tasks_app.quotas import owner_quota_set
 from tasks_app.services import task_bulk_create
 from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
@@ -131,6 +132,8 @@ class Bench:
     def __init__(self, config: BenchConfig) -> None:
         self.config = config
         self.owner = get_user_model().objects.get_or_create(username=BENCH_USER)[0]
+        # The benchmark creates tens of thousands of tasks: lift its owner's quotas (0: no limit).
+        owner_quota_set(owner=self.owner, max_tasks=0, max_executions_per_hour=0)
         self.results: list[Figures] = []
 
     # -- processes --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from django.test.utils import override_settings
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
 from executions.periodic import register_periodic_tasks
+from tasks_app.quotas import owner_quota_set
 from tasks_app.services import task_create
 from tms_core.clock import db_now
 from tooling.harness.ledger import LedgerServer
@@ -251,6 +252,7 @@ class ChaosRun:
 
     def _create_tasks(self) -> None:
         owner, _ = get_user_model().objects.get_or_create(username="chaos")
+        owner_quota_set(owner=owner, max_tasks=0)  # one task per execution, run after run: no task quota
         low, high = self.config.run_seconds
         for index in range(self.config.executions):
             start_at = db_now() + timedelta(seconds=random.uniform(0, self.config.spread))  # noqa: S311
