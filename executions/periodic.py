@@ -21,6 +21,7 @@ def periodic_jobs() -> dict[str, tuple[str, float]]:
         "tms: expire API idempotency keys": ("tms.expire_idempotency_keys", 3600.0),
         "tms: prune the dashboard rollup": ("tms.rollup_prune", 3600.0),
         "tms: fold the dashboard rollup's shards": ("tms.rollup_compact", 60.0),
+        "tms: prune and archive old executions": ("tms.prune", conf.RETENTION_INTERVAL),
     }
 
 

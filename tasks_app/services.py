@@ -158,6 +158,9 @@ UPDATABLE_FIELDS = (
         "timeout",
         "tracing_id",
         "expose_metrics",
+        "keep_last",
+        "keep_for",
+        "keep_failed_longer",
         "notification_target",
     }
 )
