@@ -49,6 +49,14 @@ EXECUTION_ID = OpenApiParameter(
 #: ``?ordering=`` values of the execution lists: one column, ties broken by id in the same direction.
 ORDERINGS = frozenset(f"{sign}{name}" for name in EXECUTION_ORDERING_FIELDS for sign in ("", "-"))
 _BAD_CURSOR = "Invalid cursor: use the next or previous link of a page as it is."
+ORDERING_PARAMETER = OpenApiParameter(
+    "ordering",
+    str,
+    OpenApiParameter.QUERY,
+    enum=sorted(ORDERINGS),
+    description="Replaces the history-first order: by this column (`-` for descending), ties by id the same way; "
+    "rows without a value (not started, not finished) come last.",
+)
 
 # ExecutionKeysetMixin is only ever combined with DRF's GenericAPIView: let the type checker see that base.
 if TYPE_CHECKING:
@@ -76,7 +84,8 @@ class ExecutionKeysetMixin(_ViewBase):
 
     def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:
         queryset = queryset.order_by()
-        ordering = self.request.query_params.getlist("ordering")
+        # An empty ?ordering= reads as none, as in every other list.
+        ordering = [value for value in self.request.query_params.getlist("ordering") if value]
         if ordering:
             if len(ordering) > 1 or ordering[0] not in ORDERINGS:
                 raise ValidationError(
@@ -145,6 +154,7 @@ class ExecutionFilter(StrictFilterSet):
             "scheduled time range. Paged by cursor: follow `next` and `previous`; there is no total count and "
             "`?offset=` is refused (400)."
         ),
+        parameters=[ORDERING_PARAMETER],
     ),
     retrieve=extend_schema(summary="Get an execution with its event timeline", parameters=[EXECUTION_ID]),
 )
@@ -217,6 +227,7 @@ class ExecutionViewSet(
         "ones, soonest first (`?ordering=` replaces this order); the same filters and cursor pages as "
         "`/api/v1/executions`."
     ),
+    parameters=[ORDERING_PARAMETER],
     tags=["tasks"],
 )
 class TaskExecutionListView(ExecutionKeysetMixin, OwnerScopedMixin, generics.ListAPIView):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Model, QuerySet
+from django.db.models import DateTimeField, Model, QuerySet
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
@@ -106,11 +106,15 @@ class KeysetPagination(BasePagination):
             elif value is not None and not isinstance(value, int):
                 raise ValueError
             state = data.get("s", {})
-            if not isinstance(state, dict) or data.get("o", "") != request.query_params.get("ordering", ""):
+            if not isinstance(state, dict) or data.get("o", "") != self._ordering(request):
                 raise ValueError
             return Position(segment, value, ident), bool(data.get("r")), state
         except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error, json.JSONDecodeError):
             raise ValidationError({self.cursor_query_param: [_INVALID]}) from None
+
+    @staticmethod
+    def _ordering(request: Request) -> str:
+        return ",".join(value for value in request.query_params.getlist("ordering") if value)
 
     def encode(self, position: Position, *, backwards: bool, state: dict[str, Any]) -> str:
         value = position.value
@@ -119,7 +123,7 @@ class KeysetPagination(BasePagination):
             "p": [position.segment, value.isoformat() if isinstance(value, datetime) else value, position.id],
             "k": kind,
             "s": state,
-            "o": self.request.query_params.get("ordering", ""),
+            "o": self._ordering(self.request),
         }
         if backwards:
             data["r"] = 1
@@ -142,7 +146,7 @@ class KeysetPagination(BasePagination):
         position, backwards, state = self.decode(request)
         segments = view.keyset_segments(queryset, state)
         self.state = state
-        if position is not None and not 0 <= position.segment < len(segments):
+        if position is not None and not self._fits(position, segments):
             raise ValidationError({self.cursor_query_param: [_INVALID]})
         rows = self._walk(segments, position, limit + 1, backwards)
         more = len(rows) > limit
@@ -158,6 +162,19 @@ class KeysetPagination(BasePagination):
         self.next_cursor = self.encode(last, backwards=False, state=state) if has_next and last else None
         self.previous_cursor = self.encode(first, backwards=True, state=state) if has_previous and first else None
         return page
+
+    @staticmethod
+    def _fits(position: Position, segments: list[Segment]) -> bool:
+        """Whether a decoded position can be a row of these segments (a forged one cannot reach SQL)."""
+        if not 0 <= position.segment < len(segments):
+            return False
+        segment = segments[position.segment]
+        if segment.column is None:
+            return position.value is None
+        field = segment.sources[0].model._meta.get_field(segment.column)
+        if isinstance(field, DateTimeField):
+            return isinstance(position.value, datetime) and position.value.tzinfo is not None
+        return isinstance(position.value, int)
 
     def _walk(
         self, segments: list[Segment], position: Position | None, want: int, backwards: bool
@@ -267,3 +284,13 @@ class KeysetPagination(BasePagination):
                 "schema": {"type": "integer", "minimum": 1},
             },
         ]
+
+
+def keyset_cursor(position: Position, *, state: dict[str, Any], backwards: bool = False, ordering: str = "") -> str:
+    """The ``?cursor=`` value of ``position`` (for tools that jump into a list, e.g. the benchmark)."""
+    from rest_framework.test import APIRequestFactory
+
+    paginator = KeysetPagination()
+    query = f"?ordering={ordering}" if ordering else ""
+    paginator.request = Request(APIRequestFactory().get(f"/{query}"))
+    return paginator.encode(position, backwards=backwards, state=state)
