@@ -15,7 +15,8 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     call_command(
         "tms_bench",
         "--tasks", "40", "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
-        "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3", "--json", str(out),
+        "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
+        "--json", str(out),
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
