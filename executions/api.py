@@ -324,9 +324,13 @@ class TaskArchiveFileView(OwnerScopedMixin, generics.GenericAPIView):
     filter_backends: list = []
     pagination_class = None
 
+    def get_queryset(self) -> QuerySet:
+        tasks = self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED))
+        task = get_object_or_404(tasks, pk=self.kwargs["task_id"])
+        return ArchiveIndex.objects.filter(task=task)
+
     def get(self, request: Request, task_id: str, archive_id: str) -> StreamingHttpResponse:
-        task = get_object_or_404(self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED)), pk=task_id)
-        entry = get_object_or_404(ArchiveIndex.objects.filter(task=task), pk=archive_id)
+        entry = get_object_or_404(self.get_queryset(), pk=archive_id)
         response = StreamingHttpResponse(archive_read(entry), content_type="application/x-ndjson")
-        response["Content-Disposition"] = f'inline; filename="task-{task.pk}-archive-{entry.pk}.jsonl"'
+        response["Content-Disposition"] = f'inline; filename="task-{entry.task_id}-archive-{entry.pk}.jsonl"'
         return response

@@ -312,3 +312,15 @@ def test_archive_endpoints_are_owner_scoped_and_give_only_the_tasks_rows(history
     theirs = ArchiveIndex.objects.filter(task=tasks["all_old"]).get()
     assert api_client.get(f"/api/v1/tasks/{mine.pk}/archive/{theirs.pk}").status_code == 404
     assert other_client.get(f"/api/v1/tasks/{tasks['all_old'].pk}/archive/{theirs.pk}").status_code == 200
+
+
+def test_archive_routes_answer_options_and_unknown_ids_without_a_server_error(history, api_client, other_client):
+    tasks, _, now = history
+    retention_prune(now=now)
+    entry = ArchiveIndex.objects.filter(task=tasks["count"]).first()
+    base = f"/api/v1/tasks/{tasks['count'].pk}/archive"
+    assert api_client.options(base).status_code == 200
+    assert api_client.options(f"{base}/{entry.pk}").status_code == 200
+    assert other_client.options(f"{base}/{entry.pk}").status_code == 404
+    assert api_client.get(f"{base}/999999").status_code == 404
+    assert api_client.get("/api/v1/tasks/not-a-uuid/archive").status_code == 404
