@@ -589,9 +589,14 @@ class Bench:
             "tms_archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": archive}},
         }
         try:
-            Task.objects.filter(owner__username__in=[BENCH_USER, FILLER_USER]).update(
-                keep_last=1, keep_for=timedelta(hours=1)
+            history = Task.objects.filter(owner__username__in=[BENCH_USER, FILLER_USER])
+            history.update(keep_last=1, keep_for=timedelta(hours=1))
+            # The history's running, pending and waiting rows would be work for the workers ahead
+            # of the bursts: end them, so both bursts meet idle workers and only pruning differs.
+            Execution.objects.filter(task__in=history, status__in=["SCHEDULED", "PENDING", "RUNNING"]).update(
+                status="CANCELLED", finished_at=db_now(), lease_owner="", lease_expires_at=None
             )
+            history.update(status="PAUSED")
             burst_owner = get_user_model().objects.get_or_create(username=BURST_USER)[0]
             bench_owner, self.owner = self.owner, burst_owner
             try:
