@@ -5,21 +5,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from django.db.models import Case, F, Q, QuerySet, Value, When
-from django.db.models.functions import Now
+from django.db.models import Q, QuerySet
+from django.http import StreamingHttpResponse
+from django.utils.dateparse import parse_datetime
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import generics, mixins, permissions, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.filters import OrderingFilter
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from executions.models import Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
+from executions.models import ArchiveIndex, Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
+from executions.retention import archive_read
 from executions.serializers import (
+    ArchiveIndexSerializer,
     CancelReportSerializer,
     ExecutionDetailSerializer,
     ExecutionSerializer,
@@ -31,6 +35,7 @@ from tasks_app.services import actor_for
 from tms_core.auth import request_user
 from tms_core.clock import db_now
 from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_project.api.keyset import KeysetPagination, Segment
 from tms_project.api.schema import error_responses
 
 EXECUTION_ORDERING_FIELDS = ["scheduled_for", "id", "started_at", "finished_at"]
@@ -41,39 +46,80 @@ EXECUTION_ID = OpenApiParameter(
 )
 
 
-def history_first(queryset: QuerySet) -> QuerySet:
-    """The default order of execution lists: what ran before what will run.
+#: ``?ordering=`` values of the execution lists: one column, ties broken by id in the same direction.
+ORDERINGS = frozenset(f"{sign}{name}" for name in EXECUTION_ORDERING_FIELDS for sign in ("", "-"))
+_BAD_CURSOR = "Invalid cursor: use the next or previous link of a page as it is."
+ORDERING_PARAMETER = OpenApiParameter(
+    "ordering",
+    str,
+    OpenApiParameter.QUERY,
+    enum=sorted(ORDERINGS),
+    description="Replaces the history-first order: by this column (`-` for descending), ties by id the same way; "
+    "rows without a value (not started, not finished) come last.",
+)
 
-    Executions scheduled for now or earlier come first, newest first (running, just finished,
-    then older history), then the upcoming ones, soonest first. Newest first by scheduled time
-    alone opened a recurring task's list on its pre-created future runs. ``?ordering=`` replaces
-    this order.
-    """
-    upcoming = Q(scheduled_for__gt=Now())
-    return queryset.annotate(
-        upcoming=Case(When(upcoming, then=Value(1)), default=Value(0)),
-        past_at=Case(When(upcoming, then=None), default=F("scheduled_for")),
-        upcoming_at=Case(When(upcoming, then=F("scheduled_for")), default=None),
-    ).order_by("upcoming", F("past_at").desc(nulls_last=True), F("upcoming_at").asc(nulls_last=True), "-id")
-
-
-# HistoryFirstMixin is only ever combined with DRF's GenericAPIView: let the type checker see that base.
+# ExecutionKeysetMixin is only ever combined with DRF's GenericAPIView: let the type checker see that base.
 if TYPE_CHECKING:
     _ViewBase = generics.GenericAPIView
 else:
     _ViewBase = object
 
 
-class HistoryFirstMixin(_ViewBase):
-    """Execution lists in :func:`history_first` order unless ``?ordering=`` is given."""
+class ExecutionKeysetMixin(_ViewBase):
+    """Execution lists paged by cursor (:mod:`tms_project.api.keyset`), in history-first order.
 
-    ordering = None  # OrderingFilter's default: leave the queryset's own order
+    The default order is what ran before what will run: executions scheduled for the first
+    page's instant or earlier, newest first (running, just finished, then older history), then
+    the upcoming ones, soonest first (newest first alone opened a recurring task's list on its
+    pre-created future runs). That instant travels in the cursor, so a walk through the pages
+    cuts the list at one place however long it takes. Each part reads two index ranges, merged:
+    execution_ran_idx (every status but SCHEDULED) and execution_waiting_idx (SCHEDULED).
 
-    def get_queryset(self) -> QuerySet:
-        queryset = super().get_queryset()
-        if self.request.query_params.get("ordering"):
-            return queryset
-        return history_first(queryset)
+    ``?ordering=`` (one of :data:`ORDERINGS`) replaces that order: by the column, then id; rows
+    where the column is empty (not started or not finished yet) come after the others.
+    """
+
+    pagination_class = KeysetPagination
+    ordering = None  # OrderingFilter's default: the pagination orders
+
+    def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:
+        queryset = queryset.order_by()
+        # An empty ?ordering= reads as none, as in every other list.
+        ordering = [value for value in self.request.query_params.getlist("ordering") if value]
+        if ordering:
+            if len(ordering) > 1 or ordering[0] not in ORDERINGS:
+                raise ValidationError(
+                    {"ordering": [f"One of: {', '.join(sorted(ORDERINGS))} (ties are ordered by id the same way)."]}
+                )
+            name = ordering[0].lstrip("-")
+            descending = ordering[0].startswith("-")
+            if name == "id":
+                return [Segment([queryset], None, descending)]
+            if name == "scheduled_for":
+                return [Segment([queryset], name, descending)]
+            return [
+                Segment([queryset.filter(**{f"{name}__isnull": False})], name, descending),
+                Segment([queryset.filter(**{f"{name}__isnull": True})], None, descending),
+            ]
+        split = _state_instant(state)
+        waiting = Q(status=ExecutionStatus.SCHEDULED)
+        past, upcoming = queryset.filter(scheduled_for__lte=split), queryset.filter(scheduled_for__gt=split)
+        return [
+            Segment([past.exclude(waiting), past.filter(waiting)], "scheduled_for", descending=True),
+            Segment([upcoming.exclude(waiting), upcoming.filter(waiting)], "scheduled_for", descending=False),
+        ]
+
+
+def _state_instant(state: dict) -> datetime:
+    """The instant splitting past from upcoming: the first page's (kept in ``state``), else now."""
+    if "t" not in state:
+        now = db_now()
+        state["t"] = now.isoformat()
+        return now
+    when = parse_datetime(state["t"]) if isinstance(state["t"], str) else None
+    if when is None or when.tzinfo is None:
+        raise ValidationError({"cursor": [_BAD_CURSOR]})
+    return when
 
 
 class UtcDateTimeFilter(filters.IsoDateTimeFilter):
@@ -105,13 +151,15 @@ class ExecutionFilter(StrictFilterSet):
         description=(
             "What ran before what will run: executions scheduled for now or earlier first, newest first, then "
             "upcoming ones, soonest first (`?ordering=` replaces this order). Filter by task, status, origin and "
-            "scheduled time range."
+            "scheduled time range. Paged by cursor: follow `next` and `previous`; there is no total count and "
+            "`?offset=` is refused (400)."
         ),
+        parameters=[ORDERING_PARAMETER],
     ),
     retrieve=extend_schema(summary="Get an execution with its event timeline", parameters=[EXECUTION_ID]),
 )
 class ExecutionViewSet(
-    HistoryFirstMixin, OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+    ExecutionKeysetMixin, OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
     """Executions of your tasks, each with its event timeline; cancel and retry them."""
 
@@ -176,11 +224,13 @@ class ExecutionViewSet(
     summary="List a task's executions",
     description=(
         "What ran before what will run: executions scheduled for now or earlier first, newest first, then upcoming "
-        "ones, soonest first (`?ordering=` replaces this order); the same filters as `/api/v1/executions`."
+        "ones, soonest first (`?ordering=` replaces this order); the same filters and cursor pages as "
+        "`/api/v1/executions`."
     ),
+    parameters=[ORDERING_PARAMETER],
     tags=["tasks"],
 )
-class TaskExecutionListView(HistoryFirstMixin, OwnerScopedMixin, generics.ListAPIView):
+class TaskExecutionListView(ExecutionKeysetMixin, OwnerScopedMixin, generics.ListAPIView):
     """``/api/v1/tasks/{task_id}/executions``: one of your tasks' executions."""
 
     owner_field = "task__owner"
@@ -224,3 +274,63 @@ class WorkerViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMix
 
     def get_serializer_context(self) -> dict:
         return {**super().get_serializer_context(), "now": db_now()}
+
+
+@extend_schema(
+    summary="List a task's archive",
+    description=(
+        "Where the task's pruned executions went (retention: `keep_last`, `keep_for`): one entry per archive file "
+        "holding some of them, newest first, with the span of their scheduled times, counts and checksums. "
+        "`GET .../archive/{archive_id}` gives the executions themselves."
+    ),
+    tags=["tasks"],
+)
+class TaskArchiveListView(OwnerScopedMixin, generics.ListAPIView):
+    """``/api/v1/tasks/{task_id}/archive``: the archive index entries of one of your tasks."""
+
+    serializer_class = ArchiveIndexSerializer
+    queryset = ArchiveIndex.objects.all()
+    filter_backends: list = []
+
+    def get_queryset(self) -> QuerySet:
+        task = get_object_or_404(
+            self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED)), pk=self.kwargs["task_id"]
+        )
+        return ArchiveIndex.objects.filter(task=task).order_by("-period_to", "-id")
+
+
+ARCHIVE_ID = OpenApiParameter(
+    "archive_id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH, description="The archive entry's id."
+)
+
+
+@extend_schema(
+    summary="Get a task's archived executions",
+    description=(
+        "The executions of one archive entry as JSON Lines (`application/x-ndjson`): one execution per line, "
+        "as it was when pruned, with its `events` and `skipped_occurrences`. Streamed from the archive storage."
+    ),
+    parameters=[ARCHIVE_ID],
+    responses={
+        (200, "application/x-ndjson"): OpenApiResponse(description="One JSON object per line."),
+        **error_responses(404),
+    },
+    tags=["tasks"],
+)
+class TaskArchiveFileView(OwnerScopedMixin, generics.GenericAPIView):
+    """``/api/v1/tasks/{task_id}/archive/{archive_id}``: the archived executions, streamed."""
+
+    queryset = ArchiveIndex.objects.all()
+    filter_backends: list = []
+    pagination_class = None
+
+    def get_queryset(self) -> QuerySet:
+        tasks = self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED))
+        task = get_object_or_404(tasks, pk=self.kwargs["task_id"])
+        return ArchiveIndex.objects.filter(task=task)
+
+    def get(self, request: Request, task_id: str, archive_id: str) -> StreamingHttpResponse:
+        entry = get_object_or_404(self.get_queryset(), pk=archive_id)
+        response = StreamingHttpResponse(archive_read(entry), content_type="application/x-ndjson")
+        response["Content-Disposition"] = f'inline; filename="task-{entry.task_id}-archive-{entry.pk}.jsonl"'
+        return response

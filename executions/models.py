@@ -105,6 +105,9 @@ class Execution(models.Model):
             # The back office's execution list (what ran and runs, newest first): keyset pages on
             # (scheduled_for, id), read as an index range from the last row shown.
             models.Index(fields=["-scheduled_for", "-id"], condition=~Q(status="SCHEDULED"), name="execution_ran_idx"),
+            # Its complement: the API's execution lists (history first, keyset pages) merge a range
+            # of each, so no index over every row is kept up by every status change.
+            models.Index(fields=["scheduled_for", "id"], condition=Q(status="SCHEDULED"), name="execution_waiting_idx"),
         ]
 
     def __str__(self) -> str:
@@ -279,3 +282,39 @@ class TaskRollup(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} at {self.hour:%Y-%m-%d %H}:00"
+
+
+class ArchiveIndex(models.Model):
+    """Where pruned executions of one task went: one row per (archive file, task).
+
+    Written by :mod:`executions.retention` in the transaction that deletes the executions, after
+    the file was stored, so a row here always names a complete file. A file may hold several
+    tasks' executions (one pruning batch); each task's row counts and checksums its own.
+    """
+
+    # No constraint: the index outlives the task (a deleted task's history stays findable).
+    task = models.ForeignKey(
+        "tasks_app.Task", on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    owner_id = models.IntegerField()
+    #: The file's name in the ``tms_archive`` storage.
+    file_name = models.CharField(max_length=300)
+    #: The span of the archived executions' scheduled times.
+    period_from = models.DateTimeField()
+    period_to = models.DateTimeField()
+    executions = models.PositiveIntegerField()
+    events = models.PositiveIntegerField()
+    skipped = models.PositiveIntegerField(help_text="Skipped-occurrence rows tied to the archived executions.")
+    #: SHA-256 of the whole file (hex), as stored.
+    file_sha256 = models.CharField(max_length=64)
+    #: SHA-256 (hex) of this task's archived execution ids, ascending, one decimal per line.
+    ids_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-period_to", "-id"]
+        constraints = [models.UniqueConstraint(fields=["file_name", "task"], name="archiveindex_file_task")]
+        indexes = [models.Index(fields=["task", "-period_to"], name="archiveindex_task_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.file_name} (task {self.task_id}, {self.executions} executions)"

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from rest_framework import serializers
 
-from executions.models import Execution, ExecutionEvent, ExecutionStatus, Worker
+from executions.models import ArchiveIndex, Execution, ExecutionEvent, ExecutionStatus, Worker
 from executions.runs import ExternalRun
 
 
@@ -84,3 +84,26 @@ class WorkerSerializer(serializers.ModelSerializer):
     def get_seconds_since_heartbeat(self, worker: Worker) -> float:
         now: datetime = self.context["now"]
         return round(max(0.0, (now - worker.last_heartbeat).total_seconds()), 3)
+
+
+class ArchiveIndexSerializer(serializers.ModelSerializer):
+    """Where some of a task's pruned executions went."""
+
+    task = serializers.UUIDField(source="task_id", read_only=True)
+
+    class Meta:
+        model = ArchiveIndex
+        fields = [
+            "id",
+            "task",
+            "period_from",
+            "period_to",
+            "executions",
+            "events",
+            "skipped",
+            "file_name",
+            "file_sha256",
+            "ids_sha256",
+            "created_at",
+        ]
+        read_only_fields = fields

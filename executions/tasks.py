@@ -10,7 +10,7 @@ from celery import Task, shared_task
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
-from executions import heartbeat, materialiser, rollup, worker_services
+from executions import heartbeat, materialiser, retention, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
 from tms_core import logcontext, metrics
 from tms_core.conf import tms_settings
@@ -115,3 +115,10 @@ def rollup_prune() -> tuple[int, int]:
 @shared_task(name="tms.rollup_compact", ignore_result=True)
 def rollup_compact() -> int:
     return rollup.rollup_compact()
+
+
+@shared_task(name="tms.prune", ignore_result=True)
+def prune() -> int:
+    """Beat's retention run; stops after half its interval, the next run goes on."""
+    report = retention.retention_prune(max_seconds=tms_settings().RETENTION_INTERVAL / 2)
+    return report.executions

@@ -70,7 +70,8 @@ POLICY_FIELDS = [
     "priority",
 ]
 OTHER_FIELDS = ["tracing_id", "notification_target", "expose_metrics"]
-CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *OTHER_FIELDS]
+RETENTION_FIELDS = ["keep_last", "keep_for", "keep_failed_longer"]
+CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *RETENTION_FIELDS, *OTHER_FIELDS]
 #: Read-only facts shown at the top of the change page.
 STATUS_FIELDS = [
     "id",
@@ -220,6 +221,7 @@ class TaskAdmin(admin.ModelAdmin):
                 ("What", {"fields": ["owner", *WHAT_FIELDS]}),
                 ("When", {"fields": [*WHEN_FIELDS]}),
                 ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+                ("Retention", {"fields": [*RETENTION_FIELDS]}),
                 ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
             ]
         editable = self.has_change_permission(request, obj) and obj.status != TaskStatus.DELETED
@@ -229,6 +231,7 @@ class TaskAdmin(admin.ModelAdmin):
             ("What", {"fields": [*what]}),
             ("When", {"fields": [*WHEN_FIELDS]}),
             ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
+            ("Retention", {"fields": [*RETENTION_FIELDS]}),
             ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
         ]
 

@@ -13,7 +13,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from tms_core.conf import tms_settings
+from tms_core.conf import MAX_KEEP_FOR, MAX_KEEP_LAST, MIN_KEEP_FOR, tms_settings
 
 
 class TaskStatus(models.TextChoices):
@@ -84,6 +84,10 @@ def default_timeout() -> timedelta:
 #: between creating a "run now" task and materialising it into a misfire.
 MIN_MISFIRE_GRACE = timedelta(seconds=1)
 MAX_CATCH_UP_LIMIT = 1000
+
+
+MIN_KEEP_FOR_DELTA = timedelta(seconds=MIN_KEEP_FOR)
+MAX_KEEP_FOR_DELTA = timedelta(seconds=MAX_KEEP_FOR)
 
 
 def default_misfire_grace() -> timedelta:
@@ -162,6 +166,27 @@ class Task(models.Model):
         default=False, help_text="Publish this task's last success time at /metrics (Prometheus)."
     )
 
+    # Retention (executions.retention): null reads as the TMS_RETENTION_* default, so a change of
+    # the default reaches every task that did not choose.
+    keep_last = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_KEEP_LAST)],
+        help_text="The most finished runs kept (null: TMS_RETENTION_KEEP_LAST).",
+    )
+    keep_for = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_KEEP_FOR_DELTA), MaxValueValidator(MAX_KEEP_FOR_DELTA)],
+        help_text="Finished runs older than this go (null: TMS_RETENTION_KEEP_FOR).",
+    )
+    keep_failed_longer = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Failed runs go only when both keep_last and keep_for let them (whichever keeps more); "
+        "other runs go when either does.",
+    )
+
     # Materialisation cursor: the next occurrence not yet turned into an execution (null: none left).
     next_run_at = models.DateTimeField(null=True, blank=True)
     runs_materialised = models.PositiveIntegerField(default=0)
@@ -187,6 +212,15 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(misfire_grace__gte=MIN_MISFIRE_GRACE), name="task_misfire_grace_min"),
             models.CheckConstraint(
                 condition=Q(catch_up_limit__gte=1, catch_up_limit__lte=MAX_CATCH_UP_LIMIT), name="task_catch_up_limit"
+            ),
+            models.CheckConstraint(
+                condition=Q(keep_last__isnull=True) | Q(keep_last__gte=1, keep_last__lte=MAX_KEEP_LAST),
+                name="task_keep_last_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(keep_for__isnull=True)
+                | Q(keep_for__gte=MIN_KEEP_FOR_DELTA, keep_for__lte=MAX_KEEP_FOR_DELTA),
+                name="task_keep_for_range",
             ),
             models.CheckConstraint(
                 condition=Q(end_at__isnull=True) | Q(end_at__gte=models.F("start_at")), name="task_end_after_start"

@@ -16,6 +16,8 @@ from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkipR
 from executions.serializers import CancelReportSerializer
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
+    MAX_KEEP_FOR_DELTA,
+    MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
     MisfirePolicy,
@@ -31,6 +33,7 @@ from tasks_app.secrets import check_secret_fields, config_unmask
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_config, task_config_masked, task_validate_runner
 from tasks_app.states import TaskState, task_next_run, task_state
+from tms_core.conf import MAX_KEEP_LAST
 from tms_core.durations import DurationField
 from tms_core.errors import InvalidInput
 from tms_project.api.base import (
@@ -229,6 +232,29 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     priority = serializers.IntegerField(required=False, default=5, min_value=0, max_value=9)
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     expose_metrics = serializers.BooleanField(required=False, default=False)
+    keep_last = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=MAX_KEEP_LAST,
+        help_text="Retention: the most finished runs kept (null: the default, TMS_RETENTION_KEEP_LAST, 1000).",
+    )
+    keep_for = DurationField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=MIN_KEEP_FOR_DELTA,
+        max_value=MAX_KEEP_FOR_DELTA,
+        help_text='Retention: finished runs older than this are archived and deleted, e.g. "30d" or seconds '
+        "(null: the default, TMS_RETENTION_KEEP_FOR, 30 days; at least 1 h, at most 3650 days).",
+    )
+    keep_failed_longer = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Retention of failed runs by whichever of keep_last and keep_for keeps more (other runs: "
+        "whichever keeps fewer). Unfinished runs and a task's latest run are never pruned.",
+    )
     notification_target = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
 
     def validate_timezone(self, value: str) -> str:
@@ -324,6 +350,7 @@ class TaskSerializer(serializers.ModelSerializer):
     retry_backoff = DurationField()
     retry_backoff_max = DurationField()
     timeout = DurationField()
+    keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
 
     class Meta:
         model = Task
@@ -354,6 +381,9 @@ class TaskSerializer(serializers.ModelSerializer):
             "priority",
             "tracing_id",
             "expose_metrics",
+            "keep_last",
+            "keep_for",
+            "keep_failed_longer",
             "notification_target",
             "state",
             "next_run_at",

@@ -281,6 +281,9 @@ UPDATABLE_FIELDS = (
         "timeout",
         "tracing_id",
         "expose_metrics",
+        "keep_last",
+        "keep_for",
+        "keep_failed_longer",
         "notification_target",
         "secret_fields",
     }

@@ -81,6 +81,8 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("PUT", "/api/v1/artifacts/uploads/{token}"),
         ("POST", "/api/v1/executions/{id}/callback"),
         ("GET", "/api/v1/tasks/{task_id}/executions"),
+        ("GET", "/api/v1/tasks/{task_id}/archive"),
+        ("GET", "/api/v1/tasks/{task_id}/archive/{archive_id}"),
         ("GET", "/api/v1/executions"),
         ("GET", "/api/v1/executions/{id}"),
         ("POST", "/api/v1/executions/{id}/cancel"),

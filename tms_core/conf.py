@@ -8,6 +8,11 @@ from dataclasses import dataclass, fields
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+#: Bounds of the retention settings (a task's ``keep_last`` and ``keep_for`` and their defaults).
+MAX_KEEP_LAST = 1_000_000
+MIN_KEEP_FOR = 3600.0
+MAX_KEEP_FOR = 3650 * 86400.0
+
 
 @dataclass(frozen=True)
 class TmsSettings:
@@ -55,6 +60,14 @@ class TmsSettings:
     ROLLUP_RETENTION: float = 7 * 86400.0
     #: Seconds the per-task hourly rollup ("tasks failing most") is kept: one row per task and hour.
     TASK_ROLLUP_RETENTION: float = 2 * 86400.0
+    #: Retention default of a task's ``keep_last``: the most finished runs of a task kept.
+    RETENTION_KEEP_LAST: int = 1000
+    #: Retention default of a task's ``keep_for``, in seconds: finished runs older than this go.
+    RETENTION_KEEP_FOR: float = 30 * 86400.0
+    #: Executions pruned (archived, then deleted) per transaction.
+    RETENTION_BATCH: int = 1000
+    #: Seconds between beat's pruning runs.
+    RETENTION_INTERVAL: float = 3600.0
     #: Bearer token ``/metrics`` requires (``Authorization: Bearer <token>``); empty: none.
     METRICS_TOKEN: str = ""
     #: Client networks (CIDR) allowed to read ``/metrics``. Empty: loopback only when no token is
@@ -117,6 +130,16 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_CATCH_UP_LIMIT must be between 1 and 1000.")
         if not 0 <= self.METRICS_MAX_TASKS <= 10000:
             raise ImproperlyConfigured("TMS_METRICS_MAX_TASKS must be between 0 and 10000.")
+        if not 1 <= self.RETENTION_KEEP_LAST <= MAX_KEEP_LAST:
+            raise ImproperlyConfigured(f"TMS_RETENTION_KEEP_LAST must be between 1 and {MAX_KEEP_LAST}.")
+        if not MIN_KEEP_FOR <= self.RETENTION_KEEP_FOR <= MAX_KEEP_FOR:
+            raise ImproperlyConfigured(
+                f"TMS_RETENTION_KEEP_FOR must be between {MIN_KEEP_FOR:g} and {MAX_KEEP_FOR:g} (seconds)."
+            )
+        if not 1 <= self.RETENTION_BATCH <= 10000:
+            raise ImproperlyConfigured("TMS_RETENTION_BATCH must be between 1 and 10000.")
+        if self.RETENTION_INTERVAL < 60:
+            raise ImproperlyConfigured("TMS_RETENTION_INTERVAL must be at least 60 (seconds).")
         object.__setattr__(self, "METRICS_ALLOWED_NETWORKS", tuple(self.METRICS_ALLOWED_NETWORKS))
         object.__setattr__(self, "SECRET_KEYS", tuple(self.SECRET_KEYS))
         for network in self.METRICS_ALLOWED_NETWORKS:

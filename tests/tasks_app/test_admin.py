@@ -317,3 +317,15 @@ def test_staff_made_by_the_command_can_log_in_and_look_but_not_change(admin_user
     client.post(TASKS, {"action": "pause_selected", "_selected_action": [str(task.pk)]})
     task.refresh_from_db()
     assert task.status != TaskStatus.PAUSED
+
+
+def test_retention_settings_are_changed_in_the_admin_through_the_service(admin_client, admin_user):
+    task = task_create(owner=admin_user, runner="noop", start_at=timezone.now() + timedelta(hours=1))
+    response = _change(admin_client, task, keep_last="5", keep_for="2 00:00:00", keep_failed_longer="on")
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    task.refresh_from_db()
+    assert (task.keep_last, task.keep_for, task.keep_failed_longer) == (5, timedelta(days=2), True)
+    bad = _change(admin_client, task, keep_last="0", keep_for="00:10:00")
+    assert bad.status_code == 200 and {"keep_last", "keep_for"} <= set(bad.context["adminform"].form.errors)
+    task.refresh_from_db()
+    assert task.keep_last == 5

@@ -427,7 +427,7 @@ def test_delete_cancels_scheduled_pending_and_running_and_stops_the_external_run
     _assert_error(api_client.get(f"{URL}/{task.pk}"), 404, "not_found")
     _assert_error(api_client.delete(f"{URL}/{task.pk}"), 404, "not_found")
     assert api_client.get(URL).json()["count"] == 0
-    assert api_client.get(f"/api/v1/executions?task={task.pk}").json()["count"] == 4
+    assert len(api_client.get(f"/api/v1/executions?task={task.pk}").json()["results"]) == 4
 
 
 @pytest.mark.parametrize(

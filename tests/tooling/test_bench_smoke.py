@@ -15,14 +15,15 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     call_command(
         "tms_bench",
         "--tasks", "40", "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
-        "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--json", str(out),
+        "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
+        "--json", str(out),
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
     assert "| scale |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    assert set(scenarios) == {"burst", "sustained", "scale", "create", "dashboard"}
+    assert set(scenarios) == {"burst", "sustained", "scale", "create", "dashboard", "lists", "prune"}
     assert scenarios["burst"]["executions"] == 40
     assert scenarios["burst"]["baseline_per_second"] > 0
     assert scenarios["sustained"]["executions"] == 20
@@ -35,3 +36,18 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     assert dashboard["extra"]["staff_runs_24h"] > dashboard["extra"]["owner_runs_24h"] > 0
     assert "| dashboard |" in printed
     assert figures["machine"]["cores"] >= 1
+
+
+def test_tms_bench_lists_and_prune_scenarios(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    call_command(
+        "tms_bench", "--scenario", "lists", "--scenario", "prune", "--tasks", "30", "--scale-executions", "3000",
+        "--scale-tasks", "100", "--list-requests", "3", "--json", str(out),
+    )  # fmt: skip
+    scenarios = {row["scenario"]: row for row in json.loads(out.read_text())["results"]}
+    assert scenarios["lists"]["executions"] == 3000
+    assert {"p50", "p95"} <= set(scenarios["lists"]["extra"]["owner_deep_90pct_ms"])
+    prune = scenarios["prune"]
+    # Every task keeps its latest run only: 100 tasks' latest finished runs and the unfinished ones stay.
+    assert 2500 < prune["executions"] < 3000 and prune["extra"]["archive_files"] >= 3
+    assert prune["lateness_ms"] and prune["extra"]["lateness_without_pruning_ms"]

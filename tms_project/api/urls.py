@@ -1,7 +1,13 @@
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
-from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSet
+from executions.api import (
+    ExecutionViewSet,
+    TaskArchiveFileView,
+    TaskArchiveListView,
+    TaskExecutionListView,
+    WorkerViewSet,
+)
 from executions.callback_api import ExecutionCallbackView
 from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
@@ -17,6 +23,12 @@ router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),
+    re_path(r"^tasks/(?P<task_id>[^/.]+)/archive/?$", TaskArchiveListView.as_view(), name="task-archive"),
+    re_path(
+        r"^tasks/(?P<task_id>[^/.]+)/archive/(?P<archive_id>[0-9]{1,18})/?$",
+        TaskArchiveFileView.as_view(),
+        name="task-archive-file",
+    ),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),

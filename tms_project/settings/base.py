@@ -380,6 +380,10 @@ TMS = {
     "CALLBACK_TOKEN_GRACE": env.float("TMS_CALLBACK_TOKEN_GRACE", default=300.0),
     "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
+    "RETENTION_KEEP_LAST": env.int("TMS_RETENTION_KEEP_LAST", default=1000),
+    "RETENTION_KEEP_FOR": env.float("TMS_RETENTION_KEEP_FOR", default=30 * 86400.0),
+    "RETENTION_BATCH": env.int("TMS_RETENTION_BATCH", default=1000),
+    "RETENTION_INTERVAL": env.float("TMS_RETENTION_INTERVAL", default=3600.0),
     "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
     "METRICS_ALLOWED_NETWORKS": tuple(env.list("TMS_METRICS_ALLOWED_NETWORKS", default=[])),
     "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
@@ -475,6 +479,18 @@ STORAGES = {
         else {"BACKEND": "django.core.files.storage.FileSystemStorage"}
     ),
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Pruned executions, as gzipped JSON Lines (executions.retention): S3 when a bucket is set.
+    "tms_archive": (
+        {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {"bucket_name": env.str("TMS_ARCHIVE_S3_BUCKET"), "location": "tms-archive"},
+        }
+        if env.str("TMS_ARCHIVE_S3_BUCKET", default="")
+        else {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": env.str("TMS_ARCHIVE_DIR", default=str(VAR_DIR / "archive"))},
+        }
+    ),
 }
 TMS_ARTIFACT_MAX_BYTES = env.int("TMS_ARTIFACT_MAX_BYTES", default=100 * 1024 * 1024)
 TMS_ARTIFACT_CACHE_DIR = env.str("TMS_ARTIFACT_CACHE_DIR", default=str(VAR_DIR / "artifact-cache"))

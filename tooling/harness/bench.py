@@ -36,9 +36,10 @@ from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
-SCENARIOS = ("burst", "sustained", "scale", "create", "dashboard")
+SCENARIOS = ("burst", "sustained", "scale", "create", "dashboard", "lists", "prune")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
+    """DELETE FROM executions_archiveindex WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM executions_runrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM executions_taskrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM executions_skippedoccurrence WHERE task_id IN (
@@ -52,6 +53,8 @@ _CLEANUP = (
 )
 BENCH_USER = "tms-bench"
 FILLER_USER = "tms-bench-filler"
+#: Owner of the prune scenario's bursts, apart from the history being pruned.
+BURST_USER = "tms-bench-burst"
 
 
 @dataclass
@@ -69,6 +72,8 @@ class BenchConfig:
     bulk_tasks: int = 20_000
     #: Dashboard renders timed (for each of a staff user and an owner).
     dashboard_renders: int = 60
+    #: Requests timed per execution-list path (lists scenario).
+    list_requests: int = 200
     log_dir: Path = field(default_factory=lambda: ROOT / "var" / "bench")
     settings_module: str = ""
     progress: Callable[[str], None] = lambda line: None
@@ -214,7 +219,7 @@ class Bench:
     def _cleanup(self) -> None:
         """Delete what this run created (set-based: the scale scenario leaves a million rows)."""
         with connection.cursor() as cursor:
-            for username in (BENCH_USER, FILLER_USER):
+            for username in (BENCH_USER, FILLER_USER, BURST_USER):
                 for statement in _CLEANUP:
                     cursor.execute(statement, [username])
 
@@ -510,6 +515,147 @@ class Bench:
         elapsed = time.monotonic() - started
         self.config.progress(f"dashboard: filled in {elapsed:.1f}s ({counted} counted, {folded} shard rows folded)")
 
+    # -- big history: the API's lists, and pruning ------------------------------------------
+
+    def lists(self) -> Figures:
+        """API execution-list latency (p50/p95 through Django's test client) with
+        ``scale_executions`` executions, all of one owner: the first page, a page 90 % of the
+        way down (its cursor), a task's executions, and a status filter; as the owner and as staff."""
+        figures = Figures("lists")
+        self._fill_history()
+        try:
+            filler = get_user_model().objects.get(username=FILLER_USER)
+            # One owner of the whole history, as in the issue's measurement.
+            Task.objects.filter(owner=filler).update(owner=self.owner)
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE tasks_app_task")
+            from rest_framework.test import APIClient
+
+            from tms_project.api.keyset import Position, keyset_cursor
+
+            staff = get_user_model().objects.get_or_create(username=f"{BENCH_USER}-staff", defaults={"is_staff": True})[
+                0
+            ]
+            total = Execution.objects.filter(task__owner=self.owner).count()
+            now = db_now()
+            past = Execution.objects.filter(task__owner=self.owner, scheduled_for__lte=now).order_by(
+                "-scheduled_for", "-id"
+            )
+            deep = past.values_list("scheduled_for", "id")[int(total * 0.9)]
+            deep_cursor = keyset_cursor(Position(0, deep[0], deep[1]), state={"t": now.isoformat()})
+            busiest = Execution.objects.filter(task__owner=self.owner).values_list("task_id", flat=True).first()
+            paths = [
+                ("first", "/api/v1/executions"),
+                ("deep_90pct", f"/api/v1/executions?cursor={deep_cursor}"),
+                ("task", f"/api/v1/tasks/{busiest}/executions"),
+                ("failed", "/api/v1/executions?status=FAILED"),
+                ("by_id", "/api/v1/executions?ordering=-id"),
+            ]
+            for label, user in (("owner", self.owner), ("staff", staff)):
+                client = APIClient()
+                client.force_authenticate(user)
+                for name, path in paths:
+                    client.get(path)  # warm
+                    timings = []
+                    self.config.progress(f"lists: {self.config.list_requests} requests of {path} as {label}")
+                    for _ in range(self.config.list_requests):
+                        started = time.perf_counter()
+                        response = client.get(path)
+                        timings.append((time.perf_counter() - started) * 1000)
+                        if response.status_code != 200:
+                            raise RuntimeError(f"{path} answered {response.status_code}: {response.content[:300]!r}")
+                    figures.extra[f"{label}_{name}_ms"] = _quantiles(timings)
+            figures.executions = total
+        finally:
+            self.config.progress("lists: deleting the filler rows")
+            self._cleanup()
+        return figures
+
+    def prune(self) -> Figures:
+        """Pruning and archiving ``scale_executions`` executions (every task keeps its latest run
+        only), and the lateness of a burst of ``tasks`` one-shot tasks through real workers while
+        it runs, beside the same burst without pruning."""
+        import shutil
+        import tempfile
+        import threading
+
+        from django.db import connections
+        from django.test import override_settings
+
+        from executions.retention import PruneReport, retention_prune
+
+        figures = Figures("prune")
+        self._fill_history()
+        archive = tempfile.mkdtemp(prefix="tms-bench-archive-")
+        storages = {
+            **settings.STORAGES,
+            "tms_archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": archive}},
+        }
+        try:
+            history = Task.objects.filter(owner__username__in=[BENCH_USER, FILLER_USER])
+            history.update(keep_last=1, keep_for=timedelta(hours=1))
+            # The history's running, pending and waiting rows would be work for the workers ahead
+            # of the bursts: end them, so both bursts meet idle workers and only pruning differs.
+            Execution.objects.filter(task__in=history, status__in=["SCHEDULED", "PENDING", "RUNNING"]).update(
+                status="CANCELLED", finished_at=db_now(), lease_owner="", lease_expires_at=None
+            )
+            history.update(status="PAUSED")
+            burst_owner = get_user_model().objects.get_or_create(username=BURST_USER)[0]
+            bench_owner, self.owner = self.owner, burst_owner
+            try:
+                self.config.progress("prune: the burst without pruning")
+                alone = self._burst_lateness("alone")
+                report: dict[str, PruneReport] = {}
+
+                def run_prune() -> None:
+                    try:
+                        with override_settings(STORAGES=storages):
+                            report["done"] = retention_prune(
+                                progress=lambda r: (
+                                    self.config.progress(f"prune: {r.executions} pruned")
+                                    if r.files % 100 == 0
+                                    else None
+                                )
+                            )
+                    finally:
+                        connections.close_all()
+
+                pruner = threading.Thread(target=run_prune)
+                pruner.start()
+                time.sleep(3.0)
+                self.config.progress("prune: the same burst while pruning")
+                during = self._burst_lateness("during")
+                still = pruner.is_alive()
+                pruner.join()
+            finally:
+                self.owner = bench_owner
+            done = report["done"]
+            figures.executions = done.executions
+            figures.seconds = done.seconds
+            figures.per_second = done.executions / done.seconds if done.seconds else 0.0
+            figures.lateness_ms = during
+            figures.extra["lateness_without_pruning_ms"] = alone
+            figures.extra["pruning_outlasted_burst"] = still
+            figures.extra["events_pruned"] = done.events
+            figures.extra["archive_files"] = done.files
+            figures.extra["archive_bytes"] = sum(p.stat().st_size for p in Path(archive).rglob("*.gz"))
+        finally:
+            shutil.rmtree(archive, ignore_errors=True)
+            self.config.progress("prune: deleting the filler rows")
+            self._cleanup()
+        return figures
+
+    def _burst_lateness(self, name: str) -> dict[str, float]:
+        count = self.config.tasks
+        lead = max(3.0, count / 2000 + 3.0)
+        due = db_now() + timedelta(seconds=lead)
+        specs = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
+        figures = self._run_load(f"prune-{name}", specs, due, count)
+        with connection.cursor() as cursor:
+            for statement in _CLEANUP:
+                cursor.execute(statement, [BURST_USER])
+        return figures.lateness_ms
+
     # -- all --------------------------------------------------------------------------------
 
     def run(self) -> list[Figures]:
@@ -530,6 +676,10 @@ class Bench:
                 self.results.append(self.create())
             elif scenario == "dashboard":
                 self.results.append(self.dashboard())
+            elif scenario == "lists":
+                self.results.append(self.lists())
+            elif scenario == "prune":
+                self.results.append(self.prune())
             self.config.progress(f"{scenario}: done")
         return self.results
 

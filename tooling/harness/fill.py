@@ -34,6 +34,7 @@ _DEFAULTS: Mapping[str, str] = {
     "retry_backoff_max": "interval '10 minutes'",
     "retry_jitter": "true",
     "expose_metrics": "false",
+    "keep_failed_longer": "false",
     "timeout": "interval '20 minutes'",
     "priority": "5",
     "notification_target": "''",

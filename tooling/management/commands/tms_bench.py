@@ -31,6 +31,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dashboard-renders", type=positive(int), default=defaults.dashboard_renders, help="per user"
         )
+        parser.add_argument(
+            "--list-requests", type=positive(int), default=defaults.list_requests, help="per list path (lists)"
+        )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -50,6 +53,7 @@ class Command(BaseCommand):
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
             dashboard_renders=options["dashboard_renders"],
+            list_requests=options["list_requests"],
             settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             progress=lambda line: self.stdout.write(f"  {line}"),
         )
