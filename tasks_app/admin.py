@@ -66,7 +66,7 @@ POLICY_FIELDS = [
     "timeout",
     "priority",
 ]
-OTHER_FIELDS = ["tracing_id", "notification_target", "expose_metrics"]
+OTHER_FIELDS = ["tracing_id", "expose_metrics"]
 CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *OTHER_FIELDS]
 #: Read-only facts shown at the top of the change page.
 STATUS_FIELDS = [

@@ -158,7 +158,6 @@ UPDATABLE_FIELDS = (
         "timeout",
         "tracing_id",
         "expose_metrics",
-        "notification_target",
     }
 )
 

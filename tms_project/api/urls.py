@@ -3,6 +3,7 @@ from rest_framework.routers import SimpleRouter
 
 from executions.api import ExecutionViewSet, TaskExecutionListView, WorkerViewSet
 from executions.callback_api import ExecutionCallbackView
+from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
 from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactViewSet
 
@@ -12,6 +13,9 @@ router.register("tasks", TaskViewSet, basename="task")
 router.register("executions", ExecutionViewSet, basename="execution")
 router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("notification-channels", ChannelViewSet, basename="notification-channel")
+router.register("notification-rules", RuleViewSet, basename="notification-rule")
+router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),

@@ -36,7 +36,6 @@ _DEFAULTS: Mapping[str, str] = {
     "expose_metrics": "false",
     "timeout": "interval '20 minutes'",
     "priority": "5",
-    "notification_target": "''",
     "tracing_id": "''",
     "runs_materialised": "0",
     "created_at": "now()",
