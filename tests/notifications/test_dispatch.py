@@ -10,7 +10,6 @@ from django.utils import timezone
 
 from executions import transitions
 from executions.models import Execution, SkippedOccurrence
-from executions.models import ExecutionStatus as S
 from notifications import dispatch, services
 from notifications.models import Channel, ChannelState, Delivery, DeliveryStatus, Outbox, Rule, RuleState
 from tests.factories import TaskFactory, UserFactory
