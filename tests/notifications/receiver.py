@@ -37,7 +37,7 @@ class Receiver:
     arrivals: list[Arrival] = field(default_factory=list)
     #: Payloads accepted once per Idempotency-Key (what a deduping receiver acts on).
     accepted: dict[str, Any] = field(default_factory=dict)
-    #: While set, the first request of each key is held open until ``release`` is set.
+    #: While set, the very first request is held open until ``release`` is set.
     hold_first: bool = False
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -58,7 +58,7 @@ def webhook_receiver() -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             key = self.headers.get("Idempotency-Key", "")
             with receiver.lock:
-                first = all(arrival.key != key for arrival in receiver.arrivals)
+                first = not receiver.arrivals
                 receiver.arrivals.append(Arrival(key, dict(self.headers.items()), body))
             if receiver.hold_first and first:
                 receiver.held.set()
