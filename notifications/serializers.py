@@ -12,11 +12,26 @@ from tms_core.durations import DurationField
 from tms_project.api.base import StrictInputMixin
 
 
-class ChannelSerializer(StrictInputMixin, serializers.ModelSerializer):
+class NoReadOnlyInput(StrictInputMixin):
+    """Refuses values for read-only fields too (DRF ignores them silently: a request setting
+    ``secret`` or ``state`` would "succeed" and change nothing)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            fixed = {
+                key: ["This field cannot be changed."]
+                for key in data
+                if getattr(self.fields.get(key), "read_only", False)
+            }
+            if fixed:
+                raise serializers.ValidationError(fixed)
+        return super().to_internal_value(data)
+
+
+class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     """A channel. ``secret`` (webhooks) is the key of the X-TMS-Signature header's HMAC."""
 
     kind = serializers.ChoiceField(choices=ChannelKind.choices)
-    read_only_names = frozenset({"id", "secret", "state", "last_error", "failing_since", "created_at"})
 
     class Meta:
         model = Channel
@@ -40,7 +55,7 @@ class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
         return queryset.filter(owner=request.user)
 
 
-class RuleSerializer(StrictInputMixin, serializers.ModelSerializer):
+class RuleSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     """A rule: ``task`` null makes it the owner's default for every task without rules of its own."""
 
     task = OwnPrimaryKeyField(
@@ -50,7 +65,6 @@ class RuleSerializer(StrictInputMixin, serializers.ModelSerializer):
     late_after = DurationField(required=False, allow_null=True, default=None)
     running_longer_than = DurationField(required=False, allow_null=True, default=None)
     no_success_within = DurationField(required=False, allow_null=True, default=None)
-    read_only_names = frozenset({"id", "created_at"})
 
     class Meta:
         model = Rule
