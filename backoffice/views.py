@@ -37,6 +37,7 @@ from backoffice.scope import (
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
+from backoffice.notification_views import task_rules
 from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
@@ -181,8 +182,11 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         fire_times = task_preview(task=task, count=NEXT_FIRE_TIMES) if task.status != TaskStatus.COMPLETED else []
     except SERVICE_ERRORS:
         fire_times = []
+    rules, default_rules = task_rules(task)
     return {
         "task": task,
+        "rules": rules,
+        "default_rules": default_rules,
         "schedule": schedule_words(task),
         "config": pretty_json(mask_config(task.config)),
         "fire_times": fire_times,
