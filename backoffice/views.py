@@ -23,6 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
+from backoffice.notification_views import task_rules
 from backoffice.scope import (
     execution_or_404,
     execution_to_change,
@@ -37,7 +38,6 @@ from backoffice.scope import (
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
-from backoffice.notification_views import task_rules
 from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -50,6 +55,23 @@ class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
         return Response(DeliverySerializer(delivery).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class IntegerFilter(filters.NumberFilter):
+    """An id filter: whole numbers only (django-filter's NumberFilter takes decimals)."""
+
+    field_class = forms.IntegerField
+
+
+class RuleFilter(StrictFilterSet):
+    # Plain value filters: an id that is not yours (or no id) is an empty list, not a 400.
+    channel = IntegerFilter()
+    task = filters.UUIDFilter()
+
+    class Meta:
+        model = Rule
+        fields = ["channel", "task"]
+
+
 class RuleViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
     """Notification rules: per task, or owner-wide defaults (``task`` null)."""
 
@@ -57,7 +79,7 @@ class RuleViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
     serializer_class = RuleSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     filter_backends = [DjangoFilterBackend]
-    filterset_fields = ["task", "channel"]
+    filterset_class = RuleFilter
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.rule_create(owner=request_user(self.request), data=serializer.validated_data)
@@ -78,9 +100,33 @@ class DeliveryPagination(CursorPagination):
     page_size_query_param = "limit"
     max_page_size = 500
 
+    def get_page_size(self, request: Request) -> int:
+        # DRF falls back to the default on a bad value; a bad ?limit= is a 400, as everywhere.
+        values = request.query_params.getlist("limit")
+        if not values:
+            return self.page_size
+        for value in values:
+            if not value.isdigit() or int(value) < 1:
+                raise ValidationError({"limit": ["A whole number of at least 1 is required."]})
+        return min(int(values[-1]), self.max_page_size)
+
+    def decode_cursor(self, request: Request) -> Any:
+        # A cursor that is not one of ours is bad input (400), not a missing page (DRF's 404).
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({"cursor": ["Invalid cursor: follow the next/previous links."]}) from None
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == "limit":
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+        return parameters
+
 
 class DeliveryFilter(StrictFilterSet):
-    channel = filters.NumberFilter()
+    channel = IntegerFilter()
     task = filters.UUIDFilter()
     status = filters.ChoiceFilter(choices=DeliveryStatus.choices)
 
