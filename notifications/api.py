@@ -12,11 +12,12 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
+from rest_framework.utils.urls import replace_query_param
 
 from notifications import services
 from notifications.models import Channel, Delivery, DeliveryStatus, Rule
@@ -92,37 +93,50 @@ class RuleViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
         services.rule_delete(rule=instance)
 
 
-class DeliveryPagination(CursorPagination):
-    """Newest first, by id: keyset pages, no count, as fast on page 1000 as on page 1."""
+class DeliveryPagination(BasePagination):
+    """Newest first, keyset on id (``?before=<id>``, the ``next`` link carries it): no count, as
+    fast on the thousandth page as on the first. A bad ``limit`` or ``before`` is a 400."""
 
-    ordering = "-id"
     page_size = 50
-    page_size_query_param = "limit"
     max_page_size = 500
 
-    def get_page_size(self, request: Request) -> int:
-        # DRF falls back to the default on a bad value; a bad ?limit= is a 400, as everywhere.
-        values = request.query_params.getlist("limit")
-        if not values:
-            return self.page_size
+    def _whole(self, request: Request, name: str) -> int | None:
+        values = request.query_params.getlist(name)
         for value in values:
             if not value.isdigit() or int(value) < 1:
-                raise ValidationError({"limit": ["A whole number of at least 1 is required."]})
-        return min(int(values[-1]), self.max_page_size)
+                raise ValidationError({name: ["A whole number of at least 1 is required."]})
+        return int(values[-1]) if values else None
 
-    def decode_cursor(self, request: Request) -> Any:
-        # A cursor that is not one of ours is bad input (400), not a missing page (DRF's 404).
-        try:
-            return super().decode_cursor(request)
-        except NotFound:
-            raise ValidationError({"cursor": ["Invalid cursor: follow the next/previous links."]}) from None
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any]:
+        limit = min(self._whole(request, "limit") or self.page_size, self.max_page_size)
+        before = self._whole(request, "before")
+        if before is not None:
+            queryset = queryset.filter(id__lt=before)
+        rows = list(queryset.order_by("-id")[: limit + 1])
+        self.request = request
+        self.next_before = rows[limit - 1].pk if len(rows) > limit else None
+        return rows[:limit]
+
+    def get_paginated_response(self, data: Any) -> Response:
+        link = None
+        if self.next_before is not None:
+            link = replace_query_param(self.request.build_absolute_uri(), "before", self.next_before)
+        return Response({"next": link, "results": data})
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["next", "results"],
+            "properties": {"next": {"type": "string", "format": "uri", "nullable": True}, "results": schema},
+        }
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        parameters = super().get_schema_operation_parameters(view)
-        for parameter in parameters:
-            if parameter["name"] == "limit":
-                parameter["schema"] = {"type": "integer", "minimum": 1}
-        return parameters
+        return [
+            {"name": "limit", "required": False, "in": "query", "schema": {"type": "integer", "minimum": 1},
+             "description": "Results per page (default 50, at most 500)."},
+            {"name": "before", "required": False, "in": "query", "schema": {"type": "integer", "minimum": 1},
+             "description": "Only deliveries with a smaller id (the next link sets it)."},
+        ]  # fmt: skip
 
 
 class DeliveryFilter(StrictFilterSet):
