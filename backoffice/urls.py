@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from backoffice import dashboard_views, views
+from backoffice import dashboard_views, notification_views, views
 
 app_name = "backoffice"
 
@@ -26,4 +26,6 @@ urlpatterns = [
     path("ui/executions/<int:pk>/", views.execution_detail, name="execution"),
     path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),
     path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
+    path("ui/notifications/", notification_views.notifications_page, name="notifications"),
+    path("ui/notifications/channels/<int:pk>/test/", notification_views.channel_test_view, name="channel-test"),
 ]

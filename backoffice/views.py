@@ -23,6 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
+from backoffice.notification_views import task_rules
 from backoffice.scope import (
     execution_or_404,
     execution_to_change,
@@ -182,8 +183,11 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         fire_times = task_preview(task=task, count=NEXT_FIRE_TIMES) if task.status != TaskStatus.COMPLETED else []
     except SERVICE_ERRORS:
         fire_times = []
+    rules, default_rules = task_rules(task)
     return {
         "task": task,
+        "rules": rules,
+        "default_rules": default_rules,
         "schedule": schedule_words(task),
         "config": pretty_json(task_config_masked(task)),
         "changes": recent_changes(task),

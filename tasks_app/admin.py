@@ -69,7 +69,7 @@ POLICY_FIELDS = [
     "timeout",
     "priority",
 ]
-OTHER_FIELDS = ["tracing_id", "notification_target", "expose_metrics"]
+OTHER_FIELDS = ["tracing_id", "expose_metrics"]
 RETENTION_FIELDS = ["keep_last", "keep_for", "keep_failed_longer"]
 CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *RETENTION_FIELDS, *OTHER_FIELDS]
 #: Read-only facts shown at the top of the change page.

@@ -159,7 +159,6 @@ class Task(models.Model):
         default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first."
     )
 
-    notification_target = models.CharField(max_length=500, blank=True)
     tracing_id = models.CharField(max_length=64, blank=True)
     #: Opt-in to a per-task series at /metrics (last success time); capped by TMS_METRICS_MAX_TASKS.
     expose_metrics = models.BooleanField(

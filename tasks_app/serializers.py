@@ -138,6 +138,14 @@ class OwnArtifactField(serializers.PrimaryKeyRelatedField):
         return queryset
 
 
+#: The answer to a request that still sends the removed ``notification_target`` field.
+NOTIFICATION_TARGET_REMOVED = (
+    "This field was removed: notifications are channels and rules now. Create a channel with "
+    "POST /api/v1/notification-channels, then a rule for this task with POST /api/v1/notification-rules "
+    "(existing values were turned into such a channel and rule)."
+)
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -255,7 +263,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         help_text="Retention of failed runs by whichever of keep_last and keep_for keeps more (other runs: "
         "whichever keeps fewer). Unfinished runs and a task's latest run are never pruned.",
     )
-    notification_target = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # The old field was stored and never used; saying so beats a generic "Unknown field."
+        if isinstance(data, dict) and "notification_target" in data:
+            raise serializers.ValidationError({"notification_target": [NOTIFICATION_TARGET_REMOVED]})
+        return super().to_internal_value(data)
 
     def validate_timezone(self, value: str) -> str:
         try:
@@ -384,7 +397,6 @@ class TaskSerializer(serializers.ModelSerializer):
             "keep_last",
             "keep_for",
             "keep_failed_longer",
-            "notification_target",
             "state",
             "next_run_at",
             "next_occurrence_at",

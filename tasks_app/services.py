@@ -105,7 +105,6 @@ AUDITED_FIELDS = (
     "priority",
     "tracing_id",
     "expose_metrics",
-    "notification_target",
     "status",
 )
 
@@ -284,7 +283,6 @@ UPDATABLE_FIELDS = (
         "keep_last",
         "keep_for",
         "keep_failed_longer",
-        "notification_target",
         "secret_fields",
     }
 )

@@ -59,12 +59,13 @@ def api_client(user):
 
 @pytest.fixture(scope="session", autouse=True)
 def _test_queue():
-    """Delete this run's RabbitMQ queue when the run ends."""
+    """Delete this run's RabbitMQ queues when the run ends."""
     yield
     from tms_project.celery import app
 
-    with app.connection_for_write() as conn, contextlib.suppress(Exception):  # already gone
-        conn.default_channel.queue_delete(settings.TMS_QUEUE)
+    for queue in (settings.TMS_QUEUE, settings.TMS_NOTIFY_QUEUE):
+        with app.connection_for_write() as conn, contextlib.suppress(Exception):  # already gone
+            conn.default_channel.queue_delete(queue)
 
 
 @pytest.fixture

@@ -16,17 +16,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("tms_core", "runners", "tasks_app", "executions", "tms_project", "tooling", "tests")
-PRODUCTION = ("tms_core", "runners", "tasks_app", "executions", "tms_project")
+PROJECT = ("tms_core", "runners", "tasks_app", "executions", "notifications", "tms_project", "tooling", "tests")
+PRODUCTION = ("tms_core", "runners", "tasks_app", "executions", "notifications", "tms_project")
 
 #: Installed for the suite only (requirements-dev.txt): no production module needs them.
 TEST_ONLY = frozenset({"pytest", "pytest_django", "factory", "hypothesis", "aiosmtpd", "schemathesis", "croniter"})
 #: For each production package, the packages it must never import.
 FORBIDDEN: dict[str, frozenset[str]] = {
     "tms_core": TEST_ONLY | (frozenset(PROJECT) - {"tms_core"}),  # the shared basics sit below everything
-    "runners": TEST_ONLY | {"tasks_app", "executions", "tms_project", "tooling", "tests"},  # never the database
-    "tasks_app": TEST_ONLY | {"tooling", "tests"},
-    "executions": TEST_ONLY | {"tooling", "tests"},
+    "runners": TEST_ONLY | {"tasks_app", "executions", "notifications", "tms_project", "tooling", "tests"},
+    # Notifications sit above executions: the outbox is filled by database triggers, so neither
+    # tasks nor executions know of them.
+    "tasks_app": TEST_ONLY | {"notifications", "tooling", "tests"},
+    "executions": TEST_ONLY | {"notifications", "tooling", "tests"},
+    "notifications": TEST_ONLY | {"tooling", "tests", "backoffice"},
     "tms_project": TEST_ONLY | {"tooling", "tests"},
 }
 _DYNAMIC = {"import_module", "import_string", "__import__"}
@@ -95,7 +98,9 @@ def test_production_packages_import_only_downward(package):
         ("runners.http", "from .base import Runner\nfrom tms_core.durations import parse", []),
         ("executions.services", "from tasks_app.models import Task\nfrom runners import registry", []),
         ("tasks_app.schedules", "from croniter import croniter", ["tasks_app.schedules:1 -> croniter"]),
-        ("tooling.scale", "from executions.materialiser import materialise_due", []),  # tooling may use the product
+        ("tooling.scale", "from executions.materialiser import materialise_due", []),
+        ("executions.runs", "from notifications import dispatch", ["executions.runs:1 -> notifications"]),
+        ("notifications.dispatch", "from executions.models import Execution", []),  # tooling may use the product
     ],
 )
 def test_the_check_sees_each_kind_of_import(module, source, expected):

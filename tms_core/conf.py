@@ -112,6 +112,20 @@ class TmsSettings:
     #: ... and bytes of uploaded artifacts an owner may keep.
     QUOTA_ARTIFACT_BYTES: int = 1024**3
 
+    #: Seconds between beat-run notification dispatches (outbox -> deliveries -> senders).
+    NOTIFY_INTERVAL: float = 2.0
+    #: Seconds between the periodic notification checks (ran longer than X, dead man's switch).
+    NOTIFY_CHECK_INTERVAL: float = 10.0
+    #: Seconds a sender holds a delivery; a delivery whose sender died is sent again after it.
+    NOTIFY_LEASE: float = 60.0
+    #: Seconds one send (HTTP request, SMTP conversation) may take; below NOTIFY_LEASE.
+    NOTIFY_TIMEOUT: float = 10.0
+    #: Attempts of a delivery before it fails for good (and marks its channel failing).
+    NOTIFY_MAX_ATTEMPTS: int = 8
+    #: First retry delay of a delivery, doubling per attempt up to NOTIFY_BACKOFF_MAX.
+    NOTIFY_BACKOFF: float = 5.0
+    NOTIFY_BACKOFF_MAX: float = 3600.0
+
     def __post_init__(self) -> None:
         if self.SUBPROCESS_SANDBOX not in ("auto", "bwrap", "user", "none"):
             raise ImproperlyConfigured("TMS_SUBPROCESS_SANDBOX must be one of auto, bwrap, user, none.")
@@ -160,6 +174,11 @@ class TmsSettings:
                 raise ImproperlyConfigured(f"TMS_{name} must be 0 (no limit) or positive.")
         if not 0 <= self.CALLBACK_TOKEN_GRACE <= 3600:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_GRACE must be between 0 and 3600 (seconds).")
+        if not 0 < self.NOTIFY_TIMEOUT < self.NOTIFY_LEASE:
+            # A send outliving its lease could be sent again by another sender while still going.
+            raise ImproperlyConfigured("TMS_NOTIFY_TIMEOUT must be above 0 and below TMS_NOTIFY_LEASE.")
+        if self.NOTIFY_MAX_ATTEMPTS < 1 or self.NOTIFY_INTERVAL <= 0 or self.NOTIFY_CHECK_INTERVAL <= 0:
+            raise ImproperlyConfigured("TMS_NOTIFY_MAX_ATTEMPTS, _INTERVAL and _CHECK_INTERVAL must be positive.")
 
 
 def tms_settings() -> TmsSettings:

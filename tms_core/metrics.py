@@ -114,3 +114,16 @@ MATERIALISED = Counter(
 for _kind in ("run", "republish", "poll"):
     # Present from the start (at 0), so a rate over it exists before the first publish.
     MONITOR_PUBLISHED.labels(_kind)
+
+NOTIFICATIONS_DELIVERED = Counter(
+    "tms_notifications_delivered",
+    "Notification deliveries that reached their channel, by channel kind (webhook, slack, email).",
+    ["kind"],
+)
+NOTIFICATIONS_FAILED = Counter(
+    "tms_notifications_failed",
+    "Notification send attempts that failed, by channel kind and outcome: retry (sent again later) or final.",
+    ["kind", "outcome"],
+)
+for _kind in ("webhook", "slack", "email"):
+    NOTIFICATIONS_DELIVERED.labels(_kind)

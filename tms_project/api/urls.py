@@ -9,6 +9,7 @@ from executions.api import (
     WorkerViewSet,
 )
 from executions.callback_api import ExecutionCallbackView
+from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
 from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 from tasks_app.audit_api import AuditEntryViewSet
@@ -20,6 +21,9 @@ router.register("executions", ExecutionViewSet, basename="execution")
 router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 router.register("audit", AuditEntryViewSet, basename="audit")
+router.register("notification-channels", ChannelViewSet, basename="notification-channel")
+router.register("notification-rules", RuleViewSet, basename="notification-rule")
+router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),

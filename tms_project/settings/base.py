@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "runners",
     "tasks_app",
     "executions",
+    "notifications",
     "ops",
     # Benchmark, chaos run, scale check and demo set-up: commands only, never imported by the product.
     "tooling",
@@ -343,7 +344,7 @@ CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 #: Queue that carries execution work. Priorities 0-9 map to RabbitMQ's x-max-priority.
 TMS_QUEUE = env.str("TMS_QUEUE", default="tms.executions")
 CELERY_TASK_DEFAULT_QUEUE = TMS_QUEUE
-CELERY_TASK_QUEUES = (
+CELERY_TASK_QUEUES: tuple[Queue, ...] = (
     Queue(
         TMS_QUEUE,
         Exchange(TMS_QUEUE, type="direct", durable=True),
@@ -352,6 +353,13 @@ CELERY_TASK_QUEUES = (
         queue_arguments=None if TMS_EMBEDDED_BROKER else {"x-max-priority": 9},
     ),
 )
+#: Queue of the notification dispatcher and senders: a slow webhook never delays execution work.
+#: A worker started without -Q consumes both queues.
+TMS_NOTIFY_QUEUE = env.str("TMS_NOTIFY_QUEUE", default="tms.notifications")
+CELERY_TASK_QUEUES += (
+    Queue(TMS_NOTIFY_QUEUE, Exchange(TMS_NOTIFY_QUEUE, type="direct", durable=True), routing_key=TMS_NOTIFY_QUEUE),
+)
+CELERY_TASK_ROUTES = {"tms.notify_*": {"queue": TMS_NOTIFY_QUEUE, "routing_key": TMS_NOTIFY_QUEUE}}
 CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER else 9
 CELERY_TASK_DEFAULT_PRIORITY = 5
 
@@ -401,6 +409,13 @@ TMS = {
     "QUOTA_MAX_TASKS": env.int("TMS_QUOTA_MAX_TASKS", default=1000),
     "QUOTA_EXECUTIONS_PER_HOUR": env.int("TMS_QUOTA_EXECUTIONS_PER_HOUR", default=1000),
     "QUOTA_ARTIFACT_BYTES": env.int("TMS_QUOTA_ARTIFACT_BYTES", default=1024**3),
+    "NOTIFY_INTERVAL": env.float("TMS_NOTIFY_INTERVAL", default=2.0),
+    "NOTIFY_CHECK_INTERVAL": env.float("TMS_NOTIFY_CHECK_INTERVAL", default=10.0),
+    "NOTIFY_LEASE": env.float("TMS_NOTIFY_LEASE", default=60.0),
+    "NOTIFY_TIMEOUT": env.float("TMS_NOTIFY_TIMEOUT", default=10.0),
+    "NOTIFY_MAX_ATTEMPTS": env.int("TMS_NOTIFY_MAX_ATTEMPTS", default=8),
+    "NOTIFY_BACKOFF": env.float("TMS_NOTIFY_BACKOFF", default=5.0),
+    "NOTIFY_BACKOFF_MAX": env.float("TMS_NOTIFY_BACKOFF_MAX", default=3600.0),
 }
 
 TMS_RUNNERS: dict[str, dict[str, Any]] = {

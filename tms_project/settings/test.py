@@ -17,6 +17,10 @@ for _name, _value in {
     "TMS_SECRET_KEYS": "dGVzdC1vbmx5LXRtcy1zZWNyZXRzLWtleS0zMmJ5dGU=",
     # A queue of this run's own, so messages left by an earlier or parallel run never reach it.
     "TMS_QUEUE": f"tms.test.{os.getpid()}",
+    "TMS_NOTIFY_QUEUE": f"tms.test.{os.getpid()}.notify",
+    # Beat's notification jobs (registered at migrate) run often enough for tests to wait on them.
+    "TMS_NOTIFY_INTERVAL": "1",
+    "TMS_NOTIFY_CHECK_INTERVAL": "2",
     "TMS_MATERIALISE_HORIZON": "60",
     "TMS_MONITOR_MAX_SLEEP": "0.5",
     # Subprocess run folders of this run's own: execution ids restart at 1 in each test database.

@@ -37,7 +37,6 @@ _DEFAULTS: Mapping[str, str] = {
     "keep_failed_longer": "false",
     "timeout": "interval '20 minutes'",
     "priority": "5",
-    "notification_target": "''",
     "tracing_id": "''",
     "runs_materialised": "0",
     "created_at": "now()",

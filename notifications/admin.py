@@ -1,0 +1,131 @@
+"""The admin of notifications: channels and rules are edited through the services (the same
+validation as the API); the delivery log is read-only; "send test" is an action on channels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from notifications import services
+from notifications.models import Channel, Delivery, Rule
+from tms_core.form_errors import SERVICE_ERRORS, add_service_errors, exception_messages
+
+
+class ServiceForm(forms.ModelForm):
+    """Validates and saves through the notification services while the form is validated, so a
+    service's refusal becomes an error on the form's fields."""
+
+    service_fields: tuple[str, ...] = ()
+
+    def _post_clean(self) -> None:
+        if self.errors:
+            return
+        data = {name: self.cleaned_data[name] for name in self.service_fields if name in self.cleaned_data}
+        try:
+            with transaction.atomic():
+                self.instance = self.save_through_services(data)
+        except SERVICE_ERRORS as exc:
+            add_service_errors(self, exc)
+
+    def save_through_services(self, data: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+class ChannelForm(ServiceForm):
+    service_fields = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
+
+    class Meta:
+        model = Channel
+        fields = ["owner", "name", "kind", "target", "quiet_from", "quiet_to", "timezone"]
+
+    def save_through_services(self, data: dict[str, Any]) -> Channel:
+        if self.instance._state.adding:
+            return services.channel_create(owner=self.cleaned_data["owner"], data=data)
+        return services.channel_update(channel=self.instance, data=data)
+
+
+class RuleForm(ServiceForm):
+    service_fields = services.RULE_FIELDS
+
+    class Meta:
+        model = Rule
+        fields = ["owner", *services.RULE_FIELDS]
+
+    def save_through_services(self, data: dict[str, Any]) -> Rule:
+        if self.instance._state.adding:
+            return services.rule_create(owner=self.cleaned_data["owner"], data=data)
+        return services.rule_update(rule=self.instance, data=data)
+
+
+class ServiceSavedAdmin(admin.ModelAdmin):
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Nothing to do: the form saved through the services when it was validated."""
+
+
+@admin.register(Channel)
+class ChannelAdmin(ServiceSavedAdmin):
+    form = ChannelForm
+    list_display = ["name", "kind", "target", "owner", "state", "failing_since"]
+    list_filter = ["kind", "state"]
+    search_fields = ["name", "target", "owner__username"]
+    raw_id_fields = ["owner"]
+    readonly_fields = ["state", "last_error", "failing_since", "created_at"]
+    actions = ["send_test"]
+
+    def delete_model(self, request: HttpRequest, obj: Channel) -> None:
+        services.channel_delete(channel=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for channel in queryset:
+            services.channel_delete(channel=channel)
+
+    @admin.action(description="Send a test message")
+    def send_test(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for channel in queryset[:50]:
+            try:
+                delivery = services.channel_send_test(channel=channel)
+            except SERVICE_ERRORS as exc:
+                self.message_user(request, f"{channel}: {' '.join(exception_messages(exc))}", messages.WARNING)
+                continue
+            level = messages.SUCCESS if delivery.status == "delivered" else messages.WARNING
+            error = f": {delivery.last_error}" if delivery.last_error else ""
+            self.message_user(request, f"{channel}: test {delivery.status}{error}", level)
+
+
+@admin.register(Rule)
+class RuleAdmin(ServiceSavedAdmin):
+    form = RuleForm
+    list_display = ["id", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip"]
+    list_filter = ["enabled"]
+    raw_id_fields = ["owner", "task", "channel"]
+
+    def delete_model(self, request: HttpRequest, obj: Rule) -> None:
+        services.rule_delete(rule=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for rule in queryset:
+            services.rule_delete(rule=rule)
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    """The delivery log: written by the dispatcher only."""
+
+    list_display = ["id", "event", "channel", "task", "status", "attempts", "next_attempt_at", "created_at"]
+    list_filter = ["status", "event"]
+    search_fields = ["=idempotency_key", "channel__name"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

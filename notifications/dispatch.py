@@ -1,0 +1,378 @@
+"""From outbox rows to deliveries to the wire.
+
+1. :func:`dispatch_outbox` takes outbox rows (``FOR UPDATE SKIP LOCKED``), applies each task's
+   rules and their storm state, creates deliveries (unique idempotency key) and deletes the rows,
+   all in one transaction: an event makes its deliveries exactly once.
+2. :func:`lease_due` leases due deliveries to senders (a token and an expiry) and
+   :func:`deliver` sends one under its lease, recording delivered / retry with backoff / failed.
+   A sender killed mid-send loses nothing: its lease runs out and the next dispatch hands the
+   delivery to another sender, which sends it again with the same idempotency key.
+3. :func:`check_long_runs` and :func:`check_dead_mans_switch` are the periodic checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+import zoneinfo
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from executions.models import Execution, ExecutionStatus
+from notifications import senders
+from notifications.models import (
+    Channel,
+    ChannelState,
+    Delivery,
+    DeliveryStatus,
+    Outbox,
+    OutboxKind,
+    Rule,
+    RuleState,
+)
+from tasks_app.models import Task, TaskStatus
+from tms_core import metrics
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
+
+logger = logging.getLogger(__name__)
+
+#: pg_try_advisory_xact_lock key of the outbox evaluation: one evaluator at a time, so a task's
+#: events are applied to its storm state in the order they happened (sending stays parallel).
+OUTBOX_LOCK = 0x746D_736E  # "tmsn"
+
+
+def delivery_key(channel_id: int, source: str, rule_id: int | None) -> str:
+    """The deterministic idempotency key of the delivery of event ``source`` through a rule."""
+    return hashlib.sha256(f"{channel_id}|{source}|{rule_id or '-'}".encode()).hexdigest()
+
+
+def effective_rules(task: Task) -> list[Rule]:
+    """The enabled rules of ``task``: its own if it has any, else its owner's defaults."""
+    own = list(Rule.objects.filter(enabled=True, task=task).select_related("channel"))
+    if own:
+        return own
+    return list(Rule.objects.filter(enabled=True, task__isnull=True, owner_id=task.owner_id).select_related("channel"))
+
+
+def quiet_until(channel: Channel, now: datetime) -> datetime | None:
+    """The end of the channel's quiet hours if ``now`` falls inside them, else None."""
+    if channel.quiet_from is None or channel.quiet_to is None or channel.quiet_from == channel.quiet_to:
+        return None
+    local = now.astimezone(zoneinfo.ZoneInfo(channel.timezone))
+    start, end, at = channel.quiet_from, channel.quiet_to, local.time()
+    inside = start <= at < end if start < end else (at >= start or at < end)  # a window over midnight
+    if not inside:
+        return None
+    day = local.date() if at < end else local.date() + timedelta(days=1)
+    return datetime.combine(day, end, tzinfo=local.tzinfo).astimezone(now.tzinfo)
+
+
+def notify(
+    rule: Rule,
+    task: Task,
+    event: str,
+    source: str,
+    *,
+    execution_id: int | None = None,
+    attempt: int | None = None,
+    at: datetime | None = None,
+    **extra: Any,
+) -> Delivery | None:
+    """Create the delivery of ``event`` (caused by ``source``) through ``rule``; None if it exists."""
+    now = timezone.now()
+    key = delivery_key(rule.channel_id, source, rule.pk)
+    payload = {
+        "id": key,
+        "event": event,
+        "task": {"id": str(task.pk), "name": task.name},
+        "execution": {"id": execution_id, "attempt": attempt} if execution_id else None,
+        "at": (at or now).isoformat(),
+        **extra,
+    }
+    delivery, created = Delivery.objects.get_or_create(
+        idempotency_key=key,
+        defaults={
+            "channel": rule.channel,
+            "rule": rule,
+            "task": task,
+            "execution_id": execution_id,
+            "event": event,
+            "payload": payload,
+            "next_attempt_at": quiet_until(rule.channel, now) or now,
+        },
+    )
+    return delivery if created else None
+
+
+def _state(rule: Rule, task: Task) -> RuleState:
+    RuleState.objects.get_or_create(rule=rule, task=task)
+    return RuleState.objects.select_for_update().get(rule=rule, task=task)
+
+
+def _apply(row: Outbox, task: Task, rule: Rule) -> None:
+    """One outbox event through one rule: storm state first, then at most one delivery."""
+    common: dict[str, Any] = {"execution_id": row.execution_id, "attempt": row.attempt, "at": row.at}
+    source = f"outbox:{row.pk}"
+    if row.kind == OutboxKind.LATE:
+        if rule.late_after is not None and row.execution_id is not None:
+            execution = Execution.objects.filter(pk=row.execution_id).values("due_at", "started_at").first()
+            if (
+                execution
+                and execution["started_at"]
+                and execution["started_at"] - execution["due_at"] > rule.late_after
+            ):
+                lateness = (execution["started_at"] - execution["due_at"]).total_seconds()
+                notify(rule, task, "late", source, lateness_seconds=round(lateness, 3), **common)
+        return
+    if row.kind == OutboxKind.SKIPPED:
+        if rule.on_skip:
+            when = row.scheduled_for.isoformat() if row.scheduled_for else None
+            notify(rule, task, "skipped", source, detail=row.detail, scheduled_for=when, **common)
+        return
+    if row.kind == OutboxKind.RETRY:
+        if rule.on_retry and not _state(rule, task).failing:
+            notify(rule, task, "retry", source, detail=row.detail, **common)
+        return
+    state = _state(rule, task)
+    if row.kind == OutboxKind.FAILED and (rule.on_failure or rule.on_recovery):
+        if state.failing:
+            state.failures += 1  # still failing: counted, not told
+        else:
+            state.failing, state.failures, state.failing_since = True, 1, row.at
+            if rule.on_failure:
+                notify(rule, task, "failing", source, detail=row.detail, **common)
+        state.save()
+    elif row.kind == OutboxKind.SUCCEEDED and (state.failing or state.overdue):
+        was_failing = state.failing
+        failures, since = state.failures, state.failing_since
+        if (was_failing and rule.on_recovery) or state.overdue:
+            notify(
+                rule,
+                task,
+                "recovered",
+                source,
+                failures=failures if was_failing else 0,
+                failing_since=since.isoformat() if was_failing and since else None,
+                **common,
+            )
+        state.failing, state.failures, state.failing_since, state.overdue = False, 0, None, False
+        state.save()
+
+
+def dispatch_outbox(*, batch: int = 500) -> int:
+    """Turn up to ``batch`` outbox rows into deliveries and delete them; the number of rows taken."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [OUTBOX_LOCK])
+                if not cursor.fetchone()[0]:
+                    return 0  # another dispatcher is evaluating; it takes these rows too
+        rows = list(Outbox.objects.select_for_update(skip_locked=True).order_by("id")[:batch])
+        tasks = {task.pk: task for task in Task.objects.filter(pk__in={row.task_id for row in rows})}
+        rules: dict[Any, list[Rule]] = {}
+        for row in rows:
+            task = tasks.get(row.task_id)
+            if task is None:
+                continue  # deleted meanwhile: nobody to tell about it
+            if task.pk not in rules:
+                rules[task.pk] = effective_rules(task)
+            for rule in rules[task.pk]:
+                _apply(row, task, rule)
+        Outbox.objects.filter(pk__in=[row.pk for row in rows]).delete()
+    return len(rows)
+
+
+@dataclass(frozen=True)
+class Lease:
+    delivery_ids: list[int]
+    token: str
+
+
+def lease_due(*, limit: int = 100) -> Lease:
+    """Lease up to ``limit`` due deliveries (never leased, or whose lease ran out) to one token."""
+    token = uuid.uuid4().hex
+    with transaction.atomic():
+        due = (
+            Delivery.objects.select_for_update(skip_locked=True)
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=db_now())
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=db_now()))
+            .order_by("next_attempt_at")
+        )
+        ids = list(due.values_list("id", flat=True)[:limit])
+        until = db_now() + timedelta(seconds=tms_settings().NOTIFY_LEASE)
+        Delivery.objects.filter(pk__in=ids).update(lease_until=until, lease_token=token)
+    return Lease(ids, token)
+
+
+def _mine(delivery_id: int, token: str) -> QuerySet:
+    return Delivery.objects.filter(pk=delivery_id, lease_token=token, status=DeliveryStatus.PENDING)
+
+
+def backoff(attempts: int) -> float:
+    """Seconds before the next attempt after ``attempts`` failed ones: doubling, capped."""
+    conf = tms_settings()
+    return float(min(conf.NOTIFY_BACKOFF * 2 ** max(attempts - 1, 0), conf.NOTIFY_BACKOFF_MAX))
+
+
+def deliver(delivery_id: int, token: str) -> str:
+    """Send one leased delivery and record the outcome; a delivery no longer leased to ``token``
+    (another sender took it over, or it is done) is left alone."""
+    conf = tms_settings()
+    lease = db_now() + timedelta(seconds=conf.NOTIFY_LEASE)
+    if (
+        not _mine(delivery_id, token)
+        .filter(lease_until__gt=db_now())
+        .update(attempts=F("attempts") + 1, lease_until=lease)
+    ):
+        return "not leased"
+    delivery = Delivery.objects.select_related("channel").get(pk=delivery_id)
+    channel = delivery.channel
+    try:
+        senders.send(
+            kind=channel.kind,
+            target=channel.target,
+            secret=channel.secret,
+            key=delivery.idempotency_key,
+            payload=delivery.payload,
+            timeout=conf.NOTIFY_TIMEOUT,
+        )
+    except senders.SendError as exc:
+        return _record_failure(delivery, token, exc)
+    _mine(delivery_id, token).update(
+        status=DeliveryStatus.DELIVERED, delivered_at=db_now(), lease_until=None, last_error=""
+    )
+    Channel.objects.filter(pk=channel.pk, state=ChannelState.FAILING).update(state=ChannelState.OK, failing_since=None)
+    metrics.NOTIFICATIONS_DELIVERED.labels(channel.kind).inc()
+    return "delivered"
+
+
+def _record_failure(delivery: Delivery, token: str, exc: senders.SendError) -> str:
+    conf = tms_settings()
+    final = exc.permanent or delivery.attempts >= conf.NOTIFY_MAX_ATTEMPTS
+    logger.warning("notification %s to channel %s failed (%s): %s", delivery.pk, delivery.channel_id,
+                   "final" if final else "will retry", exc.message)  # fmt: skip
+    if final:
+        _mine(delivery.pk, token).update(status=DeliveryStatus.FAILED, lease_until=None, last_error=exc.message)
+        # Failing for good: the owner sees it on the channel (API, back office) until one goes through.
+        Channel.objects.filter(pk=delivery.channel_id).update(state=ChannelState.FAILING, last_error=exc.message)
+        Channel.objects.filter(pk=delivery.channel_id, failing_since__isnull=True).update(failing_since=db_now())
+        metrics.NOTIFICATIONS_FAILED.labels(delivery.channel.kind, "final").inc()
+        return "failed"
+    retry_at = db_now() + timedelta(seconds=backoff(delivery.attempts))
+    _mine(delivery.pk, token).update(lease_until=None, lease_token="", next_attempt_at=retry_at, last_error=exc.message)
+    metrics.NOTIFICATIONS_FAILED.labels(delivery.channel.kind, "retry").inc()
+    return "retry"
+
+
+def send_test(channel: Channel) -> Delivery:
+    """Send a test message to ``channel`` now (in the caller's process) and return its delivery."""
+    key = delivery_key(channel.pk, f"test:{uuid.uuid4().hex}", None)
+    token = uuid.uuid4().hex
+    now = timezone.now()
+    delivery = Delivery.objects.create(
+        channel=channel,
+        event="test",
+        idempotency_key=key,
+        payload={"id": key, "event": "test", "task": None, "execution": None, "at": now.isoformat()},
+        lease_token=token,
+        lease_until=now + timedelta(seconds=tms_settings().NOTIFY_LEASE),
+    )
+    deliver(delivery.pk, token)
+    delivery.refresh_from_db()
+    return delivery
+
+
+def _default_scope(rule: Rule) -> QuerySet:
+    """The tasks an owner-wide rule speaks for: the owner's tasks without enabled rules of their own."""
+    return Task.objects.filter(owner_id=rule.owner_id).exclude(notification_rules__enabled=True)
+
+
+def check_long_runs() -> int:
+    """One "running_long" per execution running longer than a rule's ``running_longer_than``."""
+    created = 0
+    now = db_now()
+    for rule in Rule.objects.filter(enabled=True, running_longer_than__isnull=False).select_related("channel"):
+        assert rule.running_longer_than is not None
+        running = Execution.objects.filter(
+            status=ExecutionStatus.RUNNING, started_at__lt=now - rule.running_longer_than
+        )
+        if rule.task_id is not None:
+            running = running.filter(task_id=rule.task_id)
+        else:
+            running = running.filter(task__in=_default_scope(rule))
+        for execution in running.select_related("task")[:1000]:
+            seconds = (now - execution.started_at).total_seconds() if execution.started_at else 0
+            with transaction.atomic():
+                if notify(
+                    rule,
+                    execution.task,
+                    "running_long",
+                    f"long:{execution.pk}",
+                    execution_id=execution.pk,
+                    attempt=execution.attempt,
+                    running_seconds=round(seconds, 1),
+                ):
+                    created += 1
+    return created
+
+
+def check_dead_mans_switch() -> int:
+    """One "overdue" per recurring task with no success within a rule's ``no_success_within``
+    (counted from its last success, or from when the rule or task was created); the next
+    success sends "recovered" (see :func:`_apply`)."""
+    created = 0
+    now = db_now()
+    for rule in Rule.objects.filter(enabled=True, no_success_within__isnull=False).select_related("channel"):
+        assert rule.no_success_within is not None
+        tasks = Task.objects.filter(pk=rule.task_id) if rule.task_id else _default_scope(rule)
+        recurring = tasks.filter(status=TaskStatus.ACTIVE).filter(Q(interval__isnull=False) | ~Q(cron=""))
+        for task in recurring[:1000]:
+            last = (
+                Execution.objects.filter(task=task, status=ExecutionStatus.SUCCEEDED)
+                .order_by("-scheduled_for")
+                .values_list("finished_at", flat=True)
+                .first()
+            )
+            since = max(filter(None, [last, rule.created_at, task.created_at]))
+            if now - since <= rule.no_success_within:
+                continue
+            with transaction.atomic():
+                state = _state(rule, task)
+                if state.overdue:
+                    continue
+                state.overdue = True
+                state.save(update_fields=["overdue"])
+                notify(
+                    rule,
+                    task,
+                    "overdue",
+                    f"overdue:{task.pk}:{since.isoformat()}",
+                    within=_duration_text(rule.no_success_within),
+                    last_success=last.isoformat() if last else None,
+                )
+                created += 1
+    return created
+
+
+def _duration_text(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h"
+
+
+__all__ = [
+    "Lease",
+    "check_dead_mans_switch",
+    "check_long_runs",
+    "deliver",
+    "dispatch_outbox",
+    "lease_due",
+    "quiet_until",
+    "send_test",
+]

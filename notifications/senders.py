@@ -1,0 +1,129 @@
+"""Sending one delivery to its channel: signed webhook, Slack-compatible webhook, e-mail.
+
+Senders never touch the database: :mod:`notifications.dispatch` records what they report. Every
+attempt of a delivery carries the same idempotency key (``Idempotency-Key`` header, or the
+e-mail's ``Message-ID``), so a receiver that sees a delivery twice (its sender was killed after
+sending, before recording) can drop the second copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import smtplib
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+
+from runners.base import RunnerError
+from runners.http import HttpRunner
+from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session
+from runners.registry import UnknownRunner, get_runner
+
+SIGNATURE_HEADER = "X-TMS-Signature"
+TIMESTAMP_HEADER = "X-TMS-Timestamp"
+#: Response codes that say "try again later"; any other 4xx is the receiver refusing for good.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+
+
+class SendError(Exception):
+    """A send that failed: ``permanent`` when sending again cannot help (a 4xx, a refused address)."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+def address_policy() -> AddressPolicy:
+    """The private-address policy of the ``http`` runner (TMS_HTTP_ALLOWED_NETWORKS): webhooks
+    may reach exactly what HTTP tasks may."""
+    try:
+        runner = get_runner("http")
+    except UnknownRunner:
+        return AddressPolicy()
+    return runner.policy if isinstance(runner, HttpRunner) else AddressPolicy()
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """Hex HMAC-SHA256 of ``"{timestamp}.{body}"`` under the channel's secret (X-TMS-Signature)."""
+    return hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def render_text(payload: dict[str, Any]) -> tuple[str, str]:
+    """(subject, text) of a notification, for Slack and e-mail."""
+    task = payload.get("task") or {}
+    name = task.get("name") or task.get("id") or "?"
+    event = payload.get("event", "")
+    execution = payload.get("execution") or {}
+    run = f" (execution {execution['id']}, attempt {execution.get('attempt')})" if execution.get("id") else ""
+    headline = {
+        "failing": f"Task {name} is failing{run}",
+        "recovered": f"Task {name} recovered after {payload.get('failures', 0)} failure(s){run}",
+        "retry": f"Task {name} failed an attempt and will retry{run}",
+        "late": f"Task {name} started late{run}",
+        "running_long": f"Task {name} is running longer than expected{run}",
+        "skipped": f"Task {name} skipped an occurrence",
+        "overdue": f"Task {name} has had no successful run within {payload.get('within', '?')}",
+        "test": "Test notification from TMS",
+    }.get(event, f"Task {name}: {event}{run}")
+    detail = payload.get("detail") or ""
+    return f"[TMS] {headline}", f"{headline}.\n{detail}".strip()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> None:
+    try:
+        with Guard(address_policy(), timeout) as guard, guarded_session(guard) as session:
+            response = session.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
+    except AddressRefused as exc:
+        raise SendError(f"address refused: {exc}", permanent=True) from exc
+    except RunnerError as exc:
+        raise SendError(str(exc), permanent=not exc.retryable) from exc
+    except (OSError, ValueError) as exc:  # requests' errors are OSErrors; a bad URL a ValueError
+        raise SendError(f"{type(exc).__name__}: {exc}") from exc
+    if 200 <= response.status_code < 300:
+        return
+    text = f"HTTP {response.status_code}: {response.text[:200]}"
+    permanent = 300 <= response.status_code < 500 and response.status_code not in RETRYABLE_STATUSES
+    raise SendError(text, permanent=permanent)
+
+
+def send(*, kind: str, target: str, secret: str, key: str, payload: dict[str, Any], timeout: float) -> None:
+    """Send ``payload`` once to a channel of ``kind``; raise :class:`SendError` if it did not go."""
+    if kind == "email":
+        subject, text = render_text(payload)
+        message = EmailMessage(
+            subject,
+            text + "\n\n" + json.dumps(payload, indent=2, sort_keys=True),
+            settings.DEFAULT_FROM_EMAIL,
+            [target],
+            # The same Message-ID on every attempt: mail systems drop a duplicate by it.
+            headers={"Message-ID": f"<{key}@tms.notifications>", "X-TMS-Idempotency-Key": key},
+            connection=get_connection(timeout=timeout),
+        )
+        try:
+            message.send()
+        except smtplib.SMTPResponseException as exc:
+            raise SendError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}", permanent=exc.smtp_code >= 500) from exc
+        except smtplib.SMTPRecipientsRefused as exc:
+            codes = [code for code, _ in exc.recipients.values()]
+            raise SendError(f"recipient refused: {exc.recipients}", permanent=all(c >= 500 for c in codes)) from exc
+        except (OSError, smtplib.SMTPException) as exc:
+            raise SendError(f"{type(exc).__name__}: {exc}") from exc
+        return
+    if kind == "slack":
+        body = json.dumps({"text": render_text(payload)[1]}).encode()
+        _post(target, body, {"Content-Type": "application/json", "Idempotency-Key": key}, timeout)
+        return
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    timestamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": key,
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: signature(secret, timestamp, body),
+    }
+    _post(target, body, headers, timeout)

@@ -1,0 +1,85 @@
+"""API shapes of channels, rules and deliveries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from notifications.models import Channel, ChannelKind, Delivery, Rule
+from tasks_app.models import Task, TaskStatus
+from tms_core.durations import DurationField
+from tms_project.api.base import StrictInputMixin
+
+
+class NoReadOnlyInput(StrictInputMixin):
+    """Refuses values for read-only fields too (DRF ignores them silently: a request setting
+    ``secret`` or ``state`` would "succeed" and change nothing)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            fixed = {
+                key: ["This field cannot be changed."]
+                for key in data
+                if getattr(self.fields.get(key), "read_only", False)
+            }
+            if fixed:
+                raise serializers.ValidationError(fixed)
+        return super().to_internal_value(data)
+
+
+class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
+    """A channel. ``secret`` (webhooks) is the key of the X-TMS-Signature header's HMAC."""
+
+    kind = serializers.ChoiceField(choices=ChannelKind.choices)
+
+    class Meta:
+        model = Channel
+        fields = [
+            "id", "name", "kind", "target", "secret", "quiet_from", "quiet_to", "timezone",
+            "state", "last_error", "failing_since", "created_at",
+        ]  # fmt: skip
+        read_only_fields = ["id", "secret", "state", "last_error", "failing_since", "created_at"]
+        # Business validation (target for the kind, private addresses) is the service's.
+
+
+class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
+    """A related object of the requesting user only (another owner's id reads as unknown)."""
+
+    def get_queryset(self) -> Any:
+        request = self.context.get("request")
+        queryset = super().get_queryset()
+        assert queryset is not None
+        if request is None:
+            return queryset.none()
+        return queryset.filter(owner=request.user)
+
+
+class RuleSerializer(NoReadOnlyInput, serializers.ModelSerializer):
+    """A rule: ``task`` null makes it the owner's default for every task without rules of its own."""
+
+    task = OwnPrimaryKeyField(
+        queryset=Task.objects.exclude(status=TaskStatus.DELETED), allow_null=True, required=False, default=None
+    )
+    channel = OwnPrimaryKeyField(queryset=Channel.objects.all())
+    late_after = DurationField(required=False, allow_null=True, default=None)
+    running_longer_than = DurationField(required=False, allow_null=True, default=None)
+    no_success_within = DurationField(required=False, allow_null=True, default=None)
+
+    class Meta:
+        model = Rule
+        fields = [
+            "id", "task", "channel", "enabled", "on_failure", "on_retry", "on_recovery", "on_skip",
+            "late_after", "running_longer_than", "no_success_within", "created_at",
+        ]  # fmt: skip
+        read_only_fields = ["id", "created_at"]
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Delivery
+        fields = [
+            "id", "channel", "rule", "task", "execution_id", "event", "payload", "idempotency_key", "status",
+            "attempts", "next_attempt_at", "last_error", "created_at", "delivered_at",
+        ]  # fmt: skip
+        read_only_fields = fields

@@ -1,0 +1,167 @@
+"""Channel and rule writes, and "send a test". The API, the admin and the back office call these.
+
+Business rules live here: a target fit for the channel's kind (an http(s) URL the private-address
+guard lets through, or an e-mail address), a rule only over the owner's own channel and task,
+at least one event per rule. Bad input raises :class:`tms_core.errors.InvalidInput`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import URLValidator, validate_email
+from django.db import transaction
+
+from notifications import dispatch, senders
+from notifications.models import Channel, ChannelKind, Delivery, Rule
+from runners.netguard import literal_ip, normalise_host
+from tasks_app.models import Task, TaskStatus
+from tasks_app.schedules import ScheduleError, validate_timezone
+from tms_core.errors import InvalidInput
+
+CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
+RULE_FIELDS = (
+    "task",
+    "channel",
+    "enabled",
+    "on_failure",
+    "on_retry",
+    "on_recovery",
+    "on_skip",
+    "late_after",
+    "running_longer_than",
+    "no_success_within",
+)
+EVENT_FLAGS = ("on_failure", "on_retry", "on_recovery", "on_skip")
+EVENT_DURATIONS = ("late_after", "running_longer_than", "no_success_within")
+
+
+def _target_errors(kind: str, target: str) -> list[str]:
+    if kind == ChannelKind.EMAIL:
+        try:
+            validate_email(target)
+        except DjangoValidationError:
+            return ["Enter a valid e-mail address."]
+        return []
+    try:
+        URLValidator(schemes=["http", "https"])(target)
+    except DjangoValidationError:
+        return ["Enter a valid http(s) URL."]
+    host = urlsplit(target).hostname or ""
+    ip = literal_ip(host)
+    if ip is None and normalise_host(host) == "localhost":
+        ip = ipaddress.IPv4Address("127.0.0.1")
+    # The same guard as the http runner (host names are checked again when connecting).
+    if ip is not None and (reason := senders.address_policy().refusal(host, ip)) is not None:
+        return [f"This address is not reachable from TMS: {reason}."]
+    return []
+
+
+def _check_channel(values: Mapping[str, Any]) -> None:
+    errors: dict[str, list[str]] = {}
+    if not str(values.get("name") or "").strip():
+        errors["name"] = ["This field may not be blank."]
+    kind = values.get("kind")
+    if kind not in ChannelKind.values:
+        errors["kind"] = [f"Unknown channel kind {kind!r}; choose one of: {', '.join(ChannelKind.values)}."]
+    elif problems := _target_errors(kind, str(values.get("target") or "")):
+        errors["target"] = problems
+    try:
+        validate_timezone(values.get("timezone") or "UTC")
+    except ScheduleError as exc:
+        errors["timezone"] = [str(exc)]
+    if (values.get("quiet_from") is None) != (values.get("quiet_to") is None):
+        errors["quiet_to" if values.get("quiet_to") is None else "quiet_from"] = [
+            "Give both ends of the quiet hours, or neither."
+        ]
+    if errors:
+        raise InvalidInput(errors)
+
+
+def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
+    """Create a channel of ``owner``; a webhook channel gets a fresh signing secret."""
+    values = {"timezone": "UTC", **{k: data[k] for k in CHANNEL_FIELDS if k in data}}
+    _check_channel(values)
+    secret = secrets.token_hex(32) if values["kind"] == ChannelKind.WEBHOOK else ""
+    return Channel.objects.create(owner=owner, secret=secret, **values)
+
+
+def channel_update(*, channel: Channel, data: Mapping[str, Any]) -> Channel:
+    """Change a channel's fields (the kind included: a webhook gains a secret if it had none)."""
+    values = {k: getattr(channel, k) for k in CHANNEL_FIELDS} | {k: data[k] for k in CHANNEL_FIELDS if k in data}
+    _check_channel(values)
+    for key, value in values.items():
+        setattr(channel, key, value)
+    if channel.kind == ChannelKind.WEBHOOK and not channel.secret:
+        channel.secret = secrets.token_hex(32)
+    channel.save()
+    return channel
+
+
+def channel_rotate_secret(*, channel: Channel) -> Channel:
+    """A new webhook signing secret (the old one stops verifying at once)."""
+    channel.secret = secrets.token_hex(32)
+    channel.save(update_fields=["secret"])
+    return channel
+
+
+def channel_delete(*, channel: Channel) -> None:
+    """Delete a channel, its rules and its delivery log."""
+    channel.delete()
+
+
+def channel_send_test(*, channel: Channel) -> Delivery:
+    """Send a test message through ``channel`` now; the delivery says whether it went."""
+    return dispatch.send_test(channel)
+
+
+def _check_rule(owner: User, values: dict[str, Any]) -> None:
+    errors: dict[str, list[str]] = {}
+    channel = values.get("channel")
+    if not isinstance(channel, Channel) or channel.owner_id != owner.pk:
+        errors["channel"] = ["No such channel of yours."]
+    task = values.get("task")
+    foreign = not isinstance(task, Task) or task.owner_id != owner.pk or task.status == TaskStatus.DELETED
+    if task is not None and foreign:
+        errors["task"] = ["No such task of yours."]
+    for name in EVENT_DURATIONS:
+        value = values.get(name)
+        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+            errors[name] = ["Must be a positive duration."]
+    if not any(values.get(flag) for flag in EVENT_FLAGS) and all(values.get(d) is None for d in EVENT_DURATIONS):
+        errors["non_field_errors"] = [
+            "Choose at least one event: on_failure, on_retry, on_recovery, on_skip, late_after, "
+            "running_longer_than or no_success_within."
+        ]
+    if errors:
+        raise InvalidInput(errors)
+
+
+def rule_create(*, owner: User, data: Mapping[str, Any]) -> Rule:
+    """Create a rule for one of ``owner``'s tasks, or (no task) an owner-wide default."""
+    values = {k: data[k] for k in RULE_FIELDS if k in data}
+    _check_rule(owner, values)
+    return Rule.objects.create(owner=owner, **values)
+
+
+def rule_update(*, rule: Rule, data: Mapping[str, Any]) -> Rule:
+    """Change a rule. Its storm state is kept (a failing task stays known as failing)."""
+    values = {k: getattr(rule, k) for k in RULE_FIELDS} | {k: data[k] for k in RULE_FIELDS if k in data}
+    _check_rule(rule.owner, values)
+    with transaction.atomic():
+        for key, value in values.items():
+            setattr(rule, key, value)
+        rule.save()
+    return rule
+
+
+def rule_delete(*, rule: Rule) -> None:
+    """Delete a rule (its deliveries stay in the log)."""
+    rule.delete()
