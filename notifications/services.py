@@ -22,6 +22,7 @@ from django.db import transaction
 from notifications import dispatch, senders
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from runners.netguard import literal_ip, normalise_host
+from tasks_app.audit import audit_diff, audit_record
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import ScheduleError, validate_timezone
 from tms_core.errors import InvalidInput
@@ -41,6 +42,35 @@ RULE_FIELDS = (
 )
 EVENT_FLAGS = ("on_failure", "on_retry", "on_recovery", "on_skip")
 EVENT_DURATIONS = ("late_after", "running_longer_than", "no_success_within")
+#: What the audit log shows of a Slack target: its URL is the credential.
+MASK = "********"
+
+
+def _channel_snapshot(channel: Channel) -> dict[str, Any]:
+    """A channel's audited fields; never its signing secret, and a Slack URL masked."""
+    values = {name: getattr(channel, name) for name in CHANNEL_FIELDS}
+    if channel.kind == ChannelKind.SLACK and values["target"]:
+        values["target"] = MASK
+    return values
+
+
+def _rule_snapshot(rule: Rule) -> dict[str, Any]:
+    values = {name: getattr(rule, name) for name in RULE_FIELDS if name not in ("task", "channel")}
+    return {**values, "task": str(rule.task_id) if rule.task_id else None, "channel": rule.channel_id}
+
+
+def _audit(action: str, obj: Channel | Rule, changes: dict[str, Any], detail: str = "") -> None:
+    task_id = obj.task_id if isinstance(obj, Rule) else None
+    object_type = "rule" if isinstance(obj, Rule) else "channel"
+    audit_record(
+        action=f"{object_type}.{action}",
+        object_type=object_type,
+        object_id=obj.pk,
+        owner=obj.owner_id,
+        task_id=task_id,
+        changes=changes,
+        detail=detail,
+    )
 
 
 def _target_errors(kind: str, target: str) -> list[str]:
@@ -90,31 +120,41 @@ def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
     values = {"timezone": "UTC", **{k: data[k] for k in CHANNEL_FIELDS if k in data}}
     _check_channel(values)
     secret = secrets.token_hex(32) if values["kind"] == ChannelKind.WEBHOOK else ""
-    return Channel.objects.create(owner=owner, secret=secret, **values)
+    with transaction.atomic():
+        channel = Channel.objects.create(owner=owner, secret=secret, **values)
+        _audit("create", channel, _channel_snapshot(channel))
+    return channel
 
 
 def channel_update(*, channel: Channel, data: Mapping[str, Any]) -> Channel:
     """Change a channel's fields (the kind included: a webhook gains a secret if it had none)."""
     values = {k: getattr(channel, k) for k in CHANNEL_FIELDS} | {k: data[k] for k in CHANNEL_FIELDS if k in data}
     _check_channel(values)
+    before = _channel_snapshot(channel)
     for key, value in values.items():
         setattr(channel, key, value)
     if channel.kind == ChannelKind.WEBHOOK and not channel.secret:
         channel.secret = secrets.token_hex(32)
-    channel.save()
+    with transaction.atomic():
+        channel.save()
+        _audit("update", channel, audit_diff(before, _channel_snapshot(channel)))
     return channel
 
 
 def channel_rotate_secret(*, channel: Channel) -> Channel:
     """A new webhook signing secret (the old one stops verifying at once)."""
     channel.secret = secrets.token_hex(32)
-    channel.save(update_fields=["secret"])
+    with transaction.atomic():
+        channel.save(update_fields=["secret"])
+        _audit("rotate_secret", channel, {}, detail="new webhook signing secret")
     return channel
 
 
 def channel_delete(*, channel: Channel) -> None:
     """Delete a channel, its rules and its delivery log."""
-    channel.delete()
+    with transaction.atomic():
+        _audit("delete", channel, _channel_snapshot(channel))
+        channel.delete()
 
 
 def channel_send_test(*, channel: Channel) -> Delivery:
@@ -148,20 +188,27 @@ def rule_create(*, owner: User, data: Mapping[str, Any]) -> Rule:
     """Create a rule for one of ``owner``'s tasks, or (no task) an owner-wide default."""
     values = {k: data[k] for k in RULE_FIELDS if k in data}
     _check_rule(owner, values)
-    return Rule.objects.create(owner=owner, **values)
+    with transaction.atomic():
+        rule = Rule.objects.create(owner=owner, **values)
+        _audit("create", rule, _rule_snapshot(rule))
+    return rule
 
 
 def rule_update(*, rule: Rule, data: Mapping[str, Any]) -> Rule:
     """Change a rule. Its storm state is kept (a failing task stays known as failing)."""
     values = {k: getattr(rule, k) for k in RULE_FIELDS} | {k: data[k] for k in RULE_FIELDS if k in data}
     _check_rule(rule.owner, values)
+    before = _rule_snapshot(rule)
     with transaction.atomic():
         for key, value in values.items():
             setattr(rule, key, value)
         rule.save()
+        _audit("update", rule, audit_diff(before, _rule_snapshot(rule)))
     return rule
 
 
 def rule_delete(*, rule: Rule) -> None:
     """Delete a rule (its deliveries stay in the log)."""
-    rule.delete()
+    with transaction.atomic():
+        _audit("delete", rule, _rule_snapshot(rule))
+        rule.delete()
