@@ -356,8 +356,11 @@ class Bench:
         session.headers["Authorization"] = f"Token {token}"
         url = f"http://127.0.0.1:{port}/api/v1/tasks"
         try:
-            for _ in range(100):
-                with contextlib.suppress(requests.ConnectionError):
+            # gunicorn's workers boot slowly on a loaded machine: wait for the first 200 (a refused
+            # connection or a slow answer both mean "not yet"), for up to a minute.
+            ready_by = time.monotonic() + 60
+            while time.monotonic() < ready_by:
+                with contextlib.suppress(requests.ConnectionError, requests.Timeout):
                     if session.get(url, timeout=5).status_code == 200:
                         break
                 time.sleep(0.1)
