@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from django.db import connection, transaction
 from django.db.models import (
+    BooleanField,
     CharField,
     DateTimeField,
     DurationField,
@@ -25,8 +26,10 @@ from django.db.models import (
     Field,
     Min,
     Model,
+    OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Value,
     sql,
 )
@@ -34,7 +37,7 @@ from django.db.models.functions import Cast, Concat, Now
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
-from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tms_core.clock import db_now
 
 #: For each target status, the statuses an execution may come from.
@@ -241,6 +244,156 @@ def _insert_executions_portable(rows: Sequence[NewExecution], *, actor: str, det
     return ids
 
 
+# --- misfire policy at dispatch and claim ------------------------------------------------------
+
+#: No task's misfire grace is shorter (``tasks_app.models.MIN_MISFIRE_GRACE``): a row less late
+#: than this is on time whatever its task says, and is dispatched or claimed without looking.
+_NEVER_STALE = timedelta(seconds=1)
+
+
+def _grace_of_task() -> Subquery:
+    return Subquery(Task.objects.filter(pk=OuterRef("task_id")).values("misfire_grace")[:1])
+
+
+def _on_time_cheap() -> Q:
+    """Rows certainly on time for the misfire policy, known from the row alone: not a scheduled
+    first attempt (triggers, retries by request and retry backoffs are not misfires), or due less
+    than a second ago."""
+    return (
+        Q(due_at__gte=ExpressionWrapper(Now() - Value(_NEVER_STALE), output_field=DateTimeField()))
+        | ~Q(origin="schedule")
+        | Q(attempt__gt=1)
+    )
+
+
+def _on_time() -> Q:
+    """The rows the misfire policy has nothing to say about now: :func:`_on_time_cheap`, or due
+    less than the task's ``misfire_grace`` ago. The cheap tests come first: PostgreSQL evaluates an
+    OR left to right and stops at the first true one, so the task's grace is looked up (one
+    primary-key read) only for a row over a second late."""
+    return _on_time_cheap() | Q(due_at__gte=ExpressionWrapper(Now() - _grace_of_task(), output_field=DateTimeField()))
+
+
+@dataclass(frozen=True)
+class Misfire:
+    """What the misfire policy says of a stale execution: dropped (recorded as a skipped
+    occurrence with ``reason``), or, with no reason, run as a catch-up."""
+
+    reason: str
+    detail: str
+
+    @property
+    def dropped(self) -> bool:
+        return bool(self.reason)
+
+
+def misfire_decision(*, execution_id: int) -> Misfire | None:
+    """What the task's misfire policy says of a SCHEDULED or PENDING execution now: None (it is
+    not stale), a catch-up run, or why it is dropped.
+
+    A scheduled first attempt is *stale* when more than its task's ``misfire_grace`` has passed
+    since it was due. Of a stale execution, ``skip`` runs nothing (reason ``missed``); ``run_once``
+    runs it only if no later occurrence of the task is stale too (whatever became of it), and
+    ``run_all`` only if fewer than ``catch_up_limit`` are (otherwise ``coalesced``): the latest
+    missed occurrences run, once. A later occurrence that is on time does not count: it is not
+    a catch-up run (the README's 10:09 catch-up runs beside the on-time 10:10).
+
+    The answer depends only on which later occurrences exist and their due times, never on what
+    another process decides about them or how far they got, so a monitor and any number of
+    workers deciding about sibling executions at the same time agree without a lock: the latest
+    stale occurrence is never dropped, every earlier one is, and a row's own transition is the
+    conditional UPDATE that makes the decision count once.
+    """
+    row = (
+        Execution.objects.filter(pk=execution_id, origin="schedule", attempt=1)
+        .annotate(
+            now=Now(),
+            grace=F("task__misfire_grace"),
+            policy=F("task__misfire_policy"),
+            limit=F("task__catch_up_limit"),
+        )
+        .values("task_id", "scheduled_for", "due_at", "now", "grace", "policy", "limit")
+        .first()
+    )
+    if row is None:
+        return None
+    late = row["now"] - row["due_at"]
+    if late <= row["grace"]:
+        return None
+    grace = row["grace"].total_seconds()
+    if row["policy"] == MisfirePolicy.SKIP:
+        return Misfire(
+            SkipReason.MISSED,
+            f"missed: {late.total_seconds():.1f}s late, more than its misfire grace of {grace:g}s; misfire policy skip",
+        )
+    keep = 1 if row["policy"] == MisfirePolicy.RUN_ONCE else row["limit"]
+    later = list(
+        Execution.objects.filter(
+            task_id=row["task_id"], origin="schedule", superseded=False, scheduled_for__gt=row["scheduled_for"]
+        )
+        .filter(due_at__lt=row["now"] - row["grace"])
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)[:keep]
+    )
+    if len(later) < keep:
+        return Misfire("", f"catch-up run: {late.total_seconds():.1f}s late, misfire policy {row['policy']}")
+    if row["policy"] == MisfirePolicy.RUN_ONCE:
+        detail = (
+            f"coalesced: {late.total_seconds():.1f}s late (misfire grace {grace:g}s); misfire policy run_once runs "
+            f"only the latest missed occurrence (the later {later[-1].isoformat()} is missed too)"
+        )
+    else:
+        detail = (
+            f"coalesced: {late.total_seconds():.1f}s late (misfire grace {grace:g}s); misfire policy run_all: "
+            f"beyond its bound of {keep} catch-up runs"
+        )
+    return Misfire(SkipReason.COALESCED, detail)
+
+
+def execution_skip_misfire(*, execution_id: int, attempt: int, from_status: str, misfire: Misfire, actor: str) -> bool:
+    """SCHEDULED | PENDING → CANCELLED because its task's misfire policy drops it (see
+    :func:`misfire_decision`), recorded as a skipped occurrence with the reason; conditional on
+    the status and attempt the caller saw. Returns whether it won."""
+    assert from_status in (S.SCHEDULED, S.PENDING)
+    with transaction.atomic():
+        won = _transition(
+            Execution.objects.filter(pk=execution_id, status=from_status, attempt=attempt),
+            {
+                "status": S.CANCELLED,
+                "finished_at": Now(),
+                "error": misfire.detail,
+                "lease_owner": "",
+                "lease_expires_at": None,
+            },
+            _event(execution_id, from_status, S.CANCELLED, attempt, actor, misfire.detail),
+        )
+        if won:
+            row = Execution.objects.filter(pk=execution_id).values("task_id", "scheduled_for").get()
+            SkippedOccurrence.objects.bulk_create(
+                [SkippedOccurrence(**row, reason=misfire.reason, detail=misfire.detail, execution_id=execution_id)],
+                ignore_conflicts=True,
+            )
+    return won
+
+
+def _drop_misfires(rows: Sequence[tuple[int, int, bool]], *, from_status: str, actor: str) -> set[int]:
+    """Apply the misfire policy to taken rows (id, attempt, maybe stale); return the ids dropped."""
+    dropped = set()
+    for execution_id, attempt, maybe_stale in rows:
+        if not maybe_stale:
+            continue
+        misfire = misfire_decision(execution_id=execution_id)
+        if (
+            misfire
+            and misfire.dropped
+            and execution_skip_misfire(
+                execution_id=execution_id, attempt=attempt, from_status=from_status, misfire=misfire, actor=actor
+            )
+        ):
+            dropped.add(execution_id)
+    return dropped
+
+
 # --- monitor ----------------------------------------------------------------------------------
 
 
@@ -262,9 +415,17 @@ def _take(base: Q, *, limit: int, actor: str, detail: str, from_status: str) -> 
         Execution.objects.filter(base)
         .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
         .select_for_update(skip_locked=True, of=("self",))
-        .values_list("id", "attempt", "priority")[:limit]
+        .annotate(maybe_stale=ExpressionWrapper(~_on_time_cheap(), output_field=BooleanField()))
+        .values_list("id", "attempt", "priority", "maybe_stale")[:limit]
     )
-    taken = list(locked)
+    locked_rows = list(locked)
+    if not locked_rows:
+        return []
+    # The misfire policy, decided where the run is dispatched: stale rows it drops are cancelled
+    # and recorded instead of being published (the common case, nothing over a second late, costs
+    # nothing more than the annotation above).
+    dropped = _drop_misfires([(i, a, stale) for i, a, _, stale in locked_rows], from_status=from_status, actor=actor)
+    taken = [(i, a, p) for i, a, p, _ in locked_rows if i not in dropped]
     if not taken:
         return []
     token = uuid.uuid4().hex[:12]
@@ -324,11 +485,20 @@ CALLBACK_ACTOR = "callback"
 
 
 def _claim(
-    execution_id: int, attempt: int, worker_id: str, lease_seconds: float, *, exclusive: bool = False
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    *,
+    exclusive: bool = False,
+    checked: bool = False,
 ) -> tuple[QuerySet, dict, ExecutionEvent]:
     # An exclusive execution (overlap policy other than "allow") is claimed only through
-    # execution_claim_exclusive, which looks at its siblings first.
+    # execution_claim_exclusive, which looks at its siblings first; so is a stale one (its misfire
+    # policy may drop it), unless the caller (``checked``) already applied the policy under lock.
     queryset = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=exclusive)
+    if not checked:
+        queryset = queryset.filter(_on_time())
     values = {
         "status": S.RUNNING,
         "lease_owner": worker_id,
@@ -340,19 +510,28 @@ def _claim(
 
 def execution_claim(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
     """PENDING → RUNNING for ``attempt``, leased to ``worker_id``. False if another claim won, or
-    if the execution is exclusive (see :func:`execution_claim_exclusive`)."""
+    if the execution is exclusive or stale (see :func:`execution_claim_exclusive`)."""
     return _transition(*_claim(execution_id, attempt, worker_id, lease_seconds))
 
 
 def execution_claim_loaded(
-    *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float, exclusive: bool = False
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    exclusive: bool = False,
+    checked: bool = False,
 ) -> Execution | None:
     """:func:`execution_claim`, returning the claimed execution with its task loaded (None if
     the claim lost). On PostgreSQL the claim, its event and the load are one statement.
 
-    ``exclusive=True`` claims an exclusive execution: only :func:`execution_claim_exclusive`
-    passes it, holding the task's lock after applying the overlap policy."""
-    queryset, values, event = _claim(execution_id, attempt, worker_id, lease_seconds, exclusive=exclusive)
+    ``exclusive=True`` claims an exclusive execution and ``checked=True`` a stale one: only
+    :func:`execution_claim_exclusive` passes them, holding the task's lock after applying the
+    misfire and overlap policies."""
+    queryset, values, event = _claim(
+        execution_id, attempt, worker_id, lease_seconds, exclusive=exclusive, checked=checked
+    )
     if connection.vendor != "postgresql":
         if not _transition(queryset, values, event):
             return None
@@ -415,7 +594,10 @@ class ExclusiveClaim:
 def execution_claim_exclusive(
     *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float
 ) -> ExclusiveClaim:
-    """Claim an exclusive PENDING execution under its task's overlap policy.
+    """Claim a PENDING execution the fast claim refused: an exclusive one, under its task's
+    overlap policy, or a stale one (more than its task's ``misfire_grace`` late), under its
+    misfire policy (:func:`misfire_decision`), which may drop it (PENDING → CANCELLED, recorded
+    as a skipped occurrence: ``missed`` or ``coalesced``) before the overlap policy is looked at.
 
     The task row is locked (``SELECT … FOR UPDATE``), so the exclusive claims of one task are
     serialised and each sees the previous one's outcome; then the execution's own row, so the
@@ -431,7 +613,7 @@ def execution_claim_exclusive(
 
     Every status write is a conditional UPDATE with its event in the same transaction.
     """
-    claimable = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=True)
+    claimable = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt)
     with transaction.atomic():
         # Unlocked first: a duplicate or stale delivery loses without waiting for the task lock.
         task_id = claimable.values_list("task_id", flat=True).first()
@@ -441,9 +623,29 @@ def execution_claim_exclusive(
         if task is None:  # pragma: no cover - executions go with their task
             return ExclusiveClaim("lost")
         # Task, then execution: the order task_update, task_pause and task_delete lock them in.
-        row = claimable.select_for_update().values("task_id", "scheduled_for").first()
+        row = claimable.select_for_update().values("task_id", "scheduled_for", "exclusive").first()
         if row is None:  # moved on (cancelled, untaken, claimed) since the first read
             return ExclusiveClaim("lost")
+        # The misfire policy, decided where the run is claimed (the rows stayed PENDING while no
+        # worker ran: it may be stale now, or a later occurrence may be).
+        misfire = misfire_decision(execution_id=execution_id)
+        if misfire is not None and misfire.dropped:
+            if execution_skip_misfire(
+                execution_id=execution_id, attempt=attempt, from_status=S.PENDING, misfire=misfire, actor=worker_id
+            ):
+                return ExclusiveClaim("skipped", detail=misfire.detail)
+            return ExclusiveClaim("lost")  # pragma: no cover - the row is locked PENDING
+        if not row["exclusive"]:
+            if misfire is None:  # on time and not exclusive: the fast claim is the way
+                return ExclusiveClaim("lost")
+            late = execution_claim_loaded(
+                execution_id=execution_id,
+                attempt=attempt,
+                worker_id=worker_id,
+                lease_seconds=lease_seconds,
+                checked=True,
+            )
+            return ExclusiveClaim("lost") if late is None else ExclusiveClaim("claimed", late)
         policy = task["overlap_policy"]
         siblings = Execution.objects.filter(task_id=row["task_id"]).exclude(pk=execution_id)
         running = list(siblings.filter(status=S.RUNNING).order_by("id").values_list("id", flat=True))
@@ -487,7 +689,12 @@ def execution_claim_exclusive(
                     detail = f"overlap: previous run {names} still running"
                 return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
         claimed = execution_claim_loaded(
-            execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=lease_seconds, exclusive=True
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            exclusive=True,
+            checked=True,
         )
     if claimed is None:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
