@@ -34,6 +34,7 @@ from django.db.models import (
     sql,
 )
 from django.db.models.functions import Cast, Concat, Now
+from django.db.models.lookups import IsNull
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
@@ -251,8 +252,12 @@ def _insert_executions_portable(rows: Sequence[NewExecution], *, actor: str, det
 _NEVER_STALE = timedelta(seconds=1)
 
 
-def _grace_of_task() -> Subquery:
-    return Subquery(Task.objects.filter(pk=OuterRef("task_id")).values("misfire_grace")[:1])
+def _of_task(column: str) -> Subquery:
+    return Subquery(Task.objects.filter(pk=OuterRef("task_id")).values(column)[:1])
+
+
+def _ago(amount: Subquery) -> ExpressionWrapper:
+    return ExpressionWrapper(Now() - amount, output_field=DateTimeField())
 
 
 def _on_time_cheap() -> Q:
@@ -267,11 +272,16 @@ def _on_time_cheap() -> Q:
 
 
 def _on_time() -> Q:
-    """The rows the misfire policy has nothing to say about now: :func:`_on_time_cheap`, or due
-    less than the task's ``misfire_grace`` ago. The cheap tests come first: PostgreSQL evaluates an
-    OR left to right and stops at the first true one, so the task's grace is looked up (one
-    primary-key read) only for a row over a second late."""
-    return _on_time_cheap() | Q(due_at__gte=ExpressionWrapper(Now() - _grace_of_task(), output_field=DateTimeField()))
+    """The rows the misfire policy and the maximum age have nothing to say about now:
+    :func:`_on_time_cheap`, or due less than the task's ``misfire_grace`` ago and fired less than
+    its ``max_age`` ago. The cheap tests come first: PostgreSQL evaluates an OR left to right and
+    stops at the first true one, so the task is looked up (primary-key reads) only for a row over a
+    second late. (A row due less than a second ago is never expired: ``max_age`` is at least the
+    task's jitter plus one second.)"""
+    fresh = Q(due_at__gte=_ago(_of_task("misfire_grace"))) & (
+        Q(scheduled_for__gte=_ago(_of_task("max_age"))) | Q(IsNull(_of_task("max_age"), True))
+    )
+    return _on_time_cheap() | fresh
 
 
 @dataclass(frozen=True)
@@ -311,12 +321,20 @@ def misfire_decision(*, execution_id: int) -> Misfire | None:
             grace=F("task__misfire_grace"),
             policy=F("task__misfire_policy"),
             limit=F("task__catch_up_limit"),
+            max_age=F("task__max_age"),
         )
-        .values("task_id", "scheduled_for", "due_at", "now", "grace", "policy", "limit")
+        .values("task_id", "scheduled_for", "due_at", "now", "grace", "policy", "limit", "max_age")
         .first()
     )
     if row is None:
         return None
+    age = row["now"] - row["scheduled_for"]
+    if row["max_age"] is not None and age > row["max_age"]:
+        return Misfire(
+            SkipReason.EXPIRED,
+            f"expired: not started {age.total_seconds():.1f}s after its fire time, "
+            f"past its max_age of {row['max_age'].total_seconds():g}s",
+        )
     late = row["now"] - row["due_at"]
     if late <= row["grace"]:
         return None
@@ -505,6 +523,8 @@ def _claim(
         "lease_expires_at": _db_now_plus(lease_seconds),
         "started_at": Now(),
     }
+    if checked:  # a checked claim may start an execution that waited for a slot
+        values["waiting"] = ""
     return queryset, values, _event(execution_id, S.PENDING, S.RUNNING, attempt, worker_id)
 
 
@@ -580,8 +600,10 @@ QUEUE_RETRY_SECONDS = 1.0
 class ExclusiveClaim:
     """What :func:`execution_claim_exclusive` did."""
 
-    #: ``claimed``, ``skipped`` (cancelled: the previous run still runs), ``queued`` (back to
-    #: SCHEDULED, due again shortly) or ``lost`` (not an exclusive PENDING row of this attempt).
+    #: ``claimed``, ``skipped`` (cancelled: the previous run still runs, or dropped by the misfire
+    #: policy), ``queued`` (back to SCHEDULED, due again shortly), ``waiting`` (back to SCHEDULED
+    #: until a run of the task ends: its max_concurrency is reached) or ``lost`` (not a PENDING row
+    #: of this attempt).
     outcome: str
     #: The claimed execution with its task loaded (``claimed`` only).
     execution: Execution | None = None
@@ -619,7 +641,7 @@ def execution_claim_exclusive(
         task_id = claimable.values_list("task_id", flat=True).first()
         if task_id is None:
             return ExclusiveClaim("lost")
-        task = Task.objects.select_for_update().filter(pk=task_id).values("overlap_policy").first()
+        task = Task.objects.select_for_update().filter(pk=task_id).values("overlap_policy", "max_concurrency").first()
         if task is None:  # pragma: no cover - executions go with their task
             return ExclusiveClaim("lost")
         # Task, then execution: the order task_update, task_pause and task_delete lock them in.
@@ -688,6 +710,11 @@ def execution_claim_exclusive(
                 else:
                     detail = f"overlap: previous run {names} still running"
                 return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
+        cap = task["max_concurrency"]
+        if cap is not None and policy == OverlapPolicy.ALLOW:
+            held = _wait_for_slot(execution_id, attempt, row, worker_id, cap=cap, running=len(running))
+            if held is not None:
+                return held
         claimed = execution_claim_loaded(
             execution_id=execution_id,
             attempt=attempt,
@@ -699,6 +726,72 @@ def execution_claim_exclusive(
     if claimed is None:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
     return ExclusiveClaim("claimed", claimed, tuple(cancelled))
+
+
+#: A run held by its task's ``max_concurrency`` is released by the end of a running sibling
+#: (:func:`executions_release_waiting`); this is only the backstop, if that release was lost (its
+#: worker died between the two writes), so the wait is re-checked this often, not every second.
+WAIT_RECHECK_SECONDS = 30.0
+
+
+def _wait_for_slot(
+    execution_id: int, attempt: int, row: Mapping, worker_id: str, *, cap: int, running: int
+) -> ExclusiveClaim | None:
+    """Apply the task's concurrency cap to a PENDING execution (the task row is locked by the
+    caller): None if it may start now, else it goes back to SCHEDULED to wait, with its reason.
+
+    It may start if fewer than ``cap`` siblings are RUNNING and fewer earlier waiters than free
+    slots remain (waiters start in due order: a later run does not overtake one that waits)."""
+    free = cap - running
+    if free > 0:
+        earlier = (
+            Execution.objects.filter(task_id=row["task_id"], status__in=(S.SCHEDULED, S.PENDING))
+            .exclude(waiting="")
+            .filter(
+                Q(scheduled_for__lt=row["scheduled_for"]) | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id)
+            )
+            .values_list("id", flat=True)[:free]
+        )
+        if len(earlier) < free:
+            return None
+    reason = f"max_concurrency {cap}"
+    queued = _transition(
+        Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt),
+        {
+            "status": S.SCHEDULED,
+            "due_at": _db_now_plus(WAIT_RECHECK_SECONDS),
+            "message_id": "",
+            "enqueued_at": None,
+            "waiting": reason,
+        },
+        _event(execution_id, S.PENDING, S.SCHEDULED, attempt, worker_id, f"waiting: {reason} ({running} running)"),
+    )
+    return ExclusiveClaim("waiting" if queued else "lost", detail=f"waiting: {reason}")
+
+
+def executions_release_waiting(*, task_id: uuid.UUID | str) -> int:
+    """Make the earliest executions of a task that wait for a slot due now, as many as its
+    ``max_concurrency`` leaves free; called after a run of the task ended. Returns how many.
+
+    Due time only (no status change): the claim decides again under the task lock, so a release
+    that races another one, or a run that starts meanwhile, can only make a waiter ask again.
+    """
+    cap = Task.objects.filter(pk=task_id).values_list("max_concurrency", flat=True).first()
+    if cap is None:
+        return 0
+    running = Execution.objects.filter(task_id=task_id, status=S.RUNNING).count()
+    free = cap - running
+    if free <= 0:
+        return 0
+    waiters = list(
+        Execution.objects.filter(task_id=task_id, status=S.SCHEDULED)
+        .exclude(waiting="")
+        .order_by("scheduled_for", "id")
+        .values_list("id", flat=True)[:free]
+    )
+    if not waiters:
+        return 0
+    return Execution.objects.filter(id__in=waiters, status=S.SCHEDULED).exclude(waiting="").update(due_at=Now())
 
 
 def _skip_for_overlap(execution_id: int, attempt: int, row: Mapping, worker_id: str, detail: str) -> ExclusiveClaim:
@@ -1033,7 +1126,8 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int |
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, NULL, %s,"  # noqa: S608
-        f" t.overlap_policy <> %s FROM {task_table} t WHERE t.id = %s AND t.status <> %s"
+        f" (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL) FROM {task_table} t"
+        f" WHERE t.id = %s AND t.status <> %s"
     )
     params = [now, S.SCHEDULED, now, "trigger", False, OverlapPolicy.ALLOW, task_pk, TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
@@ -1055,7 +1149,8 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     now = _now_param()
     select_sql = (
         f"SELECT e.task_id, %s, %s, e.attempt + 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, e.id, %s,"  # noqa: S608
-        f" t.overlap_policy <> %s FROM {table} e JOIN {task_table} t ON t.id = e.task_id"
+        f" (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL) FROM {table} e"
+        f" JOIN {task_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
     )
     params = [now, S.SCHEDULED, now, "retry", False, OverlapPolicy.ALLOW, execution_id]

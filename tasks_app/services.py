@@ -22,7 +22,7 @@ from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
-from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tasks_app.models import Task, TaskStatus, claims_exclusive
 from tasks_app.schedules import Schedule, ScheduleError, walk_limit
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -151,6 +151,8 @@ UPDATABLE_FIELDS = (
         "misfire_grace",
         "catch_up_limit",
         "overlap_policy",
+        "max_age",
+        "max_concurrency",
         "max_attempts",
         "retry_backoff",
         "retry_backoff_max",
@@ -255,10 +257,10 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             if not schedule.recurring and "start_at" in changed:
                 since = task.start_at
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
-        if "overlap_policy" in changed:
-            # Claims read the policy from the task; the flag only routes them to the check.
+        if changed & {"overlap_policy", "max_concurrency"}:
+            # Claims read the policy and the cap from the task; the flag only routes them to the check.
             Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
-                exclusive=task.overlap_policy != OverlapPolicy.ALLOW
+                exclusive=claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
             )
         task.save()
         if replace and task.status == TaskStatus.ACTIVE:
@@ -396,7 +398,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
             "scheduled_for", flat=True
         )
     )
-    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
+    exclusive = claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
     rows = [
         transitions.NewExecution(task.pk, when, task.priority, due_at=now, exclusive=exclusive)
         for when in times

@@ -32,7 +32,7 @@ OFFSETS = (190, 130, 70, 10)
 MISSED = (190, 130, 70)
 
 
-def _task(policy: str, *, materialised: bool, catch_up_limit: int = 100):
+def _task(policy: str, *, materialised: bool, catch_up_limit: int = 100, max_age: timedelta | None = None):
     now = db_now()
     start = now - timedelta(seconds=OFFSETS[0])
     task = TaskFactory(
@@ -44,6 +44,7 @@ def _task(policy: str, *, materialised: bool, catch_up_limit: int = 100):
         misfire_policy=policy,
         misfire_grace=timedelta(seconds=60),
         catch_up_limit=catch_up_limit,
+        max_age=max_age,
     )
     return task, {offset: start + timedelta(seconds=OFFSETS[0] - offset) for offset in OFFSETS}
 
@@ -174,3 +175,16 @@ def test_run_all_runs_the_missed_fire_times_up_to_its_bound_after_an_outage(outa
     assert statuses == {190: S.CANCELLED, 130: S.SUCCEEDED, 70: S.SUCCEEDED, 10: S.SUCCEEDED}
     assert reasons == {190: "coalesced"}
     assert sorted(_claims(task, times).values()) == [1, 1, 1]
+
+
+def test_runs_older_than_max_age_are_skipped_as_expired_instead_of_running_late():
+    # run_all would catch every missed run up; max_age 100 s says the two oldest are too old.
+    task, times = _task("run_all", materialised=True, max_age=timedelta(seconds=100))
+    _create(task, times)
+    _come_back(task, times, "monitor")
+    statuses, reasons = _outcome(task, times)
+    assert statuses == {190: S.CANCELLED, 130: S.CANCELLED, 70: S.SUCCEEDED, 10: S.SUCCEEDED}
+    assert reasons == {190: "expired", 130: "expired"}
+    details = SkippedOccurrence.objects.filter(task=task).values_list("detail", flat=True)
+    assert all("past its max_age of 100s" in detail for detail in details), list(details)
+    assert sorted(_claims(task, times).values()) == [1, 1]
