@@ -740,13 +740,15 @@ def _wait_for_slot(
     """Apply the task's concurrency cap to a PENDING execution (the task row is locked by the
     caller): None if it may start now, else it goes back to SCHEDULED to wait, with its reason.
 
-    It may start if fewer than ``cap`` siblings are RUNNING and fewer earlier waiters than free
-    slots remain (waiters start in due order: a later run does not overtake one that waits)."""
+    It may start if fewer than ``cap`` siblings are RUNNING and fewer earlier runs than free
+    slots are waiting or published (runs start in due order: a later one does not overtake)."""
     free = cap - running
     if free > 0:
+        # Ahead of it: earlier runs that wait for a slot, or that are published and not claimed
+        # yet (a run that never had to wait must not be overtaken by a later one either).
         earlier = (
-            Execution.objects.filter(task_id=row["task_id"], status__in=(S.SCHEDULED, S.PENDING))
-            .exclude(waiting="")
+            Execution.objects.filter(task_id=row["task_id"])
+            .filter(Q(status=S.SCHEDULED) & ~Q(waiting="") | Q(status=S.PENDING))
             .filter(
                 Q(scheduled_for__lt=row["scheduled_for"]) | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id)
             )

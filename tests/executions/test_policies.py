@@ -45,7 +45,18 @@ def _reasons(task) -> list[str]:
 
 
 def test_misfire_policies_after_downtime(owner):
-    # The platform is down: tasks whose every-second schedule began 20 s ago.
+    # The platform comes up first: the misfire policy also applies where runs are dispatched and
+    # claimed, so the runs within the grace must not wait for a worker to start.
+    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        missed_before, missed, tasks = _downtime_tasks(owner)
+        wait_for(lambda: _all_done(*tasks.values()), timeout=40, what="every run to finish")
+    _check_misfire_outcomes(missed_before, missed, tasks)
+
+
+def _downtime_tasks(owner):
+    # Tasks whose every-second schedule began 20 s ago, while the scheduler was down.
     now = db_now()
     start = now - timedelta(seconds=20)
     options = {
@@ -62,11 +73,10 @@ def test_misfire_policies_after_downtime(owner):
     missed_before = now - GRACE
     missed = sum(1 for k in range(30) if start + timedelta(seconds=k) < missed_before)
     assert missed >= 17
-    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
-    with running(worker, monitor):
-        wait_worker_ready(worker)
-        wait_for(lambda: _all_done(*tasks.values()), timeout=40, what="every run to finish")
+    return missed_before, missed, tasks
 
+
+def _check_misfire_outcomes(missed_before, missed, tasks) -> None:
     def ran_missed(task) -> int:
         return _live(task).filter(scheduled_for__lt=missed_before, status=S.SUCCEEDED).count()
 
