@@ -105,6 +105,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
         "id",
         "task_link",
         "status",
+        "waiting",
         "origin",
         "attempt",
         "scheduled_for",
@@ -131,7 +132,18 @@ class ExecutionAdmin(ReadOnlyAdmin):
     fieldsets = [
         (
             "Outcome",
-            {"fields": ["task_link", "status", "attempt", "origin", "error_block", "output_block", "progress"]},
+            {
+                "fields": [
+                    "task_link",
+                    "status",
+                    "waiting",
+                    "attempt",
+                    "origin",
+                    "error_block",
+                    "output_block",
+                    "progress",
+                ]
+            },
         ),
         (
             "Times (UTC)",

@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from executions import transitions
 from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
-from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import MisfirePolicy, Task, TaskStatus, claims_exclusive
 from tasks_app.schedules import MAX_WALK, Schedule, jitter_for
 from tms_core import metrics
 from tms_core.clock import db_now
@@ -51,6 +51,7 @@ class DueTask(NamedTuple):
     misfire_grace: timedelta
     catch_up_limit: int
     overlap_policy: str
+    max_concurrency: int | None
     priority: int
     next_run_at: datetime | None
     runs_materialised: int
@@ -180,7 +181,7 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     if remaining == 0:  # its runs are used up: the task is complete, nothing further was missed
         return Plan([], None, task.runs_materialised)
     schedule = task_schedule(task)
-    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
+    exclusive = claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
     if remaining is None and task.next_run_at >= now - task.misfire_grace:
         return _plan_on_time(task, schedule, cursor=task.next_run_at, until=until, exclusive=exclusive)
     # The latest missed fire times the policy runs, no more than the runs the task has left.

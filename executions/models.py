@@ -73,6 +73,9 @@ class Execution(models.Model):
     #: Its task's overlap policy was not "allow" when it was created: a worker claims it through
     #: :func:`executions.transitions.execution_claim_exclusive`, which applies the policy.
     exclusive = models.BooleanField(default=False, db_default=False)
+    #: Why a SCHEDULED execution is held back although due (``max_concurrency 2``: its task's cap
+    #: is reached); empty otherwise. Set by the checked claim, cleared when it is claimed.
+    waiting = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -145,6 +148,7 @@ class SkipReason(models.TextChoices):
     COALESCED = "coalesced"  #: folded into one catch-up run (misfire policy run_once) or beyond run_all's bound
     PAUSED = "paused"  #: its time passed while the task was paused
     OVERLAP = "overlap"  #: the previous run was still running (overlap policy skip or queue_one)
+    EXPIRED = "expired"  #: not started within its task's max_age after its fire time
 
 
 class SkippedOccurrence(models.Model):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from executions import transitions
 from executions.backoff import exponential_backoff
@@ -139,6 +139,13 @@ def execution_record_outcome(
     if not won:
         logger.warning("execution %s attempt %s: outcome not recorded, lease lost", execution.pk, execution.attempt)
         return "lost"
+    if execution.exclusive and task.max_concurrency is not None:
+        # A slot is free: the next run waiting for it is due now (not at its next re-check).
+        try:
+            if transitions.executions_release_waiting(task_id=task.pk):
+                notify_due()
+        except DatabaseError:  # the waiters' re-check (WAIT_RECHECK_SECONDS) releases them instead
+            logger.warning("execution %s: could not release the next waiting run", execution.pk, exc_info=True)
     return "finished"
 
 

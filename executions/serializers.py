@@ -29,6 +29,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "id",
             "task",
             "status",
+            "waiting",
             "attempt",
             "origin",
             "retry_of",

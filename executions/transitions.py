@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from django.db import connection, transaction
 from django.db.models import (
+    BooleanField,
     CharField,
     DateTimeField,
     DurationField,
@@ -25,16 +26,19 @@ from django.db.models import (
     Field,
     Min,
     Model,
+    OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Value,
     sql,
 )
 from django.db.models.functions import Cast, Concat, Now
+from django.db.models.lookups import IsNull
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
-from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tms_core.clock import db_now
 
 #: For each target status, the statuses an execution may come from.
@@ -241,6 +245,173 @@ def _insert_executions_portable(rows: Sequence[NewExecution], *, actor: str, det
     return ids
 
 
+# --- misfire policy at dispatch and claim ------------------------------------------------------
+
+#: No task's misfire grace is shorter (``tasks_app.models.MIN_MISFIRE_GRACE``): a row less late
+#: than this is on time whatever its task says, and is dispatched or claimed without looking.
+_NEVER_STALE = timedelta(seconds=1)
+
+
+def _of_task(column: str) -> Subquery:
+    return Subquery(Task.objects.filter(pk=OuterRef("task_id")).values(column)[:1])
+
+
+def _ago(amount: Subquery) -> ExpressionWrapper:
+    return ExpressionWrapper(Now() - amount, output_field=DateTimeField())
+
+
+def _on_time_cheap() -> Q:
+    """Rows certainly on time for the misfire policy, known from the row alone: not a scheduled
+    first attempt (triggers, retries by request and retry backoffs are not misfires), or due less
+    than a second ago."""
+    return (
+        Q(due_at__gte=ExpressionWrapper(Now() - Value(_NEVER_STALE), output_field=DateTimeField()))
+        | ~Q(origin="schedule")
+        | Q(attempt__gt=1)
+    )
+
+
+def _on_time() -> Q:
+    """The rows the misfire policy and the maximum age have nothing to say about now:
+    :func:`_on_time_cheap`, or due less than the task's ``misfire_grace`` ago and fired less than
+    its ``max_age`` ago. The cheap tests come first: PostgreSQL evaluates an OR left to right and
+    stops at the first true one, so the task is looked up (primary-key reads) only for a row over a
+    second late. (A row due less than a second ago is never expired: ``max_age`` is at least the
+    task's jitter plus one second.)"""
+    fresh = Q(due_at__gte=_ago(_of_task("misfire_grace"))) & (
+        Q(scheduled_for__gte=_ago(_of_task("max_age"))) | Q(IsNull(_of_task("max_age"), True))
+    )
+    return _on_time_cheap() | fresh
+
+
+@dataclass(frozen=True)
+class Misfire:
+    """What the misfire policy says of a stale execution: dropped (recorded as a skipped
+    occurrence with ``reason``), or, with no reason, run as a catch-up."""
+
+    reason: str
+    detail: str
+
+    @property
+    def dropped(self) -> bool:
+        return bool(self.reason)
+
+
+def misfire_decision(*, execution_id: int) -> Misfire | None:
+    """What the task's misfire policy says of a SCHEDULED or PENDING execution now: None (it is
+    not stale), a catch-up run, or why it is dropped.
+
+    A scheduled first attempt is *stale* when more than its task's ``misfire_grace`` has passed
+    since it was due. Of a stale execution, ``skip`` runs nothing (reason ``missed``); ``run_once``
+    runs it only if no later occurrence of the task is stale too (whatever became of it), and
+    ``run_all`` only if fewer than ``catch_up_limit`` are (otherwise ``coalesced``): the latest
+    missed occurrences run, once. A later occurrence that is on time does not count: it is not
+    a catch-up run (the README's 10:09 catch-up runs beside the on-time 10:10).
+
+    The answer depends only on which later occurrences exist and their due times, never on what
+    another process decides about them or how far they got, so a monitor and any number of
+    workers deciding about sibling executions at the same time agree without a lock: the latest
+    stale occurrence is never dropped, every earlier one is, and a row's own transition is the
+    conditional UPDATE that makes the decision count once.
+    """
+    row = (
+        Execution.objects.filter(pk=execution_id, origin="schedule", attempt=1)
+        .annotate(
+            now=Now(),
+            grace=F("task__misfire_grace"),
+            policy=F("task__misfire_policy"),
+            limit=F("task__catch_up_limit"),
+            max_age=F("task__max_age"),
+        )
+        .values("task_id", "scheduled_for", "due_at", "now", "grace", "policy", "limit", "max_age")
+        .first()
+    )
+    if row is None:
+        return None
+    age = row["now"] - row["scheduled_for"]
+    if row["max_age"] is not None and age > row["max_age"]:
+        return Misfire(
+            SkipReason.EXPIRED,
+            f"expired: not started {age.total_seconds():.1f}s after its fire time, "
+            f"past its max_age of {row['max_age'].total_seconds():g}s",
+        )
+    late = row["now"] - row["due_at"]
+    if late <= row["grace"]:
+        return None
+    grace = row["grace"].total_seconds()
+    if row["policy"] == MisfirePolicy.SKIP:
+        return Misfire(
+            SkipReason.MISSED,
+            f"missed: {late.total_seconds():.1f}s late, more than its misfire grace of {grace:g}s; misfire policy skip",
+        )
+    keep = 1 if row["policy"] == MisfirePolicy.RUN_ONCE else row["limit"]
+    later = list(
+        Execution.objects.filter(
+            task_id=row["task_id"], origin="schedule", superseded=False, scheduled_for__gt=row["scheduled_for"]
+        )
+        .filter(due_at__lt=row["now"] - row["grace"])
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)[:keep]
+    )
+    if len(later) < keep:
+        return Misfire("", f"catch-up run: {late.total_seconds():.1f}s late, misfire policy {row['policy']}")
+    if row["policy"] == MisfirePolicy.RUN_ONCE:
+        detail = (
+            f"coalesced: {late.total_seconds():.1f}s late (misfire grace {grace:g}s); misfire policy run_once runs "
+            f"only the latest missed occurrence (the later {later[-1].isoformat()} is missed too)"
+        )
+    else:
+        detail = (
+            f"coalesced: {late.total_seconds():.1f}s late (misfire grace {grace:g}s); misfire policy run_all: "
+            f"beyond its bound of {keep} catch-up runs"
+        )
+    return Misfire(SkipReason.COALESCED, detail)
+
+
+def execution_skip_misfire(*, execution_id: int, attempt: int, from_status: str, misfire: Misfire, actor: str) -> bool:
+    """SCHEDULED | PENDING → CANCELLED because its task's misfire policy drops it (see
+    :func:`misfire_decision`), recorded as a skipped occurrence with the reason; conditional on
+    the status and attempt the caller saw. Returns whether it won."""
+    assert from_status in (S.SCHEDULED, S.PENDING)
+    with transaction.atomic():
+        won = _transition(
+            Execution.objects.filter(pk=execution_id, status=from_status, attempt=attempt),
+            {
+                "status": S.CANCELLED,
+                "finished_at": Now(),
+                "error": misfire.detail,
+                "lease_owner": "",
+                "lease_expires_at": None,
+            },
+            _event(execution_id, from_status, S.CANCELLED, attempt, actor, misfire.detail),
+        )
+        if won:
+            row = Execution.objects.filter(pk=execution_id).values("task_id", "scheduled_for").get()
+            SkippedOccurrence.objects.bulk_create(
+                [SkippedOccurrence(**row, reason=misfire.reason, detail=misfire.detail, execution_id=execution_id)],
+                ignore_conflicts=True,
+            )
+    return won
+
+
+def _drop_misfires(rows: Sequence[tuple[int, int, bool]], *, from_status: str, actor: str) -> set[int]:
+    """Apply the misfire policy to taken rows (id, attempt, maybe stale); return the ids dropped."""
+    dropped = set()
+    for execution_id, attempt, maybe_stale in rows:
+        if not maybe_stale:
+            continue
+        misfire = misfire_decision(execution_id=execution_id)
+        if (
+            misfire
+            and misfire.dropped
+            and execution_skip_misfire(
+                execution_id=execution_id, attempt=attempt, from_status=from_status, misfire=misfire, actor=actor
+            )
+        ):
+            dropped.add(execution_id)
+    return dropped
+
+
 # --- monitor ----------------------------------------------------------------------------------
 
 
@@ -262,9 +433,17 @@ def _take(base: Q, *, limit: int, actor: str, detail: str, from_status: str) -> 
         Execution.objects.filter(base)
         .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
         .select_for_update(skip_locked=True, of=("self",))
-        .values_list("id", "attempt", "priority")[:limit]
+        .annotate(maybe_stale=ExpressionWrapper(~_on_time_cheap(), output_field=BooleanField()))
+        .values_list("id", "attempt", "priority", "maybe_stale")[:limit]
     )
-    taken = list(locked)
+    locked_rows = list(locked)
+    if not locked_rows:
+        return []
+    # The misfire policy, decided where the run is dispatched: stale rows it drops are cancelled
+    # and recorded instead of being published (the common case, nothing over a second late, costs
+    # nothing more than the annotation above).
+    dropped = _drop_misfires([(i, a, stale) for i, a, _, stale in locked_rows], from_status=from_status, actor=actor)
+    taken = [(i, a, p) for i, a, p, _ in locked_rows if i not in dropped]
     if not taken:
         return []
     token = uuid.uuid4().hex[:12]
@@ -324,35 +503,55 @@ CALLBACK_ACTOR = "callback"
 
 
 def _claim(
-    execution_id: int, attempt: int, worker_id: str, lease_seconds: float, *, exclusive: bool = False
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    *,
+    exclusive: bool = False,
+    checked: bool = False,
 ) -> tuple[QuerySet, dict, ExecutionEvent]:
     # An exclusive execution (overlap policy other than "allow") is claimed only through
-    # execution_claim_exclusive, which looks at its siblings first.
+    # execution_claim_exclusive, which looks at its siblings first; so is a stale one (its misfire
+    # policy may drop it), unless the caller (``checked``) already applied the policy under lock.
     queryset = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=exclusive)
+    if not checked:
+        queryset = queryset.filter(_on_time())
     values = {
         "status": S.RUNNING,
         "lease_owner": worker_id,
         "lease_expires_at": _db_now_plus(lease_seconds),
         "started_at": Now(),
     }
+    if checked:  # a checked claim may start an execution that waited for a slot
+        values["waiting"] = ""
     return queryset, values, _event(execution_id, S.PENDING, S.RUNNING, attempt, worker_id)
 
 
 def execution_claim(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
     """PENDING → RUNNING for ``attempt``, leased to ``worker_id``. False if another claim won, or
-    if the execution is exclusive (see :func:`execution_claim_exclusive`)."""
+    if the execution is exclusive or stale (see :func:`execution_claim_exclusive`)."""
     return _transition(*_claim(execution_id, attempt, worker_id, lease_seconds))
 
 
 def execution_claim_loaded(
-    *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float, exclusive: bool = False
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    exclusive: bool = False,
+    checked: bool = False,
 ) -> Execution | None:
     """:func:`execution_claim`, returning the claimed execution with its task loaded (None if
     the claim lost). On PostgreSQL the claim, its event and the load are one statement.
 
-    ``exclusive=True`` claims an exclusive execution: only :func:`execution_claim_exclusive`
-    passes it, holding the task's lock after applying the overlap policy."""
-    queryset, values, event = _claim(execution_id, attempt, worker_id, lease_seconds, exclusive=exclusive)
+    ``exclusive=True`` claims an exclusive execution and ``checked=True`` a stale one: only
+    :func:`execution_claim_exclusive` passes them, holding the task's lock after applying the
+    misfire and overlap policies."""
+    queryset, values, event = _claim(
+        execution_id, attempt, worker_id, lease_seconds, exclusive=exclusive, checked=checked
+    )
     if connection.vendor != "postgresql":
         if not _transition(queryset, values, event):
             return None
@@ -401,8 +600,10 @@ QUEUE_RETRY_SECONDS = 1.0
 class ExclusiveClaim:
     """What :func:`execution_claim_exclusive` did."""
 
-    #: ``claimed``, ``skipped`` (cancelled: the previous run still runs), ``queued`` (back to
-    #: SCHEDULED, due again shortly) or ``lost`` (not an exclusive PENDING row of this attempt).
+    #: ``claimed``, ``skipped`` (cancelled: the previous run still runs, or dropped by the misfire
+    #: policy), ``queued`` (back to SCHEDULED, due again shortly), ``waiting`` (back to SCHEDULED
+    #: until a run of the task ends: its max_concurrency is reached) or ``lost`` (not a PENDING row
+    #: of this attempt).
     outcome: str
     #: The claimed execution with its task loaded (``claimed`` only).
     execution: Execution | None = None
@@ -415,7 +616,10 @@ class ExclusiveClaim:
 def execution_claim_exclusive(
     *, execution_id: int, attempt: int, worker_id: str, lease_seconds: float
 ) -> ExclusiveClaim:
-    """Claim an exclusive PENDING execution under its task's overlap policy.
+    """Claim a PENDING execution the fast claim refused: an exclusive one, under its task's
+    overlap policy, or a stale one (more than its task's ``misfire_grace`` late), under its
+    misfire policy (:func:`misfire_decision`), which may drop it (PENDING → CANCELLED, recorded
+    as a skipped occurrence: ``missed`` or ``coalesced``) before the overlap policy is looked at.
 
     The task row is locked (``SELECT … FOR UPDATE``), so the exclusive claims of one task are
     serialised and each sees the previous one's outcome; then the execution's own row, so the
@@ -431,19 +635,39 @@ def execution_claim_exclusive(
 
     Every status write is a conditional UPDATE with its event in the same transaction.
     """
-    claimable = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt, exclusive=True)
+    claimable = Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt)
     with transaction.atomic():
         # Unlocked first: a duplicate or stale delivery loses without waiting for the task lock.
         task_id = claimable.values_list("task_id", flat=True).first()
         if task_id is None:
             return ExclusiveClaim("lost")
-        task = Task.objects.select_for_update().filter(pk=task_id).values("overlap_policy").first()
+        task = Task.objects.select_for_update().filter(pk=task_id).values("overlap_policy", "max_concurrency").first()
         if task is None:  # pragma: no cover - executions go with their task
             return ExclusiveClaim("lost")
         # Task, then execution: the order task_update, task_pause and task_delete lock them in.
-        row = claimable.select_for_update().values("task_id", "scheduled_for").first()
+        row = claimable.select_for_update().values("task_id", "scheduled_for", "exclusive").first()
         if row is None:  # moved on (cancelled, untaken, claimed) since the first read
             return ExclusiveClaim("lost")
+        # The misfire policy, decided where the run is claimed (the rows stayed PENDING while no
+        # worker ran: it may be stale now, or a later occurrence may be).
+        misfire = misfire_decision(execution_id=execution_id)
+        if misfire is not None and misfire.dropped:
+            if execution_skip_misfire(
+                execution_id=execution_id, attempt=attempt, from_status=S.PENDING, misfire=misfire, actor=worker_id
+            ):
+                return ExclusiveClaim("skipped", detail=misfire.detail)
+            return ExclusiveClaim("lost")  # pragma: no cover - the row is locked PENDING
+        if not row["exclusive"]:
+            if misfire is None:  # on time and not exclusive: the fast claim is the way
+                return ExclusiveClaim("lost")
+            late = execution_claim_loaded(
+                execution_id=execution_id,
+                attempt=attempt,
+                worker_id=worker_id,
+                lease_seconds=lease_seconds,
+                checked=True,
+            )
+            return ExclusiveClaim("lost") if late is None else ExclusiveClaim("claimed", late)
         policy = task["overlap_policy"]
         siblings = Execution.objects.filter(task_id=row["task_id"]).exclude(pk=execution_id)
         running = list(siblings.filter(status=S.RUNNING).order_by("id").values_list("id", flat=True))
@@ -486,12 +710,90 @@ def execution_claim_exclusive(
                 else:
                     detail = f"overlap: previous run {names} still running"
                 return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
+        cap = task["max_concurrency"]
+        if cap is not None and policy == OverlapPolicy.ALLOW:
+            held = _wait_for_slot(execution_id, attempt, row, worker_id, cap=cap, running=len(running))
+            if held is not None:
+                return held
         claimed = execution_claim_loaded(
-            execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=lease_seconds, exclusive=True
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            exclusive=True,
+            checked=True,
         )
     if claimed is None:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
     return ExclusiveClaim("claimed", claimed, tuple(cancelled))
+
+
+#: A run held by its task's ``max_concurrency`` is released by the end of a running sibling
+#: (:func:`executions_release_waiting`); this is only the backstop, if that release was lost (its
+#: worker died between the two writes), so the wait is re-checked this often, not every second.
+WAIT_RECHECK_SECONDS = 30.0
+
+
+def _wait_for_slot(
+    execution_id: int, attempt: int, row: Mapping, worker_id: str, *, cap: int, running: int
+) -> ExclusiveClaim | None:
+    """Apply the task's concurrency cap to a PENDING execution (the task row is locked by the
+    caller): None if it may start now, else it goes back to SCHEDULED to wait, with its reason.
+
+    It may start if fewer than ``cap`` siblings are RUNNING and fewer earlier runs than free
+    slots are waiting or published (runs start in due order: a later one does not overtake)."""
+    free = cap - running
+    if free > 0:
+        # Ahead of it: earlier runs that wait for a slot, or that are published and not claimed
+        # yet (a run that never had to wait must not be overtaken by a later one either).
+        earlier = (
+            Execution.objects.filter(task_id=row["task_id"])
+            .filter(Q(status=S.SCHEDULED) & ~Q(waiting="") | Q(status=S.PENDING))
+            .filter(
+                Q(scheduled_for__lt=row["scheduled_for"]) | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id)
+            )
+            .values_list("id", flat=True)[:free]
+        )
+        if len(earlier) < free:
+            return None
+    reason = f"max_concurrency {cap}"
+    queued = _transition(
+        Execution.objects.filter(pk=execution_id, status=S.PENDING, attempt=attempt),
+        {
+            "status": S.SCHEDULED,
+            "due_at": _db_now_plus(WAIT_RECHECK_SECONDS),
+            "message_id": "",
+            "enqueued_at": None,
+            "waiting": reason,
+        },
+        _event(execution_id, S.PENDING, S.SCHEDULED, attempt, worker_id, f"waiting: {reason} ({running} running)"),
+    )
+    return ExclusiveClaim("waiting" if queued else "lost", detail=f"waiting: {reason}")
+
+
+def executions_release_waiting(*, task_id: uuid.UUID | str) -> int:
+    """Make the earliest executions of a task that wait for a slot due now, as many as its
+    ``max_concurrency`` leaves free; called after a run of the task ended. Returns how many.
+
+    Due time only (no status change): the claim decides again under the task lock, so a release
+    that races another one, or a run that starts meanwhile, can only make a waiter ask again.
+    """
+    cap = Task.objects.filter(pk=task_id).values_list("max_concurrency", flat=True).first()
+    if cap is None:
+        return 0
+    running = Execution.objects.filter(task_id=task_id, status=S.RUNNING).count()
+    free = cap - running
+    if free <= 0:
+        return 0
+    waiters = list(
+        Execution.objects.filter(task_id=task_id, status=S.SCHEDULED)
+        .exclude(waiting="")
+        .order_by("scheduled_for", "id")
+        .values_list("id", flat=True)[:free]
+    )
+    if not waiters:
+        return 0
+    return Execution.objects.filter(id__in=waiters, status=S.SCHEDULED).exclude(waiting="").update(due_at=Now())
 
 
 def _skip_for_overlap(execution_id: int, attempt: int, row: Mapping, worker_id: str, detail: str) -> ExclusiveClaim:
@@ -826,7 +1128,8 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int |
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, NULL, %s,"  # noqa: S608
-        f" t.overlap_policy <> %s FROM {task_table} t WHERE t.id = %s AND t.status <> %s"
+        f" (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL) FROM {task_table} t"
+        f" WHERE t.id = %s AND t.status <> %s"
     )
     params = [now, S.SCHEDULED, now, "trigger", False, OverlapPolicy.ALLOW, task_pk, TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
@@ -848,7 +1151,8 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     now = _now_param()
     select_sql = (
         f"SELECT e.task_id, %s, %s, e.attempt + 1, %s, t.priority, '', '', '{{}}', 0, '', '', '', %s, e.id, %s,"  # noqa: S608
-        f" t.overlap_policy <> %s FROM {table} e JOIN {task_table} t ON t.id = e.task_id"
+        f" (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL) FROM {table} e"
+        f" JOIN {task_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
     )
     params = [now, S.SCHEDULED, now, "retry", False, OverlapPolicy.ALLOW, execution_id]

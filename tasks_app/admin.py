@@ -62,6 +62,8 @@ POLICY_FIELDS = [
     "misfire_grace",
     "catch_up_limit",
     "overlap_policy",
+    "max_age",
+    "max_concurrency",
     "max_attempts",
     "retry_backoff",
     "retry_backoff_max",

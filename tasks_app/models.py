@@ -89,6 +89,15 @@ MAX_CATCH_UP_LIMIT = 1000
 MIN_KEEP_FOR_DELTA = timedelta(seconds=MIN_KEEP_FOR)
 MAX_KEEP_FOR_DELTA = timedelta(seconds=MAX_KEEP_FOR)
 
+#: The largest per-task concurrency cap.
+MAX_CONCURRENCY = 10_000
+
+
+def claims_exclusive(*, overlap_policy: str, max_concurrency: int | None) -> bool:
+    """Whether a task's executions are claimed through the checked (slow) claim, which looks at
+    their running siblings: an overlap policy other than ``allow``, or a concurrency cap."""
+    return overlap_policy != OverlapPolicy.ALLOW or max_concurrency is not None
+
 
 def default_misfire_grace() -> timedelta:
     return timedelta(seconds=tms_settings().MISFIRE_GRACE)
@@ -146,6 +155,18 @@ class Task(models.Model):
         help_text="The most missed fire times misfire policy run_all runs (the latest ones).",
     )
     overlap_policy = models.CharField(max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.ALLOW)
+    max_age = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_MISFIRE_GRACE)],
+        help_text="A scheduled run not started this long after its fire time is skipped as expired (empty: never).",
+    )
+    max_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY)],
+        help_text="At most this many runs of the task RUNNING at once; the others wait, in due order (empty: no cap).",
+    )
 
     # Retries and limits.
     max_attempts = models.PositiveSmallIntegerField(
@@ -220,6 +241,14 @@ class Task(models.Model):
                 condition=Q(keep_for__isnull=True)
                 | Q(keep_for__gte=MIN_KEEP_FOR_DELTA, keep_for__lte=MAX_KEEP_FOR_DELTA),
                 name="task_keep_for_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_age__isnull=True) | Q(max_age__gte=MIN_MISFIRE_GRACE), name="task_max_age_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__isnull=True)
+                | Q(max_concurrency__gte=1, max_concurrency__lte=MAX_CONCURRENCY),
+                name="task_max_concurrency_range",
             ),
             models.CheckConstraint(
                 condition=Q(end_at__isnull=True) | Q(end_at__gte=models.F("start_at")), name="task_end_after_start"

@@ -16,6 +16,7 @@ from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkipR
 from executions.serializers import CancelReportSerializer
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
+    MAX_CONCURRENCY,
     MAX_KEEP_FOR_DELTA,
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
@@ -228,6 +229,29 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
             "is cancelled through its runner)."
         ),
     )
+    max_age = DurationField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=MIN_MISFIRE_GRACE,
+        max_value=timedelta(days=30),
+        help_text=(
+            "A scheduled run not started this long after its fire time is skipped with the reason `expired` "
+            "instead of running late (null: never). At least the task's jitter plus 1 s."
+        ),
+    )
+    max_concurrency = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=MAX_CONCURRENCY,
+        help_text=(
+            "At most this many runs of the task RUNNING at once (null: no cap). The others wait, in due order, "
+            "and start as runs end; the execution says why it waits (`waiting: max_concurrency 2`). Counts with "
+            "overlap_policy allow; the other overlap policies already keep one run at a time."
+        ),
+    )
     max_attempts = serializers.IntegerField(required=False, default=3, min_value=1, max_value=100)
     retry_backoff = DurationField(required=False, default=timedelta(seconds=5))
     retry_backoff_max = DurationField(required=False, default=timedelta(minutes=10))
@@ -333,6 +357,13 @@ def check_task(attrs: Mapping[str, Any]) -> None:
         errors["end_at"] = ["Must not be before start_at."]
     if attrs["retry_backoff_max"] < attrs["retry_backoff"]:
         errors["retry_backoff_max"] = ["Must not be less than retry_backoff."]
+    jitter, interval = attrs.get("jitter") or timedelta(0), attrs.get("interval")
+    if interval is not None and jitter > interval:
+        # The start window of one run would reach past the next run's fire time.
+        errors["jitter"] = ["The start window (jitter) must not be longer than the interval."]
+    max_age = attrs.get("max_age")
+    if max_age is not None and max_age < jitter + MIN_MISFIRE_GRACE:
+        errors["max_age"] = ["Must be at least the start window (jitter) plus 1 s, or every run could expire."]
     if errors:
         raise serializers.ValidationError(errors)
 
@@ -386,6 +417,8 @@ class TaskSerializer(serializers.ModelSerializer):
             "misfire_grace",
             "catch_up_limit",
             "overlap_policy",
+            "max_age",
+            "max_concurrency",
             "max_attempts",
             "retry_backoff",
             "retry_backoff_max",

@@ -23,7 +23,7 @@ from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.audit import audit_diff, audit_record, audit_record_many
-from tasks_app.models import AuditAction, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import AuditAction, Task, TaskStatus, claims_exclusive
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
@@ -97,6 +97,11 @@ AUDITED_FIELDS = (
     "misfire_grace",
     "catch_up_limit",
     "overlap_policy",
+    "max_concurrency",
+    "max_age",
+    "keep_last",
+    "keep_for",
+    "keep_failed_longer",
     "max_attempts",
     "retry_backoff",
     "retry_backoff_max",
@@ -273,6 +278,8 @@ UPDATABLE_FIELDS = (
         "misfire_grace",
         "catch_up_limit",
         "overlap_policy",
+        "max_age",
+        "max_concurrency",
         "max_attempts",
         "retry_backoff",
         "retry_backoff_max",
@@ -397,10 +404,10 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             if not schedule.recurring and "start_at" in changed:
                 since = task.start_at
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
-        if "overlap_policy" in changed:
-            # Claims read the policy from the task; the flag only routes them to the check.
+        if changed & {"overlap_policy", "max_concurrency"}:
+            # Claims read the policy and the cap from the task; the flag only routes them to the check.
             Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
-                exclusive=task.overlap_policy != OverlapPolicy.ALLOW
+                exclusive=claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
             )
         task.save()
         if changed:
@@ -562,7 +569,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
             "scheduled_for", flat=True
         )
     )
-    exclusive = task.overlap_policy != OverlapPolicy.ALLOW
+    exclusive = claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
     rows = [
         transitions.NewExecution(task.pk, when, task.priority, due_at=now, exclusive=exclusive)
         for when in times

@@ -93,6 +93,9 @@ def occurrence_fate(
         return OccurrenceFate(Fate.SKIPPED, f"Skipped ({skipped.reason}): {skipped.detail}", live, skipped)
     if live is not None:
         text = f"Execution {live.pk} (attempt {live.attempt}) is {live.status}"
+        if live.waiting:  # held back although due: say by what
+            text += f", waiting: {live.waiting}"
+            detail = "" if detail.startswith("waiting:") else detail
         return OccurrenceFate(Fate.EXECUTION, text + (f": {detail}" if detail else "."), live)
     if task.status == TaskStatus.PAUSED and task.paused_at is not None and occurrence >= task.paused_at:
         reason = f"The task was paused at {task.paused_at.isoformat()} and has not been resumed."

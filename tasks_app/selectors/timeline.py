@@ -37,6 +37,7 @@ _EXECUTION_COLUMNS = (
     "id",
     "scheduled_for",
     "status",
+    "waiting",
     "attempt",
     "origin",
     "superseded",
@@ -229,7 +230,8 @@ def _execution_item(execution: Execution, skipped: SkippedOccurrence | None, loc
     if state == OccurrenceState.SUPERSEDED:
         reason = f"{what} was replaced before it started: {execution.error}"
     else:
-        reason = f"{what}, attempt {execution.attempt}, is {execution.status}."
+        reason = f"{what}, attempt {execution.attempt}, is {execution.status}"
+        reason += f", waiting: {execution.waiting}." if execution.waiting else "."
     return Occurrence(execution.scheduled_for, local, fire, state, reason, execution)
 
 

@@ -46,7 +46,8 @@ class FlakyPublisher:
 
 def _due(count: int) -> list[int]:
     """``count`` SCHEDULED executions of one task, all due, oldest first (the order they are taken in)."""
-    task = TaskFactory()
+    # A misfire grace longer than their lateness: this is about publishing, not the misfire policy.
+    task = TaskFactory(misfire_grace=timedelta(hours=1))
     now = timezone.now()
     return [ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=60 - index)).pk for index in range(count)]
 

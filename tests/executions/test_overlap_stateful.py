@@ -115,7 +115,9 @@ class OverlapMachine(RuleBasedStateMachine):
     def create_task(self) -> None:
         """A task with the policy, its occurrences materialised (all due: their time has come)."""
         self.exclusive = self.policy != OverlapPolicy.ALLOW
-        self.task = TaskFactory(overlap_policy=self.policy)
+        # A misfire grace longer than any lateness here: this machine models the overlap policy
+        # (test_misfire_outage covers the misfire policy at dispatch and claim).
+        self.task = TaskFactory(overlap_policy=self.policy, misfire_grace=timedelta(days=30))
         now = timezone.now()
         self.instants = [now - timedelta(seconds=10 * (OCCURRENCES - k)) for k in range(OCCURRENCES)]
         self.model: dict[int, ExecutionModel] = {}

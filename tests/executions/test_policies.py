@@ -45,7 +45,18 @@ def _reasons(task) -> list[str]:
 
 
 def test_misfire_policies_after_downtime(owner):
-    # The platform is down: tasks whose every-second schedule began 20 s ago.
+    # The platform comes up first: the misfire policy also applies where runs are dispatched and
+    # claimed, so the runs within the grace must not wait for a worker to start.
+    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        missed_before, missed, tasks = _downtime_tasks(owner)
+        wait_for(lambda: _all_done(*tasks.values()), timeout=40, what="every run to finish")
+    _check_misfire_outcomes(missed_before, missed, tasks)
+
+
+def _downtime_tasks(owner):
+    # Tasks whose every-second schedule began 20 s ago, while the scheduler was down.
     now = db_now()
     start = now - timedelta(seconds=20)
     options = {
@@ -62,45 +73,53 @@ def test_misfire_policies_after_downtime(owner):
     missed_before = now - GRACE
     missed = sum(1 for k in range(30) if start + timedelta(seconds=k) < missed_before)
     assert missed >= 17
-    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
-    with running(worker, monitor):
-        wait_worker_ready(worker)
-        wait_for(lambda: _all_done(*tasks.values()), timeout=40, what="every run to finish")
+    return missed_before, missed, tasks
+
+
+def _check_misfire_outcomes(missed_before, missed, tasks) -> None:
+    """The outcomes, allowing for when each decision was made: the materialiser decides at
+    creation (``missed`` fire times were more than the grace late then), the monitor and the
+    worker again at dispatch and claim, by which time (a loaded machine, a 2 s grace) up to two
+    more fire times may have become misfires too."""
+
+    def started(task):
+        return _live(task).filter(started_at__isnull=False)
 
     def ran_missed(task) -> int:
-        return _live(task).filter(scheduled_for__lt=missed_before, status=S.SUCCEEDED).count()
+        return started(task).filter(scheduled_for__lt=missed_before, status=S.SUCCEEDED).count()
 
-    # Each task_create reads the clock itself, a moment after ``now``: one more may count as missed.
     assert ran_missed(tasks["skip"]) == 0
     assert set(_reasons(tasks["skip"])) == {"missed"}
-    assert len(_reasons(tasks["skip"])) in (missed, missed + 1)
+    assert missed <= len(_reasons(tasks["skip"])) <= missed + 3
     coalesced = SkippedOccurrence.objects.filter(task=tasks["run_once"]).order_by("scheduled_for")
     assert set(coalesced.values_list("reason", flat=True)) == {"coalesced"}
-    assert coalesced.count() in (missed - 1, missed)
+    assert missed - 1 <= coalesced.count() <= missed + 2
     last_coalesced = coalesced.last().scheduled_for
     # Nothing before the last coalesced fire time ran; the one catch-up run is the next one.
-    assert not _live(tasks["run_once"]).filter(scheduled_for__lte=last_coalesced).exists()
-    catch_up = _live(tasks["run_once"]).order_by("scheduled_for").first()
+    assert not started(tasks["run_once"]).filter(scheduled_for__lte=last_coalesced).exists()
+    catch_up = started(tasks["run_once"]).order_by("scheduled_for").first()
     assert catch_up.scheduled_for == last_coalesced + timedelta(seconds=1)
     assert catch_up.status == S.SUCCEEDED
     assert ran_missed(tasks["run_all"]) in (missed, missed + 1)
     assert _reasons(tasks["run_all"]) == []
     # run_all within its catch_up_limit: the latest 5 missed fire times run, the earlier ones are
-    # coalesced (task_create's clock is a moment after ``now``: the 5th may fall after missed_before).
+    # coalesced.
     coalesced = list(
         SkippedOccurrence.objects.filter(task=tasks["run_all_5"])
         .order_by("scheduled_for")
         .values_list("scheduled_for", "reason")
     )
     assert {reason for _, reason in coalesced} == {"coalesced"}
-    assert len(coalesced) in (missed - 5, missed + 1 - 5)
-    runs = _live(tasks["run_all_5"]).order_by("scheduled_for")
+    assert missed - 5 <= len(coalesced) <= missed - 5 + 3
+    runs = started(tasks["run_all_5"]).order_by("scheduled_for")
     assert runs.first().scheduled_for == coalesced[-1][0] + timedelta(seconds=1)
-    assert ran_missed(tasks["run_all_5"]) in (4, 5)
-    # Nothing within the grace or after it is lost, for any policy.
+    assert 2 <= ran_missed(tasks["run_all_5"]) <= 5
+    # Nothing within the grace or after it is lost with run_all; for every policy the last fire
+    # time (still ahead when the tasks were created) ran.
+    recent = _live(tasks["run_all"]).filter(scheduled_for__gte=missed_before)
+    assert recent.count() == recent.filter(status=S.SUCCEEDED).count() >= 3
     for task in tasks.values():
-        recent = _live(task).filter(scheduled_for__gte=missed_before)
-        assert recent.count() == recent.filter(status=S.SUCCEEDED).count() >= 3
+        assert _live(task).order_by("-scheduled_for").first().status == S.SUCCEEDED
 
 
 def test_pause_then_resume_applies_each_misfire_policy(owner):

@@ -47,7 +47,8 @@ class Model:
 class TransitionMachine(RuleBasedStateMachine):
     @initialize()
     def create(self) -> None:
-        task = TaskFactory()
+        # A misfire grace longer than any lateness here: the misfire policy is not modelled.
+        task = TaskFactory(misfire_grace=timedelta(days=30))
         (self.id,) = transitions.executions_create(
             rows=[transitions.NewExecution(task.pk, timezone.now(), 5)], actor="test"
         )

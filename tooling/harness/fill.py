@@ -35,6 +35,7 @@ _DEFAULTS: Mapping[str, str] = {
     "retry_jitter": "true",
     "expose_metrics": "false",
     "keep_failed_longer": "false",
+    "secret_fields": "'[]'",
     "timeout": "interval '20 minutes'",
     "priority": "5",
     "tracing_id": "''",
