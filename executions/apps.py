@@ -1,5 +1,9 @@
+import importlib
+
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
+
+from tms_core.sqlite_triggers import SqliteTriggers, register
 
 
 class ExecutionsConfig(AppConfig):
@@ -9,3 +13,12 @@ class ExecutionsConfig(AppConfig):
         from executions.periodic import register_periodic_tasks
 
         post_migrate.connect(register_periodic_tasks, sender=self)
+        rollup = importlib.import_module("executions.migrations.0006_rollup")
+        register(
+            self,
+            SqliteTriggers(
+                migration=("executions", "0006_rollup"),
+                install=lambda: [rollup.sqlite_install()],
+                uninstall=[rollup.SQLITE_UNINSTALL],
+            ),
+        )

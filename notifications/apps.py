@@ -1,5 +1,9 @@
+import importlib
+
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
+
+from tms_core.sqlite_triggers import SqliteTriggers, register
 
 
 class NotificationsConfig(AppConfig):
@@ -9,3 +13,12 @@ class NotificationsConfig(AppConfig):
         from notifications.periodic import register_periodic_tasks
 
         post_migrate.connect(register_periodic_tasks, sender=self)
+        outbox = importlib.import_module("notifications.migrations.0001_initial")
+        register(
+            self,
+            SqliteTriggers(
+                migration=("notifications", "0001_initial"),
+                install=lambda: list(outbox.SQLITE_INSTALL),
+                uninstall=list(outbox.SQLITE_UNINSTALL),
+            ),
+        )

@@ -130,7 +130,7 @@ def install_trigger(apps, schema_editor):
     if vendor == "postgresql":
         schema_editor.execute(postgresql_install(), params=None)
     elif vendor == "sqlite":
-        schema_editor.execute(sqlite_install(), params=None)
+        pass  # installed after each migrate (tms_core/sqlite_triggers.py, executions/apps.py)
     else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
         raise RuntimeError(f"no rollup trigger for {vendor}: the dashboard would stay empty")
 

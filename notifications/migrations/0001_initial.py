@@ -123,8 +123,7 @@ def install_triggers(apps, schema_editor):
     if vendor == "postgresql":
         schema_editor.execute(POSTGRESQL_INSTALL, params=None)
     elif vendor == "sqlite":
-        for statement in SQLITE_INSTALL:
-            schema_editor.execute(statement, params=None)
+        pass  # installed after each migrate (tms_core/sqlite_triggers.py, notifications/apps.py)
     else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
         raise RuntimeError(f"no notification outbox trigger for {vendor}: no notification would be sent")
 
