@@ -25,7 +25,14 @@ class ExecutionOrigin(models.TextChoices):
     SCHEDULE = "schedule"  #: an occurrence of the task's schedule, created by the materialiser
     TRIGGER = "trigger"  #: "run now" on request, outside the schedule
     RETRY = "retry"  #: a FAILED or CANCELLED execution run again on request (see ``retry_of``)
+    #: a past fire time run on request (``POST .../backfill``): an occurrence of the schedule, but
+    #: asked for late on purpose, so the misfire policy and ``max_age`` do not apply to it
+    BACKFILL = "backfill"
 
+
+#: Origins whose executions are occurrences of the task's schedule (they count toward ``max_runs``
+#: and show in its timeline).
+OCCURRENCE_ORIGINS = (ExecutionOrigin.SCHEDULE, ExecutionOrigin.BACKFILL)
 
 TERMINAL_STATUSES = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 ACTIVE_STATUSES = frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING, ExecutionStatus.RUNNING})

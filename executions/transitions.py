@@ -126,12 +126,15 @@ class NewExecution:
     exclusive: bool = False
 
 
-def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str = "") -> list[int]:
+def executions_create(
+    *, rows: Sequence[NewExecution], actor: str, detail: str = "", origin: str = "schedule"
+) -> list[int]:
     """Insert SCHEDULED executions, skipping occurrences that already exist; return the new ids.
 
     ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` on the unique (task, scheduled_for) of
     non-superseded rows makes materialising the same occurrence twice, or in two processes at
-    once, create it exactly once.
+    once, create it exactly once. ``origin`` other than ``schedule`` (a backfill) is set in the
+    same transaction, before any other process can see the rows.
     """
     if not rows:
         return []
@@ -139,6 +142,8 @@ def executions_create(*, rows: Sequence[NewExecution], actor: str, detail: str =
     with transaction.atomic():
         for start in range(0, len(rows), _INSERT_CHUNK):
             ids += _insert_executions(rows[start : start + _INSERT_CHUNK], actor=actor, detail=detail)
+        if origin != "schedule" and ids:
+            Execution.objects.filter(pk__in=ids).update(origin=origin)
     return ids
 
 

@@ -16,7 +16,7 @@ from rest_framework import serializers
 from executions import transitions
 from executions.materialiser import ACTOR as MATERIALISER
 from executions.materialiser import materialise_task, plan_task, skipped_record, task_schedule
-from executions.models import Execution, ExecutionOrigin, ExecutionStatus
+from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionOrigin, ExecutionStatus
 from executions.notify import notify_due
 from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
@@ -321,7 +321,7 @@ def _on_schedule(schedule: Schedule, when: datetime) -> bool:
 def _set_cursor(task: Task, cursor: datetime | None, schedule: Schedule) -> None:
     """Point the materialisation cursor at ``cursor`` and recount ``runs_materialised`` so that the
     materialiser, walking from there again, counts every occurrence once (``max_runs``)."""
-    live = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+    live = Execution.objects.filter(task=task, origin__in=OCCURRENCE_ORIGINS, superseded=False)
     runs = live.count()
     if cursor is not None:
         # Occurrences at or after the cursor that the walk meets again are counted again by it.
@@ -577,7 +577,12 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
     ]
     with transaction.atomic():
         quota_charge_executions(owner_id=task.owner_id, count=len(rows), field="end")
-        ids = executions_create(rows=rows, actor=actor, detail=f"backfill of {start.isoformat()} to {end.isoformat()}")
+        ids = executions_create(
+            rows=rows,
+            actor=actor,
+            detail=f"backfill of {start.isoformat()} to {end.isoformat()}",
+            origin=ExecutionOrigin.BACKFILL,
+        )
         _audit_task(
             task,
             AuditAction.BACKFILL,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from executions.models import Execution, ExecutionOrigin, SkippedOccurrence, SkipReason
+from executions.models import OCCURRENCE_ORIGINS, Execution, SkippedOccurrence, SkipReason
 from tasks_app.models import Task, TaskStatus
 
 
@@ -33,7 +33,7 @@ def summary_before(task: Task, occurrence: datetime) -> SkippedOccurrence | None
 
 def last_materialised(task: Task) -> datetime | None:
     """The latest occurrence the materialiser handled for ``task`` (ran or recorded as skipped)."""
-    executions = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+    executions = Execution.objects.filter(task=task, origin__in=OCCURRENCE_ORIGINS, superseded=False)
     skipped = SkippedOccurrence.objects.filter(task=task).exclude(reason=SkipReason.OVERLAP)
     latest = [
         rows.order_by("-scheduled_for").values_list("scheduled_for", flat=True).first()

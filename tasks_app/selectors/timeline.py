@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q, Subquery
 
 from executions.materialiser import task_schedule
-from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkippedOccurrence, SkipReason
+from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_app.models import Task
 from tasks_app.schedules import Schedule, walk_limit
 from tasks_app.selectors.fate import Fate, OccurrenceFate, is_summary, occurrence_fate, recorded_by_materialiser
@@ -146,7 +146,7 @@ def _window_executions(task: Task, start: datetime, end: datetime) -> tuple[list
     has finished with) its last live scheduled occurrence, from one query."""
     window = Q(scheduled_for__gte=start, scheduled_for__lt=end)
     if task.next_run_at is None:
-        latest = Execution.objects.filter(task=task, origin=ExecutionOrigin.SCHEDULE, superseded=False)
+        latest = Execution.objects.filter(task=task, origin__in=OCCURRENCE_ORIGINS, superseded=False)
         window |= Q(pk=Subquery(latest.order_by("-scheduled_for").values("pk")[:1]))
     rows = list(
         Execution.objects.filter(window, task=task)
@@ -156,7 +156,7 @@ def _window_executions(task: Task, start: datetime, end: datetime) -> tuple[list
     inside = [row for row in rows if start <= row.scheduled_for < end]
     if len(inside) > OCCURRENCE_RECORDS_MAX:
         raise _too_many("executions", OCCURRENCE_RECORDS_MAX, inside[OCCURRENCE_RECORDS_MAX].scheduled_for, start)
-    live = [row.scheduled_for for row in rows if row.origin == ExecutionOrigin.SCHEDULE and not row.superseded]
+    live = [row.scheduled_for for row in rows if row.origin in OCCURRENCE_ORIGINS and not row.superseded]
     return inside, max(live, default=None)
 
 

@@ -217,3 +217,32 @@ def test_why_after_the_last_of_max_runs_is_after_end(api_client, user):
     assert answer["next_fire_times"] == []
     last = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(hours=2))}).json()
     assert last["verdict"] == "upcoming"  # created, due now; no worker runs it here
+
+
+def test_backfilled_runs_are_not_misfires_nor_expired_however_long_they_wait(api_client, user):
+    """A backfill asks for past fire times on purpose: neither run_once's coalescing nor max_age
+    may drop them, even when the queue makes them wait past the misfire grace."""
+    from executions.transitions import misfire_decision
+
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    task = task_create(
+        owner=user,
+        runner="noop",
+        start_at=start,
+        interval=timedelta(hours=1),
+        misfire_policy="run_once",
+        misfire_grace=timedelta(seconds=1),
+        max_age=timedelta(minutes=5),
+    )
+    body = {"start": _iso(start), "end": _iso(start + timedelta(hours=2))}
+    ids = api_client.post(f"/api/v1/tasks/{task.pk}/backfill", body, format="json").json()["execution_ids"]
+    assert len(ids) == 3
+    # A slow queue: each backfilled run has waited ten minutes since it was due.
+    Execution.objects.filter(pk__in=ids).update(due_at=timezone.now() - timedelta(minutes=10))
+    assert [misfire_decision(execution_id=pk) for pk in ids] == [None, None, None]
+    assert set(Execution.objects.filter(pk__in=ids).values_list("origin", flat=True)) == {"backfill"}
+    # They still count as occurrences of the schedule (timeline, max_runs).
+    timeline = api_client.get(
+        f"/api/v1/tasks/{task.pk}/occurrences", {"from": _iso(start), "to": _iso(start + timedelta(hours=3))}
+    )
+    assert timeline.status_code == 200, timeline.json()
