@@ -16,26 +16,36 @@ AFTER = [("notifications", "0002_rules_from_notification_target"), ("tasks_app",
 
 
 def test_old_targets_become_channels_and_rules_on_final_failure(django_user_model):
-    owner = django_user_model.objects.create_user("carol")
-    executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    old = executor.loader.project_state(BEFORE).apps.get_model("tasks_app", "Task")
-    common = {"owner_id": owner.pk, "runner": "noop", "start_at": timezone.now()}
-    hook = [
-        old.objects.create(name=f"h{i}", notification_target="https://hooks.example.com/x", **common) for i in range(2)
-    ]
-    mail = old.objects.create(name="m", notification_target="ops@example.com", **common)
-    old.objects.create(name="junk", notification_target="call me", **common)
-    old.objects.create(name="none", notification_target="", **common)
-    executor = MigrationExecutor(connection)
-    executor.migrate(AFTER)
-    channels = {c.target: c for c in Channel.objects.all()}
-    assert set(channels) == {"https://hooks.example.com/x", "ops@example.com"}
-    assert channels["https://hooks.example.com/x"].kind == "webhook" and channels["https://hooks.example.com/x"].secret
-    assert channels["ops@example.com"].kind == "email"
-    rules = {(r.task_id, r.channel.target, r.on_failure, r.on_recovery) for r in Rule.objects.select_related("channel")}
-    assert rules == {
-        (hook[0].pk, "https://hooks.example.com/x", True, False),
-        (hook[1].pk, "https://hooks.example.com/x", True, False),
-        (mail.pk, "ops@example.com", True, False),
-    }
+    try:
+        owner = django_user_model.objects.create_user("carol")
+        executor = MigrationExecutor(connection)
+        executor.migrate(BEFORE)
+        old = executor.loader.project_state(BEFORE).apps.get_model("tasks_app", "Task")
+        common = {"owner_id": owner.pk, "runner": "noop", "start_at": timezone.now()}
+        hook = [
+            old.objects.create(name=f"h{i}", notification_target="https://hooks.example.com/x", **common)
+            for i in range(2)
+        ]
+        mail = old.objects.create(name="m", notification_target="ops@example.com", **common)
+        old.objects.create(name="junk", notification_target="call me", **common)
+        old.objects.create(name="none", notification_target="", **common)
+        executor = MigrationExecutor(connection)
+        executor.migrate(AFTER)
+        channels = {c.target: c for c in Channel.objects.all()}
+        assert set(channels) == {"https://hooks.example.com/x", "ops@example.com"}
+        assert (
+            channels["https://hooks.example.com/x"].kind == "webhook" and channels["https://hooks.example.com/x"].secret
+        )
+        assert channels["ops@example.com"].kind == "email"
+        rules = {
+            (r.task_id, r.channel.target, r.on_failure, r.on_recovery) for r in Rule.objects.select_related("channel")
+        }
+        assert rules == {
+            (hook[0].pk, "https://hooks.example.com/x", True, False),
+            (hook[1].pk, "https://hooks.example.com/x", True, False),
+            (mail.pk, "ops@example.com", True, False),
+        }
+    finally:
+        # Back to the latest schema whatever happened: later tests need every migration applied.
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
