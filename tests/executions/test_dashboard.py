@@ -29,6 +29,9 @@ pytestmark = pytest.mark.django_db
 
 MAX = 1000
 WORKER = "host:1:1"
+#: The history is made of runs claimed long after they were due: not misfires (the policy
+#: is applied at claim time too; tests/executions/test_misfire_outage.py covers it).
+GRACE = timedelta(hours=1)
 
 
 class Ledger:
@@ -147,9 +150,9 @@ def _live(owner_id: int | None) -> dict:
 def scene():
     """Two owners' tasks driven through success, failure, a retry, cancels and a supersede."""
     alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
-    a_noop = TaskFactory(owner=alice, runner="noop", name="alice noop")
-    a_sleep = TaskFactory(owner=alice, runner="sleep", name="alice sleep")
-    b_noop = TaskFactory(owner=bob, runner="noop", name="bob noop")
+    a_noop = TaskFactory(owner=alice, runner="noop", name="alice noop", misfire_grace=GRACE)
+    a_sleep = TaskFactory(owner=alice, runner="sleep", name="alice sleep", misfire_grace=GRACE)
+    b_noop = TaskFactory(owner=bob, runner="noop", name="bob noop", misfire_grace=GRACE)
     ledger = Ledger()
     for late, ran_for in ((0, 0), (30, 0.3), (120, 7)):
         ledger.succeed(ledger.start(a_noop, late=late, ran_for=ran_for))
@@ -283,7 +286,7 @@ def test_snapshot_of_an_empty_platform(staff_user):
 def test_a_lost_write_counts_nothing_and_a_dead_workers_run_counts_once():
     """A worker that dies mid-run counted nothing; the worker that resumes and ends the run
     counts it once, and the dead worker's late write loses and counts nothing."""
-    task = TaskFactory()
+    task = TaskFactory(misfire_grace=GRACE)
     ledger = Ledger()
     execution = ledger.start(task)
     Execution.objects.filter(pk=execution.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -305,7 +308,7 @@ def test_a_lost_write_counts_nothing_and_a_dead_workers_run_counts_once():
 
 
 def test_a_herd_of_finishes_spreads_over_shards_folded_once_the_minute_is_past(staff_user):
-    task = TaskFactory()
+    task = TaskFactory(misfire_grace=GRACE)
     ledger = Ledger()
     for _ in range(16):
         ledger.succeed(ledger.start(task))
@@ -339,7 +342,7 @@ def test_bucket_bounds_in_sql_are_the_pythons():
 
 def test_prune_keeps_the_retention_and_beat_runs_it(settings):
     settings.TMS = {**settings.TMS, "ROLLUP_RETENTION": 3600.0, "TASK_ROLLUP_RETENTION": 7200.0}
-    task = TaskFactory()
+    task = TaskFactory(misfire_grace=GRACE)
     now = timezone.now().replace(second=0, microsecond=0)
     for age in (0, 59, 61, 121):
         RunRollup.objects.create(

@@ -20,6 +20,7 @@ from django.conf import settings
 from kombu import Connection
 
 from executions.periodic import periodic_jobs
+from notifications.periodic import periodic_jobs as notification_jobs
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, wait_for
 from tests.web import free_port
 
@@ -122,7 +123,9 @@ def test_every_role_starts_becomes_ready_and_stops(role_env):
     migrate = _run(env, "migrate")
     assert migrate.returncode == 0, migrate.stderr
     assert "Applying executions.0001_initial... OK" in migrate.stdout
-    assert _query(env, "SELECT count(*) FROM django_celery_beat_periodictask")[0][0] == len(periodic_jobs())
+    assert _query(env, "SELECT count(*) FROM django_celery_beat_periodictask")[0][0] == len(periodic_jobs()) + len(
+        notification_jobs()
+    )
     again = _run(env, "migrate")
     assert again.returncode == 0 and "No migrations to apply." in again.stdout
 

@@ -357,7 +357,16 @@ CELERY_TASK_QUEUES: tuple[Queue, ...] = (
 #: A worker started without -Q consumes both queues.
 TMS_NOTIFY_QUEUE = env.str("TMS_NOTIFY_QUEUE", default="tms.notifications")
 CELERY_TASK_QUEUES += (
-    Queue(TMS_NOTIFY_QUEUE, Exchange(TMS_NOTIFY_QUEUE, type="direct", durable=True), routing_key=TMS_NOTIFY_QUEUE),
+    # The same arguments as Celery gives a queue under CELERY_TASK_QUEUE_MAX_PRIORITY, written out so
+    # that every declarer (workers, publishers, tms_check) declares it alike: RabbitMQ refuses a
+    # second declaration with other arguments.
+    Queue(
+        TMS_NOTIFY_QUEUE,
+        Exchange(TMS_NOTIFY_QUEUE, type="direct", durable=True),
+        routing_key=TMS_NOTIFY_QUEUE,
+        durable=True,
+        queue_arguments=None if TMS_EMBEDDED_BROKER else {"x-max-priority": 9},
+    ),
 )
 CELERY_TASK_ROUTES = {"tms.notify_*": {"queue": TMS_NOTIFY_QUEUE, "routing_key": TMS_NOTIFY_QUEUE}}
 CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER else 9
