@@ -164,10 +164,12 @@ def _claim_is_stale(lock: Path) -> bool:
         # Half-written by a launcher that died: stale once it is old enough.
         return time.time() - lock.stat().st_mtime > 60
     run_dir = Path(str(data.get("run_dir", "")))
-    if not (run_dir / "launch").exists():
-        return True
+    # First: a claim younger than a minute is never taken, even before its run folder has its
+    # launch marker (the claim comes first), or a run starting beside it would be killed.
     if time.time() - float(data.get("at", 0)) < 60:
         return False  # the launcher is still starting the supervisor
+    if not (run_dir / "launch").exists():
+        return True
     # Only a dead supervisor's claim is taken over: a live one gives it back itself, after
     # killing what the run left behind (an exit record alone does not mean it has done so).
     try:

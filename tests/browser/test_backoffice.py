@@ -49,7 +49,10 @@ def test_create_a_task_run_it_now_and_watch_it_succeed(live_server, browser, pla
     _set(browser, "start_at", "2099-01-01T03:00:00")
     _set(browser, "timezone", "Europe/Berlin")
     browser.find_element(By.NAME, "create").click()
-    error = browser.find_element(By.CSS_SELECTOR, ".has-error small.error")
+    # The answer is a new page: wait for it (a loaded machine may still show the old one).
+    error = WebDriverWait(browser, 20).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, ".has-error small.error"))
+    )
     assert error.text.startswith("Not valid JSON")
     assert not Task.objects.exists()
 
