@@ -43,6 +43,12 @@ class ChannelForm(ServiceForm):
         model = Channel
         fields = ["owner", "name", "kind", "target", "quiet_from", "quiet_to", "timezone"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding:
+            # Staff see the target masked, as in the API; sending the mask back keeps it.
+            self.initial["target"] = self.instance.shown_target()
+
     def save_through_services(self, data: dict[str, Any]) -> Channel:
         if self.instance._state.adding:
             return services.channel_create(owner=self.cleaned_data["owner"], data=data)
@@ -70,12 +76,17 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 @admin.register(Channel)
 class ChannelAdmin(ServiceSavedAdmin):
     form = ChannelForm
-    list_display = ["name", "kind", "target", "owner", "state", "failing_since"]
+    list_display = ["name", "kind", "shown_target", "owner", "state", "failing_since"]
     list_filter = ["kind", "state"]
-    search_fields = ["name", "target", "owner__username"]
+    # Not the target: it is encrypted at rest (and a Slack URL is a credential staff never see).
+    search_fields = ["name", "owner__username"]
     raw_id_fields = ["owner"]
     readonly_fields = ["state", "last_error", "failing_since", "created_at"]
     actions = ["send_test"]
+
+    @admin.display(description="target")
+    def shown_target(self, obj: Channel) -> str:
+        return obj.shown_target()
 
     def delete_model(self, request: HttpRequest, obj: Channel) -> None:
         services.channel_delete(channel=obj)
@@ -100,7 +111,9 @@ class ChannelAdmin(ServiceSavedAdmin):
 @admin.register(Rule)
 class RuleAdmin(ServiceSavedAdmin):
     form = RuleForm
-    list_display = ["id", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip"]
+    list_display = [
+        "id", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip", "digest_every",
+    ]  # fmt: skip
     list_filter = ["enabled"]
     raw_id_fields = ["owner", "task", "channel"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 from django import forms
 from django.db.models import QuerySet
@@ -12,18 +12,17 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import BasePagination
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
-from rest_framework.utils.urls import replace_query_param
 
 from notifications import services
 from notifications.models import Channel, Delivery, DeliveryStatus, Rule
 from notifications.serializers import ChannelSerializer, DeliverySerializer, RuleSerializer
 from tms_core.auth import request_user
 from tms_project.api.base import OwnerScopedMixin, StrictFilterSet
+from tms_project.api.keyset import KeysetPagination, Segment
 
 
 class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
@@ -35,6 +34,8 @@ class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
 
     def perform_create(self, serializer: BaseSerializer) -> None:
         serializer.instance = services.channel_create(owner=request_user(self.request), data=serializer.validated_data)
+        # The signing secret is handed out in this answer only (stored encrypted, masked after).
+        cast(dict, serializer.context)["reveal_secret"] = True  # a dict at run time; typed as a Mapping
 
     def perform_update(self, serializer: BaseSerializer) -> None:
         assert isinstance(serializer.instance, Channel)
@@ -42,6 +43,23 @@ class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Channel) -> None:
         services.channel_delete(channel=instance)
+
+    @extend_schema(
+        summary="Regenerate the webhook signing secret",
+        description="A new signing secret for a webhook channel, shown in this answer only (masked in "
+        "every other); the old one stops verifying at once. 400 for a channel without a secret (not a webhook).",
+        request=None,
+        responses={200: ChannelSerializer},
+    )
+    @action(detail=True, methods=["post"], url_path="rotate-secret")
+    def rotate_secret(self, request: Request, pk: str | None = None) -> Response:
+        channel = self.get_object()
+        if channel.owner_id != request_user(request).pk:
+            # The new secret is shown in the answer: to its owner only, never to staff.
+            raise PermissionDenied("Only the channel's owner may regenerate its signing secret.")
+        channel = services.channel_rotate_secret(channel=channel)
+        context = {**self.get_serializer_context(), "reveal_secret": True}
+        return Response(ChannelSerializer(channel, context=context).data)
 
     @extend_schema(
         summary="Send a test message",
@@ -93,52 +111,6 @@ class RuleViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
         services.rule_delete(rule=instance)
 
 
-class DeliveryPagination(BasePagination):
-    """Newest first, keyset on id (``?before=<id>``, the ``next`` link carries it): no count, as
-    fast on the thousandth page as on the first. A bad ``limit`` or ``before`` is a 400."""
-
-    page_size = 50
-    max_page_size = 500
-
-    def _whole(self, request: Request, name: str) -> int | None:
-        values = request.query_params.getlist(name)
-        for value in values:
-            if not value.isdigit() or int(value) < 1:
-                raise ValidationError({name: ["A whole number of at least 1 is required."]})
-        return int(values[-1]) if values else None
-
-    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any]:
-        limit = min(self._whole(request, "limit") or self.page_size, self.max_page_size)
-        before = self._whole(request, "before")
-        if before is not None:
-            queryset = queryset.filter(id__lt=before)
-        rows = list(queryset.order_by("-id")[: limit + 1])
-        self.request = request
-        self.next_before = rows[limit - 1].pk if len(rows) > limit else None
-        return rows[:limit]
-
-    def get_paginated_response(self, data: Any) -> Response:
-        link = None
-        if self.next_before is not None:
-            link = replace_query_param(self.request.build_absolute_uri(), "before", self.next_before)
-        return Response({"next": link, "results": data})
-
-    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "required": ["next", "results"],
-            "properties": {"next": {"type": "string", "format": "uri", "nullable": True}, "results": schema},
-        }
-
-    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        return [
-            {"name": "limit", "required": False, "in": "query", "schema": {"type": "integer", "minimum": 1},
-             "description": "Results per page (default 50, at most 500)."},
-            {"name": "before", "required": False, "in": "query", "schema": {"type": "integer", "minimum": 1},
-             "description": "Only deliveries with a smaller id (the next link sets it)."},
-        ]  # fmt: skip
-
-
 class DeliveryFilter(StrictFilterSet):
     channel = IntegerFilter()
     task = filters.UUIDFilter()
@@ -155,9 +127,19 @@ class DeliveryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveMo
     queryset = Delivery.objects.all()
     serializer_class = DeliverySerializer
     owner_field = "channel__owner"
-    pagination_class = DeliveryPagination
+    #: Newest first, keyset pages on id as the execution lists (``?limit=``, ``?cursor=`` from the
+    #: ``next``/``previous`` links, no count): as fast on the thousandth page as on the first.
+    pagination_class = KeysetPagination
     filter_backends = [DjangoFilterBackend]
     filterset_class = DeliveryFilter
 
     def get_queryset(self) -> QuerySet:
+        if "before" in self.request.query_params:
+            # The log's earlier cursor: refused with a pointer rather than silently ignored.
+            raise ValidationError({"before": ["The delivery log is paged by cursor: follow the `next` link."]})
         return super().get_queryset().order_by("-id")
+
+    def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:
+        """One segment: every delivery, by id descending (delivery_channel_idx and
+        delivery_task_idx serve the filtered lists, the primary key the rest)."""
+        return [Segment([queryset.order_by()], None, True)]

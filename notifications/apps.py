@@ -11,8 +11,11 @@ class NotificationsConfig(AppConfig):
 
     def ready(self) -> None:
         from notifications.periodic import register_periodic_tasks
+        from notifications.services import rotate_channel_secrets
+        from tasks_app.secrets import register_rotation
 
         post_migrate.connect(register_periodic_tasks, sender=self)
+        register_rotation("notification channel(s)", rotate_channel_secrets)
         outbox = importlib.import_module("notifications.migrations.0001_initial")
         register(
             self,

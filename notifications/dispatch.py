@@ -8,6 +8,10 @@
    A sender killed mid-send loses nothing: its lease runs out and the next dispatch hands the
    delivery to another sender, which sends it again with the same idempotency key.
 3. :func:`check_long_runs` and :func:`check_dead_mans_switch` are the periodic checks.
+4. Digest rules (``Rule.digest_every``): :func:`notify` collects their notifications as
+   :class:`~notifications.models.DigestItem` rows instead of deliveries; :func:`flush_digests`
+   turns a rule's items whose window ended into one "digest" delivery (items and delivery in one
+   transaction, so each item is in exactly one digest), sent like any other delivery.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Min, Q, QuerySet
 from django.utils import timezone
 
 from executions.models import Execution, ExecutionStatus
@@ -31,12 +36,14 @@ from notifications.models import (
     ChannelState,
     Delivery,
     DeliveryStatus,
+    DigestItem,
     Outbox,
     OutboxKind,
     Rule,
     RuleState,
 )
 from tasks_app.models import Task, TaskStatus
+from tasks_app.secrets import redact
 from tms_core import metrics
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -46,6 +53,12 @@ logger = logging.getLogger(__name__)
 #: pg_try_advisory_xact_lock key of the outbox evaluation: one evaluator at a time, so a task's
 #: events are applied to its storm state in the order they happened (sending stays parallel).
 OUTBOX_LOCK = 0x746D_736E  # "tmsn"
+#: A digest message lists its latest items up to this many (the counts cover all of them) ...
+DIGEST_ITEMS = 50
+#: ... and its counts per task and event up to this many groups (the largest first).
+DIGEST_GROUPS = 100
+#: An item's ``detail`` (an error text) is cut to this many characters in a digest.
+DIGEST_DETAIL = 500
 
 
 def delivery_key(channel_id: int, source: str, rule_id: int | None) -> str:
@@ -84,8 +97,9 @@ def notify(
     attempt: int | None = None,
     at: datetime | None = None,
     **extra: Any,
-) -> Delivery | None:
-    """Create the delivery of ``event`` (caused by ``source``) through ``rule``; None if it exists."""
+) -> Delivery | DigestItem | None:
+    """Create the delivery of ``event`` (caused by ``source``) through ``rule``, or for a digest
+    rule the item its next digest will carry; None if it exists already."""
     now = timezone.now()
     key = delivery_key(rule.channel_id, source, rule.pk)
     payload = {
@@ -96,6 +110,8 @@ def notify(
         "at": (at or now).isoformat(),
         **extra,
     }
+    if rule.digest_every is not None:
+        return _collect(rule, task, key, event, payload)
     delivery, created = Delivery.objects.get_or_create(
         idempotency_key=key,
         defaults={
@@ -109,6 +125,95 @@ def notify(
         },
     )
     return delivery if created else None
+
+
+def _collect(rule: Rule, task: Task, key: str, event: str, payload: dict[str, Any]) -> DigestItem | None:
+    """Add a notification to ``rule``'s open digest window (the one its waiting items are in),
+    or open a window that ends ``digest_every`` from now; None if this event is in already."""
+    assert rule.digest_every is not None
+    if isinstance(payload.get("detail"), str):
+        payload["detail"] = payload["detail"][:DIGEST_DETAIL]
+    waiting = DigestItem.objects.filter(rule=rule, delivery__isnull=True).aggregate(due=Min("due_at"))["due"]
+    item, created = DigestItem.objects.get_or_create(
+        key=key,
+        defaults={
+            "rule": rule,
+            "task": task,
+            "event": event,
+            "payload": payload,
+            "due_at": waiting or db_now() + rule.digest_every,
+        },
+    )
+    return item if created else None
+
+
+def digest_payload(rule: Rule, key: str, items: list[DigestItem], now: datetime) -> dict[str, Any]:
+    """The message of one digest: counts per task and event over all ``items``, and the latest
+    :data:`DIGEST_ITEMS` items themselves (bounded, whatever the number of items)."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in items:
+        task = item.payload.get("task") or {}
+        group = groups.setdefault(
+            (str(task.get("id")), item.event), {"task": task or None, "event": item.event, "count": 0}
+        )
+        group["count"] += 1
+    counts = sorted(groups.values(), key=lambda g: (-g["count"], str((g["task"] or {}).get("name")), g["event"]))
+    latest = items[-DIGEST_ITEMS:]
+    task = {"id": str(rule.task_id), "name": rule.task.name} if rule.task_id and rule.task else None
+    return {
+        "id": key,
+        "event": "digest",
+        "task": task,
+        "execution": None,
+        "at": now.isoformat(),
+        "window": {"from": min(item.at for item in items).isoformat(), "to": now.isoformat()},
+        "total": len(items),
+        "counts": counts[:DIGEST_GROUPS],
+        "counts_omitted": max(0, len(counts) - DIGEST_GROUPS),
+        "items": [item.payload for item in latest],
+        "items_omitted": len(items) - len(latest),
+    }
+
+
+def flush_digests(*, limit: int = 200) -> int:
+    """One "digest" delivery per digest rule whose window ended, unless its channel is in quiet
+    hours (then its items wait, and the first pass after the quiet hours sends them all as one
+    digest). The items and their delivery are written in one transaction under row locks, so
+    each item is in exactly one digest; the key is per window (its first item). Answers how many
+    digests were made."""
+    made = 0
+    now = db_now()
+    rule_ids = list(
+        DigestItem.objects.filter(delivery__isnull=True, due_at__lte=now)
+        .order_by()
+        .values_list("rule_id", flat=True)
+        .distinct()[:limit]
+    )
+    for rule in Rule.objects.filter(pk__in=rule_ids).select_related("channel", "task"):
+        if quiet_until(rule.channel, now) is not None:
+            continue
+        with transaction.atomic():
+            # FOR UPDATE: a concurrent flush waits, then finds these rows taken (delivery set).
+            items = list(
+                DigestItem.objects.select_for_update()
+                .filter(rule=rule, delivery__isnull=True, due_at__lte=now)
+                .order_by("at", "id")
+            )
+            if not items:
+                continue
+            key = delivery_key(rule.channel_id, f"digest:{rule.pk}:{min(item.pk for item in items)}", rule.pk)
+            delivery = Delivery.objects.create(
+                channel=rule.channel,
+                rule=rule,
+                task_id=rule.task_id,
+                event="digest",
+                payload=digest_payload(rule, key, items, now),
+                idempotency_key=key,
+                next_attempt_at=now,
+            )
+            DigestItem.objects.filter(pk__in=[item.pk for item in items]).update(delivery=delivery)
+            made += 1
+    return made
 
 
 def _state(rule: Rule, task: Task) -> RuleState:
@@ -244,6 +349,9 @@ def deliver(delivery_id: int, token: str) -> str:
             timeout=conf.NOTIFY_TIMEOUT,
         )
     except senders.SendError as exc:
+        # An error text may quote the URL (a Slack URL is the credential) or, never expected,
+        # the secret: neither reaches the log, the channel or the API.
+        exc.message = redact(exc.message, _channel_secrets(channel))
         return _record_failure(delivery, token, exc)
     _mine(delivery_id, token).update(
         status=DeliveryStatus.DELIVERED, delivered_at=db_now(), lease_until=None, last_error=""
@@ -251,6 +359,15 @@ def deliver(delivery_id: int, token: str) -> str:
     Channel.objects.filter(pk=channel.pk, state=ChannelState.FAILING).update(state=ChannelState.OK, failing_since=None)
     metrics.NOTIFICATIONS_DELIVERED.labels(channel.kind).inc()
     return "delivered"
+
+
+def _channel_secrets(channel: Channel) -> list[str]:
+    """The texts of a channel never to be shown, longest first (for :func:`redact`)."""
+    values = {channel.secret, channel.target}
+    if channel.kind == "slack":
+        path = urlsplit(channel.target).path
+        values |= {path, path.lstrip("/")}
+    return sorted((value for value in values if len(value) >= 8), key=len, reverse=True)
 
 
 def _record_failure(delivery: Delivery, token: str, exc: senders.SendError) -> str:
@@ -371,7 +488,9 @@ __all__ = [
     "check_dead_mans_switch",
     "check_long_runs",
     "deliver",
+    "digest_payload",
     "dispatch_outbox",
+    "flush_digests",
     "lease_due",
     "quiet_until",
     "send_test",

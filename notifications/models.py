@@ -7,10 +7,15 @@ outbox rows into deliveries and sends them. See docs/architecture.md, "Notificat
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from notifications.fields import SealedTextField
+from tasks_app.masking import MASK, mask_url
 
 
 class ChannelKind(models.TextChoices):
@@ -30,10 +35,12 @@ class Channel(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_channels")
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=ChannelKind.choices)
-    #: The URL (webhook, slack) or e-mail address (email) messages go to.
-    target = models.CharField(max_length=500)
-    #: HMAC-SHA256 key of webhook signatures (generated; shown to the owner).
-    secret = models.CharField(max_length=64, blank=True)
+    #: The URL (webhook, slack) or e-mail address (email) messages go to. Encrypted at rest: a
+    #: Slack (or any incoming-webhook) URL is itself the credential. Shown masked (:func:`shown_target`).
+    target = SealedTextField(max_length=500)
+    #: HMAC-SHA256 key of webhook signatures: generated, encrypted at rest, shown to the owner
+    #: once (in the answer that created or regenerated it), masked everywhere else.
+    secret = SealedTextField(max_length=64, blank=True)
     #: Quiet hours, in ``timezone``: deliveries due inside [quiet_from, quiet_to) wait until quiet_to.
     quiet_from = models.TimeField(null=True, blank=True)
     quiet_to = models.TimeField(null=True, blank=True)
@@ -48,6 +55,21 @@ class Channel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    def shown_target(self) -> str:
+        """The target as people see it: a Slack URL as its host only (the rest is the
+        credential), a webhook URL without its password or secret-named query values, an
+        e-mail address as it is."""
+        if self.kind == ChannelKind.SLACK and self.target:
+            parts = urlsplit(self.target)
+            return f"{parts.scheme}://{parts.hostname or ''}/{MASK}"
+        if self.kind == ChannelKind.WEBHOOK:
+            return mask_url(self.target)
+        return self.target
+
+    def shown_secret(self) -> str:
+        """The signing secret as people see it after it was handed out: masked (empty if none)."""
+        return MASK if self.secret else ""
 
 
 class Rule(models.Model):
@@ -75,6 +97,9 @@ class Rule(models.Model):
     running_longer_than = models.DurationField(null=True, blank=True)
     #: Dead man's switch: no successful run within this long.
     no_success_within = models.DurationField(null=True, blank=True)
+    #: Digest mode: null sends each notification at once; a duration collects them (a window
+    #: opens at the first one) and sends one summary message when the window has lasted this long.
+    digest_every = models.DurationField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -151,6 +176,7 @@ class Delivery(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        verbose_name_plural = "deliveries"
         indexes = [
             models.Index(fields=["next_attempt_at"], condition=Q(status="pending"), name="delivery_due_idx"),
             models.Index(fields=["channel", "-id"], name="delivery_channel_idx"),
@@ -159,6 +185,35 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} -> {self.channel_id} ({self.status})"
+
+
+class DigestItem(models.Model):
+    """A notification of a digest rule, waiting for its window to end (``delivery`` null) or
+    sent in the digest ``delivery``. Kept after sending: its unique key stops the same event
+    (a periodic check seeing the same long run again) from being collected twice."""
+
+    rule = models.ForeignKey(Rule, on_delete=models.CASCADE, related_name="digest_items")
+    #: The key the notification would have been delivered under (:func:`dispatch.delivery_key`).
+    key = models.CharField(max_length=64, unique=True)
+    task = models.ForeignKey(
+        "tasks_app.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    event = models.CharField(max_length=32)
+    payload = models.JSONField(default=dict)
+    at = models.DateTimeField(db_default=Now())
+    #: When its window ends: the digest is sent at (or, in quiet hours, after) this instant.
+    due_at = models.DateTimeField()
+    delivery = models.ForeignKey(Delivery, null=True, blank=True, on_delete=models.CASCADE, related_name="items")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["due_at"], condition=Q(delivery__isnull=True), name="digestitem_open_idx"),
+            models.Index(fields=["rule", "due_at"], condition=Q(delivery__isnull=True), name="digestitem_rule_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} for rule {self.rule_id} (due {self.due_at})"
 
 
 class RuleState(models.Model):

@@ -70,8 +70,22 @@ def render_text(payload: dict[str, Any]) -> tuple[str, str]:
         "overdue": f"Task {name} has had no successful run within {payload.get('within', '?')}",
         "test": "Test notification from TMS",
     }.get(event, f"Task {name}: {event}{run}")
+    if event == "digest":
+        return _render_digest(payload)
     detail = payload.get("detail") or ""
     return f"[TMS] {headline}", f"{headline}.\n{detail}".strip()
+
+
+def _render_digest(payload: dict[str, Any]) -> tuple[str, str]:
+    total = payload.get("total", 0)
+    headline = f"Digest: {total} notification(s)"
+    lines = []
+    for group in payload.get("counts") or []:
+        task = group.get("task") or {}
+        lines.append(f"- {task.get('name') or task.get('id') or '?'}: {group.get('event')} x{group.get('count')}")
+    if payload.get("counts_omitted"):
+        lines.append(f"- ... and {payload['counts_omitted']} more")
+    return f"[TMS] {headline}", "\n".join([f"{headline}:", *lines])
 
 
 def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> None:

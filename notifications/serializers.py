@@ -29,9 +29,20 @@ class NoReadOnlyInput(StrictInputMixin):
 
 
 class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
-    """A channel. ``secret`` (webhooks) is the key of the X-TMS-Signature header's HMAC."""
+    """A channel. ``secret`` (webhooks) is the key of the X-TMS-Signature header's HMAC: shown in
+    the answer that created (or regenerated) it, masked in every other answer, to everyone.
+    ``target`` is shown masked (a Slack URL as its host; a webhook URL without its password or
+    secret-named query values); sending the masked value back keeps the stored one."""
 
     kind = serializers.ChoiceField(choices=ChannelKind.choices)
+    target = serializers.CharField(max_length=500)
+
+    def to_representation(self, instance: Channel) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["target"] = instance.shown_target()
+        # The view sets ``reveal_secret`` in the one answer that hands the secret out.
+        data["secret"] = instance.secret if self.context.get("reveal_secret") else instance.shown_secret()
+        return data
 
     class Meta:
         model = Channel
@@ -65,12 +76,14 @@ class RuleSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     late_after = DurationField(required=False, allow_null=True, default=None)
     running_longer_than = DurationField(required=False, allow_null=True, default=None)
     no_success_within = DurationField(required=False, allow_null=True, default=None)
+    #: Digest mode: one summary message per window of this length instead of one per event.
+    digest_every = DurationField(required=False, allow_null=True, default=None)
 
     class Meta:
         model = Rule
         fields = [
             "id", "task", "channel", "enabled", "on_failure", "on_retry", "on_recovery", "on_skip",
-            "late_after", "running_longer_than", "no_success_within", "created_at",
+            "late_after", "running_longer_than", "no_success_within", "digest_every", "created_at",
         ]  # fmt: skip
         read_only_fields = ["id", "created_at"]
 

@@ -7,6 +7,7 @@ at least one event per rule. Bad input raises :class:`tms_core.errors.InvalidInp
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import secrets
 from collections.abc import Mapping
@@ -17,14 +18,16 @@ from urllib.parse import urlsplit
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import URLValidator, validate_email
-from django.db import transaction
+from django.db import connection, transaction
 
 from notifications import dispatch, senders
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from runners.netguard import literal_ip, normalise_host
 from tasks_app.audit import audit_diff, audit_record
+from tasks_app.masking import MASK
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedules import ScheduleError, validate_timezone
+from tasks_app.secrets import SecretsUnavailable, text_rotate
 from tms_core.errors import InvalidInput
 
 CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
@@ -39,19 +42,28 @@ RULE_FIELDS = (
     "late_after",
     "running_longer_than",
     "no_success_within",
+    "digest_every",
 )
 EVENT_FLAGS = ("on_failure", "on_retry", "on_recovery", "on_skip")
 EVENT_DURATIONS = ("late_after", "running_longer_than", "no_success_within")
-#: What the audit log shows of a Slack target: its URL is the credential.
-MASK = "********"
+#: The shortest and longest digest window a rule may ask for.
+DIGEST_MIN, DIGEST_MAX = timedelta(seconds=10), timedelta(days=7)
 
 
 def _channel_snapshot(channel: Channel) -> dict[str, Any]:
-    """A channel's audited fields; never its signing secret, and a Slack URL masked."""
+    """A channel's audited fields as people see them: never its signing secret, its target
+    masked as everywhere (a Slack URL is the credential)."""
     values = {name: getattr(channel, name) for name in CHANNEL_FIELDS}
-    if channel.kind == ChannelKind.SLACK and values["target"]:
-        values["target"] = MASK
+    values["target"] = channel.shown_target()
     return values
+
+
+def _channel_diff(before: Channel, before_values: dict[str, Any], after: Channel) -> dict[str, Any]:
+    """The audited change of a channel; a masked target that changed reads "******** (changed)"."""
+    changes = audit_diff(before_values, _channel_snapshot(after))
+    if before.target != after.target and "target" not in changes:
+        changes["target"] = {"from": before_values["target"], "to": f"{MASK} (changed)"}
+    return changes
 
 
 def _rule_snapshot(rule: Rule) -> dict[str, Any]:
@@ -116,7 +128,8 @@ def _check_channel(values: Mapping[str, Any]) -> None:
 
 
 def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
-    """Create a channel of ``owner``; a webhook channel gets a fresh signing secret."""
+    """Create a channel of ``owner``; a webhook channel gets a fresh signing secret (the caller
+    hands it to the owner once; it is stored encrypted and shown masked from then on)."""
     values = {"timezone": "UTC", **{k: data[k] for k in CHANNEL_FIELDS if k in data}}
     _check_channel(values)
     secret = secrets.token_hex(32) if values["kind"] == ChannelKind.WEBHOOK else ""
@@ -127,22 +140,30 @@ def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
 
 
 def channel_update(*, channel: Channel, data: Mapping[str, Any]) -> Channel:
-    """Change a channel's fields (the kind included: a webhook gains a secret if it had none)."""
+    """Change a channel's fields (the kind included: a webhook gains a secret if it had none).
+
+    A ``target`` equal to the masked one people are shown (:meth:`Channel.shown_target`) keeps
+    the stored target: a form or client sending back what it read changes nothing."""
     values = {k: getattr(channel, k) for k in CHANNEL_FIELDS} | {k: data[k] for k in CHANNEL_FIELDS if k in data}
+    if values["target"] == channel.shown_target() and MASK in values["target"]:
+        values["target"] = channel.target
     _check_channel(values)
-    before = _channel_snapshot(channel)
+    before, before_values = copy.copy(channel), _channel_snapshot(channel)
     for key, value in values.items():
         setattr(channel, key, value)
     if channel.kind == ChannelKind.WEBHOOK and not channel.secret:
         channel.secret = secrets.token_hex(32)
     with transaction.atomic():
         channel.save()
-        _audit("update", channel, audit_diff(before, _channel_snapshot(channel)))
+        _audit("update", channel, _channel_diff(before, before_values, channel))
     return channel
 
 
 def channel_rotate_secret(*, channel: Channel) -> Channel:
-    """A new webhook signing secret (the old one stops verifying at once)."""
+    """A new webhook signing secret (the old one stops verifying at once); the caller hands it
+    to the owner once, as at creation."""
+    if channel.kind != ChannelKind.WEBHOOK:
+        raise InvalidInput({"kind": ["Only webhook channels have a signing secret."]})
     channel.secret = secrets.token_hex(32)
     with transaction.atomic():
         channel.save(update_fields=["secret"])
@@ -175,6 +196,9 @@ def _check_rule(owner: User, values: dict[str, Any]) -> None:
         value = values.get(name)
         if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
             errors[name] = ["Must be a positive duration."]
+    digest = values.get("digest_every")
+    if digest is not None and (not isinstance(digest, timedelta) or not DIGEST_MIN <= digest <= DIGEST_MAX):
+        errors["digest_every"] = ["Must be a duration from 10s to 7d (or null: send each notification at once)."]
     if not any(values.get(flag) for flag in EVENT_FLAGS) and all(values.get(d) is None for d in EVENT_DURATIONS):
         errors["non_field_errors"] = [
             "Choose at least one event: on_failure, on_retry, on_recovery, on_skip, late_after, "
@@ -212,3 +236,35 @@ def rule_delete(*, rule: Rule) -> None:
     with transaction.atomic():
         _audit("delete", rule, _rule_snapshot(rule))
         rule.delete()
+
+
+def rotate_channel_secrets(batch: int) -> tuple[int, int, list[str]]:
+    """Re-encrypt every channel's target and signing secret with the first key of
+    ``TMS_SECRET_KEYS`` (``manage.py tms_rotate_keys`` calls this): (channels, values, ids of
+    channels no key opens). Reads and writes the stored tokens as they are, in batches of locked
+    rows; nothing is decrypted outside :func:`tasks_app.secrets.text_rotate`."""
+    table = connection.ops.quote_name(Channel._meta.db_table)
+    rows = values = 0
+    failed: list[str] = []
+    last = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+            cursor.execute(
+                f"SELECT id, target, secret FROM {table} WHERE id > %s ORDER BY id LIMIT %s{lock}",  # noqa: S608
+                [last, batch],
+            )
+            found = cursor.fetchall()
+            for pk, target, secret in found:
+                try:
+                    new = [text_rotate(target), text_rotate(secret)]
+                except SecretsUnavailable:
+                    failed.append(str(pk))
+                    continue
+                cursor.execute(f"UPDATE {table} SET target = %s, secret = %s WHERE id = %s", [*new, pk])  # noqa: S608
+                rows += 1
+                values += sum(1 for value in (target, secret) if value)
+        if len(found) < batch:
+            break
+        last = found[-1][0]
+    return rows, values, failed

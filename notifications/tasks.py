@@ -9,8 +9,10 @@ from notifications import dispatch
 
 @shared_task(name="tms.notify_dispatch", ignore_result=True, send_events=False)
 def notify_dispatch() -> int:
-    """Beat's pass: outbox -> deliveries, then hand each due delivery to a sender task."""
+    """Beat's pass: outbox -> deliveries (or digest items), digests whose window ended ->
+    deliveries, then hand each due delivery to a sender task."""
     taken = dispatch.dispatch_outbox()
+    dispatch.flush_digests()
     lease = dispatch.lease_due()
     for delivery_id in lease.delivery_ids:
         # Published after the lease committed; a lost publish only waits for the lease to end.

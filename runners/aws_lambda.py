@@ -214,6 +214,11 @@ class LambdaRunner(BaseRunner):
     #: Lambda cannot stop an invocation that has started.
     supports_cancel = False
 
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The function (its name, ``name:alias`` or ARN as the task gives it)."""
+        name = config.get("function_name")
+        return name if isinstance(name, str) and name else self.alias
+
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         allowed = self.options["allowed_functions"]

@@ -183,6 +183,13 @@ class BaseRunner:
         The window is at most an hour (the ledger keeps no use longer)."""
         return None
 
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The target a run of this config acts on, for named limits scoped ``host``: runs with
+        the same key share one budget (``api.example.com``, a Lambda function, a Kubernetes
+        namespace). The default is the runner's alias: every run of it targets the same thing.
+        Must be cheap and never fail: it is called at each claim of a limited run."""
+        return self.alias
+
     def validate_config(self, config: Any) -> dict[str, Any]:
         """Return the normalised config, or raise ``serializers.ValidationError`` per field."""
         if self.config_serializer_class is None:

@@ -139,6 +139,11 @@ class AsyncHttpFunctionRunner(BaseRunner):
     secret_config_fields = ("headers",)
     supports_cancel = True
 
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The host of the function's URL."""
+        url = config.get("url")
+        return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
+
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         self.allowed_urls = UrlAllowList(self.options["allowed_urls"], alias=alias)

@@ -398,6 +398,11 @@ class HttpRunner(BaseRunner):
     #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
     supports_cancel = True
 
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The host of the URL (``api.example.com``)."""
+        url = config.get("url")
+        return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
+
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         self.policy = AddressPolicy.from_entries(self.options["allowed_networks"], alias=alias)

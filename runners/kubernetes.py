@@ -236,6 +236,11 @@ class KubernetesRunner(BaseRunner):
     secret_config_fields = ("env",)
     supports_cancel = True
 
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The namespace its Jobs go to."""
+        namespace = config.get("namespace") or self.options["namespace"]
+        return f"namespace {namespace}"
+
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         prefix = self.options["name_prefix"]

@@ -31,7 +31,7 @@ services seal it (:func:`config_seal`) before saving.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -323,3 +323,58 @@ def check_secret_fields(config: Any, secret_fields: Any) -> dict[str, list[str]]
         except (KeyError, IndexError, TypeError):
             problems.append(f"{text!r} names nothing in config.")
     return {"secret_fields": problems} if problems else {}
+
+
+# --- secret texts (columns encrypted as a whole) -------------------------------------------------
+
+#: The prefix of a whole text column stored encrypted (a notification channel's signing secret
+#: and target): ``"$enc:<Fernet token>"``. The empty string stays empty ("not set" stays visible).
+TEXT_PREFIX = "$enc:"
+
+
+def text_seal(value: str) -> str:
+    """``value`` as it is stored: encrypted with the first key (an already sealed value is kept)."""
+    if not value or value.startswith(TEXT_PREFIX):
+        return value
+    return TEXT_PREFIX + fernet().encrypt(value.encode()).decode()
+
+
+def text_open(stored: str) -> str:
+    """A stored text decrypted; raise :class:`SecretsUnavailable` if no key opens it (or it was
+    stored in the clear, which only a write around the model could do)."""
+    if not stored:
+        return stored
+    if not stored.startswith(TEXT_PREFIX):
+        raise SecretsUnavailable("A secret column holds a value that is not encrypted.")
+    try:
+        return fernet().decrypt(stored[len(TEXT_PREFIX) :].encode()).decode()
+    except InvalidToken:
+        raise SecretsUnavailable(
+            "A secret value cannot be decrypted with any key of TMS_SECRET_KEYS (was a key removed?)."
+        ) from None
+
+
+def text_rotate(stored: str) -> str:
+    """A stored text re-encrypted with the first key (empty stays empty)."""
+    if not stored:
+        return stored
+    if not stored.startswith(TEXT_PREFIX):
+        return text_seal(stored)
+    try:
+        return TEXT_PREFIX + fernet().rotate(stored[len(TEXT_PREFIX) :].encode()).decode()
+    except InvalidToken:
+        raise SecretsUnavailable("A secret value cannot be decrypted with any key.") from None
+
+
+# --- rotation of other apps' secrets -------------------------------------------------------------
+
+#: What ``manage.py tms_rotate_keys`` re-encrypts besides task configs: name -> a function of the
+#: batch size answering (rows rewritten, values re-encrypted, ids of rows no key opens). Apps
+#: above this one (notifications) register theirs when they are ready, so this module needs no
+#: import of them.
+ROTATIONS: dict[str, Callable[[int], tuple[int, int, list[str]]]] = {}
+
+
+def register_rotation(name: str, rotate: Callable[[int], tuple[int, int, list[str]]]) -> None:
+    """Have ``tms_rotate_keys`` call ``rotate(batch)`` for the secrets called ``name``."""
+    ROTATIONS[name] = rotate

@@ -93,7 +93,13 @@ def test_send_test_returns_its_delivery_and_the_log_pages_by_cursor(api_client, 
     assert [d["id"] for d in page.data["results"]] == [tests[2].data["id"], tests[1].data["id"]]
     rest = api_client.get(page.data["next"])
     assert [d["id"] for d in rest.data["results"]] == [tests[0].data["id"]]
-    assert "count" not in page.data
+    # The execution lists' keyset pages: next and previous links, no count.
+    assert "count" not in page.data and page.data["previous"] is None and rest.data["next"] is None
+    back = api_client.get(rest.data["previous"])
+    assert [d["id"] for d in back.data["results"]] == [tests[2].data["id"], tests[1].data["id"]]
+    assert api_client.get(DELIVERIES, {"cursor": "nonsense"}).status_code == 400
+    old_cursor = api_client.get(DELIVERIES, {"before": tests[2].data["id"]})
+    assert old_cursor.status_code == 400 and "before" in old_cursor.data["errors"]
     assert api_client.get(DELIVERIES, {"status": "failed"}).data["results"] == []
     assert api_client.get(DELIVERIES, {"status": "nope"}).status_code == 400
     assert other_client.get(DELIVERIES).data["results"] == []

@@ -29,7 +29,7 @@ def _run(task, outcome: str, *, late: float = 0.0) -> int:
     """Drive one execution through the real transitions: take, claim, then succeed or fail."""
     pk = _execution(task, late=late)
     transitions.executions_take_due(limit=100, actor="monitor")
-    assert transitions.execution_claim(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
+    assert transitions.execution_claim_loaded(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
     if outcome == "succeed":
         assert transitions.execution_succeed(execution_id=pk, attempt=1, worker_id="w", output="", max_chars=100)
     else:
@@ -141,7 +141,7 @@ def test_long_runs_and_the_dead_mans_switch_are_told_once():
     )
     pk = _execution(task)
     transitions.executions_take_due(limit=10, actor="m")
-    transitions.execution_claim(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
+    transitions.execution_claim_loaded(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
     Execution.objects.filter(pk=pk).update(started_at=timezone.now() - timedelta(seconds=6))
     assert dispatch.check_long_runs() == 1
     assert dispatch.check_long_runs() == 0

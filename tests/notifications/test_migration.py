@@ -1,4 +1,5 @@
-"""notification_target values become a channel and a rule (notifications 0002, tasks_app 0010)."""
+"""notification_target values become a channel and a rule (notifications 0002, tasks_app 0010);
+channels' targets and secrets written before 0004 are encrypted by it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,20 @@ def test_old_targets_become_channels_and_rules_on_final_failure(django_user_mode
         old.objects.create(name="none", notification_target="", **common)
         executor = MigrationExecutor(connection)
         executor.migrate(AFTER)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT target, secret FROM notifications_channel WHERE secret <> ''")
+            ((plain_target, plain_secret),) = cursor.fetchall()
+        assert plain_target == "https://hooks.example.com/x" and len(plain_secret) == 64
+        # Then to the latest schema: 0004 encrypts the channels 0002 wrote in plain text.
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT target, secret FROM notifications_channel")
+            raw = cursor.fetchall()
+        assert len(raw) == 2 and all(target.startswith("$enc:") for target, _ in raw), raw
+        assert "hooks.example.com" not in str(raw) and plain_secret not in str(raw) and "ops@" not in str(raw)
         channels = {c.target: c for c in Channel.objects.all()}
+        assert channels["https://hooks.example.com/x"].secret == plain_secret
         assert set(channels) == {"https://hooks.example.com/x", "ops@example.com"}
         assert (
             channels["https://hooks.example.com/x"].kind == "webhook" and channels["https://hooks.example.com/x"].secret

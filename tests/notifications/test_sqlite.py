@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from tests.embedded import run_on_embedded_sqlite
 
 SCRIPT = textwrap.dedent(
     """
@@ -30,7 +29,7 @@ SCRIPT = textwrap.dedent(
         due = timezone.now() - timedelta(seconds=late)
         (pk,) = transitions.executions_create(rows=[transitions.NewExecution(task.pk, due, 5)], actor="t")
         transitions.executions_take_due(limit=10, actor="m")
-        assert transitions.execution_claim(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
+        assert transitions.execution_claim_loaded(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
         if ok:
             transitions.execution_succeed(execution_id=pk, attempt=1, worker_id="w", output="", max_chars=10)
         else:
@@ -50,26 +49,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_the_embedded_sqlite_default_fills_the_outbox(tmp_path: Path):
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tms_project.settings.base",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'tms.sqlite3'}",
-        "CELERY_BROKER_URL": f"filesystem://{tmp_path}",
-        "TMS_VAR_DIR": str(tmp_path),
-    }
-    root = Path(__file__).resolve().parents[2]
-    manage = [sys.executable, str(root / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v", "0"], env=env, cwd=root, check=True, timeout=300)
-    result = subprocess.run(
-        [*manage, "shell", "-v", "0", "-c", SCRIPT],
-        env=env,
-        cwd=root,
-        check=True,
-        timeout=120,
-        capture_output=True,
-        text=True,
-    )
-    lines = result.stdout.strip().splitlines()
+    lines = run_on_embedded_sqlite(tmp_path, SCRIPT, timeout=120).strip().splitlines()
     # Only the watched task: two failures, one late start, one success, one skip.
     assert lines[0] == "['failed', 'failed', 'late', 'skipped', 'succeeded']"
     assert lines[1] == "5"
