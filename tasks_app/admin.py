@@ -31,7 +31,8 @@ from django.utils.html import format_html, format_html_join
 from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
-from tasks_app.models import AuditEntry, OwnerQuota, Task, TaskStatus
+from tasks_app.limits import limit_create, limit_delete, limit_update
+from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
 from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.secrets import config_unmask
 from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
@@ -64,6 +65,7 @@ POLICY_FIELDS = [
     "overlap_policy",
     "max_age",
     "max_concurrency",
+    "limits",
     "max_attempts",
     "retry_backoff",
     "retry_backoff_max",
@@ -105,6 +107,8 @@ def _api_value(value: Any) -> Any:
         return value.total_seconds()
     if isinstance(value, models.Model):
         return value.pk
+    if isinstance(value, QuerySet):  # named limits: the API takes their names
+        return sorted(limit.name for limit in value)
     return value
 
 
@@ -261,6 +265,11 @@ class TaskAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         """Nothing to do: the form saved the task through the services when it was validated."""
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        # Not form.save_m2m(): the services set the task's limits (and has_limits) already.
+        for formset in formsets:
+            self.save_formset(request, form, formset, change=change)
 
     # --- delete: a soft delete through task_delete ------------------------------------------
 
@@ -429,7 +438,7 @@ class OwnerQuotaAdmin(admin.ModelAdmin):
     """Per-owner limits; an empty field means the TMS_QUOTA_* default. Superusers change them
     (through :func:`tasks_app.quotas.owner_quota_set`), staff may look."""
 
-    list_display = ("user", "max_tasks", "max_executions_per_hour", "max_artifact_bytes", "effective")
+    list_display = ("user", "max_tasks", "max_executions_per_hour", "max_artifact_bytes", "fair_weight", "effective")
     search_fields = ("user__username",)
     autocomplete_fields = ("user",)
 
@@ -438,7 +447,7 @@ class OwnerQuotaAdmin(admin.ModelAdmin):
         limits = owner_limits(quota.user)
         return (
             f"{limits.max_tasks} tasks, {limits.max_executions_per_hour} runs/hour on request, "
-            f"{limits.max_artifact_bytes} artifact bytes"
+            f"{limits.max_artifact_bytes} artifact bytes, fair-share weight {limits.fair_weight}"
         )
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -459,4 +468,80 @@ class OwnerQuotaAdmin(admin.ModelAdmin):
             max_tasks=obj.max_tasks,
             max_executions_per_hour=obj.max_executions_per_hour,
             max_artifact_bytes=obj.max_artifact_bytes,
+            fair_weight=obj.fair_weight,
         )
+
+
+#: What the limit services take. Not the form's ``Meta.fields``: the admin's form subclass lists
+#: the page's read-only fields there too (``use``).
+_LIMIT_FIELDS = ("owner", "name", "scope", "key", "max_concurrency", "windows")
+
+
+class LimitAdminForm(forms.ModelForm):
+    """Saves through the limit services while it is validated, so their refusals (a window that
+    cannot be met, no window and no cap, a duplicate name) are errors on the form's fields."""
+
+    class Meta:
+        model = Limit
+        fields = list(_LIMIT_FIELDS)
+        help_texts = {
+            "owner": "Empty: a global limit, which any owner's task may reference.",
+            "windows": '[{"count": 10, "seconds": 1}, {"count": 1000, "seconds": 3600}]',
+        }
+
+    def _post_clean(self) -> None:
+        if self.errors:
+            return
+        data: dict[str, Any] = {name: self.cleaned_data.get(name) for name in _LIMIT_FIELDS}
+        try:
+            with transaction.atomic():
+                if self.instance._state.adding:
+                    self.instance = limit_create(**data)
+                else:
+                    changes = {name: data[name] for name in self.changed_data if name in data and name != "owner"}
+                    self.instance = limit_update(limit=self.instance, changes=changes)
+        except SERVICE_ERRORS as exc:
+            add_service_errors(self, exc)
+
+
+@admin.register(Limit)
+class LimitAdmin(admin.ModelAdmin):
+    """Named limits and their current use; every change goes through :mod:`tasks_app.limits`."""
+
+    form = LimitAdminForm
+    list_display = ("name", "owner", "scope", "max_concurrency", "windows", "use")
+    list_filter = ("scope",)
+    search_fields = ("name", "owner__username")
+    raw_id_fields = ("owner",)
+    readonly_fields = ("use",)
+
+    @admin.display(description="Current use")
+    def use(self, limit: Limit) -> str:
+        from executions.limits import limit_usage
+
+        if limit.pk is None:
+            return "-"
+        parts = []
+        for bucket in limit_usage(limit=limit):
+            windows = ", ".join(f"{w['starts']}/{w['count']} in {w['seconds']:g}s" for w in bucket["windows"])
+            cap = f"{bucket['slots_held']}/{limit.max_concurrency} slots" if limit.max_concurrency else ""
+            parts.append(
+                f"{bucket['key']}: " + "; ".join(p for p in (cap, windows, f"{bucket['waiting']} waiting") if p)
+            )
+        return " | ".join(parts) or "not used yet"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["use", "owner"] if obj is not None else ["use"]
+
+    def save_model(self, request: HttpRequest, obj: Limit, form: Any, change: bool) -> None:
+        """Nothing to do: the form saved the limit through the services when it was validated."""
+
+    def delete_model(self, request: HttpRequest, obj: Limit) -> None:
+        try:
+            limit_delete(limit=obj)
+        except SERVICE_ERRORS as exc:
+            self.message_user(request, f"{obj}: {error_text(exc)}", messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for limit in queryset:
+            self.delete_model(request, limit)

@@ -93,10 +93,75 @@ MAX_KEEP_FOR_DELTA = timedelta(seconds=MAX_KEEP_FOR)
 MAX_CONCURRENCY = 10_000
 
 
-def claims_exclusive(*, overlap_policy: str, max_concurrency: int | None) -> bool:
+def claims_exclusive(*, overlap_policy: str, max_concurrency: int | None, has_limits: bool = False) -> bool:
     """Whether a task's executions are claimed through the checked (slow) claim, which looks at
-    their running siblings: an overlap policy other than ``allow``, or a concurrency cap."""
-    return overlap_policy != OverlapPolicy.ALLOW or max_concurrency is not None
+    their running siblings: an overlap policy other than ``allow``, a concurrency cap, or named
+    limits (:class:`Limit`)."""
+    return overlap_policy != OverlapPolicy.ALLOW or max_concurrency is not None or has_limits
+
+
+class LimitScope(models.TextChoices):
+    KEY = "key"  #: one budget shared by every run of the tasks that reference the limit
+    RUNNER = "runner"  #: one budget per runner alias
+    HOST = "host"  #: one budget per target host (the runner's ``limit_key`` of the task's config)
+
+
+#: Bounds of a named limit: its cap, a rate window's count and length, and how many windows.
+MAX_LIMIT_CONCURRENCY = 100_000
+MAX_WINDOW_COUNT = 1_000_000
+MIN_WINDOW_SECONDS = 0.001
+MAX_WINDOW_SECONDS = 86_400.0
+MAX_WINDOWS = 5
+MAX_LIMITS_PER_TASK = 10
+
+
+class Limit(models.Model):
+    """A named limit on when runs may start, shared by every task that references it: at most
+    ``max_concurrency`` runs holding a slot at once, and at most ``count`` starts in any
+    ``seconds``-long window for each of ``windows``. Owned by a user (their tasks may reference
+    it), or global (no owner: defined by staff, any owner's task may reference it).
+
+    ``scope`` says how runs are grouped into budgets: one for all (``key``), one per runner
+    alias (``runner``) or one per target host (``host``). Enforced at claim time through
+    PostgreSQL (:mod:`executions.limits`)."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="tms_limits",
+        help_text="Empty: a global limit (staff), any owner's task may reference it.",
+    )
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=8, choices=LimitScope.choices, default=LimitScope.KEY)
+    #: For scope ``key``: what the budget is shown as (defaults to the name).
+    key = models.CharField(max_length=200, blank=True, default="")
+    max_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_LIMIT_CONCURRENCY)],
+        help_text="At most this many runs holding a slot at once (empty: no cap).",
+    )
+    #: ``[{"count": 10, "seconds": 1.0}, ...]``: at most count starts in any window that long.
+    windows = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "name"], condition=Q(owner__isnull=False), name="limit_unique_name_per_owner"
+            ),
+            models.UniqueConstraint(fields=["name"], condition=Q(owner__isnull=True), name="limit_unique_global_name"),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gte=1), name="limit_cap_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def default_misfire_grace() -> timedelta:
@@ -167,6 +232,11 @@ class Task(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY)],
         help_text="At most this many runs of the task RUNNING at once; the others wait, in due order (empty: no cap).",
     )
+
+    #: Named limits its runs are subject to; ``has_limits`` mirrors "any", so a claim knows
+    #: without a query (tasks without limits pay nothing).
+    limits = models.ManyToManyField(Limit, blank=True, related_name="tasks")
+    has_limits = models.BooleanField(default=False, db_default=False, editable=False)
 
     # Retries and limits.
     max_attempts = models.PositiveSmallIntegerField(
@@ -373,6 +443,15 @@ class OwnerQuota(models.Model):
     )
     max_artifact_bytes = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Bytes of uploaded artifacts. Empty: TMS_QUOTA_ARTIFACT_BYTES; 0: no limit."
+    )
+    fair_weight = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        # The same bounds as tasks_app.quotas.owner_quota_set checks, so the admin form names the field.
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Share of the workers when more is due than they can start, relative to other owners "
+        "(weighted round-robin: weight 3 starts three runs for one of a weight-1 owner). "
+        "Empty: TMS_FAIR_WEIGHT (1). At least 1.",
     )
 
     class Meta:

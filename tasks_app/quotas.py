@@ -29,6 +29,8 @@ from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import InvalidInput, QuotaExceeded
 
+#: The largest fair-share weight (the ratio between two owners' shares stays readable).
+MAX_FAIR_WEIGHT = 1000
 #: The ledger kind of executions created on request.
 EXECUTIONS = "executions"
 HOUR = 3600.0
@@ -41,6 +43,8 @@ class OwnerLimits:
     max_tasks: int
     max_executions_per_hour: int
     max_artifact_bytes: int
+    #: Share of the workers against other owners when more is due than they can start.
+    fair_weight: int
 
 
 def owner_limits(owner: AbstractBaseUser) -> OwnerLimits:
@@ -51,17 +55,25 @@ def owner_limits(owner: AbstractBaseUser) -> OwnerLimits:
         max_tasks=_limit(row.max_tasks, conf.QUOTA_MAX_TASKS),
         max_executions_per_hour=_limit(row.max_executions_per_hour, conf.QUOTA_EXECUTIONS_PER_HOUR),
         max_artifact_bytes=_limit(row.max_artifact_bytes, conf.QUOTA_ARTIFACT_BYTES),
+        fair_weight=_limit(row.fair_weight, conf.FAIR_WEIGHT),
     )
 
 
 def owner_quota_set(*, owner: AbstractBaseUser, **limits: int | None) -> OwnerQuota:
     """Set some of ``owner``'s limits (``max_tasks``, ``max_executions_per_hour``,
-    ``max_artifact_bytes``; None: back to the default, 0: no limit). For operators and tooling."""
-    unknown = set(limits) - {"max_tasks", "max_executions_per_hour", "max_artifact_bytes"}
+    ``max_artifact_bytes``; None: back to the default, 0: no limit) and their ``fair_weight`` (their
+    share of the workers when more is due than they can start; 1 to 1000, None: the default
+    ``TMS_FAIR_WEIGHT``). For operators and tooling."""
+    unknown = set(limits) - {"max_tasks", "max_executions_per_hour", "max_artifact_bytes", "fair_weight"}
     if unknown:
         raise InvalidInput({name: ["Not a quota."] for name in sorted(unknown)})
-    negative = sorted(name for name, value in limits.items() if value is not None and value < 0)
+    negative = sorted(
+        name for name, value in limits.items() if name != "fair_weight" and value is not None and value < 0
+    )
     errors = {name: ["Must be 0 (no limit) or more."] for name in negative}
+    weight = limits.get("fair_weight")
+    if weight is not None and not 1 <= weight <= MAX_FAIR_WEIGHT:
+        errors["fair_weight"] = [f"Must be between 1 and {MAX_FAIR_WEIGHT} (empty: the default)."]
     if errors:
         raise InvalidInput(errors)
     quota, _ = OwnerQuota.objects.update_or_create(user_id=owner.pk, defaults=limits)

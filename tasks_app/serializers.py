@@ -14,10 +14,12 @@ from rest_framework import serializers
 
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkipReason
 from executions.serializers import CancelReportSerializer
+from tasks_app.limits import task_limit_names
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
     MAX_CONCURRENCY,
     MAX_KEEP_FOR_DELTA,
+    MAX_LIMITS_PER_TASK,
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
@@ -252,6 +254,16 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
             "overlap_policy allow; the other overlap policies already keep one run at a time."
         ),
     )
+    limits = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        max_length=MAX_LIMITS_PER_TASK,
+        help_text=(
+            "Names of named limits (GET /api/v1/limits) its runs are subject to: the owner's own of that name, "
+            "else a global one. A run that would exceed one waits, and says why "
+            "(`waiting: limit api.example.com 10/s`)."
+        ),
+    )
     max_attempts = serializers.IntegerField(required=False, default=3, min_value=1, max_value=100)
     retry_backoff = DurationField(required=False, default=timedelta(seconds=5))
     retry_backoff_max = DurationField(required=False, default=timedelta(minutes=10))
@@ -395,6 +407,7 @@ class TaskSerializer(serializers.ModelSerializer):
     retry_backoff_max = DurationField()
     timeout = DurationField()
     keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
+    limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
 
     class Meta:
         model = Task
@@ -419,6 +432,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "overlap_policy",
             "max_age",
             "max_concurrency",
+            "limits",
             "max_attempts",
             "retry_backoff",
             "retry_backoff_max",
@@ -438,6 +452,10 @@ class TaskSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_limits(self, task: Task) -> list[str]:
+        return task_limit_names(task) if task.has_limits else []  # no query for a task without
 
     @extend_schema_field(serializers.ChoiceField(choices=TaskState.choices))
     def get_state(self, task: Task) -> str:
@@ -492,7 +510,7 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         if "config" in attrs:
             # A secret sent back as its mask keeps its stored value (the runner checks the real one).
             attrs["config"] = config_unmask(attrs["config"], plain)
-        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS} | {"config": plain} | attrs
+        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits"}} | {"config": plain} | attrs
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])

@@ -23,6 +23,7 @@ from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_app.audit import audit_diff, audit_record, audit_record_many
+from tasks_app.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_app.models import AuditAction, Task, TaskStatus, claims_exclusive
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
@@ -223,10 +224,15 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     """
     now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
-    tasks, errors = [], {}
+    tasks, errors, named = [], {}, []
     for index, spec in enumerate(specs):
         try:
-            tasks.append(_build_task(owner=owner, now=now, **spec))
+            spec = dict(spec)
+            chosen = limits_resolve(owner_id=owner.pk, names=spec.pop("limits", None) or [])
+            task = _build_task(owner=owner, now=now, **spec)
+            task.has_limits = bool(chosen)
+            tasks.append(task)
+            named.append(chosen)
         except InvalidInput as exc:
             errors[str(index)] = exc.errors
     if errors:
@@ -242,6 +248,13 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     with transaction.atomic():
         quota_check_tasks(owner=owner, adding=len(tasks))
         Task.objects.bulk_create(tasks, batch_size=1000)
+        Task.limits.through.objects.bulk_create(
+            [
+                Task.limits.through(task_id=task.pk, limit_id=limit.pk)
+                for task, chosen in zip(tasks, named, strict=True)
+                for limit in chosen
+            ]
+        )
         audit_record_many(
             [
                 {
@@ -291,6 +304,7 @@ UPDATABLE_FIELDS = (
         "keep_for",
         "keep_failed_longer",
         "secret_fields",
+        "limits",
     }
 )
 
@@ -363,11 +377,20 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     if unknown:
         raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
     changes = dict(changes)
+    new_limits = changes.pop("limits", None)
     with transaction.atomic():
         task = _lock(task.pk)
         sealed, plain = task.config, task_config(task)
         before = (task.runner, plain, list(task.secret_fields or []))
         snapshot_before = _snapshot(task, None)
+        limits_changed = False
+        if new_limits is not None:
+            chosen = limits_resolve(owner_id=task.owner_id, names=new_limits)
+            old_names = task_limit_names(task)
+            if sorted(limit.name for limit in chosen) != old_names:
+                task_set_limits(task=task, limits=chosen)
+                limits_changed = True
+                snapshot_before["limits"] = old_names
         if "config" in changes:
             # A secret sent back as its mask keeps its stored value.
             changes["config"] = config_unmask(changes["config"], plain)
@@ -407,14 +430,17 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         if changed & {"overlap_policy", "max_concurrency"}:
             # Claims read the policy and the cap from the task; the flag only routes them to the check.
             Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
-                exclusive=claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
+                exclusive=claims_exclusive(
+                    overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency, has_limits=task.has_limits
+                )
             )
         task.save()
-        if changed:
+        if changed or limits_changed:
             masked_before, masked_after = config_masked_pair(before, after)
-            diff = audit_diff(
-                {**snapshot_before, "config": masked_before}, {**_snapshot(task, None), "config": masked_after}
-            )
+            snapshot_after = {**_snapshot(task, None), "config": masked_after}
+            if limits_changed:
+                snapshot_after["limits"] = task_limit_names(task)
+            diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
             _audit_task(task, AuditAction.UPDATE, changes=diff)
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
@@ -569,7 +595,9 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
             "scheduled_for", flat=True
         )
     )
-    exclusive = claims_exclusive(overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency)
+    exclusive = claims_exclusive(
+        overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency, has_limits=task.has_limits
+    )
     rows = [
         transitions.NewExecution(task.pk, when, task.priority, due_at=now, exclusive=exclusive)
         for when in times

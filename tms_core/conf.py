@@ -30,6 +30,18 @@ class TmsSettings:
     MONITOR_MAX_SLEEP: float = 1.0
     #: A PENDING execution unclaimed for this many seconds is published again.
     PENDING_REPUBLISH_AFTER: float = 120.0
+    #: Fair share (docs/when-a-run-may-start.md): the monitor keeps about this many seconds of
+    #: work published and not yet started (PENDING), at the rate workers start runs, and picks what
+    #: to publish next by weighted round-robin between owners. 0: publish everything due at once,
+    #: in due order (no fair share: a later owner's run queues behind a herd in the broker).
+    MONITOR_QUEUE_SECONDS: float = 0.5
+    #: The fewest runs kept published (PENDING) while more are due, whatever the measured rate:
+    #: at least the workers' prefetch (pool processes of all workers), so none idles at the start.
+    MONITOR_MIN_PENDING: int = 8
+    #: Seconds between top-ups while the monitor holds due runs back (the queue is full enough).
+    MONITOR_TOPUP_INTERVAL: float = 0.1
+    #: An owner's weight in the fair share when their OwnerQuota sets none.
+    FAIR_WEIGHT: int = 1
     #: Seconds between worker heartbeats, and between the lease extensions that the process
     #: working on an execution makes (a keeper thread: see executions.worker_services).
     HEARTBEAT_INTERVAL: float = 5.0
@@ -136,6 +148,14 @@ class TmsSettings:
         if not 60 <= self.ARTIFACT_UPLOAD_TTL <= 86400:
             raise ImproperlyConfigured("TMS_ARTIFACT_UPLOAD_TTL must be between 60 and 86400 (seconds).")
         # The bounds of the task fields these are defaults for (tasks_app.models).
+        if not 0 <= self.MONITOR_QUEUE_SECONDS <= 60:
+            raise ImproperlyConfigured("TMS_MONITOR_QUEUE_SECONDS must be between 0 (off) and 60.")
+        if not 1 <= self.MONITOR_MIN_PENDING <= 100_000:
+            raise ImproperlyConfigured("TMS_MONITOR_MIN_PENDING must be between 1 and 100000.")
+        if not 0.01 <= self.MONITOR_TOPUP_INTERVAL <= 5:
+            raise ImproperlyConfigured("TMS_MONITOR_TOPUP_INTERVAL must be between 0.01 and 5 (seconds).")
+        if not 1 <= self.FAIR_WEIGHT <= 1000:
+            raise ImproperlyConfigured("TMS_FAIR_WEIGHT must be between 1 and 1000.")
         if self.MATERIALISE_THREADS < 1:
             raise ImproperlyConfigured("TMS_MATERIALISE_THREADS must be at least 1.")
         if self.MISFIRE_GRACE < 1:

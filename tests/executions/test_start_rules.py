@@ -88,8 +88,8 @@ def test_the_fast_claim_refuses_an_expired_run_so_the_checked_claim_records_it()
     task = TaskFactory(max_age=timedelta(seconds=5), misfire_grace=timedelta(hours=1))
     old = ExecutionFactory(task=task, scheduled_for=timezone.now() - timedelta(seconds=8), status=S.PENDING)
     fresh = ExecutionFactory(task=task, scheduled_for=timezone.now() - timedelta(seconds=2), status=S.PENDING)
-    assert not transitions.execution_claim(execution_id=old.pk, attempt=1, worker_id="w", lease_seconds=60)
-    assert transitions.execution_claim(execution_id=fresh.pk, attempt=1, worker_id="w", lease_seconds=60)
+    assert not transitions.execution_claim_loaded(execution_id=old.pk, attempt=1, worker_id="w", lease_seconds=60)
+    assert transitions.execution_claim_loaded(execution_id=fresh.pk, attempt=1, worker_id="w", lease_seconds=60)
     assert _claim(old).outcome == "skipped"
     assert SkippedOccurrence.objects.get(task=task).reason == "expired"
 

@@ -7,8 +7,10 @@ import io
 import json
 import re
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
+from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.core.management import call_command
@@ -44,11 +46,16 @@ def admin_client(admin_user) -> Client:
     return client
 
 
-def _form_data(form) -> dict[str, str]:
+def _form_data(form) -> dict[str, Any]:
     """What a browser would post for ``form`` as rendered (its initial values)."""
     data = {}
-    for name in form.fields:
+    for name, field in form.fields.items():
         value = form[name].value()
+        if isinstance(field, forms.MultipleChoiceField | forms.ModelMultipleChoiceField):
+            # A multiple select posts one value per chosen option, and nothing when none is.
+            if value:
+                data[name] = [str(v) for v in value]
+            continue
         if value is None:
             value = ""
         elif isinstance(value, bool):
@@ -329,3 +336,36 @@ def test_retention_settings_are_changed_in_the_admin_through_the_service(admin_c
     assert bad.status_code == 200 and {"keep_last", "keep_for"} <= set(bad.context["adminform"].form.errors)
     task.refresh_from_db()
     assert task.keep_last == 5
+
+
+# --- named limits ----------------------------------------------------------------------------
+
+LIMITS = "/admin/tasks_app/limit/"
+
+
+def _limit_form(**fields: Any) -> dict[str, Any]:
+    return {"owner": "", "name": "api", "scope": "key", "key": "", "max_concurrency": "", "windows": "[]", **fields}
+
+
+def test_limits_are_added_and_changed_in_the_admin_through_the_services(admin_client, admin_user):
+    from tasks_app.models import AuditEntry, Limit
+
+    # Bad input: an error on the field, no limit, no server error (the form once forwarded the
+    # page's read-only "use" column to the service: a TypeError on every add).
+    response = admin_client.post(f"{LIMITS}add/", _limit_form(windows='[{"count": 0, "seconds": 1}]'))
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["windows"]
+    assert not Limit.objects.exists()
+
+    windows = '[{"count": 10, "seconds": 1}]'
+    response = admin_client.post(f"{LIMITS}add/", _limit_form(owner=admin_user.pk, windows=windows))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    limit = Limit.objects.get()
+    assert (limit.owner, limit.name, limit.windows) == (admin_user, "api", [{"count": 10, "seconds": 1.0}])
+
+    response = admin_client.post(f"{LIMITS}{limit.pk}/change/", _limit_form(windows=windows, max_concurrency="2"))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    limit.refresh_from_db()
+    assert limit.max_concurrency == 2 and limit.owner == admin_user  # the owner stays
+    assert AuditEntry.objects.filter(object_type="limit").count() == 2  # created, updated
+    assert "not used yet" in admin_client.get(f"{LIMITS}{limit.pk}/change/").content.decode()

@@ -13,6 +13,7 @@ from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
 from tasks_app.api import SchedulePreviewView, TaskViewSet
 from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 from tasks_app.audit_api import AuditEntryViewSet
+from tasks_app.limits_api import LimitViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
@@ -21,6 +22,7 @@ router.register("executions", ExecutionViewSet, basename="execution")
 router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 router.register("audit", AuditEntryViewSet, basename="audit")
+router.register("limits", LimitViewSet, basename="limit")
 router.register("notification-channels", ChannelViewSet, basename="notification-channel")
 router.register("notification-rules", RuleViewSet, basename="notification-rule")
 router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")

@@ -329,9 +329,15 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Messages each pool process may hold beyond the one it runs (with acks_late, unacknowledged). 1 keeps a
+# long launch from holding work another process could start; tms_bench's herd measures more.
+CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("TMS_WORKER_PREFETCH_MULTIPLIER", default=1)
 CELERY_TASK_DEFAULT_DELIVERY_MODE = "persistent"
-CELERY_WORKER_SEND_TASK_EVENTS = True
+# Task events (received, started, succeeded) cost the worker's main process a publish each and the
+# broker a fan-out: two to three messages more per execution, measured by tms_bench's herd. Off
+# unless asked for: Flower turns them on in the workers it watches (its enable_events option,
+# default on), so they are sent while someone looks, and TMS_WORKER_TASK_EVENTS=true sends them always.
+CELERY_WORKER_SEND_TASK_EVENTS = env.bool("TMS_WORKER_TASK_EVENTS", default=False)
 # Logging is Django's LOGGING in every process (tms_project/celery.py connects setup_logging).
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SEND_SENT_EVENT = False
@@ -382,6 +388,10 @@ TMS = {
     "MONITOR_BATCH": env.int("TMS_MONITOR_BATCH", default=500),
     "MONITOR_MAX_SLEEP": env.float("TMS_MONITOR_MAX_SLEEP", default=1.0),
     "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
+    "MONITOR_QUEUE_SECONDS": env.float("TMS_MONITOR_QUEUE_SECONDS", default=0.5),
+    "MONITOR_MIN_PENDING": env.int("TMS_MONITOR_MIN_PENDING", default=8),
+    "MONITOR_TOPUP_INTERVAL": env.float("TMS_MONITOR_TOPUP_INTERVAL", default=0.1),
+    "FAIR_WEIGHT": env.int("TMS_FAIR_WEIGHT", default=1),
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
     "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),

@@ -1,0 +1,143 @@
+"""``/api/v1/limits``: named limits (concurrency caps and rate windows shared by tasks) and their
+current use. Owners manage their own; staff also define global limits (``"global": true``)
+that every owner's task may reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers, viewsets
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.serializers import BaseSerializer
+
+from executions.limits import limit_usage
+from tasks_app.limits import limit_create, limit_delete, limit_update
+from tasks_app.models import MAX_LIMIT_CONCURRENCY, MAX_WINDOWS, Limit, LimitScope
+from tasks_app.roles import may_act_for
+from tms_core.auth import request_user
+from tms_project.api.base import OwnerScopedMixin, StrictInputMixin
+
+
+class WindowSerializer(StrictInputMixin, serializers.Serializer):
+    count = serializers.IntegerField(help_text="At most this many starts ...")
+    seconds = serializers.FloatField(help_text="... in any window this many seconds long.")
+
+
+class WindowUseSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    seconds = serializers.FloatField()
+    starts = serializers.IntegerField(help_text="Starts logged in the window ending now.")
+
+
+class BucketUseSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="The budget: the limit's key, a runner alias or a target host.")
+    slots_held = serializers.IntegerField(help_text="Concurrency slots held by RUNNING executions (leases alive).")
+    waiting = serializers.IntegerField(help_text="Executions waiting for this budget.")
+    windows = WindowUseSerializer(many=True)
+
+
+class LimitSerializer(StrictInputMixin, serializers.ModelSerializer):
+    """A named limit. Numbers are checked by the service (a window that cannot be met, no window
+    and no cap, a duplicate name): each a 400 on its field."""
+
+    read_only_names = frozenset({"id", "owner", "usage", "created_at", "updated_at"})
+
+    owner: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    is_global = serializers.BooleanField(
+        required=False,
+        default=False,
+        source="global_",
+        help_text="A global limit (staff only): no owner, any owner's task may reference it.",
+    )
+    name = serializers.CharField(max_length=100)
+    scope = serializers.ChoiceField(
+        choices=LimitScope.choices,
+        required=False,
+        default=LimitScope.KEY,
+        help_text="key: one budget for every run that references it; runner: one per runner alias; "
+        "host: one per target (the http host, the Lambda function, the Kubernetes namespace).",
+    )
+    key = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    max_concurrency = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=f"At most this many runs at once per budget (1 to {MAX_LIMIT_CONCURRENCY}; null: no cap).",
+    )
+    windows = WindowSerializer(
+        many=True,
+        required=False,
+        default=list,
+        help_text=f"Rate windows, all enforced at once (at most {MAX_WINDOWS}): "
+        '[{"count": 10, "seconds": 1}, {"count": 1000, "seconds": 3600}].',
+    )
+    usage = serializers.SerializerMethodField(help_text="Current use of each budget (slots held, starts per window).")
+
+    class Meta:
+        model = Limit
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "is_global",
+            "scope",
+            "key",
+            "max_concurrency",
+            "windows",
+            "usage",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "owner", "usage", "created_at", "updated_at"]
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        instance.global_ = instance.owner_id is None
+        return super().to_representation(instance)
+
+    @extend_schema_field(BucketUseSerializer(many=True))
+    def get_usage(self, limit: Limit) -> list[dict[str, Any]]:
+        return limit_usage(limit=limit)
+
+
+class LimitViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
+    """Named limits: the requesting owner's and the global ones (staff see all)."""
+
+    queryset = Limit.objects.select_related("owner").all()
+    serializer_class = LimitSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):
+            return queryset.none()
+        user = self.request.user
+        return queryset if user.is_staff else queryset.filter(Q(owner=user) | Q(owner__isnull=True))
+
+    def check_object_permissions(self, request: Any, obj: Any) -> None:
+        if request.method not in ("GET", "HEAD", "OPTIONS") and obj.owner_id is None:
+            verb = "delete" if request.method == "DELETE" else "change"
+            if not (request.user.is_staff and may_act_for(request.user, None, f"tasks_app.{verb}_limit")):
+                # Staff are read-only support unless given the permission (superusers have it).
+                raise PermissionDenied("Only staff may change a global limit.")
+            return
+        super().check_object_permissions(request, obj)
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        data = dict(serializer.validated_data)
+        user = request_user(self.request)
+        is_global = data.pop("global_", False)
+        if is_global and not (user.is_staff and user.has_perm("tasks_app.add_limit")):
+            raise PermissionDenied("Only staff may define a global limit.")
+        owner = None if is_global else user
+        serializer.instance = limit_create(owner=owner, **data)
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        assert isinstance(serializer.instance, Limit)
+        changes = {k: v for k, v in serializer.validated_data.items() if k != "global_"}
+        serializer.instance = limit_update(limit=serializer.instance, changes=changes)
+
+    def perform_destroy(self, instance: Limit) -> None:
+        limit_delete(limit=instance)

@@ -1,0 +1,273 @@
+"""Fair share between owners (executions.fairness): the selection order, the pacing of the
+monitor, the owner weight setting, and on the running system a herd that does not starve
+another owner's runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from executions import fairness
+from executions.models import Execution, ExecutionEvent
+from executions.models import ExecutionStatus as S
+from executions.monitor import Monitor
+from tasks_app.models import OwnerQuota
+from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.services import task_bulk_create
+from tests.executions.test_monitor import FlakyPublisher
+from tests.factories import ExecutionFactory, TaskFactory, UserFactory
+from tests.processes import running, start_monitor, start_worker, wait_worker_ready
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
+from tms_core.errors import InvalidInput
+
+
+def _due(owner, count: int, *, priority: int = 5, late: float = 60.0) -> list[int]:
+    """``count`` due SCHEDULED executions of one task of ``owner``, oldest first."""
+    task = TaskFactory(owner=owner, misfire_grace=timedelta(hours=1), priority=priority)
+    now = timezone.now()
+    return [
+        ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=late - index / 10)).pk
+        for index in range(count)
+    ]
+
+
+def _owners_of(ids: list[int], a: list[int]) -> str:
+    return "".join("A" if execution_id in a else "B" for execution_id in ids)
+
+
+# --- the selection -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_equal_weights_alternate_owners_whatever_the_due_order():
+    herd_owner, other = UserFactory(), UserFactory()
+    a = _due(herd_owner, 8, late=120)  # all due before any of B's
+    b = _due(other, 3, late=30)
+    picked = fairness.pick_fair(limit=8)
+    assert _owners_of(picked, a) == "ABABABAA"
+    # Within an owner, due order.
+    assert [i for i in picked if i in a] == a[:5] and [i for i in picked if i in b] == b
+
+
+@pytest.mark.django_db
+def test_weights_three_to_one_give_three_runs_for_one():
+    heavy, light = UserFactory(), UserFactory()
+    owner_quota_set(owner=heavy, fair_weight=3)
+    a = _due(heavy, 12)
+    _due(light, 12)
+    assert _owners_of(fairness.pick_fair(limit=12), a) == "AAABAAABAAAB"
+    # The default weight is a setting: with a default of 3 the other owner weighs as much.
+    assert _owners_of(fairness.pick_fair(limit=6, default_weight=3), a) == "ABABAB"
+
+
+@pytest.mark.django_db
+def test_priority_orders_an_owners_runs_and_does_not_take_turns_from_other_owners():
+    owner, other = UserFactory(), UserFactory()
+    low = _due(owner, 3, priority=1, late=120)
+    high = _due(owner, 2, priority=9, late=10)  # due later, but higher priority
+    b = _due(other, 3, priority=5, late=60)
+    picked = fairness.pick_fair(limit=8)
+    # The owner's turns go to priority 9 first; a tie between owners goes to the higher priority.
+    assert picked == [high[0], b[0], high[1], b[1], b[2], low[0], low[1], low[2]]
+
+
+@pytest.mark.django_db
+def test_only_due_scheduled_rows_are_picked():
+    owner = UserFactory()
+    due = _due(owner, 2)
+    task = TaskFactory(owner=owner)
+    ExecutionFactory(task=task, scheduled_for=timezone.now() + timedelta(hours=1))  # not due
+    ExecutionFactory(task=task, scheduled_for=timezone.now() - timedelta(seconds=5), status=S.PENDING)
+    assert fairness.pick_fair(limit=10) == due
+    assert fairness.pick_fair(limit=0) == []
+
+
+def _fair_reference(*, limit: int, default_weight: int) -> list[int]:
+    """The fair order computed in Python from every row: the definition ``pick_fair``'s index
+    reads (only each owner's first turns) must agree with."""
+    now = db_now()
+    weights = dict(OwnerQuota.objects.filter(fair_weight__isnull=False).values_list("user_id", "fair_weight"))
+    rows = Execution.objects.filter(status=S.SCHEDULED, due_at__lte=now).values_list(
+        "id", "owner_id", "priority", "due_at"
+    )
+    by_owner: dict[int, list[tuple[int, int, object]]] = {}
+    for pk, owner_id, priority, due_at in rows:
+        by_owner.setdefault(owner_id, []).append((pk, priority, due_at))
+    keyed = []
+    for owner_id, runs in by_owner.items():
+        weight = weights.get(owner_id, default_weight)
+        for turn, (pk, priority, due_at) in enumerate(sorted(runs, key=lambda r: (-r[1], r[2], r[0])), start=1):
+            keyed.append(((turn / weight, -weight, -priority, due_at, pk), pk))
+    return [pk for _, pk in sorted(keyed)[:limit]]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pick_agrees_with_the_order_computed_from_every_row(seed):
+    # Owners with different weights and backlogs, every priority, rows due and not yet due, and
+    # rows in other statuses: the index-driven pick reads a few rows per owner and level, and must
+    # give exactly the order that numbering every due row gives.
+    import random
+
+    rng = random.Random(seed)
+    owners = [UserFactory() for _ in range(5)]
+    for owner in owners[:3]:
+        owner_quota_set(owner=owner, fair_weight=rng.choice([1, 2, 3, 7]))
+    now = timezone.now()
+    for owner in owners:
+        task = TaskFactory(owner=owner, misfire_grace=timedelta(hours=1))
+        for index in range(rng.choice([0, 1, 4, 30, 80])):
+            execution = ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=index + 1))
+            Execution.objects.filter(pk=execution.pk).update(
+                priority=rng.randint(0, 9),
+                due_at=now + timedelta(seconds=rng.uniform(-300, 60)),
+                status=rng.choice([S.SCHEDULED] * 4 + [S.PENDING, S.SUCCEEDED]),
+            )
+    for limit in (1, 7, 40, 500):
+        for weight in (1, 2):
+            assert fairness.pick_fair(limit=limit, default_weight=weight) == _fair_reference(
+                limit=limit, default_weight=weight
+            )
+
+
+# --- pacing in the monitor -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_paced_monitor_publishes_up_to_the_floor_fairly_and_tops_up_as_runs_start():
+    herd_owner, other = UserFactory(), UserFactory()
+    a = _due(herd_owner, 30, late=120)
+    _due(other, 2, late=10)
+    # A queue of a hundredth of a second: the floor decides, however fast the test's "starts" look.
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.01, MONITOR_MIN_PENDING=6)
+    publisher = FlakyPublisher()
+    monitor = Monitor(conf=conf, batch=100, publish=publisher)
+
+    sent, next_due = monitor.dispatch_once(housekeeping=False)
+    assert (sent, next_due) == (6, conf.MONITOR_TOPUP_INTERVAL)  # held back: top up soon
+    assert _owners_of(publisher.ids, a) == "ABABAA"
+    assert monitor.stats.held_back == 1
+    # Nothing started: the next pass publishes nothing more.
+    assert monitor.dispatch_once(housekeeping=False)[0] == 0
+    # Four runs start (claimed by workers): four more are published, the herd's next ones.
+    Execution.objects.filter(pk__in=publisher.ids[:4]).update(status=S.RUNNING)
+    assert monitor.dispatch_once(housekeeping=False)[0] == 4
+    assert publisher.ids[6:] == a[4:8]
+    assert Execution.objects.filter(status=S.PENDING).count() == 6
+
+
+@pytest.mark.django_db
+def test_without_pacing_the_monitor_publishes_everything_due_in_due_order():
+    a = _due(UserFactory(), 5, late=120)
+    b = _due(UserFactory(), 2, late=10)
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.0)
+    publisher = FlakyPublisher()
+    monitor = Monitor(conf=conf, batch=100, publish=publisher)
+    assert monitor.pacer is None
+    assert monitor.dispatch_once(housekeeping=False) == (7, None)
+    assert publisher.ids == a + b
+
+
+@pytest.mark.django_db
+def test_rows_pending_longer_than_the_republish_delay_are_not_counted_as_queued():
+    task = TaskFactory()
+    fresh = ExecutionFactory(task=task, scheduled_for=timezone.now(), status=S.PENDING, enqueued_at=timezone.now())
+    ExecutionFactory(
+        task=task,
+        scheduled_for=timezone.now() - timedelta(seconds=1),
+        status=S.PENDING,
+        enqueued_at=timezone.now() - timedelta(hours=1),
+    )
+    assert fresh.pk
+    assert fairness.published_unstarted(cap=100, older_than=120) == 1
+    assert fairness.published_unstarted(cap=100, older_than=7200) == 2
+    assert fairness.published_unstarted(cap=1, older_than=7200) == 1
+
+
+def test_the_pacer_target_follows_the_start_rate(monkeypatch):
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=4)
+    now = [0.0]
+    pacer = fairness.Pacer(conf, clock=lambda: now[0])
+    pending = iter([0, 0, 50, 50])
+    monkeypatch.setattr(fairness, "published_unstarted", lambda **_: next(pending))
+    assert pacer.room() == 4  # no history: the floor
+    pacer.published(100)
+    now[0] = 0.5
+    # 100 published, none queued: 100 started in 0.5 s, 200/s; half a second of it is 100.
+    assert pacer.room() == 100
+    pacer.published(100)
+    now[0] = 1.0
+    # 100 more published, 50 queued: 150 started over the second, 75 wanted, 50 queued.
+    assert (pacer.room(), pacer.target) == (25, 75)
+    now[0] = 10.0
+    # Nothing started for long: the history is gone, back to the floor.
+    assert (pacer.room(), pacer.target) == (0, 4)
+
+
+# --- the owner weight ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("weight", [0, -1, 1001])
+def test_a_weight_out_of_bounds_is_refused_on_the_field(weight):
+    user = UserFactory()
+    with pytest.raises(InvalidInput) as refused:
+        owner_quota_set(owner=user, fair_weight=weight)
+    assert set(refused.value.errors) == {"fair_weight"}
+    assert not OwnerQuota.objects.filter(pk=user.pk).exists()
+
+
+@pytest.mark.django_db
+def test_the_weight_defaults_to_the_setting_and_can_be_set_back_to_it(settings):
+    user = UserFactory()
+    assert owner_limits(user).fair_weight == 1
+    owner_quota_set(owner=user, fair_weight=4)
+    assert owner_limits(user).fair_weight == 4
+    owner_quota_set(owner=user, fair_weight=None)
+    settings.TMS = {**settings.TMS, "FAIR_WEIGHT": 2}
+    assert owner_limits(user).fair_weight == 2
+
+
+# --- the running system --------------------------------------------------------------------------
+
+HERD, FEW = 300, 5
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_herd_does_not_starve_another_owners_runs_on_the_running_system():
+    """Owner A's 300 runs and owner B's 5, due at one instant, one worker process: B's runs all
+    start before half of A's have (order from the event log), each run starts exactly once."""
+    herd_owner, other = UserFactory(), UserFactory()
+    worker = start_worker(concurrency=1)
+    monitor = start_monitor()
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        due = db_now() + timedelta(seconds=3)
+        task_bulk_create(
+            owner=herd_owner, specs=[{"runner": "noop", "start_at": due, "name": f"herd {i}"} for i in range(HERD)]
+        )
+        task_bulk_create(
+            owner=other, specs=[{"runner": "noop", "start_at": due, "name": f"few {i}"} for i in range(FEW)]
+        )
+        rows = Execution.objects.filter(task__owner__in=[herd_owner, other])
+        assert rows.count() == HERD + FEW
+        deadline = time.monotonic() + 300
+        while rows.exclude(status=S.SUCCEEDED).exists():
+            assert time.monotonic() < deadline, list(rows.values_list("status").distinct())
+            time.sleep(0.5)
+    owner_of = dict(rows.values_list("id", "task__owner_id"))
+    starts = list(
+        ExecutionEvent.objects.filter(execution_id__in=owner_of, to_status=S.RUNNING)
+        .order_by("id")
+        .values_list("execution_id", flat=True)
+    )
+    assert len(starts) == len(set(starts)) == HERD + FEW  # none lost, none started twice
+    last_b = max(index for index, execution_id in enumerate(starts) if owner_of[execution_id] == other.pk)
+    herd_before = sum(1 for execution_id in starts[:last_b] if owner_of[execution_id] == herd_owner.pk)
+    assert herd_before < HERD / 2, (herd_before, last_b)
