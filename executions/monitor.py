@@ -7,6 +7,10 @@ nothing, so rows stay SCHEDULED, and retries with backoff; a batch cut off mid-p
 back to SCHEDULED; a monitor that dies between commit and publish leaves PENDING rows that are
 published again once unclaimed for ``PENDING_REPUBLISH_AFTER`` seconds. Between
 passes it sleeps until the next due time, a Postgres ``NOTIFY``, or ``MONITOR_MAX_SLEEP``.
+
+Fair share (:mod:`executions.fairness`): when more is due than the workers start, the monitor
+publishes only enough to keep about ``MONITOR_QUEUE_SECONDS`` of work queued, chosen by weighted
+round-robin between owners, and tops the queue up every ``MONITOR_TOPUP_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from kombu import Producer
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from executions import transitions
+from executions import fairness, transitions
 from executions.notify import DueListener
+from executions.publishing import Confirms, confirmed_batches
 from tms_core import metrics
 from tms_core.conf import TmsSettings, tms_settings
 from tms_core.logcontext import log_context
@@ -61,7 +66,10 @@ class MonitorStats:
     republished: int = 0
     polls: int = 0
     errors: int = 0
-    #: Durations of the latest due queries (the SKIP LOCKED select), for ``tms_bench``.
+    #: Passes that left due runs SCHEDULED because the queue was deep enough (fair share).
+    held_back: int = 0
+    #: Durations of the latest due queries (the SKIP LOCKED select, and the fair-share pick
+    #: before it), for ``tms_bench``.
     due_query_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
     def summary(self) -> dict[str, float | int]:
@@ -76,10 +84,47 @@ class MonitorStats:
             "republished": self.republished,
             "polls": self.polls,
             "errors": self.errors,
+            "held_back": self.held_back,
             "due_query_p50_ms": quantile(0.50),
             "due_query_p99_ms": quantile(0.99),
             "due_query_max_ms": quantile(1.0),
         }
+
+
+@dataclass
+class Backlog:
+    """How long a message published now waits in the execution queue, estimated from the
+    queue's depth and how fast the workers drain it.
+
+    A PENDING row is republished once unclaimed for ``PENDING_REPUBLISH_AFTER`` seconds *plus*
+    this wait: behind a deep queue a message is late, not lost, and publishing it again only adds
+    a duplicate the workers must read and refuse (the chaos run's RabbitMQ restart left 243). The
+    drain rate comes from the monitor's own counts: what it published since the last look, less
+    what is still queued (with several monitors it sees only its own publishes, so it
+    underestimates the rate and waits longer, never shorter). Until it has a rate, nothing is added.
+    """
+
+    depth: int = 0
+    published: int = 0
+    at: float | None = None
+    #: Messages consumed per second (moving average); 0 while unknown.
+    rate: float = 0.0
+
+    def observe(self, *, depth: int, published: int, now: float) -> None:
+        """Record the queue's ready messages ``depth`` and the monitor's ``published`` total."""
+        if self.at is not None and now > self.at:
+            consumed = self.depth + (published - self.published) - depth
+            if consumed >= 0:
+                sample = consumed / (now - self.at)
+                self.rate = sample if not self.rate else 0.7 * self.rate + 0.3 * sample
+        self.depth, self.published, self.at = depth, published, now
+
+    def republish_after(self, base: float) -> float:
+        """The age at which an unclaimed PENDING row is taken as lost: ``base`` plus the queue's
+        wait, at most ten times ``base`` (a stuck estimate never stops republishing)."""
+        if not self.depth or self.rate <= 0:
+            return base
+        return min(base + self.depth / self.rate, 10 * base)
 
 
 class Monitor:
@@ -94,7 +139,11 @@ class Monitor:
         self.publish = publish
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
         self.listener = DueListener()
+        #: Fair share (executions.fairness): keeps the queue shallow and fills it owner by owner;
+        #: None when TMS_MONITOR_QUEUE_SECONDS is 0 (everything due is published at once).
+        self.pacer = fairness.Pacer(self.conf) if self.conf.MONITOR_QUEUE_SECONDS > 0 else None
         self.stats = MonitorStats()
+        self.backlog = Backlog()
         self._running = False
         #: Set by :meth:`stop`: a pass in progress ends after its current batch.
         self._stop_requested = False
@@ -105,8 +154,10 @@ class Monitor:
 
     # -- one pass ---------------------------------------------------------------------------
 
-    def _publish(self, taken: list[transitions.Dispatch], task: Any, producer: Producer) -> None:
-        """Publish taken rows with confirms; undo (back to SCHEDULED) what could not be published."""
+    def _publish(self, taken: list[transitions.Dispatch], task: Any, producer: Producer, confirms: Confirms) -> None:
+        """Publish taken rows, then wait once for the broker's confirms of them all; undo (back to
+        SCHEDULED) what could not be published, or the whole batch if it was not confirmed (a
+        worker that already got one of its messages finds the row SCHEDULED and its claim loses)."""
         sent = 0
         try:
             for item in taken:
@@ -114,6 +165,12 @@ class Monitor:
                     self.publish(task, item, producer)
                     logger.debug("execution %s attempt %s: published (%s)", item.execution_id, item.attempt, item.kind)
                 sent += 1
+            if taken:
+                try:
+                    confirms.wait()
+                except _BROKER_ERRORS:
+                    sent = 0
+                    raise
         except _BROKER_ERRORS:
             metrics.MONITOR_PUBLISH_ERRORS.inc()
             transitions.executions_untake(
@@ -125,44 +182,85 @@ class Monitor:
         """Publish everything due now, in batches. Returns (messages sent, seconds until the next
         due execution or None). Each batch takes its rows and looks up the next due time in one
         transaction (one commit); ``housekeeping`` also republishes lost messages and dispatches
-        polls, which the loop does about once per ``MONITOR_MAX_SLEEP``."""
-        sent, next_due = 0, None
-        with self._run_task.app.producer_or_acquire() as producer:
+        polls, which the loop does about once per ``MONITOR_MAX_SLEEP``. Messages go out on a
+        channel of the pass's own, each batch confirmed by one wait (executions.publishing)."""
+        with self._run_task.app.producer_or_acquire() as pooled:
             # Take nothing while the broker is unreachable: it would only have to be undone.
-            producer.connection.ensure_connection(max_retries=1)
-            while True:
-                with transaction.atomic():
+            pooled.connection.ensure_connection(max_retries=1)
+            with confirmed_batches(pooled) as (producer, confirms):
+                sent, next_due = self._dispatch(producer, confirms, housekeeping=housekeeping)
+        return sent, next_due
+
+    def _dispatch(self, producer: Producer, confirms: Confirms, *, housekeeping: bool) -> tuple[int, float | None]:
+        sent, next_due = 0, None
+        while True:
+            # One transaction (one commit) per batch, the queue count of the pacer included: a
+            # held-back monitor tops up ten times a second, whatever the rate.
+            with transaction.atomic():
+                if self.pacer is None:
                     taken = transitions.executions_take_due(limit=self.batch, actor=self.actor)
                     next_due = transitions.next_due_in() if len(taken) < self.batch else 0.0
-                self._publish(taken, self._run_task, producer)
-                sent += len(taken)
-                self.stats.published += len(taken)
-                metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
-                # A stop (SIGTERM) ends the pass between batches: every batch taken so far has
-                # been published; the rest of a backlog stays SCHEDULED for another monitor.
-                if len(taken) < self.batch or self._stop_requested:
+                elif limit := min(self.batch, self.pacer.room()):
+                    taken = fairness.take_due_fairly(limit=limit, actor=self.actor)
+                    next_due = transitions.next_due_in() if len(taken) < self.batch else 0.0
+                else:
+                    # The queue is deep enough: take nothing (top up again soon if runs are due,
+                    # below; else sleep until the next is due, as ever).
+                    taken, next_due = [], transitions.next_due_in()
+            self._publish(taken, self._run_task, producer, confirms)
+            sent += len(taken)
+            self.stats.published += len(taken)
+            metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
+            if self.pacer is not None:
+                self.pacer.published(len(taken))
+                if next_due == 0.0 and len(taken) < self.batch:
+                    # Runs are due but held back (the queue is deep enough): top up soon.
+                    self.stats.held_back += 1
+                    next_due = self.conf.MONITOR_TOPUP_INTERVAL
                     break
-            if housekeeping and not self._stop_requested:
-                stale = transitions.executions_take_stale_pending(
-                    limit=self.batch, older_than=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
-                )
-                self._publish(stale, self._run_task, producer)
-                polls = transitions.executions_take_polls(
-                    limit=self.batch, in_flight_for=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
-                )
-                self._publish(polls, self._poll_task, producer)
-                self.stats.republished += len(stale)
-                self.stats.polls += len(polls)
-                metrics.MONITOR_PUBLISHED.labels("republish").inc(len(stale))
-                metrics.MONITOR_PUBLISHED.labels("poll").inc(len(polls))
-                sent += len(stale) + len(polls)
+            # A stop (SIGTERM) ends the pass between batches: every batch taken so far has
+            # been published; the rest of a backlog stays SCHEDULED for another monitor.
+            if len(taken) < self.batch or self._stop_requested:
+                break
+        if housekeeping and not self._stop_requested:
+            self._observe_queue(producer)
+            stale = transitions.executions_take_stale_pending(
+                limit=self.batch,
+                older_than=round(self.backlog.republish_after(self.conf.PENDING_REPUBLISH_AFTER)),
+                actor=self.actor,
+            )
+            self._publish(stale, self._run_task, producer, confirms)
+            polls = transitions.executions_take_polls(
+                limit=self.batch, in_flight_for=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
+            )
+            self._publish(polls, self._poll_task, producer, confirms)
+            self.stats.republished += len(stale)
+            self.stats.polls += len(polls)
+            metrics.MONITOR_PUBLISHED.labels("republish").inc(len(stale))
+            metrics.MONITOR_PUBLISHED.labels("poll").inc(len(polls))
+            sent += len(stale) + len(polls)
         return sent, next_due
+
+    def _observe_queue(self, producer: Producer) -> None:
+        """Feed :attr:`backlog` the execution queue's depth (a passive declare on a channel of its
+        own: a refused one closes only that channel). Without an answer, the fixed age holds."""
+        queue = self._run_task.app.conf.task_default_queue
+        try:
+            connection: Any = producer.connection
+            with connection.channel() as channel:
+                depth = channel.queue_declare(queue=queue, passive=True).message_count
+        except Exception as exc:  # noqa: BLE001 - a hint only: a missing queue, a closed channel
+            logger.debug("queue depth of %s unknown (%s)", queue, exc)
+            self.backlog = Backlog()
+            return
+        sent = self.stats.published + self.stats.republished + self.stats.polls
+        self.backlog.observe(depth=depth, published=sent, now=time.monotonic())
 
     def _time_due_query(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
         """Execute wrapper: records how long the due query (the SKIP LOCKED select) takes."""
-        if "SKIP LOCKED" not in sql or '"due_at" <=' not in sql:
+        if ("SKIP LOCKED" not in sql or '"due_at" <=' not in sql) and "OVER (PARTITION BY" not in sql:
             return execute(sql, params, many, context)
         started = time.perf_counter()
         try:

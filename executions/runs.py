@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from executions import transitions
+from executions import limits, transitions
 from executions.backoff import exponential_backoff
 from executions.callbacks import callback_token, callback_url
 from executions.models import Execution
@@ -146,6 +146,17 @@ def execution_record_outcome(
                 notify_due()
         except DatabaseError:  # the waiters' re-check (WAIT_RECHECK_SECONDS) releases them instead
             logger.warning("execution %s: could not release the next waiting run", execution.pk, exc_info=True)
+    if task.has_limits:
+        # Its limit slots are free now: the runs waiting for them are due now.
+        try:
+            with transaction.atomic():  # one commit: the slots freed and their waiters due
+                released = transitions.executions_release_limit_waiters(
+                    free=limits.limits_release(execution_id=execution.pk)
+                )
+            if released:
+                notify_due()
+        except DatabaseError:  # the slots lapse with the lease; the waiters' re-check finds them
+            logger.warning("execution %s: could not release its limit slots", execution.pk, exc_info=True)
     return "finished"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection
 
-from executions import transitions
+from executions import limits, transitions
 from executions.backoff import exponential_backoff
 from executions.models import Execution
 from executions.runs import (
@@ -55,15 +55,15 @@ class _LeaseKeeper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: execution id -> (attempt, lease owner, set when the lease was lost)
-        self._held: dict[int, tuple[int, str, threading.Event]] = {}
+        #: execution id -> (attempt, lease owner, set when the lease was lost, holds limit slots)
+        self._held: dict[int, tuple[int, str, threading.Event, bool]] = {}
         self._thread: threading.Thread | None = None
         self._pid = 0
 
-    def hold(self, execution_id: int, attempt: int, worker_id: str) -> threading.Event:
+    def hold(self, execution_id: int, attempt: int, worker_id: str, *, slots: bool = False) -> threading.Event:
         lost = threading.Event()
         with self._lock:
-            self._held[execution_id] = (attempt, worker_id, lost)
+            self._held[execution_id] = (attempt, worker_id, lost, slots)
             if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
                 # First use in this process (pool processes are forked without the thread).
                 self._pid = os.getpid()
@@ -81,13 +81,15 @@ class _LeaseKeeper:
             time.sleep(conf.HEARTBEAT_INTERVAL)
             with self._lock:
                 due = [(i, *held) for i, held in self._held.items()]
-            for execution_id, attempt, worker_id, lost in due:
+            for execution_id, attempt, worker_id, lost, slots in due:
                 with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
-                    self._extend(conf, execution_id, attempt, worker_id, lost)
+                    self._extend(conf, execution_id, attempt, worker_id, lost, slots)
             if not due:
                 connection.close()
 
-    def _extend(self, conf: Any, execution_id: int, attempt: int, worker_id: str, lost: threading.Event) -> None:
+    def _extend(
+        self, conf: Any, execution_id: int, attempt: int, worker_id: str, lost: threading.Event, slots: bool
+    ) -> None:
         try:
             if not transitions.execution_extend_lease(
                 execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
@@ -95,6 +97,9 @@ class _LeaseKeeper:
                 lost.set()
                 self.release(execution_id)
                 logger.warning("execution %s: lease lost to another worker", execution_id)
+            elif slots:
+                # Its named-limit slots are leases too: they live exactly as long as this one.
+                limits.limits_extend_slots(execution_id=execution_id, seconds=conf.WORKER_TIMEOUT)
         except DatabaseError as exc:
             logger.warning("execution %s: lease extension failed (%s)", execution_id, exc)
             connection.close()
@@ -104,10 +109,11 @@ _keeper = _LeaseKeeper()
 
 
 @contextmanager
-def keep_lease(*, execution_id: int, attempt: int, worker_id: str) -> Iterator[threading.Event]:
-    """Keep this process's lease on an execution while the block runs (see :class:`_LeaseKeeper`).
-    The yielded event is set if an extension lost: another worker took the execution over."""
-    lost = _keeper.hold(execution_id, attempt, worker_id)
+def keep_lease(*, execution_id: int, attempt: int, worker_id: str, slots: bool = False) -> Iterator[threading.Event]:
+    """Keep this process's lease on an execution while the block runs (see :class:`_LeaseKeeper`),
+    and with ``slots`` the named-limit slots it holds. The yielded event is set if an extension
+    lost: another worker took the execution over."""
+    lost = _keeper.hold(execution_id, attempt, worker_id, slots=slots)
     try:
         yield lost
     finally:
@@ -149,7 +155,7 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     with (
         log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
-        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
+        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
     ):
         logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
         return _start(execution, task, worker_id)
@@ -186,13 +192,37 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:
         return "lost"
     execution, task = loaded
+    if task.has_limits:
+        wait = _limits_on_resume(execution, task)
+        if wait is not None:
+            # It starts again, and its named limits have no room: it waits, RUNNING without a
+            # lease, like a launch over the runner's rate, until a poll message resumes it.
+            logger.info("execution %s: resumed; named limits full, start deferred %.1fs", execution_id, wait)
+            released = persist(
+                lambda: transitions.execution_release(
+                    execution_id=execution_id, attempt=attempt, worker_id=worker_id, poll_in=wait
+                )
+            )
+            return "deferred" if released else "lost"
     with (
         log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
-        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id),
+        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
     ):
         logger.info("execution %s attempt %s: leased; resuming", execution_id, attempt)
         return _resume(execution, task, worker_id)
+
+
+def _limits_on_resume(execution: Execution, task: Task) -> float | None:
+    """Named-limit slots of a leased RUNNING execution: kept (taken again if they lapsed) while
+    its external run goes on; taken anew, behind the runs waiting for them, if it must start
+    again (its worker died before the run id was recorded). None, or the seconds to wait."""
+    seconds = tms_settings().WORKER_TIMEOUT
+    ids = {"execution_id": execution.pk, "task_id": task.pk, "runner": task.runner, "config": task.config}
+    if execution.external_run_id:
+        limits.limits_retake(**ids, seconds=seconds)
+        return None
+    return limits.limits_take_again(**ids, seconds=seconds)
 
 
 def _resume(execution: Execution, task: Task, worker_id: str) -> str:
@@ -229,6 +259,7 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
                     execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=delay
                 )
             )
+            _keep_slots_until_poll(execution, task, delay)
             return "polling"
     return execution_record_outcome(
         execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=handle.external_run_id
@@ -267,6 +298,8 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
                     execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=wait
                 )
             )
+            if released:
+                _keep_slots_until_poll(execution, task, wait)
             return "deferred" if released else "lost"
     try:
         handle = runner.start(spec)
@@ -305,7 +338,19 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
         logger.warning("execution %s: lease lost before the run id was recorded; cancelling run", execution.pk)
         _call(runner.cancel, spec, handle)
         return "lost"
+    _keep_slots_until_poll(execution, task, POLL_BASE)
     return "polling"
+
+
+def _keep_slots_until_poll(execution: Execution, task: Task, poll_in: float) -> None:
+    """An asynchronous run keeps its named-limit slots while no worker holds it: until its next
+    poll is due plus one lease (the poll's worker renews them; if none comes, they lapse)."""
+    if task.has_limits:
+        persist(
+            lambda: limits.limits_extend_slots(
+                execution_id=execution.pk, seconds=poll_in + tms_settings().WORKER_TIMEOUT
+            )
+        )
 
 
 def _call(method: Callable[..., RunResult | None], *args: Any, transient_is_running: bool = False) -> RunResult:

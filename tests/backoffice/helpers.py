@@ -20,7 +20,7 @@ def run(task: Task, *, outcome: str = "succeed", late: float = 0.5, error: str =
     due = timezone.now() - timedelta(seconds=late)
     (pk,) = transitions.executions_create(rows=[transitions.NewExecution(task.pk, due, 5)], actor="test")
     transitions.executions_take_due(limit=1000, actor="monitor:test")
-    assert transitions.execution_claim(execution_id=pk, attempt=1, worker_id=WORKER, lease_seconds=60)
+    assert transitions.execution_claim_loaded(execution_id=pk, attempt=1, worker_id=WORKER, lease_seconds=60)
     if outcome == "succeed":
         assert transitions.execution_succeed(execution_id=pk, attempt=1, worker_id=WORKER, output="ok", max_chars=1000)
     elif outcome == "fail":

@@ -28,7 +28,7 @@ def _running(**task_fields) -> Execution:
         rows=[transitions.NewExecution(task.pk, timezone.now(), 5)], actor="test"
     )
     transitions.executions_take_due(limit=100, actor="monitor")
-    assert transitions.execution_claim(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
+    assert transitions.execution_claim_loaded(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
     assert transitions.execution_record_run(
         execution_id=execution_id, attempt=1, worker_id="w:1:1", external_run_id="job-1", run_handle={}, poll_in=60
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -51,7 +52,11 @@ def test_two_materialisers_and_two_monitors_create_and_publish_each_execution_on
     TaskFactory.create_batch(ONE_SHOT, owner=owner, start_at=now - timedelta(seconds=1))
     TaskFactory.create_batch(RECURRING, owner=owner, start_at=now, interval=timedelta(hours=1))
 
-    monitors = (start_monitor("monitor-a"), start_monitor("monitor-b"))
+    # No worker runs here, so a paced monitor (fair share) would publish only its floor and wait
+    # for starts; pacing off, each publishes everything due at once, which is what is raced here.
+    # (Paced monitors publishing each run once: tests/executions/test_fairness.py.)
+    unpaced = {"TMS_MONITOR_QUEUE_SECONDS": "0"}
+    monitors = (start_monitor("monitor-a", **unpaced), start_monitor("monitor-b", **unpaced))
     with running(*monitors):
         materialisers = [
             subprocess.Popen([sys.executable, "manage.py", "materialise"], cwd=ROOT, env=process_env())
@@ -115,13 +120,17 @@ def test_a_backlog_is_drained_by_threads_each_occurrence_once():
     interval = TaskFactory.create_batch(600, owner=owner, start_at=now, interval=timedelta(minutes=1))
     cron = TaskFactory.create_batch(600, owner=owner, start_at=now, cron="* * * * *", timezone="Asia/Kolkata")
     # One full batch here, then three threads with their own connections share the rest.
+    started = time.monotonic()
     created = materialise_due(horizon=150, batch=100, threads=3)
     per_task = Execution.objects.values("task").annotate(n=Count("id"))
     assert created == Execution.objects.count() == sum(row["n"] for row in per_task)
     assert {row["n"] for row in per_task if row["task"] in {t.pk for t in interval}} == {3}  # 0, 60, 120 s
     assert {row["n"] for row in per_task if row["task"] in {t.pk for t in cron}} <= {2, 3}  # whole minutes
     assert len(per_task) == 1200
-    assert materialise_due(horizon=150, batch=100, threads=3) == 0
+    # Again over the same span (the horizon moves with the clock: a pass whose end crossed the
+    # next minute would rightly add the cron tasks' next fire time): creates nothing.
+    again = 150 - (time.monotonic() - started) - 1
+    assert materialise_due(horizon=again, batch=100, threads=3) == 0
 
 
 @pytest.mark.django_db(transaction=False)

@@ -52,7 +52,7 @@ class Ledger:
     def _claim(self, pk: int, attempt: int, ran_for: float) -> Execution:
         taken = transitions.executions_take_due(limit=MAX, actor="monitor:test")
         assert pk in [d.execution_id for d in taken]
-        assert transitions.execution_claim(execution_id=pk, attempt=attempt, worker_id=WORKER, lease_seconds=60)
+        assert transitions.execution_claim_loaded(execution_id=pk, attempt=attempt, worker_id=WORKER, lease_seconds=60)
         if ran_for:
             Execution.objects.filter(pk=pk).update(started_at=timezone.now() - timedelta(seconds=ran_for))
         return Execution.objects.get(pk=pk)
@@ -399,7 +399,7 @@ SQLITE_SCRIPT = textwrap.dedent(
         due = timezone.now() - timedelta(seconds=late)
         (pk,) = transitions.executions_create(rows=[transitions.NewExecution(task.pk, due, 5)], actor="t")
         transitions.executions_take_due(limit=10, actor="m")
-        assert transitions.execution_claim(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
+        assert transitions.execution_claim_loaded(execution_id=pk, attempt=1, worker_id="w", lease_seconds=60)
         return pk
 
     ok = start(30)

@@ -50,7 +50,9 @@ def _stop_and_time(proc: ManagedProcess, timeout: float) -> float:
 
 def _monitor(name: str) -> ManagedProcess:
     argv = [sys.executable, "manage.py", "run_monitor", "--batch", str(BATCH)]
-    return ManagedProcess(name, argv, process_env(), LOG_DIR)
+    # Unpaced (no fair share): with no worker to start runs, a paced monitor would publish only its
+    # floor and then sleep; the backlog here must be published batch after batch.
+    return ManagedProcess(name, argv, process_env(TMS_MONITOR_QUEUE_SECONDS="0"), LOG_DIR)
 
 
 def test_sigterm_stops_the_monitor_between_batches_of_a_backlog_with_every_taken_batch_published():

@@ -283,7 +283,10 @@ class OverlapMachine(RuleBasedStateMachine):
             self.runs.remove((execution, attempt))
         entry = self.model[execution]
         fast = entry.status == S.PENDING and entry.attempt == attempt and not entry.exclusive
-        won = transitions.execution_claim(execution_id=execution, attempt=attempt, worker_id=worker, lease_seconds=60)
+        claimed = transitions.execution_claim_loaded(
+            execution_id=execution, attempt=attempt, worker_id=worker, lease_seconds=60
+        )
+        won = claimed is not None
         assert won == fast
         if won:
             self._claimed(entry, worker)

@@ -79,7 +79,7 @@ def test_untake_returns_unpublished_executions_to_scheduled():
 def test_untake_leaves_an_execution_a_worker_already_claimed():
     execution = _execution()
     (taken,) = transitions.executions_take_due(limit=10, actor="monitor:test")
-    assert transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert transitions.execution_claim_loaded(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
     assert transitions.executions_untake(dispatches=[taken], actor="monitor:test", reason="broker down") == 0
     assert Execution.objects.get(pk=execution.pk).status == S.RUNNING
 
@@ -89,15 +89,18 @@ def test_claim_from_wrong_state_loses_and_changes_nothing(status):
     execution = _execution(status)
     before = _snapshot(execution)
     assert (
-        transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30) is False
+        transitions.execution_claim_loaded(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+        is None
     )
     assert _snapshot(execution) == before
 
 
 def test_claim_wins_once():
     execution = _execution(S.PENDING)
-    assert transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
-    assert not transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:2:2", lease_seconds=30)
+    assert transitions.execution_claim_loaded(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert not transitions.execution_claim_loaded(
+        execution_id=execution.pk, attempt=1, worker_id="w:2:2", lease_seconds=30
+    )
     execution.refresh_from_db()
     assert execution.status == S.RUNNING and execution.lease_owner == "w:1:1"
     assert execution.lease_expires_at > timezone.now()
@@ -105,7 +108,9 @@ def test_claim_wins_once():
 
 def test_claim_with_stale_attempt_loses():
     execution = _execution(S.PENDING, attempt=2)
-    assert not transitions.execution_claim(execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30)
+    assert not transitions.execution_claim_loaded(
+        execution_id=execution.pk, attempt=1, worker_id="w:1:1", lease_seconds=30
+    )
     assert Execution.objects.get(pk=execution.pk).status == S.PENDING
 
 
@@ -431,7 +436,7 @@ def test_exclusive_claim_decides_on_the_row_as_it_is_under_the_lock(monkeypatch)
     got the task lock: the claim loses and cancel_previous leaves the running one alone (it used
     to cancel it for a successor that never ran, and drop the report that its run must stop)."""
     _, previous, pending = _exclusive_pair("cancel_previous")
-    real_task = transitions.Task
+    real_task = transitions.overlap.Task
 
     class TaskLockedAfterACancel:
         class objects:  # stands in for the manager
@@ -440,7 +445,7 @@ def test_exclusive_claim_decides_on_the_row_as_it_is_under_the_lock(monkeypatch)
                 transitions.execution_cancel(execution_id=pending.pk, actor="user:alice")
                 return real_task.objects.select_for_update(**kwargs)
 
-    monkeypatch.setattr(transitions, "Task", TaskLockedAfterACancel)
+    monkeypatch.setattr(transitions.overlap, "Task", TaskLockedAfterACancel)
     claim = _claim_exclusive(pending)
     assert (claim.outcome, claim.cancelled) == ("lost", ())
     previous.refresh_from_db()

@@ -100,7 +100,10 @@ class TransitionMachine(RuleBasedStateMachine):
     def claim(self, worker: str, offset: int) -> None:
         """Also models duplicate and stale deliveries of the run message."""
         attempt = self.model.attempt + offset
-        won = transitions.execution_claim(execution_id=self.id, attempt=attempt, worker_id=worker, lease_seconds=60)
+        claimed = transitions.execution_claim_loaded(
+            execution_id=self.id, attempt=attempt, worker_id=worker, lease_seconds=60
+        )
+        won = claimed is not None
         assert won == (self.model.status == S.PENDING and offset == 0)
         if won:
             self.model.status, self.model.owner, self.model.lease_expired = S.RUNNING, worker, False

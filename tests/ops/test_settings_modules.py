@@ -129,7 +129,7 @@ def test_a_token_signed_with_the_repository_key_cannot_finish_an_execution(setti
         rows=[transitions.NewExecution(task.pk, timezone.now(), 5)], actor="test"
     )
     transitions.executions_take_due(limit=100, actor="monitor")
-    assert transitions.execution_claim(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
+    assert transitions.execution_claim_loaded(execution_id=execution_id, attempt=1, worker_id="w:1:1", lease_seconds=60)
     claim = {"e": execution_id, "a": 1, "x": int(time.time()) + 600}
     forged = signing.dumps(claim, key=DEVELOPMENT_SECRET_KEY, salt=_SALT, compress=True)
 

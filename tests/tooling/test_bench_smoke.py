@@ -10,22 +10,32 @@ from django.core.management import call_command
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
+# The herd scenario waits for a minute boundary (up to 75 s) before anything runs.
+@pytest.mark.timeout(900)
 def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     call_command(
         "tms_bench",
-        "--tasks", "40", "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
+        "--tasks", "40", "--herd-tasks", "20", "--rate", "10", "--duration", "2",
+        "--scale-executions", "2000", "--scale-tasks", "200",
         "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
-        "--json", str(out),
+        "--fair-herd", "30", "--fair-few", "3", "--json", str(out),
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
     assert "| scale |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    assert set(scenarios) == {"burst", "sustained", "scale", "create", "dashboard", "lists", "prune"}
+    expected = {"burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness"}
+    assert set(scenarios) == expected
     assert scenarios["burst"]["executions"] == 40
+    fair = scenarios["fairness"]["extra"]
+    assert fair["started_exactly_once"] == fair["runs"] == 33 and fair["never_started"] == 0
     assert scenarios["burst"]["baseline_per_second"] > 0
+    herd = scenarios["herd"]
+    assert herd["executions"] == 20
+    assert herd["extra"]["lost"] == herd["extra"]["duplicated"] == herd["extra"]["bare_lost"] == 0
+    assert herd["baseline_per_second"] > 0
     assert scenarios["sustained"]["executions"] == 20
     assert scenarios["scale"]["extra"]["filler_executions"] == 2000
     assert scenarios["create"]["extra"]["bulk_tasks_per_second"] > 0
@@ -46,7 +56,7 @@ def test_tms_bench_lists_and_prune_scenarios(tmp_path, capsys):
     )  # fmt: skip
     scenarios = {row["scenario"]: row for row in json.loads(out.read_text())["results"]}
     assert scenarios["lists"]["executions"] == 3000
-    assert {"p50", "p95"} <= set(scenarios["lists"]["extra"]["owner_deep_90pct_ms"])
+    assert {"p50", "p95"} <= set(scenarios["lists"]["extra"]["http"]["owner"]["deep_90pct"])
     prune = scenarios["prune"]
     # Every task keeps its latest run only: 100 tasks' latest finished runs and the unfinished ones stay.
     assert 2500 < prune["executions"] < 3000 and prune["extra"]["archive_files"] >= 3

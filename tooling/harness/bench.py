@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -28,7 +29,8 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Max
 
-from executions.models import TERMINAL_STATUSES, Execution
+from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
+from tasks_app.limits import limit_create
 from tasks_app.models import Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.services import task_bulk_create
@@ -36,9 +38,18 @@ from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
-SCENARIOS = ("burst", "sustained", "scale", "create", "dashboard", "lists", "prune")
+SCENARIOS = ("burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
+    # Named limits of the burst with limits: their slots and starts, through their buckets.
+    """DELETE FROM executions_limitslot WHERE bucket_id IN (SELECT b.id FROM executions_limitbucket b
+        JOIN tasks_app_limit l ON l.id = b.limit_id JOIN auth_user u ON u.id = l.owner_id WHERE u.username = %s)""",
+    """DELETE FROM executions_limitstart WHERE bucket_id IN (SELECT b.id FROM executions_limitbucket b
+        JOIN tasks_app_limit l ON l.id = b.limit_id JOIN auth_user u ON u.id = l.owner_id WHERE u.username = %s)""",
+    """DELETE FROM executions_limitbucket WHERE limit_id IN (
+        SELECT l.id FROM tasks_app_limit l JOIN auth_user u ON u.id = l.owner_id WHERE u.username = %s)""",
+    """DELETE FROM tasks_app_task_limits WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_archiveindex WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM executions_runrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM executions_taskrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
@@ -50,11 +61,14 @@ _CLEANUP = (
     """DELETE FROM executions_execution WHERE task_id IN (
         SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM tasks_app_task WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
+    """DELETE FROM tasks_app_limit WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
 )
 BENCH_USER = "tms-bench"
 FILLER_USER = "tms-bench-filler"
 #: Owner of the prune scenario's bursts, apart from the history being pruned.
 BURST_USER = "tms-bench-burst"
+#: The fairness scenario's second owner (the first is BENCH_USER, with the herd).
+FAIR_USER = "tms-bench-fair"
 
 
 @dataclass
@@ -66,6 +80,11 @@ class BenchConfig:
     duration: float = 20.0
     workers: int = 1
     concurrency: int = 4
+    #: The herd scenario: every-minute cron tasks due on one minute, worker processes per worker
+    #: (beside ``workers``), and monitors.
+    herd_tasks: int = 1000
+    herd_concurrency: int = 2
+    monitors: int = 1
     scale_executions: int = 1_000_000
     scale_tasks: int = 100_000
     create_requests: int = 300
@@ -73,7 +92,15 @@ class BenchConfig:
     #: Dashboard renders timed (for each of a staff user and an owner).
     dashboard_renders: int = 60
     #: Requests timed per execution-list path (lists scenario).
-    list_requests: int = 200
+    list_requests: int = 100
+    #: lists: leave the history in place afterwards, and time the one already there if any.
+    keep_history: bool = False
+    #: The fairness scenario: owner A's herd and owner B's runs, all due at one instant.
+    fair_herd: int = 10_000
+    fair_few: int = 10
+    #: Run the burst a second time with a named limit on every task (a cap and a rate window
+    #: too wide to bind): what enforcing limits costs per execution, beside the burst without.
+    with_limit: bool = False
     log_dir: Path = field(default_factory=lambda: ROOT / "var" / "bench")
     settings_module: str = ""
     progress: Callable[[str], None] = lambda line: None
@@ -120,6 +147,19 @@ class _StatementCounter:
         return execute(sql, params, many, context)
 
 
+def _cpu_seconds(procs: list[ManagedProcess]) -> float:
+    """CPU time (user + system) used so far by the processes of these process groups (a worker
+    and its pool children; the monitor), from /proc."""
+    groups = {proc.pid for proc in procs}
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) in groups:  # pgrp
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _commits() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
@@ -158,7 +198,7 @@ class Bench:
         mon = start_monitor("bench-monitor", log_dir=self.config.log_dir, **self._env()) if monitor else None
         try:
             for worker in workers:
-                wait_ready(worker)
+                wait_ready(worker, timeout=120)  # a loaded shared machine starts Celery slowly
             yield workers, mon
         finally:
             for proc in [*workers, *([mon] if mon else [])]:
@@ -176,14 +216,16 @@ class Bench:
     def _run_load(self, name: str, specs: list[dict[str, Any]], starts_at: datetime, expected: int) -> Figures:
         """Create the tasks, then measure from ``starts_at`` until ``expected`` executions end."""
         figures = Figures(name)
-        with self._platform() as (_, mon):
+        with self._platform() as (procs, mon):
             for chunk in range(0, len(specs), 2000):
                 task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 2000])
             task_ids = list(Task.objects.filter(owner=self.owner).values_list("id", flat=True))
             counter = _StatementCounter()
             before = _commits()
+            cpu_before = _cpu_seconds([*procs, *([mon] if mon else [])])
             with connection.execute_wrapper(counter):
                 self._wait_done(name, task_ids, expected, starts_at)
+            cpu = _cpu_seconds([*procs, *([mon] if mon else [])]) - cpu_before
         connection.close()  # our own statistics are flushed when the connection ends
         time.sleep(1.0)
         commits = _commits() - before - counter.count
@@ -197,11 +239,16 @@ class Bench:
         figures.seconds = max(1e-6, (last - first_due).total_seconds()) if last else 0.0
         figures.per_second = figures.executions / figures.seconds if figures.seconds else 0.0
         figures.commits_per_execution = round(commits / figures.executions, 2) if figures.executions else None
+        if figures.executions:
+            # Workers' and monitor's CPU (PostgreSQL's is shared with other users of the server).
+            figures.extra["cpu_ms_per_exec"] = round(cpu * 1000 / figures.executions, 2)
         figures.monitor = self._monitor_stats(mon)
         return figures
 
-    def _wait_done(self, name: str, task_ids: list[Any], expected: int, starts_at: datetime) -> None:
-        timeout = 120 + expected / 20
+    def _wait_done(
+        self, name: str, task_ids: list[Any], expected: int, starts_at: datetime, timeout: float | None = None
+    ) -> None:
+        timeout = timeout or 120 + expected / 20
         deadline = time.monotonic() + timeout
         last_report = 0.0
         while True:
@@ -219,24 +266,143 @@ class Bench:
     def _cleanup(self) -> None:
         """Delete what this run created (set-based: the scale scenario leaves a million rows)."""
         with connection.cursor() as cursor:
-            for username in (BENCH_USER, FILLER_USER, BURST_USER):
+            for username in (BENCH_USER, FILLER_USER, BURST_USER, FAIR_USER):
                 for statement in _CLEANUP:
                     cursor.execute(statement, [username])
 
     # -- scenarios --------------------------------------------------------------------------
 
-    def burst(self) -> Figures:
+    def burst(self, *, limited: bool = False) -> Figures:
         count = self.config.tasks
         lead = max(3.0, count / 2000 + 3.0)
         due = db_now() + timedelta(seconds=lead)
-        specs = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
-        self.config.progress(f"burst: {count} one-shot tasks due at one instant {lead:.0f}s ahead")
-        figures = self._run_load("burst", specs, due, count)
+        specs: list[dict[str, Any]] = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
+        name = "burst"
+        if limited:
+            # Checked, never binding: every claim pays for the limit, none waits for it.
+            limit_create(
+                owner=self.owner, name="bench", max_concurrency=100_000, windows=[{"count": 1_000_000, "seconds": 1}]
+            )
+            specs = [{**spec, "limits": ["bench"]} for spec in specs]
+            name = "burst_limited"
+        self.config.progress(f"{name}: {count} one-shot tasks due at one instant {lead:.0f}s ahead")
+        figures = self._run_load(name, specs, due, count)
         rows = Execution.objects.filter(task__owner=self.owner).values_list("scheduled_for", "started_at")
         figures.extra["last_start_after_due_s"] = round(
             max((started - scheduled).total_seconds() for scheduled, started in rows if started), 3
         )
         figures.baseline_per_second = self.baseline(count)
+        self._cleanup()
+        return figures
+
+    def herd(self) -> Figures:
+        """The minute-boundary herd beside bare Celery's drain of as many pre-published no-ops
+        (tooling/harness/herd.py)."""
+        from tooling.harness.herd import Herd, quantiles
+
+        herd = Herd(
+            owner_id=self.owner.pk,
+            tasks=self.config.herd_tasks,
+            workers=self.config.workers,
+            concurrency=self.config.herd_concurrency,
+            monitors=self.config.monitors,
+            log_dir=self.config.log_dir,
+            env=self._env(),
+            progress=self.config.progress,
+        )
+        tms = herd.run()
+        self._cleanup()
+        bare = herd.bare()
+        figures = Figures("herd")
+        account = tms.account
+        figures.executions = account.started
+        figures.seconds = tms.seconds
+        figures.per_second = account.started / tms.seconds if tms.seconds else 0.0
+        figures.lateness_ms = {k: round(v * 1000, 1) for k, v in quantiles(account.lateness_s).items()}
+        figures.commits_per_execution = (
+            round(tms.commits / account.started, 2) if tms.commits and account.started else None
+        )
+        figures.monitor = tms.monitor[0] if tms.monitor else {}
+        figures.baseline_per_second = bare.account.started / bare.seconds if bare.seconds else None
+        tms_cpu, bare_cpu = tms.cpu_ms_per_execution(), bare.cpu_ms_per_execution()
+        figures.extra.update(
+            processes=f"{self.config.workers}x{self.config.herd_concurrency}, {self.config.monitors} monitor(s)",
+            due_to_last_start_s=round(tms.seconds, 3),
+            bare_drain_s=round(bare.seconds, 3),
+            time_ratio=round(tms.seconds / bare.seconds, 2) if bare.seconds else None,
+            lost=account.lost,
+            duplicated=account.duplicated,
+            bare_lost=bare.account.lost,
+            cpu_ms_per_exec=tms_cpu,
+            cpu_ms_per_exec_total=round(sum(tms_cpu.values()), 2),
+            bare_cpu_ms_per_task=bare_cpu,
+            bare_cpu_ms_per_task_total=round(sum(bare_cpu.values()), 2),
+            cpu_ratio=round(sum(tms_cpu.values()) / sum(bare_cpu.values()), 2) if sum(bare_cpu.values()) else None,
+        )
+        return figures
+
+    def fairness(self) -> Figures:
+        """Owner A's herd and owner B's few runs due at one instant, through the real monitor and
+        workers: each owner's lateness, and whether every run started exactly once."""
+        herd, few = self.config.fair_herd, self.config.fair_few
+        other = get_user_model().objects.get_or_create(username=FAIR_USER)[0]
+        owner_quota_set(owner=other, max_tasks=0, max_executions_per_hour=0)
+        # Long enough to create every task before the herd is due even on a loaded machine: the
+        # point is one instant with everything due, not runs trickling in.
+        lead = 5.0 + herd / 250
+        due = db_now() + timedelta(seconds=lead)
+        self.config.progress(
+            f"fairness: owner A {herd} runs and owner B {few} runs due at one instant {lead:.0f}s ahead"
+        )
+        figures = Figures("fairness")
+        with self._platform() as (_, mon):
+            specs = [{"runner": "noop", "start_at": due, "name": f"herd {i}"} for i in range(herd)]
+            for chunk in range(0, len(specs), 2000):
+                task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 2000])
+            task_bulk_create(
+                owner=other, specs=[{"runner": "noop", "start_at": due, "name": f"few {i}"} for i in range(few)]
+            )
+            task_ids = list(Task.objects.filter(owner__in=[self.owner, other]).values_list("id", flat=True))
+            counter = _StatementCounter()
+            before = _commits()
+            with connection.execute_wrapper(counter):
+                # The herd drains at the workers' pace: wait for all of it (A's p99 needs it).
+                self._wait_done("fairness", task_ids, herd + few, due, timeout=120 + (herd + few) / 4)
+        connection.close()
+        time.sleep(1.0)
+        commits = _commits() - before - counter.count
+        rows = list(
+            Execution.objects.filter(task_id__in=task_ids).values_list(
+                "id", "task__owner_id", "status", "scheduled_for", "started_at", "finished_at", "created_at"
+            )
+        )
+        starts: dict[int, int] = {}
+        for execution_id in ExecutionEvent.objects.filter(
+            execution_id__in=[row[0] for row in rows], to_status=ExecutionStatus.RUNNING
+        ).values_list("execution_id", flat=True):
+            starts[execution_id] = starts.get(execution_id, 0) + 1
+        finished = [row for row in rows if row[2] in TERMINAL_STATUSES]
+        figures.executions = len(finished)
+        last = max((row[5] for row in finished if row[5]), default=None)
+        figures.seconds = max(1e-6, (last - due).total_seconds()) if last else 0.0
+        figures.per_second = figures.executions / figures.seconds if figures.seconds else 0.0
+        figures.commits_per_execution = round(commits / figures.executions, 2) if figures.executions else None
+        figures.monitor = self._monitor_stats(mon)
+
+        def lateness(owner_id: int) -> list[float]:
+            # From the due time, or from the creation if the run was created after it was due
+            # (a machine too loaded to create the herd within the lead): what the monitor and
+            # the workers made it wait, not the benchmark's own setup.
+            return [(r[4] - max(r[3], r[6])).total_seconds() * 1000 for r in rows if r[1] == owner_id and r[4]]
+
+        figures.lateness_ms = _quantiles(lateness(self.owner.pk) + lateness(other.pk))
+        figures.extra["owner_a_lateness_ms"] = _quantiles(lateness(self.owner.pk))
+        figures.extra["owner_b_lateness_ms"] = _quantiles(lateness(other.pk))
+        figures.extra["created_after_due"] = sum(1 for row in rows if row[6] > row[3])
+        figures.extra["runs"] = len(rows)
+        figures.extra["started_exactly_once"] = sum(1 for row in rows if starts.get(row[0]) == 1)
+        figures.extra["started_twice_or_more"] = sum(1 for count in starts.values() if count > 1)
+        figures.extra["never_started"] = sum(1 for row in rows if not starts.get(row[0]))
         self._cleanup()
         return figures
 
@@ -302,9 +468,9 @@ class Bench:
             cursor.execute(
                 """
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                    lease_owner, external_run_id, run_handle, message_id, output, error)
+                    lease_owner, external_run_id, run_handle, message_id, output, error, owner_id)
                 SELECT t.id, t.start_at + k * interval '1 hour', 'SCHEDULED', 1, t.start_at + k * interval '1 hour',
-                    5, '', '', '{}', '', '', ''
+                    5, '', '', '{}', '', '', '', t.owner_id
                 FROM tasks_app_task t CROSS JOIN generate_series(0, %s - 1) AS k
                 WHERE t.owner_id = %s
                 """,
@@ -462,7 +628,7 @@ class Bench:
             # scheduled_for) stays unique. Lateness 0.05-20 s, duration 0.01-600 s, log-ish spread.
             cursor.execute(
                 """
-                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                WITH t AS (SELECT id, owner_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                            WHERE owner_id IN (%(bench)s, %(filler)s)),
                 k AS (SELECT k, now() - (k * 129600.0 / %(finished)s) * interval '1 second' AS ended,
                              (0.05 * power(400, (k %% 97) / 96.0)) AS late,
@@ -470,29 +636,30 @@ class Bench:
                       FROM generate_series(0, %(finished)s - 1) AS k)
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                     lease_owner, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at, finished_at)
+                    enqueued_at, started_at, finished_at, owner_id)
                 SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
                     CASE WHEN k.k %% 100 < 90 THEN 'SUCCEEDED' WHEN k.k %% 100 < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
                     1, k.ended - (k.took + k.late) * interval '1 second', 5, '', '', '{}', '', '', '',
-                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended
+                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended, t.owner_id
                 FROM k JOIN t ON t.n = k.k %% %(tasks)s
                 """,
                 {"bench": self.owner.pk, "filler": filler.pk, "finished": finished, "tasks": tasks},
             )
             cursor.execute(
                 """
-                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                WITH t AS (SELECT id, owner_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                            WHERE owner_id IN (%(bench)s, %(filler)s))
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                     lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at)
+                    enqueued_at, started_at, owner_id)
                 SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
                     CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
                          ELSE 'SCHEDULED' END,
                     1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
                     CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
                     CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
-                    CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END
+                    CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END,
+                    t.owner_id
                 FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
                 """,
                 {"bench": self.owner.pk, "filler": filler.pk, "live": live, "tasks": tasks},
@@ -521,57 +688,58 @@ class Bench:
     # -- big history: the API's lists, and pruning ------------------------------------------
 
     def lists(self) -> Figures:
-        """API execution-list latency (p50/p95 through Django's test client) with
-        ``scale_executions`` executions, all of one owner: the first page, a page 90 % of the
-        way down (its cursor), a task's executions, and a status filter; as the owner and as staff."""
+        """The API's execution lists (and the task list, a task's why, one execution, the archive
+        list) with ``scale_executions`` executions of ``scale_tasks`` tasks, all of one owner
+        (:mod:`tooling.harness.history`), timed over real HTTP through gunicorn as that owner
+        and as staff, with CPU per request and a trivial path's time beside them; then each path
+        once in process with its queries and the plan of its slowest
+        (:mod:`tooling.harness.api_lists`)."""
+        from tooling.harness.api_lists import list_paths, profile_in_process, time_over_http
+        from tooling.harness.history import fill_history, index_sizes
+
         figures = Figures("lists")
-        self._fill_history()
+        mine = Execution.objects.filter(task__owner=self.owner)
+        reuse = self.config.keep_history and mine.exists()
         try:
-            filler = get_user_model().objects.get(username=FILLER_USER)
-            # One owner of the whole history, as in the issue's measurement.
-            Task.objects.filter(owner=filler).update(owner=self.owner)
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE tasks_app_task")
-            from rest_framework.test import APIClient
-
-            from tms_project.api.keyset import Position, keyset_cursor
-
+            if reuse:
+                self.config.progress("lists: reusing the history already there (--keep-history)")
+                figures.extra["index_bytes"] = index_sizes()
+            else:
+                self._cleanup()
+                filled = fill_history(
+                    owner_id=self.owner.pk,
+                    executions=self.config.scale_executions,
+                    tasks=self.config.scale_tasks,
+                    progress=self.config.progress,
+                )
+                figures.extra["fill"] = {
+                    "seconds": round(filled.seconds, 1),
+                    "index_seconds": filled.index_seconds,
+                    "rows_per_second": round(filled.rows_per_second),
+                    "events": filled.events,
+                    "archive_entries": filled.archive_entries,
+                }
+                figures.extra["index_bytes"] = filled.index_bytes
             staff = get_user_model().objects.get_or_create(username=f"{BENCH_USER}-staff", defaults={"is_staff": True})[
                 0
             ]
-            total = Execution.objects.filter(task__owner=self.owner).count()
-            now = db_now()
-            past = Execution.objects.filter(task__owner=self.owner, scheduled_for__lte=now).order_by(
-                "-scheduled_for", "-id"
+            paths = list_paths(self.owner)
+            figures.extra["paths"] = dict(paths)
+            figures.extra["http"] = time_over_http(
+                users={"owner": self.owner, "staff": staff},
+                paths=paths,
+                requests=self.config.list_requests,
+                settings_module=self.config.settings_module,
+                log_dir=self.config.log_dir,
+                progress=self.config.progress,
             )
-            deep = past.values_list("scheduled_for", "id")[int(total * 0.9)]
-            deep_cursor = keyset_cursor(Position(0, deep[0], deep[1]), state={"t": now.isoformat()})
-            busiest = Execution.objects.filter(task__owner=self.owner).values_list("task_id", flat=True).first()
-            paths = [
-                ("first", "/api/v1/executions"),
-                ("deep_90pct", f"/api/v1/executions?cursor={deep_cursor}"),
-                ("task", f"/api/v1/tasks/{busiest}/executions"),
-                ("failed", "/api/v1/executions?status=FAILED"),
-                ("by_id", "/api/v1/executions?ordering=-id"),
-            ]
-            for label, user in (("owner", self.owner), ("staff", staff)):
-                client = APIClient()
-                client.force_authenticate(user)
-                for name, path in paths:
-                    client.get(path)  # warm
-                    timings = []
-                    self.config.progress(f"lists: {self.config.list_requests} requests of {path} as {label}")
-                    for _ in range(self.config.list_requests):
-                        started = time.perf_counter()
-                        response = client.get(path)
-                        timings.append((time.perf_counter() - started) * 1000)
-                        if response.status_code != 200:
-                            raise RuntimeError(f"{path} answered {response.status_code}: {response.content[:300]!r}")
-                    figures.extra[f"{label}_{name}_ms"] = _quantiles(timings)
-            figures.executions = total
+            self.config.progress("lists: each path once in process, with its queries and plans")
+            figures.extra["profile"] = profile_in_process(user=self.owner, paths=paths)
+            figures.executions = mine.count()
         finally:
-            self.config.progress("lists: deleting the filler rows")
-            self._cleanup()
+            if not self.config.keep_history:
+                self.config.progress("lists: deleting the filler rows")
+                self._cleanup()
         return figures
 
     def prune(self) -> Figures:
@@ -662,14 +830,19 @@ class Bench:
     # -- all --------------------------------------------------------------------------------
 
     def run(self) -> list[Figures]:
-        self._cleanup()
+        if not self.config.keep_history:  # the lists scenario reuses the history it kept
+            self._cleanup()
         burst = sustained = None
         for scenario in self.config.scenarios:
             if scenario == "burst":
                 burst = self.burst()
                 self.results.append(burst)
+                if self.config.with_limit:
+                    self.results.append(self.burst(limited=True))
                 if self.config.rate is None and burst.per_second:
                     self.config.rate = round(burst.per_second / 2)
+            elif scenario == "herd":
+                self.results.append(self.herd())
             elif scenario == "sustained":
                 sustained = self.sustained()
                 self.results.append(sustained)
@@ -683,6 +856,8 @@ class Bench:
                 self.results.append(self.lists())
             elif scenario == "prune":
                 self.results.append(self.prune())
+            elif scenario == "fairness":
+                self.results.append(self.fairness())
             self.config.progress(f"{scenario}: done")
         return self.results
 
@@ -755,7 +930,6 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True, timeout=30).stdout.strip()
         rabbit = out or rabbit
-    import os
 
     return {
         "cpu": cpu,
@@ -767,8 +941,28 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _lists_table(f: Figures) -> list[str]:
+    """The lists scenario's figures per path: HTTP quantiles, CPU per request, queries."""
+    lines = [
+        "",
+        "| user | path | p50 / p95 / p99 (ms) | p95 / trivial p95 | web CPU ms/req | db CPU ms/req "
+        "| queries | SQL ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    profile = f.extra.get("profile", {})
+    for label, paths in f.extra.get("http", {}).items():
+        for name, q in paths.items():
+            prof = profile.get(name, {}) if label == "owner" else {}
+            lines.append(
+                f"| {label} | {name} | {q['p50']} / {q['p95']} / {q['p99']} | {q['p95_over_trivial']} | "
+                f"{q['web_cpu_ms']} | {q['db_cpu_ms']} | {prof.get('queries', '')} | {prof.get('sql_ms', '')} |"
+            )
+    return lines
+
+
 def table(results: list[Figures]) -> list[str]:
     """The figures as a Markdown table."""
+    lines_after: list[str] = []
     lines = [
         "| scenario | executions | exec/s | baseline/s | ratio | lateness p50 / p95 / p99 / max (ms) "
         "| commits/exec | due query p99 (ms) | notes |",
@@ -778,14 +972,18 @@ def table(results: list[Figures]) -> list[str]:
         late = (
             " / ".join(str(f.lateness_ms.get(k, "-")) for k in ("p50", "p95", "p99", "max")) if f.lateness_ms else "-"
         )
-        notes = ", ".join(f"{k}={json.dumps(v)}" for k, v in f.extra.items())
+        if f.scenario == "lists":
+            lines_after = _lists_table(f)
+            notes = f"fill={json.dumps(f.extra.get('fill'))}; per path below"
+        else:
+            notes = ", ".join(f"{k}={json.dumps(v)}" for k, v in f.extra.items())
         lines.append(
             f"| {f.scenario} | {f.executions} | {f.per_second:.0f} | "
             f"{(f.baseline_per_second and round(f.baseline_per_second)) or '-'} | "
             f"{(f.ratio and round(f.ratio, 2)) or '-'} | {late} | {f.commits_per_execution or '-'} | "
             f"{f.monitor.get('due_query_p99_ms', '-')} | {notes} |"
         )
-    return lines
+    return lines + lines_after
 
 
 def run_bench(config: BenchConfig, json_path: Path | None = None) -> list[Figures]:

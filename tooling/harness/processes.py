@@ -90,12 +90,20 @@ class ManagedProcess:
 
 
 def start_worker(
-    name: str, *, log_dir: Path, concurrency: int = 2, pool: str = "prefork", split_stderr: bool = False, **env: str
+    name: str,
+    *,
+    log_dir: Path,
+    concurrency: int = 2,
+    pool: str = "prefork",
+    split_stderr: bool = False,
+    queue: str = "",
+    **env: str,
 ) -> ManagedProcess:
+    """A Celery worker consuming ``queue`` (default: the execution queue, ``TMS_QUEUE``)."""
     node = f"{name}-{time.monotonic_ns()}@%h"
     argv = [
         sys.executable, "-m", "celery", "-A", "tms_project", "worker", "-l", "info", "-n", node,
-        "-c", str(concurrency), "-P", pool, "-Q", settings.TMS_QUEUE, "--without-mingle", "--without-gossip",
+        "-c", str(concurrency), "-P", pool, "-Q", queue or settings.TMS_QUEUE, "--without-mingle", "--without-gossip",
     ]  # fmt: skip
     return ManagedProcess(name, argv, process_env(**env), log_dir, split_stderr=split_stderr)
 
@@ -105,10 +113,18 @@ def start_monitor(name: str, *, log_dir: Path, split_stderr: bool = False, **env
     return ManagedProcess(name, argv, process_env(**env), log_dir, split_stderr=split_stderr)
 
 
-def wait_ready(proc: ManagedProcess, timeout: float = 30) -> None:
-    """Wait until a worker logs that it is ready; raise if it exits first."""
+def start_beat(name: str, *, log_dir: Path, **env: str) -> ManagedProcess:
+    """Celery beat with the configured scheduler (django-celery-beat's DatabaseScheduler); no
+    pid file, so that several checkouts on one machine do not refuse each other."""
+    argv = [sys.executable, "-m", "celery", "-A", "tms_project", "beat", "-l", "info", "--pidfile="]
+    return ManagedProcess(name, argv, process_env(**env), log_dir)
+
+
+def wait_ready(proc: ManagedProcess, timeout: float = 30, line: str = " ready.") -> None:
+    """Wait until a worker logs that it is ready (or another process logs ``line``); raise if it
+    exits first."""
     deadline = time.monotonic() + timeout
-    while " ready." not in proc.log():
+    while line not in proc.log():
         if not proc.alive:
             raise RuntimeError(f"{proc.name} exited early:\n{proc.log()[-3000:]}")
         if time.monotonic() > deadline:

@@ -24,6 +24,14 @@ class Command(BaseCommand):
         parser.add_argument("--duration", type=positive(float), default=defaults.duration, help="sustained seconds")
         parser.add_argument("--workers", type=positive(int), default=defaults.workers)
         parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
+        parser.add_argument("--herd-tasks", type=positive(int), default=defaults.herd_tasks, help="herd size")
+        parser.add_argument(
+            "--herd-concurrency",
+            type=positive(int),
+            default=defaults.herd_concurrency,
+            help="processes per herd worker",
+        )
+        parser.add_argument("--monitors", type=positive(int), default=defaults.monitors, help="herd monitors")
         parser.add_argument("--scale-executions", type=positive(int), default=defaults.scale_executions)
         parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
         parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
@@ -33,6 +41,22 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--list-requests", type=positive(int), default=defaults.list_requests, help="per list path (lists)"
+        )
+        parser.add_argument(
+            "--fair-herd", type=positive(int), default=defaults.fair_herd, help="owner A's runs (fairness)"
+        )
+        parser.add_argument(
+            "--fair-few", type=positive(int), default=defaults.fair_few, help="owner B's runs (fairness)"
+        )
+        parser.add_argument(
+            "--keep-history",
+            action="store_true",
+            help="lists: keep the filled history afterwards, and time the one already there instead of filling",
+        )
+        parser.add_argument(
+            "--with-limit",
+            action="store_true",
+            help="run the burst again with a named limit on every task (what enforcing limits costs)",
         )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
 
@@ -48,12 +72,19 @@ class Command(BaseCommand):
             duration=options["duration"],
             workers=options["workers"],
             concurrency=options["concurrency"],
+            herd_tasks=options["herd_tasks"],
+            herd_concurrency=options["herd_concurrency"],
+            monitors=options["monitors"],
             scale_executions=options["scale_executions"],
             scale_tasks=options["scale_tasks"],
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
             dashboard_renders=options["dashboard_renders"],
             list_requests=options["list_requests"],
+            fair_herd=options["fair_herd"],
+            fair_few=options["fair_few"],
+            keep_history=options["keep_history"],
+            with_limit=options["with_limit"],
             settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             progress=lambda line: self.stdout.write(f"  {line}"),
         )

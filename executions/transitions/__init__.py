@@ -1,0 +1,99 @@
+"""The only package that writes an execution's status.
+
+Every transition is one conditional UPDATE (``WHERE id = … AND status IN (its edge's sources)``,
+plus the attempt number and the lease owner for a worker's writes) that reports whether it won,
+and writes its :class:`~executions.models.ExecutionEvent` in the same statement. A caller that
+loses changes nothing and must stop working on that execution. Time always comes from the
+database clock, never from the host.
+
+* :mod:`.states`: the state map (:data:`ALLOWED_SOURCES`) and each transition's edge;
+* :mod:`.sql`: the one way to write a transition with its event, and the SQL helpers;
+* :mod:`.create`: the materialiser's executions; :mod:`.dispatch`: the monitor's takes;
+  :mod:`.worker`: claim, lease and outcome; :mod:`.overlap`: claims under the overlap policy
+  and the concurrency cap; :mod:`.misfire`: the misfire policy and skips;
+  :mod:`.actions`: cancel, trigger and retry.
+
+Callers import the package (``from executions import transitions``) and use the names below.
+"""
+
+from executions.transitions.actions import (
+    RETRYABLE_STATUSES,
+    CancelOutcome,
+    execution_cancel,
+    execution_retry,
+    execution_trigger,
+)
+from executions.transitions.create import NewExecution, executions_create, executions_create_arrays
+from executions.transitions.dispatch import (
+    POLL_PRIORITY,
+    Dispatch,
+    executions_expire_leases,
+    executions_take_due,
+    executions_take_polls,
+    executions_take_stale_pending,
+    executions_untake,
+    next_due_in,
+)
+from executions.transitions.misfire import Misfire, execution_skip_misfire, misfire_decision
+from executions.transitions.overlap import (
+    QUEUE_RETRY_SECONDS,
+    WAIT_RECHECK_SECONDS,
+    ExclusiveClaim,
+    execution_claim_exclusive,
+    execution_wait_for_limit,
+    executions_release_limit_waiters,
+    executions_release_waiting,
+)
+from executions.transitions.sql import pg_array
+from executions.transitions.states import ALLOWED_SOURCES
+from executions.transitions.worker import (
+    CALLBACK_ACTOR,
+    execution_acquire,
+    execution_claim_loaded,
+    execution_extend_lease,
+    execution_fail,
+    execution_record_run,
+    execution_release,
+    execution_report_progress,
+    execution_succeed,
+)
+
+__all__ = [
+    "ALLOWED_SOURCES",
+    "CALLBACK_ACTOR",
+    "POLL_PRIORITY",
+    "QUEUE_RETRY_SECONDS",
+    "RETRYABLE_STATUSES",
+    "WAIT_RECHECK_SECONDS",
+    "CancelOutcome",
+    "Dispatch",
+    "ExclusiveClaim",
+    "Misfire",
+    "NewExecution",
+    "execution_acquire",
+    "execution_cancel",
+    "execution_claim_exclusive",
+    "execution_claim_loaded",
+    "execution_extend_lease",
+    "execution_fail",
+    "execution_record_run",
+    "execution_release",
+    "execution_report_progress",
+    "execution_retry",
+    "execution_skip_misfire",
+    "execution_succeed",
+    "execution_trigger",
+    "execution_wait_for_limit",
+    "executions_create",
+    "executions_create_arrays",
+    "executions_expire_leases",
+    "executions_release_limit_waiters",
+    "executions_release_waiting",
+    "executions_take_due",
+    "executions_take_polls",
+    "executions_take_stale_pending",
+    "executions_untake",
+    "misfire_decision",
+    "next_due_in",
+    "pg_array",
+]

@@ -1,0 +1,144 @@
+"""What users and the platform do to executions: cancel (``SCHEDULED | PENDING | RUNNING →
+CANCELLED``), trigger a run now and retry a failed one (new SCHEDULED executions)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from executions.transitions import states
+from executions.transitions.sql import EXECUTIONS, Event, with_events, write
+from tasks_app.models import OverlapPolicy, Task, TaskStatus
+from tms_core.clock import db_now
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    won: bool
+    #: Status before the cancel (the current one if it lost).
+    from_status: str | None
+    external_run_id: str = ""
+    run_handle: Mapping[str, object] | None = None
+    attempt: int = 0
+
+
+def execution_cancel(
+    *,
+    execution_id: int,
+    actor: str,
+    reason: str = "",
+    only_from: Collection[str] | None = None,
+    supersede: bool = False,
+) -> CancelOutcome:
+    """SCHEDULED | PENDING | RUNNING → CANCELLED. A worker still on it loses its next write.
+
+    ``only_from`` narrows the statuses it may leave (a schedule change cancels only executions
+    that have not started). ``supersede`` marks a never-started execution as replaced: it leaves
+    the (task, scheduled_for) uniqueness, so the same occurrence can be materialised again; it
+    loses if the execution ever started.
+
+    The row is locked first only to learn the status it is leaving (for the audit event and so
+    the caller can stop a RUNNING external run); the UPDATE itself is still conditional.
+    """
+    sources = states.CANCEL.sources
+    if only_from is not None:
+        sources = sources & frozenset(only_from)
+    with transaction.atomic():
+        row = (
+            Execution.objects.select_for_update()
+            .filter(pk=execution_id)
+            .values("status", "attempt", "external_run_id", "run_handle", "started_at")
+            .first()
+        )
+        if row is None or row["status"] not in sources or (supersede and row["started_at"] is not None):
+            return CancelOutcome(False, row["status"] if row else None)
+        condition = Q(pk=execution_id, attempt=row["attempt"])
+        if supersede:
+            condition &= Q(started_at__isnull=True)
+        won = write(
+            states.CANCEL,
+            condition,
+            {
+                "finished_at": Now(),
+                "lease_owner": "",
+                "lease_expires_at": None,
+                "next_poll_at": None,
+                "error": reason[:1000],
+                "superseded": supersede,
+            },
+            actor=actor,
+            detail=reason,
+            source=row["status"],
+        )
+        if not won:  # pragma: no cover - the row lock makes this unreachable
+            return CancelOutcome(False, row["status"])
+    return CancelOutcome(True, row["status"], row["external_run_id"], row["run_handle"], row["attempt"])
+
+
+#: The columns a run created on request sets; the others take their database defaults.
+_COLUMNS = (
+    "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id"
+)
+#: Whether a run of task ``t`` is exclusive (see ``Execution.exclusive``).
+_EXCLUSIVE = "(t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits)"
+
+
+def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: str) -> int | None:
+    """Run ``INSERT INTO execution (…) SELECT …`` for one SCHEDULED row due now, with its event.
+
+    The SELECT carries the conditions (it yields no row when they do not hold) and the unique
+    constraints decide races (``ON CONFLICT DO NOTHING``). Returns the new id, or None if lost.
+    """
+    statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
+    rows = with_events(statement, params, Event("", S.SCHEDULED, actor, detail))
+    return rows[0][0] if rows else None
+
+
+def _now_param() -> object:
+    return Execution._meta.get_field("scheduled_for").get_db_prep_value(db_now(), connection)
+
+
+def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int | None:
+    """Create a SCHEDULED execution of a live (not DELETED) task, due now, outside its schedule.
+
+    Returns its id, or None if the task is gone or deleted (or, vanishingly rarely, an
+    occurrence of the task exists at this very microsecond).
+    """
+    now = _now_param()
+    task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
+    select_sql = (
+        f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id"  # noqa: S608
+        f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s"
+    )
+    params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED, task_pk, TaskStatus.DELETED]
+    return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
+
+
+#: The statuses an execution must have to be run again by :func:`execution_retry`.
+RETRYABLE_STATUSES: frozenset[str] = frozenset({S.FAILED, S.CANCELLED})
+
+
+def execution_retry(*, execution_id: int, actor: str) -> int | None:
+    """Run a FAILED or CANCELLED execution again: a new SCHEDULED execution of the same task, due
+    now, with ``retry_of`` = the old one and attempt = its attempt + 1. The old row stays terminal.
+
+    Conditional on the old execution being FAILED or CANCELLED and its task not DELETED; the
+    unique ``retry_of`` makes a second retry of the same execution lose. Returns the new id, or
+    None if it lost.
+    """
+    now = _now_param()
+    select_sql = (
+        f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
+        f" '', '', '{{}}', '', '', '', t.owner_id FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
+        f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
+    )
+    params = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED, execution_id]
+    params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
+    return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")

@@ -1,0 +1,118 @@
+"""Creating executions: the materialiser's occurrences and backfills (``'' → SCHEDULED``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from executions.transitions.sql import EXECUTIONS, TASKS, Event, pg_array, postgresql, with_events
+
+
+@dataclass(frozen=True)
+class NewExecution:
+    task_id: object
+    scheduled_for: datetime
+    priority: int
+    #: When the monitor should publish it; ``scheduled_for`` unless the task has jitter.
+    due_at: datetime | None = None
+    #: The task's overlap policy is not "allow" (or it has a max_concurrency): claims go through
+    #: :func:`~executions.transitions.overlap.execution_claim_exclusive`.
+    exclusive: bool = False
+
+
+#: Rows per INSERT statement (SQLite: within its 32,766 parameters).
+_INSERT_CHUNK = 5000
+_SQLITE_CHUNK = 1000
+
+#: The columns an insert sets; the others take their database defaults.
+_COLUMNS = (
+    "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt,"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id"
+)
+#: The constant columns' values, after ``origin``.
+_CONSTANTS = "%s, 1, '', '', '{}', '', '', ''"
+#: A row's owner, read from its task by primary key (a scalar subquery rather than a join, so
+#: that rows are inserted, and their ids given, in the order they are listed).
+_OWNER = f"(SELECT t.owner_id FROM {TASKS} t WHERE t.id = {{}})"  # noqa: S608 - our table name
+
+_PG_INSERT = f"""
+    INSERT INTO {EXECUTIONS} ({_COLUMNS})
+    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS},
+        {_OWNER.format("v.task_id")}
+    FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[])
+        AS v (task_id, scheduled_for, due_at, priority, exclusive)
+    ON CONFLICT DO NOTHING
+"""  # noqa: S608 - table names are ours; every value is a parameter
+
+
+def executions_create(
+    *, rows: Sequence[NewExecution], actor: str, detail: str = "", origin: str = "schedule"
+) -> list[int]:
+    """Insert SCHEDULED executions, skipping occurrences that already exist; return the new ids.
+
+    ``INSERT … ON CONFLICT DO NOTHING`` on the unique (task, scheduled_for) of non-superseded
+    rows makes materialising the same occurrence twice, or in two processes at once, create it
+    exactly once. No conflict target: the occurrence uniqueness is a partial index (superseded
+    rows leave it). ``origin`` is ``schedule``, or ``backfill`` for a backfill's runs.
+    """
+    if not rows:
+        return []
+    event = Event("", S.SCHEDULED, actor, detail)
+    ids: list[int] = []
+    with transaction.atomic():
+        chunk = _INSERT_CHUNK if postgresql() else _SQLITE_CHUNK
+        for start in range(0, len(rows), chunk):
+            statement, params = _insert(rows[start : start + chunk], origin)
+            ids += [row[0] for row in with_events(statement, params, event)]
+    return ids
+
+
+def executions_create_arrays(
+    *, task_ids: str, scheduled_for: str, due_at: str, priority: str, exclusive: str, actor: str, detail: str = ""
+) -> list[int]:
+    """:func:`executions_create` for a materialiser pass over many rows on PostgreSQL, its columns
+    given as array literals (:func:`~executions.transitions.sql.pg_array` or the same text built by
+    the caller, one element per row; ``due_at`` not NULL), so that no object per row is needed; one
+    statement with its events. Returns the new ids."""
+    params = ["schedule", S.SCHEDULED, task_ids, scheduled_for, due_at, priority, exclusive]
+    return [row[0] for row in with_events(_PG_INSERT, params, Event("", S.SCHEDULED, actor, detail))]
+
+
+def _insert(rows: Sequence[NewExecution], origin: str) -> tuple[str, list[Any]]:
+    """One chunk's INSERT: on PostgreSQL columns as arrays (``unnest``), elsewhere a VALUES list."""
+    if postgresql():
+        return _PG_INSERT, [
+            origin,
+            S.SCHEDULED,
+            pg_array(row.task_id for row in rows),
+            pg_array(row.scheduled_for for row in rows),
+            pg_array(row.due_at or row.scheduled_for for row in rows),
+            pg_array(row.priority for row in rows),
+            pg_array(row.exclusive for row in rows),
+        ]
+    task_field, time_field = _field("task"), _field("scheduled_for")
+    params: list[Any] = []
+    for row in rows:
+        task_id = task_field.get_db_prep_value(row.task_id, connection)
+        params += [
+            task_id,
+            time_field.get_db_prep_value(row.scheduled_for, connection),
+            time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection),
+            row.priority,
+            row.exclusive,
+            origin,
+            S.SCHEDULED,
+            task_id,
+        ]
+    values = ", ".join([f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s')})"] * len(rows))
+    return f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) VALUES {values} ON CONFLICT DO NOTHING", params  # noqa: S608
+
+
+def _field(name: str) -> Any:
+    return Execution._meta.get_field(name)

@@ -1,0 +1,180 @@
+"""The monitor's writes: take due executions for publishing (``SCHEDULED → PENDING``), publish
+unclaimed ones again (``PENDING → PENDING``), undo takes it could not publish (``PENDING →
+SCHEDULED``), and take RUNNING executions that need a poll or a new worker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import groupby
+
+from django.db import transaction
+from django.db.models import BooleanField, CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, Value
+from django.db.models.functions import Cast, Concat, Now
+
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from executions.transitions import states
+from executions.transitions.misfire import drop_misfires, on_time
+from executions.transitions.sql import db_now_plus, write, write_quiet
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """An execution taken by a monitor, to be published as a message."""
+
+    execution_id: int
+    attempt: int
+    priority: int
+    message_id: str
+    #: "run" (SCHEDULED → PENDING), "republish" (PENDING again) or "poll" (RUNNING).
+    kind: str = "run"
+
+
+@transaction.atomic
+def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) -> list[Dispatch]:
+    (from_status,) = edge.sources
+    locked_rows = list(
+        Execution.objects.filter(base, status=from_status)
+        .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
+        .select_for_update(skip_locked=True, of=("self",))
+        .annotate(maybe_stale=ExpressionWrapper(~on_time(), output_field=BooleanField()))
+        .values_list("id", "attempt", "priority", "maybe_stale")[:limit]
+    )
+    if not locked_rows:
+        return []
+    # The misfire policy, decided where the run is dispatched: stale rows it drops are cancelled
+    # and recorded instead of being published. Only rows past their task's misfire grace (or
+    # max_age) are looked at one by one: a herd's later batches are seconds late, yet on time,
+    # and the annotation above (the task's columns read only for rows over a second late)
+    # answers for them in the same statement instead of a query and a commit per row.
+    dropped = drop_misfires([(i, a, stale) for i, a, _, stale in locked_rows], from_status=from_status, actor=actor)
+    priorities = {i: p for i, _, p, _ in locked_rows if i not in dropped}
+    if not priorities:
+        return []
+    token = uuid.uuid4().hex[:12]
+    won = write(
+        edge,
+        Q(id__in=list(priorities)),
+        {"enqueued_at": Now(), "message_id": Concat(Cast("id", output_field=CharField()), Value(f"-{token}"))},
+        actor=actor,
+        detail=detail,
+    )
+    kind = "run" if from_status == S.SCHEDULED else "republish"
+    order = {i: n for n, i in enumerate(priorities)}
+    taken = sorted(won, key=lambda row: order[row[0]])  # in the order they were locked (due first)
+    return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind) for i, a in taken]
+
+
+def executions_take_due(*, limit: int, actor: str, among: Collection[int] | None = None) -> list[Dispatch]:
+    """Move up to ``limit`` due SCHEDULED executions to PENDING (``FOR UPDATE SKIP LOCKED``) and
+    commit, before the caller publishes them: a worker always finds the row PENDING when the
+    message reaches it. What cannot be published goes back through :func:`executions_untake`;
+    if the monitor dies first, the rows are published again once PENDING for too long.
+
+    ``among``: only these ids (the fair share's pick, :mod:`executions.fairness`); each is still
+    taken only if it is SCHEDULED, due and not locked by another monitor.
+    """
+    base = Q(due_at__lte=Now())
+    if among is not None:
+        base &= Q(id__in=list(among))
+    return _take(base, states.TAKE, limit=limit, actor=actor, detail="")
+
+
+def executions_take_stale_pending(*, limit: int, older_than: float, actor: str) -> list[Dispatch]:
+    """Re-take PENDING executions nobody claimed for ``older_than`` seconds (message lost)."""
+    cutoff = ExpressionWrapper(Now() - Value(timedelta(seconds=older_than)), output_field=DateTimeField())
+    return _take(
+        Q(enqueued_at__lt=cutoff),
+        states.REPUBLISH,
+        limit=limit,
+        actor=actor,
+        detail=f"unclaimed for {older_than:g}s: published again",
+    )
+
+
+def next_due_in() -> float | None:
+    """Seconds until the earliest SCHEDULED execution is due (0 if overdue), or None if none.
+    One query on the due index, against the database clock."""
+    wait = Execution.objects.filter(status=S.SCHEDULED).aggregate(
+        wait=ExpressionWrapper(Min("due_at") - Now(), output_field=DurationField())
+    )["wait"]
+    return None if wait is None else max(0.0, wait.total_seconds())
+
+
+def executions_untake(*, dispatches: Sequence[Dispatch], actor: str, reason: str) -> int:
+    """Undo takes whose messages could not be published: PENDING → SCHEDULED (still due), and
+    polls due again at once. Rows a worker already moved on (it got the message after all) are
+    left alone. Returns how many executions went back to SCHEDULED.
+    """
+    runs = [d.message_id for d in dispatches if d.kind == "run"]
+    polls = [d.execution_id for d in dispatches if d.kind == "poll"]
+    with transaction.atomic():
+        back = (
+            write(
+                states.UNTAKE,
+                Q(message_id__in=runs),
+                {"message_id": "", "enqueued_at": None},
+                actor=actor,
+                detail=reason,
+            )
+            if runs
+            else []
+        )
+        if polls:
+            write_quiet(states.LEASE, Q(id__in=polls, lease_owner=""), {"next_poll_at": Now()})
+    return len(back)
+
+
+#: Polls and resumptions of work already running go ahead of starting new work.
+POLL_PRIORITY = 9
+
+
+@transaction.atomic
+def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> list[Dispatch]:
+    """Take RUNNING executions that need a worker's attention, for a short poll message:
+    an asynchronous run whose ``next_poll_at`` came, or a run whose lease expired (its worker
+    died), which is handed back so another worker resumes the same attempt.
+
+    ``next_poll_at`` moves ``in_flight_for`` seconds ahead, so a lost poll message is sent again.
+    """
+    due = Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now())
+    taken = list(
+        Execution.objects.filter(due, status=S.RUNNING)
+        .order_by("next_poll_at")
+        .select_for_update(skip_locked=True, of=("self",))
+        .values_list("id", "attempt", "priority", "lease_owner")[:limit]
+    )
+    if not taken:
+        return []
+    token = uuid.uuid4().hex[:12]
+    polls = [i for i, _, _, owner in taken if not owner]
+    in_flight = db_now_plus(in_flight_for)
+    if polls:
+        write_quiet(states.LEASE, Q(id__in=polls), {"next_poll_at": in_flight})
+    expired = sorted((owner, i) for i, _, _, owner in taken if owner)
+    for owner, group in groupby(expired, key=lambda pair: pair[0]):
+        write(
+            states.HANDBACK,
+            Q(id__in=[i for _, i in group], lease_owner=owner),
+            {
+                "lease_owner": "",
+                "lease_expires_at": None,
+                "next_poll_at": in_flight,
+                "handbacks": F("handbacks") + 1,
+                "orphaned": True,
+            },
+            actor=actor,
+            detail=f"lease of {owner} expired: handed back",
+        )
+    return [Dispatch(i, a, POLL_PRIORITY, f"{i}-poll-{token}", "poll") for i, a, _, _ in taken]
+
+
+def executions_expire_leases(*, owners: Sequence[str]) -> int:
+    """End the leases held by ``owners`` (processes known to be dead) now, so the monitor hands
+    their executions to another worker without waiting for the leases to run out."""
+    if not owners:
+        return 0
+    return write_quiet(states.LEASE, Q(lease_owner__in=list(owners)), {"lease_expires_at": Now()})

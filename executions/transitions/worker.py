@@ -1,0 +1,237 @@
+"""A worker's writes (and a job's, through its callback URL): claim (``PENDING → RUNNING``), the
+lease, the external run, and the end of an attempt (``RUNNING → SUCCEEDED | FAILED |
+SCHEDULED``). Every write after the claim is fenced by the attempt and the lease (:func:`fenced`):
+a worker that lost the execution changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from executions.models import Execution
+from executions.transitions import states
+from executions.transitions.misfire import on_time
+from executions.transitions.sql import (
+    bounded,
+    db_now_after,
+    db_now_plus,
+    from_row,
+    postgresql,
+    write,
+    write_prepared,
+    write_quiet,
+)
+from tasks_app.models import Task
+
+#: The actor recorded for outcomes a job reported itself.
+CALLBACK_ACTOR = "callback"
+
+
+def fenced(execution_id: int, attempt: int, worker_id: str | None) -> Q:
+    """The row a worker may write (besides its RUNNING status, from the edge): this attempt, and
+    its lease. ``worker_id=None`` is a job reporting through its callback URL: fenced by the
+    attempt only, whoever polls it."""
+    condition = Q(pk=execution_id, attempt=attempt)
+    return condition if worker_id is None else condition & Q(lease_owner=worker_id)
+
+
+_EXECUTION_FIELDS = Execution._meta.concrete_fields
+_TASK_FIELDS = Task._meta.concrete_fields
+#: The claimed row and its task, from the claim's own statement.
+_CLAIMED = "SELECT {} FROM done JOIN {} t ON t.id = done.task_id".format(  # noqa: S608 - our names
+    ", ".join([f'done."{f.column}"' for f in _EXECUTION_FIELDS] + [f't."{f.column}"' for f in _TASK_FIELDS]),
+    Task._meta.db_table,
+)
+
+
+def claim_write(
+    execution_id: int, attempt: int, worker_id: str, lease: timedelta, *, exclusive: bool, checked: bool
+) -> tuple[Q, dict[str, Any]]:
+    """The claim's condition and values (for :func:`~executions.transitions.sql.write_prepared`)."""
+    condition = Q(pk=execution_id, attempt=attempt, exclusive=exclusive)
+    if not checked:
+        condition &= on_time()
+    values: dict[str, Any] = {
+        "lease_owner": worker_id,
+        "lease_expires_at": db_now_after(lease),
+        "started_at": Now(),
+    }
+    if checked:  # a checked claim may start an execution that waited for a slot or a limit
+        values["waiting"] = ""
+        values["waiting_on"] = None
+    return condition, values
+
+
+def execution_claim_loaded(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    exclusive: bool = False,
+    checked: bool = False,
+) -> Execution | None:
+    """PENDING → RUNNING for ``attempt``, leased to ``worker_id``; returns the claimed execution
+    with its task loaded, or None if another claim won, or if the execution is exclusive or stale
+    (see :func:`~executions.transitions.overlap.execution_claim_exclusive`). On PostgreSQL the
+    claim, its event and the load are one statement.
+
+    ``exclusive=True`` claims an exclusive execution and ``checked=True`` a stale one: only
+    ``execution_claim_exclusive`` passes them, holding the task's lock after applying the
+    misfire and overlap policies."""
+    build = partial(claim_write, exclusive=exclusive, checked=checked)
+    binds = {
+        "execution_id": execution_id,
+        "attempt": attempt,
+        "worker_id": worker_id,
+        "lease": timedelta(seconds=lease_seconds),
+    }
+    if not postgresql():
+        if not write_prepared(states.CLAIM, (exclusive, checked), build, binds, actor=worker_id):
+            return None
+        return Execution.objects.select_related("task").filter(pk=execution_id).first()
+    rows = write_prepared(
+        states.CLAIM, (exclusive, checked), build, binds, actor=worker_id, returning="*", select=_CLAIMED
+    )
+    if not rows:
+        return None
+    (row,) = rows
+    execution = from_row(Execution, _EXECUTION_FIELDS, row[: len(_EXECUTION_FIELDS)])
+    execution.task = from_row(Task, _TASK_FIELDS, row[len(_EXECUTION_FIELDS) :])
+    return execution
+
+
+def execution_record_run(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str,
+    external_run_id: str,
+    run_handle: Mapping[str, object],
+    poll_in: float | None,
+) -> bool:
+    """Store the external run id (before anything waits on it); fenced by lease and attempt.
+
+    With ``poll_in`` the worker also releases its lease: the run is asynchronous and the monitor
+    dispatches a short poll message when ``next_poll_at`` comes.
+    """
+    values: dict[str, object] = {"external_run_id": external_run_id[:255], "run_handle": dict(run_handle)}
+    if poll_in is not None:
+        values |= {"next_poll_at": db_now_plus(poll_in), "lease_owner": "", "lease_expires_at": None}
+    return bool(write_quiet(states.LEASE, fenced(execution_id, attempt, worker_id), values))
+
+
+#: What ending an attempt clears.
+_ENDED: Mapping[str, object] = {"lease_owner": "", "lease_expires_at": None, "next_poll_at": None}
+
+
+def succeed_write(execution_id: int, attempt: int, output: str, **bound: str) -> tuple[Q, dict[str, Any]]:
+    """The success's condition and values; ``bound`` may hold ``worker_id`` (else a callback's
+    report, fenced by the attempt only) and ``external_run_id``."""
+    extra = {"external_run_id": bound["external_run_id"]} if "external_run_id" in bound else {}
+    values = extra | {"finished_at": Now(), "output": output, **_ENDED}
+    return fenced(execution_id, attempt, bound.get("worker_id")), values
+
+
+def execution_succeed(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str | None,
+    output: str,
+    max_chars: int,
+    external_run_id: str | None = None,
+) -> bool:
+    """RUNNING → SUCCEEDED; fenced by lease and attempt."""
+    binds: dict[str, Any] = {"execution_id": execution_id, "attempt": attempt, "output": bounded(output, max_chars)}
+    if worker_id is not None:
+        binds["worker_id"] = worker_id
+    if external_run_id:
+        binds["external_run_id"] = external_run_id[:255]
+    shape = (worker_id is None, bool(external_run_id))
+    return bool(write_prepared(states.SUCCEED, shape, succeed_write, binds, actor=worker_id or CALLBACK_ACTOR))
+
+
+def execution_fail(
+    *,
+    execution_id: int,
+    attempt: int,
+    worker_id: str | None,
+    error: str,
+    output: str,
+    retry_in: float | None,
+    max_chars: int,
+    external_run_id: str | None = None,
+) -> str | None:
+    """End a failed attempt: RUNNING → SCHEDULED (attempt + 1, due in ``retry_in`` seconds), or,
+    with ``retry_in=None``, RUNNING → FAILED. Returns the new status, or None if the write lost.
+    """
+    values: dict[str, object] = {"error": bounded(error, max_chars), "output": bounded(output, max_chars), **_ENDED}
+    if external_run_id:
+        values["external_run_id"] = external_run_id[:255]
+    if retry_in is None:
+        edge, detail = states.FAIL, f"permanently failed after attempt {attempt}: {error[:500]}"
+        values["finished_at"] = Now()
+    else:
+        edge, detail = states.RETRY_LATER, f"attempt {attempt} failed, retry in {retry_in:.3g}s: {error[:500]}"
+        values |= {
+            "attempt": F("attempt") + 1,
+            "due_at": db_now_plus(retry_in),
+            "external_run_id": "",
+            "run_handle": {},
+            "poll_count": 0,
+            "handbacks": 0,
+            "orphaned": False,
+        }
+    won = write(
+        edge, fenced(execution_id, attempt, worker_id), values, actor=worker_id or CALLBACK_ACTOR, detail=detail
+    )
+    return edge.target if won else None
+
+
+def execution_acquire(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """Lease a RUNNING execution nobody holds (a poll is due, or it was handed back).
+
+    Taking over a handed-back execution writes a "resumed" event, so the timeline shows who
+    resumed it and when.
+    """
+    free = Q(pk=execution_id, attempt=attempt, lease_owner="")
+    lease = {
+        "lease_owner": worker_id,
+        "lease_expires_at": db_now_plus(lease_seconds),
+        "poll_count": F("poll_count") + 1,
+    }
+    if write_quiet(states.LEASE, free & Q(orphaned=False), lease):
+        return True
+    return bool(
+        write(
+            states.RESUME,
+            free & Q(orphaned=True),
+            {**lease, "orphaned": False},
+            actor=worker_id,
+            detail="resumed after the previous lease expired",
+        )
+    )
+
+
+def execution_release(*, execution_id: int, attempt: int, worker_id: str, poll_in: float) -> bool:
+    """Give up the lease of a still-running asynchronous run until its next poll is due."""
+    values = {"lease_owner": "", "lease_expires_at": None, "next_poll_at": db_now_plus(poll_in)}
+    return bool(write_quiet(states.LEASE, fenced(execution_id, attempt, worker_id), values))
+
+
+def execution_extend_lease(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> bool:
+    """Push the lease expiry of an execution this worker is working on; False if the lease is lost."""
+    values = {"lease_expires_at": db_now_plus(lease_seconds)}
+    return bool(write_quiet(states.LEASE, fenced(execution_id, attempt, worker_id), values))
+
+
+def execution_report_progress(*, execution_id: int, attempt: int, progress: str) -> bool:
+    """A job's heartbeat or progress report through its callback URL (no status change)."""
+    values = {"progress": progress[:500], "reported_at": Now()}
+    return bool(write_quiet(states.LEASE, fenced(execution_id, attempt, None), values))
