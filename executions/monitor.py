@@ -1,7 +1,8 @@
 """The monitor: publishes due executions to RabbitMQ.
 
 Each pass takes due rows with ``FOR UPDATE SKIP LOCKED`` in batches, marks them PENDING and
-commits, then publishes one message per row (publisher confirms on). Several monitors share the
+commits, then publishes one message per row, or per group of rows when a pass takes many at
+once (a herd: ``DISPATCH_BATCH``; publisher confirms on). Several monitors share the
 work and never publish one row twice. While the broker is unreachable the monitor takes
 nothing, so rows stay SCHEDULED, and retries with backoff; a batch cut off mid-publish goes
 back to SCHEDULED; a monitor that dies between commit and publish leaves PENDING rows that are
@@ -47,6 +48,10 @@ _BROKER_ERRORS = (KombuError, KombuOperationalError, ConnectionError, OSError, T
 Publish = Callable[[Any, transitions.Dispatch, Producer], None]
 
 
+#: Sends several taken rows as one message (see :func:`send_many`).
+PublishMany = Callable[[Any, list[transitions.Dispatch], Producer], None]
+
+
 def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
     """The monitor's :data:`Publish`: one message per row, with the row's message id and priority.
     No kombu retry: a failure undoes the rest of the batch and the monitor's loop backs off."""
@@ -59,12 +64,42 @@ def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
     )
 
 
+def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer) -> None:
+    """The monitor's :data:`PublishMany`: one ``run_executions`` message for several rows of one
+    priority. Each row keeps its own message id (an undo finds its rows by them); the message's
+    own id is the first row's with the count of the others, so Flower shows which runs it holds."""
+    task.apply_async(
+        args=([[item.execution_id, item.attempt] for item in items],),
+        task_id=f"{items[0].message_id}+{len(items) - 1}",
+        priority=items[0].priority,
+        producer=producer,
+        retry=False,
+    )
+
+
+def group_runs(taken: list[transitions.Dispatch], *, most: int, spread: int) -> list[list[transitions.Dispatch]]:
+    """Consecutive rows of one priority in messages of at most ``most`` rows, and at least
+    ``spread`` messages when there are that many rows (each pool process gets work at once).
+    The order of ``taken`` is kept: a message's rows are a slice of it."""
+    size = max(1, min(most, len(taken) // max(1, spread)))
+    groups: list[list[transitions.Dispatch]] = []
+    for item in taken:
+        last = groups[-1] if groups else None
+        if last is not None and len(last) < size and last[0].priority == item.priority:
+            last.append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
 @dataclass
 class MonitorStats:
     passes: int = 0
     published: int = 0
     republished: int = 0
     polls: int = 0
+    #: Messages sent: fewer than the runs published when a herd's runs share messages.
+    messages: int = 0
     errors: int = 0
     #: Passes that left due runs SCHEDULED because the queue was deep enough (fair share).
     held_back: int = 0
@@ -83,6 +118,7 @@ class MonitorStats:
             "published": self.published,
             "republished": self.republished,
             "polls": self.polls,
+            "messages": self.messages,
             "errors": self.errors,
             "held_back": self.held_back,
             "due_query_p50_ms": quantile(0.50),
@@ -133,10 +169,18 @@ class Monitor:
     ``publish`` sends each message (:func:`send` unless a test puts a failing one in its place).
     """
 
-    def __init__(self, *, conf: TmsSettings | None = None, batch: int | None = None, publish: Publish = send) -> None:
+    def __init__(
+        self,
+        *,
+        conf: TmsSettings | None = None,
+        batch: int | None = None,
+        publish: Publish = send,
+        publish_many: PublishMany = send_many,
+    ) -> None:
         self.conf = conf or tms_settings()
         self.batch = batch or self.conf.MONITOR_BATCH
         self.publish = publish
+        self.publish_many = publish_many
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
         self.listener = DueListener()
         #: Fair share (executions.fairness): keeps the queue shallow and fills it owner by owner;
@@ -147,24 +191,49 @@ class Monitor:
         self._running = False
         #: Set by :meth:`stop`: a pass in progress ends after its current batch.
         self._stop_requested = False
-        from executions.tasks import poll_execution, run_execution
+        from executions.tasks import poll_execution, run_execution, run_executions
 
         self._run_task = run_execution
+        self._runs_task = run_executions
         self._poll_task = poll_execution
 
     # -- one pass ---------------------------------------------------------------------------
 
-    def _publish(self, taken: list[transitions.Dispatch], task: Any, producer: Producer, confirms: Confirms) -> None:
-        """Publish taken rows, then wait once for the broker's confirms of them all; undo (back to
-        SCHEDULED) what could not be published, or the whole batch if it was not confirmed (a
-        worker that already got one of its messages finds the row SCHEDULED and its claim loses)."""
+    def _publish(
+        self,
+        taken: list[transitions.Dispatch],
+        task: Any,
+        producer: Producer,
+        confirms: Confirms,
+        *,
+        group: bool = False,
+    ) -> None:
+        """Publish taken rows (with ``group``, several runs per message: :func:`group_runs`),
+        then wait once for the broker's confirms of them all; undo (back to SCHEDULED) what could
+        not be published, or the whole batch if it was not confirmed (a worker that already got
+        one of its messages finds the row SCHEDULED and its claim loses)."""
         sent = 0
+        if group and self.conf.DISPATCH_BATCH > 1:
+            groups = group_runs(taken, most=self.conf.DISPATCH_BATCH, spread=self.conf.MONITOR_MIN_PENDING)
+        else:
+            groups = [[item] for item in taken]
         try:
-            for item in taken:
-                with log_context(execution_id=item.execution_id, attempt=item.attempt, celery_task_id=item.message_id):
-                    self.publish(task, item, producer)
-                    logger.debug("execution %s attempt %s: published (%s)", item.execution_id, item.attempt, item.kind)
-                sent += 1
+            for items in groups:
+                first = items[0]
+                if len(items) == 1:
+                    with log_context(
+                        execution_id=first.execution_id, attempt=first.attempt, celery_task_id=first.message_id
+                    ):
+                        self.publish(task, first, producer)
+                        logger.debug(
+                            "execution %s attempt %s: published (%s)", first.execution_id, first.attempt, first.kind
+                        )
+                else:
+                    self.publish_many(self._runs_task, items, producer)
+                    logger.debug("executions %s: published in one message", [i.execution_id for i in items])
+                # Groups are slices of taken, in order: taken[sent:] is what was not published.
+                sent += len(items)
+                self.stats.messages += 1
             if taken:
                 try:
                     confirms.wait()
@@ -207,7 +276,7 @@ class Monitor:
                     # The queue is deep enough: take nothing (top up again soon if runs are due,
                     # below; else sleep until the next is due, as ever).
                     taken, next_due = [], transitions.next_due_in()
-            self._publish(taken, self._run_task, producer, confirms)
+            self._publish(taken, self._run_task, producer, confirms, group=True)
             sent += len(taken)
             self.stats.published += len(taken)
             metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
@@ -253,8 +322,8 @@ class Monitor:
             logger.debug("queue depth of %s unknown (%s)", queue, exc)
             self.backlog = Backlog()
             return
-        sent = self.stats.published + self.stats.republished + self.stats.polls
-        self.backlog.observe(depth=depth, published=sent, now=time.monotonic())
+        # The queue counts messages, so the drain rate is in messages too.
+        self.backlog.observe(depth=depth, published=self.stats.messages, now=time.monotonic())
 
     def _time_due_query(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]

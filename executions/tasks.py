@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.signals import task_postrun, task_prerun, worker_init, worker_process_shutdown
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 
 from executions import heartbeat, materialiser, retention, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 #: Database outages are retried by republishing with backoff; the row stays the source of truth.
 _DB_RETRY: dict[str, Any] = {
-    "autoretry_for": (OperationalError, InterfaceError),
+    "autoretry_for": worker_services.RETRIED_DB_ERRORS,
     "retry_backoff": True,
     "retry_backoff_max": 30,
     "max_retries": None,
@@ -87,6 +87,25 @@ def _note_redelivery(task: Task, execution_id: int) -> None:
 def run_execution(self: Task, execution_id: int, attempt: int) -> str:
     _note_redelivery(self, execution_id)
     return worker_services.execution_run(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
+
+
+@shared_task(name="tms.run_executions", bind=True, ignore_result=True, **_DB_RETRY)
+def run_executions(self: Task, items: list[list[int]]) -> dict[str, int]:
+    """Several runs in one message (the monitor groups a herd: executions.monitor)."""
+    if (self.request.delivery_info or {}).get("redelivered"):
+        logger.info("redelivered message %s for %d executions", self.request.id, len(items))
+    priority = (self.request.delivery_info or {}).get("priority")
+
+    def hand_on(rest: list[tuple[int, int]]) -> bool:
+        try:
+            run_executions.apply_async(args=(rest,), priority=priority, retry=False)
+        except Exception as exc:  # noqa: BLE001 - any broker error: this process runs them itself
+            logger.warning("could not hand %d run(s) on (%s); running them here", len(rest), exc)
+            return False
+        return True
+
+    with logcontext.log_context(worker_id=lease_owner(), celery_task_id=self.request.id):
+        return dict(worker_services.executions_run_batch(items=items, worker_id=lease_owner(), hand_on=hand_on))
 
 
 @shared_task(name="tms.poll_execution", bind=True, ignore_result=True, **_DB_RETRY)

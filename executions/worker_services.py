@@ -11,12 +11,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from executions import limits, transitions
 from executions.backoff import exponential_backoff
@@ -43,6 +44,15 @@ logger = logging.getLogger(__name__)
 
 #: Polling of asynchronous runs: first delay, growth factor and cap, in seconds.
 POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
+
+#: A message of several runs (:func:`executions_run_batch`) hands the runs it has not started yet
+#: on in a message of their own once it has worked this many seconds: a slow launch holds the
+#: rest back for at most this long, and other pool processes take them meanwhile.
+HAND_ON_AFTER = 1.0
+
+#: Database errors after which a message is handled again later (the Celery tasks retry on them:
+#: executions.tasks); any other error is one run's own.
+RETRIED_DB_ERRORS = (OperationalError, InterfaceError)
 
 
 class _LeaseKeeper:
@@ -159,6 +169,50 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     ):
         logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
         return _start(execution, task, worker_id)
+
+
+def executions_run_batch(
+    *,
+    items: Sequence[Sequence[int]],
+    worker_id: str,
+    hand_on: Callable[[list[tuple[int, int]]], bool],
+) -> Counter[str]:
+    """Handle a ``run_executions`` message: each (execution id, attempt) as :func:`execution_run`
+    handles its own message, in order, in this process.
+
+    The monitor groups the runs of a herd (many due at once) into such messages: one message,
+    one acknowledgement and one task call for several runs instead of one each. Nothing else
+    changes: each run is claimed, fenced and recorded on its own, so a message delivered again
+    (its worker died mid-way) finds the runs it already handled taken, and its claims lose.
+
+    After :data:`HAND_ON_AFTER` seconds the runs not started yet go to ``hand_on`` (a new
+    message; it returns False if that could not be published, and this process carries on with
+    them). A lost or unreachable database (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery
+    task retries the message, and what was handled loses its claims. Any other error of one run
+    is logged and the next run goes on, as a failing message of its own would not stop the others.
+
+    Returns how many runs ended with each of :func:`execution_run`'s words, and ``handed_on``.
+    """
+    began = time.monotonic()
+    outcomes: Counter[str] = Counter()
+    can_hand_on = True
+    for index, (execution_id, attempt) in enumerate(items):
+        if can_hand_on and index and time.monotonic() - began > HAND_ON_AFTER:
+            rest = [(rest_id, rest_attempt) for rest_id, rest_attempt in items[index:]]
+            if hand_on(rest):
+                outcomes["handed_on"] += len(rest)
+                logger.info("batch: %d run(s) handed on after %.1fs", len(rest), time.monotonic() - began)
+                break
+            can_hand_on = False
+        with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+            try:
+                outcomes[execution_run(execution_id=execution_id, attempt=attempt, worker_id=worker_id)] += 1
+            except RETRIED_DB_ERRORS:
+                raise
+            except Exception:
+                logger.exception("execution %s attempt %s: handling failed", execution_id, attempt)
+                outcomes["error"] += 1
+    return outcomes
 
 
 def _task_ids(task: Task) -> dict[str, object]:

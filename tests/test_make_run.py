@@ -26,6 +26,7 @@ def test_housekeeping_sends_no_task_events_to_flower_and_executions_do():
         assert app.tasks[task.name].send_events is False, task.name
     assert app.tasks["tms.run_execution"].send_events is True
     assert app.tasks["tms.poll_execution"].send_events is True
+    assert app.tasks["tms.run_executions"].send_events is True
     assert {t.name for t in (execution_tasks.materialise, execution_tasks.liveness)} <= HOUSEKEEPING_TASKS
 
 

@@ -26,6 +26,10 @@ class TmsSettings:
     MATERIALISE_THREADS: int = 2
     #: Executions published per monitor transaction.
     MONITOR_BATCH: int = 500
+    #: Most runs the monitor puts in one message when a pass takes many at once (a herd): one
+    #: message, one acknowledgement and one task call for several runs (a pass is split into at
+    #: least MONITOR_MIN_PENDING messages, so every pool process gets work). 1: a message per run.
+    DISPATCH_BATCH: int = 16
     #: Longest the monitor sleeps when it knows of no due work and hears no NOTIFY.
     MONITOR_MAX_SLEEP: float = 1.0
     #: A PENDING execution unclaimed for this many seconds is published again.
@@ -150,6 +154,8 @@ class TmsSettings:
         # The bounds of the task fields these are defaults for (tasks_app.models).
         if not 0 <= self.MONITOR_QUEUE_SECONDS <= 60:
             raise ImproperlyConfigured("TMS_MONITOR_QUEUE_SECONDS must be between 0 (off) and 60.")
+        if not 1 <= self.DISPATCH_BATCH <= 500:
+            raise ImproperlyConfigured("TMS_DISPATCH_BATCH must be between 1 (a message per run) and 500.")
         if not 1 <= self.MONITOR_MIN_PENDING <= 100_000:
             raise ImproperlyConfigured("TMS_MONITOR_MIN_PENDING must be between 1 and 100000.")
         if not 0.01 <= self.MONITOR_TOPUP_INTERVAL <= 5:

@@ -1,0 +1,287 @@
+"""Several runs in one message: the monitor groups a herd (``TMS_DISPATCH_BATCH``), a worker
+handles each run of the message as a message of its own would be handled.
+
+In-process against the real database (the monitor with recording publishers), then on the
+running system: a real monitor and worker start a herd each run exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from executions import worker_services
+from executions.models import Execution, ExecutionEvent
+from executions.models import ExecutionStatus as S
+from executions.monitor import Monitor, group_runs, send_many
+from executions.transitions import Dispatch
+from tasks_app.services import task_bulk_create
+from tests.executions.test_monitor import FlakyPublisher
+from tests.factories import ExecutionFactory, TaskFactory, UserFactory
+from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
+
+UNDONE = "broker unavailable: not published"
+
+
+class ManyPublisher:
+    """Records each several-run message instead of sending it; the ``fail_at``-th call raises."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.calls = 0
+        #: (Celery task name, [execution ids]) of each message "sent".
+        self.sent: list[tuple[str, list[int]]] = []
+
+    def __call__(self, task, items, producer) -> None:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise KombuOperationalError("[Errno 104] Connection reset by peer")
+        self.sent.append((task.name, [item.execution_id for item in items]))
+
+
+def _dispatch(execution_id: int, priority: int = 5) -> Dispatch:
+    return Dispatch(execution_id=execution_id, attempt=1, priority=priority, message_id=f"{execution_id}-x")
+
+
+def _conf(**changes):
+    # No pacing: what is due is taken in one pass (fair share is test_fairness's).
+    return dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.0, **changes)
+
+
+def _due(count: int, *, priority: int = 5) -> list[int]:
+    task = TaskFactory(misfire_grace=timedelta(hours=1), priority=priority)
+    now = timezone.now()
+    return [ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=90 - i)).pk for i in range(count)]
+
+
+# --- grouping ------------------------------------------------------------------------------------
+
+
+def test_a_herd_is_split_into_messages_of_at_most_the_batch_and_at_least_the_spread():
+    taken = [_dispatch(i) for i in range(100)]
+    groups = group_runs(taken, most=16, spread=8)
+    assert [len(g) for g in groups] == [12] * 8 + [4]  # 100 // 8 = 12 per message
+    assert [item for group in groups for item in group] == taken  # slices of taken, in order
+    assert [len(g) for g in group_runs(taken, most=5, spread=8)] == [5] * 20
+    # Fewer runs than twice the spread: a message each, as without grouping.
+    assert [len(g) for g in group_runs(taken[:15], most=16, spread=8)] == [1] * 15
+    assert group_runs([], most=16, spread=8) == []
+
+
+def test_a_message_holds_runs_of_one_priority_only():
+    taken = [_dispatch(i, priority=p) for i, p in enumerate([5, 5, 5, 9, 9, 5, 5, 5, 5, 5])]
+    groups = group_runs(taken, most=4, spread=1)
+    assert [[d.execution_id for d in g] for g in groups] == [[0, 1, 2], [3, 4], [5, 6, 7, 8], [9]]
+    assert all(len({d.priority for d in g}) == 1 for g in groups)
+
+
+# --- the monitor ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_monitor_publishes_a_herd_in_messages_of_several_runs_each_run_once():
+    ids = _due(40)
+    single, many = FlakyPublisher(), ManyPublisher()
+    monitor = Monitor(conf=_conf(DISPATCH_BATCH=4, MONITOR_MIN_PENDING=8), publish=single, publish_many=many)
+
+    assert monitor.dispatch_once(housekeeping=False) == (40, None)
+
+    assert single.sent == []
+    assert {name for name, _ in many.sent} == {"tms.run_executions"}
+    assert [len(group) for _, group in many.sent] == [4] * 10
+    assert [i for _, group in many.sent for i in group] == ids
+    assert (monitor.stats.published, monitor.stats.messages) == (40, 10)
+    # Each row keeps its own message id (an undo finds its rows by it).
+    rows = Execution.objects.filter(pk__in=ids)
+    assert {row.status for row in rows} == {S.PENDING}
+    assert len({row.message_id for row in rows}) == 40
+
+
+@pytest.mark.django_db
+def test_with_a_batch_of_one_every_run_has_its_own_message():
+    ids = _due(40)
+    single, many = FlakyPublisher(), ManyPublisher()
+    monitor = Monitor(conf=_conf(DISPATCH_BATCH=1), publish=single, publish_many=many)
+    assert monitor.dispatch_once(housekeeping=False) == (40, None)
+    assert many.sent == [] and single.ids == ids
+    assert monitor.stats.messages == 40
+
+
+@pytest.mark.django_db
+def test_runs_of_a_message_the_broker_did_not_take_go_back_to_scheduled_and_the_rest_stay_published():
+    ids = _due(40)
+    many = ManyPublisher(fail_at=3)
+    monitor = Monitor(conf=_conf(DISPATCH_BATCH=4, MONITOR_MIN_PENDING=8), publish=FlakyPublisher(), publish_many=many)
+
+    with pytest.raises(KombuOperationalError):
+        monitor.dispatch_once(housekeeping=False)
+
+    published = [i for _, group in many.sent for i in group]
+    assert published == ids[:8]
+    assert set(Execution.objects.filter(status=S.PENDING).values_list("id", flat=True)) == set(ids[:8])
+    assert set(Execution.objects.filter(status=S.SCHEDULED).values_list("id", flat=True)) == set(ids[8:])
+    assert ExecutionEvent.objects.filter(to_status=S.SCHEDULED, detail=UNDONE).count() == 32
+
+    retry = ManyPublisher()
+    assert Monitor(
+        conf=_conf(DISPATCH_BATCH=4, MONITOR_MIN_PENDING=8), publish=FlakyPublisher(), publish_many=retry
+    ).dispatch_once(housekeeping=False) == (32, None)
+    assert sorted(i for _, group in retry.sent for i in group) == ids[8:]
+
+
+def test_the_monitor_sends_several_runs_through_the_broker_unless_told_otherwise():
+    assert Monitor().publish_many is send_many
+
+
+# --- the worker's service ------------------------------------------------------------------------
+
+
+def _pending_noops(count: int) -> list[tuple[int, int]]:
+    task = TaskFactory(runner="noop", misfire_grace=timedelta(hours=1))
+    now = timezone.now()
+    rows = [
+        ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=i), status=S.PENDING) for i in range(count)
+    ]
+    return [(row.pk, row.attempt) for row in rows]
+
+
+def _starts(execution_id: int) -> int:
+    return ExecutionEvent.objects.filter(execution_id=execution_id, to_status=S.RUNNING).count()
+
+
+@pytest.mark.django_db
+def test_each_run_of_a_message_is_claimed_and_finished_and_a_redelivery_changes_nothing():
+    items = _pending_noops(6)
+    handed: list[list[tuple[int, int]]] = []
+
+    def hand_on(rest):
+        handed.append(rest)
+        return True
+
+    outcomes = worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=hand_on)
+    assert outcomes == {"finished": 6} and handed == []
+    assert set(Execution.objects.values_list("status", flat=True)) == {S.SUCCEEDED}
+
+    # The same message again (its worker died before the ack): every claim loses, nothing reruns.
+    again = worker_services.executions_run_batch(items=[list(i) for i in items], worker_id="w:2", hand_on=hand_on)
+    assert again == {"lost": 6}
+    assert [_starts(i) for i, _ in items] == [1] * 6
+
+
+@pytest.mark.django_db
+def test_runs_not_started_within_the_budget_are_handed_on_in_a_message_of_their_own(monkeypatch):
+    items = _pending_noops(5)
+    monkeypatch.setattr(worker_services, "HAND_ON_AFTER", -1.0)  # every run after the first is late
+    handed: list[list[tuple[int, int]]] = []
+
+    def hand_on(rest):
+        handed.append(rest)
+        return True
+
+    outcomes = worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=hand_on)
+    assert outcomes == {"finished": 1, "handed_on": 4}
+    assert handed == [items[1:]]
+    assert Execution.objects.get(pk=items[0][0]).status == S.SUCCEEDED
+    assert set(Execution.objects.filter(pk__in=[i for i, _ in items[1:]]).values_list("status", flat=True)) == {
+        S.PENDING
+    }
+
+
+@pytest.mark.django_db
+def test_runs_that_could_not_be_handed_on_are_run_here(monkeypatch):
+    items = _pending_noops(4)
+    monkeypatch.setattr(worker_services, "HAND_ON_AFTER", -1.0)
+    tries: list[int] = []
+
+    def broker_down(rest):
+        tries.append(len(rest))
+        return False
+
+    outcomes = worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=broker_down)
+    assert outcomes == {"finished": 4}
+    assert tries == [3]  # tried once, then carried on without asking again
+    assert [_starts(i) for i, _ in items] == [1] * 4
+
+
+# --- the running system --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_herd_published_in_shared_messages_starts_every_run_exactly_once():
+    owner = UserFactory()
+    env = {"TMS_MONITOR_MAX_SLEEP": "0.3", "TMS_DISPATCH_BATCH": "8", "TMS_MONITOR_QUEUE_SECONDS": "0"}
+    worker, monitor = start_worker("herd", concurrency=2, **env), start_monitor("herd-monitor", **env)
+    with running(worker, monitor):
+        wait_worker_ready(worker)
+        # One instant for all, a few seconds ahead: the monitor takes them in one pass.
+        due = db_now() + timedelta(seconds=3)
+        tasks = task_bulk_create(
+            owner=owner, specs=[{"runner": "noop", "name": f"herd {i}", "start_at": due} for i in range(120)]
+        )
+        runs = Execution.objects.filter(task__owner=owner)
+        wait_for(lambda: runs.filter(status=S.SUCCEEDED).count() == len(tasks), timeout=90, what="every run to succeed")
+        monitor.stop()
+        stats = json.loads(re.findall(r"monitor stats (\{.*\})", monitor.log())[-1])
+    assert runs.count() == len(tasks)
+    assert [_starts(i) for i in runs.values_list("id", flat=True)] == [1] * len(tasks)
+    assert stats["published"] == len(tasks)
+    # The runs shared messages: fewer messages than runs (each run was published once).
+    assert stats["messages"] < stats["published"]
+
+
+# Not inside the test's transaction: the task's start checks its connection (executions.tasks).
+@pytest.mark.django_db(transaction=True)
+def test_the_celery_task_hands_the_rest_on_with_the_message_priority_or_runs_it_if_the_broker_refuses(monkeypatch):
+    from executions import tasks
+
+    items = _pending_noops(3)
+    monkeypatch.setattr(worker_services, "HAND_ON_AFTER", -1.0)
+    sent: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(tasks.run_executions, "apply_async", lambda *args, **kwargs: sent.append((args, kwargs)))
+
+    outcome = tasks.run_executions.apply(args=([list(i) for i in items],)).get()
+
+    assert outcome == {"finished": 1, "handed_on": 2}
+    assert sent == [((), {"args": (items[1:],), "priority": None, "retry": False})]
+
+    def refused(*args, **kwargs):
+        raise KombuOperationalError("[Errno 111] Connection refused")
+
+    more = _pending_noops(3)
+    monkeypatch.setattr(tasks.run_executions, "apply_async", refused)
+    assert tasks.run_executions.apply(args=([list(i) for i in more],)).get() == {"finished": 3}
+
+
+def test_a_lost_database_ends_the_message_for_a_retry_and_any_other_error_is_one_runs_own(monkeypatch):
+    from django.db import OperationalError
+
+    seen: list[int] = []
+
+    def run(*, execution_id, attempt, worker_id):
+        seen.append(execution_id)
+        if execution_id == 2:
+            raise failure
+        return "finished"
+
+    monkeypatch.setattr(worker_services, "execution_run", run)
+    items = [(1, 1), (2, 1), (3, 1)]
+
+    failure: Exception = ValueError("a bug in one run's handling")
+    assert worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True) == {
+        "finished": 2,
+        "error": 1,
+    }
+    seen.clear()
+    failure = OperationalError("server closed the connection unexpectedly")
+    with pytest.raises(OperationalError):
+        worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True)
+    assert seen == [1, 2]
