@@ -147,7 +147,14 @@ class Pacer:
     measured from the PENDING count itself (runs that left PENDING since the previous look,
     beside what this monitor published), so it follows the workers, however many there are,
     without asking them; several monitors each see the whole queue and so never add up to more
-    than about one target (a race can overshoot by one batch, it cannot lose a run)."""
+    than about one target (a race can overshoot by one batch, it cannot lose a run).
+
+    Two things keep a herd from being paced by its own slow start. A look after an idle spell
+    (nothing queued, nothing published) drops the history: those seconds say nothing of how
+    fast the workers start runs, and counted in the window they held the measured rate, and so
+    the target, near the floor for its whole length (a herd of 1,000 went out 8 runs per top-up).
+    And a look that finds the queue drained (every run published was started) at least doubles
+    the target: the workers waited for work, so they can start more than was measured."""
 
     def __init__(self, conf: TmsSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.conf = conf
@@ -175,8 +182,12 @@ class Pacer:
         pending = published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER)
         now = self._clock()
         started = 0 if self._last_pending is None else max(0, self._last_pending + self._published - pending)
+        if self._last_pending == 0 and self._published == 0:
+            self._starts.clear()  # an idle spell: no history of starts to go by
         self._starts.append((now, started))
         self._last_pending, self._published = pending, 0
         wanted = math.ceil(self.rate(now) * self.conf.MONITOR_QUEUE_SECONDS)
+        if pending == 0 and started > 0:
+            wanted = max(wanted, 2 * self.target)  # drained: the workers waited for work
         self.target = min(MAX_PENDING, max(self.conf.MONITOR_MIN_PENDING, wanted))
         return max(0, self.target - pending)

@@ -271,3 +271,31 @@ def test_a_herd_does_not_starve_another_owners_runs_on_the_running_system():
     last_b = max(index for index, execution_id in enumerate(starts) if owner_of[execution_id] == other.pk)
     herd_before = sum(1 for execution_id in starts[:last_b] if owner_of[execution_id] == herd_owner.pk)
     assert herd_before < HERD / 2, (herd_before, last_b)
+
+
+def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch):
+    """Idle looks (nothing queued or published) leave no history, and a drained queue at least
+    doubles the target: a herd reaches the workers' pace within a few top-ups, not seconds."""
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8)
+    now = [0.0]
+    pacer = fairness.Pacer(conf, clock=lambda: now[0])
+    queued = [0]
+    monkeypatch.setattr(fairness, "published_unstarted", lambda **_: queued[0])
+    for second in range(5):  # the monitor's idle passes before the herd is due
+        now[0] = float(second)
+        assert pacer.room() == 8
+    # The herd: each top-up (0.1 s apart) finds everything it published started.
+    targets = []
+    for _ in range(5):
+        room = pacer.room()
+        targets.append(pacer.target)
+        pacer.published(room)
+        now[0] += 0.1
+    # Without the idle history the first measured rate is 8 runs in 0.1 s (80/s): 40 wanted; with
+    # it, a tenth of that rate (8 runs over a second) and the floor again.
+    assert targets[:2] == [8, 40]
+    assert all(later >= 2 * earlier for earlier, later in zip(targets[1:], targets[2:], strict=False))
+    # A queue that is not drained is paced by the measured rate alone: about half a second's worth.
+    queued[0] = 100
+    pacer.room()
+    assert pacer.target < 2 * targets[-1]
