@@ -5,6 +5,7 @@ another owner's runs."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from datetime import timedelta
 
@@ -294,7 +295,7 @@ def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch
     # Without the idle history the first measured rate is 8 runs in 0.1 s (80/s): 40 wanted; with
     # it, a tenth of that rate (8 runs over a second) and the floor again.
     assert targets[:2] == [8, 40]
-    assert all(later >= 2 * earlier for earlier, later in zip(targets[1:], targets[2:], strict=False))
+    assert all(later >= 2 * earlier for earlier, later in itertools.pairwise(targets))
     # A queue that is not drained is paced by the measured rate alone: about half a second's worth.
     queued[0] = 100
     pacer.room()
