@@ -92,6 +92,16 @@ def persist(write: Callable[[], T]) -> T:
             delay = min(delay * 2, 5.0)
 
 
+def redacted(task: Task, result: RunResult) -> RunResult:
+    """``result`` with the task's secrets masked in its output and error: an error or output
+    quoting one (a URL's key in a connection error, a header echoed back) is stored, in the
+    execution and its events, with the secret masked."""
+    values = secret_values(task.runner, task.config, task.secret_fields or [])
+    if values:
+        return replace(result, output=redact(result.output, values), error=redact(result.error, values))
+    return result
+
+
 def execution_record_outcome(
     *,
     execution: Execution,
@@ -107,11 +117,7 @@ def execution_record_outcome(
     outcome already recorded).
     """
     conf = tms_settings()
-    # An error or output quoting one of the task's secrets (a URL's key in a connection error, a
-    # header echoed back) is stored, in the execution and its events, with the secret masked.
-    values = secret_values(task.runner, task.config, task.secret_fields or [])
-    if values:
-        result = replace(result, output=redact(result.output, values), error=redact(result.error, values))
+    result = redacted(task, result)
     common: dict[str, Any] = {
         "execution_id": execution.pk,
         "attempt": execution.attempt,

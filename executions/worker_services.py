@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +27,7 @@ from executions.runs import (
     execution_record_outcome,
     load_execution,
     persist,
+    redacted,
     run_spec,
     stop_external_run,
 )
@@ -49,6 +50,12 @@ POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
 #: on in a message of their own once it has worked this many seconds: a slow launch holds the
 #: rest back for at most this long, and other pool processes take them meanwhile.
 HAND_ON_AFTER = 1.0
+
+#: Runs of a message claimed (and their successes recorded) together: as many as take about this
+#: many seconds, going by the time the message's runs took so far (the first one is handled
+#: alone). A run's start time is its claim's, so this bounds how much earlier than its launch it
+#: may say it started when the runs before it in its chunk launch quickly, as they did so far.
+CHUNK_SECONDS = 0.05
 
 #: Database errors after which a message is handled again later (the Celery tasks retry on them:
 #: executions.tasks); any other error is one run's own.
@@ -161,14 +168,29 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
             logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, detail)
             return exclusive.outcome
         execution = exclusive.execution
+    return _run_claimed(execution, worker_id)
+
+
+def _run_claimed(
+    execution: Execution, worker_id: str, *, record: Callable[..., str] | None = None, lease: bool = True
+) -> str:
+    """Start the runner of an execution this worker claimed. ``record`` records an outcome the
+    runner gave at once (:func:`execution_record_outcome` unless a chunk collects them);
+    ``lease=False``: the caller keeps the lease."""
     task = execution.task
+    execution_id, attempt = execution.pk, execution.attempt
+    keeping: AbstractContextManager[object] = (
+        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits)
+        if lease
+        else nullcontext()
+    )
     with (
         log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
-        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
+        keeping,
     ):
         logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
-        return _start(execution, task, worker_id)
+        return _start(execution, task, worker_id, record=record or execution_record_outcome)
 
 
 def executions_run_batch(
@@ -177,42 +199,139 @@ def executions_run_batch(
     worker_id: str,
     hand_on: Callable[[list[tuple[int, int]]], bool],
 ) -> Counter[str]:
-    """Handle a ``run_executions`` message: each (execution id, attempt) as :func:`execution_run`
-    handles its own message, in order, in this process.
+    """Handle a ``run_executions`` message: each (execution id, attempt), in order, in this
+    process, with the outcome :func:`execution_run` gives it.
 
     The monitor groups the runs of a herd (many due at once) into such messages: one message,
-    one acknowledgement and one task call for several runs instead of one each. Nothing else
-    changes: each run is claimed, fenced and recorded on its own, so a message delivered again
-    (its worker died mid-way) finds the runs it already handled taken, and its claims lose.
+    one acknowledgement and one task call for several runs instead of one each. The runs are
+    handled in chunks (:data:`CHUNK_SECONDS`): a chunk's runs are claimed in one statement, and
+    the successes its runners report at once are recorded in one statement at its end (a
+    failure, a run that goes on, or a run under a start rule is recorded on its own, as ever).
+    Each row is still fenced on its own (attempt and lease), so a message delivered again (its
+    worker died mid-way) finds the runs it already handled taken, and their claims lose.
 
-    After :data:`HAND_ON_AFTER` seconds the runs not started yet go to ``hand_on`` (a new
+    After :data:`HAND_ON_AFTER` seconds the runs not claimed yet go to ``hand_on`` (a new
     message; it returns False if that could not be published, and this process carries on with
     them). A lost or unreachable database (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery
-    task retries the message, and what was handled loses its claims. Any other error of one run
-    is logged and the next run goes on, as a failing message of its own would not stop the others.
+    task retries the message, and what was handled loses its claims (a run claimed and not
+    finished is resumed once its lease runs out). Any other error of one run is logged and the
+    next run goes on, as a failing message of its own would not stop the others.
 
     Returns how many runs ended with each of :func:`execution_run`'s words, and ``handed_on``.
     """
     began = time.monotonic()
     outcomes: Counter[str] = Counter()
     can_hand_on = True
-    for index, (execution_id, attempt) in enumerate(items):
+    pairs = [(execution_id, attempt) for execution_id, attempt in items]
+    index, per_run = 0, None
+    while index < len(pairs):
         if can_hand_on and index and time.monotonic() - began > HAND_ON_AFTER:
-            rest = [(rest_id, rest_attempt) for rest_id, rest_attempt in items[index:]]
+            rest = pairs[index:]
             if hand_on(rest):
                 outcomes["handed_on"] += len(rest)
                 logger.info("batch: %d run(s) handed on after %.1fs", len(rest), time.monotonic() - began)
                 break
             can_hand_on = False
-        with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
-            try:
-                outcomes[execution_run(execution_id=execution_id, attempt=attempt, worker_id=worker_id)] += 1
-            except RETRIED_DB_ERRORS:
-                raise
-            except Exception:
-                logger.exception("execution %s attempt %s: handling failed", execution_id, attempt)
-                outcomes["error"] += 1
+        size = 1 if per_run is None else max(1, int(CHUNK_SECONDS / max(per_run, 1e-4)))
+        chunk = pairs[index : index + size]
+        chunk_began = time.monotonic()
+        outcomes.update(_run_chunk(chunk, worker_id) if len(chunk) > 1 else [_run_one(*chunk[0], worker_id)])
+        per_run = (time.monotonic() - chunk_began) / len(chunk)
+        index += len(chunk)
     return outcomes
+
+
+def _run_one(execution_id: int, attempt: int, worker_id: str) -> str:
+    with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+        try:
+            return execution_run(execution_id=execution_id, attempt=attempt, worker_id=worker_id)
+        except RETRIED_DB_ERRORS:
+            raise
+        except Exception:
+            logger.exception("execution %s attempt %s: handling failed", execution_id, attempt)
+            return "error"
+
+
+class _Successes:
+    """The successes runners of a chunk reported at once, recorded together at its end
+    (:func:`transitions.executions_succeed`). Any other outcome, and the outcome of a run under
+    a start rule (whose slot must be freed), is recorded at once, as :func:`_start` would."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self.pending: list[transitions.Success] = []
+
+    def record(
+        self,
+        *,
+        execution: Execution,
+        task: Task,
+        worker_id: str | None,
+        result: RunResult,
+        external_run_id: str | None = None,
+    ) -> str:
+        if result.state is not RunState.SUCCEEDED or execution.exclusive or task.has_limits:
+            return execution_record_outcome(
+                execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+            )
+        output = redacted(task, result).output
+        self.pending.append(transitions.Success(execution.pk, execution.attempt, output, external_run_id or ""))
+        return "finished"
+
+    def flush(self) -> set[int]:
+        """Record the collected successes; returns the ids whose write lost (lease lost)."""
+        if not self.pending:
+            return set()
+        successes, self.pending = self.pending, []
+        won = persist(
+            lambda: transitions.executions_succeed(
+                successes=successes, worker_id=self.worker_id, max_chars=tms_settings().OUTPUT_MAX_CHARS
+            )
+        )
+        lost = {success.execution_id for success in successes} - won
+        for execution_id in sorted(lost):
+            logger.warning("execution %s: outcome not recorded, lease lost", execution_id)
+        return lost
+
+
+def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> list[str]:
+    """Claim the chunk's runs in one statement, start each, record their immediate successes in
+    one statement; a run the claim did not take goes the one-by-one way (:func:`_run_one`)."""
+    claimed = transitions.executions_claim_loaded(
+        items=chunk, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
+    )
+    # Every claimed run is leased from its claim until its outcome is written (a run waiting
+    # behind a slow launch in the chunk keeps its lease).
+    for held in claimed.values():
+        _keeper.hold(held.pk, held.attempt, worker_id)
+    successes = _Successes(worker_id)
+    words: list[str] = []
+    deferred: dict[int, int] = {}  # execution id -> its place in words, while its success waits
+    try:
+        for execution_id, attempt in chunk:
+            # Popped: the same run twice in a message is claimed (and started) once.
+            execution = claimed.pop(execution_id) if execution_id in claimed else None
+            if execution is None:
+                words.append(_run_one(execution_id, attempt, worker_id))
+                continue
+            with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
+                try:
+                    words.append(_run_claimed(execution, worker_id, record=successes.record, lease=False))
+                except RETRIED_DB_ERRORS:
+                    raise
+                except Exception:
+                    logger.exception("execution %s attempt %s: handling failed", execution_id, attempt)
+                    words.append("error")
+            if successes.pending and successes.pending[-1].execution_id == execution_id:
+                deferred[execution_id] = len(words) - 1
+            else:
+                _keeper.release(execution_id)  # its outcome is written, or it is polled
+        for execution_id in successes.flush():
+            words[deferred[execution_id]] = "lost"
+    finally:
+        for execution_id, _ in chunk:
+            _keeper.release(execution_id)
+    return words
 
 
 def _task_ids(task: Task) -> dict[str, object]:
@@ -320,7 +439,14 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
     )
 
 
-def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = False) -> str:
+def _start(
+    execution: Execution,
+    task: Task,
+    worker_id: str,
+    *,
+    resend: bool = False,
+    record: Callable[..., str] = execution_record_outcome,
+) -> str:
     try:
         runner: BaseRunner = get_runner(task.runner)
         spec = run_spec(execution, task, starting=True, resend=resend)
@@ -370,7 +496,7 @@ def _start(execution: Execution, task: Task, worker_id: str, *, resend: bool = F
             execution=execution, task=task, worker_id=worker_id, result=RunResult.failed(describe_error(exc))
         )
     if handle.result is not None:
-        return execution_record_outcome(
+        return record(
             execution=execution,
             task=task,
             worker_id=worker_id,

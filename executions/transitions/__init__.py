@@ -48,6 +48,7 @@ from executions.transitions.sql import pg_array
 from executions.transitions.states import ALLOWED_SOURCES
 from executions.transitions.worker import (
     CALLBACK_ACTOR,
+    Success,
     execution_acquire,
     execution_claim_loaded,
     execution_extend_lease,
@@ -56,6 +57,8 @@ from executions.transitions.worker import (
     execution_release,
     execution_report_progress,
     execution_succeed,
+    executions_claim_loaded,
+    executions_succeed,
 )
 
 __all__ = [
@@ -70,6 +73,7 @@ __all__ = [
     "ExclusiveClaim",
     "Misfire",
     "NewExecution",
+    "Success",
     "execution_acquire",
     "execution_cancel",
     "execution_claim_exclusive",
@@ -84,11 +88,13 @@ __all__ = [
     "execution_succeed",
     "execution_trigger",
     "execution_wait_for_limit",
+    "executions_claim_loaded",
     "executions_create",
     "executions_create_arrays",
     "executions_expire_leases",
     "executions_release_limit_waiters",
     "executions_release_waiting",
+    "executions_succeed",
     "executions_take_due",
     "executions_take_polls",
     "executions_take_stale_pending",

@@ -5,7 +5,9 @@ a worker that lost the execution changes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -17,11 +19,15 @@ from executions.models import Execution
 from executions.transitions import states
 from executions.transitions.misfire import on_time
 from executions.transitions.sql import (
+    EXECUTIONS,
+    Event,
     bounded,
     db_now_after,
     db_now_plus,
     from_row,
+    pg_array,
     postgresql,
+    with_events,
     write,
     write_prepared,
     write_quiet,
@@ -56,6 +62,10 @@ def claim_write(
     condition = Q(pk=execution_id, attempt=attempt, exclusive=exclusive)
     if not checked:
         condition &= on_time()
+    return condition, _claim_values(worker_id, lease, checked=checked)
+
+
+def _claim_values(worker_id: str, lease: timedelta, *, checked: bool) -> dict[str, Any]:
     values: dict[str, Any] = {
         "lease_owner": worker_id,
         "lease_expires_at": db_now_after(lease),
@@ -64,7 +74,7 @@ def claim_write(
     if checked:  # a checked claim may start an execution that waited for a slot or a limit
         values["waiting"] = ""
         values["waiting_on"] = None
-    return condition, values
+    return values
 
 
 def execution_claim_loaded(
@@ -101,9 +111,36 @@ def execution_claim_loaded(
     if not rows:
         return None
     (row,) = rows
+    return _loaded(row)
+
+
+def _loaded(row: Sequence[Any]) -> Execution:
     execution = from_row(Execution, _EXECUTION_FIELDS, row[: len(_EXECUTION_FIELDS)])
     execution.task = from_row(Task, _TASK_FIELDS, row[len(_EXECUTION_FIELDS) :])
     return execution
+
+
+def executions_claim_loaded(
+    *, items: Sequence[tuple[int, int]], worker_id: str, lease_seconds: float
+) -> dict[int, Execution]:
+    """The fast claim of :func:`execution_claim_loaded` for several (execution id, attempt)
+    pairs at once: one statement, with its events, per attempt number among them (a herd's runs
+    are all first attempts). Returns what it claimed, by id, with the tasks loaded; the rest
+    (taken, cancelled, gone, exclusive or stale) is left as it was, for the one-by-one path.
+    PostgreSQL only (the embedded default claims one by one: nothing is claimed here)."""
+    if not postgresql():
+        return {}
+    by_attempt: defaultdict[int, list[int]] = defaultdict(list)
+    for execution_id, attempt in items:
+        by_attempt[attempt].append(execution_id)
+    values = _claim_values(worker_id, timedelta(seconds=lease_seconds), checked=False)
+    claimed: dict[int, Execution] = {}
+    for attempt, ids in by_attempt.items():
+        condition = Q(pk__in=ids, attempt=attempt, exclusive=False) & on_time()
+        for row in write(states.CLAIM, condition, values, actor=worker_id, returning="*", select=_CLAIMED):
+            execution = _loaded(row)
+            claimed[execution.pk] = execution
+    return claimed
 
 
 def execution_record_run(
@@ -155,6 +192,71 @@ def execution_succeed(
         binds["external_run_id"] = external_run_id[:255]
     shape = (worker_id is None, bool(external_run_id))
     return bool(write_prepared(states.SUCCEED, shape, succeed_write, binds, actor=worker_id or CALLBACK_ACTOR))
+
+
+@dataclass(frozen=True)
+class Success:
+    """One run's success, for :func:`executions_succeed`."""
+
+    execution_id: int
+    attempt: int
+    output: str
+    external_run_id: str = ""
+
+
+#: pg_advisory_xact_lock key that serialises the several-row successes of all workers (see
+#: :func:`executions_succeed`).
+SUCCEED_MANY_LOCK = 0x746D_7373  # "tmss"
+
+#: RUNNING → SUCCEEDED for the rows of the arrays, each fenced by its attempt and the lease; the
+#: same values as :func:`succeed_write` (the output and, if given, the run id per row). The join
+#: with ``serialised`` takes the lock before the first row is written.
+_SUCCEED_MANY = (
+    "WITH serialised AS (SELECT pg_advisory_xact_lock(%s)) "  # noqa: S608 - our table name only
+    f"UPDATE {EXECUTIONS} AS e SET status = %s, finished_at = STATEMENT_TIMESTAMP(), output = v.output, "
+    "external_run_id = CASE WHEN v.run_id = '' THEN e.external_run_id ELSE v.run_id END, "
+    "lease_owner = '', lease_expires_at = NULL, next_poll_at = NULL "
+    "FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[]) AS v(id, attempt, output, run_id), serialised "
+    "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[])"
+)
+
+
+def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_chars: int) -> set[int]:
+    """:func:`execution_succeed` for several runs of this worker in one statement (with their
+    events), each row fenced by its attempt and this worker's lease; returns the ids it won. On
+    the embedded default, one statement each."""
+    if not postgresql():
+        return {
+            success.execution_id
+            for success in successes
+            if execution_succeed(
+                execution_id=success.execution_id,
+                attempt=success.attempt,
+                worker_id=worker_id,
+                output=success.output,
+                max_chars=max_chars,
+                external_run_id=success.external_run_id or None,
+            )
+        }
+    edge = states.SUCCEED
+    # Each success's trigger updates its row of the per-minute rollup (executions.rollup): two
+    # workers' statements updating shared rows in opposite orders deadlocked (PostgreSQL finds it
+    # after deadlock_timeout, a second; the herd benchmark stalled a second each time). The order
+    # of a statement's rows follows its plan, so these statements take turns instead (a few
+    # milliseconds each); a one-row write holds one rollup row and cannot close a cycle.
+    params = [
+        SUCCEED_MANY_LOCK,
+        edge.target,
+        pg_array(success.execution_id for success in successes),
+        pg_array(success.attempt for success in successes),
+        pg_array(bounded(success.output, max_chars) for success in successes),
+        pg_array(success.external_run_id[:255] for success in successes),
+        worker_id,
+        pg_array(sorted(edge.sources)),
+    ]
+    (source,) = edge.sources
+    rows = with_events(_SUCCEED_MANY, params, Event(source, edge.target, worker_id), returning="e.id, e.attempt")
+    return {row[0] for row in rows}
 
 
 def execution_fail(

@@ -273,6 +273,7 @@ def test_a_lost_database_ends_the_message_for_a_retry_and_any_other_error_is_one
         return "finished"
 
     monkeypatch.setattr(worker_services, "execution_run", run)
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 0.0)  # one by one: no claim of a chunk
     items = [(1, 1), (2, 1), (3, 1)]
 
     failure: Exception = ValueError("a bug in one run's handling")
@@ -285,3 +286,122 @@ def test_a_lost_database_ends_the_message_for_a_retry_and_any_other_error_is_one
     with pytest.raises(OperationalError):
         worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True)
     assert seen == [1, 2]
+
+
+# --- chunks: claimed together, successes recorded together ----------------------------------------
+
+
+def _row_state(execution_id: int) -> tuple:
+    row = Execution.objects.get(pk=execution_id)
+    return (
+        row.status,
+        row.output,
+        row.error,
+        row.lease_owner,
+        row.lease_expires_at,
+        row.next_poll_at,
+        row.started_at is not None,
+        row.finished_at is not None and row.finished_at >= row.started_at,
+        bool(row.external_run_id),
+    )
+
+
+def _events(execution_id: int) -> list[tuple[str, str, str, int]]:
+    return list(
+        ExecutionEvent.objects.filter(execution_id=execution_id)
+        .order_by("id")
+        .values_list("from_status", "to_status", "actor", "attempt")
+    )
+
+
+def _updates(queries) -> int:
+    return sum(1 for query in queries if query["sql"].startswith("WITH done AS (") and "UPDATE " in query["sql"])
+
+
+@pytest.mark.django_db
+def test_a_chunk_writes_what_one_by_one_writes_in_a_statement_for_its_claims_and_one_for_its_successes(
+    monkeypatch,
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    one_by_one, chunked = _pending_noops(6), _pending_noops(6)
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 0.0)
+    with CaptureQueriesContext(connection) as single:
+        assert worker_services.executions_run_batch(items=one_by_one, worker_id="w:1", hand_on=lambda rest: True) == {
+            "finished": 6
+        }
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 10.0)  # everything after the first in one chunk
+    with CaptureQueriesContext(connection) as chunk:
+        assert worker_services.executions_run_batch(items=chunked, worker_id="w:1", hand_on=lambda rest: True) == {
+            "finished": 6
+        }
+    assert _updates(single.captured_queries) == 12  # a claim and a success each
+    assert _updates(chunk.captured_queries) == 2 + 2  # the first alone, then the five together
+    for (a, _), (b, _) in zip(one_by_one, chunked, strict=True):
+        assert _row_state(a) == _row_state(b)
+        assert _events(a) == _events(b)
+    last, _ = chunked[-1]
+    assert _row_state(last)[0] == S.SUCCEEDED
+    assert [to for _, to, _, _ in _events(last)] == [S.SCHEDULED, S.RUNNING, S.SUCCEEDED]
+
+
+@pytest.mark.django_db
+def test_in_a_chunk_failures_and_runs_under_start_rules_are_recorded_one_by_one(monkeypatch):
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 10.0)
+    now = timezone.now()
+    noop = TaskFactory(runner="noop", misfire_grace=timedelta(hours=1))
+    failing = TaskFactory(
+        runner="sleep", config={"duration": "1ms", "fail": True}, max_attempts=1, misfire_grace=timedelta(hours=1)
+    )
+    capped = TaskFactory(runner="noop", max_concurrency=1, misfire_grace=timedelta(hours=1))
+    rows = [
+        ExecutionFactory(task=noop, scheduled_for=now, status=S.PENDING),
+        ExecutionFactory(task=failing, scheduled_for=now, status=S.PENDING),
+        ExecutionFactory(task=noop, scheduled_for=now - timedelta(seconds=1), status=S.PENDING),
+        ExecutionFactory(task=capped, scheduled_for=now, status=S.PENDING, exclusive=True),
+        ExecutionFactory(task=noop, scheduled_for=now - timedelta(seconds=2), status=S.SUCCEEDED),  # taken already
+    ]
+    items = [(row.pk, row.attempt) for row in rows]
+
+    outcomes = worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True)
+
+    assert outcomes == {"finished": 4, "lost": 1}
+    assert [Execution.objects.get(pk=row.pk).status for row in rows] == [
+        S.SUCCEEDED,
+        S.FAILED,
+        S.SUCCEEDED,
+        S.SUCCEEDED,
+        S.SUCCEEDED,
+    ]
+    assert [_starts(row.pk) for row in rows[:4]] == [1, 1, 1, 1]
+
+
+@pytest.mark.django_db
+def test_successes_written_together_are_each_fenced_by_attempt_and_lease():
+    from executions import transitions
+
+    items = _pending_noops(3)
+    claimed = transitions.executions_claim_loaded(items=items, worker_id="w:1", lease_seconds=60)
+    assert sorted(claimed) == sorted(i for i, _ in items)
+    assert all(execution.task.runner == "noop" for execution in claimed.values())
+    # The second lost its lease to another worker; the third is asked for with a stale attempt.
+    Execution.objects.filter(pk=items[1][0]).update(lease_owner="w:2")
+    successes = [
+        transitions.Success(items[0][0], 1, 'out "quoted" \\ back\nline', "run-0"),
+        transitions.Success(items[1][0], 1, "x"),
+        transitions.Success(items[2][0], 2, "x"),
+    ]
+    won = transitions.executions_succeed(successes=successes, worker_id="w:1", max_chars=1000)
+    assert won == {items[0][0]}
+    first = Execution.objects.get(pk=items[0][0])
+    assert (first.status, first.output, first.external_run_id, first.lease_owner) == (
+        S.SUCCEEDED,
+        'out "quoted" \\ back\nline',
+        "run-0",
+        "",
+    )
+    assert [Execution.objects.get(pk=i).status for i, _ in items[1:]] == [S.RUNNING, S.RUNNING]
+    assert ExecutionEvent.objects.filter(to_status=S.SUCCEEDED).count() == 1
+    # Claimed already: a second claim of the same runs takes nothing.
+    assert transitions.executions_claim_loaded(items=items, worker_id="w:3", lease_seconds=60) == {}

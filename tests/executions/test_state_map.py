@@ -161,6 +161,12 @@ def _claimed(status: str) -> bool:
     )
 
 
+def _claimed_together(status: str) -> bool:
+    """A chunk of a message of several runs, claimed in one statement."""
+    row = _row(status)
+    return row.pk in transitions.executions_claim_loaded(items=[(row.pk, 1)], worker_id="w:2:2", lease_seconds=60)
+
+
 def _claimed_late(status: str) -> bool:
     """A stale run its misfire policy runs as a catch-up: the fast claim refuses it, the checked
     claim takes it."""
@@ -179,6 +185,12 @@ def _outcome(status: str, retry_in: float | None) -> str | None:
 def _succeeded(status: str) -> bool:
     row = _row(status)
     return transitions.execution_succeed(execution_id=row.pk, attempt=1, worker_id=WORKER, output="", max_chars=100)
+
+
+def _succeeded_together(status: str) -> bool:
+    row = _row(status)
+    successes = [transitions.Success(row.pk, 1, "")]
+    return row.pk in transitions.executions_succeed(successes=successes, worker_id=WORKER, max_chars=100)
 
 
 def _queued(status: str) -> bool:
@@ -241,8 +253,8 @@ DRIVERS: dict[str, list[Callable[[str], bool]]] = {
     "take": [_taken],
     "republish": [_republished],
     "untake": [_untaken],
-    "claim": [_claimed, _claimed_late],
-    "succeed": [_succeeded],
+    "claim": [_claimed, _claimed_together, _claimed_late],
+    "succeed": [_succeeded, _succeeded_together],
     "fail": [lambda status: _outcome(status, None) == S.FAILED],
     "retry_later": [lambda status: _outcome(status, 5.0) == S.SCHEDULED],
     "wait": [_queued, _capped],
