@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
@@ -56,6 +57,10 @@ HAND_ON_AFTER = 1.0
 #: alone). A run's start time is its claim's, so this bounds how much earlier than its launch it
 #: may say it started when the runs before it in its chunk launch quickly, as they did so far.
 CHUNK_SECONDS = 0.05
+
+#: A chunk whose launches have taken this many seconds lets its claimed runs not launched yet go
+#: (RUNNING without a lease, due for a poll at once), for another worker to launch.
+LET_GO_AFTER = 1.0
 
 #: Database errors after which a message is handled again later (the Celery tasks retry on them:
 #: executions.tasks); any other error is one run's own.
@@ -212,7 +217,8 @@ def executions_run_batch(
 
     After :data:`HAND_ON_AFTER` seconds the runs not claimed yet go to ``hand_on`` (a new
     message; it returns False if that could not be published, and this process carries on with
-    them). A lost or unreachable database (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery
+    them). A chunk whose launches turn out slow (:data:`LET_GO_AFTER`) lets its claimed runs not
+    launched yet go for another worker to launch (``deferred``). A lost or unreachable database (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery
     task retries the message, and what was handled loses its claims (a run claimed and not
     finished is resumed once its lease runs out). Any other error of one run is logged and the
     next run goes on, as a failing message of its own would not stop the others.
@@ -307,12 +313,28 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> list[str]:
     successes = _Successes(worker_id)
     words: list[str] = []
     deferred: dict[int, int] = {}  # execution id -> its place in words, while its success waits
+    began = time.monotonic()
     try:
         for execution_id, attempt in chunk:
             # Popped: the same run twice in a message is claimed (and started) once.
             execution = claimed.pop(execution_id) if execution_id in claimed else None
             if execution is None:
                 words.append(_run_one(execution_id, attempt, worker_id))
+                continue
+            if time.monotonic() - began > LET_GO_AFTER:
+                # The chunk's launches turned out slow: the claimed runs not launched yet are let
+                # go, RUNNING without a lease and due for a poll at once, so another worker
+                # launches them (execution_resume) instead of them waiting here.
+                release = partial(
+                    transitions.execution_release,
+                    execution_id=execution_id,
+                    attempt=attempt,
+                    worker_id=worker_id,
+                    poll_in=0,
+                )
+                released = persist(release)
+                words.append("deferred" if released else "lost")
+                _keeper.release(execution_id)
                 continue
             with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
                 try:

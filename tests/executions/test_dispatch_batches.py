@@ -405,3 +405,31 @@ def test_successes_written_together_are_each_fenced_by_attempt_and_lease():
     assert ExecutionEvent.objects.filter(to_status=S.SUCCEEDED).count() == 1
     # Claimed already: a second claim of the same runs takes nothing.
     assert transitions.executions_claim_loaded(items=items, worker_id="w:3", lease_seconds=60) == {}
+
+
+@pytest.mark.django_db
+def test_claimed_runs_behind_a_slow_launch_are_let_go_for_another_worker_to_launch(monkeypatch):
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 10.0)
+    monkeypatch.setattr(worker_services, "LET_GO_AFTER", 0.2)
+    now = timezone.now()
+    noop = TaskFactory(runner="noop", misfire_grace=timedelta(hours=1))
+    slow = TaskFactory(runner="sleep", config={"duration": "400ms"}, misfire_grace=timedelta(hours=1))
+    rows = [
+        ExecutionFactory(task=noop, scheduled_for=now, status=S.PENDING),  # alone: measured fast
+        ExecutionFactory(task=slow, scheduled_for=now, status=S.PENDING),  # then the chunk: slow first
+        ExecutionFactory(task=noop, scheduled_for=now - timedelta(seconds=1), status=S.PENDING),
+        ExecutionFactory(task=noop, scheduled_for=now - timedelta(seconds=2), status=S.PENDING),
+    ]
+    items = [(row.pk, row.attempt) for row in rows]
+
+    outcomes = worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True)
+
+    assert outcomes == {"finished": 2, "deferred": 2}
+    let_go = [Execution.objects.get(pk=row.pk) for row in rows[2:]]
+    assert all(row.status == S.RUNNING and row.lease_owner == "" for row in let_go)
+    assert all(row.next_poll_at <= timezone.now() for row in let_go)
+    # The poll the monitor dispatches for them launches each on another worker, once.
+    for row in let_go:
+        assert worker_services.execution_resume(execution_id=row.pk, attempt=1, worker_id="w:2") == "finished"
+    assert [Execution.objects.get(pk=row.pk).status for row in rows] == [S.SUCCEEDED] * 4
+    assert [_starts(row.pk) for row in rows] == [1] * 4
