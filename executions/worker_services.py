@@ -218,10 +218,11 @@ def executions_run_batch(
     After :data:`HAND_ON_AFTER` seconds the runs not claimed yet go to ``hand_on`` (a new
     message; it returns False if that could not be published, and this process carries on with
     them). A chunk whose launches turn out slow (:data:`LET_GO_AFTER`) lets its claimed runs not
-    launched yet go for another worker to launch (``deferred``). A lost or unreachable database (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery
-    task retries the message, and what was handled loses its claims (a run claimed and not
-    finished is resumed once its lease runs out). Any other error of one run is logged and the
-    next run goes on, as a failing message of its own would not stop the others.
+    launched yet go for another worker to launch (``deferred``). A lost or unreachable database
+    (:data:`RETRIED_DB_ERRORS`) ends the call: the Celery task retries the message, and what was
+    handled loses its claims (a run claimed and not finished is resumed once its lease runs
+    out). Any other error of one run is logged and the next run goes on, as a failing message of
+    its own would not stop the others.
 
     Returns how many runs ended with each of :func:`execution_run`'s words, and ``handed_on``.
     """
