@@ -95,3 +95,27 @@ def test_a_value_that_does_not_reach_the_statement_is_refused():
         sql.write_prepared(
             states.LEASE, "test-unbound", build, {"execution_id": 1, "ignored": "y"}, actor="t", source=S.RUNNING
         )
+
+
+@pytest.mark.parametrize("count", [2, 5])
+def test_the_claim_of_several_runs_the_statement_the_orm_compiles(count):
+    from executions.transitions.worker import claim_several_write
+
+    task = TaskFactory()
+    for _ in range(3):  # the first call compiles
+        executions = [_pending(task) for _ in range(count)]
+        items = [(execution.pk, 1) for execution in executions]
+        prepared = _statement(
+            lambda i=items: transitions.executions_claim_loaded(items=i, worker_id=WORKER, lease_seconds=30)
+        )
+        assert set(Execution.objects.filter(pk__in=[i for i, _ in items]).values_list("status", flat=True)) == {
+            S.RUNNING
+        }
+        Execution.objects.filter(pk__in=[i for i, _ in items]).update(status=S.PENDING)
+        ids = {f"id{index}": execution_id for index, (execution_id, _) in enumerate(items)}
+        condition, values = claim_several_write(1, WORKER, timedelta(seconds=30), **ids)
+        compiled = _statement(
+            lambda c=condition, v=values: sql.write(states.CLAIM, c, v, actor=WORKER, returning="*", select=_CLAIMED)
+        )
+        assert prepared == compiled
+        assert all(str(execution_id) in prepared for execution_id, _ in items)
