@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 #: Polling of asynchronous runs: first delay, growth factor and cap, in seconds.
 POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
 
-#: A message of several runs (:func:`executions_run_batch`) hands the runs it has not started yet
-#: on in a message of their own once it has worked this many seconds: a slow launch holds the
-#: rest back for at most this long, and other pool processes take them meanwhile.
+#: A message of several runs (:func:`executions_run_batch`) hands the runs it has not claimed yet
+#: on in a message of their own once it has worked this many seconds: slow launches hold the rest
+#: back for about this long at most, and other pool processes take them meanwhile.
 HAND_ON_AFTER = 1.0
 
 #: Runs of a message claimed (and their successes recorded) together: as many as take about this
