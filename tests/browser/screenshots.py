@@ -2,8 +2,9 @@
 
 Starts the whole platform (web, worker, monitor, beat) on the database and broker of the
 environment, registers a handful of tasks (successes, failures with automatic retries, a retry
-by hand, a skipped occurrence, a paused task), lets them run for a few minutes, and takes full-page
-screenshots of the dashboard, a task page and an execution page in headless Chromium::
+by hand, a skipped occurrence, a paused task, an e-mail rule on the failing one), lets them run for
+a few minutes, and takes full-page screenshots of the dashboard, a task page, an execution page
+and the notifications page in headless Chromium (e-mail goes to Django's in-memory backend)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/tms_screens \\
     CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \\
@@ -36,11 +37,14 @@ def _free_port() -> int:
 
 def _environment() -> None:
     """Settings for this run, set before Django reads them; the processes inherit them."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.base")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tms_project.settings.local")
     os.environ["TMS_QUEUE"] = f"tms.screenshots.{os.getpid()}"
+    os.environ["TMS_NOTIFY_QUEUE"] = f"tms.screenshots.notify.{os.getpid()}"
+    os.environ.setdefault("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     os.environ["TMS_SUBPROCESS_ALLOWED_EXECUTABLES"] = "/bin/sh"
     os.environ["TMS_SUBPROCESS_WORK_DIR"] = tempfile.mkdtemp(prefix="tms-screenshots-runs-")
-    os.environ.setdefault("TMS_LOG_LEVEL", "WARNING")
+    # INFO: the harness waits for the worker's "ready" line (its processes log to var/screenshot-logs).
+    os.environ.setdefault("TMS_LOG_LEVEL", "INFO")
 
 
 def seed(operator, alice) -> dict[str, object]:
@@ -78,6 +82,10 @@ def seed(operator, alice) -> dict[str, object]:
         ),
     }  # fmt: skip
     task_pause(task=tasks["cleanup"], actor="user:operator")
+    from notifications.services import channel_create, rule_create
+
+    oncall = channel_create(owner=operator, data={"name": "on-call", "kind": "email", "target": "oncall@example.com"})
+    rule_create(owner=operator, data={"task": tasks["backup"], "channel": oncall, "on_failure": True, "on_retry": True})
     return tasks
 
 
@@ -111,11 +119,11 @@ def main() -> int:
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from executions.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
     from executions.models import Execution, ExecutionStatus, SkippedOccurrence
     from executions.services import execution_retry_by_user
     from tests.browser.conftest import log_in, make_browser
+    from tooling.harness.processes import ManagedProcess, process_env, start_monitor, start_worker, wait_ready
 
     call_command("migrate", verbosity=0)
     users = get_user_model().objects
@@ -131,6 +139,7 @@ def main() -> int:
     procs = [
         start_worker("worker", log_dir=logs, concurrency=4),
         start_monitor("monitor", log_dir=logs),
+        start_worker("notify-worker", log_dir=logs, concurrency=1, queue=settings.TMS_NOTIFY_QUEUE),
         ManagedProcess("beat", [python, "-m", "celery", "-A", "tms_project", "beat", "-l", "warning"], process_env(),
                        logs),
         ManagedProcess("web", [python, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"], process_env(),
@@ -163,6 +172,7 @@ def main() -> int:
                 take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "task-failing.png")
                 if retried is not None:
                     take(driver, f"{base}/ui/executions/{retried.pk}/", args.out / "execution.png")
+                take(driver, f"{base}/ui/notifications/", args.out / "notifications.png")
             finally:
                 driver.quit()
     finally:
@@ -172,6 +182,7 @@ def main() -> int:
 
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(settings.TMS_QUEUE)
+            conn.default_channel.queue_delete(settings.TMS_NOTIFY_QUEUE)
     return 0
 
 
