@@ -249,9 +249,20 @@ def executions_run_batch(
 
 
 def _run_one(execution_id: int, attempt: int, worker_id: str) -> str:
+    return _handled(
+        execution_id,
+        attempt,
+        worker_id,
+        partial(execution_run, execution_id=execution_id, attempt=attempt, worker_id=worker_id),
+    )
+
+
+def _handled(execution_id: int, attempt: int, worker_id: str, handle: Callable[[], str]) -> str:
+    """One run of a message of several: a lost database ends the message (it is retried), any
+    other error is this run's alone (logged; the next run goes on)."""
     with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
         try:
-            return execution_run(execution_id=execution_id, attempt=attempt, worker_id=worker_id)
+            return handle()
         except RETRIED_DB_ERRORS:
             raise
         except Exception:
@@ -337,14 +348,8 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> list[str]:
                 words.append("deferred" if released else "lost")
                 _keeper.release(execution_id)
                 continue
-            with log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id):
-                try:
-                    words.append(_run_claimed(execution, worker_id, record=successes.record, lease=False))
-                except RETRIED_DB_ERRORS:
-                    raise
-                except Exception:
-                    logger.exception("execution %s attempt %s: handling failed", execution_id, attempt)
-                    words.append("error")
+            start = partial(_run_claimed, execution, worker_id, record=successes.record, lease=False)
+            words.append(_handled(execution_id, attempt, worker_id, start))
             if successes.pending and successes.pending[-1].execution_id == execution_id:
                 deferred[execution_id] = len(words) - 1
             else:
