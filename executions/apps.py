@@ -22,3 +22,12 @@ class ExecutionsConfig(AppConfig):
                 uninstall=[rollup.SQLITE_UNINSTALL],
             ),
         )
+        guard = importlib.import_module("executions.migrations.0016_execution_task_without_fk_constraint")
+        register(
+            self,
+            SqliteTriggers(
+                migration=("executions", "0016_execution_task_without_fk_constraint"),
+                install=lambda: [guard.sqlite_install()],
+                uninstall=[guard.SQLITE_UNINSTALL],
+            ),
+        )

@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import states
-from executions.transitions.sql import EXECUTIONS, Event, with_events, write
+from executions.transitions.sql import EXECUTIONS, Event, key_share, with_events, write
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
 from tms_core.clock import db_now
 
@@ -94,7 +94,8 @@ def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: st
     """Run ``INSERT INTO execution (…) SELECT …`` for one SCHEDULED row due now, with its event.
 
     The SELECT carries the conditions (it yields no row when they do not hold) and the unique
-    constraints decide races (``ON CONFLICT DO NOTHING``). Returns the new id, or None if lost.
+    constraints decide races (``ON CONFLICT DO NOTHING``); it locks the task's row as a foreign
+    key's check would (:func:`~executions.transitions.sql.key_share`). Returns the new id, or None if lost.
     """
     statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
     rows = with_events(statement, params, Event("", S.SCHEDULED, actor, detail))
@@ -115,7 +116,7 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int |
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id"  # noqa: S608
-        f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s"
+        f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED, task_pk, TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
@@ -137,7 +138,7 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
         f" '', '', '{{}}', '', '', '', t.owner_id FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
-        f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s"
+        f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED, execution_id]
     params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]

@@ -39,6 +39,14 @@ def postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
+def key_share(alias: str) -> str:
+    """The lock a statement that inserts executions takes on the task row ``alias`` it reads:
+    ``FOR KEY SHARE``, as a foreign key's check would (see ``Execution.task``), so that the task
+    cannot be deleted before the insert commits. Nothing on SQLite, which has no row locks (a
+    writer holds the whole database)."""
+    return f" FOR KEY SHARE OF {alias}" if postgresql() else ""
+
+
 @dataclass(frozen=True)
 class Event:
     """The audit event written for each row a statement changed (its attempt is the row's, after

@@ -54,6 +54,7 @@ def _random_task(rng: random.Random, now: datetime) -> DueTask:
         next_run_at=max(cursor, start_at) if rng.random() < 0.9 else cursor,
         runs_materialised=0 if max_runs is None else rng.randint(0, max_runs),
         paused_at=rng.choice((None, now - timedelta(seconds=500))),
+        owner_id=rng.randint(1, 5),
     )
 
 
@@ -64,6 +65,7 @@ def _columns(batch: _Batch) -> tuple[list[str], ...]:
         batch.dues,
         batch.priorities,
         batch.exclusive,
+        batch.owners,
         batch.cursor_ids,
         batch.cursor_times,
         batch.cursor_runs,

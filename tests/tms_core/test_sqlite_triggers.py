@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED = {"tms_rollup_attempt_ended", "tms_notify_execution", "tms_notify_skipped"}
+EXPECTED = {
+    "tms_rollup_attempt_ended",
+    "tms_notify_execution",
+    "tms_notify_skipped",
+    "tms_task_deleted_without_executions",
+}
 
 
 def _migrate(tmp_path: Path, *target: str) -> set[str]:

@@ -1,0 +1,91 @@
+"""The execution -> task foreign key becomes a guard on deletion (see ``Execution.task``).
+
+The constraint's check ran once per inserted execution (a query and a row lock, at commit): a
+fifth of PostgreSQL's work in a cold materialiser pass. Its two halves are kept another way:
+
+- inserting: every statement that inserts executions reads the task's row in the same statement
+  (for the owner, NOT NULL) and holds a lock on it, FOR UPDATE (the materialiser) or
+  FOR KEY SHARE (``executions.transitions.sql.key_share``), as the constraint's check did;
+- deleting: the trigger below refuses, at commit as the deferred constraint did, to delete a task
+  that still has executions. Django deletes a task's executions before the task (on_delete).
+  On PostgreSQL the check's query sees what other transactions committed while the delete waited
+  for the task's row lock (READ COMMITTED, the isolation Django runs in), so a materialiser batch
+  that held the task locked and commits executions first makes the delete fail, as before.
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+EXECUTION = "executions_execution"
+TASK = "tasks_app_task"
+MESSAGE = "task still has executions"
+
+POSTGRESQL_INSTALL = f"""
+CREATE FUNCTION tms_task_deleted_without_executions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation', MESSAGE = '{MESSAGE}',
+            DETAIL = format('Key (id)=(%s) is still referenced from table "{EXECUTION}".', OLD.id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER tms_task_deleted_without_executions AFTER DELETE ON {TASK}
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tms_task_deleted_without_executions();
+"""
+POSTGRESQL_UNINSTALL = f"""
+DROP TRIGGER IF EXISTS tms_task_deleted_without_executions ON {TASK};
+DROP FUNCTION IF EXISTS tms_task_deleted_without_executions();
+"""
+
+
+def sqlite_install() -> str:
+    """SQLite (the embedded default): one writer at a time and no deferred triggers; the check
+    runs as the task's row is deleted, after Django has deleted its executions."""
+    return f"""
+CREATE TRIGGER tms_task_deleted_without_executions BEFORE DELETE ON {TASK}
+FOR EACH ROW WHEN EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id)
+BEGIN
+    SELECT RAISE(ABORT, 'FOREIGN KEY constraint failed: {MESSAGE}');
+END;
+"""
+
+
+SQLITE_UNINSTALL = "DROP TRIGGER IF EXISTS tms_task_deleted_without_executions;"
+
+
+def install_guard(apps, schema_editor):
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(POSTGRESQL_INSTALL, params=None)
+    elif vendor == "sqlite":
+        pass  # installed after each migrate (tms_core/sqlite_triggers.py, executions/apps.py)
+    else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
+        raise RuntimeError(f"no guard on task deletion for {vendor}")
+
+
+def uninstall_guard(apps, schema_editor):
+    vendor = schema_editor.connection.vendor
+    schema_editor.execute(POSTGRESQL_UNINSTALL if vendor == "postgresql" else SQLITE_UNINSTALL, params=None)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("executions", "0015_execution_owner_not_null"),
+        ("tasks_app", "0013_named_limits"),
+    ]
+
+    operations = [
+        migrations.AlterField(
+            model_name="execution",
+            name="task",
+            field=models.ForeignKey(
+                db_constraint=False,
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="executions",
+                to="tasks_app.task",
+            ),
+        ),
+        migrations.RunPython(install_guard, uninstall_guard),
+    ]
