@@ -325,6 +325,9 @@ class Bench:
         figures.monitor = tms.monitor[0] if tms.monitor else {}
         figures.baseline_per_second = bare.account.started / bare.seconds if bare.seconds else None
         tms_cpu, bare_cpu = tms.cpu_ms_per_execution(), bare.cpu_ms_per_execution()
+        # The same without the idle wait before the due minute (HerdResult.idle_s): what the herd
+        # itself costs, from its tasks' creation through its materialisation and its runs.
+        herd_cpu = tms.cpu_ms_per_execution(without_idle=True)
         figures.extra.update(
             processes=f"{self.config.workers}x{self.config.herd_concurrency}, {self.config.monitors} monitor(s)",
             due_to_last_start_s=round(tms.seconds, 3),
@@ -338,6 +341,19 @@ class Bench:
             bare_cpu_ms_per_task=bare_cpu,
             bare_cpu_ms_per_task_total=round(sum(bare_cpu.values()), 2),
             cpu_ratio=round(sum(tms_cpu.values()) / sum(bare_cpu.values()), 2) if sum(bare_cpu.values()) else None,
+            idle_wait_s=tms.idle_s,
+            idle_cpu_ms_per_s=tms.idle_cpu_ms_per_second(),
+            idle_commits=tms.idle_commits,
+            herd_cpu_ms_per_exec=herd_cpu,
+            herd_cpu_ms_per_exec_total=round(sum(herd_cpu.values()), 2),
+            herd_cpu_ratio=(
+                round(sum(herd_cpu.values()) / sum(bare_cpu.values()), 2) if sum(bare_cpu.values()) else None
+            ),
+            herd_commits_per_exec=(
+                round((tms.commits - tms.idle_commits) / account.started, 2)
+                if tms.commits and account.started
+                else None
+            ),
         )
         return figures
 
