@@ -6,7 +6,7 @@ Status columns are written only by :mod:`executions.transitions`.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 
 from executions.histogram import BUCKETS
@@ -39,7 +39,7 @@ ACTIVE_STATUSES = frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING,
 
 
 class Execution(models.Model):
-    # No index of its own: execution_task_idx (task, -scheduled_for) serves every lookup by task.
+    # No index of its own: execution_occurrence (task, scheduled_for, ...) serves every lookup by task.
     # No foreign-key constraint either: its check (a query and a row lock per inserted row, run at
     # commit) was a fifth of PostgreSQL's work in a materialiser pass. The guarantee is kept in
     # two halves instead (migration 0016): every insert reads the task's row for the owner in the
@@ -112,8 +112,16 @@ class Execution(models.Model):
     class Meta:
         ordering = ["-scheduled_for", "-id"]
         constraints = [
+            # One live execution per occurrence (materialising twice, or in two processes at once,
+            # creates it once: ON CONFLICT DO NOTHING), and a task's executions by time. A
+            # superseded row (replaced by an edit of the task) keys on its own id, a live one on
+            # 0. One index rather than a partial unique one beside a (task, time) index: a pass
+            # over 100,000 tasks inserts into one index less, with one task-id descent less per row.
             models.UniqueConstraint(
-                fields=["task", "scheduled_for"], condition=Q(superseded=False), name="execution_unique_occurrence"
+                "task",
+                "scheduled_for",
+                Case(When(superseded=True, then=F("id")), default=Value(0)),
+                name="execution_occurrence",
             ),
             models.UniqueConstraint(
                 fields=["retry_of"], condition=Q(retry_of__isnull=False), name="execution_single_retry"
@@ -129,7 +137,6 @@ class Execution(models.Model):
             models.Index(fields=["enqueued_at"], condition=Q(status="PENDING"), name="execution_pending_idx"),
             models.Index(fields=["next_poll_at"], condition=Q(status="RUNNING"), name="execution_poll_idx"),
             models.Index(fields=["lease_owner"], condition=Q(status="RUNNING"), name="execution_lease_idx"),
-            models.Index(fields=["task", "-scheduled_for"], name="execution_task_idx"),
             # The back office's execution list (what ran and runs, newest first): keyset pages on
             # (scheduled_for, id), read as an index range from the last row shown.
             models.Index(fields=["-scheduled_for", "-id"], condition=~Q(status="SCHEDULED"), name="execution_ran_idx"),

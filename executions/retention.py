@@ -122,7 +122,7 @@ def prune_candidates(
 ) -> Iterator[list[tuple[int, uuid.UUID]]]:
     """The executions the rules let go, as ``(id, task id)`` lists, a chunk of tasks at a time.
 
-    Reads only (no lock): each chunk is ranked per task through execution_task_idx.
+    Reads only (no lock): each chunk is ranked per task through execution_occurrence (task, scheduled_for, ...).
     """
     conf = tms_settings()
     params: dict[str, Any] = {
