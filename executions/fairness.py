@@ -182,12 +182,21 @@ class Pacer:
         pending = published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER)
         now = self._clock()
         started = 0 if self._last_pending is None else max(0, self._last_pending + self._published - pending)
-        if self._last_pending == 0 and self._published == 0:
+        quiet = not self._last_pending and self._published == 0  # None: this monitor's first look
+        if quiet:
             self._starts.clear()  # an idle spell: no history of starts to go by
         self._starts.append((now, started))
         self._last_pending, self._published = pending, 0
         wanted = math.ceil(self.rate(now) * self.conf.MONITOR_QUEUE_SECONDS)
         if pending == 0 and started > 0:
             wanted = max(wanted, 2 * self.target)  # drained: the workers waited for work
+        if quiet and pending == 0:
+            # Nothing queued, before this look or now: whatever is due now (a herd
+            # on the minute) goes out as MONITOR_MIN_PENDING full messages, one for each of that
+            # many pool processes, rather than as MONITOR_MIN_PENDING single runs that the
+            # ramp above would need half a second of top-ups to grow from. Runs due at this
+            # same instant share those messages through the fair take; a message's runs that
+            # wait more than a second are handed on to the queue's tail (worker_services).
+            wanted = max(wanted, self.conf.MONITOR_MIN_PENDING * self.conf.DISPATCH_BATCH)
         self.target = min(MAX_PENDING, max(self.conf.MONITOR_MIN_PENDING, wanted))
         return max(0, self.target - pending)

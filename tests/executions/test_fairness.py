@@ -145,7 +145,8 @@ def test_a_paced_monitor_publishes_up_to_the_floor_fairly_and_tops_up_as_runs_st
     a = _due(herd_owner, 30, late=120)
     _due(other, 2, late=10)
     # A queue of a hundredth of a second: the floor decides, however fast the test's "starts" look.
-    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.01, MONITOR_MIN_PENDING=6)
+    # A message per run, so the first look's herd start is the floor too (6 messages of 1 run).
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.01, MONITOR_MIN_PENDING=6, DISPATCH_BATCH=1)
     publisher = FlakyPublisher()
     monitor = Monitor(conf=conf, batch=100, publish=publisher)
 
@@ -191,12 +192,12 @@ def test_rows_pending_longer_than_the_republish_delay_are_not_counted_as_queued(
 
 
 def test_the_pacer_target_follows_the_start_rate(monkeypatch):
-    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=4)
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=4, DISPATCH_BATCH=1)
     now = [0.0]
     pacer = fairness.Pacer(conf, clock=lambda: now[0])
     pending = iter([0, 0, 50, 50])
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: next(pending))
-    assert pacer.room() == 4  # no history: the floor
+    assert pacer.room() == 4  # no history: the floor (a herd's start: 4 messages of 1 run)
     pacer.published(100)
     now[0] = 0.5
     # 100 published, none queued: 100 started in 0.5 s, 200/s; half a second of it is 100.
@@ -274,17 +275,19 @@ def test_a_herd_does_not_starve_another_owners_runs_on_the_running_system():
     assert herd_before < HERD / 2, (herd_before, last_b)
 
 
-def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch):
-    """Idle looks (nothing queued or published) leave no history, and a drained queue at least
-    doubles the target: a herd reaches the workers' pace within a few top-ups, not seconds."""
-    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8)
+@pytest.mark.parametrize("batch", [1, 16])
+def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch, batch):
+    """Idle looks (nothing queued or published) leave no history and offer MONITOR_MIN_PENDING
+    full messages; a drained queue at least doubles the target: a herd reaches the workers' pace
+    within a few top-ups, not seconds."""
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8, DISPATCH_BATCH=batch)
     now = [0.0]
     pacer = fairness.Pacer(conf, clock=lambda: now[0])
     queued = [0]
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: queued[0])
     for second in range(5):  # the monitor's idle passes before the herd is due
         now[0] = float(second)
-        assert pacer.room() == 8
+        assert pacer.room() == 8 * batch
     # The herd: each top-up (0.1 s apart) finds everything it published started.
     targets = []
     for _ in range(5):
@@ -292,11 +295,22 @@ def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch
         targets.append(pacer.target)
         pacer.published(room)
         now[0] += 0.1
-    # Without the idle history the first measured rate is 8 runs in 0.1 s (80/s): 40 wanted; with
-    # it, a tenth of that rate (8 runs over a second) and the floor again.
-    assert targets[:2] == [8, 40]
+    # Without the idle history the first measured rate is what went out in 0.1 s (8 runs: 80/s,
+    # 40 wanted; 8 messages of 16: 1,280/s, 640 wanted); with it, a tenth of that rate.
+    assert targets[:2] == [8 * batch, 40 * batch]
     assert all(later >= 2 * earlier for earlier, later in itertools.pairwise(targets))
     # A queue that is not drained is paced by the measured rate alone: about half a second's worth.
     queued[0] = 100
     pacer.room()
     assert pacer.target < 2 * targets[-1]
+
+
+def test_a_look_that_finds_runs_queued_is_not_offered_a_herds_start(monkeypatch):
+    """The herd's start (MONITOR_MIN_PENDING full messages) is for an empty queue only: runs
+    published by another monitor keep the floor, whatever this monitor's own history."""
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8, DISPATCH_BATCH=16)
+    pacer = fairness.Pacer(conf, clock=lambda: 0.0)
+    monkeypatch.setattr(fairness, "published_unstarted", lambda **_: 0)
+    assert pacer.room() == 128
+    monkeypatch.setattr(fairness, "published_unstarted", lambda **_: 5)
+    assert pacer.room() == 3 and pacer.target == 8
