@@ -42,9 +42,10 @@ class Execution(models.Model):
     # No index of its own: execution_occurrence (task, scheduled_for, ...) serves every lookup by task.
     # No foreign-key constraint either: its check (a query and a row lock per inserted row, run at
     # commit) was a fifth of PostgreSQL's work in a materialiser pass. The guarantee is kept in
-    # two halves instead (migration 0016): every insert reads the task's row for the owner in the
-    # same statement and holds a lock on it (the materialiser's FOR UPDATE, FOR KEY SHARE
-    # elsewhere), so no execution of a missing task can be written and no task can go while one
+    # two halves instead (migration 0016): every insert holds a lock on the task's row, taken
+    # where the row was read (a materialiser batch's FOR UPDATE, whose rows give the owners), or
+    # reads it for the owner in the insert itself, FOR KEY SHARE (run now, retry, backfill, task
+    # creation), so no execution of a missing task can be written and no task can go while one
     # is being written; and a deferred constraint trigger refuses, as the constraint did, to
     # delete a task that still has executions. Deleting a task through Django deletes its
     # executions first (on_delete).

@@ -3,9 +3,10 @@
 The constraint's check ran once per inserted execution (a query and a row lock, at commit): a
 fifth of PostgreSQL's work in a cold materialiser pass. Its two halves are kept another way:
 
-- inserting: every statement that inserts executions reads the task's row in the same statement
-  (for the owner, NOT NULL) and holds a lock on it, FOR UPDATE (the materialiser) or
-  FOR KEY SHARE (``executions.transitions.sql.key_share``), as the constraint's check did;
+- inserting: every insert of executions holds a lock on the task's row, as the constraint's check
+  did: a materialiser batch inserts for the tasks it holds FOR UPDATE (their rows give the
+  owners); every other insert reads the task's row for the owner (NOT NULL) in the same statement,
+  FOR KEY SHARE (``executions.transitions.sql.key_share``);
 - deleting: the trigger below refuses, at commit as the deferred constraint did, to delete a task
   that still has executions. Django deletes a task's executions before the task (on_delete).
   On PostgreSQL the check's query sees what other transactions committed while the delete waited

@@ -16,7 +16,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -182,11 +182,12 @@ class HerdResult:
     cpu: dict[str, float] = field(default_factory=dict)
     commits: int | None = None
     monitor: list[dict[str, Any]] = field(default_factory=list)
-    #: The wait between the last of the herd's executions materialised and half a second before
-    #: the due instant: its length, and the CPU seconds and commits in it. The platform is idle
-    #: then (beat's ticks, the monitor's looks, the servers' housekeeping); that cost is per second
-    #: of uptime, not per execution, and the wait's length is an artefact of the benchmark (13-73 s
-    #: for the herd to be created and materialised before a minute boundary).
+    #: The wait between the last of the herd's executions materialised and 0.8 s before the due
+    #: instant (at the first poll from then on, so it ends before any run of the herd): its
+    #: length, and the CPU seconds and commits in it. The platform is idle then (beat's ticks, the
+    #: monitor's looks, the servers' housekeeping); that cost is per second of uptime, not per
+    #: execution, and the wait's length is an artefact of the benchmark (13-73 s for the herd to
+    #: be created and materialised before a minute boundary).
     idle_s: float = 0.0
     idle_cpu: dict[str, float] = field(default_factory=dict)
     idle_commits: int = 0
@@ -327,12 +328,12 @@ class Herd:
         due: datetime,
         result: HerdResult,
         *,
-        commits: Any,
+        commits: Callable[[], int],
     ) -> None:
         """Poll until every run is done; mark the idle wait (see :attr:`HerdResult.idle_s`)."""
         runs = Execution.objects.filter(task__owner_id=self.owner_id, scheduled_for=due)
         deadline = time.monotonic() + (due - db_now()).total_seconds() + 120 + self.tasks / 10
-        idle_until = due - timedelta(seconds=0.5)
+        idle_until = due - timedelta(seconds=0.8)
         idle_from: tuple[float, dict[str, float], int] | None = None
         idle_done = False
         last_report = 0.0
@@ -341,7 +342,7 @@ class Herd:
             now = db_now()
             if idle_from is None and now < idle_until and runs.count() >= self.tasks:
                 idle_from = (time.monotonic(), meter.mark(), commits())
-            if idle_from is not None and not idle_done and now >= idle_until - timedelta(seconds=0.3):
+            if idle_from is not None and not idle_done and now >= idle_until:
                 if now < due:  # only a mark taken before the due instant closes an idle wait
                     start, cpu, committed = idle_from
                     result.idle_s = round(time.monotonic() - start, 3)
@@ -362,8 +363,8 @@ class Herd:
             if time.monotonic() - last_report >= 2:
                 self.progress(f"herd: {runs.count()} materialised, {started} started, {done} done")
                 last_report = time.monotonic()
-            # Wake for the idle wait's end mark, a little before due - 0.5 s.
-            to_mark = (idle_until - timedelta(seconds=0.3) - db_now()).total_seconds()
+            # Wake for the idle wait's end mark.
+            to_mark = (idle_until - db_now()).total_seconds()
             time.sleep(min(0.25, to_mark) if not idle_done and to_mark > 0 else 0.25)
 
     def bare(self) -> HerdResult:
