@@ -179,7 +179,16 @@ class Pacer:
 
     def room(self) -> int:
         """How many runs may be published now (0: the queue is deep enough)."""
-        pending = published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER)
+        return self._look(published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER))
+
+    def idle(self) -> None:
+        """A look that found nothing PENDING, made by the monitor's outlook instead of
+        :meth:`room` (nothing was due, so there was nothing to publish): it keeps the history
+        of starts as a look that counted no PENDING run would, so the next herd starts as
+        after an idle spell."""
+        self._look(0)
+
+    def _look(self, pending: int) -> int:
         now = self._clock()
         started = 0 if self._last_pending is None else max(0, self._last_pending + self._published - pending)
         quiet = not self._last_pending and self._published == 0  # None: this monitor's first look

@@ -43,6 +43,12 @@ logger = logging.getLogger(__name__)
 
 _BROKER_ERRORS = (KombuError, KombuOperationalError, ConnectionError, OSError, TimeoutError)
 
+#: Seconds between the monitor's ``close_old_connections`` (``CONN_MAX_AGE``, and with
+#: ``CONN_HEALTH_CHECKS`` a ``SELECT 1`` on the next query). Not every pass: a pass whose statement
+#: fails closes the connection (the loop's error path) and the next one reconnects, so a check
+#: per pass only added a statement and a commit a second to an idle monitor.
+CONNECTION_CHECK_INTERVAL = 30.0
+
 #: Sends one taken row as a message of a Celery task through the pass's producer; raises one of
 #: the broker errors above if it could not be sent (confirmed).
 Publish = Callable[[Any, transitions.Dispatch, Producer], None]
@@ -252,7 +258,17 @@ class Monitor:
         due execution or None). Each batch takes its rows and looks up the next due time in one
         transaction (one commit); ``housekeeping`` also republishes lost messages and dispatches
         polls, which the loop does about once per ``MONITOR_MAX_SLEEP``. Messages go out on a
-        channel of the pass's own, each batch confirmed by one wait (executions.publishing)."""
+        channel of the pass's own, each batch confirmed by one wait (executions.publishing).
+
+        A pass first reads the outlook (one statement): when nothing is due, nothing is PENDING
+        and no poll is due, that is the whole pass, with no transaction and no broker channel."""
+        outlook = transitions.dispatch_outlook()
+        if outlook.idle:
+            if self.pacer is not None:
+                self.pacer.idle()
+            # Nothing queued of ours to estimate: the next backlog is measured afresh.
+            self.backlog = Backlog()
+            return 0, outlook.runs_in
         with self._run_task.app.producer_or_acquire() as pooled:
             # Take nothing while the broker is unreachable: it would only have to be undone.
             pooled.connection.ensure_connection(max_retries=1)
@@ -341,14 +357,16 @@ class Monitor:
 
     def run(self, *, max_passes: int | None = None) -> None:
         self._running = True
-        failures, last_housekeeping = 0, 0.0
+        failures, last_housekeeping, connection_checked = 0, 0.0, 0.0
         logger.info("%s started (batch %d)", self.actor, self.batch)
         while self._running and (max_passes is None or self.stats.passes < max_passes):
             self.stats.passes += 1
             housekeeping = time.monotonic() - last_housekeeping >= self.conf.MONITOR_MAX_SLEEP
             started = time.perf_counter()
             try:
-                close_old_connections()
+                if time.monotonic() - connection_checked >= CONNECTION_CHECK_INTERVAL:
+                    close_old_connections()
+                    connection_checked = time.monotonic()
                 with connection.execute_wrapper(self._time_due_query):
                     sent, next_due = self.dispatch_once(housekeeping=housekeeping)
                 failures = 0

@@ -27,6 +27,8 @@ from executions.transitions.create import NewExecution, executions_create, execu
 from executions.transitions.dispatch import (
     POLL_PRIORITY,
     Dispatch,
+    Outlook,
+    dispatch_outlook,
     executions_expire_leases,
     executions_take_due,
     executions_take_polls,
@@ -73,7 +75,9 @@ __all__ = [
     "ExclusiveClaim",
     "Misfire",
     "NewExecution",
+    "Outlook",
     "Success",
+    "dispatch_outlook",
     "execution_acquire",
     "execution_cancel",
     "execution_claim_exclusive",

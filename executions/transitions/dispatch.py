@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import BooleanField, CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, Value
 from django.db.models.functions import Cast, Concat, Now
 
@@ -104,6 +104,53 @@ def next_due_in() -> float | None:
     return None if wait is None else max(0.0, wait.total_seconds())
 
 
+@dataclass(frozen=True)
+class Outlook:
+    """What a monitor pass would find to do, read by :func:`dispatch_outlook`."""
+
+    #: Seconds until the earliest SCHEDULED execution is due (0: due now), None if there is none.
+    runs_in: float | None
+    #: Some execution is PENDING: published and not yet started, or its message lost.
+    pending: bool
+    #: Some RUNNING execution is due for a poll or has an expired lease (a poll message to send).
+    polls: bool
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to publish now and nothing in flight to watch: a pass would only look."""
+        return self.runs_in != 0.0 and not self.pending and not self.polls
+
+
+#: Seconds until an execution is due, on the database clock.
+_DUE_IN = ExpressionWrapper(F("due_at") - Now(), output_field=DurationField())
+#: A RUNNING execution that :func:`executions_take_polls` takes.
+_POLL_DUE = Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now())
+
+
+def dispatch_outlook() -> Outlook:
+    """One read-only statement (no lock, no transaction of its own) telling an idle monitor
+    whether a pass has anything to do: each part is a probe of one partial index (the due,
+    PENDING and poll indexes), so it costs the same however many executions wait. An idle
+    monitor makes this its whole pass, instead of a transaction of three statements, two more
+    for its housekeeping and two broker channels, every second."""
+    parts = [
+        Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list(_DUE_IN)[:1],
+        Execution.objects.filter(status=S.PENDING).values("id")[:1],
+        Execution.objects.filter(_POLL_DUE, status=S.RUNNING).values("id")[:1],
+    ]
+    compiled = [part.query.sql_with_params() for part in parts]
+    statement = "SELECT ({}), EXISTS ({}), EXISTS ({})".format(*(sql for sql, _ in compiled))
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [param for _, params in compiled for param in params])
+        wait, pending, polls = cursor.fetchone()
+    if wait is not None:
+        duration = DurationField()
+        for converter in duration.get_db_converters(connection):  # SQLite: microseconds
+            wait = converter(wait, duration, connection)
+        wait = max(0.0, wait.total_seconds())
+    return Outlook(runs_in=wait, pending=bool(pending), polls=bool(polls))
+
+
 def executions_untake(*, dispatches: Sequence[Dispatch], actor: str, reason: str) -> int:
     """Undo takes whose messages could not be published: PENDING → SCHEDULED (still due), and
     polls due again at once. Rows a worker already moved on (it got the message after all) are
@@ -140,9 +187,8 @@ def executions_take_polls(*, limit: int, in_flight_for: float, actor: str) -> li
 
     ``next_poll_at`` moves ``in_flight_for`` seconds ahead, so a lost poll message is sent again.
     """
-    due = Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now())
     taken = list(
-        Execution.objects.filter(due, status=S.RUNNING)
+        Execution.objects.filter(_POLL_DUE, status=S.RUNNING)
         .order_by("next_poll_at")
         .select_for_update(skip_locked=True, of=("self",))
         .values_list("id", "attempt", "priority", "lease_owner")[:limit]

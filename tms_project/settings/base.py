@@ -342,7 +342,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = env.bool("TMS_WORKER_TASK_EVENTS", default=Fals
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler, its change check throttled (tms_project/beat.py).
+CELERY_BEAT_SCHEDULER = "tms_project.beat:TmsDatabaseScheduler"
 # Celery's Django fixup closes every database connection after every task unless this is set
 # (a new connection, and a new PostgreSQL backend, per task); reuse it for this many tasks.
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
