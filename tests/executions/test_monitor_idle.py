@@ -1,11 +1,9 @@
-"""What an idle platform costs: the monitor's idle pass and beat's change check.
+"""The monitor's idle pass: one statement, and what it must still notice.
 
 An idle monitor used to make, every second, a health-check ``SELECT 1``, a transaction of three
 statements (the pacer's count, the fair pick, the next due time), two more transactions for its
-housekeeping and two broker channels; beat asked the database twice per tick whether its
-periodic tasks had changed. Together about 20 commits a second with nothing to do. Here the
-monitor's idle pass is one statement, and beat asks at most once per loop interval; what the
-pass must still notice (runs due, runs in flight, polls) it does.
+housekeeping and two broker channels. Now it reads the outlook (one statement) and goes back
+to sleep unless a run is due, a run is PENDING or a poll is due; then the pass is as before.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from executions import fairness, transitions
 from executions.models import Execution
@@ -26,8 +23,6 @@ from executions.monitor import Monitor
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory
 from tms_core.conf import tms_settings
-from tms_project.beat import TmsDatabaseScheduler
-from tms_project.celery import app
 
 pytestmark = pytest.mark.django_db
 
@@ -130,28 +125,3 @@ def test_an_idle_look_keeps_the_herd_start_of_the_pacer(monkeypatch):
     queued[0] = 0
     now[0] = 4.0
     assert pacer.room() == 8 * 16
-
-
-# --- beat ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)  # the scheduler commits and closes old connections, as in beat
-def test_beat_asks_the_database_about_changes_at_most_once_per_loop_interval(monkeypatch):
-    scheduler = TmsDatabaseScheduler(app=app, lazy=True)
-    clock = [1000.0]
-    monkeypatch.setattr("tms_project.beat.time.monotonic", lambda: clock[0])
-
-    with CaptureQueriesContext(connection) as queries:
-        changes = [scheduler.schedule_changed() for _ in range(20)]
-    asked = len(queries)
-    assert changes == [False] * 20
-    assert 1 <= asked <= 2  # the change query, and a health check where CONN_HEALTH_CHECKS is on
-
-    every, _ = IntervalSchedule.objects.get_or_create(every=7, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.create(name="beat-change-check", task="tms.liveness", interval=every)
-    assert PeriodicTasks.last_change() is not None
-    clock[0] += scheduler.max_interval / 2
-    assert scheduler.schedule_changed() is False  # not asked yet: within the interval
-    clock[0] += scheduler.max_interval / 2
-    assert scheduler.schedule_changed() is True  # asked again, and the edit is seen
-    assert scheduler.max_interval == 5
