@@ -9,6 +9,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import BooleanField, CharField, DateTimeField, DurationField, ExpressionWrapper, F, Min, Q, Value
@@ -127,21 +128,35 @@ _DUE_IN = ExpressionWrapper(F("due_at") - Now(), output_field=DurationField())
 _POLL_DUE = Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now())
 
 
+_OUTLOOK: dict[str, tuple[str, list[Any]]] = {}
+
+
+def _outlook_statement() -> tuple[str, list[Any]]:
+    """The outlook's statement, compiled once per process and database vendor: it has no
+    parameter that changes (the time is the database's), and compiling its three querysets cost
+    an idle monitor more CPU than running it."""
+    found = _OUTLOOK.get(connection.vendor)
+    if found is None:
+        parts = [
+            Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list(_DUE_IN)[:1],
+            Execution.objects.filter(status=S.PENDING).values("id")[:1],
+            Execution.objects.filter(_POLL_DUE, status=S.RUNNING).values("id")[:1],
+        ]
+        compiled = [part.query.sql_with_params() for part in parts]
+        statement = "SELECT ({}), EXISTS ({}), EXISTS ({})".format(*(sql for sql, _ in compiled))
+        found = _OUTLOOK[connection.vendor] = (statement, [param for _, params in compiled for param in params])
+    return found
+
+
 def dispatch_outlook() -> Outlook:
     """One read-only statement (no lock, no transaction of its own) telling an idle monitor
     whether a pass has anything to do: each part is a probe of one partial index (the due,
     PENDING and poll indexes), so it costs the same however many executions wait. An idle
     monitor makes this its whole pass, instead of a transaction of three statements, two more
     for its housekeeping and two broker channels, every second."""
-    parts = [
-        Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list(_DUE_IN)[:1],
-        Execution.objects.filter(status=S.PENDING).values("id")[:1],
-        Execution.objects.filter(_POLL_DUE, status=S.RUNNING).values("id")[:1],
-    ]
-    compiled = [part.query.sql_with_params() for part in parts]
-    statement = "SELECT ({}), EXISTS ({}), EXISTS ({})".format(*(sql for sql, _ in compiled))
+    statement, params = _outlook_statement()
     with connection.cursor() as cursor:
-        cursor.execute(statement, [param for _, params in compiled for param in params])
+        cursor.execute(statement, params)
         wait, pending, polls = cursor.fetchone()
     if wait is not None:
         duration = DurationField()

@@ -119,6 +119,15 @@ SCRIPT = textwrap.dedent(
     owners = dict(Execution.objects.filter(pk__in=mine + theirs).values_list("pk", "owner_id"))
     print("owner", {owners[pk] for pk in mine} == {user.pk}, {owners[pk] for pk in theirs} == {other.pk})
     print("fair", "".join("A" if pk in mine else "B" for pk in fairness.pick_fair(limit=5)))
+
+    # The monitor's outlook (its idle pass): the next due run's wait, and what is in flight.
+    Execution.objects.exclude(status__in=["SUCCEEDED", "FAILED", "CANCELLED"]).update(status="CANCELLED")
+    idle = transitions.dispatch_outlook()
+    ahead = new(plain, -timedelta(seconds=40))
+    later = transitions.dispatch_outlook()
+    Execution.objects.filter(pk=ahead).update(status="PENDING")
+    pending = transitions.dispatch_outlook()
+    print("outlook", idle, 38 < later.runs_in <= 40, later.idle, pending.pending, pending.idle)
     """
 )
 
@@ -138,6 +147,7 @@ def test_the_embedded_sqlite_default_runs_the_same_lifecycle(tmp_path: Path):
     assert lines["wait:overlap_policy"] == f"claimed queued {S} ''"
     assert lines["wait:max_concurrency"] == f"claimed waiting {S} 'max_concurrency 1'"
     assert lines["misfire"] == f"CANCELLED ['missed'] [('', '{S}', 1), ('{S}', 'CANCELLED', 1)]"
+    assert lines["outlook"] == "Outlook(runs_in=None, pending=False, polls=False) True True True False"
     assert lines["times"] == "True"
     assert lines["owner"] == "True True"
     assert lines["fair"] == "ABABA"
