@@ -85,6 +85,8 @@ class BenchConfig:
     herd_tasks: int = 1000
     herd_concurrency: int = 2
     monitors: int = 1
+    #: The herd due a few seconds ahead rather than on the next minute boundary (smoke runs).
+    herd_soon: bool = False
     scale_executions: int = 1_000_000
     scale_tasks: int = 100_000
     create_requests: int = 300
@@ -309,6 +311,7 @@ class Bench:
             log_dir=self.config.log_dir,
             env=self._env(),
             progress=self.config.progress,
+            soon=self.config.herd_soon,
         )
         tms = herd.run()
         self._cleanup()

@@ -32,6 +32,12 @@ class Command(BaseCommand):
             help="processes per herd worker",
         )
         parser.add_argument("--monitors", type=positive(int), default=defaults.monitors, help="herd monitors")
+        parser.add_argument(
+            "--herd-soon",
+            action="store_true",
+            help="herd due as soon as it is materialised, on every-minute interval tasks, instead of on the next "
+            "minute boundary (a smoke run: up to a minute less waiting)",
+        )
         parser.add_argument("--scale-executions", type=positive(int), default=defaults.scale_executions)
         parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
         parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
@@ -75,6 +81,7 @@ class Command(BaseCommand):
             herd_tasks=options["herd_tasks"],
             herd_concurrency=options["herd_concurrency"],
             monitors=options["monitors"],
+            herd_soon=options["herd_soon"],
             scale_executions=options["scale_executions"],
             scale_tasks=options["scale_tasks"],
             create_requests=options["create_requests"],
