@@ -342,7 +342,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = env.bool("TMS_WORKER_TASK_EVENTS", default=Fals
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_SEND_SENT_EVENT = False
 CELERY_TIMEZONE = "UTC"
-# django-celery-beat's DatabaseScheduler, its change check throttled (tms_project/beat.py).
+# django-celery-beat's DatabaseScheduler without its idle costs: no spin before a due job, one
+# change check per loop interval (tms_project/beat.py).
 CELERY_BEAT_SCHEDULER = "tms_project.beat:TmsDatabaseScheduler"
 # Celery's Django fixup closes every database connection after every task unless this is set
 # (a new connection, and a new PostgreSQL backend, per task); reuse it for this many tasks.
