@@ -4,6 +4,7 @@ more; beat saved its schedule on the way out)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from amqp.exceptions import NotFound
 from django.conf import settings
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
@@ -43,7 +45,8 @@ def _runs_in_queue() -> int:
 
 
 def _purge_queue() -> None:
-    with Connection(settings.CELERY_BROKER_URL) as conn:
+    """Empty the suite's execution queue (a queue nobody declared yet holds nothing)."""
+    with Connection(settings.CELERY_BROKER_URL) as conn, contextlib.suppress(NotFound):
         conn.default_channel.queue_purge(settings.TMS_QUEUE)
 
 
@@ -63,6 +66,10 @@ def _monitor(name: str) -> ManagedProcess:
 
 
 def test_sigterm_stops_the_monitor_between_batches_of_a_backlog_with_every_taken_batch_published():
+    # The queue is the suite's: an earlier test's worker stopped while it held a prefetched
+    # message gives it back to the queue (seen: a requeued run of test_graceful_shutdown, counted
+    # here as a 251st run). Only what this monitor publishes is counted.
+    _purge_queue()
     task = TaskFactory()
     now = timezone.now()
     transitions.executions_create(
