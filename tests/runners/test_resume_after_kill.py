@@ -43,6 +43,14 @@ def _launches(execution: Execution) -> int:
     return len((folder / "launches").read_text().splitlines())
 
 
+def _launch_count(execution: Execution) -> int:
+    """:func:`_launches`, 0 while no supervisor has started yet."""
+    try:
+        return _launches(execution)
+    except FileNotFoundError:
+        return 0
+
+
 def test_subprocess_run_survives_its_worker_being_killed_after_start():
     owner = UserFactory()
     workers = [start_worker("a", concurrency=1, **FAST), start_worker("b", concurrency=1, **FAST)]
@@ -65,17 +73,17 @@ def test_subprocess_start_interrupted_by_a_kill_is_adopted_not_relaunched():
         for worker in workers:
             wait_worker_ready(worker)
         # The runner waits up to a second inside start() for the command: kill the worker there,
-        # after the process was launched but before its run id was recorded.
+        # after the process was launched (its supervisor wrote ``launches``) but before its run id
+        # was recorded. A kill before the supervisor started leaves a launch marker and nothing
+        # launched, a different case (seen once in CI: the adopter waited for a launch to come).
         task = task_create(owner=owner, runner="subprocess", config={"command": ["sleep", "4"]})
-        held = wait_for(
-            lambda: (
-                Execution.objects.filter(task=task, status=S.RUNNING, external_run_id="")
-                .exclude(lease_owner="")
-                .first()
-            ),
-            timeout=20,
-            what="the worker to be inside start()",
-        )
+
+        def inside_start() -> Execution | None:
+            running_now = Execution.objects.filter(task=task, status=S.RUNNING, external_run_id="")
+            execution = running_now.exclude(lease_owner="").first()
+            return execution if execution is not None and _launch_count(execution) else None
+
+        held = wait_for(inside_start, timeout=20, interval=0.02, what="the worker to be inside start()")
         _kill_starter(held, workers)
         wait_for(lambda: _only(task).status == S.SUCCEEDED, timeout=40, what="SUCCEEDED after the kill")
     execution = _only(task)
