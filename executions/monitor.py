@@ -194,6 +194,10 @@ class Monitor:
         self.pacer = fairness.Pacer(self.conf) if self.conf.MONITOR_QUEUE_SECONDS > 0 else None
         self.stats = MonitorStats()
         self.backlog = Backlog()
+        #: The last pass published due runs or held some back: the next one goes straight to its
+        #: takes (the outlook would only say that work is there; a herd's top-ups come ten a
+        #: second). Polls and republished runs do not count: they seldom come in a run.
+        self._busy = False
         self._running = False
         #: Set by :meth:`stop`: a pass in progress ends after its current batch.
         self._stop_requested = False
@@ -260,20 +264,27 @@ class Monitor:
         polls, which the loop does about once per ``MONITOR_MAX_SLEEP``. Messages go out on a
         channel of the pass's own, each batch confirmed by one wait (executions.publishing).
 
-        A pass first reads the outlook (one statement): when nothing is due, nothing is PENDING
-        and no poll is due, that is the whole pass, with no transaction and no broker channel."""
-        outlook = transitions.dispatch_outlook()
-        if outlook.idle:
-            if self.pacer is not None:
-                self.pacer.idle()
-            # Nothing queued of ours to estimate: the next backlog is measured afresh.
-            self.backlog = Backlog()
-            return 0, outlook.runs_in
+        A pass after one that found nothing first reads the outlook (one statement): when
+        nothing is due, nothing is PENDING and no poll is due, that is the whole pass, with no
+        transaction and no broker channel. A pass after one that published due runs or held some
+        back skips the outlook: work was there a moment ago."""
+        if not self._busy:
+            outlook = transitions.dispatch_outlook()
+            if outlook.idle:
+                if self.pacer is not None:
+                    self.pacer.idle()
+                # Nothing queued of ours to estimate: the next backlog is measured afresh.
+                self.backlog = Backlog()
+                return 0, outlook.runs_in
+        # Until the pass has shown otherwise, the next one reads the outlook (a failed pass too).
+        self._busy = False
+        published, held_back = self.stats.published, self.stats.held_back
         with self._run_task.app.producer_or_acquire() as pooled:
             # Take nothing while the broker is unreachable: it would only have to be undone.
             pooled.connection.ensure_connection(max_retries=1)
             with confirmed_batches(pooled) as (producer, confirms):
                 sent, next_due = self._dispatch(producer, confirms, housekeeping=housekeeping)
+        self._busy = self.stats.published > published or self.stats.held_back > held_back
         return sent, next_due
 
     def _dispatch(self, producer: Producer, confirms: Confirms, *, housekeeping: bool) -> tuple[int, float | None]:

@@ -20,6 +20,7 @@ from executions import fairness, transitions
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
+from executions.transitions import dispatch
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory
 from tms_core.conf import tms_settings
@@ -125,3 +126,31 @@ def test_an_idle_look_keeps_the_herd_start_of_the_pacer(monkeypatch):
     queued[0] = 0
     now[0] = 4.0
     assert pacer.room() == 8 * 16
+
+
+def _outlook_reads(queries: CaptureQueriesContext) -> int:
+    statement, _ = dispatch._outlook_statement()
+    return sum(1 for query in queries.captured_queries if query["sql"].startswith(statement[:40]))
+
+
+def test_a_pass_after_one_that_published_skips_the_outlook():
+    """A herd's monitor tops up ten times a second: after a pass that published due runs the
+    next goes straight to its takes; after one that found nothing it reads the outlook again."""
+    publisher = FlakyPublisher()
+    monitor = Monitor(publish=publisher)
+    first = _execution(S.SCHEDULED, due_in=-0.5)
+
+    with CaptureQueriesContext(connection) as busy:
+        assert monitor.dispatch_once(housekeeping=False)[0] == 1
+    second = _execution(S.SCHEDULED, due_in=-0.5)
+    with CaptureQueriesContext(connection) as after_busy:
+        assert monitor.dispatch_once(housekeeping=False)[0] == 1
+    with CaptureQueriesContext(connection) as drained:
+        assert monitor.dispatch_once(housekeeping=False)[0] == 0
+    with CaptureQueriesContext(connection) as after_drained:
+        assert monitor.dispatch_once(housekeeping=False)[0] == 0
+
+    # The drained pass was a full one that found nothing; the one after it read the outlook
+    # (not idle: the two runs are PENDING, so it went on to its takes).
+    assert [_outlook_reads(q) for q in (busy, after_busy, drained, after_drained)] == [1, 0, 0, 1]
+    assert publisher.ids == [first.pk, second.pk]
