@@ -33,9 +33,16 @@ run: migrate
 		PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
-## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them.
+## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them: most of it
+## in TEST_WORKERS parallel pytest processes (pytest-xdist; its tests mostly wait on real worker
+## and monitor processes), then tests/outages alone, since they restart the services every other
+## test uses. Both parts run; either failing fails the target.
+TEST_WORKERS ?= 2
 test: install lint services browser sandbox
-	$(BIN)/pytest
+	@status=0; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --ignore=tests/outages || status=$$?; \
+	$(BIN)/pytest tests/outages || status=$$?; \
+	exit $$status
 
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
 ## installed as root (or with sudo) when missing; otherwise stop and say what to install.

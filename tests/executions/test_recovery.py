@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import collections
 import os
-import shutil
 import signal
-import subprocess
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from executions import transitions
-from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
+from executions.models import TERMINAL_STATUSES, Execution
 from executions.models import ExecutionStatus as S
 from tasks_app.services import task_create
 from tests.factories import UserFactory
@@ -175,78 +172,6 @@ def test_message_lost_after_pending_is_published_again(owner):
     assert republished.count() == 1
     assert "published again" in republished.get().detail
     assert _terminal_events(execution) == 1
-
-
-def _load(owner, count: int, duration: str = "200ms") -> list:
-    """Task ids of ``count`` sleep tasks due over the next few seconds."""
-    start = timezone.now()
-    return [
-        task_create(
-            owner=owner, runner="sleep", config={"duration": duration}, start_at=start + timedelta(seconds=i / 20)
-        ).pk
-        for i in range(count)
-    ]
-
-
-def _assert_all_succeeded_once(tasks) -> None:
-    executions = Execution.objects.filter(task__in=tasks)
-    assert executions.count() == len(tasks)
-    assert set(executions.values_list("status", flat=True)) == {S.SUCCEEDED}
-    terminal = collections.Counter(
-        ExecutionEvent.objects.filter(execution__in=executions, to_status__in=TERMINAL_STATUSES).values_list(
-            "execution_id", flat=True
-        )
-    )
-    assert set(terminal.values()) == {1}
-
-
-def test_broker_restart_during_load_loses_nothing(owner, api_client):
-    assert shutil.which("rabbitmqctl"), "this test restarts the local RabbitMQ"
-    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
-    with running(worker, monitor):
-        wait_worker_ready(worker)
-        tasks = _load(owner, 60)
-        wait_for(lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() >= 5, timeout=30)
-        subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
-        try:
-            # The API keeps accepting tasks while the broker is down, and the monitor keeps
-            # their executions SCHEDULED until it can publish them.
-            created = api_client.post("/api/v1/tasks", {"runner": "sleep", "config": {"duration": "100ms"}})
-            assert created.status_code == 201
-            time.sleep(3)
-            (waiting,) = Execution.objects.filter(task_id=created.data["id"])
-            assert waiting.status == S.SCHEDULED
-        finally:
-            subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
-        tasks.append(created.data["id"])
-        wait_for(
-            lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() == len(tasks),
-            timeout=90,
-            what="every execution to succeed after the broker came back",
-        )
-    _assert_all_succeeded_once(tasks)
-
-
-def test_database_restart_during_load_loses_nothing(owner):
-    from tooling.harness.chaos import _postgres_cluster
-
-    cluster = _postgres_cluster()
-    assert cluster is not None, "this test restarts the local PostgreSQL"
-    worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
-    with running(worker, monitor):
-        wait_worker_ready(worker)
-        tasks = _load(owner, 60)
-        wait_for(lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() >= 5, timeout=30)
-        subprocess.run([*cluster, "restart"], check=True, capture_output=True, timeout=120)
-        connection.close()
-        wait_for(
-            lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() == len(tasks),
-            timeout=90,
-            what="every execution to succeed after the database came back",
-        )
-        assert worker.alive
-        assert monitor.alive
-    _assert_all_succeeded_once(tasks)
 
 
 def test_message_for_missing_execution_is_acknowledged_and_dropped():
