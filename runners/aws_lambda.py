@@ -48,16 +48,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import boto3
-from botocore.config import Config as BotoConfig
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    NoCredentialsError,
-    NoRegionError,
-    ReadTimeoutError,
-)
-from botocore.exceptions import ConnectionError as BotoConnectionError
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
@@ -71,6 +61,12 @@ from runners.base import (
     bounded_head,
     validate_json_size,
 )
+from tms_core.lazy import LazyModule
+
+# boto3 is imported at the first invocation (tms_core.lazy): every process builds this runner.
+boto3 = LazyModule("boto3")
+_botocore_config = LazyModule("botocore.config")
+_boto_errors = LazyModule("botocore.exceptions")
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +361,7 @@ class LambdaRunner(BaseRunner):
                     aws_session_token=self.options["aws_session_token"],
                     region_name=self.options["region_name"],
                 )
-                config = BotoConfig(
+                config = _botocore_config.Config(
                     connect_timeout=float(self.options["connect_timeout"]),
                     read_timeout=slot[1],
                     retries={"total_max_attempts": 1},
@@ -373,7 +369,7 @@ class LambdaRunner(BaseRunner):
                 )
                 try:
                     client = session.client("lambda", endpoint_url=self.options["endpoint_url"], config=config)
-                except NoRegionError as exc:
+                except _boto_errors.NoRegionError as exc:
                     raise RunnerError(
                         f"lambda runner {self.alias!r}: no region_name configured", retryable=False
                     ) from exc
@@ -387,7 +383,7 @@ class LambdaRunner(BaseRunner):
         name = request["FunctionName"]
         try:
             return self._client(read_timeout).invoke(**request)
-        except ClientError as exc:
+        except _boto_errors.ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code") or "")
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
@@ -397,15 +393,15 @@ class LambdaRunner(BaseRunner):
                 retryable = code in _RETRYABLE_API_ERRORS or status >= 500 or status == 429
             message = f"invoking {name}: {code or 'error'} (HTTP {status}): {error.get('Message') or ''}".rstrip(": ")
             raise RunnerError(message, retryable=retryable) from exc
-        except ReadTimeoutError as exc:
+        except _boto_errors.ReadTimeoutError as exc:
             raise RunnerError(
                 f"invoking {name}: no answer within {read_timeout:g}s; the invocation may still be running"
             ) from exc
-        except NoCredentialsError as exc:
+        except _boto_errors.NoCredentialsError as exc:
             raise RunnerError(f"invoking {name}: no AWS credentials found", retryable=False) from exc
-        except BotoConnectionError as exc:
+        except _boto_errors.ConnectionError as exc:
             raise RunnerError(f"invoking {name}: cannot reach Lambda: {exc}") from exc
-        except BotoCoreError as exc:
+        except _boto_errors.BotoCoreError as exc:
             raise RunnerError(f"invoking {name}: {exc}") from exc
 
     def _outcome(self, spec: RunSpec, response: Mapping[str, Any]) -> RunResult:

@@ -28,17 +28,24 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import urllib3
 from django.core.exceptions import ImproperlyConfigured
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 from rest_framework import serializers
 
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from tms_core.lazy import LazyModule
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+else:
+    # Imported at the first call that needs it (tms_core.lazy): every process builds this runner.
+    k8s = LazyModule("kubernetes.client")
+k8s_config = LazyModule("kubernetes.config")
+_api_errors = LazyModule("kubernetes.client.exceptions")
+_config_errors = LazyModule("kubernetes.config.config_exception")
 
 logger = logging.getLogger(__name__)
 
@@ -436,11 +443,11 @@ class KubernetesRunner(BaseRunner):
             elif not host:
                 try:
                     k8s_config.load_incluster_config(client_configuration=configuration)
-                except ConfigException:
+                except _config_errors.ConfigException:
                     k8s_config.load_kube_config(
                         context=context, client_configuration=configuration, persist_config=False
                     )
-        except (ConfigException, OSError, ValueError) as exc:
+        except (_config_errors.ConfigException, OSError, ValueError) as exc:
             raise RunnerError(
                 f"kubernetes runner {self.alias!r}: cannot load a client configuration: {exc}", retryable=False
             ) from exc
@@ -453,7 +460,7 @@ class KubernetesRunner(BaseRunner):
         seconds = float(self.options["request_timeout"])
         try:
             return method(*args, _request_timeout=(seconds, seconds), **kwargs)
-        except ApiException as exc:
+        except _api_errors.ApiException as exc:
             raise _api_error(action, exc) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubernetesApiError(f"{action}: cannot reach the Kubernetes API: {exc}", status=None) from exc
