@@ -12,6 +12,7 @@ from django.db import connections
 
 from executions import heartbeat, materialiser, retention, rollup, worker_services
 from executions.worker_identity import lease_owner, set_node_id
+from runners.registry import all_runners
 from tms_core import logcontext, metrics
 from tms_core.conf import tms_settings
 
@@ -33,6 +34,10 @@ def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     # executions.runs.persist), so they skip Django's per-task health-check query.
     for conn in connections.all():
         conn.settings_dict["CONN_HEALTH_CHECKS"] = False
+    # Before the pool forks: its processes share the runners' SDKs instead of each importing them
+    # at its first run (the other processes never import them).
+    for runner in all_runners().values():
+        runner.preload()
 
 
 @worker_process_shutdown.connect

@@ -63,7 +63,8 @@ from runners.base import (
 )
 from tms_core.lazy import LazyModule
 
-# boto3 is imported at the first invocation (tms_core.lazy): every process builds this runner.
+# Imported at the first invocation, or by a worker before it forks (BaseRunner.preload): every
+# process builds this runner, few call it.
 boto3 = LazyModule("boto3")
 _botocore_config = LazyModule("botocore.config")
 _boto_errors = LazyModule("botocore.exceptions")
@@ -184,6 +185,8 @@ def _arn(*, region: str, account: str, name: str, partition: str | None = None) 
 
 class LambdaRunner(BaseRunner):
     """Invokes an AWS Lambda function per attempt; see the module docstring."""
+
+    lazy_modules = (boto3, _botocore_config, _boto_errors)
 
     option_defaults: ClassVar[dict[str, Any]] = {
         "region_name": None,

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
+from tms_core.lazy import LazyModule
+
 #: Upper bound a task may set for a runner's ``max_output_bytes``: outputs end up in the database.
 MAX_OUTPUT_BYTES_LIMIT = 1024 * 1024
 
@@ -162,6 +164,9 @@ class BaseRunner:
     #: wherever a config is shown (tasks_app.secrets). Keys that look secret anywhere in a
     #: config (``token``, ``password``, ``api_key``, ...) and ``env`` mappings are secret for every runner.
     secret_config_fields: ClassVar[tuple[str, ...]] = ()
+    #: Modules that this runner's runs need and that are imported at first use
+    #: (:class:`tms_core.lazy.LazyModule`): a large client SDK that most processes never call.
+    lazy_modules: ClassVar[tuple[LazyModule, ...]] = ()
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
@@ -175,6 +180,13 @@ class BaseRunner:
         self.options = {**self.option_defaults, **options}
         #: Shortest time, in seconds, between two fire times a task on this runner may ask for.
         self.min_interval: float = self.default_min_interval
+
+    def preload(self) -> None:
+        """Import :attr:`lazy_modules` now. A Celery worker does so before it forks its pool
+        (``executions.tasks``): its pool processes then share those modules instead of each
+        importing its own copy at its first run. Web, beat and the monitor never do."""
+        for module in self.lazy_modules:
+            module.load()
 
     def launch_rate(self) -> tuple[int, float] | None:
         """At most ``(count, seconds)`` launches per owner in any window of that many seconds, or

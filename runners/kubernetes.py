@@ -37,12 +37,14 @@ from rest_framework import serializers
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
 from tms_core.lazy import LazyModule
 
+# Imported at the first call that needs it, or by a worker before it forks (BaseRunner.preload):
+# every process builds this runner, few call it.
+_k8s = LazyModule("kubernetes.client")
 if TYPE_CHECKING:
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 else:
-    # Imported at the first call that needs it (tms_core.lazy): every process builds this runner.
-    k8s = LazyModule("kubernetes.client")
+    k8s = _k8s
 k8s_config = LazyModule("kubernetes.config")
 _api_errors = LazyModule("kubernetes.client.exceptions")
 _config_errors = LazyModule("kubernetes.config.config_exception")
@@ -242,6 +244,7 @@ class KubernetesRunner(BaseRunner):
     config_serializer_class = KubernetesConfigSerializer
     secret_config_fields = ("env",)
     supports_cancel = True
+    lazy_modules = (_k8s, k8s_config, _api_errors, _config_errors)
 
     def limit_key(self, config: Mapping[str, Any]) -> str:
         """The namespace its Jobs go to."""
