@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 from tests.processes import ROOT, process_env
 from tms_core.lazy import LazyModule
@@ -17,32 +18,33 @@ from tms_core.lazy import LazyModule
 SDKS = ("kubernetes", "boto3", "botocore")
 
 
-def test_a_started_process_with_every_runner_built_has_imported_no_runner_sdk():
-    code = (
-        "import json, sys, django; django.setup(); import tms_project.celery, executions.tasks; "
-        "from runners.registry import all_runners; runners = sorted(all_runners()); "
-        f"print(json.dumps([runners, [name for name in {SDKS!r} if name in sys.modules]]))"
-    )
+def _in_a_fresh_process(setup: str) -> Any:
+    """Run ``setup`` after Django's set-up in a new Python process; return the JSON it prints."""
+    code = f"import json, sys, django; django.setup(); import tms_project.celery; {setup}"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    runners, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_IMPORTED = f"[name for name in {SDKS!r} if name in sys.modules]"
+
+
+def test_a_started_process_with_every_runner_built_has_imported_no_runner_sdk():
+    runners, imported = _in_a_fresh_process(
+        "import executions.tasks; from runners.registry import all_runners; "
+        f"print(json.dumps([sorted(all_runners()), {_IMPORTED}]))"
+    )
     assert {"kubernetes", "lambda"} <= set(runners)
     assert imported == []
 
 
 def test_a_celery_worker_imports_them_before_it_forks_its_pool():
-    code = (
-        "import json, sys, django; django.setup(); import tms_project.celery; "
-        "from executions.tasks import _prepare_worker; _prepare_worker(sender=None); "
-        f"print(json.dumps([name for name in {SDKS!r} if name in sys.modules]))"
+    imported = _in_a_fresh_process(
+        f"from executions.tasks import _prepare_worker; _prepare_worker(sender=None); print(json.dumps({_IMPORTED}))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=process_env(), capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == list(SDKS)
+    assert imported == list(SDKS)
 
 
 def test_a_lazy_module_imports_at_the_first_attribute_and_raises_what_the_module_would():
