@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test install services browser sandbox lint format migrate clean
+.PHONY: run test install services browser axe sandbox lint format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ run: migrate
 ## and monitor processes), then tests/outages alone, since they restart the services every other
 ## test uses. Both parts run; either failing fails the target.
 TEST_WORKERS ?= 2
-test: install lint services browser sandbox
+test: install lint services browser axe sandbox
 	@status=0; \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --ignore=tests/outages || status=$$?; \
 	$(BIN)/pytest tests/outages || status=$$?; \
@@ -58,6 +58,28 @@ browser:
 	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium chromium-driver >/dev/null \
 		|| { echo "Installing chromium and chromium-driver failed. $$need" >&2; exit 1; }; \
 	[ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ] || { echo "$$need" >&2; exit 1; }
+
+## axe-core for the accessibility checks of the browser tests (tests/browser/axe.py): npm's package,
+## pinned, installed into the virtualenv (not the repository) with Debian's npm; npm is installed as
+## root (or with sudo) when missing, otherwise stop and say what to install.
+AXE_VERSION ?= 4.14.1
+AXE_DIR := $(VENV)/axe
+$(AXE_DIR)/.installed-$(AXE_VERSION): | $(BIN)/python
+	@if ! command -v npm >/dev/null 2>&1; then \
+		need="The accessibility tests need npm to install axe-core: install Debian's package with 'apt-get install -y npm' (as root), then run make test again."; \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+		else echo "$$need" >&2; exit 1; fi; \
+		echo "Installing npm for the accessibility tests..."; \
+		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q npm >/dev/null \
+			|| { echo "Installing npm failed. $$need" >&2; exit 1; }; \
+	fi
+	rm -rf $(AXE_DIR) && mkdir -p $(AXE_DIR)
+	npm install --prefix $(AXE_DIR) --no-save --no-package-lock --no-audit --no-fund --silent axe-core@$(AXE_VERSION)
+	@test -f $(AXE_DIR)/node_modules/axe-core/axe.min.js || { echo "npm did not install axe-core $(AXE_VERSION)" >&2; exit 1; }
+	touch $@
+
+axe: $(AXE_DIR)/.installed-$(AXE_VERSION)
 
 ## Sandboxed subprocess runs (runners/sandbox.py): bubblewrap from Debian's package and the run users
 ## (manage.py tms_sandbox_setup), as root (or with sudo); otherwise stop and say what is missing.
