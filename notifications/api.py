@@ -63,15 +63,17 @@ class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):
 
     @extend_schema(
         summary="Send a test message",
-        description="Sends a test notification through the channel now and returns its delivery "
-        "(`status` delivered, or pending with `last_error` when it will be retried, or failed).",
+        description="Queues a test notification through the channel and answers at once (202) with its "
+        "delivery, still `pending`: a sender on the notification queue sends it within TMS_NOTIFY_TIMEOUT. "
+        "Follow it at GET /api/v1/notification-deliveries/{id} (`delivered`, or `pending` with `last_error` "
+        "while it is retried, or `failed`).",
         request=None,
-        responses={201: DeliverySerializer},
+        responses={202: DeliverySerializer},
     )
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: str | None = None) -> Response:
         delivery = services.channel_send_test(channel=self.get_object())
-        return Response(DeliverySerializer(delivery).data, status=status.HTTP_201_CREATED)
+        return Response(DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema_field(OpenApiTypes.INT)

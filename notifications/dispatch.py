@@ -388,8 +388,11 @@ def _record_failure(delivery: Delivery, token: str, exc: senders.SendError) -> s
     return "retry"
 
 
-def send_test(channel: Channel) -> Delivery:
-    """Send a test message to ``channel`` now (in the caller's process) and return its delivery."""
+def queue_test(channel: Channel) -> tuple[Delivery, str]:
+    """Create a test delivery for ``channel``, leased to a new token, and return both: the caller
+    hands ``(delivery id, token)`` to a sender on the notification queue once this commits (never
+    sending in its own process: a slow target would hold a web worker). If that message is lost,
+    the lease runs out and the next dispatch pass sends the delivery like any other."""
     key = delivery_key(channel.pk, f"test:{uuid.uuid4().hex}", None)
     token = uuid.uuid4().hex
     now = timezone.now()
@@ -398,12 +401,11 @@ def send_test(channel: Channel) -> Delivery:
         event="test",
         idempotency_key=key,
         payload={"id": key, "event": "test", "task": None, "execution": None, "at": now.isoformat()},
+        next_attempt_at=now,
         lease_token=token,
         lease_until=now + timedelta(seconds=tms_settings().NOTIFY_LEASE),
     )
-    deliver(delivery.pk, token)
-    delivery.refresh_from_db()
-    return delivery
+    return delivery, token
 
 
 def _default_scope(rule: Rule) -> QuerySet:
@@ -492,6 +494,6 @@ __all__ = [
     "dispatch_outbox",
     "flush_digests",
     "lease_due",
+    "queue_test",
     "quiet_until",
-    "send_test",
 ]

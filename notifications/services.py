@@ -179,8 +179,16 @@ def channel_delete(*, channel: Channel) -> None:
 
 
 def channel_send_test(*, channel: Channel) -> Delivery:
-    """Send a test message through ``channel`` now; the delivery says whether it went."""
-    return dispatch.send_test(channel)
+    """Queue a test message through ``channel`` and return its delivery, still pending: a sender
+    on the notification queue (TMS_NOTIFY_QUEUE) sends it within TMS_NOTIFY_TIMEOUT, and the
+    delivery log says how it went (delivered, or retried and failed like any other delivery).
+    Never sent in the caller's process: a target that answers slowly would hold a web worker."""
+    from notifications.tasks import notify_deliver  # the Celery task module imports dispatch
+
+    with transaction.atomic():
+        delivery, token = dispatch.queue_test(channel)
+        transaction.on_commit(lambda: notify_deliver.delay(delivery.pk, token))
+    return delivery
 
 
 def _check_rule(owner: User, values: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class Receiver:
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     status: int = 200
+    #: Seconds each answer waits (a slow target).
+    delay: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def events(self) -> list[str]:
@@ -64,6 +67,8 @@ def webhook_receiver() -> Iterator[Receiver]:
                 receiver.held.set()
                 receiver.release.wait(60)  # the sender is killed meanwhile; this answer goes nowhere
                 return
+            if receiver.delay:
+                time.sleep(receiver.delay)
             with receiver.lock:
                 if key not in receiver.accepted:
                     receiver.accepted[key] = json.loads(body)
@@ -85,3 +90,14 @@ def webhook_receiver() -> Iterator[Receiver]:
         receiver.release.set()
         server.shutdown()
         server.server_close()
+
+
+def deliver_queued() -> list[str]:
+    """Send the queued test deliveries here, as the notification queue's sender would (what
+    ``notify_deliver`` runs): a test without a notify worker (and whose transaction never
+    commits, so nothing was published) sends them this way. Answers each outcome."""
+    from notifications import dispatch
+    from notifications.models import Delivery, DeliveryStatus
+
+    queued = Delivery.objects.filter(status=DeliveryStatus.PENDING, event="test").exclude(lease_token="")
+    return [dispatch.deliver(pk, token) for pk, token in queued.order_by("id").values_list("pk", "lease_token")]

@@ -6,7 +6,7 @@ import pytest
 
 from notifications.models import Channel, Delivery, Rule
 from tests.factories import TaskFactory
-from tests.notifications.receiver import webhook_receiver
+from tests.notifications.receiver import deliver_queued, webhook_receiver
 
 pytestmark = pytest.mark.django_db
 
@@ -85,8 +85,9 @@ def test_send_test_returns_its_delivery_and_the_log_pages_by_cursor(api_client, 
     with webhook_receiver() as receiver:
         channel = _channel(api_client, target=receiver.url).data
         tests = [api_client.post(f"{CHANNELS}/{channel['id']}/test") for _ in range(3)]
-        assert [t.status_code for t in tests] == [201] * 3
-        assert {t.data["status"] for t in tests} == {"delivered"}
+        assert [t.status_code for t in tests] == [202] * 3
+        assert {t.data["status"] for t in tests} == {"pending"} and not receiver.arrivals
+        assert deliver_queued() == ["delivered"] * 3
         assert len(receiver.arrivals) == 3 and receiver.arrivals[0].signature_valid(channel["secret"])
     page = api_client.get(DELIVERIES, {"limit": 2, "channel": channel["id"]})
     assert page.status_code == 200
@@ -109,9 +110,12 @@ def test_send_test_returns_its_delivery_and_the_log_pages_by_cursor(api_client, 
 def test_a_test_to_a_dead_address_is_pending_with_its_error(api_client):
     channel = _channel(api_client, target="http://127.0.0.1:9/nothing").data
     response = api_client.post(f"{CHANNELS}/{channel['id']}/test")
-    assert response.status_code == 201
-    assert response.data["status"] == "pending" and response.data["attempts"] == 1
-    assert "Connection" in response.data["last_error"] or response.data["last_error"]
+    assert response.status_code == 202
+    assert response.data["status"] == "pending" and response.data["attempts"] == 0
+    assert deliver_queued() == ["retry"]
+    delivery = api_client.get(f"{DELIVERIES}/{response.data['id']}").data
+    assert delivery["status"] == "pending" and delivery["attempts"] == 1
+    assert "Connection" in delivery["last_error"]
 
 
 def test_notification_target_is_refused_with_a_pointer_to_the_new_endpoints(api_client, user):

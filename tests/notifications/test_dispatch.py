@@ -13,7 +13,7 @@ from executions.models import Execution, SkippedOccurrence
 from notifications import dispatch, services
 from notifications.models import Channel, ChannelState, Delivery, DeliveryStatus, Outbox, Rule, RuleState
 from tests.factories import TaskFactory, UserFactory
-from tests.notifications.receiver import webhook_receiver
+from tests.notifications.receiver import deliver_queued, webhook_receiver
 
 pytestmark = pytest.mark.django_db
 
@@ -196,6 +196,8 @@ def test_server_errors_are_retried_with_backoff_and_a_refusal_marks_the_channel_
         assert channel.state == ChannelState.FAILING and "HTTP 410" in channel.last_error
         receiver.status = 200
         test = services.channel_send_test(channel=channel)
+        assert test.status == DeliveryStatus.PENDING and deliver_queued() == ["delivered"]
+        test.refresh_from_db()
     assert test.status == DeliveryStatus.DELIVERED
     channel.refresh_from_db()
     assert channel.state == ChannelState.OK
