@@ -54,6 +54,17 @@ def wait_for_result(
     raise AssertionError(f"run {handle.external_run_id} did not finish within {seconds}s")
 
 
+def wait_for_file(path: Path, seconds: float = 5, *, nonempty: bool = False) -> Path:
+    """Wait until ``path`` exists (with ``nonempty``, has content): the files of a run folder are
+    written by the detached supervisor or the command, which may still be starting when the
+    runner's call returned."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and (not nonempty or path.stat().st_size)):
+        assert time.monotonic() < deadline, f"{path} never appeared" + (" with content" if nonempty else "")
+        time.sleep(0.02)
+    return path
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (until a test binds it)."""
     with socket.socket() as sock:

@@ -31,7 +31,7 @@ from rest_framework import serializers
 
 from runners.base import RunSpec, RunState
 from runners.subprocess import SubprocessRunner
-from tests.runners.conftest import wait_for_result
+from tests.runners.conftest import wait_for_file, wait_for_result
 
 SECRET = "s3cr3t-worker-key-0b1d"
 #: Modes a root worker on this host can use (bwrap only where bubblewrap is installed).
@@ -139,11 +139,9 @@ def test_run_json_and_control_files_are_the_workers_and_work_is_the_run_users(tm
     handle = runner.start(spec)
     try:
         folder = runner.work_dir / spec.idempotency_key
-        deadline = time.monotonic() + 5
-        stdout = folder / "stdout"
-        while time.monotonic() < deadline and not (stdout.exists() and stdout.stat().st_size):
-            time.sleep(0.02)
-        run_uid = int((folder / "stdout").read_text().split()[0])
+        # The command writes its uid after start() returned: wait for the whole line.
+        stdout = wait_for_file(folder / "stdout", nonempty=True)
+        run_uid = int(stdout.read_text().split()[0])
         assert run_uid not in (0, os.getuid())
         assert (folder / "run.json").stat().st_mode & 0o777 == 0o600
         assert (folder / "run.json").stat().st_uid == os.getuid()
@@ -355,9 +353,7 @@ def test_old_run_folders_are_pruned_but_never_a_running_one(tmp_path: Path) -> N
     wait_for_result(runner, done, runner.start(done))
     live = make_spec(runner, sh("sleep 20"))
     handle = runner.start(live)
-    deadline = time.monotonic() + 5
-    while not (runner.work_dir / live.idempotency_key / "pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for_file(runner.work_dir / live.idempotency_key / "pid")
     try:
         old = time.time() - 3600
         for spec in (done, live):
@@ -370,4 +366,6 @@ def test_old_run_folders_are_pruned_but_never_a_running_one(tmp_path: Path) -> N
         assert (runner.work_dir / live.idempotency_key / "run.json").exists()
     finally:
         runner.cancel(live, handle)
-    assert json.loads((runner.work_dir / live.idempotency_key / "exit").read_text())["cancelled"] is True
+    # cancel() waits a moment for the supervisor's exit file; on a loaded machine it may come later.
+    exit_file = wait_for_file(runner.work_dir / live.idempotency_key / "exit")
+    assert json.loads(exit_file.read_text())["cancelled"] is True

@@ -24,7 +24,7 @@ from rest_framework import serializers
 from runners.base import RunHandle, RunnerError, RunSpec, RunState
 from runners.registry import get_runner
 from runners.subprocess import SubprocessRunner
-from tests.runners.conftest import SYSTEM_PYTHON, reachable_dir, spec_maker, wait_for_result
+from tests.runners.conftest import SYSTEM_PYTHON, reachable_dir, spec_maker, wait_for_file, wait_for_result
 
 # Runs execute as a run user, which may not reach the suite's own interpreter (under /root).
 PYTHON = SYSTEM_PYTHON
@@ -42,21 +42,26 @@ def python(code: str) -> dict[str, Any]:
     return {"command": [PYTHON, "-c", code]}
 
 
-def wait_for_file(path: Path, seconds: float = 5) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-
-
 def run_dir(runner: SubprocessRunner, spec: RunSpec) -> Path:
     return runner.work_dir / spec.idempotency_key
 
 
-def launches(runner: SubprocessRunner, spec: RunSpec) -> int:
-    """The executor's own count: one line per supervisor that ever started for this key."""
+def launches(runner: SubprocessRunner, spec: RunSpec, *, wait: bool = True, seconds: float = 5) -> int:
+    """The executor's own count: one line per supervisor that ever started for this key.
+
+    The supervisor is a detached process that writes its line when it starts, which may be after
+    ``start()`` returned: by default this waits for the first line (a CI flake read 0 here). With
+    ``wait=False`` (a test where nothing was launched) it counts what is there now."""
     path = run_dir(runner, spec) / "launches"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def count() -> int:
+        # Whole lines only: a line being appended counts once it is complete.
+        return path.read_text().count("\n") if path.exists() else 0
+
+    deadline = time.monotonic() + seconds
+    while wait and not count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return count()
 
 
 def command_pid(runner: SubprocessRunner, spec: RunSpec) -> int:
@@ -178,7 +183,7 @@ def test_missing_executable_fails_at_start_without_retry(tmp_path: Path) -> None
     assert handle.result.state is RunState.FAILED
     assert "was not found" in handle.result.error
     assert handle.result.retryable is False
-    assert launches(runner, spec) == 0
+    assert launches(runner, spec, wait=False) == 0
     # A start that adopts the key reports the same failure instead of waiting for a launch.
     again = runner.start(spec)
     assert again.result == handle.result
@@ -447,7 +452,7 @@ def test_launch_marker_without_a_supervisor_is_lost_after_the_grace_period(tmp_p
 
     assert patient.poll(spec, handle).state is RunState.RUNNING
     assert impatient.poll(spec, handle).state is RunState.FAILED
-    assert launches(patient, spec) == 0
+    assert launches(patient, spec, wait=False) == 0
 
 
 def test_poll_from_another_host_is_refused(runner: SubprocessRunner) -> None:

@@ -283,7 +283,8 @@ def test_a_real_run_sends_the_real_secret_and_logs_and_events_hold_none(user, ap
                 timeout=60,
                 what="a successful run",
             )
-            logs = worker.log() + monitor.log()
+        # Read once both have stopped: a process may still be writing lines about the run.
+        logs = worker.log() + monitor.log()
     finally:
         server.shutdown()
         server.server_close()
