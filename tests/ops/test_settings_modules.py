@@ -143,3 +143,54 @@ def test_a_token_signed_with_the_repository_key_cannot_finish_an_execution(setti
     assert response.status_code == 403
     assert response.json() == {"type": "permission_denied", "detail": "The callback token is not valid."}
     assert Execution.objects.get(pk=execution_id).status == S.RUNNING
+
+
+_REGISTERED = """
+import json
+import django
+django.setup()
+from django.conf import settings
+from django.core.management import get_commands
+from tms_project.celery import app
+app.loader.import_default_modules()
+print(json.dumps({
+    "apps": settings.INSTALLED_APPS,
+    "commands": sorted(name for name, app_name in get_commands().items() if app_name == "tooling"),
+    "bench_task": "tms.bench_noop" in app.tasks,
+}))
+"""
+
+
+def _registered(module: str) -> dict:
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-c", _REGISTERED],
+        cwd=ROOT,
+        env=_settings_env(module, **GOOD),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_production_does_not_install_the_benchmark_and_chaos_tooling():
+    """The tooling app (chaos, tms_bench, tms_demo, tms_scale and the benchmark's Celery task) is
+    installed by the checkout's and the suite's settings only (issue 26: production registered
+    them all)."""
+    production = _registered(PRODUCTION)
+    assert "tooling" not in production["apps"]
+    assert production["commands"] == [] and production["bench_task"] is False
+    local = _registered("tms_project.settings.local")
+    assert local["apps"][-1] == "tooling" and local["bench_task"] is True
+    assert local["commands"] == ["chaos", "tms_bench", "tms_demo", "tms_scale"]
+    from django.conf import settings
+
+    assert "tooling" in settings.INSTALLED_APPS  # the suite runs the benchmark and the chaos run
+
+
+def test_the_image_leaves_the_tooling_out():
+    ignored = (ROOT / "docker" / "Dockerfile.dockerignore").read_text().split()
+    assert "tooling" in ignored

@@ -67,10 +67,13 @@ INSTALLED_APPS = [
     "executions",
     "notifications",
     "ops",
-    # Benchmark, chaos run, scale check and demo set-up: commands only, never imported by the product.
-    "tooling",
     "backoffice",
 ]
+#: The benchmark, chaos run, scale check and demo set-up (commands, and the benchmark's Celery task
+#: ``tms.bench_noop``): installed by the settings of a checkout (``local``: make run, tms_bench) and of
+#: the suite (``test``), never by ``production``, and left out of the docker image. The product never
+#: imports it (tests/test_layering.py).
+DEVELOPMENT_APPS = ["tooling"]
 
 MIDDLEWARE = [
     # First: probes answer before the SSL redirect and the host check (a container platform

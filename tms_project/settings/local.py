@@ -6,8 +6,18 @@ stay human-readable.
 """
 
 from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, TMS, development_secrets_key, env, logging_from_env
+from tms_project.settings.base import (
+    DEVELOPMENT_APPS,
+    DEVELOPMENT_SECRET_KEY,
+    INSTALLED_APPS,
+    TMS,
+    development_secrets_key,
+    env,
+    logging_from_env,
+)
 
+# make run's demo set-up (tms_demo), the benchmark and the chaos run are run from a checkout.
+INSTALLED_APPS = [*INSTALLED_APPS, *DEVELOPMENT_APPS]
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEVELOPMENT_SECRET_KEY)
 # Human-readable lines on the console of `make run` (TMS_LOG_FORMAT=json shows what production writes).

@@ -49,7 +49,10 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 from tms_project.settings.base import *  # noqa: E402,F403
-from tms_project.settings.base import TMS_RUNNERS, logging_from_env  # noqa: E402
+from tms_project.settings.base import DEVELOPMENT_APPS, INSTALLED_APPS, TMS_RUNNERS, logging_from_env  # noqa: E402
+
+# The benchmark's and the chaos run's commands and Celery task, which the suite runs.
+INSTALLED_APPS = [*INSTALLED_APPS, *DEVELOPMENT_APPS]
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The sleep runner stands in for real work in the suite's running-system tests, which schedule it

@@ -27,7 +27,9 @@ def process_env(**extra: str) -> dict[str, str]:
         auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
         env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env.update(
-        DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "tms_project.settings.base"),
+        # The settings of this process (local or test), which install tooling: its workers must
+        # know the benchmark's task.
+        DJANGO_SETTINGS_MODULE=settings.SETTINGS_MODULE,
         CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
         TMS_QUEUE=settings.TMS_QUEUE,
         PYTHONUNBUFFERED="1",
