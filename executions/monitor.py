@@ -290,6 +290,7 @@ class Monitor:
     def _dispatch(self, producer: Producer, confirms: Confirms, *, housekeeping: bool) -> tuple[int, float | None]:
         sent, next_due = 0, None
         while True:
+            limit = self.batch
             # One transaction (one commit) per batch, the queue count of the pacer included: a
             # held-back monitor tops up ten times a second, whatever the rate.
             with transaction.atomic():
@@ -309,8 +310,13 @@ class Monitor:
             metrics.MONITOR_PUBLISHED.labels("run").inc(len(taken))
             if self.pacer is not None:
                 self.pacer.published(len(taken))
-                if next_due == 0.0 and len(taken) < self.batch:
-                    # Runs are due but held back (the queue is deep enough): top up soon.
+                if next_due == 0.0 and len(taken) >= limit and limit < self.batch:
+                    # Runs are due but held back: the pacer's room, not what was due, bounded the
+                    # take (the queue is deep enough). Top up soon. A take that got fewer than its
+                    # room took all that was due: runs due now became due since (the due time is
+                    # each statement's own), and the loop takes them at once, as without a pacer;
+                    # waiting a top-up for them added MONITOR_TOPUP_INTERVAL to most runs of a
+                    # steady load (p50 ~110 ms at any rate).
                     self.stats.held_back += 1
                     next_due = self.conf.MONITOR_TOPUP_INTERVAL
                     break

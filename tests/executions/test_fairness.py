@@ -10,9 +10,10 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from executions import fairness
+from executions import fairness, transitions
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
@@ -161,6 +162,34 @@ def test_a_paced_monitor_publishes_up_to_the_floor_fairly_and_tops_up_as_runs_st
     assert monitor.dispatch_once(housekeeping=False)[0] == 4
     assert publisher.ids[6:] == a[4:8]
     assert Execution.objects.filter(status=S.PENDING).count() == 6
+
+
+@pytest.mark.django_db
+def test_a_run_that_comes_due_during_a_paced_pass_goes_out_at_once_not_after_a_top_up(monkeypatch):
+    """Issue 33: a run due between the pass's take and its look at the next due time (each
+    statement has its own time) was counted as held back by the pacer, and waited a top-up
+    interval (100 ms) with the queue empty: at a steady load, most runs did."""
+    owner = UserFactory()
+    first = _due(owner, 1, late=1)
+    later = _due(owner, 1, late=-60)  # due in a minute: not due when the pass takes
+    look = transitions.next_due_in
+
+    def comes_due_meanwhile() -> float | None:
+        Execution.objects.filter(pk__in=later).update(due_at=Now())
+        return look()
+
+    monkeypatch.setattr(transitions, "next_due_in", comes_due_meanwhile)
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8, DISPATCH_BATCH=1)
+    publisher = FlakyPublisher()
+    monitor = Monitor(conf=conf, batch=100, publish=publisher)
+    assert monitor.pacer is not None
+
+    # Room for 8, one run due: nothing was held back, and the loop goes again at once (0 s).
+    assert monitor.dispatch_once(housekeeping=False) == (1, 0.0)
+    assert monitor.stats.held_back == 0
+    monkeypatch.setattr(transitions, "next_due_in", look)
+    assert monitor.dispatch_once(housekeeping=False) == (1, None)
+    assert publisher.ids == first + later
 
 
 @pytest.mark.django_db
