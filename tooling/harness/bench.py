@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -36,7 +35,15 @@ from tasks_app.quotas import owner_quota_set
 from tasks_app.services import task_bulk_create
 from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
-from tooling.harness.processes import ROOT, ManagedProcess, process_env, start_monitor, start_worker, wait_ready
+from tooling.harness.processes import (
+    ROOT,
+    ManagedProcess,
+    monitor_stats,
+    process_env,
+    start_monitor,
+    start_worker,
+    wait_ready,
+)
 
 SCENARIOS = ("burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
@@ -69,6 +76,10 @@ FILLER_USER = "tms-bench-filler"
 BURST_USER = "tms-bench-burst"
 #: The fairness scenario's second owner (the first is BENCH_USER, with the herd).
 FAIR_USER = "tms-bench-fair"
+
+
+#: What a load scenario creates once the platform is up: the task specs and their first due time.
+Plan = Callable[[], tuple[list[dict[str, Any]], datetime]]
 
 
 @dataclass
@@ -210,15 +221,18 @@ class Bench:
     def _monitor_stats(mon: ManagedProcess | None) -> dict[str, Any]:
         if mon is None:
             return {}
-        found = re.findall(r"monitor stats (\{.*\})", mon.log())
-        return json.loads(found[-1]) if found else {}
+        return monitor_stats(mon.log()) or {}
 
     # -- the execution path -----------------------------------------------------------------
 
-    def _run_load(self, name: str, specs: list[dict[str, Any]], starts_at: datetime, expected: int) -> Figures:
-        """Create the tasks, then measure from ``starts_at`` until ``expected`` executions end."""
+    def _run_load(self, name: str, plan: Plan, expected: int) -> Figures:
+        """Once the platform is up, create the tasks ``plan()`` gives, then measure from the start
+        time it gives until ``expected`` executions end. The due times are chosen only then: a
+        loaded machine can take longer to start a worker than the lead before the first run, and
+        the wait for the platform would be counted as lateness."""
         figures = Figures(name)
         with self._platform() as (procs, mon):
+            specs, starts_at = plan()
             for chunk in range(0, len(specs), 2000):
                 task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 2000])
             task_ids = list(Task.objects.filter(owner=self.owner).values_list("id", flat=True))
@@ -277,18 +291,21 @@ class Bench:
     def burst(self, *, limited: bool = False) -> Figures:
         count = self.config.tasks
         lead = max(3.0, count / 2000 + 3.0)
-        due = db_now() + timedelta(seconds=lead)
-        specs: list[dict[str, Any]] = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
         name = "burst"
         if limited:
             # Checked, never binding: every claim pays for the limit, none waits for it.
             limit_create(
                 owner=self.owner, name="bench", max_concurrency=100_000, windows=[{"count": 1_000_000, "seconds": 1}]
             )
-            specs = [{**spec, "limits": ["bench"]} for spec in specs]
             name = "burst_limited"
+
+        def plan() -> tuple[list[dict[str, Any]], datetime]:
+            due = db_now() + timedelta(seconds=lead)
+            extra = {"limits": ["bench"]} if limited else {}
+            return [{"runner": "noop", "start_at": due, "name": f"burst {i}", **extra} for i in range(count)], due
+
         self.config.progress(f"{name}: {count} one-shot tasks due at one instant {lead:.0f}s ahead")
-        figures = self._run_load(name, specs, due, count)
+        figures = self._run_load(name, plan, count)
         rows = Execution.objects.filter(task__owner=self.owner).values_list("scheduled_for", "started_at")
         figures.extra["last_start_after_due_s"] = round(
             max((started - scheduled).total_seconds() for scheduled, started in rows if started), 3
@@ -428,25 +445,29 @@ class Bench:
     def sustained(self, name: str = "sustained") -> Figures:
         rate = self.config.rate or 100.0
         seconds = self.config.duration
-        start = db_now() + timedelta(seconds=5)
         recurring = max(1, round(rate / 2))
         one_shots = round(rate / 2 * seconds)
-        specs: list[dict[str, Any]] = [
-            {"runner": "noop", "start_at": start + timedelta(seconds=i / recurring), "interval": timedelta(seconds=1),
-             "max_runs": int(seconds), "name": f"recurring {i}"}
-            for i in range(recurring)
-        ]  # fmt: skip
-        specs += [
-            {
-                "runner": "noop",
-                "start_at": start + timedelta(seconds=seconds * i / max(1, one_shots)),
-                "name": f"once {i}",
-            }
-            for i in range(one_shots)
-        ]
+
+        def plan() -> tuple[list[dict[str, Any]], datetime]:
+            start = db_now() + timedelta(seconds=5)
+            specs: list[dict[str, Any]] = [
+                {"runner": "noop", "start_at": start + timedelta(seconds=i / recurring),
+                 "interval": timedelta(seconds=1), "max_runs": int(seconds), "name": f"recurring {i}"}
+                for i in range(recurring)
+            ]  # fmt: skip
+            specs += [
+                {
+                    "runner": "noop",
+                    "start_at": start + timedelta(seconds=seconds * i / max(1, one_shots)),
+                    "name": f"once {i}",
+                }
+                for i in range(one_shots)
+            ]
+            return specs, start
+
         expected = recurring * int(seconds) + one_shots
         self.config.progress(f"{name}: {rate:g}/s for {seconds:g}s ({recurring} recurring + {one_shots} one-shot)")
-        figures = self._run_load(name, specs, start, expected)
+        figures = self._run_load(name, plan, expected)
         figures.extra["target_rate"] = rate
         self._cleanup()
         return figures
@@ -838,9 +859,12 @@ class Bench:
     def _burst_lateness(self, name: str) -> dict[str, float]:
         count = self.config.tasks
         lead = max(3.0, count / 2000 + 3.0)
-        due = db_now() + timedelta(seconds=lead)
-        specs = [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)]
-        figures = self._run_load(f"prune-{name}", specs, due, count)
+
+        def plan() -> tuple[list[dict[str, Any]], datetime]:
+            due = db_now() + timedelta(seconds=lead)
+            return [{"runner": "noop", "start_at": due, "name": f"burst {i}"} for i in range(count)], due
+
+        figures = self._run_load(f"prune-{name}", plan, count)
         with connection.cursor() as cursor:
             for statement in _CLEANUP:
                 cursor.execute(statement, [BURST_USER])

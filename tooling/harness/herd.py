@@ -29,7 +29,7 @@ from executions.models import Execution, ExecutionEvent
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
-from tooling.harness.processes import ManagedProcess, start_beat, start_monitor, start_worker, wait_ready
+from tooling.harness.processes import ManagedProcess, monitor_stats, start_beat, start_monitor, start_worker, wait_ready
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -284,8 +284,6 @@ class Herd:
         """N every-minute cron tasks (one run each) due on the first minute boundary far enough
         ahead for them to be created and materialised (with ``soon``, interval tasks due as soon
         as that); measured until every run has started."""
-        import json
-        import re
 
         result = HerdResult(self.tasks)
         with self._platform() as procs:
@@ -324,9 +322,9 @@ class Herd:
             result.cpu = meter.seconds()
             for proc in procs["monitor"]:
                 proc.stop()
-                found = re.findall(r"monitor stats (\{.*\})", proc.log())
-                if found:
-                    result.monitor.append(json.loads(found[-1]))
+                stats = monitor_stats(proc.log())
+                if stats is not None:
+                    result.monitor.append(stats)
         connection.close()  # this connection's statistics are flushed when it ends
         time.sleep(2.0)
         result.commits = _commits() - before - own[0]

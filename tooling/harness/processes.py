@@ -7,12 +7,15 @@ a session leader, so a whole worker (main process and pool) can be killed or pau
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -120,6 +123,23 @@ def start_beat(name: str, *, log_dir: Path, **env: str) -> ManagedProcess:
     pid file, so that several checkouts on one machine do not refuse each other."""
     argv = [sys.executable, "-m", "celery", "-A", "tms_project", "beat", "-l", "info", "--pidfile="]
     return ManagedProcess(name, argv, process_env(**env), log_dir)
+
+
+def monitor_stats(log: str) -> dict[str, Any] | None:
+    """The last stats a monitor logged as it stopped (``monitor stats {...}``), from its log in
+    either format: plain lines, or JSON lines (the production default, ``TMS_LOG_FORMAT=json``),
+    where the stats are escaped inside the line's message."""
+    found = None
+    for line in log.splitlines():
+        if "monitor stats" not in line:
+            continue
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            line = json.loads(line).get("message", line)
+        match = re.search(r"monitor stats (\{.*\})", line)
+        if match:
+            with contextlib.suppress(ValueError):
+                found = json.loads(match.group(1))
+    return found
 
 
 def wait_ready(proc: ManagedProcess, timeout: float = 30, line: str = " ready.") -> None:
