@@ -145,8 +145,17 @@ def channel_update(*, channel: Channel, data: Mapping[str, Any]) -> Channel:
     A ``target`` equal to the masked one people are shown (:meth:`Channel.shown_target`) keeps
     the stored target: a form or client sending back what it read changes nothing."""
     values = {k: getattr(channel, k) for k in CHANNEL_FIELDS} | {k: data[k] for k in CHANNEL_FIELDS if k in data}
+    kept = "target" not in data
     if values["target"] == channel.shown_target() and MASK in values["target"]:
         values["target"] = channel.target
+        kept = True
+    if kept and values["kind"] != channel.kind and MASK in channel.shown_target():
+        # Another kind would show what this one hides (a Slack URL is the credential): a stored
+        # secret is never shown again, to anyone, so the target must come with the change.
+        raise InvalidInput.on(
+            "target",
+            "Send the target again to change the kind: the stored one holds a secret, which is never shown again.",
+        )
     _check_channel(values)
     before, before_values = copy.copy(channel), _channel_snapshot(channel)
     for key, value in values.items():

@@ -210,6 +210,7 @@ class LambdaRunner(BaseRunner):
         "max_output_bytes": 65536,
     }
     config_serializer_class = LambdaConfigSerializer
+    destination_config_fields = ("function_name", "qualifier")
     #: Lambda cannot stop an invocation that has started.
     supports_cancel = False
 

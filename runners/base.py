@@ -164,6 +164,9 @@ class BaseRunner:
     #: wherever a config is shown (tasks_app.secrets). Keys that look secret anywhere in a
     #: config (``token``, ``password``, ``api_key``, ...) and ``env`` mappings are secret for every runner.
     secret_config_fields: ClassVar[tuple[str, ...]] = ()
+    #: Config fields that say where a run goes or what it runs (a URL, a command, an image, the
+    #: recipients), for :meth:`destination`. None (a runner that declares nothing): the whole config.
+    destination_config_fields: ClassVar[tuple[str, ...] | None] = None
     #: Modules that this runner's runs need and that are imported at first use
     #: (:class:`tms_core.lazy.LazyModule`): a large client SDK that most processes never call.
     lazy_modules: ClassVar[tuple[LazyModule, ...]] = ()
@@ -201,6 +204,15 @@ class BaseRunner:
         namespace). The default is the runner's alias: every run of it targets the same thing.
         Must be cheap and never fail: it is called at each claim of a limited run."""
         return self.alias
+
+    def destination(self, config: Any) -> Any:
+        """Where a run of ``config`` goes, as a value to compare: a change of it between a task's
+        stored config and an update drops every secret the update would keep from before unless
+        it is sent again (tasks_app.secrets.config_carry_secrets): the owner's credentials never
+        follow a run that someone else pointed elsewhere."""
+        if self.destination_config_fields is None or not isinstance(config, Mapping):
+            return config
+        return tuple(config.get(name) for name in self.destination_config_fields)
 
     def validate_config(self, config: Any) -> dict[str, Any]:
         """Return the normalised config, or raise ``serializers.ValidationError`` per field."""

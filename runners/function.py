@@ -137,6 +137,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
     }
     config_serializer_class = AsyncHttpFunctionConfigSerializer
     secret_config_fields = ("headers",)
+    destination_config_fields = ("url",)
     supports_cancel = True
 
     def limit_key(self, config: Mapping[str, Any]) -> str:

@@ -395,6 +395,7 @@ class HttpRunner(BaseRunner):
     }
     config_serializer_class = HttpConfigSerializer
     secret_config_fields = ("headers",)
+    destination_config_fields = ("url",)
     #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
     supports_cancel = True
 

@@ -243,6 +243,7 @@ class KubernetesRunner(BaseRunner):
     }
     config_serializer_class = KubernetesConfigSerializer
     secret_config_fields = ("env",)
+    destination_config_fields = ("image", "command", "args", "namespace")
     supports_cancel = True
     lazy_modules = (_k8s, k8s_config, _api_errors, _config_errors)
 

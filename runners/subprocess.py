@@ -326,6 +326,7 @@ class SubprocessRunner(BaseRunner):
     }
     config_serializer_class = SubprocessConfigSerializer
     secret_config_fields = ("env",)
+    destination_config_fields = ("command", "args", "artifact", "cwd")
     supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:

@@ -34,12 +34,10 @@ from runners.registry import runner_aliases
 from tasks_app.limits import limit_create, limit_delete, limit_update
 from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
 from tasks_app.quotas import owner_limits, owner_quota_set
-from tasks_app.secrets import config_unmask
 from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_app.services import (
     UPDATABLE_FIELDS,
     actor_for,
-    task_config,
     task_config_masked,
     task_create,
     task_delete,
@@ -146,9 +144,9 @@ class TaskAdminForm(forms.ModelForm):
             self.fields["timezone"].help_text = 'IANA name, e.g. "Europe/Berlin": the zone cron expressions follow.'
 
     def clean_config(self) -> Any:
+        # The masks stay: the update service puts the kept secrets back (and drops them if the
+        # run now goes elsewhere).
         config = self.cleaned_data.get("config")
-        if not self.instance._state.adding:
-            config = config_unmask(config, task_config(self.instance))
         return {} if config is None else config
 
     def _post_clean(self) -> None:

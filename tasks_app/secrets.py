@@ -42,6 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.masking import MASK, is_environment_key, is_secret_key, mask_url, unmask_config
 from tms_core.conf import tms_settings
+from tms_core.errors import InvalidInput
 
 #: The key of the object that stands for an encrypted value in a stored config.
 ENCRYPTED = "$enc"
@@ -246,6 +247,88 @@ def config_unmask(submitted: Any, stored_plain: Any) -> Any:
     """``submitted`` (edited from the masked config) with each value still reading :data:`MASK`
     given back its stored value: sending the mask back keeps a secret, anything else replaces it."""
     return unmask_config(submitted, stored_plain)
+
+
+def config_unmask_kept(submitted: Any, stored_plain: Any) -> tuple[Any, set[Path]]:
+    """:func:`config_unmask`, and the paths whose value it put back from ``stored_plain`` (each
+    place the mask, or a masked URL, was sent back): the secrets an update keeps unseen."""
+    kept: set[Path] = set()
+
+    def walk(value: Any, stored: Any, path: Path) -> Any:
+        if isinstance(value, dict) and isinstance(stored, dict):
+            return {
+                key: walk(item, stored[key], (*path, key)) if key in stored else item for key, item in value.items()
+            }
+        if isinstance(value, list) and isinstance(stored, list):
+            return [walk(item, stored[i], (*path, i)) if i < len(stored) else item for i, item in enumerate(value)]
+        restored = unmask_config(value, stored)  # a leaf (or a mask sent for a whole subtree)
+        if restored != value:
+            kept.add(path)
+        return restored
+
+    return walk(submitted, stored_plain, ()), kept
+
+
+def _drop(config: Any, paths: Iterable[Path]) -> Any:
+    """A copy of ``config`` without the values at ``paths``: a mapping's key goes, a list's item
+    becomes ``""`` (the other items keep their places)."""
+    config = json.loads(json.dumps(config))
+    for path in paths:
+        parent = _get(config, path[:-1])
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = ""
+    return config
+
+
+def _path_text(path: Path) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def config_carry_secrets(
+    before: tuple[str, Any, Iterable[str]],
+    after: tuple[str, Any, Iterable[str]],
+    *,
+    kept: set[Path] | None,
+    moved: bool,
+) -> tuple[Any, list[str]]:
+    """Apply the rule that a stored secret is never shown again, to anyone, to an update from
+    ``before`` to ``after`` (each ``(runner, plain config, secret_fields)``), whose config kept
+    the values at ``kept`` from before (None: the update sent no config, so it kept them all).
+
+    * ``moved`` (the run now goes elsewhere: another runner, URL or host, command, function,
+      image, recipients, artifact): every secret kept from before is dropped, unless it was sent
+      again in the update; the credentials of a task never follow a run someone pointed elsewhere.
+    * Else a kept secret must stay secret: one that ``after`` would show (a path taken out of
+      ``secret_fields``, another runner's rules) is an :class:`InvalidInput` on ``secret_fields``
+      unless its value is sent again.
+
+    Answers the config to store and the paths it dropped (for the audit)."""
+    runner, config, fields = before
+    carried: list[Path] = []
+    for path in secret_paths(runner, config, fields):
+        if kept is not None and not any(path[:depth] in kept for depth in range(len(path) + 1)):
+            continue  # sent again (or removed) by the update
+        try:
+            same = _get(after[1], path) == _get(config, path)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if same:
+            carried.append(path)
+    if not carried:
+        return after[1], []
+    if moved:
+        return _drop(after[1], carried), [_path_text(path) for path in carried]
+    still = set(secret_paths(*after))
+    shown = [_path_text(path) for path in carried if path not in still]
+    if shown:
+        raise InvalidInput.on(
+            "secret_fields",
+            f"{', '.join(shown)} hold(s) a stored secret, which is never shown again: it stays secret unless "
+            "config sends its value again in the same request.",
+        )
+    return after[1], []
 
 
 #: Secret values shorter than this are not redacted from texts (they would mask ordinary words).

@@ -507,10 +507,13 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         assert task is not None  # an update serializer is always bound to the task it changes
         localize_wall_times(attrs, attrs.get("timezone", task.timezone))
         plain = task_config(task)
+        checked = dict(attrs)
         if "config" in attrs:
-            # A secret sent back as its mask keeps its stored value (the runner checks the real one).
-            attrs["config"] = config_unmask(attrs["config"], plain)
-        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits"}} | {"config": plain} | attrs
+            # A secret sent back as its mask keeps its stored value (the runner checks the real
+            # one). Checked here only: attrs keep the masks, for task_update to see which secrets
+            # the update keeps (it drops them if the run goes elsewhere).
+            checked["config"] = config_unmask(attrs["config"], plain)
+        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits"}} | {"config": plain} | checked
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])

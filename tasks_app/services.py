@@ -29,11 +29,12 @@ from tasks_app.quotas import check_config_size, quota_charge_executions, quota_c
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
     check_secret_fields,
+    config_carry_secrets,
     config_masked,
     config_masked_pair,
     config_open,
     config_seal,
-    config_unmask,
+    config_unmask_kept,
     has_reserved_key,
 )
 from tms_core.clock import db_now
@@ -363,6 +364,19 @@ def _supersede(task: Task, *, only_from: frozenset[str], actor: str, reason: str
     return instants
 
 
+def _destination_moved(before: tuple[str, Any, Any], after: tuple[str, Any], *, artifact: bool) -> bool:
+    """Whether an update sends the task's runs elsewhere: another runner or artifact, or a change
+    of what the runner's :meth:`~runners.base.BaseRunner.destination` reads (URL and host,
+    command, function, image, recipients; the whole config for a runner that declares nothing)."""
+    if artifact or before[0] != after[0]:
+        return True
+    try:
+        runner = get_runner(after[0])
+    except UnknownRunner:
+        return bool(before[1] != after[1])
+    return bool(runner.destination(before[1]) != runner.destination(after[1]))
+
+
 def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     """Apply a partial update (``changes`` validated by the API) to a task.
 
@@ -391,15 +405,31 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 task_set_limits(task=task, limits=chosen)
                 limits_changed = True
                 snapshot_before["limits"] = old_names
+        kept = None  # no config sent: every stored secret is kept
         if "config" in changes:
             # A secret sent back as its mask keeps its stored value.
-            changes["config"] = config_unmask(changes["config"], plain)
+            changes["config"], kept = config_unmask_kept(changes["config"], plain)
         task.config = plain  # compared and validated in the clear; sealed again below
         changed = {name for name, value in changes.items() if getattr(task, name) != value}
         for name in changed:
             setattr(task, name, changes[name])
         if changed & {"runner", "config"}:
             task.config = task_validate_runner(runner=task.runner, config=task.config)
+        dropped: list[str] = []
+        if changed & {"runner", "config", "secret_fields", "artifact"}:
+            # A stored secret is never shown again, and never follows a run pointed elsewhere.
+            moved = _destination_moved(before, (task.runner, task.config), artifact="artifact" in changed)
+            task.config, dropped = config_carry_secrets(
+                before, (task.runner, task.config, list(task.secret_fields or [])), kept=kept, moved=moved
+            )
+            if dropped:
+                changed.add("config")
+                task.config = task_validate_runner(runner=task.runner, config=task.config)
+                # A path of secret_fields whose value was dropped names nothing now: it goes too.
+                fields = [path for path in task.secret_fields or [] if not check_secret_fields(task.config, [path])]
+                if fields != list(task.secret_fields or []):
+                    task.secret_fields = fields
+                    changed.add("secret_fields")
         if changed & {"config", "secret_fields"}:
             task_check_secret_fields(config=task.config, secret_fields=task.secret_fields)
         after = (task.runner, task.config, list(task.secret_fields or []))
@@ -441,7 +471,8 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             if limits_changed:
                 snapshot_after["limits"] = task_limit_names(task)
             diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
-            _audit_task(task, AuditAction.UPDATE, changes=diff)
+            detail = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
+            _audit_task(task, AuditAction.UPDATE, changes=diff, detail=detail)
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
     task.refresh_from_db()
