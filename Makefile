@@ -100,6 +100,30 @@ sandbox: install
 		$$sudo $(BIN)/python manage.py tms_sandbox_setup || { echo "$$need" >&2; exit 1; }; \
 	fi
 
+## Prometheus and promtool for the metrics checks (tests/ops/test_prometheus.py), from Debian's
+## package `prometheus` at a pinned version, unpacked into $(PROMETHEUS_DIR), not installed: installing
+## it would start a Prometheus service on port 9090. apt-get download needs Debian's package lists
+## (apt-get update, as root or with sudo, when they lack the package); otherwise stop and say so.
+PROMETHEUS_VERSION ?= 2.42.0+ds-5+deb12u1
+PROMETHEUS_DIR ?= var/tools/prometheus
+prometheus:
+	@stamp="$(PROMETHEUS_DIR)/version"; \
+	if [ -x "$(PROMETHEUS_DIR)/usr/bin/prometheus" ] && [ -x "$(PROMETHEUS_DIR)/usr/bin/promtool" ] \
+		&& [ "$$(cat $$stamp 2>/dev/null)" = "$(PROMETHEUS_VERSION)" ]; then exit 0; fi; \
+	need="The metrics checks need Debian's prometheus package $(PROMETHEUS_VERSION) (prometheus and promtool): as root, run 'apt-get update', then make test again."; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else sudo="none"; fi; \
+	echo "Unpacking Debian's prometheus $(PROMETHEUS_VERSION) into $(PROMETHEUS_DIR) for the metrics checks..."; \
+	rm -rf "$(PROMETHEUS_DIR)" && mkdir -p "$(PROMETHEUS_DIR)/deb" && cd "$(PROMETHEUS_DIR)/deb" || exit 1; \
+	if ! apt-get download -q "prometheus=$(PROMETHEUS_VERSION)" >/dev/null 2>&1; then \
+		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
+		$$sudo apt-get update -q >/dev/null && apt-get download -q "prometheus=$(PROMETHEUS_VERSION)" >/dev/null 2>&1 \
+			|| { echo "Downloading prometheus $(PROMETHEUS_VERSION) failed. $$need" >&2; exit 1; }; \
+	fi; \
+	dpkg-deb -x prometheus_*.deb .. && cd .. && rm -rf deb && echo "$(PROMETHEUS_VERSION)" > version \
+		&& [ -x usr/bin/prometheus ] && [ -x usr/bin/promtool ] || { echo "Unpacking prometheus failed. $$need" >&2; exit 1; }
+
 services:
 	bash tests/ensure_services.sh
 

@@ -44,6 +44,9 @@ case "$role" in
             echo "entrypoint: flower needs FLOWER_BASIC_AUTH=user:password (or FLOWER_AUTH for OAuth)" >&2
             exit 64
         fi
+        # Flower's metrics are its own, served at its own /metrics: kept in its memory, never in the
+        # multiprocess folder the TMS roles share (the web's /metrics would serve them too).
+        unset PROMETHEUS_MULTIPROC_DIR
         exec celery -A tms_project flower --address="${FLOWER_ADDRESS:-0.0.0.0}" --port="${FLOWER_PORT:-5555}"
         ;;
     migrate)

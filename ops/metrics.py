@@ -29,7 +29,14 @@ skipped occurrences by reason, the opted-in tasks). They are the same whichever 
   queries above succeeded and how long they took. With the database down the scrape still
   answers, with the process-local metrics only.
 
-Notifications do not exist yet, so there are no notification metrics.
+Process-local metrics (:mod:`tms_core.metrics`, summed over the processes of this machine in
+multiprocess mode): ``tms_monitor_pass_duration_seconds`` (histogram),
+``tms_monitor_messages_published_total{kind}``, ``tms_monitor_publish_errors_total``,
+``tms_monitor_pass_errors_total``, ``tms_materialiser_pass_duration_seconds`` (histogram),
+``tms_materialiser_executions_created_total``, and the notifications':
+``tms_notifications_delivered_total{kind}`` (deliveries that reached their channel) and
+``tms_notifications_failed_total{kind,outcome}`` (send attempts that failed: ``retry`` or ``final``).
+Only ``tms_*`` families are served: Flower's ``flower_*`` are Flower's own ``/metrics``.
 
 Access (:func:`metrics_access`): a bearer token (``TMS_METRICS_TOKEN``) and/or client networks
 (``TMS_METRICS_ALLOWED_NETWORKS``); with neither configured, loopback only. The endpoint is
@@ -209,23 +216,35 @@ class DatabaseCollector(Collector):
 
 
 class _ProcessLocal(Collector):
-    """Without multiprocess mode: this process's own registry (the metrics of tms_core.metrics
-    and the process collector)."""
+    """Without multiprocess mode: this process's own metrics (those of tms_core.metrics, and the
+    process collector's of prometheus_client's global registry)."""
 
     def collect(self) -> Iterator[Metric]:
+        yield from process_metrics.REGISTRY.collect()
         yield from REGISTRY.collect()
+
+
+class _TmsProcesses(Collector):
+    """With multiprocess mode: the metrics of every TMS process of this machine, summed from the
+    shared folder, and only TMS's (``tms_*``): a process that is not TMS's but was given the same
+    folder (Flower, which loads the Celery app) does not put its series here."""
+
+    def __init__(self, folder: str) -> None:
+        from prometheus_client import multiprocess
+
+        self._files = multiprocess.MultiProcessCollector(None, path=folder)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._files.collect():
+            if family.name.startswith(process_metrics.PREFIX):
+                yield family
 
 
 def render_metrics() -> bytes:
     """The exposition text of one scrape."""
     registry = CollectorRegistry(auto_describe=False)
     folder = process_metrics.multiproc_dir()
-    if folder:
-        from prometheus_client import multiprocess
-
-        multiprocess.MultiProcessCollector(registry, path=folder)
-    else:
-        registry.register(_ProcessLocal())
+    registry.register(_TmsProcesses(folder) if folder else _ProcessLocal())
     registry.register(DatabaseCollector())
     return generate_latest(registry)
 

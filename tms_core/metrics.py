@@ -20,6 +20,13 @@ web sees the processes of its own machine only: with monitors on several machine
 
 File names carry ``<pid>-<hostname>`` instead of the bare pid, because containers sharing the
 folder each number their processes from 1.
+
+The metrics live in a registry of TMS's own (:data:`REGISTRY`), not prometheus_client's global
+one: Flower loads the same Celery app (and so this module) and serves the global registry at its
+own ``/metrics``, where TMS's series would sit frozen at 0 under Flower's job (a "monitor stalled"
+alert would match them). Flower runs without the multiprocess folder (``tms_project/Procfile``,
+``docker/entrypoint.sh``), and the web's ``/metrics`` reads only ``tms_*`` families from the folder
+(:func:`ops.metrics.render_metrics`), so Flower's ``flower_*`` series stay at Flower's endpoint.
 """
 
 from __future__ import annotations
@@ -29,9 +36,14 @@ import shutil
 import socket
 from pathlib import Path
 
-from prometheus_client import Counter, Histogram, values
+from prometheus_client import CollectorRegistry, Counter, Histogram, values
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Every family this module defines starts with it: the web's /metrics keeps only these from the
+#: multiprocess folder.
+PREFIX = "tms_"
+#: TMS's process-local metrics (not prometheus_client's global registry: see the module docstring).
+REGISTRY = CollectorRegistry(auto_describe=True)
 
 
 def multiproc_dir() -> str | None:
@@ -87,28 +99,34 @@ MONITOR_PASS_SECONDS = Histogram(
     "tms_monitor_pass_duration_seconds",
     "Duration of one monitor pass (take due executions, publish, housekeeping), failed passes included.",
     buckets=PASS_BUCKETS,
+    registry=REGISTRY,
 )
 MONITOR_PUBLISHED = Counter(
     "tms_monitor_messages_published",
     "Messages the monitor published, by kind: run (due), republish (lost PENDING) or poll.",
     ["kind"],
+    registry=REGISTRY,
 )
 MONITOR_PUBLISH_ERRORS = Counter(
     "tms_monitor_publish_errors",
     "Publishes that failed on a broker error (the rows not published went back to SCHEDULED).",
+    registry=REGISTRY,
 )
 MONITOR_PASS_ERRORS = Counter(
     "tms_monitor_pass_errors",
     "Monitor passes that failed on a database or broker error (retried with backoff).",
+    registry=REGISTRY,
 )
 MATERIALISER_PASS_SECONDS = Histogram(
     "tms_materialiser_pass_duration_seconds",
     "Duration of one materialiser pass over the tasks due within the horizon.",
     buckets=PASS_BUCKETS,
+    registry=REGISTRY,
 )
 MATERIALISED = Counter(
     "tms_materialiser_executions_created",
     "Executions created by materialiser passes.",
+    registry=REGISTRY,
 )
 
 for _kind in ("run", "republish", "poll"):
@@ -119,11 +137,13 @@ NOTIFICATIONS_DELIVERED = Counter(
     "tms_notifications_delivered",
     "Notification deliveries that reached their channel, by channel kind (webhook, slack, email).",
     ["kind"],
+    registry=REGISTRY,
 )
 NOTIFICATIONS_FAILED = Counter(
     "tms_notifications_failed",
     "Notification send attempts that failed, by channel kind and outcome: retry (sent again later) or final.",
     ["kind", "outcome"],
+    registry=REGISTRY,
 )
 for _kind in ("webhook", "slack", "email"):
     NOTIFICATIONS_DELIVERED.labels(_kind)

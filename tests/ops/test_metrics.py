@@ -3,6 +3,8 @@ monitor (counts match the database), and metrics written by other processes (mul
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Count
@@ -10,10 +12,23 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from executions.models import Execution
+from executions.models import Execution, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
 from tests.factories import ExecutionFactory, TaskFactory
-from tests.processes import run_command, running, start_monitor, start_worker, wait_for, wait_worker_ready
+from tests.ops import prometheus
+from tests.processes import (
+    LOG_DIR,
+    ROOT,
+    ManagedProcess,
+    process_env,
+    run_command,
+    running,
+    start_monitor,
+    start_worker,
+    wait_for,
+    wait_worker_ready,
+)
+from tests.web import free_port
 from tms_core.conf import TmsSettings
 
 
@@ -148,6 +163,19 @@ def test_values_follow_executions_through_the_real_worker(api_client, settings):
     assert exposed == {(("task", "ok-0"), ("task_id", ids[0])): pytest.approx(finished, abs=1e-3)}
     assert value(after, "tms_tasks_metrics_opted_in") == 1
 
+    # Other people's checkers on this scrape after real runs (issue 26). A skipped fire time too
+    # (the row the materialiser writes for a missed one), so the dashboard's skipped panel has data.
+    SkippedOccurrence.objects.create(
+        task_id=ids[1], scheduled_for=timezone.now() - timedelta(minutes=1), reason=SkipReason.MISSED
+    )
+    text = Client().get("/metrics").content.decode()
+    prometheus.promtool_check_metrics(text)
+    # Every query of the shipped Grafana dashboard, against a real Prometheus fed by this scrape,
+    # returns data: its metric names, labels and types are the ones served.
+    with prometheus.prometheus_scraping(text) as base:
+        empty = [expr for expr in prometheus.dashboard_queries() if not prometheus.query(base, expr)]
+    assert not empty, f"dashboard queries without data: {empty}"
+
 
 @pytest.mark.django_db
 def test_the_cap_on_tasks_that_opt_in(settings):
@@ -187,3 +215,54 @@ def test_the_grafana_dashboard_uses_only_metrics_that_exist():
     families = text_string_to_metric_families(Client().get("/metrics").content.decode())
     served = {family.name + suffix for family in families for suffix in ("", "_total", "_bucket", "_count")}
     assert used and used <= served, used - served
+
+
+def _procfile_command(process: str) -> str:
+    """The command `make run` starts for ``process`` (honcho runs it through the shell)."""
+    (line,) = [
+        line for line in (ROOT / "tms_project" / "Procfile").read_text().splitlines() if line.startswith(process + ":")
+    ]
+    return line.removeprefix(process + ":").strip()
+
+
+def _family_names(text: str) -> set[str]:
+    return {family.name for family in text_string_to_metric_families(text) if family.samples}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_flower_and_tms_each_export_only_their_own_metrics():
+    """Flower as `make run` starts it (the Procfile's line, given the multiprocess folder the TMS
+    processes share) watching a real worker: its /metrics has Flower's series and none of TMS's
+    (issue 26: 58 tms_* series frozen at 0 under the Flower job), and TMS's /metrics has none of
+    Flower's (they came through the shared folder)."""
+    import requests
+
+    port = free_port()
+    flower = ManagedProcess(
+        "flower-make-run",
+        ["sh", "-c", _procfile_command("flower")],
+        process_env(PATH=f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", FLOWER_PORT=str(port)),
+        LOG_DIR,
+    )
+    worker = start_worker("flower-watched", concurrency=1)
+    with running(flower, worker):
+        wait_worker_ready(worker)
+
+        def flower_sees_the_worker() -> str | None:
+            assert flower.alive, flower.log()[-3000:]
+            try:
+                text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except requests.ConnectionError:
+                return None
+            return text if "flower_worker_online{" in text else None
+
+        flower_text = str(wait_for(flower_sees_the_worker, timeout=60, interval=0.5, what="Flower to see the worker"))
+        # Written by the worker process into the folder (a Celery worker imports TMS's metrics).
+        tms_text = Client().get("/metrics").content.decode()
+
+    flower_families, tms_families = _family_names(flower_text), _family_names(tms_text)
+    assert "flower_worker_online" in flower_families
+    assert not {name for name in flower_families if name.startswith("tms_")}, flower_families
+    assert {"tms_monitor_messages_published", "tms_workers_alive"} <= tms_families
+    assert not {name for name in tms_families if name.startswith("flower_")}, tms_families
