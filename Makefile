@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test install services browser axe sandbox lint format migrate clean
+.PHONY: run test install services browser axe sandbox prometheus lint format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ run: migrate
 ## and monitor processes), then tests/outages alone, since they restart the services every other
 ## test uses. Both parts run; either failing fails the target.
 TEST_WORKERS ?= 2
-test: install lint services browser axe sandbox
+test: install lint services browser axe sandbox prometheus
 	@status=0; \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --ignore=tests/outages || status=$$?; \
 	$(BIN)/pytest tests/outages || status=$$?; \
