@@ -25,12 +25,13 @@ install: $(VENV)/.installed
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
-## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all.
+## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all. The back office
+## links Flower where this starts it (TMS_FLOWER_URL from FLOWER_PORT, unless TMS_FLOWER_URL is set).
 run: migrate
 	$(BIN)/python manage.py tms_demo --port $(PORT) --flower-port $(FLOWER_PORT)
 	PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) $(BIN)/python -c 'from tms_core.metrics import clean_multiproc_dir; clean_multiproc_dir()'
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
-		PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
+		TMS_FLOWER_URL="$${TMS_FLOWER_URL:-http://127.0.0.1:$(FLOWER_PORT)}" PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
 		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
 
 ## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them: most of it

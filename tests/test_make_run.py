@@ -66,3 +66,30 @@ def test_the_procfile_prints_the_banner_again_after_start_up():
     procfile = (settings.BASE_DIR / "tms_project" / "Procfile").read_text()
     (line,) = [line for line in procfile.splitlines() if line.startswith("banner:")]
     assert "run-banner.txt" in line
+
+
+def _run_environment(*make_args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment ``make run`` starts its processes with: its honcho command (from ``make -n``)
+    run by bash with ``env`` in honcho's place."""
+    import os
+    import subprocess
+
+    from django.conf import settings
+
+    printed = subprocess.run(
+        ["make", "-n", "run", *make_args], cwd=settings.BASE_DIR, capture_output=True, text=True, check=True
+    ).stdout
+    command = printed.replace("\\\n", " ")
+    (line,) = [line for line in command.splitlines() if "honcho --procfile" in line]
+    line = line.split("honcho --procfile")[0].rsplit(" ", 1)[0] + " env"
+    base = {k: v for k, v in os.environ.items() if k != "TMS_FLOWER_URL"} | (env or {})
+    shown = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True, env=base).stdout
+    return dict(row.split("=", 1) for row in shown.splitlines() if "=" in row)
+
+
+def test_make_run_links_flower_on_the_port_it_starts_it_on():
+    assert _run_environment("FLOWER_PORT=5999")["TMS_FLOWER_URL"] == "http://127.0.0.1:5999"
+    assert _run_environment()["TMS_FLOWER_URL"] == "http://127.0.0.1:5555"
+    # A Flower elsewhere (behind a proxy) is linked where the operator says.
+    given = {"TMS_FLOWER_URL": "https://flower.example.org"}
+    assert _run_environment("FLOWER_PORT=5999", env=given)["TMS_FLOWER_URL"] == "https://flower.example.org"
