@@ -28,9 +28,11 @@ def _centred_note(x: float, y: float, text: str) -> str:
 
 
 def _svg(width: int, height: int, body: list[str], label: str) -> SafeString:
+    # A frame the stylesheet sizes on a phone (wide charts keep a readable scale and scroll).
+    frame = "wide" if width > 600 else "narrow"
     return mark_safe(  # noqa: S308 - every piece of text in body was escaped where it was made
-        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
-        f'xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg>'
+        f'<div class="chart-frame {frame}" tabindex="0"><svg viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg></div>'
     )
 
 

@@ -96,7 +96,9 @@ class TaskForm(ApiInputForm):
     local_times = ("start_at", "end_at")
     json_fields = ("config",)
 
-    name = forms.CharField(required=False, max_length=200)
+    name = forms.CharField(
+        required=False, max_length=200, label="Name (optional)", help_text="Empty: the task is shown by its id."
+    )
     runner = forms.ChoiceField(choices=runner_choices)
     config = forms.CharField(
         required=False,

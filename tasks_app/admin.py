@@ -17,7 +17,7 @@ Who may do what: :mod:`tasks_app.roles`.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -88,15 +88,22 @@ STATUS_FIELDS = [
     "created_at",
     "updated_at",
 ]
-DATETIME_DISPLAY = "%Y-%m-%d %H:%M:%S.%f"
+#: Times as the admin shows them, to the second (UTC).
+DATETIME_DISPLAY = "%Y-%m-%d %H:%M:%S"
 
 
 class PreciseDateTimeInput(forms.DateTimeInput):
-    """A date-time with its microseconds: the admin's split date/time widget cut ``start_at`` to
-    whole seconds, and then no fire time matched the grid of the stored schedule."""
+    """A date-time to the second, with its microseconds only when it has some: the admin's split
+    date/time widget cut ``start_at`` to whole seconds, and then no fire time matched the grid of
+    the stored schedule."""
 
     def __init__(self, attrs: dict[str, Any] | None = None) -> None:
         super().__init__(attrs={"size": 30, **(attrs or {})}, format=DATETIME_DISPLAY)
+
+    def format_value(self, value: Any) -> str | None:
+        if isinstance(value, datetime) and value.microsecond:
+            return value.strftime(f"{DATETIME_DISPLAY}.%f")
+        return super().format_value(value)
 
 
 def _api_value(value: Any) -> Any:
@@ -140,6 +147,8 @@ class TaskAdminForm(forms.ModelForm):
         if not self.instance._state.adding and "config" in self.fields:
             # Edited from its masked form; clean_config puts the untouched secrets back.
             self.initial["config"] = task_config_masked(self.instance)
+        if "name" in self.fields:
+            self.fields["name"].help_text = "Optional: a task without a name is shown by its id."
         if "timezone" in self.fields:
             self.fields["timezone"].help_text = 'IANA name, e.g. "Europe/Berlin": the zone cron expressions follow.'
 
@@ -191,7 +200,7 @@ class TaskAdmin(admin.ModelAdmin):
         "schedule",
         "next_run",
         "priority",
-        "created_at",
+        "created",
     ]
     list_filter = [
         "status",
@@ -353,6 +362,10 @@ class TaskAdmin(admin.ModelAdmin):
     def state(self, task: Task) -> str:
         return task_state(task).label
 
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, task: Task) -> str:
+        return task.created_at.strftime(DATETIME_DISPLAY)
+
     @admin.display(description="next run (UTC)")
     def next_run(self, task: Task) -> str:
         when = task_next_run(task)
@@ -365,7 +378,9 @@ class TaskAdmin(admin.ModelAdmin):
     @admin.display(description="schedule")
     def schedule(self, task: Task) -> str:
         if task.cron:
-            return f"cron {task.cron} ({task.timezone})"
+            # The zone on a line of its own: "(America/Argentina/Buenos_Aires)" beside the
+            # expression widened the column until the list no longer fitted 1440 px.
+            return format_html("cron {}<br><small>{}</small>", task.cron, task.timezone)
         if task.interval is not None:
             return f"every {task.interval.total_seconds():g} s"
         return f"once at {task.start_at.strftime(DATETIME_DISPLAY)}"

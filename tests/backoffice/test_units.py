@@ -68,7 +68,7 @@ def _minutes(counts_at: dict[int, dict[str, int]]) -> list[MinutePoint]:
 
 def test_runs_chart_draws_one_stacked_bar_per_busy_minute():
     svg = str(charts.runs_per_minute(_minutes({10: {"SUCCEEDED": 3, "FAILED": 1}, 700: {"RETRIED": 2}}), OUTCOMES))
-    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert svg.startswith('<div class="chart-frame wide" tabindex="0"><svg') and svg.endswith("</svg></div>")
     assert svg.count("<g>") == 2  # two busy minutes
     assert svg.count(charts.OUTCOME_COLOURS["SUCCEEDED"]) == 1 and svg.count(charts.OUTCOME_COLOURS["RETRIED"]) == 1
     assert "00:10 UTC: 3 succeeded, 1 failed" in svg

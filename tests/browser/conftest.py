@@ -34,8 +34,14 @@ CHROMIUM_FLAGS = (
 )
 
 
-def make_browser(profile: Path, *, window: str | None = None) -> WebDriver:
-    """A headless Chromium with a fresh profile in ``profile``; fails the test if it is missing."""
+#: A phone's viewport (CSS pixels), as the back office must work on it.
+PHONE = (390, 844)
+
+
+def make_browser(profile: Path, *, window: str | None = None, phone: bool = False) -> WebDriver:
+    """A headless Chromium with a fresh profile in ``profile``; fails the test if it is missing.
+    ``phone``: a phone's viewport (:data:`PHONE`, touch, the page's viewport meta honoured), by
+    Chromium's device emulation (a headless window cannot be narrower than 500 px)."""
     missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
     if missing:
         pytest.fail(
@@ -48,6 +54,10 @@ def make_browser(profile: Path, *, window: str | None = None) -> WebDriver:
         options.add_argument(flag)
     if window:
         options.add_argument(f"--window-size={window}")
+    if phone:
+        width, height = PHONE
+        metrics = {"width": width, "height": height, "pixelRatio": 2, "mobile": True, "touch": True}
+        options.add_experimental_option("mobileEmulation", {"deviceMetrics": metrics})
     options.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
@@ -57,6 +67,15 @@ def make_browser(profile: Path, *, window: str | None = None) -> WebDriver:
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
     driver = make_browser(tmp_path / "chromium-profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def phone_browser(tmp_path: Path) -> Iterator[WebDriver]:
+    driver = make_browser(tmp_path / "chromium-phone-profile", phone=True)
     try:
         yield driver
     finally:

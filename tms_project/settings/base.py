@@ -92,6 +92,8 @@ MIDDLEWARE = [
     # Who acts and from where, for the audit log the services write (tasks_app/audit.py).
     "tasks_app.audit.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # With DEBUG on (make run), a mistyped URL gets the styled 404, not Django's list of URL patterns.
+    "tms_project.pages.NotFoundPageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Answers a locked-out login with its lockout response (after the view has run).
     "axes.middleware.AxesMiddleware",

@@ -35,7 +35,20 @@
       .catch(function () { region.setAttribute("data-stale", "true"); schedule(region); });
   }
 
+  // The phone menu: the button shows and hides the navigation (CSS hides the button on wide screens).
+  function menu() {
+    var toggle = document.getElementById("menu-toggle");
+    var header = toggle && toggle.closest(".topbar");
+    if (!header) return;
+    header.classList.add("menu-ready");
+    toggle.addEventListener("click", function () {
+      var open = header.classList.toggle("open");
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    menu();
     document.querySelectorAll("[data-refresh-url]").forEach(schedule);
     document.querySelectorAll("form[data-confirm]").forEach(function (form) {
       form.addEventListener("submit", function (event) {

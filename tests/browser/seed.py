@@ -1,0 +1,44 @@
+"""Data the browser tests look at: tasks with runs of every outcome, a skipped occurrence, a paused
+task without a name, a notification channel with a rule and deliveries."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from executions.models import SkippedOccurrence
+from notifications import services as notification_services
+from notifications.models import Delivery
+from tasks_app.services import task_create, task_pause
+from tests.backoffice.helpers import run
+
+
+def seed(owner) -> dict[str, object]:
+    """A task with successes, a failure, a skipped occurrence and a rule; a paused task; a channel
+    with a delivered and a failed delivery."""
+    task = task_create(
+        owner=owner, runner="noop", name="hourly report", cron="*/5 * * * *", timezone="Europe/Berlin",
+        start_at=datetime.now(UTC) - timedelta(hours=1),
+    )  # fmt: skip
+    ok = run(task)
+    failed = run(task, outcome="fail", error="upstream timed out")
+    SkippedOccurrence.objects.create(
+        task=task, scheduled_for=datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=20),
+        reason="overlap", detail="the previous run was still running",
+    )  # fmt: skip
+    paused = task_create(owner=owner, runner="sleep", name="", config={"duration": "1s"}, interval=timedelta(hours=1))
+    task_pause(task=paused, actor="test")
+    channel = notification_services.channel_create(
+        owner=owner, data={"name": "on-call", "kind": "email", "target": "oncall@example.com"}
+    )
+    notification_services.rule_create(owner=owner, data={"task": task, "channel": channel, "on_failure": True})
+    for status, error in (("delivered", ""), ("failed", "SMTP server refused the connection")):
+        Delivery.objects.create(
+            channel=channel, task=task, event="failing", status=status, last_error=error, attempts=1,
+            idempotency_key=f"key-{status}", payload={},
+        )  # fmt: skip
+    sleep = task_create(
+        owner=owner, runner="sleep", name="sleep-3s", config={"duration": "3s"}, cron="*/5 * * * *",
+        timezone="America/Argentina/Buenos_Aires",
+    )  # fmt: skip
+    run(sleep)
+    return {"task": task, "ok": ok, "failed": failed, "paused": paused, "sleep": sleep, "channel": channel}
