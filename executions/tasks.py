@@ -119,8 +119,9 @@ def poll_execution(self: Task, execution_id: int, attempt: int) -> str:
     return worker_services.execution_resume(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
 
 
-# Housekeeping sends no task events: Flower lists executions' tasks, not a materialise and a
-# liveness sweep every 5 seconds (an execution's own outcome is its row, not its Celery task's).
+# Housekeeping (every beat system job) sends no task events: Flower lists executions' tasks and
+# notification deliveries, not a materialise and a liveness sweep every 5 seconds and a rollup
+# fold every minute (an execution's own outcome is its row, not its Celery task's).
 @shared_task(name="tms.materialise", ignore_result=True, send_events=False)
 def materialise() -> int:
     return materialiser.materialise_due()
@@ -131,17 +132,17 @@ def liveness() -> list[str]:
     return heartbeat.workers_mark_dead(timeout=tms_settings().WORKER_TIMEOUT)
 
 
-@shared_task(name="tms.rollup_prune", ignore_result=True)
+@shared_task(name="tms.rollup_prune", ignore_result=True, send_events=False)
 def rollup_prune() -> tuple[int, int]:
     return rollup.rollup_prune()
 
 
-@shared_task(name="tms.rollup_compact", ignore_result=True)
+@shared_task(name="tms.rollup_compact", ignore_result=True, send_events=False)
 def rollup_compact() -> int:
     return rollup.rollup_compact()
 
 
-@shared_task(name="tms.prune", ignore_result=True)
+@shared_task(name="tms.prune", ignore_result=True, send_events=False)
 def prune() -> int:
     """Beat's retention run; stops after half its interval, the next run goes on."""
     report = retention.retention_prune(max_seconds=tms_settings().RETENTION_INTERVAL / 2)

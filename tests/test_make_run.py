@@ -11,7 +11,9 @@ import pytest
 from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 
+from executions import periodic as execution_periodic
 from executions import tasks as execution_tasks
+from notifications import periodic as notification_periodic
 from tasks_app import tasks as task_tasks
 from tms_project.celery import app
 from tms_project.log_filters import HOUSEKEEPING_TASKS, QuietHousekeeping
@@ -28,6 +30,29 @@ def test_housekeeping_sends_no_task_events_to_flower_and_executions_do():
     assert app.tasks["tms.poll_execution"].send_events is True
     assert app.tasks["tms.run_executions"].send_events is True
     assert {t.name for t in (execution_tasks.materialise, execution_tasks.liveness)} <= HOUSEKEEPING_TASKS
+
+
+def test_every_beat_system_job_is_quiet_housekeeping():
+    """Every job beat sends (both registries) is dropped from the INFO logs and sends no task
+    events (issue 26: make run printed 1,138 INFO lines of tms.notify_dispatch in 13 minutes, and
+    Flower listed tms.rollup_compact)."""
+    app.loader.import_default_modules()  # every app's tasks module, as a worker loads them
+    jobs = {task for task, _ in execution_periodic.periodic_jobs().values()}
+    jobs |= {task for task, _ in notification_periodic.periodic_jobs().values()}
+    assert jobs == HOUSEKEEPING_TASKS
+    for name in jobs:
+        assert app.tasks[name].send_events is False, name
+    quiet = QuietHousekeeping()
+    for name in jobs:
+        received = {"id": "1", "name": name, "args": "()", "kwargs": "{}"}
+        assert not quiet.filter(_record("Task %(name)s[%(id)s] received", received)), name
+        succeeded = {"id": "1", "name": name, "return_value": "0", "runtime": 0.01}
+        assert not quiet.filter(_record("Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s", succeeded))
+        assert not quiet.filter(_record("Scheduler: Sending due task %s (%s)", ("tms: job", name)))
+    # Notification deliveries are work, not housekeeping: they log and show in Flower.
+    assert app.tasks["tms.notify_deliver"].send_events is True
+    deliver = {"id": "1", "name": "tms.notify_deliver", "args": "()", "kwargs": "{}"}
+    assert quiet.filter(_record("Task %(name)s[%(id)s] received", deliver))
 
 
 def test_the_log_filter_drops_housekeeping_info_lines_only():
