@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.core.mail import BadHeaderError
 from django.db import connection, transaction
 from django.db.models import F, Min, Q, QuerySet
 from django.utils import timezone
@@ -33,6 +34,7 @@ from executions.models import Execution, ExecutionStatus
 from notifications import senders
 from notifications.models import (
     Channel,
+    ChannelKind,
     ChannelState,
     Delivery,
     DeliveryStatus,
@@ -43,6 +45,7 @@ from notifications.models import (
     RuleState,
 )
 from tasks_app.models import Task, TaskStatus
+from tasks_app.quotas import rate_take
 from tasks_app.secrets import redact
 from tms_core import metrics
 from tms_core.clock import db_now
@@ -339,6 +342,14 @@ def deliver(delivery_id: int, token: str) -> str:
         return "not leased"
     delivery = Delivery.objects.select_related("channel").get(pk=delivery_id)
     channel = delivery.channel
+    if channel.kind == ChannelKind.EMAIL and (wait := _email_rate_wait(channel)):
+        # The e-mail runner's per-owner rate, shared with the owner's e-mail tasks: the send
+        # waits (its attempt given back), it is not lost.
+        retry_at = db_now() + timedelta(seconds=wait)
+        _mine(delivery_id, token).update(
+            attempts=F("attempts") - 1, lease_until=None, lease_token="", next_attempt_at=retry_at
+        )
+        return "deferred"
     try:
         senders.send(
             kind=channel.kind,
@@ -348,17 +359,36 @@ def deliver(delivery_id: int, token: str) -> str:
             payload=delivery.payload,
             timeout=conf.NOTIFY_TIMEOUT,
         )
-    except senders.SendError as exc:
+    except Exception as exc:  # noqa: BLE001 - every error is a counted attempt with its reason
+        error = exc if isinstance(exc, senders.SendError) else _unexpected(exc)
         # An error text may quote the URL (a Slack URL is the credential) or, never expected,
         # the secret: neither reaches the log, the channel or the API.
-        exc.message = redact(exc.message, _channel_secrets(channel))
-        return _record_failure(delivery, token, exc)
+        error.message = redact(error.message, _channel_secrets(channel))
+        return _record_failure(delivery, token, error)
     _mine(delivery_id, token).update(
         status=DeliveryStatus.DELIVERED, delivered_at=db_now(), lease_until=None, last_error=""
     )
     Channel.objects.filter(pk=channel.pk, state=ChannelState.FAILING).update(state=ChannelState.OK, failing_since=None)
     metrics.NOTIFICATIONS_DELIVERED.labels(channel.kind).inc()
     return "delivered"
+
+
+def _unexpected(exc: Exception) -> senders.SendError:
+    """A sending error that is not a :class:`~notifications.senders.SendError` (a header that a
+    backend refuses, a bug): a failed attempt like any other, final when sending again cannot
+    help (BadHeaderError: the message itself is bad)."""
+    if not isinstance(exc, BadHeaderError):
+        logger.exception("notification sender raised")
+    return senders.SendError(f"{type(exc).__name__}: {exc}"[:1000], permanent=isinstance(exc, BadHeaderError))
+
+
+def _email_rate_wait(channel: Channel) -> float:
+    """Seconds an e-mail of ``channel`` must wait for its owner's e-mail rate (0: send now)."""
+    runner = senders.email_runner()
+    rate = runner.launch_rate() if runner is not None else None
+    if runner is None or rate is None:
+        return 0.0
+    return rate_take(owner_id=channel.owner_id, kind=f"send:{runner.alias}", limit=rate[0], window=rate[1])
 
 
 def _channel_secrets(channel: Channel) -> list[str]:

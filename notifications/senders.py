@@ -19,9 +19,10 @@ from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
 from runners.base import RunnerError
+from runners.email import EmailRunner
 from runners.http import HttpRunner
 from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session
-from runners.registry import UnknownRunner, get_runner
+from runners.registry import UnknownRunner, all_runners, get_runner
 
 SIGNATURE_HEADER = "X-TMS-Signature"
 TIMESTAMP_HEADER = "X-TMS-Timestamp"
@@ -48,15 +49,60 @@ def address_policy() -> AddressPolicy:
     return runner.policy if isinstance(runner, HttpRunner) else AddressPolicy()
 
 
+def email_runner() -> EmailRunner | None:
+    """The e-mail runner whose limits e-mail channels obey: the ``email`` alias, else the first
+    EmailRunner configured (None: no e-mail runner, so no recipient is allowed)."""
+    try:
+        runner = get_runner("email")
+    except UnknownRunner:
+        runner = None
+    if isinstance(runner, EmailRunner):
+        return runner
+    return next((item for item in all_runners().values() if isinstance(item, EmailRunner)), None)
+
+
+def recipient_refusal(address: str) -> str | None:
+    """Why notifications may not be e-mailed to ``address``, or None: channels obey the e-mail
+    runner's ``allowed_recipients``, as tasks do (nobody by default)."""
+    runner = email_runner()
+    if runner is None:
+        return "No e-mail runner is configured, so notifications may not be e-mailed."
+    if runner.recipient_allowed(address):
+        return None
+    return (
+        f"Notifications may not be e-mailed to {address!r}. An operator can add it to the "
+        f"allowed_recipients option of the {runner.alias!r} runner."
+    )
+
+
 def signature(secret: str, timestamp: str, body: bytes) -> str:
     """Hex HMAC-SHA256 of ``"{timestamp}.{body}"`` under the channel's secret (X-TMS-Signature)."""
     return hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
+#: A task's name is quoted in a notification at most this long (the rest is cut with "...").
+NAME_CHARS = 80
+
+
+def quoted_name(task: dict[str, Any]) -> str:
+    """A task's name as a notification quotes it: in quotes, so that it reads as what it is
+    (a name its owner chose) and never as the sentence around it; control characters (CR/LF
+    that would break an e-mail header) as spaces; at most :data:`NAME_CHARS` characters.
+    A task without a name is shown by its id."""
+    name = task.get("name")
+    if not name:
+        return f"#{task.get('id') or '?'}"
+    text = " ".join("".join(" " if ord(char) < 32 or ord(char) == 127 else char for char in str(name)).split())
+    if len(text) > NAME_CHARS:
+        text = text[: NAME_CHARS - 3] + "..."
+    return f'"{text}"'
+
+
 def render_text(payload: dict[str, Any]) -> tuple[str, str]:
-    """(subject, text) of a notification, for Slack and e-mail."""
+    """(subject, text) of a notification, for Slack and e-mail: user text (the task's name) only
+    quoted (:func:`quoted_name`), never as the subject itself."""
     task = payload.get("task") or {}
-    name = task.get("name") or task.get("id") or "?"
+    name = quoted_name(task)
     event = payload.get("event", "")
     execution = payload.get("execution") or {}
     run = f" (execution {execution['id']}, attempt {execution.get('attempt')})" if execution.get("id") else ""
@@ -82,7 +128,7 @@ def _render_digest(payload: dict[str, Any]) -> tuple[str, str]:
     lines = []
     for group in payload.get("counts") or []:
         task = group.get("task") or {}
-        lines.append(f"- {task.get('name') or task.get('id') or '?'}: {group.get('event')} x{group.get('count')}")
+        lines.append(f"- {quoted_name(task)}: {group.get('event')} x{group.get('count')}")
     if payload.get("counts_omitted"):
         lines.append(f"- ... and {payload['counts_omitted']} more")
     return f"[TMS] {headline}", "\n".join([f"{headline}:", *lines])
@@ -108,6 +154,9 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Non
 def send(*, kind: str, target: str, secret: str, key: str, payload: dict[str, Any], timeout: float) -> None:
     """Send ``payload`` once to a channel of ``kind``; raise :class:`SendError` if it did not go."""
     if kind == "email":
+        # Checked again at each send: the operator may have narrowed the list since.
+        if (refusal := recipient_refusal(target)) is not None:
+            raise SendError(f"not sent: {refusal}", permanent=True)
         subject, text = render_text(payload)
         message = EmailMessage(
             subject,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import math
 import secrets
 from collections.abc import Mapping
 from datetime import timedelta
@@ -26,9 +27,10 @@ from runners.netguard import literal_ip, normalise_host
 from tasks_app.audit import audit_diff, audit_record
 from tasks_app.masking import MASK
 from tasks_app.models import Task, TaskStatus
+from tasks_app.quotas import rate_take
 from tasks_app.schedules import ScheduleError, validate_timezone
 from tasks_app.secrets import SecretsUnavailable, text_rotate
-from tms_core.errors import InvalidInput
+from tms_core.errors import InvalidInput, QuotaExceeded
 
 CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
 RULE_FIELDS = (
@@ -46,6 +48,11 @@ RULE_FIELDS = (
 )
 EVENT_FLAGS = ("on_failure", "on_retry", "on_recovery", "on_skip")
 EVENT_DURATIONS = ("late_after", "running_longer_than", "no_success_within")
+#: Test messages one owner may ask for: (count, seconds), over all their channels. A test sends
+#: at once on the owner's word, to a target of their choice: never a relay (e-mails also count
+#: against the e-mail runner's per-owner rate when they are sent).
+TEST_RATE = (10, 60.0)
+TEST_RATE_KIND = "notify-test"
 #: The shortest and longest digest window a rule may ask for.
 DIGEST_MIN, DIGEST_MAX = timedelta(seconds=10), timedelta(days=7)
 
@@ -91,7 +98,8 @@ def _target_errors(kind: str, target: str) -> list[str]:
             validate_email(target)
         except DjangoValidationError:
             return ["Enter a valid e-mail address."]
-        return []
+        refusal = senders.recipient_refusal(target)
+        return [refusal] if refusal else []
     try:
         URLValidator(schemes=["http", "https"])(target)
     except DjangoValidationError:
@@ -194,6 +202,12 @@ def channel_send_test(*, channel: Channel) -> Delivery:
     Never sent in the caller's process: a target that answers slowly would hold a web worker."""
     from notifications.tasks import notify_deliver  # the Celery task module imports dispatch
 
+    wait = rate_take(owner_id=channel.owner_id, kind=TEST_RATE_KIND, limit=TEST_RATE[0], window=TEST_RATE[1])
+    if wait:
+        raise QuotaExceeded(
+            f"quota: at most {TEST_RATE[0]} test messages per minute. Try again in {math.ceil(wait)} s.",
+            retry_after=math.ceil(wait),
+        )
     with transaction.atomic():
         delivery, token = dispatch.queue_test(channel)
         transaction.on_commit(lambda: notify_deliver.delay(delivery.pk, token))

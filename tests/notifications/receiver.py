@@ -101,3 +101,16 @@ def deliver_queued() -> list[str]:
 
     queued = Delivery.objects.filter(status=DeliveryStatus.PENDING, event="test").exclude(lease_token="")
     return [dispatch.deliver(pk, token) for pk, token in queued.order_by("id").values_list("pk", "lease_token")]
+
+
+class ExplodingBackend:
+    """A Django e-mail backend whose sends raise ``EXPLODE`` (a class attribute a test sets):
+    what a broken backend, or a header Django refuses, does to a sender."""
+
+    EXPLODE: type[Exception] = RuntimeError
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def send_messages(self, messages: Any) -> int:
+        raise self.EXPLODE("the backend exploded")

@@ -24,6 +24,8 @@ for _name, _value in {
     # A key of the suite's own (the base has none); not the development key production refuses.
     "DJANGO_SECRET_KEY": "test-only-key-9f2c7e1b4a6d8035c1e7f9a2b4d6e8f0a1c3e5f7b9d1f3a5",
     "TMS_HTTP_ALLOWED_NETWORKS": "127.0.0.1/32",
+    # The suite's e-mail (tasks and notification channels) goes to example.com only.
+    "TMS_EMAIL_ALLOWED_RECIPIENTS": "@example.com",
     # TEST ONLY: the suite's own Fernet key for secret config values (public, like the key above).
     "TMS_SECRET_KEYS": "dGVzdC1vbmx5LXRtcy1zZWNyZXRzLWtleS0zMmJ5dGU=",
     # A queue of this run's own, so messages left by an earlier or parallel run never reach it.
