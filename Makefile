@@ -82,19 +82,22 @@ $(AXE_DIR)/.installed-$(AXE_VERSION): | $(BIN)/python
 
 axe: $(AXE_DIR)/.installed-$(AXE_VERSION)
 
-## Sandboxed subprocess runs (runners/sandbox.py): bubblewrap from Debian's package and the run users
+## Sandboxed subprocess runs (runners/sandbox.py): bubblewrap, slirp4netns and nftables from Debian's
+## packages (slirp4netns and nft give a run with egress open its filtered network) and the run users
 ## (manage.py tms_sandbox_setup), as root (or with sudo); otherwise stop and say what is missing.
 BWRAP ?= /usr/bin/bwrap
+SLIRP4NETNS ?= /usr/bin/slirp4netns
+NFT ?= /usr/sbin/nft
 sandbox: install
 	@if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
 	else sudo="none"; fi; \
-	need="Sandboxed runs need bubblewrap and the run users: as root, run 'apt-get install -y bubblewrap' and '$(BIN)/python manage.py tms_sandbox_setup', then make test again."; \
-	if [ ! -x "$(BWRAP)" ]; then \
+	need="Sandboxed runs need bubblewrap, slirp4netns, nftables and the run users: as root, run 'apt-get install -y bubblewrap slirp4netns nftables iproute2' and '$(BIN)/python manage.py tms_sandbox_setup', then make test again."; \
+	if [ ! -x "$(BWRAP)" ] || [ ! -x "$(SLIRP4NETNS)" ] || [ ! -x "$(NFT)" ] || ! command -v ip >/dev/null 2>&1; then \
 		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
-		echo "Installing bubblewrap for sandboxed subprocess runs..."; \
-		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q bubblewrap >/dev/null \
-			|| { echo "Installing bubblewrap failed. $$need" >&2; exit 1; }; \
+		echo "Installing bubblewrap, slirp4netns, nftables and iproute2 for sandboxed subprocess runs..."; \
+		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q bubblewrap slirp4netns nftables iproute2 >/dev/null \
+			|| { echo "Installing the sandbox's packages failed. $$need" >&2; exit 1; }; \
 	fi; \
 	if ! $(BIN)/python manage.py tms_sandbox_setup --check >/dev/null 2>&1; then \
 		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \

@@ -29,9 +29,11 @@ the same host can therefore poll or cancel the run from the folder alone. Livene
 the process start time from ``/proc`` with the one recorded at launch, so a recycled pid is never
 mistaken for the run.
 
-Limits, on purpose: the command runs as the worker's user, with a scrubbed environment, in its own
-folder; it is not a sandbox (use the kubernetes runner for isolation). Its output files are only
-bounded when read back. Runs are local to one host: a poll from another host fails the attempt
+Isolation: in the ``bwrap`` and ``user`` modes the command runs as a run user of its own, in a
+network namespace of its own (no network but its loopback unless the ``egress`` option opens
+some), within resource limits and a measured disk limit on its work folder; see
+:mod:`runners.sandbox`. Mode ``none`` runs it as the worker's user: not a sandbox. Runs are local
+to one host: a poll from another host fails the attempt
 (retryably), so route subprocess tasks to workers of one host, or to a queue per host. Run folders
 are kept after the run (for the output and for adoption); a retention job should prune old ones.
 """
@@ -84,21 +86,28 @@ _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # File names inside a run folder, besides those the supervisor writes (imported from it).
 LAUNCH, SUPERVISOR_LOG, WORK, BIN = "launch", "supervisor.log", "work", "bin"
-#: Resource limits a run gets (setrlimit in the command's process), their defaults and maxima.
-LIMIT_NAMES = tuple(supervisor.RLIMITS)
+#: Limits a run gets: resource limits (setrlimit in the command's process), the disk its work
+#: folder may hold (measured by the supervisor) and the size of its private /tmp and /dev/shm
+#: (bwrap mode). Their defaults, which are also what a task may ask for at most unless the
+#: operator's ``max_limits`` says more, and the ceilings of what an operator may set.
+LIMIT_NAMES = (*supervisor.RLIMITS, "disk_bytes", "tmp_bytes")
 DEFAULT_LIMITS = {
     "cpu_seconds": 3600,
     "memory_bytes": 2 * 1024**3,
     "file_bytes": 64 * 1024**2,
     "processes": 64,
     "open_files": 1024,
+    "disk_bytes": 256 * 1024**2,
+    "tmp_bytes": 64 * 1024**2,
 }
-DEFAULT_MAX_LIMITS = {
+LIMIT_CEILINGS = {
     "cpu_seconds": 86400,
     "memory_bytes": 16 * 1024**3,
     "file_bytes": 4 * 1024**3,
     "processes": 1024,
     "open_files": 65536,
+    "disk_bytes": 64 * 1024**3,
+    "tmp_bytes": 4 * 1024**3,
 }
 #: The supervisor program, run by path: see :mod:`runners.supervisor`.
 SUPERVISOR = str(Path(supervisor.__file__).resolve())
@@ -143,8 +152,10 @@ class SubprocessConfigSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=1),
         default=dict,
         help_text=(
-            "Resource limits of the run, within the operator's maxima: cpu_seconds, memory_bytes (address "
-            "space), file_bytes (largest file written, stdout and stderr included), processes, open_files."
+            "Limits of the run, within the operator's maxima (by default the runner's own limits: a task may "
+            "lower them, not raise them): cpu_seconds, memory_bytes (address space), file_bytes (largest file "
+            "written, stdout and stderr included), processes, open_files, disk_bytes (what the work folder may "
+            "hold), tmp_bytes (size of the private /tmp and /dev/shm, each; bwrap mode)."
         ),
     )
 
@@ -215,6 +226,14 @@ def _write_json(path: Path, data: Mapping[str, Any], *, mode: int = 0o600) -> No
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
+
+
+def _write_text(path: Path, text: str, *, mode: int) -> None:
+    """Write a small text file whole, with ``mode`` whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
 
 
 def _size(path: Path) -> int:
@@ -315,14 +334,16 @@ class SubprocessRunner(BaseRunner):
         "launch_grace_seconds": 30.0,
         #: Sandbox mode of this runner (bwrap, user, none, auto); None: TMS_SUBPROCESS_SANDBOX.
         "sandbox": None,
-        #: Resource limits of a run unless its config sets lower (or, up to ``max_limits``, higher).
+        #: Limits of a run unless its config sets lower (or, up to ``max_limits``, higher).
         "limits": {},
-        #: The highest limits a task's config may ask for.
+        #: The highest limits a task's config may ask for; by default the runner's ``limits``.
         "max_limits": {},
         #: Extra host paths a run sees read-only in bwrap mode (an interpreter's libraries, say).
         "read_only_paths": [],
-        #: Whether runs in bwrap mode keep the host's network (False: a network namespace of their own).
-        "network": True,
+        #: Where runs (bwrap and user modes) may connect: None, no network but their own loopback;
+        #: ``{"internet": true, "allow": ["10.1.2.0/24", "files.internal"]}`` opens public addresses
+        #: and the listed networks, addresses and host names (see :mod:`runners.sandbox`).
+        "egress": None,
     }
     config_serializer_class = SubprocessConfigSerializer
     secret_config_fields = ("env",)
@@ -365,8 +386,8 @@ class SubprocessRunner(BaseRunner):
                     f"TMS_RUNNERS[{alias!r}]: allowed_executables[{entry!r}]: bad pattern: {exc}"
                 ) from exc
         self.allowed: tuple[str, ...] = tuple(self.arg_patterns)
-        self.max_limits = self._limits("max_limits", DEFAULT_MAX_LIMITS, DEFAULT_MAX_LIMITS)
-        self.limits = self._limits("limits", DEFAULT_LIMITS, self.max_limits)
+        self.limits, self.max_limits = self._limits()
+        self.egress = sandbox.parse_egress(alias, self.options["egress"])
         paths = self.options["read_only_paths"]
         if not isinstance(paths, list | tuple) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
             raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: read_only_paths must be a list of absolute paths.")
@@ -385,24 +406,48 @@ class SubprocessRunner(BaseRunner):
         self.launch_grace = self._number("launch_grace_seconds", upper=3600)
         self.host = socket.gethostname()
 
-    def _limits(self, name: str, defaults: Mapping[str, int], maxima: Mapping[str, int]) -> dict[str, int]:
-        given = self.options[name]
-        if not isinstance(given, Mapping) or set(given) - set(LIMIT_NAMES):
-            raise ImproperlyConfigured(
-                f"TMS_RUNNERS[{self.alias!r}]: {name} must be a dict with keys among {', '.join(LIMIT_NAMES)}."
-            )
-        limits = {**defaults, **given}
-        for key, value in limits.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maxima[key]:
+    def _limits(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The runner's limits and the maxima a task may ask for, checked against the ceilings.
+
+        ``max_limits`` defaults to ``limits``: a task raises a limit only where the operator
+        allowed it. A default limit above an operator's lower maximum comes down to it.
+        """
+        given: dict[str, Mapping[str, Any]] = {}
+        for name in ("limits", "max_limits"):
+            value = self.options[name]
+            if not isinstance(value, Mapping) or set(value) - set(LIMIT_NAMES):
                 raise ImproperlyConfigured(
-                    f"TMS_RUNNERS[{self.alias!r}]: {name}[{key!r}] must be a whole number from 1 to {maxima[key]}."
+                    f"TMS_RUNNERS[{self.alias!r}]: {name} must be a dict with keys among {', '.join(LIMIT_NAMES)}."
                 )
-        return limits
+            for key, number in value.items():
+                if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= LIMIT_CEILINGS[key]:
+                    raise ImproperlyConfigured(
+                        f"TMS_RUNNERS[{self.alias!r}]: {name}[{key!r}] must be a whole number from 1 to "
+                        f"{LIMIT_CEILINGS[key]}."
+                    )
+            given[name] = value
+        limits: dict[str, int] = {}
+        maxima: dict[str, int] = {}
+        for key in LIMIT_NAMES:
+            if key in given["limits"]:
+                limits[key] = int(given["limits"][key])
+            else:
+                limits[key] = min(DEFAULT_LIMITS[key], int(given["max_limits"].get(key, DEFAULT_LIMITS[key])))
+            maxima[key] = int(given["max_limits"].get(key, limits[key]))
+            if limits[key] > maxima[key]:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{self.alias!r}]: limits[{key!r}] {limits[key]} is above max_limits[{key!r}] "
+                    f"{maxima[key]}."
+                )
+        return limits, maxima
 
     def sandbox_mode(self) -> str:
         """The sandbox mode runs get (resolved once): see :mod:`runners.sandbox`."""
         if self._mode is None:
-            self._mode = sandbox.resolve_mode(self.options["sandbox"])
+            mode = sandbox.resolve_mode(self.options["sandbox"])
+            if mode != "none" and self.egress.open:
+                sandbox.check_egress_tools()
+            self._mode = mode
         return self._mode
 
     def _number(self, name: str, *, upper: float, integer: bool = False) -> Any:
@@ -431,11 +476,13 @@ class SubprocessRunner(BaseRunner):
                     field, f"argument {refused!r} matches none of the patterns allowed for {data['command'][0]!r}.",
                     "allowed_executables",
                 )  # fmt: skip
-        for name, value in data.get("limits", {}).items():
-            if value > self.max_limits[name]:
-                raise serializers.ValidationError(
-                    {"limits": [f"{name} may be at most {self.max_limits[name]} on the {self.alias!r} runner."]}
-                )
+        too_high = [
+            f"{name} may be at most {self.max_limits[name]} on the {self.alias!r} runner."
+            for name, value in sorted(data.get("limits", {}).items())
+            if value > self.max_limits[name]
+        ]
+        if too_high:
+            raise serializers.ValidationError({"limits": too_high})
         return data
 
     def refused_argument(self, program: str, arguments: list[str]) -> str | None:
@@ -664,14 +711,20 @@ class SubprocessRunner(BaseRunner):
                     if folder == work:
                         break
                     os.chown(folder, user.uid, user.gid)
+        limits = self._run_limits(spec)
         if mode == "bwrap":
             read_only = [str(run_dir / BIN)] if config.get("artifact") else []
             if not executable.startswith(("/usr/", "/bin/", "/sbin/", "/lib")):
                 read_only.append(executable)
             read_only += list(self.options["read_only_paths"])
+            resolv_conf = None
+            if self.egress.open:
+                # Names resolve through slirp4netns' forwarder (the host's resolvers), whatever they are.
+                resolv_conf = str(run_dir / "resolv.conf")
+                _write_text(Path(resolv_conf), f"nameserver {sandbox.SLIRP_DNS}\n", mode=0o644)
             argv = sandbox.bwrap_argv(
                 work=str(work), read_only=read_only, cwd=str(cwd), executable=executable, argv=argv,
-                network=bool(self.options["network"]),
+                tmp_bytes=limits["tmp_bytes"], resolv_conf=resolv_conf,
             )  # fmt: skip
             executable = argv[0]
         return {
@@ -683,7 +736,10 @@ class SubprocessRunner(BaseRunner):
             "kill_grace": float(self.kill_grace),
             "sandbox": mode,
             "user": None if user is None else {"name": user.name, "uid": user.uid, "gid": user.gid, "lock": user.lock},
-            "rlimits": self._run_limits(spec),
+            "rlimits": {name: value for name, value in limits.items() if name in supervisor.RLIMITS},
+            "disk": {"path": str(work), "limit": limits["disk_bytes"]},
+            # A network namespace of the run's own needs the root supervisor of a sandbox mode.
+            "network": sandbox.network_plan(self.egress) if mode != "none" else None,
             "ignore_sigterm": mode == "bwrap",
         }
 
@@ -865,7 +921,7 @@ class SubprocessRunner(BaseRunner):
             return RunResult.failed(
                 f"timed out after {float(spec.timeout):g}s; the process group was killed", output=output
             )
-        if returncode == 0:
+        if returncode == 0 and not outcome.get("error"):
             return RunResult.succeeded(output)
         stderr = _tail(run_dir / STDERR, self._limit(spec)).strip()
         exceeded = self._limit_exceeded(spec, run_dir, outcome)

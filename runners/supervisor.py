@@ -7,10 +7,15 @@ that started it, even a worker killed with SIGKILL. It then:
 
 1. records itself: a line in ``launches`` (the executor's own launch count) and ``supervisor.pid``;
 2. reads ``run.json`` (argv, executable, cwd, environment, deadline, kill grace);
-3. gives up at once if ``cancel`` exists, else starts the command in a process group of its own,
-   with stdout and stderr going to the ``stdout`` and ``stderr`` files, and records ``pid``;
-4. waits for it until the deadline, then SIGTERMs the group, and SIGKILLs it after the grace;
-5. SIGKILLs the group in any case (nothing the run started may keep running) and writes ``exit``
+3. gives up at once if ``cancel`` exists; with a run user, moves itself into a network namespace
+   of its own, which the command inherits (only its loopback, or, with egress open, a tap of
+   slirp4netns filtered by nftables rules: see :mod:`runners.sandbox`);
+4. starts the command in a process group of its own, with stdout and stderr going to the
+   ``stdout`` and ``stderr`` files, and records ``pid``;
+5. waits for it until the deadline, then SIGTERMs the group, and SIGKILLs it after the grace;
+   meanwhile it measures the work folder now and then, and SIGKILLs the group when it holds more
+   than the run's ``disk_bytes`` (whose contents are then removed);
+6. SIGKILLs the group in any case (nothing the run started may keep running) and writes ``exit``
    atomically: return code, whether it timed out, whether it was cancelled, an error if any.
 
 Standard library only, and run isolated (``-I``: no environment variables, no user site, and
@@ -22,10 +27,16 @@ the length of the run. The runner imports the file names below from here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import json
 import os
 import resource
+import select
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -164,21 +175,186 @@ def start_command(run_dir: str, spec: dict[str, Any]) -> subprocess.Popen[bytes]
         return None
 
 
-def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tuple[int, bool]:
-    """Wait until the command ends or the deadline passes; (return code, whether it timed out).
+#: Seconds between two measures of the work folder, at least; a slow measure (many files) waits
+#: ten times as long as it took, so that measuring never costs more than a tenth of a core.
+DISK_CHECK_SECONDS = 0.5
 
-    At the deadline the group gets SIGTERM, and SIGKILL if it is still there after the grace.
+
+def over_disk(spec: dict[str, Any]) -> int | None:
+    """The work folder's size if it exceeds the run's ``disk_bytes``, else None."""
+    disk = spec.get("disk")
+    if not disk:
+        return None
+    used = disk_usage(disk["path"])
+    return used if used > int(disk["limit"]) else None
+
+
+def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tuple[int, bool, int | None]:
+    """Wait until the command ends, the deadline passes or the work folder grows past ``disk_bytes``:
+    (return code, whether it timed out, the folder's size if it was too large).
+
+    At the deadline the group gets SIGTERM, and SIGKILL if it is still there after the grace; over
+    the disk limit, SIGKILL at once.
     """
-    try:
-        return proc.wait(timeout=max(0.0, spec["deadline"] - time.time())), False
-    except subprocess.TimeoutExpired:
-        pass
+    disk = spec.get("disk")
+    pause = DISK_CHECK_SECONDS
+    while True:
+        remaining = max(0.0, spec["deadline"] - time.time())
+        try:
+            return proc.wait(timeout=min(remaining, pause) if disk else remaining), False, None
+        except subprocess.TimeoutExpired:
+            pass
+        if time.time() >= spec["deadline"]:
+            break
+        began = time.monotonic()
+        used = over_disk(spec)
+        pause = max(DISK_CHECK_SECONDS, 10 * (time.monotonic() - began))
+        if used is not None:
+            killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(), False, used
     killpg(proc.pid, signal.SIGTERM)
     try:
-        return proc.wait(timeout=spec["kill_grace"]), True
+        return proc.wait(timeout=spec["kill_grace"]), True, None
     except subprocess.TimeoutExpired:
         killpg(proc.pid, signal.SIGKILL)
-        return proc.wait(), True
+        return proc.wait(), True, None
+
+
+CLONE_NEWNET = 0x40000000
+#: ioctls and flag to bring an interface up (linux/sockios.h, linux/if.h).
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+#: How long slirp4netns may take to configure the run's tap.
+SLIRP_READY_SECONDS = 10.0
+
+
+class NetworkError(Exception):
+    """The run's network namespace could not be set up: the command must not start."""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _interface_up(name: bytes) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sh22x", name, 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sh22x", name, flags | IFF_UP))
+
+
+class Network:
+    """The run's network namespace, which is this supervisor's own from :meth:`isolate` on.
+
+    The command inherits it (in bwrap mode through ``--share-net``). With egress open,
+    slirp4netns runs in the host's namespace (it goes back there before exec) and attaches a
+    tap to ours; it ends when :meth:`close` closes its exit pipe, or with this process.
+    """
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.plan = plan
+        self.slirp: subprocess.Popen[bytes] | None = None
+        self._exit_fd: int | None = None
+
+    def isolate(self, run_dir: str) -> None:
+        libc = _libc()
+        host = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.unshare(CLONE_NEWNET) != 0:
+                error = ctypes.get_errno()
+                raise NetworkError(f"cannot create a network namespace: {os.strerror(error)}")
+            _interface_up(b"lo")
+            egress = self.plan.get("egress")
+            if egress:
+                self._attach_slirp(run_dir, egress, host, libc)
+                self._load_rules(egress)
+        finally:
+            os.close(host)
+
+    def _attach_slirp(self, run_dir: str, egress: dict[str, Any], host: int, libc: Any) -> None:
+        ready_r, ready_w = os.pipe()
+        exit_r, exit_w = os.pipe()
+
+        def back_to_the_host() -> None:
+            if libc.setns(host, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns to the host's network namespace")
+
+        try:
+            with open(path(run_dir, "slirp4netns.log"), "wb") as log:
+                self.slirp = subprocess.Popen(
+                    [
+                        egress["slirp4netns"], "--configure", "--mtu=65520", "--disable-host-loopback",
+                        "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}",
+                        str(os.getpid()), "tap0",
+                    ],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w, exit_r),
+                    preexec_fn=back_to_the_host, start_new_session=True,
+                )  # fmt: skip
+        except OSError as exc:
+            os.close(exit_w)
+            raise NetworkError(f"cannot start slirp4netns: {exc}") from exc
+        finally:
+            os.close(ready_w)
+            os.close(exit_r)
+        self._exit_fd = exit_w
+        try:
+            readable, _, _ = select.select([ready_r], [], [], SLIRP_READY_SECONDS)
+            ready = os.read(ready_r, 1) if readable else b""
+        finally:
+            os.close(ready_r)
+        if ready != b"1":
+            raise NetworkError(f"slirp4netns did not configure the run's network in {SLIRP_READY_SECONDS:g} s")
+
+    @staticmethod
+    def _load_rules(egress: dict[str, Any]) -> None:
+        done = subprocess.run(
+            [egress["nft"], "-f", "-"], input=egress["rules"].encode(), capture_output=True, check=False, timeout=30
+        )
+        if done.returncode != 0:
+            raise NetworkError(f"nft refused the run's rules: {done.stderr.decode(errors='replace').strip()}")
+
+    def close(self) -> None:
+        """End slirp4netns, if it runs (closing its exit pipe), and reap it."""
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
+        if self.slirp is not None:
+            try:
+                self.slirp.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.slirp.kill()
+                self.slirp.wait()
+
+
+def disk_usage(folder: str) -> int:
+    """Bytes of disk held by everything under ``folder`` (allocated blocks; links not followed)."""
+    total = 0
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
+
+
+def empty_folder(folder: str) -> None:
+    """Remove what ``folder`` holds (the folder itself stays)."""
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def kill_user(uid: int) -> None:
@@ -229,6 +405,22 @@ def run(run_dir: str, spec: dict[str, Any]) -> None:
     if cancelled(run_dir):
         finish(run_dir, error="cancelled before the command started")
         return
+    network = Network(spec["network"]) if (spec.get("network") or {}).get("isolate") else None
+    try:
+        if network is not None:
+            try:
+                network.isolate(run_dir)
+            except (NetworkError, OSError) as exc:
+                finish(run_dir, error=f"the run's network could not be set up: {exc}")
+                return
+        supervise_command(run_dir, spec)
+    finally:
+        if network is not None:
+            network.close()
+
+
+def supervise_command(run_dir: str, spec: dict[str, Any]) -> None:
+    """Start the command, wait for it, clean up after it, write ``exit``."""
     proc = start_command(run_dir, spec)
     if proc is None:
         return
@@ -237,13 +429,24 @@ def run(run_dir: str, spec: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: killpg(proc.pid, signal.SIGTERM))
     if cancelled(run_dir):  # a cancel that came before the pid file could be seen
         killpg(proc.pid, signal.SIGTERM)
-    returncode, timed_out = wait_for_command(proc, spec)
+    returncode, timed_out, too_large = wait_for_command(proc, spec)
     # The run is over: nothing it started may keep running, not even what left the group.
     killpg(proc.pid, signal.SIGKILL)
     if spec.get("user"):
         kill_user(int(spec["user"]["uid"]))
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    finish(run_dir, returncode=returncode, timed_out=timed_out, cpu_seconds=usage.ru_utime + usage.ru_stime)
+    extra: dict[str, Any] = {}
+    if too_large is None:
+        too_large = over_disk(spec)  # a short run may have written it all between two measures
+    if too_large is not None:
+        # Kept for days otherwise: the folder is emptied, so that no run holds more than its limit.
+        empty_folder(spec["disk"]["path"])
+        extra = {
+            "error": f"disk limit exceeded: the work folder held {too_large} bytes, more than the run's "
+            f"disk_bytes {int(spec['disk']['limit'])}; its contents were removed",
+            "disk_bytes": too_large,
+        }
+    finish(run_dir, returncode=returncode, timed_out=timed_out, cpu_seconds=usage.ru_utime + usage.ru_stime, **extra)
 
 
 def main(argv: list[str]) -> int:

@@ -369,3 +369,127 @@ def test_old_run_folders_are_pruned_but_never_a_running_one(tmp_path: Path) -> N
     # cancel() waits a moment for the supervisor's exit file; on a loaded machine it may come later.
     exit_file = wait_for_file(runner.work_dir / live.idempotency_key / "exit")
     assert json.loads(exit_file.read_text())["cancelled"] is True
+
+
+# --------------------------------------------------------------------------------------------
+# Disk and the limits a task may ask for (issue 27, finding 7)
+# --------------------------------------------------------------------------------------------
+
+MiB = 1024**2
+
+
+def test_a_task_cannot_raise_its_limits_unless_the_operator_set_maxima(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, "user")
+    # What the audit did: 4 GiB per file, 1024 processes, asked by the task alone.
+    for name, value in (("file_bytes", 4 * 1024**3), ("processes", 1024), ("disk_bytes", 10 * 1024**3)):
+        with pytest.raises(serializers.ValidationError) as refused:
+            runner.validate_config(sh("true", limits={name: value}))
+        assert list(refused.value.detail) == ["limits"]  # type: ignore[arg-type]
+        assert name in str(refused.value.detail["limits"])  # type: ignore[index, call-overload]
+    # Lower is always fine; the defaults are the maxima.
+    assert runner.validate_config(sh("true", limits={"processes": 8, "file_bytes": MiB}))["limits"] == {
+        "processes": 8,
+        "file_bytes": MiB,
+    }
+    assert runner.max_limits == runner.limits
+    assert runner.limits["disk_bytes"] == 256 * MiB and runner.limits["tmp_bytes"] == 64 * MiB
+    # The operator opens more, within the ceilings.
+    raised = make_runner(tmp_path, "user", max_limits={"processes": 256})
+    assert raised.validate_config(sh("true", limits={"processes": 256}))["limits"] == {"processes": 256}
+    assert raised.limits["processes"] == 64
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"limits": {"processes": 100}, "max_limits": {"processes": 50}}, r"limits\['processes'\] 100 is above"),
+        ({"max_limits": {"file_bytes": 5 * 1024**3}}, r"max_limits\['file_bytes'\] must be a whole number from 1"),
+        ({"limits": {"disk_bytes": 0}}, r"limits\['disk_bytes'\] must be"),
+        ({"limits": {"wall_seconds": 1}}, "must be a dict with keys among"),
+    ],
+)
+def test_bad_limits_are_a_configuration_error(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        make_runner(tmp_path, "user", **options)
+
+
+def test_an_operator_maximum_below_a_default_lowers_the_default(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, "user", max_limits={"processes": 16})
+    assert runner.limits["processes"] == 16 and runner.max_limits["processes"] == 16
+
+
+@pytest.mark.django_db
+def test_the_api_answers_400_on_config_limits_above_the_maxima(api_client: Any, settings: Any) -> None:
+    settings.TMS_RUNNERS = {
+        **settings.TMS_RUNNERS,
+        "subprocess": {
+            "BACKEND": "runners.subprocess.SubprocessRunner",
+            "OPTIONS": {"allowed_executables": ["/bin/true"], "sandbox": "user"},
+        },
+    }
+    payload = {"name": "greedy", "runner": "subprocess", "config": {"command": ["/bin/true"]}}
+    big = {**payload, "config": {"command": ["/bin/true"], "limits": {"file_bytes": 4 * 1024**3, "processes": 1024}}}
+    response = api_client.post("/api/v1/tasks", big, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {
+        "config": {
+            "limits": [
+                "file_bytes may be at most 67108864 on the 'subprocess' runner.",
+                "processes may be at most 64 on the 'subprocess' runner.",
+            ]
+        }
+    }
+    assert api_client.post("/api/v1/tasks", payload, format="json").status_code == 201
+
+
+def test_the_work_folder_is_bounded_even_when_written_between_two_measures(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode, limits={"disk_bytes": 2 * MiB})
+    script = 'for i in 1 2 3; do head -c 1048576 /dev/zero > "$HOME/f$i"; done; echo written'
+    spec = make_spec(runner, sh(script))
+    result = wait_for_result(runner, spec, runner.start(spec), seconds=30)
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("disk limit exceeded: the work folder held"), result.error
+    assert "disk_bytes 2097152" in result.error
+    work = runner.work_dir / spec.idempotency_key / "work"
+    assert sum(path.stat().st_size for path in work.rglob("*") if path.is_file()) == 0
+
+
+def test_a_run_that_keeps_writing_is_killed_at_its_disk_limit(tmp_path: Path, mode: str) -> None:
+    runner = make_runner(tmp_path, mode, limits={"disk_bytes": 4 * MiB})
+    script = 'i=0; while true; do i=$((i+1)); head -c 262144 /dev/zero > "$TMPDIR/f$i"; sleep 0.02; done'
+    spec = make_spec(runner, sh(script), timeout=60.0)
+    began = time.monotonic()
+    result = wait_for_result(runner, spec, runner.start(spec), seconds=30)
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("disk limit exceeded"), result.error
+    assert time.monotonic() - began < 10  # measured while it ran, not at its 60 s timeout
+
+
+def test_private_tmp_and_dev_shm_are_size_limited_and_dev_and_run_read_only(tmp_path: Path) -> None:
+    if not Path("/usr/bin/bwrap").exists():
+        pytest.fail("bubblewrap is not installed: apt-get install -y bubblewrap (make test installs it)")
+    runner = make_runner(tmp_path, "bwrap", limits={"tmp_bytes": MiB})
+    code = (
+        "import os\n"
+        "for folder in ('/tmp', '/dev/shm', '/run', '/dev'):\n"
+        "    try:\n"
+        "        with open(folder + '/big', 'wb') as fh:\n"
+        "            fh.write(b'x' * (2 * 1048576))\n"
+        "        print(folder, 'wrote', os.path.getsize(folder + '/big'))\n"
+        "    except OSError as exc:\n"
+        "        print(folder, exc.strerror)\n"
+        "st = os.statvfs('/tmp'); print('size', st.f_blocks * st.f_frsize)\n"
+    )
+    result = run(runner, {"command": ["/usr/bin/python3", "-c", code]})
+    assert result.output.splitlines() == [
+        "/tmp No space left on device",
+        "/dev/shm No space left on device",
+        "/run Read-only file system",
+        "/dev Read-only file system",
+        f"size {MiB}",
+    ], result.output + result.error
+    default = run(
+        make_runner(tmp_path, "bwrap"),
+        {"command": ["/usr/bin/python3", "-c", code.split("\n", 1)[0] + "\n" + code.rsplit("\n", 2)[1]]},
+    )
+    assert default.output == f"size {64 * MiB}\n"

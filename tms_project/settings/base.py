@@ -459,6 +459,11 @@ TMS_RUNNERS: dict[str, dict[str, Any]] = {
             "allow_artifacts": env.bool("TMS_SUBPROCESS_ALLOW_ARTIFACTS", default=False),
             "work_dir": env.str("TMS_SUBPROCESS_WORK_DIR", default=str(VAR_DIR / "runs")),
             "inline_wait_seconds": env.float("TMS_SUBPROCESS_INLINE_WAIT", default=1.0),
+            # Runs reach no network but their own loopback unless these open it (runners/sandbox.py).
+            "egress": {
+                "internet": env.bool("TMS_SUBPROCESS_EGRESS_INTERNET", default=False),
+                "allow": env.list("TMS_SUBPROCESS_EGRESS_ALLOW", default=[]),
+            },
         },
     },
     "kubernetes": {

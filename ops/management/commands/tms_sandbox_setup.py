@@ -17,7 +17,8 @@ class Command(BaseCommand):
     help = (
         "Prepare this host for sandboxed subprocess runs (as root): create the run users "
         "TMS_SUBPROCESS_RUN_USER_PREFIX0..N-1 (system users, no login, no home) and their claim folder, "
-        "then print the sandbox mode runs get here. --check only reports what is missing."
+        "then print the sandbox mode runs get here and whether slirp4netns and nft (egress) are installed. "
+        "--check only reports what is missing."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -51,6 +52,11 @@ class Command(BaseCommand):
             uids = [pwd.getpwnam(name).pw_uid for name in present]
             self.stdout.write(f"run users: {len(present)} of {len(names)} (uids {min(uids)}..{max(uids)})")
         self.stdout.write(f"bubblewrap: {sandbox.bwrap_path() or 'not installed (apt-get install -y bubblewrap)'}")
+        # Needed only by runners whose egress option is open; their starts fail without them.
+        self.stdout.write(
+            f"slirp4netns: {sandbox.slirp4netns_path() or 'not installed (apt-get install -y slirp4netns)'}"
+        )
+        self.stdout.write(f"nftables: {sandbox.nft_path() or 'not installed (apt-get install -y nftables)'}")
         try:
             mode = sandbox.resolve_mode()
         except ImproperlyConfigured as exc:
