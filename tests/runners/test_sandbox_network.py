@@ -301,3 +301,11 @@ def test_the_rules_refuse_the_database_and_broker_hosts_of_the_settings(
     assert rules.index("@refused") < rules.index("@allowed")
     loaded = subprocess.run(["nft", "--check", "-f", "-"], input=rules, capture_output=True, text=True, check=False)
     assert loaded.returncode == 0, loaded.stderr
+
+
+def test_allowed_host_names_are_resolved_when_a_run_is_planned() -> None:
+    egress = sandbox.parse_egress("local", {"allow": ["LOCALHOST.", "10.9.0.0/16", "192.0.2.5"]})
+    assert egress.hosts == ("localhost",) and egress.open and not egress.internet
+    assert sandbox.allowed_addresses(egress) == ["10.9.0.0/16", "127.0.0.1", "192.0.2.5/32"]
+    assert not sandbox.parse_egress("local", {"internet": False, "allow": []}).open
+    assert not sandbox.parse_egress("local", None).open
