@@ -63,6 +63,7 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
+from tasks_app.states import task_next_run, task_state, with_state
 from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
@@ -116,7 +117,9 @@ def task_list(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"Task {task} created.")
                 return redirect("backoffice:task", pk=task.pk)
-    tasks = visible_tasks(request.user).select_related("owner")
+    # with_state: what each task is doing and when it next runs (its earliest waiting run, else
+    # the materialisation cursor), as the task page and the API say; the cursor alone ran ahead.
+    tasks = with_state(visible_tasks(request.user).select_related("owner"))
     query = request.GET.get("q", "").strip().replace("\x00", "")
     status = request.GET.get("status", "")
     if query:
@@ -124,7 +127,10 @@ def task_list(request: HttpRequest) -> HttpResponse:
     if status in TaskStatus.values:
         tasks = tasks.filter(status=status)
     page = Paginator(tasks.order_by("-created_at"), 50).get_page(request.GET.get("page"))
-    rows = [{"task": task, "schedule": schedule_words(task)} for task in page]
+    rows = [
+        {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
+        for task in page
+    ]
     code = 400 if request.method == "POST" else 200
     context = {
         "form": form,
@@ -186,6 +192,8 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
     rules, default_rules = task_rules(task)
     return {
         "task": task,
+        "state": task_state(task),
+        "next_run": task_next_run(task),
         "rules": rules,
         "default_rules": default_rules,
         "schedule": schedule_words(task),

@@ -1,0 +1,57 @@
+"""Issue 28: what the back office's pages say is what is true (a task's state and next run, the
+dashboard's percentiles, upcoming hour and waiting runs, the "why" lookup, the retry message, a
+long timeline in pages), through Django's test client."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+
+from executions.materialiser import materialise_due
+from executions.models import Execution
+from executions.models import ExecutionStatus as S
+from tasks_app.models import TaskStatus
+from tasks_app.services import task_create
+from tms_core.clock import db_now
+
+pytestmark = pytest.mark.django_db
+
+
+def _text(response) -> str:
+    """The page's text without tags, whitespace folded (what a person reads)."""
+    html = response.content.decode()
+    html = re.sub(r"<(script|style|svg)\b.*?</\1>", " ", html, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+# --- 1, 2: a task's state and next run -------------------------------------------------------------
+
+
+def test_a_one_shot_task_due_soon_reads_scheduled_not_completed(alice_client, user):
+    due = db_now() + timedelta(minutes=2)
+    task = task_create(owner=user, runner="noop", name="soon", start_at=due)
+    materialise_due(horizon=600)
+    task.refresh_from_db()
+    assert task.status == TaskStatus.COMPLETED  # materialised: its one execution exists
+    assert Execution.objects.filter(task=task, status=S.SCHEDULED).count() == 1
+    page = alice_client.get(f"/ui/tasks/{task.pk}/")
+    text = _text(page)
+    assert re.search(r'id="task-status"[^>]*>scheduled<', page.content.decode())
+    assert "schedule has ended" not in text and "COMPLETED" not in text.split("Settings")[0]
+    assert f"Next run: {due:%a %Y-%m-%d %H:%M:%S} UTC" in text
+    listing = _text(alice_client.get("/ui/tasks/"))
+    assert "soon scheduled noop" in listing
+
+
+def test_the_task_list_shows_the_next_run_not_the_cursor(alice_client, user):
+    start = db_now() + timedelta(seconds=30)
+    task = task_create(owner=user, runner="noop", name="every 30s", start_at=start, interval=timedelta(seconds=30))
+    materialise_due(horizon=300)
+    task.refresh_from_db()
+    first = Execution.objects.filter(task=task, status=S.SCHEDULED).order_by("due_at").first()
+    assert first is not None and task.next_run_at > first.due_at  # the cursor runs ahead
+    listing = _text(alice_client.get("/ui/tasks/"))
+    assert f"{first.due_at:%Y-%m-%d %H:%M:%S}" in listing
+    assert f"{task.next_run_at:%Y-%m-%d %H:%M:%S}" not in listing
