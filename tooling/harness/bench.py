@@ -45,7 +45,7 @@ from tooling.harness.processes import (
     wait_ready,
 )
 
-SCENARIOS = ("burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness")
+SCENARIOS = ("burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness", "pages")
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
     # Named limits of the burst with limits: their slots and starts, through their buckets.
@@ -725,6 +725,34 @@ class Bench:
         elapsed = time.monotonic() - started
         self.config.progress(f"dashboard: filled in {elapsed:.1f}s ({counted} counted, {folded} shard rows folded)")
 
+    def pages(self) -> Figures:
+        """Every back-office page's server time (:mod:`tooling.harness.pages`) with the dashboard
+        scenario's history (``scale_executions`` executions of ``scale_tasks`` tasks), as staff and
+        as the owner of a tenth of the tasks. ``--keep-history`` keeps the rows afterwards and
+        times the ones already there, so a change can be measured before and after on one fill."""
+        from tooling.harness.pages import time_pages
+
+        figures = Figures("pages")
+        reuse = self.config.keep_history and Execution.objects.filter(owner_id=self.owner.pk).exists()
+        try:
+            if reuse:
+                self.config.progress("pages: reusing the history already there (--keep-history)")
+            else:
+                self._cleanup()
+                self._fill_history()
+            staff = get_user_model().objects.get_or_create(username=f"{BENCH_USER}-staff", defaults={"is_staff": True})[
+                0
+            ]
+            users = [("staff", staff), ("owner", self.owner)]
+            figures.extra = time_pages(users, self.config.dashboard_renders, self.config.progress)
+            figures.executions = Execution.objects.count()
+            figures.extra["tasks"] = Task.objects.count()
+        finally:
+            if not self.config.keep_history:
+                self.config.progress("pages: deleting the filler rows")
+                self._cleanup()
+        return figures
+
     # -- big history: the API's lists, and pruning ------------------------------------------
 
     def lists(self) -> Figures:
@@ -901,6 +929,8 @@ class Bench:
                 self.results.append(self.prune())
             elif scenario == "fairness":
                 self.results.append(self.fairness())
+            elif scenario == "pages":
+                self.results.append(self.pages())
             self.config.progress(f"{scenario}: done")
         return self.results
 
@@ -1015,7 +1045,12 @@ def table(results: list[Figures]) -> list[str]:
         late = (
             " / ".join(str(f.lateness_ms.get(k, "-")) for k in ("p50", "p95", "p99", "max")) if f.lateness_ms else "-"
         )
-        if f.scenario == "lists":
+        if f.scenario == "pages":
+            from tooling.harness.pages import pages_table
+
+            lines_after += pages_table(f.extra)
+            notes = f"tasks={f.extra.get('tasks')}; over budget: {', '.join(f.extra.get('over_budget', [])) or 'none'}"
+        elif f.scenario == "lists":
             lines_after = _lists_table(f)
             notes = f"fill={json.dumps(f.extra.get('fill'))}; per path below"
         else:

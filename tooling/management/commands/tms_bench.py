@@ -57,7 +57,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--keep-history",
             action="store_true",
-            help="lists: keep the filled history afterwards, and time the one already there instead of filling",
+            help="lists, pages: keep the filled history afterwards, and time the one already there instead of filling",
         )
         parser.add_argument(
             "--with-limit",

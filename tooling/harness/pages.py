@@ -1,0 +1,136 @@
+"""The ``pages`` scenario of ``manage.py tms_bench``: every back-office page's server time.
+
+Each page is requested through Django's test ``Client`` in this process (a logged-in session, the
+real middleware, views and templates; no network, so the time is the server's), as a staff user
+and as an owner, ``renders`` times after one warm-up request. Per page: p50 / p95 / p99 / max in
+ms, the CPU this process spent per request (the web side; PostgreSQL's backend is another
+process), the queries per request, and the response size. Beside them, the machine's own load
+over the timed requests (its CPU busy share from ``/proc/stat`` and the load average): on a
+shared machine a slow figure means little without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+#: The figures budget: every page's server time p95, in ms.
+BUDGET_P95_MS = 100.0
+
+
+def _cpu_busy() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine so far, from /proc/stat (None if unreadable)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields) - idle, sum(fields)
+    return None
+
+
+def page_paths(user: Any) -> list[tuple[str, str]]:
+    """``(name, path)`` of every back-office page, with the rows the user may see: the dashboard
+    and its refresh, the task list (plain, searched, filtered), a task's page, its edit form and
+    a "why" question, the execution list (first page, half-way down, FAILED, waiting runs), an
+    execution's page, the notifications page."""
+    from backoffice.keyset import encode_cursor
+    from backoffice.scope import visible_executions, visible_tasks
+    from executions.models import ExecutionStatus
+
+    ran = visible_executions(user).exclude(status=ExecutionStatus.SCHEDULED).order_by("-scheduled_for", "-id")
+    newest = ran.first()
+    if newest is None:
+        raise RuntimeError(f"pages: {user} sees no executions (fill first)")
+    middle = ran.values_list("scheduled_for", "id")[ran.count() // 2]
+    task = visible_tasks(user).get(pk=newest.task_id)
+    at = newest.scheduled_for.isoformat()
+    return [
+        ("dashboard", "/"),
+        ("dashboard_live", "/ui/dashboard/live"),
+        ("tasks", "/ui/tasks/"),
+        ("tasks_search", "/ui/tasks/?q=sleep"),
+        ("tasks_paused", "/ui/tasks/?status=PAUSED"),
+        ("task", f"/ui/tasks/{task.pk}/"),
+        ("task_why", f"/ui/tasks/{task.pk}/?at={at.replace('+', '%2B')}"),
+        ("task_edit", f"/ui/tasks/{task.pk}/edit/"),
+        ("executions", "/ui/executions/"),
+        ("executions_deep", f"/ui/executions/?after={encode_cursor(middle[0], middle[1])}"),
+        ("executions_failed", "/ui/executions/?status=FAILED"),
+        ("executions_waiting", "/ui/executions/?status=SCHEDULED"),
+        ("execution", f"/ui/executions/{newest.pk}/"),
+        ("notifications", "/ui/notifications/"),
+    ]
+
+
+def time_pages(
+    users: list[tuple[str, Any]], renders: int, progress: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
+    """Time every page of :func:`page_paths` for each ``(label, user)``; see the module's doc."""
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    figures: dict[str, Any] = {"budget_p95_ms": BUDGET_P95_MS, "renders": renders, "pages": {}}
+    before, load_before = _cpu_busy(), os.getloadavg()
+    for label, user in users:
+        client = Client()
+        client.force_login(user)
+        for name, path in page_paths(user):
+            progress(f"pages: {renders} requests of {path} as {label}")
+            first = client.get(path)
+            if first.status_code != 200:
+                raise RuntimeError(f"{path} answered {first.status_code} to {label}")
+            timings, cpu, queries = [], [], 0
+            for _ in range(renders):
+                with CaptureQueriesContext(connection) as captured:
+                    cpu_start, started = time.process_time(), time.perf_counter()
+                    response = client.get(path)
+                    timings.append((time.perf_counter() - started) * 1000)
+                    cpu.append((time.process_time() - cpu_start) * 1000)
+                queries = max(queries, len(captured))
+                if response.status_code != 200:
+                    raise RuntimeError(f"{path} answered {response.status_code} to {label}")
+            ordered, spent = sorted(timings), sorted(cpu)
+
+            def q(values: list[float], p: float) -> float:
+                return round(values[min(len(values) - 1, int(p * len(values)))], 1)
+
+            figures["pages"][f"{label} {name}"] = {
+                "path": path,
+                "p50": q(ordered, 0.5),
+                "p95": q(ordered, 0.95),
+                "p99": q(ordered, 0.99),
+                "max": round(ordered[-1], 1),
+                "web_cpu_ms_p50": q(spent, 0.5),
+                "queries": queries,
+                "kib": round(len(response.content) / 1024, 1),
+            }
+    after = _cpu_busy()
+    if before and after and after[1] > before[1]:
+        figures["machine_cpu_busy"] = round((after[0] - before[0]) / (after[1] - before[1]), 2)
+    figures["load_average"] = [round(v, 2) for v in (*load_before, *os.getloadavg())]
+    figures["over_budget"] = sorted(n for n, f in figures["pages"].items() if f["p95"] > BUDGET_P95_MS)
+    return figures
+
+
+def pages_table(figures: dict[str, Any]) -> list[str]:
+    """The pages scenario as a Markdown table, the machine's load under it."""
+    lines = [
+        "",
+        f"machine CPU busy over the timed requests: {figures.get('machine_cpu_busy', '?')} "
+        f"(load average before 1/5/15 min, then after: {figures.get('load_average')})",
+        "",
+        "| user page | p50 / p95 / p99 / max (ms) | web CPU ms (p50) | queries | KiB |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in figures.get("pages", {}).items():
+        flag = " **over**" if f["p95"] > figures.get("budget_p95_ms", BUDGET_P95_MS) else ""
+        lines.append(
+            f"| {name} | {f['p50']} / {f['p95']}{flag} / {f['p99']} / {f['max']} | {f['web_cpu_ms_p50']} | "
+            f"{f['queries']} | {f['kib']} |"
+        )
+    return lines
