@@ -14,6 +14,7 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_app.models import TaskStatus
 from tasks_app.services import task_create
+from tests.backoffice.helpers import csrf_client, csrf_token, run
 from tms_core.clock import db_now
 
 pytestmark = pytest.mark.django_db
@@ -55,3 +56,20 @@ def test_the_task_list_shows_the_next_run_not_the_cursor(alice_client, user):
     listing = _text(alice_client.get("/ui/tasks/"))
     assert f"{first.due_at:%Y-%m-%d %H:%M:%S}" in listing
     assert f"{task.next_run_at:%Y-%m-%d %H:%M:%S}" not in listing
+
+
+# --- 9: retry's figure and message ------------------------------------------------------------------
+
+
+def test_retry_says_what_it_did_and_counts_attempts_truly(user):
+    task = task_create(owner=user, runner="noop", name="once", start_at=db_now(), max_attempts=1)
+    failed = run(task, outcome="fail")
+    client = csrf_client(user)
+    token = csrf_token(client, f"/ui/executions/{failed.pk}/")
+    page = client.post(f"/ui/executions/{failed.pk}/retry/", {"csrfmiddlewaretoken": token}, follow=True)
+    retry = Execution.objects.get(retry_of=failed)
+    assert retry.attempt == 2 and page.status_code == 200
+    text = _text(page)
+    assert f"Execution {retry.pk} retries execution {failed.pk}" in text
+    assert "Attempt 2 of 1" not in text and "2 of 1" not in text
+    assert "manual retry" in text

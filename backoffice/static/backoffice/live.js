@@ -26,6 +26,7 @@
         var marker = region.querySelector("[data-refresh-stop]");
         if (marker) {
           region.removeAttribute("data-refresh-url");
+          keepMessages();
           window.location.reload();  // the run ended: show its final page (buttons change too)
           return;
         }
@@ -47,8 +48,32 @@
     });
   }
 
+
+  // The reload when a run ends would drop the message of the action that led here ("Execution
+  // 12 retries execution 9."): carry it over to the reloaded page, once.
+  var KEPT = "tms-kept-messages";
+
+  function keepMessages() {
+    var shown = document.querySelector(".messages");
+    try {
+      if (shown) window.sessionStorage.setItem(KEPT, JSON.stringify({ path: window.location.pathname, html: shown.outerHTML }));
+    } catch (ignored) { /* storage off: the message is lost, as before */ }
+  }
+
+  function restoreMessages() {
+    var kept;
+    try {
+      kept = JSON.parse(window.sessionStorage.getItem(KEPT) || "null");
+      window.sessionStorage.removeItem(KEPT);
+    } catch (ignored) { return; }
+    var main = document.querySelector("main");
+    if (!kept || kept.path !== window.location.pathname || !main || document.querySelector(".messages")) return;
+    main.insertAdjacentHTML("afterbegin", kept.html);
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     menu();
+    restoreMessages();
     document.querySelectorAll("[data-refresh-url]").forEach(schedule);
     document.querySelectorAll("form[data-confirm]").forEach(function (form) {
       form.addEventListener("submit", function (event) {
