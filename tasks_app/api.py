@@ -277,7 +277,9 @@ class TaskViewSet(
         description=(
             "Finds the fire time at or before `at` nearest to it and says what became of it: `ran`, `running`, "
             "`failed`, `cancelled`, `skipped` (with the recorded reason: missed, coalesced, paused, overlap), "
-            "`upcoming`, `paused`, or that `at` is `not_a_fire_time`, `before_start` or `after_end`."
+            "`upcoming`, `paused`, or that `at` is `not_a_fire_time`, `before_start` or `after_end`. An `at` "
+            "given to the whole second (no fraction) means that second: a fire time within it is the one "
+            "answered (fire times keep their start's microseconds)."
         ),
         parameters=[WhyQuerySerializer],
         responses={200: WhySerializer, **error_responses(400)},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 
 from executions.materialiser import task_schedule
@@ -47,15 +47,20 @@ class WhyAnswer:
 
 def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
     """Why the task did (not) run at ``at``: the fire time at or before it, and what became of
-    it (:func:`occurrence_fate`), from its executions, its skipped occurrences and its schedule."""
+    it (:func:`occurrence_fate`), from its executions, its skipped occurrences and its schedule.
+
+    A time given to the whole second (no fraction) means that second: a fire time within it is
+    the one asked about (fire times keep their start's microseconds; pages and people show and
+    type seconds)."""
     at = at.astimezone(UTC)
     schedule = task_schedule(task)
     now = db_now()
     upcoming = list(islice(schedule.fire_times(since=max(now, at)), next_count))
-    occurrence = occurrence_at_or_before(schedule, at)
+    within = at + timedelta(microseconds=999_999) if at.microsecond == 0 else at
+    occurrence = occurrence_at_or_before(schedule, within)
     materialised = last_materialised(task) if task.next_run_at is None else None
     with walk_limit("at", "Fire times counted from the task's next run up to this time"):
-        last = task_last_fire_time(task, schedule, materialised=materialised, until=max([at, *upcoming]))
+        last = task_last_fire_time(task, schedule, materialised=materialised, until=max([within, *upcoming]))
     if last is not None:
         upcoming = [when for when in upcoming if when <= last]
     answer = WhyAnswer(at, occurrence, "", "", next_fire_times=upcoming)
@@ -68,7 +73,7 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         answer.reason = f"The task's runs ended {_ending(task, last)}: nothing is created after it."
         return answer
     verdict, reason = _occurrence_verdict(task, occurrence, answer, now)
-    if occurrence != at:
+    if not at <= occurrence <= within:
         answer.verdict = "not_a_fire_time"
         answer.reason = (
             f"{at.isoformat()} is not a fire time of the schedule; the latest fire time before it is "

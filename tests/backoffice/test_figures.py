@@ -73,3 +73,24 @@ def test_retry_says_what_it_did_and_counts_attempts_truly(user):
     assert f"Execution {retry.pk} retries execution {failed.pk}" in text
     assert "Attempt 2 of 1" not in text and "2 of 1" not in text
     assert "manual retry" in text
+
+
+# --- 8: "why did it not run at HH:MM:SS?" with fire times that carry microseconds ------------------
+
+
+def test_why_at_a_second_finds_the_fire_time_within_it(alice_client, api_client, user):
+    start = db_now().replace(microsecond=292372) - timedelta(minutes=5)
+    task = task_create(owner=user, runner="noop", name="µs", start_at=start, interval=timedelta(seconds=30))
+    fire = start + timedelta(seconds=90)  # a fire time in the past, as the page shows it: to the second
+    shown = fire.replace(microsecond=0)
+    api_client.force_authenticate(user)
+    answer = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": shown.isoformat()}).json()
+    assert answer["verdict"] != "not_a_fire_time", answer
+    assert answer["occurrence"].startswith(f"{fire:%Y-%m-%dT%H:%M:%S}.292372")
+    # A fraction given is taken as given: that instant is between two fire times.
+    between = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": shown.replace(microsecond=1).isoformat()}).json()
+    assert between["verdict"] == "not_a_fire_time"
+    page = alice_client.get(f"/ui/tasks/{task.pk}/", {"at": f"{shown:%Y-%m-%dT%H:%M:%S}"})
+    text = _text(page)
+    assert "is not a fire time" not in text
+    assert f"Fire time: {fire:%Y-%m-%d %H:%M:%S} UTC" in text
