@@ -54,6 +54,10 @@ class ApiInputForm(forms.Form):
     local_times: tuple[str, ...] = ()
     #: Fields holding JSON text.
     json_fields: tuple[str, ...] = ()
+    #: Send wall-clock times to the API as typed (no offset) for its serializer to read in the
+    #: task's zone, by the API's rule and with its error on the field (a skipped local time is
+    #: refused, not moved), rather than reading them here.
+    wall_times_to_api = False
 
     def __init__(self, *args: Any, zone: str = "UTC", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,7 +78,10 @@ class ApiInputForm(forms.Form):
             text = (data.get(name) or "").strip()
             if text:
                 try:
-                    data[name] = parse_local(text, zone).isoformat()
+                    if self.wall_times_to_api:
+                        data[name] = datetime.fromisoformat(text).isoformat()
+                    else:
+                        data[name] = parse_local(text, zone).isoformat()
                 except ValueError:
                     self.add_error(name, "Enter a date and time, e.g. 2026-11-20T09:30:00.")
         return data
@@ -95,6 +102,7 @@ class TaskForm(ApiInputForm):
 
     local_times = ("start_at", "end_at")
     json_fields = ("config",)
+    wall_times_to_api = True
 
     name = forms.CharField(
         required=False, max_length=200, label="Name (optional)", help_text="Empty: the task is shown by its id."

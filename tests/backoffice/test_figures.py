@@ -9,10 +9,11 @@ from datetime import timedelta
 
 import pytest
 
+from backoffice.forms import TaskForm
 from executions.materialiser import materialise_due
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_app.models import TaskStatus
+from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, csrf_token, run
 from tms_core.clock import db_now
@@ -94,3 +95,44 @@ def test_why_at_a_second_finds_the_fire_time_within_it(alice_client, api_client,
     text = _text(page)
     assert "is not a fire time" not in text
     assert f"Fire time: {fire:%Y-%m-%d %H:%M:%S} UTC" in text
+
+
+# --- 6: a skipped local time is refused on the form, as the API refuses it -------------------------
+
+SKIPPED = "2027-03-28T02:30:00"  # Europe/Berlin sets its clocks forward from 02:00 to 03:00
+
+
+@pytest.mark.parametrize("path", ["/ui/tasks/", "edit"])
+def test_a_skipped_local_time_is_an_error_on_the_field_as_in_the_api(api_client, user, path):
+    api_client.force_authenticate(user)
+    api = api_client.post(
+        "/api/v1/tasks", {"runner": "noop", "start_at": SKIPPED, "timezone": "Europe/Berlin"}, format="json"
+    )
+    assert api.status_code == 400 and "does not exist in Europe/Berlin" in str(api.json()), api.json()
+    client = csrf_client(user)
+    form = {"runner": "noop", "start_at": SKIPPED, "timezone": "Europe/Berlin", "misfire_policy": "run_once"}
+    form.update(overlap_policy="allow", max_attempts="3", priority="5", retry_backoff="5s", interval="1d")
+    if path == "edit":
+        task = task_create(
+            owner=user,
+            runner="noop",
+            name="berlin",
+            start_at=db_now() + timedelta(days=1),
+            interval=timedelta(days=1),
+            timezone="Europe/Berlin",
+        )
+        before = Task.objects.filter(pk=task.pk).values().get()
+        path = f"/ui/tasks/{task.pk}/edit/"
+        form = {**TaskForm.initial_for(task), "start_at": SKIPPED}
+    else:
+        before = None
+    form["csrfmiddlewaretoken"] = csrf_token(client, path)
+    page = client.post(path, form)
+    assert page.status_code == 400
+    html = page.content.decode()
+    error = re.search(r'class="[^"]*has-error[^"]*".*?<small class="error">([^<]*)<', html, re.S)
+    assert error and "does not exist in Europe/Berlin" in error.group(1), html[:3000]
+    if before is None:
+        assert not Task.objects.exists()
+    else:
+        assert Task.objects.filter(pk=before["id"]).values().get() == before
