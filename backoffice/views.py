@@ -488,14 +488,21 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     time_field, descending = "scheduled_for", True
     if status == ExecutionStatus.SCHEDULED:
+        # In fire-time order (execution_waiting_idx): a run held back by a limit keeps its place
+        # and says why; its due time is only its next re-check.
         executions = executions.filter(status=status)
-        time_field, descending = "due_at", False
+        time_field, descending = "scheduled_for", False
     elif status in ExecutionStatus.values:
         executions = executions.filter(status=status)
     else:
         status = ""
         executions = executions.exclude(status=ExecutionStatus.SCHEDULED)
-    context: dict[str, Any] = {"status": status, "statuses": ExecutionStatus.values, "descending": descending}
+    context: dict[str, Any] = {
+        "status": status,
+        "statuses": ExecutionStatus.values,
+        "descending": descending,
+        "waiting_runs": status == ExecutionStatus.SCHEDULED,
+    }
     try:
         page = keyset_page(
             executions, time_field=time_field, descending=descending, after=request.GET.get("after"), size=PAGE_SIZE

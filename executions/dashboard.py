@@ -107,7 +107,11 @@ class DashboardSnapshot:
     runs_last_hour: dict[str, int]
     success_rate: float | None
     running_now: int
+    #: SCHEDULED runs past due: those the monitor has yet to publish and those held back
+    #: (``held_back``), whose due time moved on to their next re-check.
     due_backlog: int
+    #: SCHEDULED runs held back although due: a task's max_concurrency or a named limit.
+    held_back: int
     pending_depth: int
     workers_alive: int
     workers_dead: int
@@ -138,7 +142,8 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
         runs_last_hour=last_hour,
         success_rate=succeeded / (succeeded + failed) if succeeded + failed else None,
         running_now=live["running"],
-        due_backlog=live["backlog"],
+        due_backlog=live["backlog"] - live["held_due"] + live["held"],
+        held_back=live["held"],
         pending_depth=live["pending"],
         workers_alive=live["alive"],
         workers_dead=live["dead"],
@@ -224,12 +229,16 @@ def _count_sql(queryset: QuerySet) -> tuple[str, tuple]:
 
 def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
     """Counts of live states in one query, each a subquery on its own partial index."""
-    executions = Execution.objects.all()
-    executions = _owned(executions, owner_id, "task__owner_id")
+    # An execution carries its task's owner: no join to the tasks.
+    executions = _owned(Execution.objects.all(), owner_id, "owner_id")
     in_an_hour = now + timedelta(hours=1)
+    held = executions.filter(status=ExecutionStatus.SCHEDULED).exclude(waiting="")
     parts = {
         "running": executions.filter(status=ExecutionStatus.RUNNING),
         "backlog": executions.filter(status=ExecutionStatus.SCHEDULED, due_at__lte=now),
+        # Held runs (execution_held_idx): all of them are past due, whatever their due time says.
+        "held": held,
+        "held_due": held.filter(due_at__lte=now),
         "pending": executions.filter(status=ExecutionStatus.PENDING),
         "upcoming_executions": executions.filter(
             status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour

@@ -164,6 +164,14 @@ class Execution(models.Model):
                 condition=Q(status="SCHEDULED", waiting_on__isnull=False),
                 name="execution_waiting_on_idx",
             ),
+            # Runs held back although due (a task's max_concurrency, a named limit: ``waiting`` set),
+            # by owner and fire time: the dashboard counts them in its due backlog (their due time
+            # moved to the next re-check, so the due index alone missed them).
+            models.Index(
+                fields=["owner_id", "scheduled_for"],
+                condition=Q(status="SCHEDULED") & ~Q(waiting=""),
+                name="execution_held_idx",
+            ),
             # The monitor's fair pick (executions.fairness): the owners that have runs waiting
             # (a skip scan over owner_id), then each owner's next due runs, priority by priority.
             models.Index(

@@ -10,12 +10,14 @@ from datetime import timedelta
 import pytest
 
 from backoffice.forms import TaskForm
+from executions import transitions
 from executions.materialiser import materialise_due
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, csrf_token, run
+from tests.factories import ExecutionFactory, TaskFactory
 from tms_core.clock import db_now
 
 pytestmark = pytest.mark.django_db
@@ -136,3 +138,36 @@ def test_a_skipped_local_time_is_an_error_on_the_field_as_in_the_api(api_client,
         assert not Task.objects.exists()
     else:
         assert Task.objects.filter(pk=before["id"]).values().get() == before
+
+
+# --- 5: runs held back by a limit are counted as due and listed in fire-time order with why ---------
+
+
+def test_runs_held_by_a_limit_count_in_the_backlog_and_list_in_order_with_their_reason(alice_client, user):
+    base = db_now() - timedelta(minutes=3)
+    task = TaskFactory(owner=user, name="capped", max_concurrency=1, start_at=base, interval=timedelta(seconds=10))
+
+    def on_the_grid(k: int) -> Execution:
+        return ExecutionFactory(
+            task=task, scheduled_for=base + timedelta(seconds=10 * k), status=S.PENDING, exclusive=True, message_id="m"
+        )
+
+    def claim(execution: Execution, worker: str) -> str:
+        return transitions.execution_claim_exclusive(
+            execution_id=execution.pk, attempt=1, worker_id=worker, lease_seconds=60
+        ).outcome
+
+    assert claim(on_the_grid(0), "w0") == "claimed"
+    held = [on_the_grid(k) for k in (1, 2, 3)]
+    for k, execution in reversed(list(enumerate(held))):  # the later ones are turned back first
+        assert claim(execution, f"w{k + 1}") == "waiting"
+    assert all(e.due_at > db_now() for e in Execution.objects.filter(pk__in=[e.pk for e in held]))
+    later = ExecutionFactory(task=task, scheduled_for=db_now() + timedelta(minutes=5))
+    dashboard = alice_client.get("/")
+    assert re.search(r'id="tile-backlog">3<', dashboard.content.decode())
+    assert "3 held by a limit" in _text(dashboard)
+    listing = alice_client.get("/ui/executions/", {"status": "SCHEDULED"})
+    rows = re.findall(r'<a href="/ui/executions/(\d+)/">#\d+</a>', listing.content.decode())
+    assert [int(pk) for pk in rows] == [*(e.pk for e in held), later.pk]
+    text = _text(listing)
+    assert text.count("max_concurrency 1") == 3 and "Waiting for" in text

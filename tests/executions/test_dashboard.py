@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from executions import transitions
@@ -141,7 +141,7 @@ def _live(owner_id: int | None) -> dict:
     now = timezone.now()
     return {
         "running_now": executions.filter(status=S.RUNNING).count(),
-        "due_backlog": executions.filter(status=S.SCHEDULED, due_at__lte=now).count(),
+        "due_backlog": executions.filter(Q(due_at__lte=now) | ~Q(waiting=""), status=S.SCHEDULED).count(),
         "pending_depth": executions.filter(status=S.PENDING).count(),
     }
 
