@@ -15,6 +15,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from executions.dashboard import LatenessPoint, MinutePoint, RunnerDuration, UpcomingRun
+from executions.histogram import bucket_bounds
 from tasks_app.schedule_words import short_duration
 
 #: Colours per run outcome (the stylesheet's palette).
@@ -186,6 +187,16 @@ def lateness_per_minute(points: Sequence[LatenessPoint], *, width: int = 960, he
     return _svg(width, height, body, "Lateness p50 and p99 per minute over the last 24 hours")
 
 
+def _bucket_words(value: float | None) -> str:
+    """Which histogram bucket an interpolated percentile lies in, in words."""
+    if value is None:
+        return "no runs"
+    low, high = bucket_bounds(value)
+    if high is None:
+        return f"at least {short_duration(low)}"
+    return f"between {short_duration(low)} and {short_duration(high)}"
+
+
 def duration_by_runner(rows: Sequence[RunnerDuration], *, width: int = 460) -> SafeString:
     """Horizontal bars per runner: p50 (solid) over p99 (light), log scale of seconds."""
     row_h, x0, right = 30, 90, 120
@@ -210,7 +221,10 @@ def duration_by_runner(rows: Sequence[RunnerDuration], *, width: int = 460) -> S
         y = index * row_h + 4
         runner = escape(row.runner)
         p50, p99, count = row.p50, row.p99, row.count
-        title = f"{runner}: {count} runs, p50 {short_duration(p50)}, p99 {short_duration(p99)}"
+        title = (
+            f"{runner}: {count} runs, p50 about {short_duration(p50)} ({_bucket_words(p50)}), "
+            f"p99 about {short_duration(p99)} ({_bucket_words(p99)})"
+        )
         body.append(
             f"<g><title>{title}</title>"
             f'<text x="{x0 - 8}" y="{y + 16}" text-anchor="end">{runner}</text>'

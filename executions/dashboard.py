@@ -15,8 +15,8 @@ Definitions (times are the database's, UTC):
 * the last hour / 24 h are the last 60 / 1440 whole minutes including the current one; the
   tasks failing most are counted over the last 24 hourly buckets;
 * lateness = ``started_at - due_at`` of the attempt; duration = end - ``started_at``;
-  percentiles are read from fixed log-spaced buckets and report the bucket's upper bound
-  (see :mod:`executions.histogram`);
+  percentiles are estimated from fixed log-spaced buckets, interpolated linearly within the
+  bucket that holds them (see :func:`executions.histogram.percentile`);
 * ``upcoming`` lists the next runs due within the hour: materialised SCHEDULED executions and,
   beyond the materialisation horizon, each active task's next fire time (its cursor).
   ``upcoming_count`` counts the same things, so a task firing more often than the horizon is

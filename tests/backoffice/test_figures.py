@@ -11,9 +11,11 @@ import pytest
 
 from backoffice.forms import TaskForm
 from executions import transitions
+from executions.dashboard import dashboard_snapshot
 from executions.materialiser import materialise_due
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
+from executions.rollup import rollup_rebuild
 from tasks_app.models import Task, TaskStatus
 from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, csrf_token, run
@@ -171,3 +173,26 @@ def test_runs_held_by_a_limit_count_in_the_backlog_and_list_in_order_with_their_
     assert [int(pk) for pk in rows] == [*(e.pk for e in held), later.pk]
     text = _text(listing)
     assert text.count("max_concurrency 1") == 3 and "Waiting for" in text
+
+
+# --- 3: percentiles are interpolated within a bucket, and the page says so -------------------------
+
+
+def test_duration_percentiles_are_interpolated_not_bucket_bounds(alice_client, user):
+    task = task_create(owner=user, runner="noop", name="quick", start_at=db_now() + timedelta(days=1))
+    # 7-35 ms noops: 20 runs of 7 ms (bucket 0-10 ms), 80 of 12-24 ms (10-25 ms), as the walk saw.
+    for k in range(100):
+        execution = run(task)
+        took = 0.007 if k < 20 else 0.012 + 0.012 * (k - 20) / 79
+        start = Execution.objects.get(pk=execution.pk).started_at
+        Execution.objects.filter(pk=execution.pk).update(finished_at=start + timedelta(seconds=took))
+    rollup_rebuild(since=db_now() - timedelta(hours=1))
+    snapshot = dashboard_snapshot(user=user)
+    (noop,) = snapshot.duration_by_runner
+    assert noop.count == 100
+    # The 50th of 100 is the 30th of 80 in 10-25 ms: 10 + 15 * 30/80 = 15.6 ms (the bucket said 25 ms).
+    assert noop.p50 == pytest.approx(0.010 + 0.015 * 30 / 80)
+    assert noop.p99 == pytest.approx(0.010 + 0.015 * 79 / 80)
+    page = alice_client.get("/")
+    assert "16 ms / 25 ms" in page.content.decode()  # the chart's figures: bounds read "25 ms / 25 ms"
+    assert "interpolated within" in _text(page)
