@@ -48,7 +48,6 @@
     });
   }
 
-
   // The reload when a run ends would drop the message of the action that led here ("Execution
   // 12 retries execution 9."): carry it over to the reloaded page, once.
   var KEPT = "tms-kept-messages";
