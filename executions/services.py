@@ -130,7 +130,9 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
     Idempotent: occurrences that already exist are not created again. Raises
     :class:`ConflictError` for a paused task and :class:`InvalidInput` (on ``until``) when
     ``until`` is further ahead than ``TMS_MATERIALISE_MAX_AHEAD`` or would create more than
-    ``TMS_MATERIALISE_MAX`` executions.
+    ``TMS_MATERIALISE_MAX`` executions. The executions it creates count against the owner's
+    hourly quota of executions created on request (:class:`QuotaExceeded`, 429, when they do not
+    fit: nothing is created).
     """
     conf = tms_settings()
     limit, max_ahead = conf.MATERIALISE_MAX, conf.MATERIALISE_MAX_AHEAD
@@ -151,6 +153,9 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
                 )
     with transaction.atomic():
         ids = materialise_task(task_id=task.pk, until=until)
+        # Created on request, like run now and backfill: against the owner's hourly quota (over
+        # it, this transaction, executions included, is rolled back).
+        quota_charge_executions(owner_id=task.owner_id, count=len(ids), field="until")
         if ids:
             audit_record(
                 action=AuditAction.MATERIALISE,

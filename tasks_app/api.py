@@ -243,7 +243,9 @@ class TaskViewSet(
         description=(
             "Materialises the task's occurrences due up to `until` now, instead of waiting for the scheduler "
             "(the original design's `create_task_executions(task_id, until)`), and returns the ids of the "
-            "executions created. Idempotent: existing ones are not created again."
+            "executions created. Idempotent: existing ones are not created again. The executions it creates "
+            "count against your hourly quota of executions created on request (429 when they do not fit now, "
+            "400 on `until` when they never can in one request; nothing is created then)."
         ),
         request=MaterialiseSerializer,
         responses={200: MaterialiseResultSerializer, **error_responses(409)},

@@ -126,11 +126,15 @@ def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any) -> 
         owner=owner, name=name, sha256=digest, size=size, status=ArtifactStatus.UPLOADING, upload_expires_at=expires_at
     )
     s3 = _s3_client_and_bucket()
+    with transaction.atomic():
+        # The multipart path's quota check, under the same lock: the declared size is held from now.
+        quota_check_artifact(owner=owner, size=size, field="size")
+        if s3 is not None:
+            artifact.file.name = artifact_upload_to(artifact, name)
+        artifact.save()
     if s3 is not None:
         client, bucket = s3
-        key = artifact_upload_to(artifact, name)
-        artifact.file.name = key
-        artifact.save()
+        key = artifact.file.name
         post = client.generate_presigned_post(
             Bucket=bucket,
             Key=key,
@@ -138,7 +142,6 @@ def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any) -> 
             ExpiresIn=int(ttl),
         )
         return UploadTicket(artifact, "POST", post["url"], dict(post["fields"]), expires_at)
-    artifact.save()
     token = signing.dumps({"artifact": str(artifact.pk)}, salt=UPLOAD_SALT)
     url = f"{settings.TMS_PUBLIC_URL}/api/v1/artifacts/uploads/{token}"
     return UploadTicket(artifact, "PUT", url, {}, expires_at)

@@ -24,7 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Sum
 
-from tasks_app.models import Artifact, OwnerQuota, QuotaUse, Task, TaskStatus
+from tasks_app.models import Artifact, ArtifactStatus, OwnerQuota, QuotaUse, Task, TaskStatus
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import InvalidInput, QuotaExceeded
@@ -136,19 +136,22 @@ def quota_check_tasks(*, owner: AbstractBaseUser, adding: int) -> None:
         )
 
 
-def quota_check_artifact(*, owner: AbstractBaseUser, size: int) -> None:
-    """Inside the storing transaction: raise :class:`InvalidInput` on ``file`` unless ``owner``
-    may keep ``size`` more bytes of artifacts."""
+def quota_check_artifact(*, owner: AbstractBaseUser, size: int, field: str = "file") -> None:
+    """Inside the storing transaction: raise :class:`InvalidInput` on ``field`` unless ``owner``
+    may keep ``size`` more bytes of artifacts. Both ways in call it: a multipart upload before it
+    stores the file, a signed upload when it is declared (its declared size is held from then on,
+    until it is REJECTED or deleted); what is counted is every artifact but REJECTED ones."""
     if _unlimited(owner.pk, "max_artifact_bytes", tms_settings().QUOTA_ARTIFACT_BYTES):
         return
     quota = _lock(owner.pk)
     limit = _limit(quota.max_artifact_bytes, tms_settings().QUOTA_ARTIFACT_BYTES)
     if not limit:
         return
-    have = Artifact.objects.filter(owner_id=owner.pk).aggregate(total=Sum("size"))["total"] or 0
+    held = Artifact.objects.filter(owner_id=owner.pk).exclude(status=ArtifactStatus.REJECTED)
+    have = held.aggregate(total=Sum("size"))["total"] or 0
     if have + size > limit:
         raise InvalidInput.on(
-            "file",
+            field,
             f"quota: artifacts may take at most {limit} bytes; you keep {have} and this one has {size}. "
             "Delete artifacts you no longer need, or ask an operator to raise your quota.",
         )

@@ -165,3 +165,27 @@ def test_with_s3_storage_the_url_is_a_presigned_post(api_client):
     assert {"key", "policy"} <= set(upload["fields"])
     assert upload["fields"]["key"].endswith("/job.sh")
     assert Artifact.objects.get(pk=started.data["artifact"]["id"]).status == ArtifactStatus.UPLOADING
+
+
+def test_signed_uploads_count_against_the_artifact_quota_as_multipart_ones_do(api_client, user):
+    """Issue 27, finding 6: one quota check for both ways in."""
+    from tasks_app.quotas import owner_quota_set
+
+    owner_quota_set(owner=user, max_artifact_bytes=10_000)
+    kept = SimpleUploadedFile("big.bin", b"x" * 6_000)
+    assert api_client.post("/api/v1/artifacts", {"file": kept}, format="multipart").status_code == 201
+    refused = begin(api_client, size=6_000)
+    assert refused.status_code == 400 and "quota" in str(refused.data["errors"]["size"])
+    assert Artifact.objects.count() == 1
+    started = begin(api_client)  # fits: its declared size is held while it uploads ...
+    assert started.status_code == 201, started.data
+    held = 10_000 - 6_000 - len(CONTENT)
+    over = SimpleUploadedFile("more.bin", b"y" * (held + 1))
+    response = api_client.post("/api/v1/artifacts", {"file": over}, format="multipart")
+    assert response.status_code == 400 and "quota" in str(response.data["errors"]["file"])
+    assert put(started.data["upload"]["url"], CONTENT).data["status"] == "READY"
+    # ... and a REJECTED one holds nothing.
+    rejected = begin(api_client, size=held)
+    put(rejected.data["upload"]["url"], b"z" * held)
+    assert Artifact.objects.get(pk=rejected.data["artifact"]["id"]).status == ArtifactStatus.REJECTED
+    assert begin(api_client, size=held).status_code == 201

@@ -309,3 +309,21 @@ def test_uses_past_the_longest_window_are_expired_by_the_beat_job(user):
     QuotaUse.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(hours=1, minutes=1))
     assert expire_quota_uses() == 1
     assert list(QuotaUse.objects.values_list("kind", flat=True)) == ["executions"]
+
+
+def test_materialise_on_request_counts_against_the_hourly_quota(api_client, user):
+    """Issue 27, finding 13: 960 executions in one request with an hourly quota of 10."""
+    owner_quota_set(owner=user, max_executions_per_hour=10)
+    now = timezone.now().replace(second=0, microsecond=0)
+    task = TaskFactory(owner=user, start_at=now + timedelta(hours=2), interval=timedelta(minutes=1))
+    before = Execution.objects.filter(task=task).count()
+    url = f"{URL}/{task.pk}/materialise"
+    response = api_client.post(url, {"until": _iso(now + timedelta(hours=18))})
+    assert response.status_code == 400
+    assert "quota: at most 10 executions per hour" in response.json()["errors"]["until"][0]
+    assert Execution.objects.filter(task=task).count() == before
+    ok = api_client.post(url, {"until": _iso(now + timedelta(hours=2, minutes=5))})
+    assert ok.status_code == 200 and len(ok.json()["execution_ids"]) == 6
+    over = api_client.post(url, {"until": _iso(now + timedelta(hours=2, minutes=10))})
+    assert over.status_code == 429 and int(over["Retry-After"]) > 0
+    assert Execution.objects.filter(task=task).count() == before + 6
