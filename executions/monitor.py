@@ -198,6 +198,9 @@ class Monitor:
         #: takes (the outlook would only say that work is there; a herd's top-ups come ten a
         #: second). Polls and republished runs do not count: they seldom come in a run.
         self._busy = False
+        #: When (monotonic) the pass read the ``next_due`` it returns: the loop sleeps until then
+        #: plus that wait, not that wait after the publishing that followed the read.
+        self._looked_at = 0.0
         self._running = False
         #: Set by :meth:`stop`: a pass in progress ends after its current batch.
         self._stop_requested = False
@@ -270,6 +273,7 @@ class Monitor:
         back skips the outlook: work was there a moment ago."""
         if not self._busy:
             outlook = transitions.dispatch_outlook()
+            self._looked_at = time.monotonic()
             if outlook.idle:
                 if self.pacer is not None:
                     self.pacer.idle()
@@ -304,6 +308,7 @@ class Monitor:
                     # The queue is deep enough: take nothing (top up again soon if runs are due,
                     # below; else sleep until the next is due, as ever).
                     taken, next_due = [], transitions.next_due_in()
+            self._looked_at = time.monotonic()
             self._publish(taken, self._run_task, producer, confirms, group=True)
             sent += len(taken)
             self.stats.published += len(taken)
@@ -319,6 +324,7 @@ class Monitor:
                     # steady load (p50 ~110 ms at any rate).
                     self.stats.held_back += 1
                     next_due = self.conf.MONITOR_TOPUP_INTERVAL
+                    self._looked_at = time.monotonic()  # a top-up interval from now, not a due time
                     break
             # A stop (SIGTERM) ends the pass between batches: every batch taken so far has
             # been published; the rest of a backlog stays SCHEDULED for another monitor.
@@ -402,6 +408,10 @@ class Monitor:
                 last_housekeeping = time.monotonic()
             if sent and next_due == 0.0:
                 continue
+            if next_due is not None:
+                # The next run is due next_due after the pass read it, and publishing (its confirm
+                # wait) came after the read: sleeping next_due from now would start it that late.
+                next_due = max(0.0, next_due - (time.monotonic() - self._looked_at))
             wait = self.conf.MONITOR_MAX_SLEEP if next_due is None else min(next_due, self.conf.MONITOR_MAX_SLEEP)
             self.listener.wait(wait)
         self.listener.close()

@@ -8,16 +8,19 @@ stay due), which were never taken, and the events of each.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from executions import transitions
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor, send
 from tests.factories import ExecutionFactory, TaskFactory
+from tms_core.conf import tms_settings
 
 pytestmark = pytest.mark.django_db
 
@@ -179,3 +182,36 @@ def test_a_failed_poll_message_makes_the_poll_due_again_at_once():
     retry = FlakyPublisher()
     assert Monitor(batch=10, publish=retry).dispatch_once(housekeeping=True)[0] == 1
     assert [(name, i) for name, i, _, _ in retry.sent] == [("tms.poll_execution", execution_id)]
+
+
+def test_the_monitor_sleeps_until_the_next_due_time_it_read_not_that_long_after_publishing(monkeypatch):
+    """Issue 33: the loop slept the wait it read before publishing, once publishing was done, so
+    each run started as much later as the previous publish (and its confirm wait) took."""
+    task = TaskFactory(misfire_grace=timedelta(hours=1))
+    now = timezone.now()
+    ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=1))
+    ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=4))
+    slow = FlakyPublisher()
+
+    def slow_publish(task_, item, producer) -> None:
+        import time
+
+        time.sleep(1.0)  # a slow broker's confirm, or a loaded machine
+        slow(task_, item, producer)
+
+    # No pacing, and a longest sleep above the wait, which would cap it.
+    conf = dataclasses.replace(tms_settings(), MONITOR_MAX_SLEEP=30.0, MONITOR_QUEUE_SECONDS=0.0)
+    monitor = Monitor(conf=conf, batch=100, publish=slow_publish)
+    # The loop's connection check would close the test's connection (its transaction).
+    monkeypatch.setattr("executions.monitor.close_old_connections", lambda: None)
+    read: list[float | None] = []
+    look = transitions.next_due_in
+    monkeypatch.setattr(transitions, "next_due_in", lambda: read.append(look()) or read[-1])
+    waits: list[float] = []
+    monitor.listener.wait = lambda timeout: bool(waits.append(timeout))  # type: ignore[method-assign]
+    monitor.run(max_passes=1)
+    assert len(slow.ids) == 1
+    # The wait read (about 4 s) less the 1 s the publishing took after the read (without the fix:
+    # the wait read, whole).
+    assert len(read) == 1 and read[0] is not None and read[0] > 1.0
+    assert len(waits) == 1 and waits[0] <= read[0] - 0.9
