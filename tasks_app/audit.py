@@ -125,6 +125,8 @@ class AuditedCommand(BaseCommand):
 
 
 def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float):  # most values: nothing to convert
+        return value
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, datetime | date):
@@ -143,11 +145,12 @@ def _jsonable(value: Any) -> Any:
 def audit_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{field: {"from": ..., "to": ...}}`` for each field whose value differs (give both sides
     with secrets already masked)."""
-    return {
-        name: {"from": _jsonable(before.get(name)), "to": _jsonable(after.get(name))}
-        for name in sorted(set(before) | set(after))
-        if _jsonable(before.get(name)) != _jsonable(after.get(name))
-    }
+    diff = {}
+    for name in sorted(set(before) | set(after)):
+        old, new = _jsonable(before.get(name)), _jsonable(after.get(name))
+        if old != new:
+            diff[name] = {"from": old, "to": new}
+    return diff
 
 
 def _entry(

@@ -186,6 +186,8 @@ def limits_resolve(*, owner_id: int, names: Iterable[str], field: str = "limits"
     """The limits a task of ``owner_id`` means by ``names``: the owner's own of that name, else
     the global one. An unknown name, a repeated one or too many are errors on ``field``."""
     names = list(names)
+    if not names:
+        return []  # most tasks: no query (a bulk create asked once per task)
     if len(names) > MAX_LIMITS_PER_TASK:
         raise InvalidInput.on(field, f"At most {MAX_LIMITS_PER_TASK} limits per task.")
     if len(set(names)) != len(names):
