@@ -228,6 +228,21 @@ def test_with_egress_open_a_run_reaches_the_allowed_server_and_still_nothing_els
     assert {name: value for name, value in reached.items() if value not in REFUSED} == {}
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_database_host_of_the_settings_stays_refused_inside_an_allowed_network(
+    tmp_path: Path, mode: str, targets: dict[str, tuple[str, int]], testnet: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The settings name the test network's private server as the database host (a managed
+    # database on the private network, say); the operator opens that whole network.
+    monkeypatch.setitem(settings.DATABASES["default"], "HOST", testnet["private"])
+    network = testnet["allowed"].rsplit(".", 1)[0] + ".0/24"
+    chosen = {name: targets[name] for name in ("allowed", "private")}
+    reached = _probe_in_sandbox(tmp_path, mode, chosen, egress={"allow": [network]})
+    assert reached["allowed"] == f"answered: hello from {testnet['allowed']}"
+    assert reached["private"] in REFUSED
+
+
 def test_a_run_has_its_own_loopback(tmp_path: Path) -> None:
     runner = make_runner(tmp_path, "bwrap")
     code = (
