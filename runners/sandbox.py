@@ -30,19 +30,20 @@ host-wide, root-only ``SUBPROCESS_RUN_USER_LOCKS`` folder, and the supervisor gi
 the run is over, after killing every process left with that uid: two runs never share a uid at
 the same time, so per-user limits (``RLIMIT_NPROC``) and signals stay within one run.
 
-Network (``bwrap`` and ``user``): the supervisor moves itself into a new network namespace before
-it starts the command, so the run never has the host's network, loopback included (no
-PostgreSQL, RabbitMQ, ``/metrics`` or Flower on 127.0.0.1, no host address, no abstract Unix
-socket of the host). With egress closed (the default) that namespace has only its own loopback.
-With the runner's ``egress`` option open, slirp4netns (a user-mode TCP/IP stack, run with
-``--disable-host-loopback`` and its own sandbox and seccomp filter) gives the namespace a
-``tap0`` whose traffic leaves as connections made by the host, and nftables rules loaded into the
-namespace before the command starts decide what it may reach (:func:`nft_ruleset`): never the
-host's own addresses, the database and broker hosts of the settings, cloud metadata addresses
-or slirp4netns' gateway (the host); the operator's ``allow`` list; the rest of the non-public
-ranges never; public addresses when ``internet`` is on. The command has no capability in that
-namespace (an unprivileged user; inside bubblewrap, a user namespace of its own), so it cannot
-change the rules.
+Network (``bwrap`` and ``user``): every run has a network namespace of its own, so it never has
+the host's network, loopback included (no PostgreSQL, RabbitMQ, ``/metrics`` or Flower on
+127.0.0.1, no host address, no abstract Unix socket of the host). With egress closed (the
+default) that namespace has only its own loopback: bubblewrap's own in bwrap mode, the
+supervisor's (which moves itself into a new one before it starts the command) in user mode.
+With the runner's ``egress`` option open, the supervisor's in both modes, and slirp4netns (a
+user-mode TCP/IP stack, run with ``--disable-host-loopback`` and its own sandbox and seccomp
+filter) gives the namespace a ``tap0`` whose traffic leaves as connections made by the host, and
+nftables rules loaded into the namespace before the command starts decide what it may reach
+(:func:`nft_ruleset`): never the host's own addresses, the database and broker hosts of the
+settings, cloud metadata addresses or slirp4netns' gateway (the host); the operator's ``allow``
+list; the rest of the non-public ranges never; public addresses when ``internet`` is on. The
+command has no capability in that namespace (an unprivileged user; inside bubblewrap, a user
+namespace of its own), so it cannot change the rules.
 """
 
 from __future__ import annotations
@@ -243,13 +244,16 @@ def bwrap_argv(
 ) -> list[str]:  # fmt: skip
     """The bubblewrap command that runs ``argv`` with the view of the host described above.
 
-    It keeps the network namespace it is started in (``--share-net``): the supervisor's own,
-    never the host's (see the module docstring). ``resolv_conf`` replaces the host's
-    ``/etc/resolv.conf`` (with egress open: slirp4netns' DNS forwarder).
+    With ``resolv_conf`` (egress open) it keeps the network namespace it is started in
+    (``--share-net``), the supervisor's own, never the host's, and that file replaces the host's
+    ``/etc/resolv.conf`` (slirp4netns' DNS forwarder); without, bubblewrap gives the run a new
+    network namespace with nothing but its loopback.
     """
     bwrap = bwrap_path()
     assert bwrap is not None
-    args = [bwrap, "--unshare-all", "--share-net"]
+    args = [bwrap, "--unshare-all"]
+    if resolv_conf is not None:
+        args.append("--share-net")
     args += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
@@ -502,8 +506,11 @@ def nft_ruleset(egress: Egress, *, refused: Iterable[str], allowed: Iterable[str
     return "\n".join(lines) + "\n"
 
 
-def network_plan(egress: Egress) -> dict[str, Any]:
-    """What the supervisor sets up for a run's network (run.json's ``network``)."""
+def network_plan(egress: Egress, mode: str) -> dict[str, Any] | None:
+    """What the supervisor sets up for a run's network (run.json's ``network``): nothing in mode
+    ``none`` (the worker's network) or in bwrap mode with egress closed (bubblewrap's namespace)."""
+    if mode == "none" or (mode == "bwrap" and not egress.open):
+        return None
     if not egress.open:
         return {"isolate": True, "egress": None}
     slirp, nft = slirp4netns_path(), nft_path()

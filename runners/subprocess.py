@@ -738,8 +738,7 @@ class SubprocessRunner(BaseRunner):
             "user": None if user is None else {"name": user.name, "uid": user.uid, "gid": user.gid, "lock": user.lock},
             "rlimits": {name: value for name, value in limits.items() if name in supervisor.RLIMITS},
             "disk": {"path": str(work), "limit": limits["disk_bytes"]},
-            # A network namespace of the run's own needs the root supervisor of a sandbox mode.
-            "network": sandbox.network_plan(self.egress) if mode != "none" else None,
+            "network": sandbox.network_plan(self.egress, mode),
             "ignore_sigterm": mode == "bwrap",
         }
 

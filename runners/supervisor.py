@@ -7,9 +7,10 @@ that started it, even a worker killed with SIGKILL. It then:
 
 1. records itself: a line in ``launches`` (the executor's own launch count) and ``supervisor.pid``;
 2. reads ``run.json`` (argv, executable, cwd, environment, deadline, kill grace);
-3. gives up at once if ``cancel`` exists; with a run user, moves itself into a network namespace
-   of its own, which the command inherits (only its loopback, or, with egress open, a tap of
-   slirp4netns filtered by nftables rules: see :mod:`runners.sandbox`);
+3. gives up at once if ``cancel`` exists; when ``run.json`` asks (user mode, and egress open),
+   moves itself into a network namespace of its own, which the command inherits (only its
+   loopback, or, with egress open, a tap of slirp4netns filtered by nftables rules: see
+   :mod:`runners.sandbox`; bwrap mode with egress closed gets a namespace from bubblewrap);
 4. starts the command in a process group of its own, with stdout and stderr going to the
    ``stdout`` and ``stderr`` files, and records ``pid``;
 5. waits for it until the deadline, then SIGTERMs the group, and SIGKILLs it after the grace;
@@ -27,20 +28,18 @@ the length of the run. The runner imports the file names below from here.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import json
 import os
 import resource
-import select
-import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
 from typing import Any
+
+# ctypes, fcntl, select, shutil, socket and struct are imported where they are needed: every run
+# starts this program, and a bwrap run with egress closed needs none of them (their import was a
+# measurable part of a short run's start on a loaded machine).
 
 # File names inside a run folder (see runners.subprocess for the whole layout).
 RUN, LAUNCHES, SUPERVISOR_PID, PID = "run.json", "launches", "supervisor.pid", "pid"
@@ -232,10 +231,22 @@ class NetworkError(Exception):
 
 
 def _libc() -> Any:
+    import ctypes
+
     return ctypes.CDLL(None, use_errno=True)
 
 
+def _errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 def _interface_up(name: bytes) -> None:
+    import fcntl
+    import socket
+    import struct
+
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = struct.pack("16sh22x", name, 0)
         flags = struct.unpack("16sh", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
@@ -260,7 +271,7 @@ class Network:
         host = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             if libc.unshare(CLONE_NEWNET) != 0:
-                error = ctypes.get_errno()
+                error = _errno()
                 raise NetworkError(f"cannot create a network namespace: {os.strerror(error)}")
             _interface_up(b"lo")
             egress = self.plan.get("egress")
@@ -276,7 +287,7 @@ class Network:
 
         def back_to_the_host() -> None:
             if libc.setns(host, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns to the host's network namespace")
+                raise OSError(_errno(), "setns to the host's network namespace")
 
         try:
             with open(path(run_dir, "slirp4netns.log"), "wb") as log:
@@ -297,6 +308,8 @@ class Network:
             os.close(exit_r)
         self._exit_fd = exit_w
         try:
+            import select
+
             readable, _, _ = select.select([ready_r], [], [], SLIRP_READY_SECONDS)
             ready = os.read(ready_r, 1) if readable else b""
         finally:
@@ -348,6 +361,8 @@ def disk_usage(folder: str) -> int:
 
 def empty_folder(folder: str) -> None:
     """Remove what ``folder`` holds (the folder itself stays)."""
+    import shutil
+
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in list(entries):
             if entry.is_dir(follow_symlinks=False):
