@@ -276,12 +276,18 @@ class Network:
             _interface_up(b"lo")
             egress = self.plan.get("egress")
             if egress:
-                self._attach_slirp(run_dir, egress, host, libc)
-                self._load_rules(egress)
+                ready = self._start_slirp(run_dir, egress, host, libc)
+                try:
+                    # Loaded while slirp4netns configures the tap: the rules do not name it.
+                    self._load_rules(egress)
+                    self._wait_until_ready(ready)
+                finally:
+                    os.close(ready)
         finally:
             os.close(host)
 
-    def _attach_slirp(self, run_dir: str, egress: dict[str, Any], host: int, libc: Any) -> None:
+    def _start_slirp(self, run_dir: str, egress: dict[str, Any], host: int, libc: Any) -> int:
+        """Start slirp4netns on this namespace; the pipe it writes "1" to once the tap is configured."""
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
 
@@ -302,18 +308,20 @@ class Network:
                 )  # fmt: skip
         except OSError as exc:
             os.close(exit_w)
+            os.close(ready_r)
             raise NetworkError(f"cannot start slirp4netns: {exc}") from exc
         finally:
             os.close(ready_w)
             os.close(exit_r)
         self._exit_fd = exit_w
-        try:
-            import select
+        return ready_r
 
-            readable, _, _ = select.select([ready_r], [], [], SLIRP_READY_SECONDS)
-            ready = os.read(ready_r, 1) if readable else b""
-        finally:
-            os.close(ready_r)
+    @staticmethod
+    def _wait_until_ready(ready_r: int) -> None:
+        import select
+
+        readable, _, _ = select.select([ready_r], [], [], SLIRP_READY_SECONDS)
+        ready = os.read(ready_r, 1) if readable else b""
         if ready != b"1":
             raise NetworkError(f"slirp4netns did not configure the run's network in {SLIRP_READY_SECONDS:g} s")
 

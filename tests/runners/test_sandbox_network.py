@@ -324,3 +324,18 @@ def test_allowed_host_names_are_resolved_when_a_run_is_planned() -> None:
     assert sandbox.allowed_addresses(egress) == ["10.9.0.0/16", "127.0.0.1", "192.0.2.5/32"]
     assert not sandbox.parse_egress("local", {"internet": False, "allow": []}).open
     assert not sandbox.parse_egress("local", None).open
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_network_that_cannot_be_set_up_fails_the_run_before_the_command_starts(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slirp4netns that exits at once never reports the tap ready: the command must not run
+    # (with the host's network or without the rules), and the run fails saying why.
+    monkeypatch.setattr(sandbox, "slirp4netns_path", lambda: "/bin/false")
+    runner = make_runner(tmp_path, mode, egress={"internet": True})
+    spec = make_spec(runner, {"command": ["/bin/sh", "-c", 'echo ran > "$HOME/ran"']})
+    result = wait_for_result(runner, spec, runner.start(spec), seconds=30)
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("the run's network could not be set up: slirp4netns did not configure"), result.error
+    assert not (runner.work_dir / spec.idempotency_key / "work" / "ran").exists()
