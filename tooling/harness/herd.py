@@ -271,7 +271,10 @@ class Herd:
         try:
             for proc in [*procs["worker"], *procs["materialiser"]]:
                 wait_ready(proc, timeout=60)
-            procs["beat"] = [start_beat("herd-beat", log_dir=self.log_dir, **system)]
+            # Beat logs the jobs it sends (quiet by default: tms_project/log_filters.py), so that
+            # its first one can be seen.
+            beat_env = {**system, "TMS_LOG_HOUSEKEEPING": "true"}
+            procs["beat"] = [start_beat("herd-beat", log_dir=self.log_dir, **beat_env)]
             # Measure from beat's first job on: its start-up (Django, the scheduler) is not the herd's.
             wait_ready(procs["beat"][0], timeout=60, line="Sending due task")
             yield procs
