@@ -6,7 +6,8 @@ once (a herd: ``DISPATCH_BATCH``; publisher confirms on). Several monitors share
 work and never publish one row twice. While the broker is unreachable the monitor takes
 nothing, so rows stay SCHEDULED, and retries with backoff; a batch cut off mid-publish goes
 back to SCHEDULED; a monitor that dies between commit and publish leaves PENDING rows that are
-published again once unclaimed for ``PENDING_REPUBLISH_AFTER`` seconds. Between
+published again once unclaimed for ``PENDING_REPUBLISH_AFTER`` seconds plus the queue's estimated
+drain time (:class:`Backlog`). Between
 passes it sleeps until the next due time, a Postgres ``NOTIFY``, or ``MONITOR_MAX_SLEEP``.
 
 Fair share (:mod:`executions.fairness`): when more is due than the workers start, the monitor
