@@ -109,6 +109,9 @@ LIMIT_CEILINGS = {
     "disk_bytes": 64 * 1024**3,
     "tmp_bytes": 4 * 1024**3,
 }
+#: The host's temporary folders that a run in user mode shares: its files there are measured
+#: against ``tmp_bytes`` and removed when it ends.
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108
 #: The supervisor program, run by path: see :mod:`runners.supervisor`.
 SUPERVISOR = str(Path(supervisor.__file__).resolve())
 
@@ -737,7 +740,13 @@ class SubprocessRunner(BaseRunner):
             "sandbox": mode,
             "user": None if user is None else {"name": user.name, "uid": user.uid, "gid": user.gid, "lock": user.lock},
             "rlimits": {name: value for name, value in limits.items() if name in supervisor.RLIMITS},
-            "disk": {"path": str(work), "limit": limits["disk_bytes"]},
+            "disk": {
+                "path": str(work),
+                "limit": limits["disk_bytes"],
+                # User mode shares the host's temporary folders: the run user's entries there count.
+                "shared": list(SHARED_TMP) if mode == "user" else [],
+                "tmp_limit": limits["tmp_bytes"],
+            },
             "network": sandbox.network_plan(self.egress, mode),
             "ignore_sigterm": mode == "bwrap",
         }

@@ -179,18 +179,45 @@ def start_command(run_dir: str, spec: dict[str, Any]) -> subprocess.Popen[bytes]
 DISK_CHECK_SECONDS = 0.5
 
 
-def over_disk(spec: dict[str, Any]) -> int | None:
-    """The work folder's size if it exceeds the run's ``disk_bytes``, else None."""
+def over_disk(spec: dict[str, Any]) -> str | None:
+    """Why the run holds more disk than it may, or None: its work folder past ``disk_bytes``, or
+    (user mode) its files in the host's shared temporary folders past ``tmp_bytes``."""
     disk = spec.get("disk")
     if not disk:
         return None
     used = disk_usage(disk["path"])
-    return used if used > int(disk["limit"]) else None
+    if used > int(disk["limit"]):
+        return (
+            f"disk limit exceeded: the work folder held {used} bytes, more than the run's disk_bytes "
+            f"{int(disk['limit'])}; its contents were removed"
+        )
+    shared, user = disk.get("shared"), spec.get("user")
+    if shared and user:
+        used = sum(disk_usage(entry) for entry in owned_entries(shared, int(user["uid"])))
+        if used > int(disk["tmp_limit"]):
+            return (
+                f"tmp limit exceeded: the run's files in {', '.join(shared)} held {used} bytes, more than the "
+                f"run's tmp_bytes {int(disk['tmp_limit'])}; they were removed"
+            )
+    return None
 
 
-def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tuple[int, bool, int | None]:
-    """Wait until the command ends, the deadline passes or the work folder grows past ``disk_bytes``:
-    (return code, whether it timed out, the folder's size if it was too large).
+def owned_entries(folders: list[str], uid: int) -> list[str]:
+    """The entries of ``folders`` (not below them) that belong to ``uid``: what a run user put in
+    the host's shared temporary folders (it can create nothing elsewhere in them)."""
+    found = []
+    for folder in folders:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        found.append(entry.path)
+    return found
+
+
+def wait_for_command(proc: subprocess.Popen[bytes], spec: dict[str, Any]) -> tuple[int, bool, str | None]:
+    """Wait until the command ends, the deadline passes or the run holds more disk than it may:
+    (return code, whether it timed out, why it held too much).
 
     At the deadline the group gets SIGTERM, and SIGKILL if it is still there after the grace; over
     the disk limit, SIGKILL at once.
@@ -347,7 +374,13 @@ class Network:
 
 
 def disk_usage(folder: str) -> int:
-    """Bytes of disk held by everything under ``folder`` (allocated blocks; links not followed)."""
+    """Bytes of disk held by ``folder`` and everything under it (allocated blocks; links not followed)."""
+    try:
+        top = os.lstat(folder)
+    except OSError:
+        return 0
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return top.st_blocks * 512
     total = 0
     stack = [folder]
     while stack:
@@ -367,17 +400,22 @@ def disk_usage(folder: str) -> int:
     return total
 
 
-def empty_folder(folder: str) -> None:
-    """Remove what ``folder`` holds (the folder itself stays)."""
+def remove(paths: list[str]) -> None:
+    """Remove files and folders (whole trees), whatever is already gone."""
     import shutil
 
+    for item in paths:
+        if os.path.isdir(item) and not os.path.islink(item):
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(item)
+
+
+def empty_folder(folder: str) -> None:
+    """Remove what ``folder`` holds (the folder itself stays)."""
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
-        for entry in list(entries):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+        remove([entry.path for entry in entries])
 
 
 def kill_user(uid: int) -> None:
@@ -464,11 +502,11 @@ def supervise_command(run_dir: str, spec: dict[str, Any]) -> None:
     if too_large is not None:
         # Kept for days otherwise: the folder is emptied, so that no run holds more than its limit.
         empty_folder(spec["disk"]["path"])
-        extra = {
-            "error": f"disk limit exceeded: the work folder held {too_large} bytes, more than the run's "
-            f"disk_bytes {int(spec['disk']['limit'])}; its contents were removed",
-            "disk_bytes": too_large,
-        }
+        extra = {"error": too_large}
+    shared = (spec.get("disk") or {}).get("shared")
+    if shared and spec.get("user"):
+        # The uid goes to another task's run next: what this run left in /tmp must not be there.
+        remove(owned_entries(shared, int(spec["user"]["uid"])))
     finish(run_dir, returncode=returncode, timed_out=timed_out, cpu_seconds=usage.ru_utime + usage.ru_stime, **extra)
 
 

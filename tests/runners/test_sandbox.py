@@ -493,3 +493,22 @@ def test_private_tmp_and_dev_shm_are_size_limited_and_dev_and_run_read_only(tmp_
         {"command": ["/usr/bin/python3", "-c", code.split("\n", 1)[0] + "\n" + code.rsplit("\n", 2)[1]]},
     )
     assert default.output == f"size {64 * MiB}\n"
+
+
+def test_in_user_mode_what_a_run_leaves_in_the_hosts_tmp_goes_with_it(tmp_path: Path) -> None:
+    # Its uid goes to another task's run next, which could read it otherwise.
+    runner = make_runner(tmp_path, "user")
+    name = f"tms-test-left-{os.getpid()}-{next(_ids)}"
+    script = f"echo secret > /tmp/{name}; mkdir /var/tmp/{name}; echo secret > /var/tmp/{name}/f; echo done"
+    result = run(runner, sh(script))
+    assert result.state is RunState.SUCCEEDED and result.output == "done\n", result.error
+    assert not Path(f"/tmp/{name}").exists() and not Path(f"/var/tmp/{name}").exists()
+
+
+def test_in_user_mode_a_runs_files_in_the_hosts_tmp_count_against_tmp_bytes(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, "user", limits={"tmp_bytes": MiB})
+    name = f"tms-test-big-{os.getpid()}-{next(_ids)}"
+    result = run(runner, sh(f"head -c 2097152 /dev/zero > /tmp/{name}; echo written"))
+    assert result.state is RunState.FAILED
+    assert result.error.startswith("tmp limit exceeded: the run's files in /tmp, /var/tmp, /dev/shm held"), result.error
+    assert not Path(f"/tmp/{name}").exists()
