@@ -14,9 +14,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 
+from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
-from tasks_app.models import MisfirePolicy, OverlapPolicy, Task
+from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.services import task_config_masked
+from tms_core.durations import format_duration
 
 #: Wall-clock input to the second (``<input type=datetime-local step=1>``).
 LOCAL_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -197,3 +199,125 @@ class OccurrenceWindowForm(ApiInputForm):
         super().__init__(*args, **kwargs)
         self.fields["from"] = forms.CharField(required=False, widget=LocalDateTimeInput())
         self.fields["to"] = forms.CharField(required=False, widget=LocalDateTimeInput())
+
+
+# --- notification channels and rules -------------------------------------------------------------
+
+
+class TimeInput(forms.TimeInput):
+    input_type = "time"
+
+
+class ChannelForm(ApiInputForm):
+    """A notification channel: the fields of ``POST /api/v1/notification-channels``."""
+
+    name = forms.CharField(max_length=200)
+    kind = forms.ChoiceField(choices=ChannelKind.choices)
+    target = forms.CharField(
+        max_length=500, help_text="A URL for webhook and Slack, an e-mail address for email. Shown masked once saved."
+    )
+    failing_after = forms.IntegerField(
+        label="Failing after", min_value=1, max_value=MAX_FAILING_AFTER, initial=DEFAULT_FAILING_AFTER,
+        help_text="failed delivery attempts in a row (retries count)",
+    )  # fmt: skip
+    quiet_from = forms.CharField(required=False, widget=TimeInput(), help_text="Quiet hours: nothing is sent from ...")
+    quiet_to = forms.CharField(required=False, widget=TimeInput(), help_text="... until this time (then it is).")
+    timezone = forms.CharField(max_length=64, initial="UTC", help_text="The quiet hours' zone (IANA).")
+
+    @classmethod
+    def initial_for(cls, channel: Channel) -> dict[str, Any]:
+        return {
+            "name": channel.name,
+            "kind": channel.kind,
+            "target": channel.shown_target(),  # sending the mask back keeps the stored target
+            "failing_after": channel.failing_after,
+            "quiet_from": channel.quiet_from.strftime("%H:%M") if channel.quiet_from else "",
+            "quiet_to": channel.quiet_to.strftime("%H:%M") if channel.quiet_to else "",
+            "timezone": channel.timezone,
+        }
+
+    def api_input(self) -> dict[str, Any]:
+        """Every field as the API takes it: an empty quiet hour is null (none)."""
+        data = self.payload()
+        for name in ("quiet_from", "quiet_to"):
+            data.setdefault(name, None)
+        return data
+
+
+#: Rule flags and durations, with the words the page shows for them.
+RULE_EVENTS = (
+    ("on_failure", "fails for good (attempts exhausted)"),
+    ("on_retry", "fails an attempt that will be retried"),
+    ("on_recovery", "recovers (first success after failures)"),
+    ("on_skip", "skips an occurrence"),
+)
+RULE_DURATIONS = (
+    ("late_after", "Started late by more than"),
+    ("running_longer_than", "Running longer than"),
+    ("no_success_within", "No success within"),
+    ("digest_every", "Send as one digest every"),
+)
+#: Tasks offered in a rule's task menu (newest first); a rule for another task is added from its page.
+RULE_TASK_CHOICES = 300
+
+
+class RuleForm(ApiInputForm):
+    """A notification rule: the fields of ``POST /api/v1/notification-rules``. ``task`` empty is
+    the owner's default for every task without rules of its own; ``fixed_task`` (a task's page)
+    takes the task from the page instead of a menu."""
+
+    def __init__(
+        self, *args: Any, owner: Any, fixed_task: Task | None = None, rule: Rule | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.fixed_task = fixed_task
+        channels = Channel.objects.filter(owner=owner).order_by("name", "id")
+        self.fields["channel"] = forms.ChoiceField(choices=[(str(c.pk), f"{c.name} ({c.kind})") for c in channels])
+        if fixed_task is None:
+            tasks = (
+                Task.objects.filter(owner=owner)
+                .exclude(status=TaskStatus.DELETED)
+                .order_by("-created_at")
+                .only("id", "name")[:RULE_TASK_CHOICES]
+            )
+            choices = [("", "Every task without rules of its own (default)")]
+            if rule is not None and rule.task is not None and rule.task not in tasks:
+                choices.append((str(rule.task_id), str(rule.task)))  # an older task, kept as it is
+            self.fields["task"] = forms.ChoiceField(
+                required=False, choices=choices + [(str(t.pk), str(t)) for t in tasks], label="For"
+            )
+        self.fields["enabled"] = forms.BooleanField(required=False, initial=True)
+        for name, words in RULE_EVENTS:
+            self.fields[name] = forms.BooleanField(required=False, label=words)
+        for name, words in RULE_DURATIONS:
+            self.fields[name] = forms.CharField(
+                required=False, max_length=40, label=words, help_text='e.g. "90s", "5m", "1h"; empty: off'
+            )
+
+    @classmethod
+    def initial_for(cls, rule: Rule) -> dict[str, Any]:
+        initial: dict[str, Any] = {
+            "task": str(rule.task_id or ""),
+            "channel": str(rule.channel_id),
+            "enabled": rule.enabled,
+        }
+        for name, _ in RULE_EVENTS:
+            initial[name] = getattr(rule, name)
+        for name, _ in RULE_DURATIONS:
+            value = getattr(rule, name)
+            initial[name] = format_duration(value) if value is not None else ""
+        return initial
+
+    def api_input(self) -> dict[str, Any]:
+        """Every field as the API takes it: empty durations are null (off), an empty task null."""
+        data = self.cleaned_data
+        result: dict[str, Any] = {"channel": data.get("channel"), "enabled": bool(data.get("enabled"))}
+        if self.fixed_task is not None:
+            result["task"] = str(self.fixed_task.pk)
+        else:
+            result["task"] = data.get("task") or None
+        for name, _ in RULE_EVENTS:
+            result[name] = bool(data.get(name))
+        for name, _ in RULE_DURATIONS:
+            result[name] = (data.get(name) or "").strip() or None
+        return result

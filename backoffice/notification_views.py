@@ -1,7 +1,11 @@
-"""The back office's notifications page: channels (state, "send test") and the delivery log.
+"""The back office's notifications: channels and rules created, edited, tested and deleted from
+the notifications page (rules from a task's page too), and the delivery log.
 
-Channels and rules are created through the API or the admin (both through
-:mod:`notifications.services`); this page shows them and sends tests through the same service.
+Every write validates with the API's serializer (the same rules and messages as
+``/api/v1/notification-channels`` and ``/notification-rules``) and calls the same service
+(:mod:`notifications.services`); errors land on the form's fields. Who may act follows the API:
+a user creates their own channels and rules and changes their own; staff change another owner's
+only with the model permission (:func:`tasks_app.roles.may_act_for`).
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
-from notifications.models import Channel, Delivery, DeliveryStatus, Rule
+from backoffice.forms import RULE_DURATIONS, RULE_EVENTS, ChannelForm, RuleForm
+from backoffice.scope import task_or_404
+from notifications import services
+from notifications.models import Channel, ChannelKind, Delivery, DeliveryStatus, Rule
+from notifications.serializers import ChannelSerializer, RuleSerializer
 from notifications.services import channel_send_test
 from tasks_app.roles import may_act_for
-from tms_core.form_errors import SERVICE_ERRORS, exception_messages
+from tms_core.auth import request_user
+from tms_core.durations import format_duration
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 #: Rows of the delivery log per page (keyset on id: ``?before=<id>``).
 LOG_PAGE = 50
@@ -38,9 +48,62 @@ def task_rules(task: Any) -> tuple[list[Rule], bool]:
     return list(Rule.objects.filter(owner_id=task.owner_id, task__isnull=True).select_related("channel")), True
 
 
-@login_required
-def notifications_page(request: HttpRequest) -> HttpResponse:
-    channels = visible_channels(request.user).order_by("name", "id")
+def visible_rules(user: Any) -> QuerySet[Rule]:
+    return Rule.objects.all() if user.is_staff else Rule.objects.filter(owner=user)
+
+
+def _may(user: Any, obj: Channel | Rule, verb: str) -> bool:
+    model = "channel" if isinstance(obj, Channel) else "rule"
+    return may_act_for(user, obj.owner_id, f"notifications.{verb}_{model}")
+
+
+def _to_change(user: Any, queryset: QuerySet, pk: int, verb: str = "change") -> Any:
+    """The channel or rule ``user`` acts on: 404 if they may not see it, 403 if only look at it."""
+    obj = get_object_or_404(queryset, pk=pk)
+    if not _may(user, obj, verb):
+        raise PermissionDenied("You may look at this but not change it.")
+    return obj
+
+
+class _AsOwner:
+    """The serializer context's request for validating as ``owner`` (the rule's channel and task
+    must be the owner's: staff editing another owner's rule validate as that owner)."""
+
+    def __init__(self, owner: Any) -> None:
+        self.user = owner
+
+
+def _context(request: HttpRequest, owner: Any) -> dict[str, Any]:
+    return {"request": request if owner.pk == request_user(request).pk else _AsOwner(owner)}
+
+
+def rule_words(rule: Rule) -> str:
+    """What a rule tells about, in words."""
+    parts = [words.split(" (")[0] for name, words in RULE_EVENTS if getattr(rule, name)]
+    for name, words in RULE_DURATIONS[:3]:
+        value = getattr(rule, name)
+        if value is not None:
+            parts.append(f"{words.lower()} {format_duration(value)}")
+    text = "; ".join(parts) or "nothing"
+    if rule.digest_every is not None:
+        text += f" (one digest every {format_duration(rule.digest_every)})"
+    return text
+
+
+def rule_rows(rules: Any, user: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": r,
+            "words": rule_words(r),
+            "can_change": _may(user, r, "change"),
+            "can_delete": _may(user, r, "delete"),
+        }
+        for r in rules
+    ]
+
+
+def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
+    channels = visible_channels(request.user).select_related("owner").order_by("name", "id")
     log = Delivery.objects.filter(channel__in=channels).select_related("channel", "task").order_by("-id")
     channel = request.GET.get("channel")
     if channel and channel.isdigit():
@@ -54,15 +117,150 @@ def notifications_page(request: HttpRequest) -> HttpResponse:
     rows = list(log[: LOG_PAGE + 1])
     more = len(rows) > LOG_PAGE
     rows = rows[:LOG_PAGE]
-    context = {
-        "channels": channels,
+    rules = visible_rules(request.user).select_related("channel", "task", "owner").order_by("task_id", "id")
+    user = request_user(request)
+    return {
+        "channels": [
+            {"channel": c, "can_change": _may(request.user, c, "change"), "can_delete": _may(request.user, c, "delete")}
+            for c in channels
+        ],
+        "rules": rule_rows(rules[:500], request.user),
+        "channel_form": forms.get("channel_form") or ChannelForm(initial={"timezone": "UTC"}),
+        "rule_form": forms.get("rule_form") or RuleForm(owner=user, initial={"enabled": True}),
+        "has_own_channels": Channel.objects.filter(owner=user).exists(),
         "deliveries": rows,
         "next_before": rows[-1].pk if more and rows else None,
         "statuses": DeliveryStatus.values,
         "status": status or "",
         "channel": channel or "",
     }
-    return render(request, "backoffice/notifications.html", context)
+
+
+@login_required
+def notifications_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "backoffice/notifications.html", page_context(request))
+
+
+def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | None) -> Channel | None:
+    """Validate ``form`` with the API's serializer and save through the service; None (errors on
+    the form) when refused."""
+    if not form.is_valid():
+        return None
+    owner = channel.owner if channel else request_user(request)
+    serializer = ChannelSerializer(
+        channel, data=form.api_input(), partial=channel is not None, context=_context(request, owner)
+    )
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors)
+        return None
+    try:
+        if channel is None:
+            return services.channel_create(owner=owner, data=serializer.validated_data)
+        return services.channel_update(channel=channel, data=serializer.validated_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+
+
+@login_required
+@require_POST
+def channel_create_view(request: HttpRequest) -> HttpResponse:
+    form = ChannelForm(request.POST)
+    channel = _save_channel(request, form, None)
+    if channel is None:
+        return render(request, "backoffice/notifications.html", page_context(request, channel_form=form), status=400)
+    messages.success(request, f"Channel {channel.name} created.")
+    if channel.kind == ChannelKind.WEBHOOK:
+        # Handed out once, as by the API: stored encrypted, masked from now on.
+        messages.info(request, f"Signing secret of {channel.name} (shown this once; X-TMS-Signature): {channel.secret}")
+    return redirect("backoffice:notifications")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def channel_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = _to_change(request.user, visible_channels(request.user), pk)
+    form = ChannelForm(request.POST or None, initial=ChannelForm.initial_for(channel))
+    if request.method == "POST" and _save_channel(request, form, channel) is not None:
+        messages.success(request, f"Channel {channel.name} saved.")
+        return redirect("backoffice:notifications")
+    context = {"channel": channel, "form": form, "what": "channel"}
+    return render(request, "backoffice/notification_edit.html", context, status=400 if form.is_bound else 200)
+
+
+@login_required
+@require_POST
+def channel_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = _to_change(request.user, visible_channels(request.user), pk, "delete")
+    services.channel_delete(channel=channel)
+    messages.success(request, f"Channel {channel.name} deleted, with its rules.")
+    return redirect("backoffice:notifications")
+
+
+def _save_rule(request: HttpRequest, form: RuleForm, rule: Rule | None, owner: Any) -> Rule | None:
+    if not form.is_valid():
+        return None
+    serializer = RuleSerializer(rule, data=form.api_input(), context=_context(request, owner))
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors)
+        return None
+    try:
+        if rule is None:
+            return services.rule_create(owner=owner, data=serializer.validated_data)
+        return services.rule_update(rule=rule, data=serializer.validated_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+
+
+def _back(request: HttpRequest) -> HttpResponse:
+    """Back where the person was: the task's page when they came from it, else the notifications page."""
+    task = request.POST.get("from_task")
+    if task:
+        return redirect("backoffice:task", pk=task)
+    return redirect("backoffice:notifications")
+
+
+@login_required
+@require_POST
+def rule_create_view(request: HttpRequest) -> HttpResponse:
+    user = request_user(request)
+    fixed = task_or_404(request.user, request.POST["from_task"]) if request.POST.get("from_task") else None
+    if fixed is not None and fixed.owner_id != user.pk:
+        raise PermissionDenied("A rule is added by the task's owner.")
+    form = RuleForm(request.POST, owner=user, fixed_task=fixed)
+    rule = _save_rule(request, form, None, user)
+    if rule is None:
+        if fixed is not None:
+            from backoffice.views import task_context
+
+            context = task_context(request, fixed, rule_form=form)
+            return render(request, "backoffice/task_detail.html", context, status=400)
+        return render(request, "backoffice/notifications.html", page_context(request, rule_form=form), status=400)
+    messages.success(request, f"Rule added: to {rule.channel.name} when {rule_words(rule)}.")
+    return _back(request)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rule_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
+    rule = _to_change(request.user, visible_rules(request.user).select_related("owner"), pk)
+    form = RuleForm(request.POST or None, owner=rule.owner, initial=RuleForm.initial_for(rule), rule=rule)
+    if request.method == "POST" and _save_rule(request, form, rule, rule.owner) is not None:
+        messages.success(request, f"Rule saved: to {rule.channel.name} when {rule_words(rule)}.")
+        return _back(request)
+    from_task = request.POST.get("from_task") or request.GET.get("from_task", "")
+    context = {"rule": rule, "form": form, "what": "rule", "from_task": from_task}
+    return render(request, "backoffice/notification_edit.html", context, status=400 if form.is_bound else 200)
+
+
+@login_required
+@require_POST
+def rule_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
+    rule = _to_change(request.user, visible_rules(request.user), pk, "delete")
+    services.rule_delete(rule=rule)
+    messages.success(request, "Rule deleted.")
+    return _back(request)
 
 
 @login_required

@@ -28,4 +28,10 @@ urlpatterns = [
     path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
     path("ui/notifications/", notification_views.notifications_page, name="notifications"),
     path("ui/notifications/channels/<int:pk>/test/", notification_views.channel_test_view, name="channel-test"),
+    path("ui/notifications/channels/new/", notification_views.channel_create_view, name="channel-create"),
+    path("ui/notifications/channels/<int:pk>/edit/", notification_views.channel_edit_view, name="channel-edit"),
+    path("ui/notifications/channels/<int:pk>/delete/", notification_views.channel_delete_view, name="channel-delete"),
+    path("ui/notifications/rules/new/", notification_views.rule_create_view, name="rule-create"),
+    path("ui/notifications/rules/<int:pk>/edit/", notification_views.rule_edit_view, name="rule-edit"),
+    path("ui/notifications/rules/<int:pk>/delete/", notification_views.rule_delete_view, name="rule-delete"),
 ]

@@ -21,9 +21,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from backoffice.forms import BackfillForm, OccurrenceWindowForm, TaskForm, WhyForm, local_text
+from backoffice.forms import BackfillForm, OccurrenceWindowForm, RuleForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
-from backoffice.notification_views import task_rules
+from backoffice.notification_views import rule_rows, task_rules
 from backoffice.scope import (
     execution_or_404,
     execution_to_change,
@@ -39,6 +39,7 @@ from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.transitions import RETRYABLE_STATUSES
+from notifications.models import Channel
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_app.masking import mask_config
@@ -190,12 +191,16 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
     except SERVICE_ERRORS:
         fire_times = []
     rules, default_rules = task_rules(task)
+    owner_here = task.owner_id == request_user(request).pk
     return {
         "task": task,
         "state": task_state(task),
         "next_run": task_next_run(task),
-        "rules": rules,
+        "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
+        # A rule for this task is added by its owner, over the owner's channels.
+        "rule_form": forms.get("rule_form") or (RuleForm(owner=task.owner, fixed_task=task) if owner_here else None),
+        "has_channels": owner_here and Channel.objects.filter(owner=task.owner).exists(),
         "schedule": schedule_words(task),
         "config": pretty_json(task_config_masked(task)),
         "changes": recent_changes(task),

@@ -7,12 +7,13 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from notifications import services
 from notifications.models import Channel, Delivery, Rule
+from tms_core.durations import DurationFormField
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors, exception_messages
 
 
@@ -37,11 +38,11 @@ class ServiceForm(forms.ModelForm):
 
 
 class ChannelForm(ServiceForm):
-    service_fields = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
+    service_fields = services.CHANNEL_FIELDS
 
     class Meta:
         model = Channel
-        fields = ["owner", "name", "kind", "target", "quiet_from", "quiet_to", "timezone"]
+        fields = ["owner", *services.CHANNEL_FIELDS]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,13 +77,20 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 @admin.register(Channel)
 class ChannelAdmin(ServiceSavedAdmin):
     form = ChannelForm
-    list_display = ["name", "kind", "shown_target", "owner", "state", "failing_since"]
+    list_display = ["name", "kind", "shown_target", "owner", "state", "failing_since", "failed_attempts"]
     list_filter = ["kind", "state"]
     # Not the target: it is encrypted at rest (and a Slack URL is a credential staff never see).
     search_fields = ["name", "owner__username"]
-    raw_id_fields = ["owner"]
-    readonly_fields = ["state", "last_error", "failing_since", "created_at"]
+    # Pick the owner by name (a raw id box asked for a number).
+    autocomplete_fields = ["owner"]
     actions = ["send_test"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # Not on the add form: a row not yet saved has no state, and created_at is the database's
+        # default (it read "<django.db.models.expressions.DatabaseDefault object at 0x...>").
+        if obj is None:
+            return []
+        return ["state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at"]
 
     @admin.display(description="target")
     def shown_target(self, obj: Channel) -> str:
@@ -116,7 +124,13 @@ class RuleAdmin(ServiceSavedAdmin):
         "id", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip", "digest_every",
     ]  # fmt: skip
     list_filter = ["enabled"]
-    raw_id_fields = ["owner", "task", "channel"]
+    # Picked by name; the services refuse a task or channel of another owner than the rule's, on its field.
+    autocomplete_fields = ["owner", "task", "channel"]
+    # Durations in the API's syntax ("1h", "2m"): Django's own field wanted "01:00:00".
+    formfield_overrides = {models.DurationField: {"form_class": DurationFormField}}
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [] if obj is None else ["created_at"]
 
     def delete_model(self, request: HttpRequest, obj: Rule) -> None:
         services.rule_delete(rule=obj)

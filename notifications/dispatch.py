@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from django.core.mail import BadHeaderError
 from django.db import connection, transaction
 from django.db.models import F, Min, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from executions.models import Execution, ExecutionStatus
@@ -368,7 +369,10 @@ def deliver(delivery_id: int, token: str) -> str:
     _mine(delivery_id, token).update(
         status=DeliveryStatus.DELIVERED, delivered_at=db_now(), lease_until=None, last_error=""
     )
-    Channel.objects.filter(pk=channel.pk, state=ChannelState.FAILING).update(state=ChannelState.OK, failing_since=None)
+    # One attempt through ends the channel's run of failures, and its failing state.
+    Channel.objects.filter(pk=channel.pk).filter(Q(state=ChannelState.FAILING) | Q(failed_attempts__gt=0)).update(
+        state=ChannelState.OK, failing_since=None, failed_attempts=0, failures_since=None
+    )
     metrics.NOTIFICATIONS_DELIVERED.labels(channel.kind).inc()
     return "delivered"
 
@@ -400,16 +404,30 @@ def _channel_secrets(channel: Channel) -> list[str]:
     return sorted((value for value in values if len(value) >= 8), key=len, reverse=True)
 
 
+def _channel_failed(channel_id: int, error: str, *, final: bool) -> None:
+    """Count a failed attempt on its channel and apply the channel's rule: failing once
+    ``failing_after`` attempts in a row failed, or at once when a delivery failed for good, since
+    the first failure of the run. Conditional updates: concurrent senders each count theirs."""
+    now = db_now()
+    Channel.objects.filter(pk=channel_id).update(
+        failed_attempts=F("failed_attempts") + 1, last_error=error, failures_since=Coalesce("failures_since", now)
+    )
+    due = Q(failed_attempts__gte=F("failing_after"))
+    if final:
+        due |= Q(pk=channel_id)
+    Channel.objects.filter(due, pk=channel_id, state=ChannelState.OK).update(
+        state=ChannelState.FAILING, failing_since=Coalesce("failures_since", now)
+    )
+
+
 def _record_failure(delivery: Delivery, token: str, exc: senders.SendError) -> str:
     conf = tms_settings()
     final = exc.permanent or delivery.attempts >= conf.NOTIFY_MAX_ATTEMPTS
     logger.warning("notification %s to channel %s failed (%s): %s", delivery.pk, delivery.channel_id,
                    "final" if final else "will retry", exc.message)  # fmt: skip
+    _channel_failed(delivery.channel_id, exc.message, final=final)
     if final:
         _mine(delivery.pk, token).update(status=DeliveryStatus.FAILED, lease_until=None, last_error=exc.message)
-        # Failing for good: the owner sees it on the channel (API, back office) until one goes through.
-        Channel.objects.filter(pk=delivery.channel_id).update(state=ChannelState.FAILING, last_error=exc.message)
-        Channel.objects.filter(pk=delivery.channel_id, failing_since__isnull=True).update(failing_since=db_now())
         metrics.NOTIFICATIONS_FAILED.labels(delivery.channel.kind, "final").inc()
         return "failed"
     retry_at = db_now() + timedelta(seconds=backoff(delivery.attempts))

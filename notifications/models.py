@@ -25,8 +25,15 @@ class ChannelKind(models.TextChoices):
 
 
 class ChannelState(models.TextChoices):
-    OK = "ok"  #: the last delivery that ended went through (or none ended yet)
-    FAILING = "failing"  #: a delivery failed for good; ``last_error`` says why
+    OK = "ok"  #: fewer than ``failing_after`` attempts in a row failed, and none for good
+    #: ``failing_after`` attempts in a row failed (retries included), or a delivery failed for
+    #: good; ``failing_since`` is the first failure of that run, ``last_error`` says why.
+    FAILING = "failing"
+
+
+#: A channel's own rule, by default: failing after this many failed attempts in a row.
+DEFAULT_FAILING_AFTER = 3
+MAX_FAILING_AFTER = 100
 
 
 class Channel(models.Model):
@@ -46,6 +53,15 @@ class Channel(models.Model):
     quiet_to = models.TimeField(null=True, blank=True)
     timezone = models.CharField(max_length=64, default="UTC")
     state = models.CharField(max_length=16, choices=ChannelState.choices, default=ChannelState.OK)
+    #: The channel's rule: it turns failing after this many delivery attempts in a row failed
+    #: (a delivery that failed for good turns it failing at once).
+    failing_after = models.PositiveSmallIntegerField(
+        default=DEFAULT_FAILING_AFTER,
+        help_text="Failing after this many failed delivery attempts in a row (retries count).",
+    )
+    #: Failed delivery attempts since the last one that went through, and when the first of them was.
+    failed_attempts = models.PositiveIntegerField(default=0)
+    failures_since = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     failing_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())

@@ -12,8 +12,10 @@ import hashlib
 import hmac
 import json
 import smtplib
+import ssl
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
@@ -134,21 +136,77 @@ def _render_digest(payload: dict[str, Any]) -> tuple[str, str]:
     return f"[TMS] {headline}", "\n".join([f"{headline}:", *lines])
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it, outermost first: requests wraps urllib3's MaxRetryError, whose
+    ``reason`` is the real trouble (a NameResolutionError, a refused connection...)."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < 20:
+        item = todo.pop(0)
+        if item is None or any(item is known for known in seen):
+            continue
+        seen.append(item)
+        todo += [getattr(item, "reason", None), item.__cause__, item.__context__]
+        todo += [arg for arg in getattr(item, "args", ()) if isinstance(arg, BaseException)]
+    return seen
+
+
+def plain_error(exc: BaseException, where: str, timeout: float) -> str:
+    """What went wrong in words a person reads: which server could not be reached and why, never
+    a library's exception text (``_GuardedHTTPConnectionPool(host=...) Max retries exceeded``)."""
+    chain = _causes(exc)
+    names = {type(item).__name__ for item in chain}
+    if names & {"NameResolutionError", "gaierror"}:
+        return f"Could not find {where}: its name does not resolve (DNS)."
+    if any(isinstance(item, ConnectionRefusedError) for item in chain):
+        return f"Could not connect to {where}: the connection was refused (nothing listens there)."
+    if any(isinstance(item, TimeoutError) for item in chain) or names & {"ConnectTimeoutError", "ReadTimeoutError"}:
+        return f"No answer from {where} within {timeout:g} s."
+    if any(isinstance(item, ssl.SSLError) for item in chain) or "SSLError" in names:
+        return f"The TLS handshake with {where} failed (certificate or protocol)."
+    if any(isinstance(item, ConnectionResetError) for item in chain):
+        return _sentence(f"{where} closed the connection before answering.")
+    if names & {"ConnectionError", "NewConnectionError", "ProtocolError", "RemoteDisconnected"}:
+        return f"Could not connect to {where}."
+    return f"Sending to {where} failed: {type(exc).__name__}."
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"the receiver {parts.hostname or '?'}{port}"
+
+
 def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> None:
     try:
         with Guard(address_policy(), timeout) as guard, guarded_session(guard) as session:
             response = session.post(url, data=body, headers=headers, timeout=timeout, allow_redirects=False)
     except AddressRefused as exc:
-        raise SendError(f"address refused: {exc}", permanent=True) from exc
+        raise SendError(f"The address is not reachable from TMS: {exc}", permanent=True) from exc
     except RunnerError as exc:
         raise SendError(str(exc), permanent=not exc.retryable) from exc
-    except (OSError, ValueError) as exc:  # requests' errors are OSErrors; a bad URL a ValueError
-        raise SendError(f"{type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:  # a URL requests cannot use
+        raise SendError(f"The URL cannot be used: {exc}", permanent=True) from exc
+    except OSError as exc:  # requests' errors are OSErrors
+        raise SendError(plain_error(exc, _host(url), timeout)) from exc
     if 200 <= response.status_code < 300:
         return
-    text = f"HTTP {response.status_code}: {response.text[:200]}"
+    text = f"{_sentence(_host(url))} answered HTTP {response.status_code}: {response.text[:200]}"
     permanent = 300 <= response.status_code < 500 and response.status_code not in RETRYABLE_STATUSES
     raise SendError(text, permanent=permanent)
+
+
+def _smtp_server() -> str:
+    """Where Django sends e-mail (EMAIL_HOST:EMAIL_PORT), for error texts."""
+    return f"{settings.EMAIL_HOST}:{settings.EMAIL_PORT}"
+
+
+def _smtp_text(text: bytes | str) -> str:
+    return (text.decode(errors="replace") if isinstance(text, bytes) else str(text)).strip()[:200]
 
 
 def send(*, kind: str, target: str, secret: str, key: str, payload: dict[str, Any], timeout: float) -> None:
@@ -167,15 +225,22 @@ def send(*, kind: str, target: str, secret: str, key: str, payload: dict[str, An
             headers={"Message-ID": f"<{key}@tms.notifications>", "X-TMS-Idempotency-Key": key},
             connection=get_connection(timeout=timeout),
         )
+        server = _smtp_server()
         try:
             message.send()
         except smtplib.SMTPResponseException as exc:
-            raise SendError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}", permanent=exc.smtp_code >= 500) from exc
+            said = _smtp_text(exc.smtp_error)
+            raise SendError(
+                f"The SMTP server {server} refused the message: {exc.smtp_code} {said}", permanent=exc.smtp_code >= 500
+            ) from exc
         except smtplib.SMTPRecipientsRefused as exc:
             codes = [code for code, _ in exc.recipients.values()]
-            raise SendError(f"recipient refused: {exc.recipients}", permanent=all(c >= 500 for c in codes)) from exc
+            refused = "; ".join(f"{addr} ({code} {_smtp_text(text)})" for addr, (code, text) in exc.recipients.items())
+            raise SendError(
+                f"The SMTP server {server} refused the recipient: {refused}", permanent=all(c >= 500 for c in codes)
+            ) from exc
         except (OSError, smtplib.SMTPException) as exc:
-            raise SendError(f"{type(exc).__name__}: {exc}") from exc
+            raise SendError(plain_error(exc, f"the SMTP server {server}", timeout)) from exc
         return
     if kind == "slack":
         body = json.dumps({"text": render_text(payload)[1]}).encode()

@@ -47,10 +47,12 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     class Meta:
         model = Channel
         fields = [
-            "id", "name", "kind", "target", "secret", "quiet_from", "quiet_to", "timezone",
-            "state", "last_error", "failing_since", "created_at",
+            "id", "name", "kind", "target", "secret", "quiet_from", "quiet_to", "timezone", "failing_after",
+            "state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at",
         ]  # fmt: skip
-        read_only_fields = ["id", "secret", "state", "last_error", "failing_since", "created_at"]
+        read_only_fields = [
+            "id", "secret", "state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at",
+        ]  # fmt: skip
         # Business validation (target for the kind, private addresses) is the service's.
 
 

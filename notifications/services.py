@@ -20,9 +20,18 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import URLValidator, validate_email
 from django.db import connection, transaction
+from django.db.models import F
 
 from notifications import dispatch, senders
-from notifications.models import Channel, ChannelKind, Delivery, Rule
+from notifications.models import (
+    DEFAULT_FAILING_AFTER,
+    MAX_FAILING_AFTER,
+    Channel,
+    ChannelKind,
+    ChannelState,
+    Delivery,
+    Rule,
+)
 from runners.netguard import literal_ip, normalise_host
 from tasks_app.audit import audit_diff, audit_record
 from tasks_app.masking import MASK
@@ -32,7 +41,7 @@ from tasks_app.schedules import ScheduleError, validate_timezone
 from tasks_app.secrets import SecretsUnavailable, text_rotate
 from tms_core.errors import InvalidInput, QuotaExceeded
 
-CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone")
+CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone", "failing_after")
 RULE_FIELDS = (
     "task",
     "channel",
@@ -127,6 +136,13 @@ def _check_channel(values: Mapping[str, Any]) -> None:
         validate_timezone(values.get("timezone") or "UTC")
     except ScheduleError as exc:
         errors["timezone"] = [str(exc)]
+    failing_after = values.get("failing_after", DEFAULT_FAILING_AFTER)
+    if (
+        isinstance(failing_after, bool)
+        or not isinstance(failing_after, int)
+        or not 1 <= failing_after <= MAX_FAILING_AFTER
+    ):
+        errors["failing_after"] = [f"Must be a whole number from 1 to {MAX_FAILING_AFTER} (failed attempts in a row)."]
     if (values.get("quiet_from") is None) != (values.get("quiet_to") is None):
         errors["quiet_to" if values.get("quiet_to") is None else "quiet_from"] = [
             "Give both ends of the quiet hours, or neither."
@@ -138,7 +154,11 @@ def _check_channel(values: Mapping[str, Any]) -> None:
 def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
     """Create a channel of ``owner``; a webhook channel gets a fresh signing secret (the caller
     hands it to the owner once; it is stored encrypted and shown masked from then on)."""
-    values = {"timezone": "UTC", **{k: data[k] for k in CHANNEL_FIELDS if k in data}}
+    values = {
+        "timezone": "UTC",
+        "failing_after": DEFAULT_FAILING_AFTER,
+        **{k: data[k] for k in CHANNEL_FIELDS if k in data},
+    }
     _check_channel(values)
     secret = secrets.token_hex(32) if values["kind"] == ChannelKind.WEBHOOK else ""
     with transaction.atomic():
@@ -171,8 +191,15 @@ def channel_update(*, channel: Channel, data: Mapping[str, Any]) -> Channel:
     if channel.kind == ChannelKind.WEBHOOK and not channel.secret:
         channel.secret = secrets.token_hex(32)
     with transaction.atomic():
-        channel.save()
+        # Only what was edited: the state and failure counts are the senders' (a full save from
+        # this copy would put back counts that senders changed meanwhile).
+        channel.save(update_fields=[*CHANNEL_FIELDS, "secret"])
+        # A rule made stricter applies at once to the failures already counted.
+        Channel.objects.filter(
+            pk=channel.pk, state=ChannelState.OK, failed_attempts__gte=F("failing_after"), failed_attempts__gt=0
+        ).update(state=ChannelState.FAILING, failing_since=F("failures_since"))
         _audit("update", channel, _channel_diff(before, before_values, channel))
+    channel.refresh_from_db()
     return channel
 
 

@@ -48,6 +48,7 @@ from tasks_app.services import (
 )
 from tasks_app.states import task_next_run, task_state, with_state
 from tms_core.auth import request_user
+from tms_core.durations import DurationFormField
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 
 if TYPE_CHECKING:
@@ -216,6 +217,14 @@ class TaskAdmin(admin.ModelAdmin):
     raw_id_fields = ["owner", "artifact"]
     actions = ["pause_selected", "resume_selected", "run_now_selected", "delete_selected"]
     show_full_result_count = False
+    # Durations in the API's syntax ("90s", "5m", "1h30m"), as everywhere else.
+    formfield_overrides = {models.DurationField: {"form_class": DurationFormField}}
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        queryset, duplicates = super().get_search_results(request, queryset, search_term)
+        if request.GET.get("app_label") == "notifications":  # a rule's task picker: live tasks only
+            queryset = queryset.exclude(status=TaskStatus.DELETED)
+        return queryset, duplicates
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)

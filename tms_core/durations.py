@@ -7,6 +7,9 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django import forms
+from django.core.exceptions import ValidationError
+from django.utils.dateparse import parse_duration as parse_django_duration
 from rest_framework import serializers
 
 _UNITS = {
@@ -111,3 +114,32 @@ class DurationField(serializers.Field):
 
     def to_representation(self, value: timedelta) -> float:
         return value.total_seconds()
+
+
+class DurationFormField(forms.Field):
+    """Django form field for durations in the API's syntax (``"90s"``, ``"5m"``, ``"1h30m"``, or
+    seconds), so that the admin takes what the API takes; Django's own ``"HH:MM:SS"`` still reads.
+    Shows a value as :func:`format_duration` writes it."""
+
+    widget = forms.TextInput
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.pop("max_length", None)  # model DurationFields pass none; be safe with overrides
+        kwargs.setdefault("help_text", 'e.g. "90s", "5m", "1h30m" or seconds')
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        return format_duration(value) if isinstance(value, timedelta) else value
+
+    def to_python(self, value: Any) -> timedelta | None:
+        if value in self.empty_values:
+            return None
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            django_form = parse_django_duration(str(value).strip())
+            if django_form is not None and django_form >= timedelta(0):
+                return django_form
+            raise ValidationError(str(exc), code="invalid") from None
