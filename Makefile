@@ -25,14 +25,15 @@ install: $(VENV)/.installed
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
-## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all. The back office
+## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all (tooling/run_platform.py:
+## honcho, once no earlier make run of this checkout is found still running). The back office
 ## links Flower where this starts it (TMS_FLOWER_URL from FLOWER_PORT, unless TMS_FLOWER_URL is set).
 run: migrate
 	$(BIN)/python manage.py tms_demo --port $(PORT) --flower-port $(FLOWER_PORT)
 	PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) $(BIN)/python -c 'from tms_core.metrics import clean_multiproc_dir; clean_multiproc_dir()'
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
 		TMS_FLOWER_URL="$${TMS_FLOWER_URL:-http://127.0.0.1:$(FLOWER_PORT)}" PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
-		$(BIN)/honcho --procfile tms_project/Procfile --app-root . start
+		$(BIN)/python -m tooling.run_platform --procfile tms_project/Procfile --app-root . start
 
 ## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them: most of it
 ## in TEST_WORKERS parallel pytest processes (pytest-xdist; its tests mostly wait on real worker

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+import time
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import task_postrun, task_prerun, worker_init, worker_process_shutdown
+from celery.signals import (
+    celeryd_init,
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from django.db import connections
 
 from executions import heartbeat, materialiser, retention, rollup, worker_services
@@ -38,6 +49,58 @@ def _prepare_worker(sender: Any, **kwargs: Any) -> None:
     # at its first run (the other processes never import them).
     for runner in all_runners().values():
         runner.preload()
+
+
+@worker_process_init.connect
+def _leave_the_worker_process_group(**kwargs: Any) -> None:
+    """A prefork pool process leaves its worker's process group, so that a stop sent to the group
+    reaches the worker's main process alone, which then stops its pool in order.
+
+    A terminal's Ctrl-C, ``make run``'s process manager (honcho) and ``kill -TERM -<pgid>`` signal
+    the whole group. A pool process that died of that signal while it held its pool's shared queue
+    lock (an idle process of the embedded broker's pool waits for work holding it) left the main
+    process blocked for ever at exit, in billiard's pool finaliser (issue 34); and a busy one lost
+    its run halfway instead of finishing it within the shutdown grace or being handed back
+    (``heartbeat.worker_hand_back``). The main process still stops its pool processes itself:
+    billiard signals each by pid, and the hand-back kills by pid.
+    """
+    with contextlib.suppress(OSError):  # not permitted (a session leader): stay where it is
+        os.setpgid(0, 0)
+
+
+#: Seconds a worker may take to exit once Celery has stopped it (its pool included) before the
+#: exit watchdog ends the process.
+EXIT_WATCHDOG = 10.0
+
+#: Set in a process started by ``celery worker`` (not in a worker embedded in another program,
+#: whose exit is not the worker's to bound).
+_worker_command: list[bool] = []
+
+
+@celeryd_init.connect
+def _started_by_the_worker_command(**kwargs: Any) -> None:
+    _worker_command.append(True)
+
+
+@worker_shutdown.connect
+def _bound_the_exit(**kwargs: Any) -> None:
+    """Once Celery has stopped the worker, its process ends within :data:`EXIT_WATCHDOG` seconds.
+
+    Only the interpreter's exit is left by then: its runs have ended or been handed back and its
+    pool is stopped. A finaliser that blocks there (billiard's pool finaliser waited for ever on a
+    queue lock a dead pool process held: issue 34) would keep a process that consumes nothing
+    alive for good, and a service manager waiting on it; this thread ends it instead.
+    """
+    if not _worker_command:
+        return
+
+    def watch() -> None:
+        time.sleep(EXIT_WATCHDOG)
+        logger.critical("worker still exiting %.0fs after it stopped; ending the process", EXIT_WATCHDOG)
+        logging.shutdown()
+        os._exit(70)  # EX_SOFTWARE: the stop itself completed, the interpreter's exit did not
+
+    threading.Thread(target=watch, name="tms-exit-watchdog", daemon=True).start()
 
 
 @worker_process_shutdown.connect

@@ -308,7 +308,12 @@ if TMS_EMBEDDED_BROKER:
         "processed_folder": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
+        # How often an idle consumer looks for new message files (kombu's default is 1 s): also
+        # how long a run may wait for a worker to see it, and a stop for a worker to see it.
+        "polling_interval": 0.2,
     }
+    # kombu's filesystem transport with short drains, so a worker sees a stop at once (issue 34).
+    CELERY_BROKER_TRANSPORT = "tms_project.embedded_broker:Transport"
 else:
     # Publisher confirms: publish() returns only once the broker has taken the message.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
@@ -334,6 +339,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# How long a worker waits for the result of a pool process that died before it calls the job lost
+# (Celery's default is 10 s). A pool process is killed on purpose when a stopping worker hands its
+# run back (executions.heartbeat.worker_hand_back): the worker's stop waited this long for a result
+# that cannot come, and a busy worker of the embedded broker outlived its grace by 10 s (issue 34).
+# A result a process wrote before it died is in its pipe already; 2 s is ample to read it.
+CELERY_WORKER_LOST_WAIT = 2.0
 # Messages each pool process may hold beyond the one it runs (with acks_late, unacknowledged). 1 keeps a
 # long launch from holding work another process could start; tms_bench's herd measures more.
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("TMS_WORKER_PREFETCH_MULTIPLIER", default=1)
