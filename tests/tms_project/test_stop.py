@@ -187,7 +187,7 @@ def _stop(worker: ManagedProcess, sig: signal.Signals, to: str) -> tuple[float, 
     pids = [worker.pid, *(child.pid for child in psutil.Process(worker.pid).children(recursive=True))]
     assert len(pids) == 3, pids  # the worker and its two pool processes
     if to == "group":
-        worker.signal_group(sig)
+        os.killpg(worker.pid, sig)
     else:
         worker.popen.send_signal(sig)
     took, left = _wait_gone(pids, GRACE + POOL_STOP + 20)

@@ -41,6 +41,18 @@ def process_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _session_members(sid: int) -> list[int]:
+    """Every running process of session ``sid`` (Linux: from /proc; elsewhere none)."""
+    members = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if os.getsid(int(entry)) == sid:
+                        members.append(int(entry))
+    return members
+
+
 class ManagedProcess:
     """A platform process with its output in a log file (with ``split_stderr``, its stderr, where
     the logging goes, in a second file: :meth:`stderr`)."""
@@ -74,9 +86,19 @@ class ManagedProcess:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path else ""
 
     def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to the process and everything it started (a worker's pool)."""
+        """Send ``sig`` to the process and everything it started (a worker's pool), as a crash, a
+        pause or a kill of the whole machine would reach them.
+
+        That is the process's session (it leads one), not only its process group: a worker's pool
+        processes leave the group when they start (``executions/tasks.py``), so that a stop sent to
+        the group reaches the main process alone; they stay in the session, also once the main
+        process is gone.
+        """
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
+        for pid in _session_members(self.popen.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def stop(self, timeout: float = 15) -> None:
         if self.alive:
