@@ -94,8 +94,8 @@ def test_the_procfile_prints_the_banner_again_after_start_up():
 
 
 def _run_environment(*make_args: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment ``make run`` starts its processes with: its honcho command (from ``make -n``)
-    run by bash with ``env`` in honcho's place."""
+    """The environment ``make run`` starts its processes with: its process manager's command (from
+    ``make -n``) run by bash with ``env`` in its place."""
     import os
     import subprocess
 
@@ -105,8 +105,8 @@ def _run_environment(*make_args: str, env: dict[str, str] | None = None) -> dict
         ["make", "-n", "run", *make_args], cwd=settings.BASE_DIR, capture_output=True, text=True, check=True
     ).stdout
     command = printed.replace("\\\n", " ")
-    (line,) = [line for line in command.splitlines() if "honcho --procfile" in line]
-    line = line.split("honcho --procfile")[0].rsplit(" ", 1)[0] + " env"
+    (line,) = [line for line in command.splitlines() if "tooling.run_platform --procfile" in line]
+    line = line.split(" -m tooling.run_platform --procfile")[0].rsplit(maxsplit=1)[0] + " env"
     base = {k: v for k, v in os.environ.items() if k != "TMS_FLOWER_URL"} | (env or {})
     shown = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True, env=base).stdout
     return dict(row.split("=", 1) for row in shown.splitlines() if "=" in row)
