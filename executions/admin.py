@@ -257,9 +257,9 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdmin):
-    list_display = ["id", "status", "started_at", "last_heartbeat"]
+    list_display = ["id", "node_name", "status", "started_at", "last_heartbeat"]
     list_filter = ["status", ("last_heartbeat", admin.DateFieldListFilter)]
-    search_fields = ["id", "hostname"]
+    search_fields = ["id", "node_name", "hostname"]
 
 
 @admin.register(SkippedOccurrence)

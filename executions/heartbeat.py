@@ -49,11 +49,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def worker_register(*, worker_id: str) -> None:
-    """Create or revive this worker's row."""
+def worker_register(*, worker_id: str, node_name: str = "") -> None:
+    """Create or revive this worker's row; ``node_name`` is Celery's name for it (``-n``)."""
     Worker.objects.update_or_create(
         id=worker_id,
         defaults={
+            "node_name": node_name,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "status": WorkerStatus.ALIVE,
@@ -62,7 +63,7 @@ def worker_register(*, worker_id: str) -> None:
     )
 
 
-def worker_heartbeat(*, worker_id: str) -> int:
+def worker_heartbeat(*, worker_id: str, node_name: str = "") -> int:
     """Refresh the worker row; end the leases of this node's dead pool processes.
 
     A row the liveness sweep marked DEAD while this worker was alive but could not heartbeat
@@ -75,7 +76,7 @@ def worker_heartbeat(*, worker_id: str) -> int:
     # One statement in the common case; only a row that is not ALIVE any more is looked at.
     if not Worker.objects.filter(id=worker_id, status=WorkerStatus.ALIVE).update(last_heartbeat=Now()):
         was = Worker.objects.filter(id=worker_id).values_list("status", flat=True).first()
-        worker_register(worker_id=worker_id)
+        worker_register(worker_id=worker_id, node_name=node_name)
         if was is None:
             logger.warning("worker %s had no row any more; its heartbeat registered it again: ALIVE", worker_id)
         else:
@@ -188,7 +189,9 @@ class HeartbeatStep(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         self.worker_id = node_id()
         conf = tms_settings()
-        worker_register(worker_id=self.worker_id)
+        # parent.hostname is the node name with -n's %h/%n/%d expanded (celery@vm by default).
+        self.node_name = parent.hostname
+        worker_register(worker_id=self.worker_id, node_name=self.node_name)
         connection.close()
         self._thread = threading.Thread(target=self._loop, args=(conf,), name="tms-heartbeat", daemon=True)
         self._thread.start()
@@ -219,7 +222,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
         while not self._stop.wait(conf.HEARTBEAT_INTERVAL):
             try:
                 close_old_connections()
-                worker_heartbeat(worker_id=self.worker_id)
+                worker_heartbeat(worker_id=self.worker_id, node_name=self.node_name)
                 last_ok = time.monotonic()
             except Exception as exc:
                 # Any error, not only the database's: a heartbeat thread that dies leaves a live,

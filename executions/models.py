@@ -255,6 +255,14 @@ class WorkerStatus(models.TextChoices):
 
 class Worker(models.Model):
     id = models.CharField(max_length=200, primary_key=True, help_text="host:pid")
+    #: Celery's name for the worker (its ``-n``, e.g. ``clients@vm``): what Flower and ``celery
+    #: inspect`` call it. Empty for rows written before it was kept.
+    node_name = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Celery's node name (-n), as Flower shows it",
+    )
     hostname = models.CharField(max_length=150)
     pid = models.PositiveIntegerField()
     status = models.CharField(max_length=8, choices=WorkerStatus.choices, default=WorkerStatus.ALIVE)

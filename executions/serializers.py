@@ -120,7 +120,16 @@ class WorkerSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Worker
-        fields = ["id", "hostname", "pid", "status", "started_at", "last_heartbeat", "seconds_since_heartbeat"]
+        fields = [
+            "id",
+            "node_name",
+            "hostname",
+            "pid",
+            "status",
+            "started_at",
+            "last_heartbeat",
+            "seconds_since_heartbeat",
+        ]
         read_only_fields = fields
 
     def get_seconds_since_heartbeat(self, worker: Worker) -> float:
