@@ -3,7 +3,10 @@ monitor (counts match the database), and metrics written by other processes (mul
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -242,7 +245,8 @@ def test_flower_and_tms_each_export_only_their_own_metrics():
     flower = ManagedProcess(
         "flower-make-run",
         ["sh", "-c", _procfile_command("flower")],
-        process_env(PATH=f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", FLOWER_PORT=str(port)),
+        # make run's own environment (Makefile): the virtualenv first on PATH.
+        process_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", FLOWER_PORT=str(port)),
         LOG_DIR,
     )
     worker = start_worker("flower-watched", concurrency=1)
