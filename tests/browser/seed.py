@@ -21,9 +21,10 @@ def seed(owner) -> dict[str, object]:
     )  # fmt: skip
     ok = run(task)
     failed = run(task, outcome="fail", error="upstream timed out")
-    SkippedOccurrence.objects.create(
-        task=task, scheduled_for=datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=20),
-        reason="overlap", detail="the previous run was still running",
+    # Off the task's five-minute grid: the materialiser may have recorded the grid's past times itself.
+    SkippedOccurrence.objects.update_or_create(
+        task=task, scheduled_for=datetime.now(UTC).replace(second=30, microsecond=0) - timedelta(minutes=20),
+        defaults={"reason": "overlap", "detail": "the previous run was still running"},
     )  # fmt: skip
     paused = task_create(owner=owner, runner="sleep", name="", config={"duration": "1s"}, interval=timedelta(hours=1))
     task_pause(task=paused, actor="test")
