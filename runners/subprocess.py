@@ -564,8 +564,9 @@ class SubprocessRunner(BaseRunner):
             )
         try:
             plan = self._plan(spec, run_dir, mode)
-        except (RunnerError, OSError, sandbox.NoFreeRunUser) as exc:
-            retryable = exc.retryable if isinstance(exc, RunnerError) else True
+        except (RunnerError, OSError, sandbox.NoFreeRunUser, ImproperlyConfigured) as exc:
+            # ImproperlyConfigured: egress's tools went missing after the mode was resolved.
+            retryable = exc.retryable if isinstance(exc, RunnerError) else not isinstance(exc, ImproperlyConfigured)
             message = str(exc) if not isinstance(exc, OSError) else f"cannot prepare the run folder: {exc}"
             # Recorded in the folder too, so a start that adopts this run reports the same failure.
             self._record_failure(run_dir, message, retryable=retryable)

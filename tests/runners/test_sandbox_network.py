@@ -339,3 +339,15 @@ def test_a_network_that_cannot_be_set_up_fails_the_run_before_the_command_starts
     assert result.state is RunState.FAILED
     assert result.error.startswith("the run's network could not be set up: slirp4netns did not configure"), result.error
     assert not (runner.work_dir / spec.idempotency_key / "work" / "ran").exists()
+
+
+def test_egress_tools_missing_after_start_up_fail_the_run_not_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = make_runner(tmp_path, "user", egress={"internet": True})
+    assert runner.sandbox_mode() == "user"  # resolved while slirp4netns was there
+    monkeypatch.setattr(sandbox, "nft_path", lambda: None)
+    spec = make_spec(runner, {"command": ["/bin/sh", "-c", "echo ran"]})
+    result = wait_for_result(runner, spec, runner.start(spec), seconds=30)
+    assert result.state is RunState.FAILED and result.retryable is False
+    assert "nftables is not installed (apt-get install -y nftables" in result.error
