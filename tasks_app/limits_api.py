@@ -28,11 +28,17 @@ class WindowSerializer(StrictInputMixin, serializers.Serializer):
 class WindowUseSerializer(serializers.Serializer):
     count = serializers.IntegerField()
     seconds = serializers.FloatField()
-    starts = serializers.IntegerField(help_text="Starts logged in the window ending now.")
+    starts = serializers.IntegerField(
+        allow_null=True,
+        help_text="Starts logged in the window ending now (every owner's: null on a global limit read by an owner).",
+    )
 
 
 class BucketUseSerializer(serializers.Serializer):
-    key = serializers.CharField(help_text="The budget: the limit's key, a runner alias or a target host.")
+    key = serializers.CharField(
+        help_text="The budget: the limit's key, a runner alias or a target host. An owner reading a global limit "
+        "sees only the budgets their own runs hold or wait for, and only their own runs in them."
+    )
     slots_held = serializers.IntegerField(help_text="Concurrency slots held by RUNNING executions (leases alive).")
     waiting = serializers.IntegerField(help_text="Executions waiting for this budget.")
     windows = WindowUseSerializer(many=True)
@@ -100,6 +106,11 @@ class LimitSerializer(StrictInputMixin, serializers.ModelSerializer):
 
     @extend_schema_field(BucketUseSerializer(many=True))
     def get_usage(self, limit: Limit) -> list[dict[str, Any]]:
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if limit.owner_id is None and not (user is not None and user.is_staff):
+            # A global limit's budgets are shared by every owner: each sees their own use only.
+            return limit_usage(limit=limit, owner_id=getattr(user, "pk", None) or 0)
         return limit_usage(limit=limit)
 
 

@@ -144,3 +144,44 @@ def test_usage_lists_slots_and_starts_per_bucket(api_client, user):
     assert usage == [
         {"key": "cap", "slots_held": 1, "waiting": 0, "windows": [{"count": 5, "seconds": 60.0, "starts": 1}]}
     ]
+
+
+def test_an_owner_sees_only_their_own_use_of_a_global_host_limit(user, other_user, api_client, staff_client):
+    """Issue 27, finding 11: no other owner's target hosts, slots or waiting runs."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from executions.models import ExecutionStatus, LimitBucket, LimitSlot, LimitStart
+    from tasks_app.limits import limit_create
+    from tests.factories import ExecutionFactory, TaskFactory
+
+    limit = limit_create(
+        owner=None, name="hosts", scope="host", max_concurrency=5, windows=[{"count": 9, "seconds": 60}]
+    )
+    theirs = LimitBucket.objects.create(limit=limit, key="private-partner.other-owner.example")
+    mine = LimitBucket.objects.create(limit=limit, key="api.mine.example")
+    later = timezone.now() + timedelta(hours=1)
+    for bucket, owner, waiting in ((theirs, other_user, 3), (mine, user, 1)):
+        task = TaskFactory(owner=owner)
+        for index in range(waiting):
+            ExecutionFactory(task=task, scheduled_for=later + timedelta(minutes=index), waiting_on=bucket.pk)
+        running = ExecutionFactory(task=task, status=ExecutionStatus.RUNNING, scheduled_for=later - timedelta(hours=2))
+        LimitSlot.objects.create(bucket=bucket, execution=running, expires_at=later)
+        LimitStart.objects.create(bucket=bucket, at=timezone.now())
+    (row,) = [item for item in api_client.get(URL).data["results"] if item["name"] == "hosts"]
+    assert row["usage"] == [
+        {
+            "key": "api.mine.example",
+            "slots_held": 1,
+            "waiting": 1,
+            "windows": [{"count": 9, "seconds": 60.0, "starts": None}],
+        }
+    ]
+    assert "other-owner" not in api_client.get(f"{URL}/{row['id']}").content.decode()
+    # Staff, who run the platform, see every budget.
+    usage = staff_client.get(f"{URL}/{row['id']}").data["usage"]
+    assert [(u["key"], u["slots_held"], u["waiting"], u["windows"][0]["starts"]) for u in usage] == [
+        ("api.mine.example", 1, 1, 1),
+        ("private-partner.other-owner.example", 1, 3, 1),
+    ]
