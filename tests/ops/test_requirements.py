@@ -10,6 +10,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+from cryptography.fernet import Fernet
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -124,6 +125,8 @@ print("loaded", loaded)
         "DJANGO_SETTINGS_MODULE": "tms_project.settings.production",
         "DJANGO_SECRET_KEY": "x" * 10 + "production-like-key-for-the-import-check-0123456789",
         "DJANGO_ALLOWED_HOSTS": "tms.example",
+        # A key of its own: production refuses the test settings' (a key from the repository).
+        "TMS_SECRET_KEYS": Fernet.generate_key().decode(),
     }
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120

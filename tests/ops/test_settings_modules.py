@@ -4,6 +4,7 @@ allowed hosts; a forged callback token signed with the repository's key changes 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core import signing
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -21,9 +23,11 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tests.factories import TaskFactory
 from tests.processes import ROOT
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, PUBLIC_KEYS, development_secrets_key
+from tms_project.settings.public_keys import TEST_SECRET_KEY, TEST_SECRETS_KEY
 
 STRONG_KEY = secrets.token_urlsafe(50)
+FRESH_FERNET = Fernet.generate_key().decode()
 PRODUCTION = "tms_project.settings.production"
 
 
@@ -46,7 +50,7 @@ def _start(module: str, *argv: str, **variables: str | None) -> subprocess.Compl
     )
 
 
-GOOD = {"DJANGO_SECRET_KEY": STRONG_KEY, "DJANGO_ALLOWED_HOSTS": "tms.example.com"}
+GOOD = {"DJANGO_SECRET_KEY": STRONG_KEY, "DJANGO_ALLOWED_HOSTS": "tms.example.com", "TMS_SECRET_KEYS": FRESH_FERNET}
 
 
 @pytest.mark.parametrize(
@@ -63,6 +67,13 @@ GOOD = {"DJANGO_SECRET_KEY": STRONG_KEY, "DJANGO_ALLOWED_HOSTS": "tms.example.co
         ({"DJANGO_ALLOWED_HOSTS": ""}, "DJANGO_ALLOWED_HOSTS is not set"),
         ({"TMS_SECRET_KEYS": ""}, "TMS_SECRET_KEYS is not set"),
         ({"TMS_SECRET_KEYS": "not-a-fernet-key"}, "TMS_SECRET_KEYS: key 1 is not a Fernet key"),
+        # Issue 27, finding 8: every key from the repository, the test settings' included.
+        ({"DJANGO_SECRET_KEY": TEST_SECRET_KEY}, "DJANGO_SECRET_KEY is a key from the repository"),
+        ({"TMS_SECRET_KEYS": TEST_SECRETS_KEY}, "TMS_SECRET_KEYS: key 1 is a key from the repository"),
+        (
+            {"TMS_SECRET_KEYS": f"{FRESH_FERNET},{development_secrets_key(DEVELOPMENT_SECRET_KEY)}"},
+            "TMS_SECRET_KEYS: key 2 is a key from the repository",
+        ),
     ],
 )
 def test_production_refuses_to_start(variables, reason):
@@ -194,3 +205,42 @@ def test_production_does_not_install_the_benchmark_and_chaos_tooling():
 def test_the_image_leaves_the_tooling_out():
     ignored = (ROOT / "docker" / "Dockerfile.dockerignore").read_text().split()
     assert "tooling" in ignored
+
+
+#: A value assigned to a secret-key setting or variable in a file (Python, shell, YAML, .env, docs).
+_ASSIGNED_KEY = re.compile(r"""SECRET_KEYS?["']?\s*[:=,]\s*["']?([A-Za-z0-9_\-=+/.:!@#%^&*]{8,})""")
+#: A url-safe base64 text of 32 bytes: what a Fernet key is.
+_FERNET = re.compile(r"(?<![A-Za-z0-9_\-])[A-Za-z0-9_\-]{43}=(?![A-Za-z0-9_\-=])")
+
+
+def test_every_key_in_the_repository_is_refused_by_production():
+    """Issue 27, finding 8: a key that production would accept and that appears anywhere in the
+    repository (settings, tests, documentation, examples) is listed in PUBLIC_KEYS, so that
+    production refuses it."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found: dict[str, str] = {}
+    for name in files:
+        path = ROOT / name
+        if path.suffix in {".png", ".jpg", ".ico", ".gz", ".woff2", ".json"} or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for match in _FERNET.finditer(text):
+            try:
+                Fernet(match.group(0))
+            except ValueError:
+                continue
+            found.setdefault(match.group(0), name)
+        for match in _ASSIGNED_KEY.finditer(text):
+            value = match.group(1).strip("'\"")
+            strong = len(value) >= 50 and len(set(value)) >= 5 and not value.startswith("django-insecure-")
+            if strong or value == DEVELOPMENT_SECRET_KEY:
+                found.setdefault(value, name)
+    assert TEST_SECRETS_KEY in found and TEST_SECRET_KEY in found  # the scan sees the test settings' keys
+    missing = {key: name for key, name in found.items() if key not in PUBLIC_KEYS}
+    assert not missing, f"keys in the repository that production would accept: {missing}"

@@ -41,6 +41,23 @@ def development_secrets_key(secret_key: str) -> str:
     return base64.urlsafe_b64encode(digest).decode()
 
 
+from tms_project.settings.public_keys import TEST_SECRET_KEY, TEST_SECRETS_KEY  # noqa: E402 - beside its use
+
+#: Every key that appears in this repository (settings, tests, documentation), and the secrets
+#: keys ``local`` derives from them: anyone can read them, so ``production`` refuses each one as
+#: ``DJANGO_SECRET_KEY`` and in ``TMS_SECRET_KEYS`` (a forged callback token or session, or a
+#: decrypted secret, would follow). ``tests/ops/test_settings_modules.py`` scans the repository for
+#: key-like values and fails on any that is not here.
+PUBLIC_KEYS = frozenset(
+    {
+        DEVELOPMENT_SECRET_KEY,
+        TEST_SECRET_KEY,
+        TEST_SECRETS_KEY,
+        development_secrets_key(DEVELOPMENT_SECRET_KEY),
+        development_secrets_key(TEST_SECRET_KEY),
+    }
+)
+
 # No fallback: with DJANGO_SECRET_KEY unset, Django refuses to sign anything (ImproperlyConfigured)
 # instead of signing with a key that is in the repository.
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")

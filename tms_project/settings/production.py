@@ -1,10 +1,11 @@
 """Settings for a deployment (the docker image sets ``DJANGO_SETTINGS_MODULE`` to this module).
 
 Refuses to start, with every problem in one message, without a real ``DJANGO_SECRET_KEY`` (unset,
-the public development key, or too short or too uniform to pass Django's own check), with DEBUG on,
-without ``DJANGO_ALLOWED_HOSTS``, or without valid ``TMS_SECRET_KEYS`` (the Fernet keys that
-encrypt secret task config values). HTTPS hardening is on by default and each part can be changed
-from the environment (for example behind a TLS-terminating proxy, or for a plain-HTTP try-out):
+a key from the repository (``base.PUBLIC_KEYS``: the development and test keys), or too short or
+too uniform to pass Django's own check), with DEBUG on, without ``DJANGO_ALLOWED_HOSTS``, or
+without valid ``TMS_SECRET_KEYS`` (the Fernet keys that encrypt secret task config values; none
+from the repository). HTTPS hardening is on by default and each part can be changed from the
+environment (for example behind a TLS-terminating proxy, or for a plain-HTTP try-out):
 
 ==================================  =========  ================================================
 variable                            default    setting
@@ -30,7 +31,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from tms_project.settings.base import *  # noqa: F403
-from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, TMS, env
+from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, PUBLIC_KEYS, TMS, env
 
 #: Django's own bar (``security.W009``): at least this many characters, this many distinct ones.
 SECRET_KEY_MIN_LENGTH = 50
@@ -51,6 +52,8 @@ def _secrets_keys_problem(keys: tuple[str, ...]) -> str | None:
             Fernet(key)
         except ValueError:
             return f"TMS_SECRET_KEYS: key {index} is not a Fernet key (url-safe base64 of 32 bytes)"
+        if key in PUBLIC_KEYS:
+            return f"TMS_SECRET_KEYS: key {index} is a key from the repository (public: anyone can decrypt with it)"
     return None
 
 
@@ -60,6 +63,8 @@ def _refusals(*, secret_key: str, debug: bool, allowed_hosts: list[str], secrets
         problems.append("DJANGO_SECRET_KEY is not set")
     elif secret_key == DEVELOPMENT_SECRET_KEY:
         problems.append("DJANGO_SECRET_KEY is the development key from the repository")
+    elif secret_key in PUBLIC_KEYS:
+        problems.append("DJANGO_SECRET_KEY is a key from the repository (public: anyone can sign with it)")
     elif (
         len(secret_key) < SECRET_KEY_MIN_LENGTH
         or len(set(secret_key)) < SECRET_KEY_MIN_UNIQUE

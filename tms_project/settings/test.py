@@ -7,6 +7,8 @@ processes a test starts (which inherit or override that environment) agree with 
 import os
 import tempfile
 
+from tms_project.settings.public_keys import TEST_SECRET_KEY, TEST_SECRETS_KEY
+
 #: This run's own names (queues, folders). A process of pytest-xdist inherits the environment that
 #: its controller already filled in, so a worker that meets its controller's names takes its own:
 #: two workers on one queue would consume each other's runs. A platform process a test starts
@@ -21,13 +23,13 @@ if os.environ.get("TMS_TEST_XDIST_WORKER", "") != _XDIST_WORKER:
 for _name, _value in {
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/tms",
     "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//",
-    # A key of the suite's own (the base has none); not the development key production refuses.
-    "DJANGO_SECRET_KEY": "test-only-key-9f2c7e1b4a6d8035c1e7f9a2b4d6e8f0a1c3e5f7b9d1f3a5",
+    # A key of the suite's own (the base has none); public, so production refuses it (PUBLIC_KEYS).
+    "DJANGO_SECRET_KEY": TEST_SECRET_KEY,
     "TMS_HTTP_ALLOWED_NETWORKS": "127.0.0.1/32",
     # The suite's e-mail (tasks and notification channels) goes to example.com only.
     "TMS_EMAIL_ALLOWED_RECIPIENTS": "@example.com",
     # TEST ONLY: the suite's own Fernet key for secret config values (public, like the key above).
-    "TMS_SECRET_KEYS": "dGVzdC1vbmx5LXRtcy1zZWNyZXRzLWtleS0zMmJ5dGU=",
+    "TMS_SECRET_KEYS": TEST_SECRETS_KEY,
     # A queue of this run's own, so messages left by an earlier or parallel run never reach it.
     "TMS_QUEUE": f"tms.test.{_RUN}",
     "TMS_NOTIFY_QUEUE": f"tms.test.{_RUN}.notify",
