@@ -2,7 +2,8 @@
 
 :class:`HealthCheckMiddleware` answers ``/healthz`` and ``/readyz`` itself, first in the chain:
 a container platform probes by IP over plain HTTP, which the SSL redirect and the allowed-hosts
-check would otherwise turn into a 301 or a 400.
+check would otherwise turn into a 301 or a 400. ``/readyz`` answers anyone ready or unavailable
+(200 or 503); which check failed, and why, only to those who may read ``/metrics``.
 
 :class:`OutageMiddleware` turns a view's transient database error (the server restarting, a
 dropped connection) or broker error into a 503 with ``Retry-After``, in the API's error shape
@@ -21,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from kombu.exceptions import OperationalError as BrokerOperationalError
 
 from ops.checks import READINESS, run_checks
+from ops.metrics import metrics_access
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +37,19 @@ def retry_after() -> int:
     return int(settings.TMS_RETRY_AFTER)
 
 
-def readiness_response() -> JsonResponse:
+def readiness_response(*, details: bool = True) -> JsonResponse:
     """200 when the database and the broker are reachable and every migration is applied, else
-    503 naming what is down: ``{"status": ..., "checks": {name: {"ok": ..., "detail": ...}}}``."""
+    503: ``{"status": "ready" | "unavailable"}``, with ``"checks": {name: {"ok": ..., "detail":
+    ...}}`` naming what is down only for ``details`` (the details name the database, the broker
+    URL and migrations: for operators, never for anyone who can reach the port)."""
     results = run_checks(READINESS)
     ready = all(result.ok for result in results)
     for result in results:
         if not result.ok:
             logger.warning("not ready: %s %s", result.name, result.detail)
-    body = {
-        "status": "ready" if ready else "unavailable",
-        "checks": {result.name: {"ok": result.ok, "detail": result.detail} for result in results},
-    }
+    body: dict[str, object] = {"status": "ready" if ready else "unavailable"}
+    if details:
+        body["checks"] = {result.name: {"ok": result.ok, "detail": result.detail} for result in results}
     response = JsonResponse(body, status=200 if ready else 503)
     if not ready:
         response["Retry-After"] = str(retry_after())
@@ -70,7 +73,8 @@ class HealthCheckMiddleware:
                 response = JsonResponse({"status": "alive"})
                 response["Cache-Control"] = "no-store"
                 return response
-            return readiness_response()
+            # Details to whoever may read /metrics (its token, or its networks; loopback by default).
+            return readiness_response(details=metrics_access(request) is None)
         return self.get_response(request)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from rest_framework.authtoken.models import Token
@@ -36,6 +38,15 @@ class Command(BaseCommand):
         username = options["username"].strip()
         if not username:
             raise CommandError("The username may not be empty.")
+        if options["password"] is not None:
+            # Django's password validators (AUTH_PASSWORD_VALIDATORS), as the admin's forms apply
+            # them: a usage error, and nothing created or changed.
+            existing = users.objects.filter(**{users.USERNAME_FIELD: username}).first()
+            candidate = existing or users(**{users.USERNAME_FIELD: username, "email": options["email"]})
+            try:
+                validate_password(options["password"], user=candidate)
+            except ValidationError as exc:
+                raise CommandError(f"--password: {' '.join(exc.messages)}") from None
         with transaction.atomic():
             user, created = users.objects.get_or_create(**{users.USERNAME_FIELD: username})
             if created:
