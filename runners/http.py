@@ -61,7 +61,7 @@ _RESERVED_HEADERS = RESERVED_HEADERS | {"x-tms-callback-url", "x-tms-callback-to
 #: whatever their names, the callback URL, the Idempotency-Key) was meant for the origin the task
 #: names: a secret in ``X-Api-Key`` deserves the same care as one in ``Authorization``, and the
 #: Idempotency-Key identifies a launch only to the endpoint that received it.
-_CROSS_ORIGIN_HEADERS = frozenset({"user-agent", "content-type"})
+_CROSS_ORIGIN_HEADERS = frozenset({"user-agent", "content-type"})  # the body (and its type) never crosses
 
 #: Upper bound a task may set for ``max_response_bytes``: outputs end up in the database.
 MAX_RESPONSE_BYTES_LIMIT = 10 * 1024 * 1024
@@ -651,10 +651,20 @@ class HttpRunner(BaseRunner):
                 hops += 1
                 next_url = urljoin(response.url, location)
                 method, new_body = _redirected(response.status_code, method, body)
+                leaving = _safe_origin_key(next_url) != _safe_origin_key(url)
+                if leaving and new_body is not None:
+                    # A 307 or 308 (or a 301 or 302 of a PUT) would send the body again, to an
+                    # origin the task does not name: the body is the task's (a token in a JSON
+                    # field), so the redirect is not followed.
+                    raise RunnerError(
+                        f"not following the {response.status_code} redirect from {_origin(url)} to "
+                        f"{_origin(next_url)}: it would send the request body to another origin",
+                        retryable=False,
+                    )
                 if new_body is None and body is not None:
                     headers.pop("Content-Type", None)
                 body = new_body
-                if _safe_origin_key(next_url) != _safe_origin_key(url):
+                if leaving:
                     # Once dropped they stay dropped, even if a later hop comes back.
                     for name in [name for name in headers if name.lower() not in _CROSS_ORIGIN_HEADERS]:
                         del headers[name]

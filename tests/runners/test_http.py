@@ -555,8 +555,8 @@ def test_307_redirect_keeps_method_and_body(server: TestServer) -> None:
 def test_redirect_to_another_origin_drops_every_header_meant_for_the_task_origin(
     server: TestServer, other_server: TestServer
 ) -> None:
-    # A 307 keeps the body, so Content-Type must survive the hop; nothing the task configured does.
-    server.route("/start", status=307, headers={"Location": other_server.url("/elsewhere")})
+    # A 303 turns the POST into a GET: nothing the task configured survives the hop.
+    server.route("/start", status=303, headers={"Location": other_server.url("/elsewhere")})
     other_server.route("/elsewhere", status=200)
     http = runner(user_agent="TMS-test/1")
     secrets = {"Authorization": "Bearer t", "X-Api-Key": "k-123", "Private-Token": "p-456", "X-Keep": "1"}
@@ -573,11 +573,30 @@ def test_redirect_to_another_origin_drops_every_header_meant_for_the_task_origin
     assert first.headers["x-api-key"] == "k-123" and first.headers["private-token"] == "p-456"
     assert first.headers["x-tms-callback-url"] == "https://tms.example/cb/42"
     [moved] = other_server.to("/elsewhere")
-    assert (moved.method, moved.json()) == ("POST", {"a": 1})
+    assert (moved.method, moved.body) == ("GET", b"")
     for name in ("authorization", "x-api-key", "private-token", "x-keep", "x-tms-callback-url", "idempotency-key"):
         assert name not in moved.headers, name
     assert moved.headers["user-agent"] == "TMS-test/1"
-    assert moved.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("status", "method"), [(307, "POST"), (308, "POST"), (308, "PUT"), (301, "PUT"), (302, "PATCH")]
+)
+def test_a_redirect_to_another_origin_never_sends_the_body_again(
+    server: TestServer, other_server: TestServer, status: int, method: str
+) -> None:
+    """Issue 27, finding 9: a secret JSON field reached the other origin."""
+    server.route("/start", status=status, headers={"Location": other_server.url("/elsewhere")})
+    other_server.route("/elsewhere", status=200)
+    http = runner()
+    run = spec(http, {"url": server.url("/start"), "method": method, "json": {"token": "s3cr3t-field"}})
+
+    result = http.start(run).result
+
+    assert result is not None and result.state is RunState.FAILED and not result.retryable
+    assert f"not following the {status} redirect" in result.error and "another origin" in result.error
+    assert [first.json() for first in server.to("/start")] == [{"token": "s3cr3t-field"}]
+    assert other_server.to("/elsewhere") == []
 
 
 def test_headers_dropped_on_leaving_the_origin_stay_dropped_when_a_hop_comes_back(
