@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -144,8 +144,37 @@ def task_list(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/task_list.html", context, status=code)
 
 
+#: Rows of the task page's occurrence timeline: its default window holds at most this many fire
+#: times, and a longer window asked for shows this many with a link to the rest.
+OCCURRENCES_PAGE = 100
+
+
+def _ceil_second(when: datetime) -> datetime:
+    return when + timedelta(microseconds=1_000_000 - when.microsecond) if when.microsecond else when
+
+
+def occurrence_pages(task: Any, window: Any) -> dict[str, Any]:
+    """One page of the occurrence timeline and the windows before and after it, as the form's
+    ``from``/``to`` text in the task's zone (to the second: a page's ``to`` is rounded up, its
+    ``from`` down, so a fire time at a fraction of a second is on one page or both, never lost)."""
+    zone, span = task.timezone, window.end - window.start
+    items = window.items
+    page: dict[str, Any] = {"items": items[:OCCURRENCES_PAGE], "more": None}
+    if len(items) > OCCURRENCES_PAGE:
+        rest = items[OCCURRENCES_PAGE].scheduled_for
+        page["more"] = {"from": local_text(rest, zone), "to": local_text(_ceil_second(window.end), zone)}
+        page["hidden"] = len(items) - OCCURRENCES_PAGE
+    page["earlier"] = {
+        "from": local_text(window.start - span, zone),
+        "to": local_text(_ceil_second(window.start), zone),
+    }
+    page["later"] = {"from": local_text(window.end, zone), "to": local_text(_ceil_second(window.end + span), zone)}
+    return page
+
+
 def _occurrences(request: HttpRequest, task: Any) -> tuple[Any, OccurrenceWindowForm]:
-    """The occurrence timeline over the window the person asked for (default: around now)."""
+    """The occurrence timeline over the window the person asked for (default: around now,
+    holding at most :data:`OCCURRENCES_PAGE` fire times)."""
     data = {key: request.GET[key] for key in ("from", "to") if request.GET.get(key)}
     form = OccurrenceWindowForm(data or None, zone=task.timezone)
     start = end = None
@@ -156,10 +185,10 @@ def _occurrences(request: HttpRequest, task: Any) -> tuple[Any, OccurrenceWindow
         else:
             add_errors(form, query.errors)
     try:
-        window = task_occurrences(task=task, start=start, end=end)
+        window = task_occurrences(task=task, start=start, end=end, most=OCCURRENCES_PAGE)
     except SERVICE_ERRORS as exc:
         add_service_errors(form, exc)
-        window = task_occurrences(task=task)
+        window = task_occurrences(task=task, most=OCCURRENCES_PAGE)
     if not form.is_bound:  # show the window it is, so moving it starts from there
         shown = {"from": local_text(window.start, task.timezone), "to": local_text(window.end, task.timezone)}
         form = OccurrenceWindowForm(initial=shown, zone=task.timezone)
@@ -208,6 +237,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "recent": [run_row(execution) for execution in recent],
         "waiting": list(waiting),
         "occurrences": occurrences,
+        "occurrence_page": occurrence_pages(task, occurrences),
         "window_form": window_form,
         "why": why,
         "why_form": why_form,

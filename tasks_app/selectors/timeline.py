@@ -104,12 +104,18 @@ def _holds_at_most(schedule: Schedule, start: datetime, end: datetime, count: in
 
 
 def occurrence_window(
-    schedule: Schedule, now: datetime, start: datetime | None = None, end: datetime | None = None
+    schedule: Schedule,
+    now: datetime,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    most: int = OCCURRENCES_MAX,
 ) -> tuple[datetime, datetime]:
     """``[start, end)`` with the defaults applied. A bound not given makes the window
     :data:`OCCURRENCES_DEFAULT_SPAN` long, centred on ``now`` when neither is given, else
-    reaching from the one given; halved as often as needed to hold at most
-    :data:`OCCURRENCES_MAX` fire times of ``schedule`` (so that a default never fails)."""
+    reaching from the one given; halved as often as needed to hold at most ``most`` fire times
+    of ``schedule`` (at most :data:`OCCURRENCES_MAX`, so that a default never fails; a page
+    asks for fewer)."""
+    most = min(most, OCCURRENCES_MAX)
     if start is not None and end is not None:
         return start, end
     span = OCCURRENCES_DEFAULT_SPAN
@@ -120,7 +126,7 @@ def occurrence_window(
             window = end - span, end
         else:
             window = now - span / 2, now + span / 2
-        if span <= _MIN_DEFAULT_SPAN or _holds_at_most(schedule, *window, OCCURRENCES_MAX):
+        if span <= _MIN_DEFAULT_SPAN or _holds_at_most(schedule, *window, most):
             return window
         span /= 2
 
@@ -312,8 +318,11 @@ def _record_items(
     return items
 
 
-def task_occurrences(*, task: Task, start: datetime | None = None, end: datetime | None = None) -> OccurrenceWindow:
-    """The task's occurrence timeline over ``[start, end)`` (defaults: :func:`occurrence_window`).
+def task_occurrences(
+    *, task: Task, start: datetime | None = None, end: datetime | None = None, most: int = OCCURRENCES_MAX
+) -> OccurrenceWindow:
+    """The task's occurrence timeline over ``[start, end)`` (defaults: :func:`occurrence_window`,
+    holding at most ``most`` fire times).
 
     One item per fire time of its schedule in the window (up to its last run, see
     :func:`task_last_fire_time`) saying what became of it (:func:`occurrence_fate`, as "why"
@@ -329,7 +338,7 @@ def task_occurrences(*, task: Task, start: datetime | None = None, end: datetime
     """
     now = db_now()
     schedule = task_schedule(task)
-    start, end = occurrence_window(schedule, now, start, end)
+    start, end = occurrence_window(schedule, now, start, end, most)
     start, end = start.astimezone(UTC), end.astimezone(UTC)
     executions, last_execution = _window_executions(task, start, end)
     skipped_rows, by_materialiser, last_skipped = _window_skipped(task, start, end)

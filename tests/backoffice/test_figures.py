@@ -5,7 +5,7 @@ long timeline in pages), through Django's test client."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -196,3 +196,40 @@ def test_duration_percentiles_are_interpolated_not_bucket_bounds(alice_client, u
     page = alice_client.get("/")
     assert "16 ms / 25 ms" in page.content.decode()  # the chart's figures: bounds read "25 ms / 25 ms"
     assert "interpolated within" in _text(page)
+
+
+# --- 13: a 30-second task's timeline comes in pages ---------------------------------------------------
+
+
+def test_a_busy_tasks_timeline_is_paged_and_its_pages_join_up(alice_client, user):
+    start = db_now().replace(microsecond=292372) - timedelta(hours=12)
+    task = task_create(owner=user, runner="noop", name="every 30 s", start_at=start, interval=timedelta(seconds=30))
+    page = alice_client.get(f"/ui/tasks/{task.pk}/")
+    html = page.content.decode()
+    rows = re.findall(r'<tr class="occ-', html)
+    assert 0 < len(rows) <= 100 and len(page.content) < 100 * 1024, (len(rows), len(page.content))
+
+    def follow(link_id: str, html: str) -> str:
+        href = re.search(rf'<a href="([^"]+)" id="{link_id}"', html).group(1).replace("&amp;", "&")
+        response = alice_client.get(f"/ui/tasks/{task.pk}/{href.split('#')[0]}")
+        assert response.status_code == 200
+        return response.content.decode()
+
+    def times(html: str) -> list[str]:
+        return re.findall(r'<tr class="occ-[^"]*">\s*<td class="num"><a [^>]*>([^<]+)</a>', html)
+
+    shown, earlier = times(html), times(follow("occurrences-earlier", html))
+    assert earlier and len(earlier) <= 100
+    # Consecutive pages: the earlier one ends with the fire time just before this one's first.
+    first = datetime.fromisoformat(shown[0])
+    assert datetime.fromisoformat(earlier[-1]) == first - timedelta(seconds=30)
+    later = times(follow("occurrences-later", html))
+    assert later and datetime.fromisoformat(later[0]) == datetime.fromisoformat(shown[-1]) + timedelta(seconds=30)
+    # A long window asked for (6 hours: 720 fire times) shows a page and links to the rest of it.
+    since = db_now() - timedelta(hours=6)
+    wide = alice_client.get(
+        f"/ui/tasks/{task.pk}/", {"from": f"{since:%Y-%m-%dT%H:%M:%S}", "to": f"{db_now():%Y-%m-%dT%H:%M:%S}"}
+    ).content.decode()
+    assert len(times(wide)) == 100
+    rest = times(follow("occurrences-more", wide))
+    assert datetime.fromisoformat(rest[0]) == datetime.fromisoformat(times(wide)[-1]) + timedelta(seconds=30)
