@@ -46,6 +46,7 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.selectors import task_occurrences, task_preview, task_why
+from tasks_app.selectors.resume import resume_preview
 from tasks_app.serializers import (
     BackfillSerializer,
     OccurrencesQuerySerializer,
@@ -225,6 +226,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "task": task,
         "state": task_state(task),
         "next_run": task_next_run(task),
+        "resume": resume_preview(task),
         "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
         # A rule for this task is added by its owner, over the owner's channels.
@@ -318,13 +320,22 @@ def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpR
 @login_required
 @require_POST
 def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    return _task_action(request, pk, task_pause, "Paused: no new runs until it is resumed.")
+    task = task_to_change(request.user, pk)
+    return _task_action(
+        request,
+        pk,
+        task_pause,
+        "Paused: no new runs until it is resumed. The task page then says what resuming will do with the fire "
+        f"times that pass meanwhile (its misfire policy is {task.misfire_policy}).",
+    )
 
 
 @login_required
 @require_POST
 def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    return _task_action(request, pk, task_resume, "Resumed.")
+    task = task_to_change(request.user, pk)
+    preview = resume_preview(task)
+    return _task_action(request, pk, task_resume, f"Resumed. {preview.words}" if preview else "Resumed.")
 
 
 @login_required

@@ -125,12 +125,20 @@ def catch_up_since(schedule: Schedule, cursor: datetime, *, missed_before: datet
 
 def _skip_reason(task: Plannable, when: datetime) -> tuple[str, str]:
     policy = task.misfire_policy
+    # A time that passed while the task was paused did not run because of the pause, whatever
+    # the policy then made of the catch-up: it keeps the reason ``paused`` (it was relabelled
+    # "coalesced" under run_once and run_all), and the detail says what the policy did.
+    paused = task.paused_at is not None and when >= task.paused_at
     if policy == MisfirePolicy.RUN_ONCE:
-        return SkipReason.COALESCED, "misfire policy run_once: folded into one catch-up run"
-    if policy == MisfirePolicy.RUN_ALL:
-        return SkipReason.COALESCED, f"misfire policy run_all: beyond its bound of {task.catch_up_limit} catch-up runs"
-    if task.paused_at is not None and when >= task.paused_at:
-        return SkipReason.PAUSED, "the task was paused at this time; misfire policy skip"
+        detail = "misfire policy run_once: folded into one catch-up run"
+    elif policy == MisfirePolicy.RUN_ALL:
+        detail = f"misfire policy run_all: beyond its bound of {task.catch_up_limit} catch-up runs"
+    else:
+        detail = "misfire policy skip"
+    if paused:
+        return SkipReason.PAUSED, f"the task was paused at this time; {detail}"
+    if policy != MisfirePolicy.SKIP:
+        return SkipReason.COALESCED, detail
     grace = task.misfire_grace.total_seconds()
     return SkipReason.MISSED, f"missed by more than its misfire grace of {grace:g}s; misfire policy skip"
 

@@ -13,7 +13,7 @@ from backoffice.forms import TaskForm
 from executions import transitions
 from executions.dashboard import dashboard_snapshot
 from executions.materialiser import materialise_due
-from executions.models import Execution
+from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
 from executions.rollup import rollup_rebuild
 from tasks_app.models import Task, TaskStatus
@@ -233,3 +233,46 @@ def test_a_busy_tasks_timeline_is_paged_and_its_pages_join_up(alice_client, user
     assert len(times(wide)) == 100
     rest = times(follow("occurrences-more", wide))
     assert datetime.fromisoformat(rest[0]) == datetime.fromisoformat(times(wide)[-1]) + timedelta(seconds=30)
+
+
+# --- 7: before resuming, the page says what resume will do; paused times stay "paused" -------------
+
+
+def test_resume_says_beforehand_what_it_will_do_and_paused_times_keep_their_reason(user):
+    start = db_now() + timedelta(seconds=1)
+    task = task_create(
+        owner=user,
+        runner="noop",
+        name="every 10 s",
+        start_at=start,
+        interval=timedelta(seconds=10),
+        misfire_policy="run_once",
+        misfire_grace=timedelta(seconds=1),
+    )
+    client = csrf_client(user)
+    token = csrf_token(client, f"/ui/tasks/{task.pk}/")
+    paused = client.post(f"/ui/tasks/{task.pk}/pause/", {"csrfmiddlewaretoken": token}, follow=True)
+    assert "misfire policy is run_once" in _text(paused)
+    # As if paused 100 s ago, before its first fire time: ten fire times passed since (its
+    # schedule ends then, so that no more pass while the test runs on a slow machine).
+    Task.objects.filter(pk=task.pk).update(
+        start_at=start - timedelta(seconds=101),
+        next_run_at=start - timedelta(seconds=101),
+        paused_at=start - timedelta(seconds=102),
+        end_at=start - timedelta(seconds=2),
+    )
+    page = _text(client.get(f"/ui/tasks/{task.pk}/"))
+    assert (
+        "If resumed now: 10 fire times passed while it was paused; under its misfire policy (run_once) "
+        "resuming creates one catch-up run, due at once, for the latest of them" in page
+    )
+    assert "the other 9 are recorded as skipped, reason paused" in page
+    token = csrf_token(client, f"/ui/tasks/{task.pk}/")
+    resumed = client.post(f"/ui/tasks/{task.pk}/resume/", {"csrfmiddlewaretoken": token}, follow=True)
+    assert "Resumed. 10 fire times passed" in _text(resumed)
+    reasons = list(SkippedOccurrence.objects.filter(task=task).values_list("reason", flat=True))
+    assert reasons == ["paused"] * 9
+    # One catch-up run (the execution superseded by the pause stays cancelled).
+    assert Execution.objects.filter(task=task, superseded=False).count() == 1
+    dashboard = _text(client.get("/"))
+    assert "9 paused" in dashboard
