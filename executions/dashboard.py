@@ -17,10 +17,14 @@ Definitions (times are the database's, UTC):
 * lateness = ``started_at - due_at`` of the attempt; duration = end - ``started_at``;
   percentiles are estimated from fixed log-spaced buckets, interpolated linearly within the
   bucket that holds them (see :func:`executions.histogram.percentile`);
-* ``upcoming`` lists the next runs due within the hour: materialised SCHEDULED executions and,
-  beyond the materialisation horizon, each active task's next fire time (its cursor).
-  ``upcoming_count`` counts the same things, so a task firing more often than the horizon is
-  counted once past it: a lower bound, exact within the horizon;
+* ``upcoming`` lists the next runs due within the hour, from the schedules: materialised
+  SCHEDULED executions and, beyond the materialisation horizon, each active task's fire times
+  from its cursor on (the tasks with the earliest cursors, each expanded up to the list's
+  length). ``upcoming_count`` counts every run due within the hour the same way: executions,
+  plus each interval task's fire times from its cursor to the hour's end computed in SQL (end_at
+  and max_runs respected), plus each cron task's expanded in Python; bounded to the
+  :data:`UPCOMING_TASKS_COUNTED` tasks with the earliest cursors (``upcoming_exact`` False: the
+  count is a lower bound);
 * ``workers_dead`` counts workers marked dead whose last heartbeat is within 24 h.
 """
 
@@ -51,6 +55,10 @@ from tms_core.clock import db_now
 OUTCOMES: tuple[str, ...] = tuple(OUTCOME_COLUMNS)
 MINUTES_PER_DAY = 24 * 60
 UPCOMING_LIMIT = 20
+#: Tasks whose fire times within the hour are counted (those with the earliest cursors).
+UPCOMING_TASKS_COUNTED = 20_000
+#: Cron tasks among them expanded in Python to count their fire times.
+UPCOMING_CRON_EXPANDED = 200
 TOP_FAILING_LIMIT = 10
 
 
@@ -122,14 +130,17 @@ class DashboardSnapshot:
     top_failing_tasks: list[FailingTask]
     upcoming: list[UpcomingRun]
     upcoming_count: int
+    #: False when ``upcoming_count`` is a lower bound (more tasks or cron tasks than counted).
+    upcoming_exact: bool = True
 
 
 def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
     """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's).
 
-    Seven queries at most (one to read the database clock when ``now`` is not given): the
-    rollup by (minute, runner), the tasks failing most, the live counts, skipped occurrences by
-    reason, and the upcoming executions and task fire times.
+    Nine queries (one to read the database clock when ``now`` is not given): the rollup by
+    (minute, runner), the tasks failing most, the live counts, skipped occurrences by reason, the
+    upcoming executions, the tasks whose fire times come next, and the hour's count from the
+    schedules (interval tasks in SQL, the others expanded).
     """
     now = now or db_now()
     owner_id = None if user.is_staff else user.pk
@@ -137,6 +148,7 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
     minutes, lateness, durations, last_hour = _from_rollup(owner_id, now)
     succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
     upcoming = _upcoming(owner_id, now)
+    from_schedules, exact = _upcoming_from_schedules(owner_id, now)
     return DashboardSnapshot(
         now=now,
         runs_last_hour=last_hour,
@@ -153,7 +165,8 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
         duration_by_runner=durations,
         top_failing_tasks=_top_failing(owner_id, now),
         upcoming=upcoming,
-        upcoming_count=live["upcoming_executions"] + live["upcoming_tasks"],
+        upcoming_count=live["upcoming_executions"] + from_schedules,
+        upcoming_exact=exact,
     )
 
 
@@ -243,11 +256,6 @@ def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
         "upcoming_executions": executions.filter(
             status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour
         ),
-        "upcoming_tasks": _owned(
-            Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
-            owner_id,
-            "owner_id",
-        ),
         "alive": Worker.objects.filter(status=WorkerStatus.ALIVE),
         "dead": Worker.objects.filter(status=WorkerStatus.DEAD, last_heartbeat__gte=now - timedelta(hours=24)),
     }
@@ -274,7 +282,7 @@ def _upcoming(owner_id: int | None, now: datetime) -> list[UpcomingRun]:
     executions = _owned(
         Execution.objects.filter(status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour),
         owner_id,
-        "task__owner_id",
+        "owner_id",
     )
     tasks = _owned(
         Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
@@ -287,11 +295,83 @@ def _upcoming(owner_id: int | None, now: datetime) -> list[UpcomingRun]:
             "id", "task_id", "task__name", "due_at"
         )[:UPCOMING_LIMIT]
     ]
-    runs += [
-        UpcomingRun(str(task_id), name, due_at, None)
-        for task_id, name, due_at in tasks.order_by("next_run_at", "id").values_list("id", "name", "next_run_at")[
-            :UPCOMING_LIMIT
-        ]
-    ]
+    # Not materialised yet: the fire times of the tasks with the earliest cursors, each expanded
+    # from its cursor up to the list's length (no later task can have an earlier one).
+    for task in tasks.order_by("next_run_at", "id")[:UPCOMING_LIMIT]:
+        for when in _fire_times_within(task, in_an_hour, UPCOMING_LIMIT):
+            runs.append(UpcomingRun(str(task.pk), task.name, when, None))
     runs.sort(key=lambda run: (run.due_at, run.execution_id is None, run.task_id))
     return runs[:UPCOMING_LIMIT]
+
+
+def _fire_times_within(task: Task, until: datetime, most: int) -> list[datetime]:
+    """``task``'s fire times from its cursor up to ``until`` (at most ``most``; its end_at and
+    its runs left respected)."""
+    from executions.materialiser import task_schedule
+
+    left = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
+    cursor = task.next_run_at
+    if cursor is None or cursor > until or left == 0:
+        return []
+    # The cursor is the next fire time not materialised yet, by definition; the schedule's after it.
+    times = [cursor]
+    for when in task_schedule(task).fire_times(since=cursor):
+        if when <= cursor:
+            continue
+        if when > until or len(times) >= most or (left is not None and len(times) >= left):
+            break
+        times.append(when)
+    return times
+
+
+def _upcoming_from_schedules(owner_id: int | None, now: datetime) -> tuple[int, bool]:
+    """Fire times within the hour not materialised yet, and whether the count is exact, in two
+    queries: each interval task's from its cursor, computed in SQL (on PostgreSQL); each other
+    task's (cron, one-shot) expanded here. Bounded to the :data:`UPCOMING_TASKS_COUNTED` tasks
+    with the earliest cursors, and :data:`UPCOMING_CRON_EXPANDED` other tasks among them."""
+    in_an_hour = now + timedelta(hours=1)
+    due = _owned(
+        Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
+        owner_id,
+        "owner_id",
+    )
+    if connection.vendor == "postgresql":
+        interval_runs, tasks, others = _interval_runs_sql(owner_id, now, in_an_hour)
+    else:  # the embedded SQLite default: few tasks, counted here
+        interval_runs = tasks = others = 0
+        for task in due.order_by("next_run_at")[: UPCOMING_TASKS_COUNTED + 1]:
+            tasks += 1
+            if task.interval is None:
+                others += 1
+            elif tasks <= UPCOMING_TASKS_COUNTED:
+                interval_runs += len(_fire_times_within(task, in_an_hour, 10**6))
+    expanded = list(due.filter(interval__isnull=True).order_by("next_run_at", "id")[:UPCOMING_CRON_EXPANDED])
+    count = interval_runs + sum(len(_fire_times_within(task, in_an_hour, 60 * 60)) for task in expanded)
+    return count, tasks <= UPCOMING_TASKS_COUNTED and others <= UPCOMING_CRON_EXPANDED
+
+
+def _interval_runs_sql(owner_id: int | None, now: datetime, until: datetime) -> tuple[int, int, int]:
+    """Over the :data:`UPCOMING_TASKS_COUNTED` + 1 active tasks with the earliest cursors within
+    ``(now, until]``: the interval tasks' fire times up to ``until`` (end_at and max_runs
+    respected), how many tasks, how many without an interval."""
+    owner = "" if owner_id is None else "AND owner_id = %(owner)s"
+    sql = f"""
+        WITH t AS (
+            SELECT interval, next_run_at, LEAST(%(until)s, end_at) AS last, max_runs - runs_materialised AS left_runs
+            FROM {Task._meta.db_table}
+            WHERE status = 'ACTIVE' AND next_run_at > %(now)s AND next_run_at <= %(until)s {owner}
+            ORDER BY next_run_at LIMIT %(limit)s
+        )
+        SELECT
+            COALESCE(SUM(LEAST(
+                floor(extract(epoch FROM last - next_run_at) / extract(epoch FROM interval)) + 1,
+                COALESCE(left_runs, 2147483647)
+            )) FILTER (WHERE interval IS NOT NULL AND next_run_at <= last), 0),
+            COUNT(*),
+            COUNT(*) FILTER (WHERE interval IS NULL)
+        FROM t
+    """  # noqa: S608 - the table name is the model's; values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"now": now, "until": until, "owner": owner_id, "limit": UPCOMING_TASKS_COUNTED + 1})
+        runs, tasks, others = cursor.fetchone()
+    return int(runs), int(tasks), int(others)

@@ -276,3 +276,29 @@ def test_resume_says_beforehand_what_it_will_do_and_paused_times_keep_their_reas
     assert Execution.objects.filter(task=task, superseded=False).count() == 1
     dashboard = _text(client.get("/"))
     assert "9 paused" in dashboard
+
+
+# --- 4: the next hour from the schedules, not only what was materialised -------------------------
+
+
+def test_upcoming_counts_the_hour_from_the_schedules(alice_client, user):
+    soon = db_now() + timedelta(seconds=20)
+    every_minute = task_create(owner=user, runner="noop", name="minutely", start_at=soon, interval=timedelta(minutes=1))
+    task_create(owner=user, runner="noop", name="five-minutely", cron="*/5 * * * *", start_at=soon)
+    task_create(
+        owner=user,
+        runner="noop",
+        name="ends soon",
+        start_at=soon,
+        interval=timedelta(minutes=1),
+        end_at=soon + timedelta(minutes=9, seconds=30),
+    )
+    materialise_due(horizon=300)  # five minutes materialised, as in production
+    assert Execution.objects.filter(task=every_minute).count() == 5
+    snapshot = dashboard_snapshot(user=user)
+    # 60 (minutely) + 12 (cron every 5 min) + 10 (ends after its tenth), give or take the edges.
+    assert snapshot.upcoming_exact
+    assert 60 + 12 + 10 - 2 <= snapshot.upcoming_count <= 60 + 12 + 10
+    assert len(snapshot.upcoming) == 20
+    html = alice_client.get("/").content.decode()
+    assert re.search(rf'id="upcoming-count">\({snapshot.upcoming_count} runs, from the schedules\)', html)

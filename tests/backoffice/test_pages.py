@@ -74,7 +74,7 @@ def test_a_wrong_password_is_refused_on_the_form(client, user):
 
 
 def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_num_queries):
-    with django_assert_num_queries(9):  # the session, the user, and the snapshot's fixed 7
+    with django_assert_num_queries(11):  # the session, the user, and the snapshot's fixed 9
         page = alice_client.get("/")
     html = page.content.decode()
     assert page.status_code == 200

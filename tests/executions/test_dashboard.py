@@ -267,10 +267,10 @@ def test_the_expected_figures_are_not_trivial(scene, staff_user):
 
 def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries):
     for user in (staff_user, scene["alice"]):
-        with django_assert_num_queries(7):
+        with django_assert_num_queries(9):
             dashboard_snapshot(user=user)
     now = timezone.now()
-    with django_assert_num_queries(6):  # no clock read
+    with django_assert_num_queries(8):  # no clock read
         dashboard_snapshot(user=staff_user, now=now)
 
 
