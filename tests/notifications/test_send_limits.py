@@ -96,3 +96,35 @@ def test_every_sending_error_is_a_counted_attempt_and_the_cap_fails_it(user, set
     assert delivery.status == DeliveryStatus.FAILED and _send_all() == []
     channel.refresh_from_db()
     assert channel.state == ChannelState.FAILING and "the backend exploded" in channel.last_error
+
+
+def test_a_webhook_redirected_to_another_origin_sends_nothing_there(user):
+    """Issue 27, finding 9: webhooks follow no redirect, so their body (signed) stays where it was sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.notifications.receiver import webhook_receiver
+
+    with webhook_receiver() as elsewhere:
+
+        class Redirect(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(307)
+                self.send_header("Location", elsewhere.url)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+            channel = services.channel_create(owner=user, data={"name": "w", "kind": "webhook", "target": url})
+            services.channel_send_test(channel=channel)
+            assert deliver_queued() == ["failed"]
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert elsewhere.arrivals == [] and "HTTP 307" in Delivery.objects.get().last_error
