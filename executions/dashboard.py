@@ -56,7 +56,7 @@ OUTCOMES: tuple[str, ...] = tuple(OUTCOME_COLUMNS)
 MINUTES_PER_DAY = 24 * 60
 UPCOMING_LIMIT = 20
 #: Tasks whose fire times within the hour are counted (those with the earliest cursors).
-UPCOMING_TASKS_COUNTED = 20_000
+UPCOMING_TASKS_COUNTED = 5_000
 #: Cron tasks among them expanded in Python to count their fire times.
 UPCOMING_CRON_EXPANDED = 200
 TOP_FAILING_LIMIT = 10
