@@ -17,6 +17,7 @@ from django import forms
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.schedules import CRON_FIELDS_HELP
 from tasks_app.services import task_config_masked
 from tms_core.durations import format_duration
 
@@ -119,7 +120,11 @@ class TaskForm(ApiInputForm):
         required=False, widget=LocalDateTimeInput(), help_text="In the task's time zone. Empty: now."
     )
     interval = forms.CharField(required=False, max_length=40, help_text='Repeat every: "90s", "5m", "1h30m".')
-    cron = forms.CharField(required=False, max_length=120, help_text='Or a cron expression: "*/5 * * * *".')
+    cron = forms.CharField(
+        required=False,
+        max_length=120,
+        help_text=f'Or a cron expression, {CRON_FIELDS_HELP}. Example: "*/5 * * * *".',
+    )
     timezone = forms.CharField(max_length=64, initial="UTC", help_text="IANA zone, e.g. Europe/Berlin.")
     end_at = forms.CharField(required=False, widget=LocalDateTimeInput(), help_text="No runs after this.")
     max_runs = forms.IntegerField(required=False, min_value=1)

@@ -34,6 +34,7 @@ from runners.registry import runner_aliases
 from tasks_app.limits import limit_create, limit_delete, limit_update
 from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
 from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.schedules import CRON_FIELDS_HELP
 from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_app.services import (
     UPDATABLE_FIELDS,
@@ -150,6 +151,8 @@ class TaskAdminForm(forms.ModelForm):
             self.initial["config"] = task_config_masked(self.instance)
         if "name" in self.fields:
             self.fields["name"].help_text = "Optional: a task without a name is shown by its id."
+        if "cron" in self.fields:
+            self.fields["cron"].help_text = f"Or a cron expression, {CRON_FIELDS_HELP}."
         if "timezone" in self.fields:
             self.fields["timezone"].help_text = 'IANA name, e.g. "Europe/Berlin": the zone cron expressions follow.'
 

@@ -24,6 +24,7 @@ from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
 from tasks_app.models import Task, TaskStatus
+from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.selectors import schedule_preview, task_occurrences, task_preview, task_why
 from tasks_app.serializers import (
@@ -272,7 +273,8 @@ class TaskViewSet(
         query = PreviewQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         times = task_preview(task=task, **query.validated_data)
-        return Response(PreviewSerializer({"timezone": task.timezone, "fire_times": times}).data)
+        preview = {"timezone": task.timezone, "description": schedule_words(task), "fire_times": times}
+        return Response(PreviewSerializer(preview).data)
 
     @extend_schema(
         summary="Why did this task (not) run at a time?",
@@ -352,7 +354,8 @@ class SchedulePreviewView(ApiViewMixin, APIView):
         summary="Preview a schedule",
         description=(
             "The first `count` (at most 1000) fire times of a schedule given as a task's schedule fields "
-            "(`start_at` default now, `interval` or `cron`, `timezone`, `end_at`, `max_runs`), in UTC and local time."
+            "(`start_at` default now, `interval` or `cron`, `timezone`, `end_at`, `max_runs`), in UTC and local time, "
+            "and the schedule in words (`description`: a six-field cron is read seconds first)."
         ),
         request=SchedulePreviewSerializer,
         responses={200: PreviewSerializer, **error_responses(400)},
@@ -372,4 +375,7 @@ class SchedulePreviewView(ApiViewMixin, APIView):
             times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
         except ScheduleError as exc:
             raise ValidationError({"schedule": [str(exc)]}) from None
-        return Response(PreviewSerializer({"timezone": data["timezone"], "fire_times": times}).data)
+        description = schedule_description(cron=data["cron"], interval=data["interval"], timezone=data["timezone"])
+        return Response(
+            PreviewSerializer({"timezone": data["timezone"], "description": description, "fire_times": times}).data
+        )

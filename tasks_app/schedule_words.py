@@ -1,15 +1,20 @@
 """A task's schedule said in words, for people: "Every 5 minutes", "At 09:00, Monday through Friday".
 
 Cron expressions are described by cron-descriptor (a library made for it; 6 fields read with
-seconds first, as :mod:`tasks_app.schedules` reads them); intervals and one-shot times here.
+seconds first, as :mod:`tasks_app.schedules` reads them), with TMS's day rule put in words;
+intervals and one-shot times here. The API returns these words as a task's and a preview's
+``description``, so that a misread expression shows at once.
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
-from cron_descriptor import ExpressionDescriptor, Options
+from cron_descriptor import DescriptionTypeEnum, ExpressionDescriptor, Options
+
+from tasks_app.schedules import ScheduleError, parse_cron
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 
@@ -52,21 +57,70 @@ def short_duration(seconds: float | None) -> str:
     return f"{sign}{hours}h{rest // 60:02d}m"
 
 
+@functools.lru_cache(maxsize=1024)
 def cron_words(expression: str) -> str:
-    """A cron expression described in plain English (the expression itself if it cannot be)."""
-    options = Options()
-    options.use_24hour_time_format = True
-    options.throw_exception_on_parse_error = True
+    """A cron expression in plain English, read as :mod:`tasks_app.schedules` reads it (the
+    expression itself if it is invalid or cannot be described).
+
+    Six fields are seconds first. A stepped day-of-week field is described from the days it
+    selects (cron-descriptor cannot read ``*/7``: Sunday in cron). When neither
+    day field starts with ``*`` a day matches on either, so the words say "or"; cron-descriptor
+    would say "on day 13 of the month, only on Friday", which reads as both.
+    """
     try:
-        return ExpressionDescriptor(expression, options).get_description()
+        cron = parse_cron(expression)
+    except ScheduleError:
+        return expression
+    fields = list(cron.fields)
+    if "/" in fields[-1]:
+        fields[-1] = _list_text(cron.weekdays)
+    try:
+        if not cron.day_or:
+            return _describe(" ".join(fields))
+        every_weekday = " ".join([*fields[:-1], "*"])
+        text = _describe(every_weekday)
+        by_date = _describe(every_weekday, DescriptionTypeEnum.DAYOFMONTH)
+        by_weekday = _describe(" ".join(fields), DescriptionTypeEnum.DAYOFWEEK).removeprefix(", ")
+        by_weekday = by_weekday.removeprefix("only on ")
+        if not by_date or by_date not in text or not by_weekday:
+            return _describe(" ".join(fields))
+        return text.replace(by_date, f"{by_date} or on {by_weekday}", 1)
     except Exception:  # noqa: BLE001 - any expression the library cannot read is shown as it is
         return expression
 
 
+def _describe(expression: str, kind: DescriptionTypeEnum = DescriptionTypeEnum.FULL) -> str:
+    options = Options()
+    options.use_24hour_time_format = True
+    options.throw_exception_on_parse_error = True
+    return str(ExpressionDescriptor(expression, options).get_description(kind))
+
+
+def _list_text(values: frozenset[int]) -> str:
+    """``{1, 2, 3, 4, 5}`` -> "1-5", ``{0, 6}`` -> "0,6": runs of three or more as ranges."""
+    ordered, items = sorted(values), []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            items.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            items.extend(str(value) for value in ordered[start : end + 1])
+        start = end + 1
+    return ",".join(items)
+
+
+def schedule_description(*, cron: str, interval: timedelta | None, timezone: str) -> str:
+    """A schedule in words: the cron expression as it is read, in its zone; the interval; or "Once"."""
+    if cron:
+        return f"{cron_words(cron)} ({timezone})"
+    if interval is not None:
+        return f"Every {duration_words(interval)}"
+    return "Once"
+
+
 def schedule_words(task: Any) -> str:
     """How often ``task`` runs, in words (its zone named for cron schedules)."""
-    if task.cron:
-        return f"{cron_words(task.cron)} ({task.timezone})"
-    if task.interval is not None:
-        return f"Every {duration_words(task.interval)}"
-    return "Once"
+    return schedule_description(cron=task.cron, interval=task.interval, timezone=task.timezone)

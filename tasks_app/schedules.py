@@ -28,8 +28,8 @@ five-field expressions. Rejected with a :class:`ScheduleError`: the Quartz/Jenki
 ``L``, ``W``, ``#`` and ``H``, a year field, ranges that run backwards (``22-2``: write
 ``22-23,0-2``), a field that selects nothing (``7/7``: no weekday from 7 to 6), and
 expressions that can never fire (``0 0 30 2 *``: February has no 30th). The search for the
-next fire time is bounded too: it gives up after 9 years without one (a valid expression fires
-at least every 8 years).
+next fire time is bounded too: it gives up after 41 years without one (a valid expression fires
+at least every 40 years: ``0 0 29 2 */7``, 29 February on a Sunday).
 
 Walking a cron schedule costs time in proportion to the span of time walked, not to the number
 of fire times met (``0 0 29 2 *`` meets one every four years), so one walk of
@@ -38,13 +38,15 @@ for a fire time beyond raises :class:`WalkTooLong` (callers answer it as a bad r
 field that asked for too much). Interval schedules are not bounded this way: each fire time costs
 the same, however far apart, and callers bound how many they take.
 
-Day of month and day of week: when BOTH fields are restricted -- neither is exactly ``*`` or
-``?`` -- a day matches if EITHER field matches (``0 0 13 * FRI`` fires on every 13th and on
-every Friday), as POSIX, Vixie cron and croniter do. Otherwise a day must match both (the
-unrestricted one matches every day). A stepped field such as ``*/2`` counts as restricted, as in
-croniter and robfig/cron (Vixie cron treats a field starting with ``*`` as unrestricted), and so
-does one that happens to select every value (``*/1``, ``0-6``; croniter reads such a field as
-``*`` when the other day field contains a ``*``).
+Day of month and day of week follow Vixie cron and cronie (what crontab users know): a day field
+that starts with ``*`` (``*``, ``*/7``, ``*/2,15``; ``?`` is ``*``) is UNRESTRICTED. When neither
+day field starts with ``*``, a day matches if EITHER matches (``0 0 13 * FRI`` fires on every 13th
+and on every Friday). When one of them starts with ``*``, a day must match BOTH: ``1 1 1-7 * */7``
+(``*/7`` is Sunday) fires on the first Sunday of each month, and ``0 0 */2 * MON`` on Mondays that
+fall on an odd day. A field that selects every value without starting with ``*`` (``0-6``,
+``1-31``) is restricted: ``0 0 1 * 0-6`` fires every day. Until issue 26 a field counted as
+restricted unless it was exactly ``*`` (as croniter does); migration 0014 rewrote stored tasks
+whose meaning that changed, so that they keep firing as before (``*/2`` became ``1-31/2``).
 
 Time zone and daylight saving time
 ----------------------------------
@@ -84,6 +86,8 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import re
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,6 +98,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from tms_core.errors import InvalidInput
 
 __all__ = [
+    "CRON_BLANKS",
+    "CRON_FIELDS_HELP",
+    "CRON_HELP",
     "MAX_WALK",
     "MAX_WALK_YEARS",
     "CronExpression",
@@ -200,14 +207,22 @@ _HOUR = _Field("hour", 0, 23, 23)
 _DAY = _Field("day-of-month", 1, 31, 31)
 _MONTH = _Field("month", 1, 12, 12, _MONTH_NAMES)
 _WEEKDAY = _Field("day-of-week", 0, 7, 6, _WEEKDAY_NAMES)
+#: The six fields in the order they are written; five-field expressions leave out the first.
+_FIELDS = (_SECOND, _MINUTE, _HOUR, _DAY, _MONTH, _WEEKDAY)
 
 
 def _bad(expression: str, detail: str) -> ScheduleError:
     return ScheduleError(f"Invalid cron expression {expression!r}: {detail}")
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes superscripts (U+00B9, which ``int`` then refuses)
+    and the digits of other scripts (U+0665, U+FF10, U+1D7D3, which ``int`` reads as numbers)."""
+    return text.isascii() and text.isdigit()
+
+
 def _value(expression: str, field: _Field, text: str) -> int:
-    if text.isdigit():
+    if _is_number(text):
         number = int(text)
     elif field.names and text.lower() in field.names:
         number = field.names[text.lower()]
@@ -224,7 +239,8 @@ def _value(expression: str, field: _Field, text: str) -> int:
 
 
 def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[int], bool]:
-    """Return the values a field allows, and whether it is restricted (anything but ``*``/``?``)."""
+    """Return the values a field allows, and whether it is restricted (it does not start with ``*``;
+    ``?`` is ``*``)."""
     if text == "?" and field in (_DAY, _WEEKDAY):
         text = "*"
     values: set[int] = set()
@@ -232,7 +248,7 @@ def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[i
         base, slash, step_text = item.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) < 1:
+            if not _is_number(step_text) or int(step_text) < 1:
                 raise _bad(
                     expression, f"the step in {item!r} ({field.name} field) must be a whole number of at least 1."
                 )
@@ -260,7 +276,8 @@ def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[i
         values = (values - {7}) | {0}
     if not values:
         raise _bad(expression, f"{text!r} selects no {field.name} value.")
-    return frozenset(values), text != "*"
+    # Vixie cron/cronie: a field starting with "*" is unrestricted, even stepped ("*/7") or listed.
+    return frozenset(values), not text.startswith("*")
 
 
 @dataclass(frozen=True)
@@ -277,10 +294,12 @@ class CronExpression:
     days: frozenset[int]
     months: frozenset[int]
     weekdays: frozenset[int]
-    #: Both day fields are restricted: a day matches if either matches.
+    #: Neither day field starts with ``*``: a day matches if either matches (else if both do).
     day_or: bool
     #: The hour field is neither ``*`` nor stepped: the fixed-hour DST rule applies.
     fixed_hour: bool
+    #: The fields as written (5, or 6 with seconds first), a shortcut such as ``@daily`` expanded.
+    fields: tuple[str, ...] = ()
 
     def day_matches(self, day: date) -> bool:
         """Whether the expression fires on some time of ``day`` (month, day of month, weekday)."""
@@ -331,26 +350,70 @@ class CronExpression:
                     yield time(hour, minute, second)
 
 
+#: What separates (and may surround) fields: ASCII spaces and tabs, as in crontab(5). ``str.split``
+#: would also split on a no-break space and the other Unicode spaces.
+CRON_BLANKS = _BLANKS = " \t"
+_BLANK_RUN = re.compile(f"[{_BLANKS}]+")
+#: The field order, said next to every place a cron expression is entered: a six-field expression
+#: is read seconds FIRST, and croniter's are seconds last ("0 0 * * * 1" is hourly on Mondays
+#: here, not second 1 of every midnight).
+CRON_FIELDS_HELP = (
+    "5 fields: minute hour day-of-month month day-of-week; "
+    "or 6 with SECONDS FIRST: second minute hour day-of-month month day-of-week"
+)
+#: The API's help on a cron field.
+CRON_HELP = (
+    f'Cron expression, {CRON_FIELDS_HELP}. For example "*/5 * * * *" (every 5 minutes) or "30 0 9 * * MON-FRI" '
+    "(09:00:30 on weekdays). Read on the wall clock of `timezone`; ASCII only. The response's `description` "
+    "says it in words: check that it says what you meant."
+)
+
+
+def _check_characters(expression: str) -> None:
+    """Raise :class:`ScheduleError` at the first character that is neither printable ASCII nor a tab.
+
+    Digits, names and separators are ASCII only: anything else is named with its code point and
+    the field it is in, rather than read as a number (U+0665 ARABIC-INDIC DIGIT FIVE), failed on
+    (U+00B9 SUPERSCRIPT ONE: ``int`` refuses what ``isdigit`` accepted) or taken as a field
+    separator (U+00A0 NO-BREAK SPACE).
+    """
+    for position, char in enumerate(expression):
+        if " " <= char <= "~" or char == "\t":
+            continue
+        before = expression[:position].lstrip(_BLANKS)
+        tokens = _BLANK_RUN.split(expression.strip(_BLANKS))
+        index = len(_BLANK_RUN.split(before)) - 1 if before else 0
+        fields = _FIELDS[1:] if len(tokens) == 5 else _FIELDS if len(tokens) == 6 else ()
+        where = f"in the {fields[index].name} field" if index < len(fields) else f"at character {position + 1}"
+        label = " ".join(filter(None, (f"U+{ord(char):04X}", unicodedata.name(char, ""))))
+        raise _bad(
+            expression,
+            f"{char!r} ({label}) {where} is not allowed: a cron expression is written in "
+            "ASCII (digits 0-9, names such as MON or JAN, and * , - / ?), its fields separated by spaces or tabs.",
+        )
+
+
 @functools.lru_cache(maxsize=512)
 def parse_cron(expression: str) -> CronExpression:
     """Parse a 5- or 6-field cron expression (see the module docstring), or raise :class:`ScheduleError`."""
-    if not isinstance(expression, str) or not expression.strip():
+    if not isinstance(expression, str) or not expression.strip(_BLANKS):
         raise ScheduleError("A cron expression is required, for example '*/15 * * * *'.")
-    text = expression.strip()
+    _check_characters(expression)
+    text = expression.strip(_BLANKS)
     if text.startswith("@"):
         if text.lower() not in _SHORTCUTS:
             raise ScheduleError(f"Unknown cron shortcut {text!r}: use one of {', '.join(_SHORTCUTS)}.")
         text = _SHORTCUTS[text.lower()]
-    parts = text.split()
+    parts = _BLANK_RUN.split(text)
     if len(parts) not in (5, 6):
         raise ScheduleError(
             f"Invalid cron expression {expression!r}: a cron expression has 5 fields "
             f"(minute hour day-of-month month day-of-week), or 6 with seconds first; this one has {len(parts)}."
         )
+    written = parts
     if len(parts) == 5:
         parts = ["0", *parts]
-    fields = (_SECOND, _MINUTE, _HOUR, _DAY, _MONTH, _WEEKDAY)
-    parsed = [_parse_field(expression, field, part) for field, part in zip(fields, parts, strict=True)]
+    parsed = [_parse_field(expression, field, part) for field, part in zip(_FIELDS, parts, strict=True)]
     (seconds, _), (minutes, _), (hours, _), (days, day_restricted), (months, _), (weekdays, weekday_restricted) = parsed
     cron = CronExpression(
         expression=expression,
@@ -362,6 +425,7 @@ def parse_cron(expression: str) -> CronExpression:
         weekdays=weekdays,
         day_or=day_restricted and weekday_restricted,
         fixed_hour="*" not in parts[2] and "/" not in parts[2],
+        fields=tuple(written),
     )
     # Without a weekday to fall back on, some chosen month must have one of the chosen days.
     if not cron.day_or and not any(day <= _MONTH_DAYS[month] for month in months for day in days):
@@ -387,9 +451,10 @@ _LOOKBACK = timedelta(days=3)
 #: Fire times stop here rather than overflow :class:`datetime`.
 _LAST_INSTANT = datetime(9998, 1, 1, tzinfo=UTC)
 #: The search gives up after this long without a fire time. A valid expression fires at least
-#: every 8 years (29 February 2096, then 2104); validation rejects those that never fire, so
-#: this only bounds the work if that ever failed.
-_LONGEST_SILENCE = timedelta(days=366 * 9)
+#: every 40 years: both day fields must match when one starts with ``*``, and 29 February falls on
+#: a given weekday at most 40 years apart (``0 0 29 2 */7``: Sundays 2004, 2032, 2060, 2088, 2128).
+#: Validation rejects expressions that never fire, so this only bounds the work if that ever failed.
+_LONGEST_SILENCE = timedelta(days=366 * 41)
 
 
 def _offset(zone: ZoneInfo, instant: datetime) -> timedelta:
@@ -538,7 +603,7 @@ class Schedule:
         start = self.start_at.astimezone(UTC)
         end = None if self.end_at is None else self.end_at.astimezone(UTC)
         since = start if since is None else max(since.astimezone(UTC), start)
-        # A cron walk meets a fire time at least every 9 years (or gives up), so checking each
+        # A cron walk meets a fire time at least every 41 years (or gives up), so checking each
         # one it yields bounds the span walked to the limit plus that.
         limit = since + MAX_WALK if self.cron and since < _LAST_INSTANT - MAX_WALK else None
         for when in self._unbounded(start, since):

@@ -31,7 +31,15 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
-from tasks_app.schedules import ScheduleError, validate_cron, validate_timezone, wall_time_to_utc
+from tasks_app.schedule_words import schedule_words
+from tasks_app.schedules import (
+    CRON_BLANKS,
+    CRON_HELP,
+    ScheduleError,
+    validate_cron,
+    validate_timezone,
+    wall_time_to_utc,
+)
 from tasks_app.secrets import check_secret_fields, config_unmask
 from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_app.services import UPDATABLE_FIELDS, task_config, task_config_masked, task_validate_runner
@@ -186,7 +194,8 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         allow_blank=True,
         default="",
         max_length=120,
-        help_text='Cron expression (5 fields, or 6 with seconds first), e.g. "*/5 * * * *", evaluated in timezone.',
+        trim_whitespace=False,  # validate_cron strips ASCII blanks only: a trailing U+3000 is an error
+        help_text=CRON_HELP,
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64, help_text="IANA time zone name.")
     end_at = LocalDateTimeField(
@@ -314,12 +323,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         return value
 
     def validate_cron(self, value: str) -> str:
-        if value:
+        if value.strip(CRON_BLANKS):
             try:
                 validate_cron(value)
             except ScheduleError as exc:
                 raise serializers.ValidationError(str(exc)) from None
-        return value
+        return value.strip(CRON_BLANKS)
 
     def validate_config(self, value: Any) -> Any:
         if _has_nul(value):
@@ -380,6 +389,13 @@ def check_task(attrs: Mapping[str, Any]) -> None:
         raise serializers.ValidationError(errors)
 
 
+SCHEDULE_DESCRIPTION_HELP = (
+    'The schedule in words, read as TMS reads it: "At 09:00, Monday through Friday (Europe/Berlin)", '
+    '"Every 5 minutes", "Once". A six-field cron is seconds first, so a seconds-last expression shows '
+    'here as something else ("0 0 * * * 1": "Every hour, only on Monday").'
+)
+
+
 class TaskSerializer(serializers.ModelSerializer):
     state = serializers.SerializerMethodField(
         help_text=(
@@ -408,6 +424,7 @@ class TaskSerializer(serializers.ModelSerializer):
     timeout = DurationField()
     keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
+    description = serializers.SerializerMethodField(help_text=SCHEDULE_DESCRIPTION_HELP)
 
     class Meta:
         model = Task
@@ -423,6 +440,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "interval",
             "cron",
             "timezone",
+            "description",
             "end_at",
             "max_runs",
             "jitter",
@@ -452,6 +470,9 @@ class TaskSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_description(self, task: Task) -> str:
+        return schedule_words(task)
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_limits(self, task: Task) -> list[str]:
@@ -573,7 +594,9 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
         help_text="First (or only) run, RFC 3339 (without an offset: wall-clock time in `timezone`). Default: now.",
     )
     interval = DurationField(required=False, allow_null=True, default=None, min_value=timedelta(milliseconds=100))
-    cron = serializers.CharField(required=False, allow_blank=True, default="", max_length=120)
+    cron = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=120, trim_whitespace=False, help_text=CRON_HELP
+    )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64)
     end_at = LocalDateTimeField(required=False, allow_null=True, default=None)
     max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
@@ -596,6 +619,7 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
 
 class PreviewSerializer(serializers.Serializer):
     timezone = serializers.CharField()
+    description = serializers.CharField(help_text=SCHEDULE_DESCRIPTION_HELP)
     fire_times = FireTimeSerializer(many=True)
 
 

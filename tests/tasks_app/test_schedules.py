@@ -345,7 +345,13 @@ def test_naive_since_is_rejected():
         ("0 12 13 * FRI", "2026-02-01T00:00", ["2026-02-06T12:00", "2026-02-13T12:00", "2026-02-20T12:00"]),
         ("0 0 */10 * MON", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-08T00:00", "2026-06-11T00:00"]),
         ("0 0 */10 * *", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-11T00:00", "2026-06-21T00:00"]),
-        ("0 0 */2 * */1", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-02T00:00"]),  # both restricted: OR
+        # Vixie cron and cronie: a day field that starts with "*" is unrestricted, so both must match.
+        ("0 0 */2 * */1", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-03T00:00"]),
+        ("1 1 1-7 * */7", "2026-01-01T00:00", ["2026-01-04T01:01", "2026-02-01T01:01", "2026-03-01T01:01"]),
+        ("0 0 */2 * MON", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-15T00:00", "2026-06-29T00:00"]),
+        ("0 0 1 * 0-6", "2026-06-01T00:00", ["2026-06-01T00:00", "2026-06-02T00:00"]),  # 0-6: restricted, OR
+        ("0 0 29 2 */7", "2026-01-01T00:00", ["2032-02-29T00:00", "2060-02-29T00:00"]),  # Sundays, 28 years
+        ("0 0 29 2 */7", "2061-01-01T00:00", ["2088-02-29T00:00", "2128-02-29T00:00"]),  # 40 years apart
         ("0 0 13 * *", "2026-02-01T00:00", ["2026-02-13T00:00", "2026-03-13T00:00"]),
         ("@hourly", "2026-01-01T00:30", ["2026-01-01T01:00", "2026-01-01T02:00"]),
         ("@Weekly", "2026-01-01T00:00", ["2026-01-04T00:00", "2026-01-11T00:00"]),
@@ -538,7 +544,8 @@ class RefCron:
             parts = ["0", *parts]
         kinds = ("second", "minute", "hour", "dom", "month", "dow")
         self.sets = {kind: _ref_allowed(part, kind) for kind, part in zip(kinds, parts, strict=True)}
-        self.either_day = parts[3] not in ("*", "?") and parts[5] not in ("*", "?")
+        # Vixie cron and cronie: a day field starting with "*" (or "?") is unrestricted.
+        self.either_day = not parts[3].startswith(("*", "?")) and not parts[5].startswith(("*", "?"))
         self.fixed_hour = "*" not in parts[2] and "/" not in parts[2]
 
     def day_ok(self, when: datetime) -> bool:
@@ -825,6 +832,10 @@ def test_agrees_with_croniter_where_there_is_no_dst(expression):
     # Where both day fields are restricted and one selects every value ("*/1"), croniter reads that
     # one as "*" if the other contains a "*" (AND); the module's documented rule says OR.
     assume(not (ref.either_day and (len(ref.sets["dom"]) == 31 or len(ref.sets["dow"]) == 7)))
+    # croniter reads a stepped day field ("*/2") as restricted (OR); cronie and the module as
+    # unrestricted (AND). Compared where the two readings agree: the other day field is "*".
+    day_fields = expression.split()[-3::2]
+    assume(not any(part.startswith("*") and part != "*" for part in day_fields) or "*" in day_fields)
     seconds = len(expression.split()) == 6
     theirs = croniter(expression, start - timedelta(microseconds=1), ret_type=datetime, second_at_beginning=seconds)
     assert ours == list(islice(theirs.all_next(datetime), 25))
