@@ -88,8 +88,9 @@ def _misfire_keep(task: Plannable) -> int:
     return 1 if task.misfire_policy == MisfirePolicy.RUN_ONCE else 0
 
 
-#: Longer than a valid cron expression goes without a fire time (8 years).
-_CRON_SILENCE = timedelta(days=366 * 10)
+#: Longer than a valid cron expression goes without a fire time (40 years: both day fields must
+#: match when one starts with "*", and 29 February falls on a given weekday up to 40 years apart).
+_CRON_SILENCE = timedelta(days=366 * 41)
 
 #: The most dropped occurrences recorded one by one per task and pass (the latest ones); one
 #: summary row stands for any earlier ones.
@@ -203,8 +204,8 @@ def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
     cursor = task.next_run_at
     if schedule.cron:
         # A cron walk stops MAX_WALK past its start (its cost grows with the span walked) and
-        # this one must reach the first fire time after ``until`` (at most 9 years on): from a
-        # cursor older than that (API dates start in 1970, so only after 2060 or for rows made
+        # this one must reach the first fire time after ``until`` (at most 40 years on): from a
+        # cursor older than that (API dates start in 1970, so only after 2030 or for rows made
         # otherwise) only the later fire times are walked, the earlier ones are summarised as "more".
         cursor = max(cursor, until - MAX_WALK + _CRON_SILENCE)
     since = catch_up_since(schedule, cursor, missed_before=missed_before, keep=keep + RECORD_LIMIT)

@@ -14,7 +14,9 @@ elapsed time).
 Cron syntax
 -----------
 Five fields, ``minute hour day-of-month month day-of-week``, or six with ``second`` FIRST
-(``second minute hour day-of-month month day-of-week``). Each field is a comma-separated list of:
+(``second minute hour day-of-month month day-of-week``), separated by ASCII spaces or tabs. An
+expression is ASCII only: any other character (another script's digit, a superscript, a
+no-break space) is refused with its code point named. Each field is a comma-separated list of:
 
 * ``*`` (every value), a number, or a range ``a-b`` (inclusive, ``a <= b``);
 * a step: ``*/n``, ``a-b/n``, or ``a/n`` (from ``a`` to the field's maximum), every n-th value;

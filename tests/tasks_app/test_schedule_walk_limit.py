@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from executions.materialiser import materialise_task
 from executions.models import Execution, SkippedOccurrence
-from tasks_app.schedules import MAX_WALK_YEARS, Schedule, WalkTooLong
+from tasks_app.schedules import MAX_WALK, MAX_WALK_YEARS, Schedule, WalkTooLong
 from tasks_app.services import task_backfill, task_create
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput
@@ -141,7 +141,8 @@ def test_a_backfill_range_walked_too_far_is_invalid_input_on_end(user):
 @pytest.mark.django_db
 def test_the_materialiser_catches_up_a_cursor_older_than_the_walk_bound(user):
     """A cron cursor centuries old (a row not made through the API) does not break a pass: only
-    the last 90 years are walked, the earlier fire times are summarised as "more"."""
+    the last 59 years are walked (the walk bound, 100 years, less the 41 a cron expression may go
+    without a fire time), the earlier fire times are summarised as "more"."""
     now = timezone.now()
     start = datetime(1800, 1, 1, tzinfo=UTC)
     task = TaskFactory(owner=user, start_at=start, next_run_at=datetime(1804, 2, 29, tzinfo=UTC), cron=LEAP_DAY)
@@ -154,7 +155,10 @@ def test_the_materialiser_catches_up_a_cursor_older_than_the_walk_bound(user):
     skipped = list(SkippedOccurrence.objects.filter(task=task).order_by("scheduled_for"))
     assert skipped[0].scheduled_for == datetime(1804, 2, 29, tzinfo=UTC)
     assert "summary: more occurrences" in skipped[0].detail
-    # Listed one by one: the leap days of the 90 years walked, 1940 (the first after the
-    # cursor moved to until - 90 years) to 2020.
-    assert [row.scheduled_for.year for row in skipped[1:]] == list(range(1940, 2021, 4))
+    # Listed one by one: the leap days of the 59 years walked, from the first after the cursor
+    # moved to until - 100 years + 41 years (1968 in 2026), to 2020.
+    cursor = now + timedelta(minutes=5) - MAX_WALK + timedelta(days=366 * 41)
+    leap_days = (datetime(y, 2, 29, tzinfo=UTC) for y in range(cursor.year, cursor.year + 8) if y % 4 == 0)
+    first = min(day.year for day in leap_days if day >= cursor)
+    assert [row.scheduled_for.year for row in skipped[1:]] == list(range(first, 2021, 4))
     assert cpu < CPU_BUDGET
