@@ -47,7 +47,7 @@ and on every Friday). When one of them starts with ``*``, a day must match BOTH:
 (``*/7`` is Sunday) fires on the first Sunday of each month, and ``0 0 */2 * MON`` on Mondays that
 fall on an odd day. A field that selects every value without starting with ``*`` (``0-6``,
 ``1-31``) is restricted: ``0 0 1 * 0-6`` fires every day. Until issue 26 a field counted as
-restricted unless it was exactly ``*`` (as croniter does); migration 0014 rewrote stored tasks
+restricted unless it was exactly ``*`` (as croniter does); migration 0015 rewrote stored tasks
 whose meaning that changed, so that they keep firing as before (``*/2`` became ``1-31/2``).
 
 Time zone and daylight saving time

@@ -1,4 +1,4 @@
-"""Migration 0014: stored cron expressions keep their meaning under the cronie day rule and ASCII-only
+"""Migration 0015: stored cron expressions keep their meaning under the cronie day rule and ASCII-only
 parsing (issue 26, defects 5 and 6a)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from django.utils import timezone
 from tasks_app.models import AuditEntry, Task
 from tasks_app.schedules import Schedule
 
-migration = importlib.import_module("tasks_app.migrations.0014_cron_day_rule_and_ascii")
+migration = importlib.import_module("tasks_app.migrations.0015_cron_day_rule_and_ascii")
 
-BEFORE = [("tasks_app", "0013_named_limits")]
-AFTER = [("tasks_app", "0014_cron_day_rule_and_ascii")]
+BEFORE = [("tasks_app", "0014_task_created_idx")]
+AFTER = [("tasks_app", "0015_cron_day_rule_and_ascii")]
 
 
 def _old_rule_days(expression: str, start: datetime, days: int) -> list[datetime]:

@@ -85,7 +85,7 @@ def forwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks_app", "0013_named_limits"),
+        ("tasks_app", "0014_task_created_idx"),
     ]
 
     operations = [
