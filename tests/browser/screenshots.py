@@ -4,7 +4,9 @@ Starts the whole platform (web, worker, monitor, beat) on the database and broke
 environment, registers a handful of tasks (successes, failures with automatic retries, a retry
 by hand, a skipped occurrence, a paused task, an e-mail rule on the failing one), lets them run for
 a few minutes, and takes full-page screenshots of the dashboard, a task page, an execution page
-and the notifications page in headless Chromium (e-mail goes to Django's in-memory backend)::
+and the notifications page in headless Chromium (e-mail goes to Django's in-memory backend; a
+webhook channel points at a closed port, so it turns failing), and the dashboard and a task page
+at a phone's size (390x844)::
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/tms_screens \\
     CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \\
@@ -42,6 +44,10 @@ def _environment() -> None:
     os.environ["TMS_NOTIFY_QUEUE"] = f"tms.screenshots.notify.{os.getpid()}"
     os.environ.setdefault("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     os.environ["TMS_SUBPROCESS_ALLOWED_EXECUTABLES"] = "/bin/sh"
+    # The failing webhook channel's closed port is on this machine.
+    os.environ.setdefault("TMS_HTTP_ALLOWED_NETWORKS", "127.0.0.1/32")
+    # E-mail (to the in-memory backend) goes to example.com addresses only, as in the tests.
+    os.environ.setdefault("TMS_EMAIL_ALLOWED_RECIPIENTS", "@example.com")
     os.environ["TMS_SUBPROCESS_WORK_DIR"] = tempfile.mkdtemp(prefix="tms-screenshots-runs-")
     # INFO: the harness waits for the worker's "ready" line (its processes log to var/screenshot-logs).
     os.environ.setdefault("TMS_LOG_LEVEL", "INFO")
@@ -82,21 +88,37 @@ def seed(operator, alice) -> dict[str, object]:
         ),
     }  # fmt: skip
     task_pause(task=tasks["cleanup"], actor="user:operator")
-    from notifications.services import channel_create, rule_create
+    from notifications.services import channel_create, channel_send_test, rule_create
 
     oncall = channel_create(owner=operator, data={"name": "on-call", "kind": "email", "target": "oncall@example.com"})
     rule_create(owner=operator, data={"task": tasks["backup"], "channel": oncall, "on_failure": True, "on_retry": True})
+    # A webhook nobody listens to: its deliveries fail, and after three failed attempts in a row
+    # the channel reads failing, with the reason in words.
+    hook = channel_create(
+        owner=operator,
+        data={"name": "team webhook", "kind": "webhook", "target": f"http://127.0.0.1:{_free_port()}/tms"},
+    )
+    rule_create(
+        owner=operator,
+        data={"channel": hook, "on_failure": True, "on_recovery": True, "digest_every": timedelta(hours=1)},
+    )
+    rule_create(owner=operator, data={"task": tasks["cleanup"], "channel": hook, "on_skip": True})
+    for _ in range(3):
+        channel_send_test(channel=hook)
     return tasks
 
 
-def take(driver, url: str, path: Path, *, wait_css: str = "main") -> None:
-    """A full-page screenshot of ``url`` (through the DevTools protocol: beyond the viewport)."""
+def take(driver, url: str, path: Path, *, wait_css: str = "main", click: tuple[str, ...] = ()) -> None:
+    """A full-page screenshot of ``url`` (through the DevTools protocol: beyond the viewport),
+    after clicking the elements ``click`` names (a folded form, the phone menu)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url)
     WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, wait_css)))
+    for css in click:
+        driver.find_element(By.CSS_SELECTOR, css).click()
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
     shot = driver.execute_cdp_cmd(
@@ -172,7 +194,16 @@ def main() -> int:
                 take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "task-failing.png")
                 if retried is not None:
                     take(driver, f"{base}/ui/executions/{retried.pk}/", args.out / "execution.png")
-                take(driver, f"{base}/ui/notifications/", args.out / "notifications.png")
+                take(driver, f"{base}/ui/notifications/", args.out / "notifications.png", click=("#new-rule summary",))
+            finally:
+                driver.quit()
+        with tempfile.TemporaryDirectory() as profile:
+            driver = make_browser(Path(profile), phone=True)
+            try:
+                log_in(driver, base, "operator", "operator-password")
+                take(driver, f"{base}/?window=1h", args.out / "phone-dashboard.png", wait_css="#tile-runs",
+                     click=("#menu-toggle",))  # fmt: skip
+                take(driver, f"{base}/ui/tasks/{tasks['backup'].pk}/", args.out / "phone-task.png")
             finally:
                 driver.quit()
     finally:

@@ -76,6 +76,20 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
     card = browser.find_element(By.XPATH, "//section[.//h2[starts-with(normalize-space(), 'Duration per runner')]]")
     assert card.rect["x"] >= 0 and card.rect["x"] + card.rect["width"] <= width, card.rect
     assert browser.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", card)
+    # ... its labels whole within it (the values at its right were cut), ...
+    outside = browser.execute_script(
+        "const box = arguments[0].getBoundingClientRect();"
+        "return Array.from(arguments[0].querySelectorAll('svg text')).map(t => t.getBoundingClientRect())"
+        ".filter(r => r.left < box.left || r.right > box.right).length;",
+        card,
+    )
+    assert outside == 0
+    # ... and a chart that scrolls shows its latest minutes first (its right end).
+    ends = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.chart-frame.wide'))"
+        ".map(f => f.scrollWidth > f.clientWidth && f.scrollLeft + f.clientWidth >= f.scrollWidth - 1);"
+    )
+    assert ends and all(ends), ends
 
     for path in ("/", pages["task page"]):
         browser.get(f"{base}{path}")

@@ -22,6 +22,7 @@
       })
       .then(function (html) {
         region.innerHTML = html;
+        latestFirst(region);
         region.removeAttribute("data-stale");
         var marker = region.querySelector("[data-refresh-stop]");
         if (marker) {
@@ -34,6 +35,13 @@
         schedule(region);
       })
       .catch(function () { region.setAttribute("data-stale", "true"); schedule(region); });
+  }
+
+  // A chart wider than its card (on a phone) scrolls: show its latest minutes, at its right end.
+  function latestFirst(root) {
+    root.querySelectorAll(".chart-frame.wide").forEach(function (frame) {
+      frame.scrollLeft = frame.scrollWidth;
+    });
   }
 
   // The phone menu: the button shows and hides the navigation (CSS hides the button on wide screens).
@@ -72,6 +80,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     menu();
+    latestFirst(document);
     restoreMessages();
     document.querySelectorAll("[data-refresh-url]").forEach(schedule);
     document.querySelectorAll("form[data-confirm]").forEach(function (form) {
