@@ -16,7 +16,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -128,7 +129,12 @@ def task_list(request: HttpRequest) -> HttpResponse:
         tasks = tasks.filter(Q(name__icontains=query) | Q(runner=query))
     if status in TaskStatus.values:
         tasks = tasks.filter(status=status)
-    page = Paginator(tasks.order_by("-created_at"), 50).get_page(request.GET.get("page"))
+    # Staff's list reads task_created_idx newest first. An owner's must not: the planner takes
+    # that index too, expecting the owner's tasks spread through it, and walked 90,000 of other
+    # owners' tasks before theirs (91 ms at 100,000 tasks); sorted on an expression that index
+    # cannot serve, it reads the owner's own (task_owner_live_idx) and sorts them (27 ms).
+    newest_first = F("created_at") if request.user.is_staff else Coalesce("created_at", "updated_at")
+    page = Paginator(tasks.order_by(newest_first.desc(), "-id"), 50).get_page(request.GET.get("page"))
     rows = [
         {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
         for task in page
