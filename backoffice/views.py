@@ -134,7 +134,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     # owners' tasks before theirs (91 ms at 100,000 tasks); sorted on an expression that index
     # cannot serve, it reads the owner's own (task_owner_live_idx) and sorts them (27 ms).
     newest_first = F("created_at") if request.user.is_staff else Coalesce("created_at", "updated_at")
-    page = Paginator(tasks.order_by(newest_first.desc(), "-id"), 50).get_page(request.GET.get("page"))
+    page = Paginator(tasks.order_by(newest_first.desc()), 50).get_page(request.GET.get("page"))
     rows = [
         {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
         for task in page
