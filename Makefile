@@ -46,6 +46,19 @@ test: install lint services browser axe sandbox prometheus
 	$(BIN)/pytest tests/outages || status=$$?; \
 	exit $$status
 
+## The main benchmark scenarios (tms_bench: burst, herd of 1,000, sustained load at half and 75 % of
+## the burst rate beside Celery's own ETA tasks, create) in under 10 minutes on the configured
+## PostgreSQL and RabbitMQ, each headline figure printed beside the one recorded in BENCH_BASELINE
+## and marked when worse by more than the noise the run measured. `make bench RECORD=1` records
+## this run's figures there instead (do it on purpose, when a change and its figures are accepted).
+## Never part of make test: timings are figures to read, not assertions.
+BENCH_BASELINE ?= docs/bench-baseline.json
+bench: install services
+	DJANGO_SETTINGS_MODULE=$${DJANGO_SETTINGS_MODULE:-tms_project.settings.local} DJANGO_DEBUG=false \
+		$(BIN)/python manage.py tms_bench --scenario burst --scenario herd --scenario sustained --scenario create \
+		--herd-soon --sustained-share 0.5 --sustained-share 0.75 --json var/bench/last.json \
+		--compare $(BENCH_BASELINE) $(if $(RECORD),--record)
+
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
 ## installed as root (or with sudo) when missing; otherwise stop and say what to install.
 CHROMIUM ?= /usr/bin/chromium

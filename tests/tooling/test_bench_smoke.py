@@ -13,13 +13,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 # The herd is due about 12 s ahead (--herd-soon), not on the next minute boundary (up to 75 s).
 @pytest.mark.timeout(900)
 def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "bench.json"
+    out, recorded = tmp_path / "bench.json", tmp_path / "recorded.json"
     call_command(
         "tms_bench",
         "--tasks", "40", "--herd-tasks", "20", "--herd-soon", "--rate", "10", "--duration", "2",
         "--scale-executions", "2000", "--scale-tasks", "200",
         "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
         "--fair-herd", "30", "--fair-few", "3", "--json", str(out),
+        "--compare", str(recorded), "--record",
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
@@ -41,6 +42,16 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     assert extra["idle_wait_s"] > 0 and extra["idle_cpu_ms_per_s"]
     assert 0 < extra["herd_cpu_ms_per_exec_total"] <= extra["cpu_ms_per_exec_total"]
     assert scenarios["sustained"]["executions"] == 20
+    # Celery's own ETA tasks at the same rate beside it (issue 33), and the noise of its figures.
+    sustained = scenarios["sustained"]["extra"]
+    assert sustained["celery_eta_runs"] == 20 and set(sustained["celery_eta_lateness_ms"]) >= {"p50", "p99"}
+    assert {"lateness_p50", "lateness_p99", "celery_eta_p50"} <= set(sustained["noise"])
+    assert "celery_eta_runs" not in scenarios["scale"]["extra"]
+    # make bench's record: nothing recorded before, so every figure is new; the file now holds them.
+    assert "Nothing recorded in" in printed and "| sustained: lateness p50 (ms) |" in printed
+    kept = json.loads(recorded.read_text())
+    assert kept["figures"]["sustained: lateness p50 (ms)"]["better"] == "lower"
+    assert kept["figures"]["burst: exec/s / bare Celery"]["value"] > 0
     assert scenarios["scale"]["extra"]["filler_executions"] == 2000
     assert scenarios["create"]["extra"]["bulk_tasks_per_second"] > 0
     dashboard = scenarios["dashboard"]

@@ -11,15 +11,18 @@ between the two says what TMS costs on this machine today, whatever its speed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,11 @@ class BenchConfig:
     tasks: int = 5000
     #: Sustained executions per second; default: half the burst throughput of this run (or 100).
     rate: float | None = None
+    #: Sustained runs at these fractions of the burst rate of this run (one figure each, named
+    #: ``sustained`` for the first and ``sustained_75`` for 0.75 and so on), instead of ``rate``.
+    sustained_shares: tuple[float, ...] = ()
+    #: The sustained scenario also runs Celery's own ETA tasks at the same rate on the same workers.
+    celery_eta: bool = True
     duration: float = 20.0
     workers: int = 1
     concurrency: int = 4
@@ -136,6 +144,42 @@ class Figures:
         if not self.baseline_per_second:
             return None
         return self.per_second / self.baseline_per_second
+
+
+def slices(values: list[Any], parts: int = 4, least: int = 10) -> list[list[Any]]:
+    """``values`` in ``parts`` consecutive slices of about equal size, each of at least ``least``
+    values (fewer slices if there are too few values)."""
+    parts = max(1, min(parts, len(values) // least))
+    size = -(-len(values) // parts) if values else 1
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def noise(figures: list[float]) -> float:
+    """How much one figure moves between stretches of the same run: half the range of the
+    figure over the slices, relative to their median (0.25: +-25 %). The run-to-run noise that
+    ``make bench`` allows before it marks a figure worse; 0 with fewer than two slices."""
+    values = sorted(v for v in figures if v is not None)
+    if len(values) < 2 or not values[len(values) // 2]:
+        return 0.0
+    return round((values[-1] - values[0]) / 2 / abs(values[len(values) // 2]), 3)
+
+
+def _sample_noise(samples: list[tuple[float, int, float]]) -> dict[str, float]:
+    """Noise of the throughput and of the CPU per execution, from the samples of a load's wait
+    (time, executions done, CPU seconds) over the stretch where executions ended."""
+    working = [s for s, t in itertools.pairwise(samples) if t[1] > s[1]]
+    if len(working) < 2:
+        return {}
+    first, last = samples.index(working[0]), samples.index(working[-1]) + 1
+    stretch = samples[first : last + 1]
+    rates, cpus = [], []
+    for part in slices(list(itertools.pairwise(stretch)), 4, least=2):
+        done = part[-1][1][1] - part[0][0][1]
+        seconds = part[-1][1][0] - part[0][0][0]
+        if done > 0 and seconds > 0:
+            rates.append(done / seconds)
+            cpus.append((part[-1][1][2] - part[0][0][2]) * 1000 / done)
+    return {"per_second": noise(rates), "cpu_ms_per_exec": noise(cpus)}
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -225,12 +269,16 @@ class Bench:
 
     # -- the execution path -----------------------------------------------------------------
 
-    def _run_load(self, name: str, plan: Plan, expected: int) -> Figures:
+    def _run_load(
+        self, name: str, plan: Plan, expected: int, then: Callable[[list[ManagedProcess], Figures], None] | None = None
+    ) -> Figures:
         """Once the platform is up, create the tasks ``plan()`` gives, then measure from the start
         time it gives until ``expected`` executions end. The due times are chosen only then: a
         loaded machine can take longer to start a worker than the lead before the first run, and
-        the wait for the platform would be counted as lateness."""
+        the wait for the platform would be counted as lateness. ``then`` runs afterwards with the
+        same workers (the monitor idle), before they stop."""
         figures = Figures(name)
+        samples: list[tuple[float, int, float]] = []
         with self._platform() as (procs, mon):
             specs, starts_at = plan()
             for chunk in range(0, len(specs), 2000):
@@ -240,8 +288,15 @@ class Bench:
             before = _commits()
             cpu_before = _cpu_seconds([*procs, *([mon] if mon else [])])
             with connection.execute_wrapper(counter):
-                self._wait_done(name, task_ids, expected, starts_at)
+                self._wait_done(
+                    name, task_ids, expected, starts_at,
+                    sample=lambda done: samples.append(
+                        (time.monotonic(), done, _cpu_seconds([*procs, *([mon] if mon else [])]))
+                    ),
+                )  # fmt: skip
             cpu = _cpu_seconds([*procs, *([mon] if mon else [])]) - cpu_before
+            if then is not None:
+                then(procs, figures)
         connection.close()  # our own statistics are flushed when the connection ends
         time.sleep(1.0)
         commits = _commits() - before - counter.count
@@ -250,6 +305,16 @@ class Bench:
         figures.executions = len(rows)
         lateness = [(started - scheduled).total_seconds() * 1000 for scheduled, started, _ in rows if started]
         figures.lateness_ms = _quantiles(lateness)
+        by_due = [(started - scheduled).total_seconds() * 1000 for scheduled, started, _ in sorted(rows) if started]
+        figures.extra.setdefault("noise", {}).update(
+            {
+                **{
+                    f"lateness_{q}": noise([_quantiles(part)[q] for part in slices(by_due)])
+                    for q in ("p50", "p95", "p99")
+                },
+                **_sample_noise(samples),
+            }
+        )
         last = executions.aggregate(last=Max("finished_at"))["last"]
         first_due = min(scheduled for scheduled, _, _ in rows) if rows else starts_at
         figures.seconds = max(1e-6, (last - first_due).total_seconds()) if last else 0.0
@@ -262,13 +327,21 @@ class Bench:
         return figures
 
     def _wait_done(
-        self, name: str, task_ids: list[Any], expected: int, starts_at: datetime, timeout: float | None = None
+        self,
+        name: str,
+        task_ids: list[Any],
+        expected: int,
+        starts_at: datetime,
+        timeout: float | None = None,
+        sample: Callable[[int], None] | None = None,
     ) -> None:
         timeout = timeout or 120 + expected / 20
         deadline = time.monotonic() + timeout
         last_report = 0.0
         while True:
             done = Execution.objects.filter(task_id__in=task_ids, status__in=TERMINAL_STATUSES).count()
+            if sample is not None:
+                sample(done)
             if done >= expected:
                 return
             if time.monotonic() > deadline:
@@ -442,8 +515,8 @@ class Bench:
         self._cleanup()
         return figures
 
-    def sustained(self, name: str = "sustained") -> Figures:
-        rate = self.config.rate or 100.0
+    def sustained(self, name: str = "sustained", rate: float | None = None, *, celery_eta: bool = True) -> Figures:
+        rate = rate or self.config.rate or 100.0
         seconds = self.config.duration
         recurring = max(1, round(rate / 2))
         one_shots = round(rate / 2 * seconds)
@@ -467,15 +540,54 @@ class Bench:
 
         expected = recurring * int(seconds) + one_shots
         self.config.progress(f"{name}: {rate:g}/s for {seconds:g}s ({recurring} recurring + {one_shots} one-shot)")
-        figures = self._run_load(name, plan, expected)
+        then = partial(self._celery_eta, rate=rate, seconds=seconds) if celery_eta and self.config.celery_eta else None
+        figures = self._run_load(name, plan, expected, then=then)
         figures.extra["target_rate"] = rate
         self._cleanup()
         return figures
 
+    def _celery_eta(self, procs: list[ManagedProcess], figures: Figures, *, rate: float, seconds: float) -> None:
+        """The comparison a Celery user would make: Celery's own ETA tasks (``apply_async(eta=)``,
+        as ``countdown=`` sends them) at the same rate for the same time, on the same workers, all
+        sent a few seconds ahead as the platform's tasks were created ahead. Their lateness (start
+        minus ETA, logged by each task) and the workers' CPU per task go into ``figures.extra``."""
+        from tooling.tasks import ETA_LINE, bench_eta
+
+        count = max(1, round(rate * seconds))
+        self.config.progress(f"celery eta: {count} ETA tasks at {rate:g}/s for {seconds:g}s on the same workers")
+        logged = sum(proc.log().count(ETA_LINE) for proc in procs)
+        cpu_before = _cpu_seconds(procs)
+        start = time.time() + 1.5  # the workers are up: only the sending is ahead of the first
+        with bench_eta.app.producer_or_acquire() as producer:
+            for index in range(count):
+                due = start + seconds * index / count
+                bench_eta.apply_async(
+                    args=(due,), eta=datetime.fromtimestamp(due, tz=UTC), producer=producer, priority=5
+                )
+        deadline = time.monotonic() + 1.5 + seconds + 60 + count / 20
+        while time.monotonic() < deadline:
+            if sum(proc.log().count(ETA_LINE) for proc in procs) - logged >= count:
+                break
+            time.sleep(0.5)
+        cpu = _cpu_seconds(procs) - cpu_before
+        lateness = [
+            float(value)
+            for proc in procs
+            for value in re.findall(re.escape(ETA_LINE) + r"(-?[0-9.]+)", proc.log())[-count:]
+        ]
+        by_time = lateness  # in each worker's log order, which is start order
+        figures.extra["celery_eta_lateness_ms"] = _quantiles(lateness)
+        figures.extra["celery_eta_runs"] = len(lateness)
+        if lateness:
+            figures.extra["celery_eta_cpu_ms_per_task"] = round(cpu * 1000 / len(lateness), 2)
+        figures.extra.setdefault("noise", {})["celery_eta_p50"] = noise(
+            [_quantiles(part)["p50"] for part in slices(by_time)]
+        )
+
     def scale(self, empty: Figures | None) -> Figures:
         self._fill()
         try:
-            figures = self.sustained("scale")
+            figures = self.sustained("scale", celery_eta=False)  # the comparison is the sustained run's
         finally:
             self.config.progress("scale: deleting the filler rows")
             self._cleanup()
@@ -581,15 +693,24 @@ class Bench:
         finally:
             web.stop()
         figures.extra["api_single_ms"] = _quantiles(latencies)
+        parts = [_quantiles(part) for part in slices(latencies)]
+        figures.extra["noise"] = {
+            "api_p50": noise([q["p50"] for q in parts]),
+            "api_p99": noise([q["p99"] for q in parts]),
+        }
         count = self.config.bulk_tasks
         self.config.progress(f"create: {count} tasks through the bulk service")
         start_at = db_now() + timedelta(hours=1)
         specs = [{"runner": "noop", "start_at": start_at, "name": f"bulk {i}"} for i in range(count)]
         started = time.perf_counter()
+        rates = []
         for chunk in range(0, count, 1000):
+            chunk_started = time.perf_counter()
             task_bulk_create(owner=self.owner, specs=specs[chunk : chunk + 1000])
+            rates.append(len(specs[chunk : chunk + 1000]) / (time.perf_counter() - chunk_started))
         elapsed = time.perf_counter() - started
         figures.extra["bulk_tasks_per_second"] = round(count / elapsed)
+        figures.extra["noise"]["bulk"] = noise([sum(part) / len(part) for part in slices(rates, 4, least=1)])
         figures.executions = count
         figures.seconds = elapsed
         figures.per_second = count / elapsed
@@ -915,6 +1036,13 @@ class Bench:
                     self.config.rate = round(burst.per_second / 2)
             elif scenario == "herd":
                 self.results.append(self.herd())
+            elif scenario == "sustained" and self.config.sustained_shares and burst is not None:
+                for index, share in enumerate(self.config.sustained_shares):
+                    name = "sustained" if index == 0 else f"sustained_{round(share * 100)}"
+                    figures = self.sustained(name, rate=max(1.0, round(burst.per_second * share)))
+                    figures.extra["share_of_burst"] = share
+                    sustained = sustained or figures
+                    self.results.append(figures)
             elif scenario == "sustained":
                 sustained = self.sustained()
                 self.results.append(sustained)

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tms_core.clock import db_now
 from tooling.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
+from tooling.harness.compare import Figure, compare, headline, load_average, load_recorded, record
 from tooling.management.arguments import positive
 
 
@@ -21,6 +24,19 @@ class Command(BaseCommand):
         parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
         parser.add_argument("--tasks", type=positive(int), default=defaults.tasks, help="burst size")
         parser.add_argument("--rate", type=positive(float), default=None, help="sustained executions/s")
+        parser.add_argument(
+            "--sustained-share",
+            type=positive(float),
+            action="append",
+            default=None,
+            help="repeatable: a sustained run at this fraction of the burst rate of the same run (needs the burst "
+            "scenario; overrides --rate)",
+        )
+        parser.add_argument(
+            "--no-celery-eta",
+            action="store_true",
+            help="sustained: skip the comparison with Celery's own ETA tasks at the same rate",
+        )
         parser.add_argument("--duration", type=positive(float), default=defaults.duration, help="sustained seconds")
         parser.add_argument("--workers", type=positive(int), default=defaults.workers)
         parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
@@ -65,16 +81,43 @@ class Command(BaseCommand):
             help="run the burst again with a named limit on every task (what enforcing limits costs)",
         )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+        parser.add_argument(
+            "--compare",
+            type=Path,
+            default=None,
+            help="print each headline figure beside the one recorded in this JSON file, marking those worse "
+            "by more than the noise measured (make bench: docs/bench-baseline.json)",
+        )
+        parser.add_argument(
+            "--record",
+            action="store_true",
+            help="with --compare: write this run's figures into that file as the new record (when a change "
+            "and its figures are accepted)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         chosen = options["scenario"] or ["all"]
         scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
         if options["scale_tasks"] > options["scale_executions"]:
             raise CommandError("--scale-tasks must not exceed --scale-executions")
+        if options["sustained_share"] and not {"burst", "sustained"} <= set(scenarios):
+            raise CommandError("--sustained-share needs the burst and sustained scenarios")
+        if options["record"] and options["compare"] is None:
+            raise CommandError("--record needs --compare FILE (the file to record into)")
+        recorded: dict[str, Figure] = {}
+        about: dict[str, Any] = {}
+        if options["compare"] is not None and options["compare"].exists():
+            try:
+                recorded, about = load_recorded(options["compare"])
+            except (ValueError, TypeError, KeyError) as exc:
+                raise CommandError(f"{options['compare']} is not a recorded run: {exc}") from exc
+        load_before = load_average()
         config = BenchConfig(
             scenarios=scenarios,
             tasks=options["tasks"],
             rate=options["rate"],
+            sustained_shares=tuple(options["sustained_share"] or ()),
+            celery_eta=not options["no_celery_eta"],
             duration=options["duration"],
             workers=options["workers"],
             concurrency=options["concurrency"],
@@ -106,3 +149,22 @@ class Command(BaseCommand):
             f"{config.workers} worker(s) x {config.concurrency} processes\n"
         )
         self.stdout.write("\n".join(table(results)))
+        load_after = load_average()
+        self.stdout.write(f"\nload average (1, 5, 15 min): {load_before} before, {load_after} after\n")
+        if options["compare"] is None:
+            return
+        rows = [{**asdict(f), "ratio": f.ratio} for f in results]
+        lines, worse = compare(headline(rows), recorded)
+        if recorded:
+            self.stdout.write(
+                f"\nAgainst the run recorded in {options['compare']} ({about.get('when', '?')}, commit "
+                f"{about.get('commit', '?')}, load {about.get('load_average', '?')}):\n"
+            )
+        else:
+            self.stdout.write(f"\nNothing recorded in {options['compare']} yet:\n")
+        self.stdout.write("\n".join(lines) + "\n")
+        if worse:
+            self.stdout.write(f"\n{len(worse)} figure(s) worse than recorded by more than their noise.\n")
+        if options["record"]:
+            record(options["compare"], rows, when=db_now().isoformat(), machine=info, load=[load_before, load_after])
+            self.stdout.write(f"Recorded this run's figures in {options['compare']}.\n")
