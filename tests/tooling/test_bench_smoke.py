@@ -27,7 +27,7 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     assert "| scale |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    expected = {"burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness"}
+    expected = {"burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness", "pages"}
     assert set(scenarios) == expected
     assert scenarios["burst"]["executions"] == 40
     fair = scenarios["fairness"]["extra"]
