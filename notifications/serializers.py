@@ -9,7 +9,7 @@ from rest_framework import serializers
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from tasks_app.models import Task, TaskStatus
 from tms_core.durations import DurationField
-from tms_project.api.base import StrictInputMixin
+from tms_project.api.base import ClockTimeField, StrictInputMixin
 
 
 class NoReadOnlyInput(StrictInputMixin):
@@ -36,6 +36,10 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
 
     kind = serializers.ChoiceField(choices=ChannelKind.choices)
     target = serializers.CharField(max_length=500)
+    quiet_from = ClockTimeField(
+        required=False, allow_null=True, help_text='Start of the quiet hours in `timezone`, e.g. "22:00".'
+    )
+    quiet_to = ClockTimeField(required=False, allow_null=True, help_text='End of the quiet hours, e.g. "06:30".')
 
     def to_representation(self, instance: Channel) -> dict[str, Any]:
         data = super().to_representation(instance)

@@ -3,6 +3,9 @@ API's error shape, and the API answers again once the dependency is back."""
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import pytest
 import requests
 from django.conf import settings as django_settings
@@ -29,7 +32,23 @@ def test_api_answers_503_while_postgresql_is_unreachable_and_recovers(user):
     try:
         assert requests.get(f"{base}/api/v1/tasks", headers=headers, timeout=10).status_code == 200
 
+        schema = requests.get(f"{base}/api/schema/?format=json", timeout=30).json()
+        # The upload PUT checks its signed token before it needs the database: a real one.
+        begun = requests.post(
+            f"{base}/api/v1/artifacts/uploads",
+            headers=headers,
+            json={
+                "name": "run.sh",
+                "size": 1,
+                "sha256": "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
+            },
+            timeout=10,
+        )
+        assert begun.status_code == 201, begun.text
+        upload_token = begun.json()["upload"]["url"].rstrip("/").rsplit("/", 1)[1]
+
         proxy.cut()  # drops the server's persistent connection and refuses new ones
+        _every_operation_answers_503(base, schema, headers, upload_token)
         for path in ("/api/v1/tasks", "/tasks"):
             response = requests.get(f"{base}{path}", headers=headers, timeout=10)
             assert response.status_code == 503, response.text
@@ -55,6 +74,52 @@ def test_api_answers_503_while_postgresql_is_unreachable_and_recovers(user):
     finally:
         web.stop()
         proxy.close()
+
+
+def _example(parameter: dict[str, Any], upload_token: str) -> str:
+    schema = parameter.get("schema", {})
+    if parameter["name"] == "token":
+        return upload_token
+    if schema.get("format") == "uuid":
+        return str(uuid.uuid4())
+    return "1" if schema.get("type") == "integer" or schema.get("pattern", "").startswith("^[0-9]") else "abc"
+
+
+def _every_operation_answers_503(base: str, schema: dict[str, Any], headers: dict[str, str], upload_token: str) -> None:
+    """Every operation of the schema, with the database unreachable: 503 with Retry-After in the
+    error shape, as the schema documents for each (the README promises it for the whole API)."""
+    answered = []
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            documented = operation["responses"].get("503")
+            assert documented is not None, (method, path)
+            assert documented["headers"]["Retry-After"]["required"] is True, (method, path)
+            url = path
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path":
+                    url = url.replace("{" + parameter["name"] + "}", _example(parameter, upload_token))
+            content = operation.get("requestBody", {}).get("content", {})
+            body: dict[str, Any] = {}
+            if "application/json" in content:
+                body["json"] = {}
+            elif "multipart/form-data" in content:
+                body["files"] = {"file": ("run.sh", b"#!/bin/sh\n")}
+            elif content:
+                body["data"] = b"x"
+                body["headers"] = {**headers, "Content-Type": next(iter(content))}
+            call_headers = body.pop("headers", headers) | {"X-TMS-Callback-Token": "abc"}
+            response = requests.request(method, f"{base}{url}", headers=call_headers, timeout=10, **body)
+            if path == "/api/v1/executions/{id}/callback":
+                # Its token is signed: a made-up one is refused before the database is needed.
+                assert response.status_code == 403, response.text
+                continue
+            assert response.status_code == 503, (method, path, response.status_code, response.text[:300])
+            assert response.headers["Retry-After"] == "7", (method, path)
+            assert response.json()["type"] == "service_unavailable", (method, path)
+            answered.append((method, path))
+    assert len(answered) == 54, answered  # every operation of the schema but the callback
 
 
 @pytest.mark.django_db

@@ -192,21 +192,35 @@ def test_schedule_preview_reads_wall_clock_times_in_its_time_zone(api_client):
 # --- authentication scheme ---------------------------------------------------------------------
 
 
-def test_a_bearer_token_gets_a_401_that_names_the_token_scheme(user):
+@pytest.mark.parametrize("scheme", ["Token", "Bearer", "bearer", "TOKEN"])
+def test_the_key_is_accepted_with_the_token_and_the_bearer_scheme(user, scheme):
     from rest_framework.authtoken.models import Token
 
     key = Token.objects.create(user=user).key
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {key}")
     response = client.get(URL)
+    assert response.status_code == 200, response.content
+    assert response.json()["count"] == 0
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {key}x")
+    assert client.get(URL).status_code == 401  # a wrong key is refused under either scheme
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Bearer", "Bearer a b", "Token", "Digest abc", "ApiKey abc"],
+)
+def test_a_bad_authorization_header_gets_a_401_that_names_both_schemes(header):
+    response = APIClient(HTTP_AUTHORIZATION=header).get(URL)
     assert response.status_code == 401
     body = response.json()
-    assert body["type"] == "not_authenticated" and "Authorization: Token <key>" in body["detail"]
-    assert response["WWW-Authenticate"] == "Token"
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    assert client.get(URL).status_code == 200
+    assert body["type"] == "not_authenticated", body
+    if header.split()[0] not in {"Bearer", "Token"}:
+        assert "Authorization: Token <key>" in body["detail"] and "Authorization: Bearer <key>" in body["detail"]
+    assert response["WWW-Authenticate"] == "Token, Bearer"
 
 
 def test_no_credentials_gets_a_401_that_names_the_token_scheme():
     body = APIClient().get(URL).json()
     assert body["type"] == "not_authenticated" and "Authorization: Token <key>" in body["detail"]
+    assert "Authorization: Bearer <key>" in body["detail"]

@@ -188,6 +188,33 @@ class OffsetDateTimeField(BoundedDateTimeField):
         return super().to_internal_value(value)
 
 
+#: A wall-clock time as the API reads and writes it: ``HH:MM`` or ``HH:MM:SS``, 24-hour.
+CLOCK_TIME_PATTERN = r"^(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9])?$"
+_CLOCK_TIME = re.compile(CLOCK_TIME_PATTERN)
+
+
+class ClockTimeField(serializers.TimeField):
+    """A wall-clock time of day, ``"22:00"`` or ``"22:00:30"``, read in a zone given elsewhere.
+
+    DRF's TimeField takes anything ``time.fromisoformat`` does (``"2200"``, ``"22"``, and an
+    offset it then drops), and the schema could only call it ``format: time``, which OpenAPI
+    validators read as RFC 3339's full-time (``22:00:00Z``): a client checking its requests
+    refused ``"22:00"``. This field takes exactly what its pattern says, and answers the same
+    form (seconds only when they are not zero).
+    """
+
+    default_error_messages = {"clock": 'A time of day as "HH:MM" or "HH:MM:SS" (24-hour), e.g. "22:00".'}
+
+    def to_internal_value(self, value: Any) -> Any:
+        if not isinstance(value, str) or not _CLOCK_TIME.match(value):
+            self.fail("clock")
+        return super().to_internal_value(value)
+
+    def to_representation(self, value: Any) -> str:
+        # DRF answers null for a null value without calling this.
+        return value.strftime("%H:%M:%S" if value.second else "%H:%M")
+
+
 class StrictFilterSet(filters.FilterSet):
     """A FilterSet that refuses an empty filter value (``?task=``) instead of ignoring the filter.
 

@@ -63,7 +63,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, exceptions.NotAuthenticated):
         exc = exceptions.NotAuthenticated(
-            "Authentication credentials were not provided: send 'Authorization: Token <key>'."
+            "Authentication credentials were not provided: send 'Authorization: Token <key>' "
+            "or 'Authorization: Bearer <key>'."
         )
     response = drf_exception_handler(exc, context)
     if response is None:

@@ -1,6 +1,6 @@
 """OpenAPI schema: the error shape, error responses on every operation, duration fields.
 
-:class:`AutoSchema` adds the errors every operation can answer (401, 403, 429; 400, 413 and 415 where
+:class:`AutoSchema` adds the errors every operation can answer (401, 403, 406, 429, 503; 400, 413 and 415 where
 there is input to reject; 404 where the path names an object), each with the one error shape of
 :mod:`tms_project.api.errors`, so a client (and schemathesis) knows every answer it can get.
 Operations with their own errors (409, 422, ...) declare them with ``extend_schema``.
@@ -15,14 +15,18 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.plumbing import ResolvedComponent, force_instance, is_patched_serializer
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.settings import api_settings as drf_settings
 
-from tms_project.api.base import StrictInputMixin
+from tms_project.api.base import CLOCK_TIME_PATTERN, StrictInputMixin
 
 
 def _refuse_nul(schema: dict[str, Any]) -> None:
@@ -50,16 +54,63 @@ class ErrorSerializer(serializers.Serializer):
 #: Description of each error status, as documented on every operation that can answer it.
 ERROR_DESCRIPTIONS = {
     400: "Invalid input; nothing was changed. `errors` maps each bad field to its messages.",
-    401: "Missing or invalid credentials (`Authorization: Token <key>`).",
+    401: "Missing or invalid credentials (`Authorization: Token <key>` or `Authorization: Bearer <key>`).",
     403: "Not allowed: staff only, or a session request without its CSRF token.",
     404: "No such object, or it is not yours.",
+    406: "The `Accept` header admits none of the types the API answers (`application/json`).",
     409: "The request conflicts with the object's current state; nothing was changed.",
     413: "The request body is larger than `TMS_MAX_REQUEST_BYTES`.",
     415: "Unsupported media type: send `application/json`.",
     422: "The `Idempotency-Key` was already used with a different request.",
     429: "Too many requests: throttled per user, or an hourly quota used up (`quota_exceeded`). "
     "`Retry-After` says when to try again.",
+    503: "The database or the broker is briefly unavailable (`service_unavailable`); nothing was half-done. "
+    "Send the request again after `Retry-After` seconds (`TMS_RETRY_AFTER`).",
 }
+
+#: The ``Retry-After`` header of the answers that carry one (429: when the throttle or the quota
+#: can say; 503: always).
+RETRY_AFTER_HEADERS: dict[str, dict[str, Any]] = {
+    "429": {
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "Seconds to wait before trying again.",
+    },
+    "503": {
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "Seconds to wait before sending the request again.",
+        "required": True,
+    },
+}
+
+
+class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """:class:`tms_project.api.auth.TokenAuthentication` as two security schemes, either of which
+    an operation accepts: ``tokenAuth`` (``Authorization: Token <key>``, DRF's spelling) and
+    ``bearerAuth`` (HTTP bearer, what generated clients send). The keys are the same."""
+
+    target_class = "tms_project.api.auth.TokenAuthentication"
+    name = ["tokenAuth", "bearerAuth"]
+
+    def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
+        # One requirement per scheme: alternatives (a list of dicts), not both at once (one dict).
+        return [{name: []} for name in self.name]
+
+    def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "An API key as `Authorization: Token <key>` (`manage.py tms_create_user <name>` "
+                "prints one). The same key is accepted as `Authorization: Bearer <key>` (bearerAuth).",
+            },
+            {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The same API key as tokenAuth, sent as `Authorization: Bearer <key>` (what "
+                "generated clients send by default).",
+            },
+        ]
 
 
 def error_response(code: int, description: str | None = None) -> OpenApiResponse:
@@ -87,6 +138,8 @@ class AutoSchema(SpectacularAutoSchema):
             schema["additionalProperties"] = False
         if schema.get("description") == inspect.cleandoc(StrictInputMixin.__doc__ or ""):
             del schema["description"]  # the mixin's docstring, not the serializer's
+        if is_patched_serializer(force_instance(serializer), direction):
+            _drop_defaults(schema)
         return schema
 
     def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> dict[str, Any]:
@@ -119,8 +172,16 @@ class AutoSchema(SpectacularAutoSchema):
                 _refuse_nul(parameter.get("schema", {}))  # ApiViewMixin refuses them in any parameter
         return parameters
 
+    def _get_response_headers_for_code(self, status_code: Any, direction: Any = "response") -> dict[str, Any]:
+        headers = super()._get_response_headers_for_code(status_code, direction)
+        if str(status_code) in RETRY_AFTER_HEADERS:
+            headers = {**headers, "Retry-After": dict(RETRY_AFTER_HEADERS[str(status_code)])}
+        return headers
+
     def _error_codes(self) -> set[int]:
-        codes = {401, 403, 429}
+        # 406: DRF's content negotiation, before any view code. 503: ops.middleware.OutageMiddleware
+        # answers any view's database or broker outage.
+        codes = {401, 403, 406, 429, 503}
         if self.method in ("POST", "PUT", "PATCH") and self.get_request_serializer() is not None:
             codes |= {400, 413, 415}
         if self.method == "GET" and self._is_list_view():
@@ -137,6 +198,20 @@ class AutoSchema(SpectacularAutoSchema):
         return responses
 
 
+def _drop_defaults(schema: dict[str, Any]) -> None:
+    """Remove ``default`` from a partial update's fields (every ``Patched*`` request schema).
+
+    drf-spectacular states each serializer field's default wherever the serializer is used, but a
+    partial update applies none (DRF skips defaults when ``partial``): a field left out keeps the
+    stored value. A generated client reads ``default`` as the value to send when the caller gives
+    none, so with it a PATCH of one field sent every other field at its creation default and reset
+    the object (issue 26). Nested objects are left alone: one sent in a PATCH replaces the stored
+    one whole (a task's ``config``, a limit's ``windows``), and its own defaults apply.
+    """
+    for field in schema.get("properties", {}).values():
+        field.pop("default", None)
+
+
 #: A string without NUL characters: PostgreSQL cannot store them, so every text input refuses them.
 NO_NUL_PATTERN = r"^[^\u0000]*$"
 
@@ -148,6 +223,10 @@ BOUNDED_DATETIME_PATTERN = (
     + r"-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
     + r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"
 )
+
+
+#: :data:`BOUNDED_DATETIME_PATTERN` without its UTC offset: a wall-clock time.
+WALL_DATETIME_PATTERN = BOUNDED_DATETIME_PATTERN.removesuffix(r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$") + "$"
 
 
 class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
@@ -162,6 +241,49 @@ class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
             schema["pattern"] = BOUNDED_DATETIME_PATTERN
             schema["description"] = "RFC 3339, with a year from 1970 to 8999 as written."
         return _blank_allowed(self.target, schema) if direction == "request" else schema
+
+
+class ClockTimeFieldExtension(OpenApiSerializerFieldExtension):
+    """:class:`tms_project.api.base.ClockTimeField`: ``"22:00"``, a pattern rather than ``format:
+    time`` (RFC 3339's full-time, with seconds and an offset, which the field does not take)."""
+
+    target_class = "tms_project.api.base.ClockTimeField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "pattern": CLOCK_TIME_PATTERN,
+            "description": 'A time of day, "HH:MM" or "HH:MM:SS" (24-hour).',
+            "example": "22:00",
+        }
+
+
+class LocalDateTimeFieldExtension(OpenApiSerializerFieldExtension):
+    """:class:`tasks_app.serializers.LocalDateTimeField`: an instant with its offset, or a wall-clock
+    time without one (read in the task's ``timezone``). OpenAPI's ``date-time`` requires the
+    offset, so the wall-clock form is an alternative of its own: a client that validates its
+    requests can send what the field's description promises."""
+
+    target_class = "tasks_app.serializers.LocalDateTimeField"
+    match_subclasses = True
+    priority = 1  # before BoundedDateTimeFieldExtension, which matches this subclass too
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        if direction != "request":
+            return {"type": "string", "format": "date-time"}
+        schema = {
+            "oneOf": [
+                {"type": "string", "format": "date-time", "pattern": BOUNDED_DATETIME_PATTERN},
+                {
+                    "type": "string",
+                    "pattern": WALL_DATETIME_PATTERN,
+                    "description": "A wall-clock time in the task's `timezone` (no UTC offset).",
+                    "example": "2030-01-15T09:00:00",
+                },
+            ],
+        }
+        return _blank_allowed(self.target, schema)
 
 
 def _blank_allowed(field: Any, schema: dict[str, Any]) -> dict[str, Any]:
@@ -409,6 +531,45 @@ class TaskUpdateSerializerExtension(OpenApiSerializerExtension):
         )
         auto_schema.registry.register_on_missing(component)
         return {"oneOf": [component.ref, *(variant.ref for variant in variants.values())]}
+
+
+#: The alternative that admits ``null``, in OpenAPI 3.0's terms: ``nullable`` adds null to the
+#: ``type`` beside it, and the enum leaves nothing else.
+NULL_ALTERNATIVE = {"type": "object", "nullable": True, "enum": [None]}
+
+
+def _null_as_alternative(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _null_as_alternative(item)
+        return
+    if not isinstance(node, dict):
+        return
+    for value in node.values():
+        _null_as_alternative(value)
+    if node.get("nullable") is not True or "type" in node:
+        return
+    if "oneOf" in node or "anyOf" in node:
+        key = "oneOf" if "oneOf" in node else "anyOf"
+        node[key] = [*node[key], dict(NULL_ALTERNATIVE)]
+    elif len(node.get("allOf", ())) == 1:
+        node["oneOf"] = [node.pop("allOf")[0], dict(NULL_ALTERNATIVE)]
+    else:  # pragma: no cover - nothing else in this schema is nullable without a type
+        raise ValueError(f"a nullable schema without a type this hook cannot rewrite: {node}")
+    del node["nullable"]
+
+
+def null_as_alternative(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Make every nullable schema that has no ``type`` of its own admit ``null`` in OpenAPI 3.0.
+
+    drf-spectacular writes a nullable nested object as ``allOf: [$ref], nullable: true`` and a
+    nullable union as ``oneOf: [...], nullable: true``. In OpenAPI 3.0 ``nullable`` only widens a
+    ``type`` in the same schema object, so strict validators (openapi-core) refused the ``null``
+    the API really sends (``Why.skipped``, ``Occurrence.skip``: issue 26). Each becomes a
+    ``oneOf`` (or ``anyOf``) whose last alternative admits exactly ``null``.
+    """
+    _null_as_alternative(result)
+    return result
 
 
 def strip_trailing_slashes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

@@ -280,7 +280,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": (
         "Distributed task scheduler: register tasks (what to run, on which runner, when), watch, cancel and "
         "retry their executions.\n\n"
-        "Authenticate with `Authorization: Token <key>` (`manage.py tms_create_user <name>` prints a key). "
+        "Authenticate with `Authorization: Token <key>` or, the same key, `Authorization: Bearer <key>` "
+        "(`manage.py tms_create_user <name>` prints a key). "
         "You see and change only your own tasks and executions; another user's ids answer 404. Every error "
         "has one shape: `{type, detail, errors?}`. `POST /tasks`, `GET /tasks` and `GET /tasks/{id}` keep the "
         "original service's API."
@@ -312,6 +313,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "tms_project.api.schema.strip_trailing_slashes",
+        "tms_project.api.schema.null_as_alternative",
     ],
 }
 
