@@ -18,7 +18,7 @@ skipped occurrences by reason, the opted-in tasks). They are the same whichever 
   included: jitter) is in the first bucket.
 * ``tms_skipped_occurrences_total{reason}`` (counter): fire times that did not run. A deleted
   task takes its rows with it, which Prometheus reads as a counter reset.
-* ``tms_executions_due_backlog``, ``tms_executions_pending``, ``tms_executions_running``
+* ``tms_executions_due_backlog`` (held runs included), ``tms_executions_pending``, ``tms_executions_running``
   (gauges): SCHEDULED and due now, PENDING (published, not yet claimed), RUNNING.
 * ``tms_workers_alive`` (gauge): workers heartbeating.
 * ``tms_task_last_success_timestamp_seconds{task_id,task}`` (gauge): finish time of the task's
@@ -155,16 +155,30 @@ class DatabaseCollector(Collector):
     def _live(self, cursor: CursorWrapper) -> Iterator[Metric]:
         # Each count reads one partial index (the conditions match the indexes' exactly).
         execution, worker = Execution._meta.db_table, Worker._meta.db_table
+        # The due backlog counts runs held back by a limit too (their due time is only their
+        # next re-check), as the dashboard does: due ones, less the held among them, plus every
+        # held one (execution_held_idx).
+        held = f"FROM {execution} WHERE status = %s AND waiting <> ''"
         cursor.execute(
-            f"SELECT (SELECT count(*) FROM {execution} WHERE status = %s AND due_at <= now()),"  # noqa: S608
+            f"SELECT (SELECT count(*) FROM {execution} WHERE status = %s AND due_at <= now())"  # noqa: S608
+            f" - (SELECT count(*) {held} AND due_at <= now()) + (SELECT count(*) {held}),"
             f" (SELECT count(*) FROM {execution} WHERE status = %s),"
             f" (SELECT count(*) FROM {execution} WHERE status = %s),"
             f" (SELECT count(*) FROM {worker} WHERE status = %s)",
-            [ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING, ExecutionStatus.RUNNING, WorkerStatus.ALIVE],
+            [
+                ExecutionStatus.SCHEDULED,
+                ExecutionStatus.SCHEDULED,
+                ExecutionStatus.SCHEDULED,
+                ExecutionStatus.PENDING,
+                ExecutionStatus.RUNNING,
+                WorkerStatus.ALIVE,
+            ],
         )
         backlog, pending, running, alive = cursor.fetchone()
         yield GaugeMetricFamily(
-            "tms_executions_due_backlog", "SCHEDULED executions whose due time has passed.", value=backlog
+            "tms_executions_due_backlog",
+            "SCHEDULED executions past due: not yet published, or held back by a max_concurrency or a named limit.",
+            value=backlog,
         )
         yield GaugeMetricFamily(
             "tms_executions_pending", "PENDING executions: published, not yet claimed by a worker.", value=pending

@@ -15,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from executions import transitions
 from executions.models import Execution, SkippedOccurrence, SkipReason
 from executions.models import ExecutionStatus as S
 from tests.factories import ExecutionFactory, TaskFactory
@@ -270,3 +271,25 @@ def test_flower_and_tms_each_export_only_their_own_metrics():
     assert not {name for name in flower_families if name.startswith("tms_")}, flower_families
     assert {"tms_monitor_messages_published", "tms_workers_alive"} <= tms_families
     assert not {name for name in tms_families if name.startswith("flower_")}, tms_families
+
+
+@pytest.mark.django_db
+def test_the_due_backlog_counts_runs_held_back_by_a_limit():
+    base = timezone.now() - timedelta(minutes=2)
+    task = TaskFactory(max_concurrency=1, start_at=base, interval=timedelta(seconds=10))
+
+    def on_the_grid(k: int) -> Execution:
+        return ExecutionFactory(
+            task=task, scheduled_for=base + timedelta(seconds=10 * k), status=S.PENDING, exclusive=True, message_id="m"
+        )
+
+    def claim(execution: Execution, worker: str) -> str:
+        return transitions.execution_claim_exclusive(
+            execution_id=execution.pk, attempt=1, worker_id=worker, lease_seconds=60
+        ).outcome
+
+    assert claim(on_the_grid(0), "w0") == "claimed"
+    held = [on_the_grid(1), on_the_grid(2)]
+    assert [claim(e, f"w{k}") for k, e in reversed(list(enumerate(held, 1)))] == ["waiting", "waiting"]
+    assert not Execution.objects.filter(status=S.SCHEDULED, due_at__lte=timezone.now()).exists()  # re-checks ahead
+    assert value(scrape(), "tms_executions_due_backlog") == 2
