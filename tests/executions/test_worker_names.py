@@ -27,5 +27,7 @@ def test_the_worker_row_and_the_api_name_the_worker_as_celery_does(staff_user):
         shown = client_for(staff_user).get(f"/api/v1/workers/{row.id}").json()
         assert shown["node_name"] == row.node_name
         # The name Celery's own tools answer to (Flower lists workers by it too).
-        replies = app.control.inspect(destination=[row.node_name], timeout=5).ping() or {}
+        # A connection of its own: the pool's may be one RabbitMQ closed while this process idled.
+        with app.connection_for_write() as conn:
+            replies = app.control.inspect(destination=[row.node_name], timeout=5, connection=conn).ping() or {}
         assert replies == {row.node_name: {"ok": "pong"}}

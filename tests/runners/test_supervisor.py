@@ -153,16 +153,18 @@ def test_start_command_runs_in_its_own_group_with_output_to_files(run_dir: str) 
 def test_wait_for_command_reports_the_return_code() -> None:
     proc = subprocess.Popen([PYTHON, "-c", "raise SystemExit(4)"], start_new_session=True)
 
-    assert supervisor.wait_for_command(proc, {"deadline": time.time() + 10, "kill_grace": 1}) == (4, False)
+    assert supervisor.wait_for_command(proc, {"deadline": time.time() + 10, "kill_grace": 1}) == (4, False, None)
 
 
 def test_wait_for_command_terminates_the_group_at_the_deadline() -> None:
     proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)"], start_new_session=True)
 
     began = time.monotonic()
-    returncode, timed_out = supervisor.wait_for_command(proc, {"deadline": time.time() + 0.3, "kill_grace": 5})
+    returncode, timed_out, too_large = supervisor.wait_for_command(
+        proc, {"deadline": time.time() + 0.3, "kill_grace": 5}
+    )
 
-    assert (returncode, timed_out) == (-signal.SIGTERM, True)
+    assert (returncode, timed_out, too_large) == (-signal.SIGTERM, True, None)
     assert time.monotonic() - began < 4
 
 
@@ -174,9 +176,9 @@ def test_wait_for_command_kills_a_group_that_ignores_sigterm_after_the_grace() -
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
 
     began = time.monotonic()
-    returncode, timed_out = supervisor.wait_for_command(proc, {"deadline": time.time(), "kill_grace": 0.3})
+    returncode, timed_out, too_large = supervisor.wait_for_command(proc, {"deadline": time.time(), "kill_grace": 0.3})
 
-    assert (returncode, timed_out) == (-signal.SIGKILL, True)
+    assert (returncode, timed_out, too_large) == (-signal.SIGKILL, True, None)
     assert time.monotonic() - began < 4
     proc.stdout.close()
 
