@@ -7,7 +7,7 @@ import os
 bind = [f"{os.environ.get('TMS_WEB_HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"]  # noqa: S104
 # The web's database connection budget: one persistent connection (CONN_MAX_AGE) per worker
 # thread, so WEB_CONCURRENCY x GUNICORN_THREADS per web process (synchronous workers when threads
-# is 1). Requests beyond them wait in the listen queue instead of opening connections (README,
+# is 1). Requests beyond them wait in the listen queue instead of opening connections (docs/deployment.md,
 # "Scaling out"; tests/ops/test_connection_budget.py). `make run` uses this file too.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("GUNICORN_THREADS", "1"))
