@@ -1,4 +1,4 @@
-"""The README's misfire example on the running system: an every-minute task, misfire grace 60 s,
+"""The misfire example of docs/scheduling.md on the running system: an every-minute task, misfire grace 60 s,
 after an outage of each process in turn (beat, monitor, workers, the broker).
 
 The outage is made short by putting it in the past: the executions are created as they stood

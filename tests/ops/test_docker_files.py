@@ -171,7 +171,7 @@ def test_the_log_level_has_one_source_tms_log_level():
 
 def test_the_compose_stack_stays_within_postgresqls_connection_limit(compose):
     """The connections of the stack as shipped (docker/.env.example's counts, one container per
-    role), per the budget of README's "Scaling out", fit in the limit the compose file gives
+    role), per the budget of docs/deployment.md's "Scaling out", fit in the limit the compose file gives
     PostgreSQL, with room for the superuser reserve and an operator's commands."""
     example = dict(re.findall(r"^#? ?(\w+)=(.*)$", (DOCKER / ".env.example").read_text(), flags=re.MULTILINE))
     web = int(example["WEB_CONCURRENCY"]) * int(example.get("GUNICORN_THREADS", "1"))

@@ -87,7 +87,7 @@ def _example(parameter: dict[str, Any], upload_token: str) -> str:
 
 def _every_operation_answers_503(base: str, schema: dict[str, Any], headers: dict[str, str], upload_token: str) -> None:
     """Every operation of the schema, with the database unreachable: 503 with Retry-After in the
-    error shape, as the schema documents for each (the README promises it for the whole API)."""
+    error shape, as the schema documents for each (docs/api.md promises it for the whole API)."""
     answered = []
     for path, item in schema["paths"].items():
         for method, operation in item.items():
