@@ -6,8 +6,10 @@ docs/ too, anchors included; the README is outside the site, so it is checked he
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,22 @@ def test_a_broken_link_is_found(tmp_path):
         "# Here\n[gone](missing.md) [bad anchor](other.md#nowhere)\n```\n[in code](ignored.md)\n```\n"
     )
     assert broken_links(page, github_slug) == ["missing.md: no such file", "other.md#nowhere: no such heading"]
+
+
+def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path):
+    """What ``make lint`` runs, and the built pages fetch no script, stylesheet or font from
+    another host (the Material theme loads Google's fonts unless ``font: false``)."""
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    built = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert built.returncode == 0, built.stderr
+    pages = sorted((tmp_path / "site").glob("*.html"))
+    assert {page.stem for page in pages} >= {"index", "configuration", "metrics", "runners", "api"}
+    remote = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
+    fetched = {page.name: remote.findall(page.read_text()) for page in pages}
+    assert not {name: found for name, found in fetched.items() if found}
