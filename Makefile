@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test install services browser axe sandbox prometheus lint format migrate clean
+.PHONY: run test bench install services browser axe sandbox prometheus lint format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,10 +53,16 @@ test: install lint services browser axe sandbox prometheus
 ## this run's figures there instead (do it on purpose, when a change and its figures are accepted).
 ## Never part of make test: timings are figures to read, not assertions.
 BENCH_BASELINE ?= docs/bench-baseline.json
+# The loopback services unless the environment names others (--prepare creates the database if missing),
+# on queues of the benchmark's own: a worker of another run on the same broker would take its messages.
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tms_bench
+BENCH_BROKER_URL ?= amqp://guest:guest@127.0.0.1:5672//
 bench: install services
+	DATABASE_URL=$${DATABASE_URL:-$(BENCH_DATABASE_URL)} CELERY_BROKER_URL=$${CELERY_BROKER_URL:-$(BENCH_BROKER_URL)} \
+	TMS_QUEUE=$${TMS_QUEUE:-tms.bench} TMS_NOTIFY_QUEUE=$${TMS_NOTIFY_QUEUE:-tms.bench.notify} \
 	DJANGO_SETTINGS_MODULE=$${DJANGO_SETTINGS_MODULE:-tms_project.settings.local} DJANGO_DEBUG=false \
 		$(BIN)/python manage.py tms_bench --scenario burst --scenario herd --scenario sustained --scenario create \
-		--herd-soon --sustained-share 0.5 --sustained-share 0.75 --json var/bench/last.json \
+		--herd-soon --sustained-share 0.5 --sustained-share 0.75 --prepare --json var/bench/last.json \
 		--compare $(BENCH_BASELINE) $(if $(RECORD),--record)
 
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:

@@ -273,8 +273,8 @@ class Monitor:
         transaction and no broker channel. A pass after one that published due runs or held some
         back skips the outlook: work was there a moment ago."""
         if not self._busy:
+            self._looked_at = time.monotonic()  # the outlook's now() is its statement's start
             outlook = transitions.dispatch_outlook()
-            self._looked_at = time.monotonic()
             if outlook.idle:
                 if self.pacer is not None:
                     self.pacer.idle()
@@ -296,6 +296,9 @@ class Monitor:
         sent, next_due = 0, None
         while True:
             limit = self.batch
+            # PostgreSQL's now() is the transaction's start: the next_due read below counts from
+            # here, not from the commit after the take (a slow take once made every sleep as late).
+            looked_at = time.monotonic()
             # One transaction (one commit) per batch, the queue count of the pacer included: a
             # held-back monitor tops up ten times a second, whatever the rate.
             with transaction.atomic():
@@ -309,7 +312,7 @@ class Monitor:
                     # The queue is deep enough: take nothing (top up again soon if runs are due,
                     # below; else sleep until the next is due, as ever).
                     taken, next_due = [], transitions.next_due_in()
-            self._looked_at = time.monotonic()
+            self._looked_at = looked_at
             self._publish(taken, self._run_task, producer, confirms, group=True)
             sent += len(taken)
             self.stats.published += len(taken)

@@ -184,6 +184,39 @@ def test_a_failed_poll_message_makes_the_poll_due_again_at_once():
     assert [(name, i) for name, i, _, _ in retry.sent] == [("tms.poll_execution", execution_id)]
 
 
+def test_the_sleep_counts_from_the_take_transactions_start_which_is_when_its_next_due_was_read(monkeypatch):
+    """Issue 33: PostgreSQL's now() is the transaction's start, so the next due time a pass reads
+    counts from there; the loop counted from after the commit, and a slow take made the sleep
+    that much too long (a loaded machine's steady lateness)."""
+    task = TaskFactory(misfire_grace=timedelta(hours=1))
+    now = timezone.now()
+    ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=1))
+    ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=4))
+    take = transitions.executions_take_due
+
+    def slow_take(**kwargs):
+        import time
+
+        time.sleep(1.0)  # a loaded database
+        return take(**kwargs)
+
+    monkeypatch.setattr(transitions, "executions_take_due", slow_take)
+    conf = dataclasses.replace(tms_settings(), MONITOR_MAX_SLEEP=30.0, MONITOR_QUEUE_SECONDS=0.0)
+    published = FlakyPublisher()
+    monitor = Monitor(conf=conf, batch=100, publish=published)
+    monkeypatch.setattr("executions.monitor.close_old_connections", lambda: None)
+    read: list[float | None] = []
+    look = transitions.next_due_in
+    monkeypatch.setattr(transitions, "next_due_in", lambda: read.append(look()) or read[-1])
+    waits: list[float] = []
+    monitor.listener.wait = lambda timeout: bool(waits.append(timeout))  # type: ignore[method-assign]
+    monitor.run(max_passes=1)
+    assert len(published.ids) == 1
+    # The wait read less the second the take took inside its transaction (before: the wait read).
+    assert len(read) == 1 and read[0] is not None and read[0] > 1.0
+    assert len(waits) == 1 and waits[0] <= read[0] - 0.9
+
+
 def test_the_monitor_sleeps_until_the_next_due_time_it_read_not_that_long_after_publishing(monkeypatch):
     """Issue 33: the loop slept the wait it read before publishing, once publishing was done, so
     each run started as much later as the previous publish (and its confirm wait) took."""

@@ -305,6 +305,14 @@ class Bench:
         figures.executions = len(rows)
         lateness = [(started - scheduled).total_seconds() * 1000 for scheduled, started, _ in rows if started]
         figures.lateness_ms = _quantiles(lateness)
+        # Where the lateness goes: due -> taken by the monitor (enqueued_at) -> claimed by a worker.
+        legs = [
+            (due, taken, go)
+            for due, taken, go in executions.values_list("due_at", "enqueued_at", "started_at")
+            if taken is not None and go is not None
+        ]
+        figures.extra["take_lag_ms"] = _quantiles([(taken - due).total_seconds() * 1000 for due, taken, _ in legs])
+        figures.extra["queue_lag_ms"] = _quantiles([(go - taken).total_seconds() * 1000 for _, taken, go in legs])
         by_due = [(started - scheduled).total_seconds() * 1000 for scheduled, started, _ in sorted(rows) if started]
         figures.extra.setdefault("noise", {}).update(
             {

@@ -5,12 +5,35 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 from tms_core.clock import db_now
 from tooling.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
 from tooling.harness.compare import Figure, compare, headline, load_average, load_recorded, record
 from tooling.management.arguments import positive
+
+
+def prepare_database() -> None:
+    """Create the configured PostgreSQL database when it is missing (from the server's ``postgres`` database)."""
+    if connection.vendor != "postgresql":
+        raise CommandError("tms_bench needs PostgreSQL (set DATABASE_URL)")
+    import psycopg2
+    from psycopg2 import sql
+
+    params = connection.get_connection_params()
+    name = params.pop("database", None) or params.pop("dbname", None)
+    params["dbname"] = "postgres"
+    admin = psycopg2.connect(**params)
+    admin.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name])
+            if cursor.fetchone() is None:
+                cursor.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    finally:
+        admin.close()
 
 
 class Command(BaseCommand):
@@ -80,6 +103,12 @@ class Command(BaseCommand):
             action="store_true",
             help="run the burst again with a named limit on every task (what enforcing limits costs)",
         )
+        parser.add_argument(
+            "--prepare",
+            action="store_true",
+            help="create the configured PostgreSQL database when it does not exist and apply the migrations first "
+            "(make bench: a fresh machine needs no set-up)",
+        )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
         parser.add_argument(
             "--compare",
@@ -111,6 +140,9 @@ class Command(BaseCommand):
                 recorded, about = load_recorded(options["compare"])
             except (ValueError, TypeError, KeyError) as exc:
                 raise CommandError(f"{options['compare']} is not a recorded run: {exc}") from exc
+        if options["prepare"]:
+            prepare_database()
+            call_command("migrate", interactive=False, verbosity=0)
         load_before = load_average()
         config = BenchConfig(
             scenarios=scenarios,
