@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test bench install services browser axe sandbox prometheus lint format migrate clean
+.PHONY: run test bench install services browser axe sandbox prometheus lint docs format migrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -151,11 +151,20 @@ prometheus:
 services:
 	bash tests/ensure_services.sh
 
-## ruff (style and common bugs) and mypy (types, with the Django and DRF plugins; configured in pyproject.toml).
+## ruff (style and common bugs), mypy (types, with the Django and DRF plugins; configured in
+## pyproject.toml) and the documentation site built strictly (a broken link or anchor, or a page
+## missing from the nav of mkdocs.yml, fails).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(MKDOCS) build --strict --quiet
+
+## The documentation site (MkDocs, Material theme) from docs/ into var/site: open var/site/index.html.
+## NO_MKDOCS_2_WARNING silences the theme's notice about its own future, printed on every build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: install
+	$(MKDOCS) build --strict
 
 format: install
 	$(BIN)/ruff format .
