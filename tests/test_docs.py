@@ -222,3 +222,18 @@ def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path):
     remote = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
     fetched = {page.name: remote.findall(page.read_text()) for page in pages}
     assert not {name: found for name, found in fetched.items() if found}
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A file or folder of the repository named in backticks (`runners/sandbox.py`,
+    `executions/transitions/`) still exists: modules move, and the pages must follow them."""
+    top = {name.split("/", 1)[0] for name in tracked_files() if "/" in name} | {"tests", "docs"}
+    folders = "|".join(re.escape(name) for name in sorted(top))
+    path = re.compile(rf"`((?:{folders})/(?:[\w.-]+/)*(?:[\w-]+\.(?:py|sh|ya?ml|json|md|txt|toml|html)|[\w.-]+/))`")
+    missing = {
+        f"{page.relative_to(ROOT)}: {name}"
+        for page in [README, *sorted(DOCS.glob("*.md"))]
+        for name in path.findall(page.read_text())
+        if not (ROOT / name).exists()
+    }
+    assert not missing, sorted(missing)
