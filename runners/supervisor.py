@@ -41,7 +41,7 @@ from typing import Any
 # starts this program, and a bwrap run with egress closed needs none of them (their import was a
 # measurable part of a short run's start on a loaded machine).
 
-# File names inside a run folder (see runners.subprocess for the whole layout).
+# File names inside a run folder (see runners.subprocess.workdir for the whole layout).
 RUN, LAUNCHES, SUPERVISOR_PID, PID = "run.json", "launches", "supervisor.pid", "pid"
 STDOUT, STDERR, EXIT, CANCEL = "stdout", "stderr", "exit", "cancel"
 #: Exit codes that mean the program could not be executed or found, as a shell reports them.

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from runners import supervisor
-from runners.subprocess import SUPERVISOR, _process_started
+from runners.subprocess.launch import SUPERVISOR
+from runners.subprocess.workdir import process_started
 
 PYTHON = sys.executable
 
@@ -62,7 +63,7 @@ def read(run_dir: str, name: str) -> dict[str, Any]:
 
 def alive(pid: int) -> bool:
     try:
-        return _process_started(pid) is not None
+        return process_started(pid) is not None
     except OSError:
         return False
 
@@ -84,7 +85,7 @@ def test_start_ticks_match_proc_and_tell_a_gone_process() -> None:
     child = subprocess.Popen([PYTHON, "-c", "pass"])
     child.wait()
 
-    assert supervisor.start_ticks(os.getpid()) == _process_started(os.getpid())
+    assert supervisor.start_ticks(os.getpid()) == process_started(os.getpid())
     assert isinstance(supervisor.start_ticks(os.getpid()), int)
     assert supervisor.start_ticks(child.pid) is None
 
@@ -124,7 +125,7 @@ def test_record_start_counts_launches_and_publishes_the_pid(run_dir: str) -> Non
     assert len(Path(run_dir, supervisor.LAUNCHES).read_text().splitlines()) == 2
     assert read(run_dir, supervisor.SUPERVISOR_PID) == {
         "pid": os.getpid(),
-        "start": _process_started(os.getpid()),
+        "start": process_started(os.getpid()),
     }
 
 
