@@ -61,6 +61,7 @@ from runners.base import (
     bounded_head,
     validate_json_size,
 )
+from runners.transport import status_is_retryable
 from tms_core.lazy import LazyModule
 
 # Imported at the first invocation, or by a worker before it forks (BaseRunner.preload): every
@@ -394,7 +395,7 @@ class LambdaRunner(BaseRunner):
             if code in _FINAL_API_ERRORS:
                 retryable = False
             else:
-                retryable = code in _RETRYABLE_API_ERRORS or status >= 500 or status == 429
+                retryable = code in _RETRYABLE_API_ERRORS or status_is_retryable(status)
             message = f"invoking {name}: {code or 'error'} (HTTP {status}): {error.get('Message') or ''}".rstrip(": ")
             raise RunnerError(message, retryable=retryable) from exc
         except _boto_errors.ReadTimeoutError as exc:

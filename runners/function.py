@@ -45,6 +45,7 @@ from runners.base import (
     validate_headers,
     validate_json_size,
 )
+from runners.transport import json_document, send, status_is_retryable
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
             log=logger,
             runner=f"function runner {self.alias!r}",
         )
-        if status == 429 or status >= 500:
+        if status_is_retryable(status):
             raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}")
         if not 200 <= status < 300:
             raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}", retryable=False)
@@ -212,7 +213,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
             if exc.retryable:
                 return self.poll_again(logger, "polling %s failed: %s", status_url, exc)
             raise
-        if status == 429 or status >= 500:
+        if status_is_retryable(status):
             return self.poll_again(logger, "polling %s got HTTP %s", status_url, status)
         if status in (404, 410):
             return RunResult.failed(f"run {handle.external_run_id} is unknown to the platform (HTTP {status})")
@@ -287,29 +288,16 @@ class AsyncHttpFunctionRunner(BaseRunner):
     def _exchange(
         self, method: str, url: str, spec: RunSpec, *, headers: Mapping[str, str], data: str | None = None
     ) -> tuple[int, bytes, str | None]:
-        """One request, no redirects, bounded body: (status, body, Location header)."""
+        """One request, no redirects, bounded body (:func:`runners.transport.send`): (status, body,
+        Location header)."""
         if not self._may_contact(url, spec):
             raise RunnerError(f"{url!r} is outside the allowed_urls of the {self.alias!r} runner", retryable=False)
         seconds = max(0.1, min(float(self.options["request_timeout"]), float(spec.timeout)))
-        try:
-            with self._http().request(
-                method,
-                url,
-                headers=dict(headers),
-                data=data,
-                timeout=(seconds, seconds),
-                allow_redirects=False,
-                stream=True,
-                verify=bool(self.options["verify_ssl"]),
-            ) as response:
-                body = response.raw.read(_DOCUMENT_MAX_BYTES, decode_content=True) if method != "HEAD" else b""
-                return response.status_code, body or b"", response.headers.get("Location")
-        except requests.Timeout as exc:
-            raise RunnerError(f"{method} {url}: no answer within {seconds:g}s") from exc
-        except requests.ConnectionError as exc:
-            raise RunnerError(f"{method} {url}: cannot connect: {exc}") from exc
-        except requests.RequestException as exc:
-            raise RunnerError(f"{method} {url}: {exc}", retryable=False) from exc
+        reply = send(
+            self._http(), method, url, headers=dict(headers), body=data, seconds=seconds, limit=_DOCUMENT_MAX_BYTES,
+            verify=bool(self.options["verify_ssl"]),
+        )  # fmt: skip
+        return reply.status, reply.body, reply.headers.get("Location")
 
     def _result(self, spec: RunSpec, document: Mapping[str, Any]) -> RunResult:
         limit = int(spec.config.get("max_output_bytes") or self.options["max_output_bytes"])
@@ -333,10 +321,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
+    document = json_document(body)
     return document if isinstance(document, dict) else None
 
 

@@ -18,23 +18,17 @@ check. Operators open specific networks or host names with the ``allowed_network
 
 from __future__ import annotations
 
-import codecs
-import dataclasses
 import ipaddress
 import json
 import logging
-import socket
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 from urllib.parse import urljoin, urlsplit
 
-import requests
 from django.core.exceptions import ImproperlyConfigured
 from requests.structures import CaseInsensitiveDict
 from rest_framework import serializers
-from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 
 from runners.base import (
     DEFAULT_IN_PROGRESS_STATUSES,
@@ -48,7 +42,8 @@ from runners.base import (
     status_codes_option,
     validate_headers,
 )
-from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session, literal_ip, normalise_host
+from runners.netguard import AddressPolicy, Guard, guarded_session, literal_ip, normalise_host
+from runners.transport import Reply, excerpt, json_document, origin, send, status_is_retryable
 from tms_core.durations import DurationField, parse_duration
 
 logger = logging.getLogger(__name__)
@@ -71,8 +66,6 @@ MAX_BODY_BYTES = 1024 * 1024
 _STATUS_DOCUMENT_MAX_BYTES = 1024 * 1024
 #: A poll or cancel request never blocks longer than this, whatever the task's timeout.
 _POLL_TIMEOUT = 30.0
-_READ_CHUNK = 8192
-_ERROR_EXCERPT_CHARS = 200
 _RUN_ID_MAX_CHARS = 200
 _RUN_ID_HEADERS = ("X-Run-Id", "X-Request-Id")
 
@@ -198,48 +191,6 @@ class HttpConfigSerializer(serializers.Serializer):
 # --------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Reply:
-    """The final response of one exchange (after redirects), with its body read up to a cap."""
-
-    status: int
-    reason: str
-    headers: CaseInsensitiveDict[str]
-    url: str
-    body: bytes
-    truncated: bool
-    limit: int
-
-    @property
-    def text(self) -> str:
-        """The body as text (UTF-8, invalid bytes replaced), marked when it was cut off."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # When truncated, a multi-byte character cut in half is dropped rather than replaced.
-        text = decoder.decode(self.body, final=not self.truncated)
-        if self.truncated:
-            text += f"\n[truncated: response exceeded {self.limit} bytes]"
-        return text
-
-    @property
-    def origin(self) -> str:
-        return _origin(self.url)
-
-    def capped(self, limit: int) -> _Reply:
-        """This reply with its body cut to ``limit`` bytes."""
-        if len(self.body) <= limit:
-            return self
-        return dataclasses.replace(self, body=self.body[:limit], truncated=True, limit=limit)
-
-
-def _origin(url: str) -> str:
-    """``scheme://host[:port]`` of ``url``: errors never quote paths or queries, which may hold secrets."""
-    try:
-        parts = urlsplit(url)
-        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    except ValueError:
-        return "the endpoint"
-
-
 def _origin_key(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -251,11 +202,6 @@ def _safe_origin_key(url: str) -> tuple[str, str, int | None] | None:
         return _origin_key(url)
     except ValueError:
         return None
-
-
-def _excerpt(text: str, limit: int = _ERROR_EXCERPT_CHARS) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _bounded_text(value: Any, limit: int) -> str:
@@ -278,22 +224,10 @@ def _status_is_success(status: int, expected: Sequence[int] | None) -> bool:
     return status in expected if expected else 200 <= status < 300
 
 
-def _status_is_retryable(status: int) -> bool:
-    # 408 Request Timeout and 429 Too Many Requests are transient although they are 4xx.
-    return status >= 500 or status in (408, 429)
-
-
-def _status_error(reply: _Reply) -> str:
+def _status_error(reply: Reply) -> str:
     message = f"HTTP {reply.status}{f' {reply.reason}' if reply.reason else ''} from {reply.origin}"
-    excerpt = _excerpt(reply.text)
-    return f"{message}: {excerpt}" if excerpt else message
-
-
-def _json_document(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
+    quoted = excerpt(reply.text)
+    return f"{message}: {quoted}" if quoted else message
 
 
 def _clean_run_id(value: Any) -> str | None:
@@ -303,72 +237,6 @@ def _clean_run_id(value: Any) -> str | None:
     if not text or len(text) > _RUN_ID_MAX_CHARS or not text.isprintable():
         return None
     return text
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything it wraps (requests and urllib3 wrap through args and ``reason``)."""
-    seen: set[int] = set()
-    queue: deque[Any] = deque([exc])
-    while queue:  # breadth first: the outermost, most specific wrappers come first
-        current = queue.popleft()
-        if not isinstance(current, BaseException) or id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        queue.extend([current.__cause__, current.__context__, getattr(current, "reason", None), *current.args])
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    if isinstance(exc, requests.Timeout):
-        return True
-    for cause in _causes(exc):
-        if isinstance(cause, NewConnectionError):
-            return False  # urllib3 makes "connection refused" a subclass of its connect timeout
-        if isinstance(cause, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
-            return True
-    return False
-
-
-def _root_reason(exc: BaseException) -> str:
-    """A short cause without the URL (requests' messages quote the path, which may hold secrets)."""
-    for cause in _causes(exc):
-        if isinstance(cause, socket.gaierror):
-            return f"name resolution failed ({cause.strerror or cause})"
-        if isinstance(cause, OSError) and cause.strerror and not isinstance(cause, NewConnectionError):
-            return cause.strerror
-    return type(exc).__name__
-
-
-def _transport_error(exc: BaseException, guard: Guard, url: str) -> RunnerError:
-    """Translate what the transport raised into a RunnerError saying whether a retry can help."""
-    origin = _origin(url)
-    if isinstance(exc, RunnerError):
-        return exc
-    if isinstance(exc, AddressRefused):
-        return RunnerError(f"refused: {exc}", retryable=False)
-    if guard.expired or _is_timeout(exc):
-        return RunnerError(f"timed out after {guard.seconds:g}s waiting for {origin}")
-    if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.InvalidSchema):
-        return RunnerError(f"invalid URL for {origin}", retryable=False)
-    if isinstance(exc, requests.exceptions.InvalidHeader):
-        return RunnerError(f"invalid request header: {exc}", retryable=False)
-    if isinstance(exc, requests.exceptions.SSLError):
-        return RunnerError(f"TLS error talking to {origin}: {_root_reason(exc)}")
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        return RunnerError(f"connection to {origin} failed: {_root_reason(exc)}")
-    return RunnerError(f"request to {origin} failed: {_root_reason(exc)}")
-
-
-def _read_bounded(response: requests.Response, limit: int) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes of the (decoded) body; say whether there was more."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_content(chunk_size=_READ_CHUNK):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            break
-    return b"".join(chunks)[:limit], size > limit
 
 
 def _redirected(status: int, method: str, body: bytes | None) -> tuple[str, bytes | None]:
@@ -457,7 +325,7 @@ class HttpRunner(BaseRunner):
         limit = self._limit(config)
         is_async = bool(config.get("async"))
 
-        def send(seconds: float) -> _Reply:
+        def send(seconds: float) -> Reply:
             return self._exchange(
                 method,
                 config["url"],
@@ -486,7 +354,7 @@ class HttpRunner(BaseRunner):
             return RunHandle(
                 run_id,
                 result=RunResult.failed(
-                    _status_error(shown), output=shown.text, retryable=_status_is_retryable(reply.status)
+                    _status_error(shown), output=shown.text, retryable=status_is_retryable(reply.status)
                 ),
             )
         if not is_async:
@@ -517,7 +385,7 @@ class HttpRunner(BaseRunner):
             if exc.retryable:
                 return self.poll_again(logger, "status check of %s failed: %s", handle.external_run_id, exc)
             return RunResult.failed(f"status check failed: {exc}", retryable=False)
-        if _status_is_retryable(reply.status):
+        if status_is_retryable(reply.status):
             return self.poll_again(logger, "status check of %s got HTTP %s", handle.external_run_id, reply.status)
         if not 200 <= reply.status < 300:
             return RunResult.failed(f"status check failed: {_status_error(reply)}", retryable=False)
@@ -603,7 +471,7 @@ class HttpRunner(BaseRunner):
         seconds: float,
         follow_redirects: bool,
         limit: int,
-    ) -> _Reply:
+    ) -> Reply:
         """Send one request, following redirects hop by hop; raise RunnerError when it failed."""
         headers = CaseInsensitiveDict(headers)
         with Guard(self.policy, seconds) as guard, guarded_session(guard) as session:
@@ -611,54 +479,28 @@ class HttpRunner(BaseRunner):
             while True:
                 problem = url_problem(url)
                 if problem is not None:
-                    raise RunnerError(f"cannot call {_origin(url)}: {problem}", retryable=False)
-                try:
-                    remaining = guard.remaining()
-                    if remaining <= 0:
-                        raise TimeoutError("deadline passed")
-                    response = session.request(
-                        method,
-                        url,
-                        headers=headers,
-                        data=body,
-                        timeout=(remaining, remaining),
-                        allow_redirects=False,
-                        stream=True,
-                    )
-                    with response:
-                        location = session.get_redirect_target(response) if follow_redirects else None
-                        if location is None:
-                            data, truncated = _read_bounded(response, limit)
-                            if guard.expired:
-                                # The watchdog's shutdown reads as end-of-data to http.client, so a
-                                # cut-off response can look complete: it is a timeout all the same.
-                                raise TimeoutError("deadline passed")
-                            return _Reply(
-                                status=response.status_code,
-                                reason=response.reason or "",
-                                headers=response.headers,
-                                url=response.url,
-                                body=data,
-                                truncated=truncated,
-                                limit=limit,
-                            )
-                except Exception as exc:
-                    raise _transport_error(exc, guard, url) from exc
+                    raise RunnerError(f"cannot call {origin(url)}: {problem}", retryable=False)
+                reply = send(
+                    session, method, url, headers=headers, body=body, seconds=seconds, limit=limit, guard=guard,
+                    follow_redirects=follow_redirects,
+                )  # fmt: skip
+                if reply.location is None:
+                    return reply
                 if hops >= self.max_redirects:
                     raise RunnerError(
-                        f"too many redirects (more than {self.max_redirects}) from {_origin(url)}", retryable=False
+                        f"too many redirects (more than {self.max_redirects}) from {origin(url)}", retryable=False
                     )
                 hops += 1
-                next_url = urljoin(response.url, location)
-                method, new_body = _redirected(response.status_code, method, body)
+                next_url = urljoin(reply.url, reply.location)
+                method, new_body = _redirected(reply.status, method, body)
                 leaving = _safe_origin_key(next_url) != _safe_origin_key(url)
                 if leaving and new_body is not None:
                     # A 307 or 308 (or a 301 or 302 of a PUT) would send the body again, to an
                     # origin the task does not name: the body is the task's (a token in a JSON
                     # field), so the redirect is not followed.
                     raise RunnerError(
-                        f"not following the {response.status_code} redirect from {_origin(url)} to "
-                        f"{_origin(next_url)}: it would send the request body to another origin",
+                        f"not following the {reply.status} redirect from {origin(url)} to "
+                        f"{origin(next_url)}: it would send the request body to another origin",
                         retryable=False,
                     )
                 if new_body is None and body is not None:
@@ -670,15 +512,15 @@ class HttpRunner(BaseRunner):
                         del headers[name]
                 url = next_url
 
-    def _run_id(self, reply: _Reply) -> str | None:
+    def _run_id(self, reply: Reply) -> str | None:
         for name in _RUN_ID_HEADERS:
             if (run_id := _clean_run_id(reply.headers.get(name))) is not None:
                 return run_id
         return None
 
-    def _accepted(self, spec: RunSpec, reply: _Reply, run_id: str, *, limit: int) -> RunHandle:
+    def _accepted(self, spec: RunSpec, reply: Reply, run_id: str, *, limit: int) -> RunHandle:
         """Turn the answer of an async start into a handle on its status URL."""
-        document = _json_document(reply.body) if not reply.truncated else None
+        document = json_document(reply.body) if not reply.truncated else None
         if isinstance(document, Mapping) and run_id == spec.idempotency_key:
             run_id = _clean_run_id(document.get("run_id")) or _clean_run_id(document.get("id")) or run_id
         status_url = document.get("status_url") if isinstance(document, Mapping) else None
@@ -708,17 +550,17 @@ class HttpRunner(BaseRunner):
         return RunHandle(run_id, data={"status_url": status_url})
 
     @staticmethod
-    def _document_result(reply: _Reply, *, limit: int) -> RunResult:
+    def _document_result(reply: Reply, *, limit: int) -> RunResult:
         """Read ``{"status": ..., "output": ..., "error": ...}`` into a RunResult."""
         if reply.truncated:
             return RunResult.failed(
                 f"the status document from {reply.origin} is larger than {reply.limit} bytes", retryable=False
             )
-        document = _json_document(reply.body)
+        document = json_document(reply.body)
         if not isinstance(document, Mapping) or not isinstance(document.get("status"), str):
             return RunResult.failed(
                 f"{reply.origin} did not answer with a status document "
-                f'({{"status": "running|succeeded|failed", ...}}): {_excerpt(reply.text)}',
+                f'({{"status": "running|succeeded|failed", ...}}): {excerpt(reply.text)}',
                 retryable=False,
             )
         status = document["status"].strip().lower()
@@ -733,4 +575,4 @@ class HttpRunner(BaseRunner):
             return RunResult.failed(error, output=output, retryable=retryable if isinstance(retryable, bool) else True)
         if status in _CANCELLED_STATUSES:
             return RunResult.failed("the run was cancelled", output=output, retryable=False)
-        return RunResult.failed(f"unknown run status {_excerpt(status, 50)!r} from {reply.origin}", retryable=False)
+        return RunResult.failed(f"unknown run status {excerpt(status, 50)!r} from {reply.origin}", retryable=False)

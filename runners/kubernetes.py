@@ -35,6 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners.transport import status_is_retryable
 from tms_core.lazy import LazyModule
 
 # Imported at the first call that needs it, or by a worker before it forks (BaseRunner.preload):
@@ -188,7 +189,7 @@ class KubernetesApiError(RunnerError):
     """An error answer from the API server, with its HTTP status and ``Status.reason``."""
 
     def __init__(self, message: str, *, status: int | None, reason: str = "") -> None:
-        retryable = status is None or status >= 500 or status == 429
+        retryable = status is None or status_is_retryable(status)
         super().__init__(message, retryable=retryable)
         self.status = status
         self.reason = reason

@@ -26,7 +26,6 @@ from rest_framework import serializers
 
 from runners import sandbox
 from runners.base import MAX_OUTPUT_BYTES_LIMIT, BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
-from runners.subprocess import workdir
 from runners.subprocess.config import (
     DEFAULT_PATH,
     ExecutableAllowList,
@@ -37,7 +36,19 @@ from runners.subprocess.config import (
 )
 from runners.subprocess.launch import Launcher, start_supervisor
 from runners.subprocess.outcome import judge, read_output
-from runners.subprocess.workdir import LAUNCH, SUPERVISOR_LOG, alive, read_json, record_failure, tail, wait_for_exit
+from runners.subprocess.workdir import (
+    LAUNCH,
+    SUPERVISOR_LOG,
+    alive,
+    prepare_work_dir,
+    prune_runs,
+    read_json,
+    record_failure,
+    signal_group,
+    tail,
+    wait_for_exit,
+    write_json,
+)
 from runners.supervisor import CANCEL, EXIT, PID, SUPERVISOR_PID
 from tms_core.conf import tms_settings
 
@@ -196,7 +207,7 @@ class SubprocessRunner(BaseRunner):
             raise RunnerError(f"the subprocess sandbox is not set up on {self.host}: {exc}", retryable=False) from exc
         self._prune_now_and_then()
         try:
-            workdir.prepare_work_dir(self.work_dir, mode)
+            prepare_work_dir(self.work_dir, mode)
             run_dir.mkdir(mode=0o700, exist_ok=True)
             marker = os.open(run_dir / LAUNCH, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -265,17 +276,17 @@ class SubprocessRunner(BaseRunner):
         if not (run_dir / LAUNCH).exists() or (run_dir / EXIT).exists():
             return
         # Written first: a supervisor that has not published the pid yet sees it and stops.
-        workdir.write_json(run_dir / CANCEL, {"at": time.time(), "by_pid": os.getpid()})
+        write_json(run_dir / CANCEL, {"at": time.time(), "by_pid": os.getpid()})
         info = read_json(run_dir / PID)
         if not alive(info):
             wait_for_exit(run_dir, 1.0)
             return
-        workdir.signal_group(info, signal.SIGTERM)
+        signal_group(info, signal.SIGTERM)
         deadline = time.monotonic() + self.kill_grace
         while time.monotonic() < deadline and alive(info):
             time.sleep(0.05)
         if alive(info):
-            workdir.signal_group(info, signal.SIGKILL)
+            signal_group(info, signal.SIGKILL)
         wait_for_exit(run_dir, 2.0)
 
     def output_so_far(self, spec: RunSpec, handle: RunHandle) -> str | None:
@@ -293,7 +304,7 @@ class SubprocessRunner(BaseRunner):
         """Remove run folders older than ``TMS_SUBPROCESS_RUN_RETENTION`` (or ``retention`` seconds);
         never a run in progress (:func:`runners.subprocess.workdir.prune_runs`). Returns how many went."""
         keep = tms_settings().SUBPROCESS_RUN_RETENTION if retention is None else retention
-        return workdir.prune_runs(self.work_dir, keep)
+        return prune_runs(self.work_dir, keep)
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -220,3 +222,47 @@ def test_function_runner_loads_from_the_tms_runners_setting(platform: FunctionPl
         fn = get_runner("function")
 
     assert isinstance(fn, AsyncHttpFunctionRunner)
+
+
+def test_async_function_408_is_retried_as_the_http_runner_retries_it(
+    platform: FunctionPlatformEmulator, fn: AsyncHttpFunctionRunner
+) -> None:
+    """Both runners judge statuses through runners.transport: 408 Request Timeout is transient."""
+    platform.register("resize", _resize)
+    platform.fail_next("POST", 408)
+
+    with pytest.raises(RunnerError, match="HTTP 408") as caught:
+        fn.start(make_spec(fn, {"url": platform.function_url("resize")}))
+
+    assert caught.value.retryable is True
+
+
+def test_async_function_answer_that_stalls_mid_body_is_a_retryable_timeout() -> None:
+    """A platform that sends its headers and then stops is a timeout (a RunnerError worth another
+    attempt), not an exception from urllib3 that no runner caller expects."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    release = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(
+                b'HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"run_id"'
+            )
+            release.wait(10)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    base = f"http://127.0.0.1:{port}/async-function/"
+    runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
+    try:
+        with pytest.raises(RunnerError, match=r"timed out after 0\.5s waiting for http://127\.0\.0\.1") as caught:
+            runner.start(make_spec(runner, {"url": base + "resize"}))
+    finally:
+        release.set()
+        server.join(5)
+        listener.close()
+
+    assert caught.value.retryable is True
