@@ -14,6 +14,10 @@ under ``allowed_urls`` too, or on the same origin (scheme, host, port) as the fu
 redirects are not followed. This is stricter than the http runner's ``allowed_networks`` (which
 guards arbitrary public URLs at the socket level): these platforms are a short, fixed list of
 operator endpoints, so naming them is both simpler and tighter than opening whole networks.
+
+Each request, and the judging of what went wrong (retryable or not), is :mod:`runners.transport`'s,
+shared with the ``http`` runner; the session is one per process, pooled, ignoring the environment
+(no proxies or ``.netrc`` credentials).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ SSRF guard: task owners choose the URL, so every connection goes through :mod:`r
 which by default refuses anything but public addresses, checked on the address the socket actually
 connects to. Redirects are followed by hand, one hop at a time, so each hop goes through the same
 check. Operators open specific networks or host names with the ``allowed_networks`` option.
+
+Each request, and the judging of what went wrong (retryable or not), is :mod:`runners.transport`'s,
+shared with the ``function`` runner.
 """
 
 from __future__ import annotations
