@@ -25,11 +25,10 @@ from runners.email import EmailRunner
 from runners.http import HttpRunner
 from runners.netguard import AddressPolicy, AddressRefused, Guard, guarded_session
 from runners.registry import UnknownRunner, all_runners, get_runner
+from runners.transport import causes, status_is_retryable
 
 SIGNATURE_HEADER = "X-TMS-Signature"
 TIMESTAMP_HEADER = "X-TMS-Timestamp"
-#: Response codes that say "try again later"; any other 4xx is the receiver refusing for good.
-RETRYABLE_STATUSES = frozenset({408, 425, 429})
 
 
 class SendError(Exception):
@@ -136,25 +135,10 @@ def _render_digest(payload: dict[str, Any]) -> tuple[str, str]:
     return f"[TMS] {headline}", "\n".join([f"{headline}:", *lines])
 
 
-def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what caused it, outermost first: requests wraps urllib3's MaxRetryError, whose
-    ``reason`` is the real trouble (a NameResolutionError, a refused connection...)."""
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [exc]
-    while todo and len(seen) < 20:
-        item = todo.pop(0)
-        if item is None or any(item is known for known in seen):
-            continue
-        seen.append(item)
-        todo += [getattr(item, "reason", None), item.__cause__, item.__context__]
-        todo += [arg for arg in getattr(item, "args", ()) if isinstance(arg, BaseException)]
-    return seen
-
-
 def plain_error(exc: BaseException, where: str, timeout: float) -> str:
     """What went wrong in words a person reads: which server could not be reached and why, never
     a library's exception text (``_GuardedHTTPConnectionPool(host=...) Max retries exceeded``)."""
-    chain = _causes(exc)
+    chain = list(causes(exc))
     names = {type(item).__name__ for item in chain}
     if names & {"NameResolutionError", "gaierror"}:
         return f"Could not find {where}: its name does not resolve (DNS)."
@@ -196,7 +180,9 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Non
     if 200 <= response.status_code < 300:
         return
     text = f"{_sentence(_host(url))} answered HTTP {response.status_code}: {response.text[:200]}"
-    permanent = 300 <= response.status_code < 500 and response.status_code not in RETRYABLE_STATUSES
+    # A 3xx (redirects are not followed) or a 4xx is the receiver refusing for good, unless it says
+    # "try again later" (runners.transport.RETRYABLE_STATUSES).
+    permanent = response.status_code >= 300 and not status_is_retryable(response.status_code)
     raise SendError(text, permanent=permanent)
 
 

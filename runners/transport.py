@@ -7,7 +7,7 @@ What the transport raises becomes a :class:`~runners.base.RunnerError` saying wh
 can help (:func:`transport_error`), and an answer's status is judged by :func:`status_is_retryable`:
 
 - retryable: timeouts, connections refused or reset, name resolution and TLS failures, HTTP 5xx,
-  408 and 429;
+  408, 425 and 429;
 - permanent: an address the network guard refuses (:mod:`runners.netguard`), an invalid URL or
   header, any other 4xx.
 
@@ -15,7 +15,8 @@ Error texts name the origin (``scheme://host:port``), never the path or query, w
 secrets. The session is the caller's: the ``http`` runner's goes through the network guard
 (:func:`runners.netguard.guarded_session`), whose :class:`~runners.netguard.Guard` also bounds the
 whole exchange by a deadline; the ``function`` runner's is a pooled one to its operator's
-allow-listed endpoints. This module never touches the database.
+allow-listed endpoints. Notification webhooks (:mod:`notifications.senders`) judge their answers
+and word their errors by the same rules. This module never touches the database.
 """
 
 from __future__ import annotations
@@ -101,10 +102,14 @@ def json_document(body: bytes) -> Any:
         return None
 
 
+#: 4xx statuses that are transient all the same: 408 Request Timeout, 425 Too Early (the server
+#: would not risk a replayed request: sent again, it is not early) and 429 Too Many Requests.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+
+
 def status_is_retryable(status: int) -> bool:
-    """Whether an HTTP error status is worth another try: 5xx, and 408 Request Timeout and
-    429 Too Many Requests, which are transient although they are 4xx."""
-    return status >= 500 or status in (408, 429)
+    """Whether an HTTP error status is worth another try: 5xx and :data:`RETRYABLE_STATUSES`."""
+    return status >= 500 or status in RETRYABLE_STATUSES
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:

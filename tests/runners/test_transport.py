@@ -11,7 +11,7 @@ from runners.transport import origin, status_is_retryable
 @pytest.mark.parametrize(
     ("status", "retryable"),
     [
-        *[(status, True) for status in (500, 502, 503, 599, 408, 429)],
+        *[(status, True) for status in (500, 502, 503, 599, 408, 425, 429)],
         *[(status, False) for status in (400, 401, 403, 404, 409, 410, 422)],
     ],
 )
