@@ -26,10 +26,27 @@ Weekdays run 0-7, where 0 and 7 are both Sunday (``*`` and ``a/n`` stop at 6, Sa
 Sunday closing a range counts as 7 (``FRI-SUN``).
 ``?`` means ``*`` in the two day fields. The shortcuts ``@yearly`` (``@annually``),
 ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and ``@hourly`` stand for their usual
-five-field expressions. Rejected with a :class:`ScheduleError`: the Quartz/Jenkins extensions
-``L``, ``W``, ``#`` and ``H``, a year field, ranges that run backwards (``22-2``: write
+five-field expressions.
+
+Quartz's day extensions, with Quartz's meaning (issue 32); each stands alone in its field:
+
+* day of month ``L``: the month's last day; ``L-n`` (n 0-30): n days before it (``L-3`` on
+  28 January, 26 February 2028); ``nW``: the weekday (Monday-Friday) nearest day n: a
+  Saturday moves to the Friday before and a Sunday to the Monday after, but never into another
+  month (``1W`` on Saturday 1 February 2025 is Monday the 3rd), and a month without day n has
+  none; ``LW``: the month's last weekday.
+* day of week ``d#n`` (n 1-5): the n-th weekday d of the month (``MON#2``, ``1#2``; a month with
+  no fifth Monday has no ``MON#5``); ``dL``: the month's last weekday d (``FRIL``, ``5L``).
+  Weekday numbers are this engine's (0 or 7 Sunday, 1 Monday ... 6 Saturday), not Quartz's 1-7
+  (Quartz's ``6#3`` is ``FRI#3`` here). ``L`` alone in the day-of-week field (Quartz: Saturday)
+  is refused as ambiguous.
+
+They are restricted day fields for the day rule below (``0 0 L * MON`` fires on the last day and
+on Mondays; ``0 0 L * *`` on the last day). Rejected with a :class:`ScheduleError`: the
+Jenkins ``H`` and croniter ``R`` extensions, a year field, an extension in a list or range
+(``1,L``), ranges that run backwards (``22-2``: write
 ``22-23,0-2``), a field that selects nothing (``7/7``: no weekday from 7 to 6), and
-expressions that can never fire (``0 0 30 2 *``: February has no 30th). The search for the
+expressions that can never fire (``0 0 30 2 *``: February has no 30th; ``0 0 30W 2 *``). The search for the
 next fire time is bounded too: it gives up after 41 years without one (a valid expression fires
 at least every 40 years: ``0 0 29 2 */7``, 29 February on a Sunday).
 
@@ -86,6 +103,7 @@ a week apart.
 from __future__ import annotations
 
 import bisect
+import calendar
 import functools
 import hashlib
 import re
@@ -95,6 +113,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from itertools import chain, islice, pairwise
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from tms_core.errors import InvalidInput
@@ -106,6 +125,7 @@ __all__ = [
     "MAX_WALK",
     "MAX_WALK_YEARS",
     "CronExpression",
+    "MonthDays",
     "Schedule",
     "ScheduleError",
     "WalkTooLong",
@@ -232,21 +252,139 @@ def _value(expression: str, field: _Field, text: str) -> int:
         hint = ""
         if field.names:
             hint = " or a name such as " + ("JAN" if field is _MONTH else "MON")
-        if any(marker in text.upper() for marker in "LW#H") and not (field.names and text.lower() in field.names):
-            hint += " (the extensions L, W, # and H are not supported)"
+        if "H" in text.upper() and not (field.names and text.lower() in field.names):
+            hint += " (the H extension is not supported)"
+        elif any(marker in text.upper() for marker in "LW#") and field not in (_DAY, _WEEKDAY):
+            hint += f" (L, W and # are for the day fields only: {_EXTENSIONS_HELP})"
         raise _bad(expression, f"{text!r} in the {field.name} field is not a number{hint}.")
     if not field.low <= number <= field.high:
         raise _bad(expression, f"{field.name} {number} is out of range {field.low}-{field.high}.")
     return number
 
 
-def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[int], bool]:
-    """Return the values a field allows, and whether it is restricted (it does not start with ``*``;
-    ``?`` is ``*``)."""
+#: The Quartz extensions of each day field, said where a misuse is refused.
+_DAY_HELP = "L (the last day), L-3 (3 days before it), 15W (the weekday nearest the 15th), LW (the last weekday)"
+_WEEKDAY_HELP = "FRI#2 or 5#2 (the second Friday of the month), FRIL or 5L (the last Friday)"
+_EXTENSIONS_HELP = f"day of month {_DAY_HELP}; day of week {_WEEKDAY_HELP}"
+_NAME_WORDS = re.compile("|".join([*_MONTH_NAMES, *_WEEKDAY_NAMES]), re.IGNORECASE)
+_LAST_OFFSET = re.compile(r"L(?:-(\d{1,2}))?", re.IGNORECASE)
+_NEAREST = re.compile(r"(\d{1,2})W", re.IGNORECASE)
+_NTH = re.compile(r"([A-Za-z]{3}|\d)#(\d+)")
+_LAST_OF_MONTH = re.compile(r"([A-Za-z]{3}|\d)L", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MonthDays:
+    """Day rules that depend on the month (Quartz's extensions), beside a day field's plain values.
+
+    A day matches if any rule does; an empty one matches nothing."""
+
+    #: Day of month: days before the month's last (``L`` is 0, ``L-3`` is 3).
+    last_offsets: frozenset[int] = frozenset()
+    #: Day of month ``nW``: the weekday nearest day n, never across the month's first or last day;
+    #: a month without day n has none.
+    nearest_weekdays: frozenset[int] = frozenset()
+    #: Day of month ``LW``: the month's last weekday (Monday to Friday).
+    last_weekday: bool = False
+    #: Day of week ``d#n``: (weekday, n), the n-th such weekday of the month (0 = Sunday).
+    nth_weekdays: frozenset[tuple[int, int]] = frozenset()
+    #: Day of week ``dL``: the month's last such weekday.
+    last_weekdays: frozenset[int] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.last_offsets or self.nearest_weekdays or self.last_weekday or self.nth_weekdays or self.last_weekdays
+        )
+
+    def matches(self, day: date) -> bool:
+        if not self:
+            return False
+        last = calendar.monthrange(day.year, day.month)[1]
+        weekday = day.isoweekday() % 7
+        return (
+            (last - day.day) in self.last_offsets
+            or (self.last_weekday and day.day == _weekday_near(day, last, last))
+            or any(n <= last and day.day == _weekday_near(day, n, last) for n in self.nearest_weekdays)
+            or (weekday, (day.day - 1) // 7 + 1) in self.nth_weekdays
+            or (weekday in self.last_weekdays and day.day + 7 > last)
+        )
+
+
+def _weekday_near(day: date, n: int, last: int) -> int:
+    """The day of ``day``'s month nearest to day ``n`` that is a weekday (Quartz's ``nW``): a
+    Saturday moves to the Friday before, a Sunday to the Monday after, except across the month's
+    edge (a Saturday the 1st moves to Monday the 3rd, a Sunday the last to the Friday before)."""
+    weekday = day.replace(day=n).weekday()  # Monday 0 .. Sunday 6
+    if weekday == 5:
+        return n - 1 if n > 1 else n + 2
+    if weekday == 6:
+        return n + 1 if n < last else n - 2
+    return n
+
+
+def _extension_item(expression: str, field: _Field, item: str, found: dict[str, set[Any]]) -> bool:
+    """Read ``item`` into ``found`` if it is one of the day fields' extensions; False if it is not one."""
+    upper = item.upper()
+    if field is _DAY:
+        if upper == "LW":
+            found["last_weekday"].add(True)
+            return True
+        if match := _LAST_OFFSET.fullmatch(item):
+            offset = int(match.group(1) or 0)
+            if offset > 30:
+                raise _bad(expression, f"{item!r}: the n in L-n is 0 to 30 (a month has at most 31 days).")
+            found["last_offsets"].add(offset)
+            return True
+        if match := _NEAREST.fullmatch(item):
+            found["nearest_weekdays"].add(_value(expression, field, match.group(1)))
+            return True
+    elif field is _WEEKDAY:
+        if upper == "L":
+            raise _bad(
+                expression,
+                "L alone in the day-of-week field is refused: Quartz reads it as Saturday, other crons as nothing; "
+                "write SAT, or FRIL for the last Friday of the month.",
+            )
+        if match := _NTH.fullmatch(item):
+            weekday, nth = _value(expression, field, match.group(1)) % 7, int(match.group(2))
+            if not 1 <= nth <= 5:
+                raise _bad(expression, f"{item!r}: the n in #n is 1 to 5 (a month has at most 5 of each weekday).")
+            found["nth_weekdays"].add((weekday, nth))
+            return True
+        if match := _LAST_OF_MONTH.fullmatch(item):
+            found["last_weekdays"].add(_value(expression, field, match.group(1)) % 7)
+            return True
+    bare = _NAME_WORDS.sub("", item) if field.names else item  # WED and JUL are names, not W or L
+    if any(marker in bare.upper() for marker in "LW#"):
+        extensions = _DAY_HELP if field is _DAY else _WEEKDAY_HELP
+        raise _bad(expression, f"{item!r} in the {field.name} field is neither a value nor one of {extensions}.")
+    return False
+
+
+def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[int], bool, MonthDays]:
+    """Return the values a field allows, whether it is restricted (it does not start with ``*``;
+    ``?`` is ``*``), and its month-dependent day rules (the day fields' extensions)."""
     if text == "?" and field in (_DAY, _WEEKDAY):
         text = "*"
     values: set[int] = set()
-    for item in text.split(","):
+    found: dict[str, set[Any]] = {
+        "last_offsets": set(),
+        "nearest_weekdays": set(),
+        "last_weekday": set(),
+        "nth_weekdays": set(),
+        "last_weekdays": set(),
+    }
+    items = text.split(",")
+    for item in items:
+        if field in (_DAY, _WEEKDAY) and _extension_item(expression, field, item, found):
+            if len(items) > 1:
+                # Quartz's rule, and what keeps the words exact: "1,L" would read "day 1 and L".
+                raise _bad(
+                    expression,
+                    f"{item!r} stands alone in the {field.name} field, as in Quartz ({text!r} lists it with "
+                    "other values): give each rule a task of its own.",
+                )
+            continue
         base, slash, step_text = item.partition("/")
         step = 1
         if slash:
@@ -276,10 +414,17 @@ def _parse_field(expression: str, field: _Field, text: str) -> tuple[frozenset[i
         values.update(range(first, last + 1, step))
     if field is _WEEKDAY and 7 in values:
         values = (values - {7}) | {0}
-    if not values:
+    rules = MonthDays(
+        last_offsets=frozenset(found["last_offsets"]),
+        nearest_weekdays=frozenset(found["nearest_weekdays"]),
+        last_weekday=bool(found["last_weekday"]),
+        nth_weekdays=frozenset(found["nth_weekdays"]),
+        last_weekdays=frozenset(found["last_weekdays"]),
+    )
+    if not values and not rules:
         raise _bad(expression, f"{text!r} selects no {field.name} value.")
     # Vixie cron/cronie: a field starting with "*" is unrestricted, even stepped ("*/7") or listed.
-    return frozenset(values), not text.startswith("*")
+    return frozenset(values), not text.startswith("*"), rules
 
 
 @dataclass(frozen=True)
@@ -302,13 +447,17 @@ class CronExpression:
     fixed_hour: bool
     #: The fields as written (5, or 6 with seconds first), a shortcut such as ``@daily`` expanded.
     fields: tuple[str, ...] = ()
+    #: The day-of-month field's month-dependent rules (``L``, ``L-3``, ``15W``, ``LW``).
+    month_days: MonthDays = MonthDays()
+    #: The day-of-week field's month-dependent rules (``FRI#2``, ``FRIL``).
+    month_weekdays: MonthDays = MonthDays()
 
     def day_matches(self, day: date) -> bool:
         """Whether the expression fires on some time of ``day`` (month, day of month, weekday)."""
         if day.month not in self.months:
             return False
-        by_date = day.day in self.days
-        by_weekday = day.isoweekday() % 7 in self.weekdays
+        by_date = day.day in self.days or self.month_days.matches(day)
+        by_weekday = day.isoweekday() % 7 in self.weekdays or self.month_weekdays.matches(day)
         return (by_date or by_weekday) if self.day_or else (by_date and by_weekday)
 
     def matches(self, wall: datetime) -> bool:
@@ -416,7 +565,8 @@ def parse_cron(expression: str) -> CronExpression:
     if len(parts) == 5:
         parts = ["0", *parts]
     parsed = [_parse_field(expression, field, part) for field, part in zip(_FIELDS, parts, strict=True)]
-    (seconds, _), (minutes, _), (hours, _), (days, day_restricted), (months, _), (weekdays, weekday_restricted) = parsed
+    (seconds, _, _), (minutes, _, _), (hours, _, _), (days, day_restricted, month_days), (months, _, _) = parsed[:5]
+    weekdays, weekday_restricted, month_weekdays = parsed[5]
     cron = CronExpression(
         expression=expression,
         seconds=tuple(sorted(seconds)),
@@ -428,13 +578,26 @@ def parse_cron(expression: str) -> CronExpression:
         day_or=day_restricted and weekday_restricted,
         fixed_hour="*" not in parts[2] and "/" not in parts[2],
         fields=tuple(written),
+        month_days=month_days,
+        month_weekdays=month_weekdays,
     )
+    if month_days or month_weekdays:
+        # Whether some day ever matches: the calendar repeats every 400 years, and 28 years of
+        # it hold every (leap) year and weekday of 1 January, which is all the day rules ask.
+        if not any(cron.day_matches(day) for day in _CALENDAR_CYCLE):
+            raise _bad(expression, "it never fires: no day of the chosen months matches the day fields.")
+        return cron
     # Without a weekday to fall back on, some chosen month must have one of the chosen days.
     if not cron.day_or and not any(day <= _MONTH_DAYS[month] for month in months for day in days):
         month_names = ", ".join(date(2000, month, 1).strftime("%B") for month in sorted(months))
         day_numbers = ", ".join(str(day) for day in sorted(days))
         raise _bad(expression, f"it never fires: there is no day {day_numbers} in {month_names}.")
     return cron
+
+
+#: Every day of 28 years that start with a leap year: each month begins on each weekday in both a
+#: common and a leap year somewhere in them.
+_CALENDAR_CYCLE = tuple(date(2000, 1, 1) + timedelta(days=n) for n in range((date(2028, 1, 1) - date(2000, 1, 1)).days))
 
 
 def validate_cron(expression: str) -> None:

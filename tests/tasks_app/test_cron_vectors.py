@@ -9,11 +9,11 @@ to :mod:`tasks_app.schedules` and the answers compared:
 * fire times after (or before) an instant, in a time zone, must be the same instants;
 * for an expression a test only parses, each field must select the same values.
 
-A difference passes only if it is deliberate: the expression uses an extension TMS refuses (L, W,
-#, H, R, a year field), a croniter option TMS does not have (``day_or=False``...), or its vector
-id is listed in ``cron_vectors/deliberate.json`` with a reason. Every listed id must still differ,
-and docs/cron-compatibility.md must list every difference (``python -m
-tests.tasks_app.test_cron_vectors`` prints its table). No database: pure and quick.
+A difference passes only if it is deliberate: the expression uses an extension TMS refuses (H, R,
+a year field, L, W or # in a list, range or step), a croniter option TMS does not have
+(``day_or=False``...), or its vector id is listed in ``cron_vectors/deliberate.json`` with a
+reason. Every listed id must still differ, and docs/cron-compatibility.md must list every
+difference (``python -m tests.tasks_app.test_cron_vectors`` prints its table). No database: pure and quick.
 """
 
 from __future__ import annotations
@@ -142,21 +142,44 @@ def _full(field: str) -> set[int]:
     }[field]
 
 
-def _ours_parsed(expression: str) -> dict[str, set[int]]:
+def _ours_parsed(expression: str) -> dict[str, set[Any]]:
+    """What TMS reads in each field; the day extensions as text ("L", "L-3", "15W", "LW", "5#3", "5L")."""
     cron = parse_cron(expression)
+    days: set[Any] = set(cron.days) | {"L" if n == 0 else f"L-{n}" for n in cron.month_days.last_offsets}
+    days |= {f"{n}W" for n in cron.month_days.nearest_weekdays} | ({"LW"} if cron.month_days.last_weekday else set())
+    weekdays: set[Any] = set(cron.weekdays) | {f"{d}#{n}" for d, n in cron.month_weekdays.nth_weekdays}
+    weekdays |= {f"{d}L" for d in cron.month_weekdays.last_weekdays}
     return {
         "seconds": set(cron.seconds),
         "minutes": set(cron.minutes),
         "hours": set(cron.hours),
-        "days": set(cron.days),
+        "days": days,
         "months": set(cron.months),
-        "weekdays": set(cron.weekdays),
+        "weekdays": weekdays,
     }
+
+
+#: cronsim's readings of the day extensions: its markers for "last day" and "last weekday".
+_CRONSIM_LAST, _CRONSIM_LAST_WEEKDAY = -1000, -1001
+
+
+def _cronsim_day(value: Any) -> Any:
+    return {_CRONSIM_LAST: "L", _CRONSIM_LAST_WEEKDAY: "LW"}.get(value, value)
+
+
+def _cronsim_weekday(value: Any) -> Any:
+    """cronsim's "(weekday, n)" (written down as text): the n-th such weekday of the month, or the last."""
+    if isinstance(value, str) and (pair := re.fullmatch(r"\((\d+), (-?\d+)\)", value)):
+        weekday, nth = int(pair.group(1)) % 7, int(pair.group(2))
+        return f"{weekday}L" if nth == _CRONSIM_LAST else f"{weekday}#{nth}"
+    return value
 
 
 def _theirs_parsed(source: str, vector: dict[str, Any]) -> dict[str, set[Any]]:
     if source == "cronsim":
         parsed = {name: set(values) for name, values in vector["parsed"].items()}
+        parsed["days"] = {_cronsim_day(value) for value in parsed["days"]}
+        parsed["weekdays"] = {_cronsim_weekday(value) for value in parsed["weekdays"]}
     else:
         names = ["minutes", "hours", "days", "months", "weekdays", "seconds", "years"]
         if vector.get("options", {}).get("second_at_beginning"):
@@ -167,8 +190,12 @@ def _theirs_parsed(source: str, vector: dict[str, Any]) -> dict[str, set[Any]]:
                 parsed[name] = _full(name) if values == ["*"] else set(values)
         parsed.setdefault("seconds", {0})
         parsed.pop("years", None)
-        if vector.get("nth_weekday_of_month"):
-            parsed["weekdays"] = parsed["weekdays"] | {f"#{vector['nth_weekday_of_month']}"}
+        parsed["days"] = {"L" if value == "l" else value for value in parsed["days"]}
+        nth = vector.get("nth_weekday_of_month") or {}
+        if nth:  # croniter lists the weekday among the plain ones too, and its n's (or "l") apart
+            parsed["weekdays"] = (parsed["weekdays"] - {int(day) for day in nth}) | {
+                f"{int(day) % 7}L" if n == "l" else f"{int(day) % 7}#{n}" for day, ns in nth.items() for n in ns
+            }
     parsed["weekdays"] = {0 if value == 7 else value for value in parsed["weekdays"]}
     return parsed
 
@@ -321,7 +348,8 @@ def difference_table() -> str:
 
 
 _CATEGORY_REASONS = {
-    "extension": "An extension TMS refuses (L, W, #, H, R or a year field): a 400 that names it, never a guess.",
+    "extension": "An extension TMS refuses (H, R, a year field, or L, W and # in a list, range or step, which Quartz "
+    "refuses too): a 400 that names it, never a guess.",
     "option": "A croniter option TMS does not have (the vector asks for croniter's non-default behaviour).",
     "fixed-offset": "A fixed UTC offset that is not a whole hour: TMS takes IANA zone names only.",
 }
