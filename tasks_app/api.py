@@ -86,7 +86,10 @@ REPLAYED_HEADER_PARAMETER = OpenApiParameter(
 def idempotent_create_response(request: Request, create: Any) -> Response:
     """Run ``create`` (returning status and body) under the request's Idempotency-Key, if any."""
     key = idempotency_key_clean(request.headers.get(HEADER))
-    fingerprint = request_fingerprint(method=request.method or "POST", path=request.path, body=request.data)
+    # Only a keyed request is compared with an earlier one: the others skip hashing their body.
+    fingerprint = (
+        request_fingerprint(method=request.method or "POST", path=request.path, body=request.data) if key else ""
+    )
     stored = idempotent_create(owner=request_user(request), key=key, fingerprint=fingerprint, create=create)
     headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
     return Response(stored.body, status=stored.status, headers=headers)

@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import getpass
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -34,6 +34,7 @@ from django.core.management.base import BaseCommand
 from django.http import HttpRequest, HttpResponse
 
 from tasks_app.models import AuditEntry
+from tms_core.bulk import insert_columns
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def audit_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` as an audit entry stores them (durations in seconds, times in ISO 8601, ids as text)."""
+    return {name: _jsonable(value) for name, value in values.items()}
+
+
 def audit_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``{field: {"from": ..., "to": ...}}`` for each field whose value differs (give both sides
     with secrets already masked)."""
@@ -206,6 +212,31 @@ def audit_record(
     return entry
 
 
-def audit_record_many(entries: list[dict[str, Any]]) -> None:
-    """:func:`audit_record` for many objects at once (one INSERT): each dict holds its arguments."""
-    AuditEntry.objects.bulk_create([_entry(**entry) for entry in entries], batch_size=1000)
+def audit_record_many(entries: Sequence[Mapping[str, Any]]) -> None:
+    """:func:`audit_record` for many objects at once, in one INSERT of column arrays (no model
+    instance per entry): each mapping holds the arguments of one (``action``, ``object_type``,
+    ``object_id``, ``owner`` as an id, and optionally ``task_id``, ``changes``, ``detail``).
+    Every entry has the current context's actor and source, and the transaction's time.
+    ``changes`` are stored as given: JSON-ready already, as :func:`audit_diff` and
+    :func:`audit_values` return them (converting them again was a fifth of a bulk create)."""
+    if not entries:
+        return
+    context = current_context()
+    actor, actor_name = context.who() if context is not None else (None, "system")
+    count = len(entries)
+    insert_columns(
+        AuditEntry,
+        {
+            "actor_id": [actor.pk if actor is not None else None] * count,
+            "actor_name": [actor_name[:150]] * count,
+            "source": [(context.source if context is not None else "system")[:100]] * count,
+            "remote_addr": [context.remote_addr if context is not None else None] * count,
+            "action": [entry["action"] for entry in entries],
+            "object_type": [entry["object_type"] for entry in entries],
+            "object_id": [str(entry["object_id"]) for entry in entries],
+            "task_id": [entry.get("task_id") for entry in entries],
+            "owner_id": [entry["owner"] for entry in entries],
+            "changes": [entry.get("changes") or {} for entry in entries],
+            "detail": [entry.get("detail", "")[:500] for entry in entries],
+        },
+    )

@@ -84,8 +84,12 @@ def _lock(owner_id: int) -> OwnerQuota:
     """Lock (creating it if needed) the owner's quota row until the transaction ends."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("quota checks must run inside the transaction that writes")  # a programming error
-    OwnerQuota.objects.bulk_create([OwnerQuota(user_id=owner_id)], ignore_conflicts=True)
-    return OwnerQuota.objects.select_for_update().get(pk=owner_id)
+    locked = OwnerQuota.objects.select_for_update()
+    quota = locked.filter(pk=owner_id).first()
+    if quota is None:  # first use: create it (a concurrent first use may win), then lock it
+        OwnerQuota.objects.bulk_create([OwnerQuota(user_id=owner_id)], ignore_conflicts=True)
+        quota = locked.get(pk=owner_id)
+    return quota
 
 
 def _limit(value: int | None, default: int) -> int:

@@ -502,6 +502,9 @@ class TaskCreatedSerializer(TaskSerializer):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_first_execution(self, task: Task) -> int | None:
+        if hasattr(task, "first_execution"):  # set by task_bulk_create: no query
+            first: int | None = task.first_execution
+            return first
         return Execution.objects.filter(task=task).order_by("scheduled_for", "id").values_list("pk", flat=True).first()
 
 

@@ -1,0 +1,158 @@
+"""Creating tasks, one or many (issue 33): what the write path does per task and per batch, counted.
+
+The bulk path writes the tasks, their audit entries and their executions as one INSERT each
+whatever the batch size, checks the owner's task quota once per batch under the owner's lock,
+and hands back tasks that the API renders without reading them again.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from executions.models import Execution
+from tasks_app.models import AuditAction, AuditEntry, Task
+from tasks_app.quotas import owner_quota_set
+from tasks_app.secrets import ENCRYPTED, MASK
+from tasks_app.services import task_bulk_create
+from tms_core.errors import InvalidInput
+
+URL = "/api/v1/tasks"
+SECRET = "Bearer sk-live-bulk-0123456789"
+
+
+def _specs(count: int, **fields):
+    return [{"runner": "noop", "name": f"bulk {index}", **fields} for index in range(count)]
+
+
+def test_a_bulk_create_writes_one_audit_entry_per_task_with_secrets_masked(user):
+    specs = [
+        {
+            "runner": "http",
+            "name": f"call {index}",
+            "config": {"url": "https://example.com", "headers": {"Authorization": SECRET}},
+        }
+        for index in range(3)
+    ]
+    tasks = task_bulk_create(owner=user, specs=specs)
+    entries = AuditEntry.objects.filter(action=AuditAction.CREATE, object_type="task")
+    assert sorted(entry.task_id for entry in entries) == sorted(task.pk for task in tasks)
+    for entry in entries:
+        assert entry.owner_id == user.pk and entry.source == "system" and entry.at is not None
+        assert entry.changes["config"] == {
+            "from": None,
+            "to": {"url": "https://example.com", "headers": {"Authorization": MASK}},
+        }
+        assert (
+            entry.changes["name"]["to"].startswith("call ") and entry.changes["status"]["to"] == "COMPLETED"
+        )  # one-shot, its run created
+        assert entry.changes["timeout"]["to"] == Task._meta.get_field("timeout").get_default().total_seconds()
+        assert "end_at" not in entry.changes  # a field left empty is not listed
+        assert SECRET not in str(entry.changes)
+    stored = Task.objects.filter(pk__in=[task.pk for task in tasks]).values_list("config", flat=True)
+    assert all(set(config["headers"]["Authorization"]) == {ENCRYPTED} for config in stored)
+
+
+def test_a_bulk_create_stores_what_a_single_create_stores(user):
+    """The column-array insert keeps every value as the model would save it."""
+    start = timezone.now() + timedelta(hours=3)
+    fields = {
+        "start_at": start,
+        "interval": timedelta(minutes=5, microseconds=250),
+        "jitter": timedelta(seconds=3),
+        "max_runs": 7,
+        "tracing_id": 'quote " and back\\slash',
+        "keep_for": timedelta(days=2),
+        "secret_fields": [],
+        "expose_metrics": True,
+    }
+    (task,) = task_bulk_create(owner=user, specs=_specs(1, **fields))
+    stored = Task.objects.get(pk=task.pk)
+    for name, value in fields.items():
+        assert getattr(stored, name) == value, name
+    assert stored.created_at == task.created_at and stored.updated_at == task.updated_at
+    assert stored.next_run_at == task.next_run_at == start
+
+
+def test_a_bulk_create_is_a_fixed_number_of_statements_whatever_its_size(user):
+    owner_quota_set(owner=user, max_tasks=1000)  # a quota to check (its row exists from here on)
+
+    def statements(count: int) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            task_bulk_create(owner=user, specs=_specs(count, start_at=None))  # run now: executions too
+        return len(queries.captured_queries)
+
+    assert statements(1) == statements(50)
+    assert Execution.objects.count() == 51
+
+
+def test_the_task_quota_holds_across_a_bulk_batch(user):
+    owner_quota_set(owner=user, max_tasks=5)
+    task_bulk_create(owner=user, specs=_specs(3))
+    with pytest.raises(InvalidInput) as refused:
+        task_bulk_create(owner=user, specs=_specs(3))
+    assert "quota: at most 5 tasks" in str(refused.value.errors)
+    assert Task.objects.filter(owner=user).count() == 3, "a refused batch writes nothing"
+    assert AuditEntry.objects.filter(owner=user).count() == 3
+    task_bulk_create(owner=user, specs=_specs(2))
+    assert Task.objects.filter(owner=user).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_bulk_creates_never_pass_the_task_quota_together(user):
+    """Four batches of 3 at once against a quota of 7: the owner's quota lock makes them take
+    turns, so two pass and two are refused, and never 8 tasks or more."""
+    owner_quota_set(owner=user, max_tasks=7)
+    barrier = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        try:
+            barrier.wait()
+            task_bulk_create(owner=user, specs=_specs(3))
+            outcomes.append("created")
+        except InvalidInput:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes) == ["created", "created", "refused", "refused"]
+    assert Task.objects.filter(owner=user).count() == 6
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"runner": "noop"},  # run now: its execution exists when the answer comes
+        {"runner": "noop", "start_at": "2099-01-01T00:00:00Z"},  # beyond the horizon: none yet
+        {"runner": "noop", "interval": 60},
+        {"runner": "noop", "start_at": "2000-01-01T00:00:00Z", "interval": 3600, "misfire_policy": "run_once"},
+    ],
+)
+def test_a_created_task_answers_as_it_reads_back_without_reading_it(api_client, user, body):
+    owner_quota_set(owner=user, max_tasks=10)  # a task quota to check, its row there already
+    with CaptureQueriesContext(connection) as queries:
+        created = api_client.post(URL, body, format="json")
+    assert created.status_code == 201, created.content
+    # The test client is authenticated already, and the test's transaction adds savepoints.
+    # What is left is the create itself: the clock; the quota read, lock and count; the task,
+    # audit and (for a missed fire time) skipped-occurrence inserts; the executions and the
+    # wake-up. No read after the write.
+    statements = [query["sql"] for query in queries.captured_queries if "SAVEPOINT" not in query["sql"]]
+    assert len(statements) <= 9, "\n".join(sql[:70] for sql in statements)
+    assert not [query for query in queries.captured_queries if query["sql"].startswith("SELECT (SELECT")]
+    read = api_client.get(f"{URL}/{created.json()['id']}").json()
+    for name in ("state", "next_run_at", "next_occurrence_at", "status", "runs_materialised", "limits"):
+        assert created.json()[name] == read[name], name
+    first = Execution.objects.filter(task_id=read["id"]).order_by("scheduled_for", "id").first()
+    assert created.json()["first_execution"] == (first.pk if first else None)
