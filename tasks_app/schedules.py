@@ -122,6 +122,8 @@ __all__ = [
     "CRON_BLANKS",
     "CRON_FIELDS_HELP",
     "CRON_HELP",
+    "DST_FOLD_RULES",
+    "DST_GAP_RULES",
     "MAX_WALK",
     "MAX_WALK_YEARS",
     "CronExpression",
@@ -129,6 +131,8 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "WalkTooLong",
+    "dst_note",
+    "dst_rules",
     "jitter_for",
     "parse_cron",
     "validate_cron",
@@ -682,19 +686,47 @@ def _segments(zone: ZoneInfo, start: datetime) -> Iterator[tuple[datetime, datet
         bucket += 1
 
 
-def _cron_times(cron: CronExpression, zone: ZoneInfo, since: datetime) -> Iterator[datetime]:
-    """Fire times of ``cron`` in ``zone`` at or after ``since``, by the DST rule of the module docstring.
+#: A task's choice for wall times the clock skips when it is set forward: ``shift`` (they fire
+#: once, right after the gap) or ``skip`` (they do not fire).
+DST_GAP_RULES = ("shift", "skip")
+#: A task's choice for wall times the clock shows twice when it is set back: at their ``first``
+#: occurrence, their ``second``, or ``both``.
+DST_FOLD_RULES = ("first", "second", "both")
+
+
+def dst_rules(cron: CronExpression, gap: str = "", fold: str = "") -> tuple[str, str]:
+    """The DST rules that apply: the task's own, else the hour field's (see the module docstring):
+    ``shift``/``first`` for a fixed-hour expression, ``skip``/``both`` for a clock-following one."""
+    if gap and gap not in DST_GAP_RULES:
+        raise ScheduleError(f"dst_gap must be one of {', '.join(DST_GAP_RULES)} (or empty: by the hour field).")
+    if fold and fold not in DST_FOLD_RULES:
+        raise ScheduleError(f"dst_fold must be one of {', '.join(DST_FOLD_RULES)} (or empty: by the hour field).")
+    return gap or ("shift" if cron.fixed_hour else "skip"), fold or ("first" if cron.fixed_hour else "both")
+
+
+def _cron_times(
+    cron: CronExpression, zone: ZoneInfo, since: datetime, *, gap: str = "", fold: str = ""
+) -> Iterator[datetime]:
+    """Fire times of ``cron`` in ``zone`` at or after ``since``, by the DST rules ``gap`` and
+    ``fold`` (:func:`dst_rules`; empty: the hour field's rule of the module docstring).
 
     The UTC timeline is cut into stretches of constant offset. In each, the wall clock runs
     from ``low`` to ``high`` (``high`` excluded) and maps back to UTC by subtracting the offset.
     ``shown`` is the wall time up to which the clock has already been: a stretch that starts
     above it follows a gap (the clock was set forward), one that starts below it repeats wall
-    times (the clock was set back).
+    times (the clock was set back). The stretch after the current one is looked at too: a
+    ``second`` rule leaves the wall times it will repeat to it.
     """
+    gap, fold = dst_rules(cron, gap, fold)
     since = since.astimezone(UTC)
     shown: datetime | None = None
     last: datetime | None = None
-    for begin, end, offset in _segments(zone, since - _LOOKBACK):
+    segments = _segments(zone, since - _LOOKBACK)
+    current = next(segments, None)
+    while current is not None:
+        following = next(segments, None)
+        begin, end, offset = current
+        current = following
         if begin - (last or since) > _LONGEST_SILENCE:
             return
         low = (begin + offset).replace(tzinfo=None)
@@ -703,17 +735,54 @@ def _cron_times(cron: CronExpression, zone: ZoneInfo, since: datetime) -> Iterat
             shown = low
         if end > since:
             gap_fire: list[datetime] = []
-            if cron.fixed_hour and low > shown and begin >= since and next(cron.walls(shown, low), None):
+            if gap == "shift" and low > shown and begin >= since and next(cron.walls(shown, low), None):
                 gap_fire.append(begin)  # the wall times the gap skipped fire once, at its end
             first = max(low, (since + offset).replace(tzinfo=None))
-            if cron.fixed_hour:
+            if fold == "first":
                 first = max(first, shown)  # a repeated wall time does not fire again
-            walls = ((wall - offset).replace(tzinfo=UTC) for wall in cron.walls(first, high))
+            stop = high
+            if fold == "second" and following is not None:
+                # The clock is set back at this stretch's end: what it shows again from there
+                # fires in the next stretch, not here.
+                stop = min(high, max(first, (following[0] + following[2]).replace(tzinfo=None)))
+            walls = ((wall - offset).replace(tzinfo=UTC) for wall in cron.walls(first, stop))
             for when in chain(gap_fire, walls):
                 if last is None or when > last:
                     last = when
                     yield when
         shown = max(shown, high)
+
+
+def dst_note(cron: str, timezone: str, when: datetime, *, gap: str = "", fold: str = "") -> str:
+    """Which DST rule decided the fire time ``when`` of ``cron`` in ``timezone``, in words; empty
+    when the clock was not being changed around it. For previews and "why" (issue 32)."""
+    parsed = parse_cron(cron)
+    gap, fold = dst_rules(parsed, gap, fold)
+    zone = ZoneInfo(timezone)
+    when = when.astimezone(UTC)
+    wall = when.astimezone(zone)
+    just_before = (when - timedelta(microseconds=1)).astimezone(zone)
+    before_offset, offset = just_before.utcoffset(), wall.utcoffset()
+    if before_offset is not None and offset is not None and before_offset < offset:
+        skipped_from = (when + before_offset).replace(tzinfo=None)
+        skipped_to = wall.replace(tzinfo=None)
+        skipped = list(islice(parsed.walls(skipped_from, skipped_to), 3))
+        if skipped:
+            times = ", ".join(f"{moment:%H:%M:%S}" for moment in skipped) + (" ..." if len(skipped) == 3 else "")
+            return (
+                f"dst_gap={gap}: the clock skipped {skipped_from:%H:%M}-{skipped_to:%H:%M} on {skipped_to:%Y-%m-%d}; "
+                f"the skipped {times} fired once here, when the clock showed {skipped_to:%H:%M}"
+            )
+    naive = wall.replace(tzinfo=None)
+    earlier, later = naive.replace(fold=0, tzinfo=zone), naive.replace(fold=1, tzinfo=zone)
+    if earlier.utcoffset() != later.utcoffset():
+        which = "second" if wall.fold else "first"
+        others = {"first": "not at its second", "second": "not at its first", "both": "and at its other one too"}
+        return (
+            f"dst_fold={fold}: {naive:%H:%M:%S} occurs twice on {naive:%Y-%m-%d} (the clock is set back); this is its "
+            f"{which} occurrence ({wall.tzname()}), {others[fold]}"
+        )
+    return ""
 
 
 # --------------------------------------------------------------------------- schedules
@@ -732,6 +801,9 @@ class Schedule:
     cron: str = ""
     timezone: str = "UTC"
     end_at: datetime | None = None
+    #: DST rules (:func:`dst_rules`); empty: by the cron expression's hour field.
+    dst_gap: str = ""
+    dst_fold: str = ""
 
     def __post_init__(self) -> None:
         if self.start_at.tzinfo is None or self.start_at.utcoffset() is None:
@@ -743,7 +815,9 @@ class Schedule:
         if self.interval is not None and self.interval <= timedelta(0):
             raise ScheduleError("The interval must be positive.")
         if self.cron:
-            validate_cron(self.cron)
+            dst_rules(parse_cron(self.cron), self.dst_gap, self.dst_fold)
+        elif self.dst_gap or self.dst_fold:
+            raise ScheduleError("dst_gap and dst_fold apply to cron schedules only (an interval is real elapsed time).")
         validate_timezone(self.timezone)
         if self.end_at is not None and self.end_at.astimezone(UTC) < self.start_at.astimezone(UTC):
             raise ScheduleError("end_at must not be before start_at.")
@@ -785,7 +859,8 @@ class Schedule:
     def _unbounded(self, start: datetime, since: datetime) -> Iterator[datetime]:
         """Fire times at or after ``since`` (both arguments in UTC), without the ``end_at`` bound."""
         if self.cron:
-            yield from _cron_times(parse_cron(self.cron), ZoneInfo(self.timezone), since)
+            cron = parse_cron(self.cron)
+            yield from _cron_times(cron, ZoneInfo(self.timezone), since, gap=self.dst_gap, fold=self.dst_fold)
         elif self.interval is not None:
             # Fire times stay on the start_at grid, so a late pass never drifts the schedule.
             # Integer division: a float quotient can round down and yield a time before `since`.

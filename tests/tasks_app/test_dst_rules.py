@@ -1,0 +1,94 @@
+"""DST rules chosen per task (issue 32): ``dst_gap`` (``shift``/``skip``) and ``dst_fold``
+(``first``/``second``/``both``); empty keeps the hour field's rule.
+
+Each expected instant was worked out by hand from the zones' rules, not by running the engine.
+2027, Europe/Berlin: clocks go from 02:00 CET (+01:00) to 03:00 CEST (+02:00) on 28 March (01:00
+UTC), and from 03:00 CEST back to 02:00 CET on 31 October (01:00 UTC), so 02:00-02:59 is shown
+twice, first at 00:00-00:59 UTC and again at 01:00-01:59 UTC. America/New_York: 01:00-01:59 is
+shown twice on 7 November 2027, EDT (-04:00, 05:xx UTC) then EST (-05:00, 06:xx UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+
+import pytest
+
+from tasks_app.schedules import Schedule, ScheduleError, dst_note
+
+BERLIN, NEW_YORK = "Europe/Berlin", "America/New_York"
+
+
+def _fires(cron: str, zone: str, since: str, count: int, gap: str = "", fold: str = "") -> list[str]:
+    start = datetime.fromisoformat(since)
+    schedule = Schedule(start_at=start, cron=cron, timezone=zone, dst_gap=gap, dst_fold=fold)
+    return [when.strftime("%m-%d %H:%M") for when in islice(schedule.fire_times(), count)]
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "since", "gap", "fold", "expected"),
+    [
+        # 02:30 does not exist on 28 March: shifted to 03:00 CEST (01:00 UTC), or skipped.
+        ("30 2 * * *", BERLIN, "2027-03-27T00:00:00Z", "", "", ["03-27 01:30", "03-28 01:00", "03-29 00:30"]),
+        ("30 2 * * *", BERLIN, "2027-03-27T00:00:00Z", "shift", "", ["03-27 01:30", "03-28 01:00", "03-29 00:30"]),
+        ("30 2 * * *", BERLIN, "2027-03-27T00:00:00Z", "skip", "", ["03-27 01:30", "03-29 00:30", "03-30 00:30"]),
+        # 02:30 shown twice on 31 October: CEST 00:30 UTC, CET 01:30 UTC.
+        ("30 2 * * *", BERLIN, "2027-10-30T00:00:00Z", "", "", ["10-30 00:30", "10-31 00:30", "11-01 01:30"]),
+        ("30 2 * * *", BERLIN, "2027-10-30T00:00:00Z", "", "second", ["10-30 00:30", "10-31 01:30", "11-01 01:30"]),
+        (
+            "30 2 * * *", BERLIN, "2027-10-30T00:00:00Z", "", "both",
+            ["10-30 00:30", "10-31 00:30", "10-31 01:30", "11-01 01:30"],
+        ),
+        # A clock-following expression repeats the hour by default; "first" pauses it, "second"
+        # starts at the repeat.
+        (
+            "*/30 * * * *", BERLIN, "2027-10-31T00:00:00Z", "", "",
+            ["10-31 00:00", "10-31 00:30", "10-31 01:00", "10-31 01:30", "10-31 02:00"],
+        ),
+        (
+            "*/30 * * * *", BERLIN, "2027-10-31T00:00:00Z", "", "first",
+            ["10-31 00:00", "10-31 00:30", "10-31 02:00", "10-31 02:30"],
+        ),
+        (
+            "*/30 * * * *", BERLIN, "2027-10-31T00:00:00Z", "", "second",
+            ["10-31 01:00", "10-31 01:30", "10-31 02:00"],
+        ),
+        # Clock-following skips what the gap took by default; "shift" fires 02:05 once at 03:00 CEST.
+        ("5 * * * *", BERLIN, "2027-03-28T00:00:00Z", "", "", ["03-28 00:05", "03-28 01:05"]),
+        ("5 * * * *", BERLIN, "2027-03-28T00:00:00Z", "shift", "", ["03-28 00:05", "03-28 01:00", "03-28 01:05"]),
+        # New York, 01:30 on 7 November: EDT 05:30 UTC first, EST 06:30 UTC second.
+        ("30 1 * * *", NEW_YORK, "2027-11-06T00:00:00Z", "", "second", ["11-06 05:30", "11-07 06:30", "11-08 06:30"]),
+        ("30 1 * * *", NEW_YORK, "2027-11-06T00:00:00Z", "", "first", ["11-06 05:30", "11-07 05:30", "11-08 06:30"]),
+    ],
+)  # fmt: skip
+def test_dst_rules_worked_out_by_hand(cron, zone, since, gap, fold, expected):
+    assert _fires(cron, zone, since, len(expected), gap, fold) == expected
+
+
+def test_the_rule_that_decided_an_instant_is_said():
+    shifted = datetime(2027, 3, 28, 1, 0, tzinfo=UTC)
+    assert dst_note("30 2 * * *", BERLIN, shifted) == (
+        "dst_gap=shift: the clock skipped 02:00-03:00 on 2027-03-28; the skipped 02:30:00 fired once here, "
+        "when the clock showed 03:00"
+    )
+    second = datetime(2027, 10, 31, 1, 30, tzinfo=UTC)
+    assert dst_note("30 2 * * *", BERLIN, second, fold="second") == (
+        "dst_fold=second: 02:30:00 occurs twice on 2027-10-31 (the clock is set back); this is its second "
+        "occurrence (CET), not at its first"
+    )
+    # An ordinary day says nothing.
+    assert dst_note("30 2 * * *", BERLIN, datetime(2027, 10, 30, 0, 30, tzinfo=UTC)) == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cron": "0 2 * * *", "dst_gap": "later"}, "dst_gap must be one of shift, skip"),
+        ({"cron": "0 2 * * *", "dst_fold": "last"}, "dst_fold must be one of first, second, both"),
+        ({"interval": timedelta(hours=1), "dst_fold": "both"}, "apply to cron schedules only"),
+    ],
+)
+def test_bad_rules_are_refused(kwargs, message):
+    with pytest.raises(ScheduleError, match=message):
+        Schedule(start_at=datetime(2027, 1, 1, tzinfo=UTC), **kwargs)
