@@ -20,7 +20,7 @@ that started it, even a worker killed with SIGKILL. It then:
    atomically: return code, whether it timed out, whether it was cancelled, an error if any.
 
 Standard library only, and run isolated (``-I``: no environment variables, no user site, and
-not even this file's folder on ``sys.path``, where ``subprocess.py`` and ``email.py`` would
+not even this file's folder on ``sys.path``, where the ``subprocess`` package and ``email.py`` would
 shadow the standard modules), so it starts in milliseconds and keeps no Django in memory for
 the length of the run. The runner imports the file names below from here.
 """

@@ -251,7 +251,7 @@ def test_supervise_does_not_start_a_cancelled_run(run_dir: str) -> None:
 
 
 def test_launched_by_path_it_detaches_at_once_and_uses_the_standard_modules(run_dir: str) -> None:
-    # runners/ holds subprocess.py and email.py: with the file's folder on sys.path they would
+    # runners/ holds subprocess/ and email.py: with the file's folder on sys.path they would
     # shadow the standard library, and the run would never start.
     write_plan(run_dir, plan(run_dir, "import time; time.sleep(1); print('done')"))
 
