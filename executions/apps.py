@@ -13,15 +13,8 @@ class ExecutionsConfig(AppConfig):
         from executions.periodic import register_periodic_tasks
 
         post_migrate.connect(register_periodic_tasks, sender=self)
-        rollup = importlib.import_module("executions.migrations.0006_rollup")
-        register(
-            self,
-            SqliteTriggers(
-                migration=("executions", "0006_rollup"),
-                install=lambda: [rollup.sqlite_install()],
-                uninstall=[rollup.SQLITE_UNINSTALL],
-            ),
-        )
+        # The rollup is a part of the status trigger, which notifications installs
+        # (executions/triggers.py).
         guard = importlib.import_module("executions.migrations.0016_execution_task_without_fk_constraint")
         register(
             self,

@@ -13,7 +13,8 @@ import bisect
 from collections.abc import Sequence
 
 #: Bucket bounds in seconds, 1 - 2.5 - 5 per decade from 10 ms to about 7 hours. Frozen in the
-#: rollup triggers (migration 0006): changing them needs a new migration and a rebuild.
+#: status trigger (executions/triggers.py): changing them needs a migration that installs it again,
+#: and a rebuild.
 EDGES: tuple[float, ...] = (
     0.01,
     0.025,

@@ -1,7 +1,7 @@
 """The per-minute rollup of finished attempts: pruning, rebuilding, and reading it back.
 
 The rollup rows (:class:`~executions.models.RunRollup`, :class:`~executions.models.TaskRollup`)
-are written by a database trigger on the execution table (migration 0006), in the transaction
+are written by the execution table's status trigger (executions/triggers.py), in the transaction
 of the status change they count, so no Python on the hot path writes them and they are correct
 whichever process ends an attempt: a worker, a callback, a user's cancel, or the worker that
 resumed a run after the first one died. An attempt is counted exactly once because the write

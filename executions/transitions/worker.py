@@ -216,19 +216,13 @@ class Success:
     external_run_id: str = ""
 
 
-#: pg_advisory_xact_lock key that serialises the several-row successes of all workers (see
-#: :func:`executions_succeed`).
-SUCCEED_MANY_LOCK = 0x746D_7373  # "tmss"
-
 #: RUNNING → SUCCEEDED for the rows of the arrays, each fenced by its attempt and the lease; the
-#: same values as :func:`succeed_write` (the output and, if given, the run id per row). The join
-#: with ``serialised`` takes the lock before the first row is written.
+#: same values as :func:`succeed_write` (the output and, if given, the run id per row).
 _SUCCEED_MANY = (
-    "WITH serialised AS (SELECT pg_advisory_xact_lock(%s)) "  # noqa: S608 - our table name only
-    f"UPDATE {EXECUTIONS} AS e SET status = %s, finished_at = STATEMENT_TIMESTAMP(), output = v.output, "
+    f"UPDATE {EXECUTIONS} AS e SET status = %s, finished_at = STATEMENT_TIMESTAMP(), output = v.output, "  # noqa: S608 - our table name only
     "external_run_id = CASE WHEN v.run_id = '' THEN e.external_run_id ELSE v.run_id END, "
     "lease_owner = '', lease_expires_at = NULL, next_poll_at = NULL "
-    "FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[]) AS v(id, attempt, output, run_id), serialised "
+    "FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[]) AS v(id, attempt, output, run_id) "
     "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[])"
 )
 
@@ -251,13 +245,9 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
             )
         }
     edge = states.SUCCEED
-    # Each success's trigger updates its row of the per-minute rollup (executions.rollup): two
-    # workers' statements updating shared rows in opposite orders deadlocked (PostgreSQL finds it
-    # after deadlock_timeout, a second; the herd benchmark stalled a second each time). The order
-    # of a statement's rows follows its plan, so these statements take turns instead (a few
-    # milliseconds each); a one-row write holds one rollup row and cannot close a cycle.
+    # Concurrent statements share rollup rows (the status trigger's, executions/triggers.py),
+    # which it writes in their key's order: they wait for each other, never deadlock.
     params = [
-        SUCCEED_MANY_LOCK,
         edge.target,
         pg_array(success.execution_id for success in successes),
         pg_array(success.attempt for success in successes),

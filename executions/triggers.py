@@ -1,0 +1,214 @@
+"""The status trigger: what the database writes, in the transaction of a status change, for the
+executions whose status a statement changed.
+
+One trigger on the execution table does it all, so that a status write (which only
+:mod:`executions.transitions` makes) pays for one trigger call whatever listens to it. On
+PostgreSQL it is a statement-level ``AFTER UPDATE`` trigger over the statement's transition tables:
+it joins the old and new rows once, into the relation ``changed`` (the rows whose status changed,
+superseded rows excepted: those never ran), and each *part* writes from that relation in one
+set-based statement. PostgreSQL refuses a column list (``UPDATE OF status``) beside transition
+tables, so it is called after every UPDATE of the table; a statement that changes no status
+joins its rows, finds none, and writes nothing. SQLite (the embedded default of ``make run``) has
+no statement-level triggers: there the same parts run from a row-level ``AFTER UPDATE OF status``
+trigger, ``changed`` being that one row.
+
+A part writes its rows in a stable order (its rows' key, or the execution id): two statements
+that end runs at the same time then lock the rows they share (a minute's rollup row) in the same
+order, and wait for each other instead of deadlocking. So a worker's several-row success needs no
+lock of its own (executions.transitions.worker.executions_succeed).
+
+The parts come from the apps that listen, this one's (:data:`ROLLUP`, the per-minute and per-task
+counts of finished attempts) and those of apps above it (notifications' outbox): this module
+knows none of them but its own, and the app highest in the layers that contributes a part
+installs the trigger from all of them (notifications.triggers, notifications' migration 0007).
+Status names come from :class:`~executions.models.ExecutionStatus`, never typed here. The SQL is
+built from this module when a migration installs it: a change here needs a new migration that
+installs it again (the install statements replace what is there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from executions.histogram import EDGES
+from executions.models import (
+    DURATION_COLUMNS,
+    LATENESS_COLUMNS,
+    OUTCOME_COLUMNS,
+    ROLLUP_SHARDS,
+    TERMINAL_STATUSES,
+    Execution,
+    ExecutionStatus,
+    RunRollup,
+    TaskRollup,
+)
+from tasks_app.models import Task
+
+S = ExecutionStatus
+EXECUTION = Execution._meta.db_table
+NAME = "tms_status_changed"
+
+#: The columns of ``changed``: the new row's, and (``old_`` prefixed) what the statement changed.
+_NEW = ("id", "task_id", "owner_id", "status", "attempt", "due_at", "started_at", "finished_at", "error")
+_OLD = ("status", "attempt", "due_at", "started_at")
+
+
+def literal(value: str) -> str:
+    """``value`` as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def among(expression: str, values: Iterable[str]) -> str:
+    """The SQL test that ``expression`` is one of ``values`` (literals, in a stable order)."""
+    return f"{expression} IN ({', '.join(literal(v) for v in sorted(values))})"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between PostgreSQL and SQLite in the parts' SQL. Times on SQLite are Django's
+    UTC text ('YYYY-MM-DD HH:MM:SS.ffffff'), which julianday() reads; durations are integer
+    microseconds there, intervals on PostgreSQL."""
+
+    postgresql: bool
+
+    @property
+    def now(self) -> str:
+        return "statement_timestamp()" if self.postgresql else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+    def seconds(self, later: str, earlier: str) -> str:
+        if self.postgresql:
+            return f"extract(epoch FROM {later} - {earlier})::float8"
+        return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
+
+    def exceeds(self, later: str, earlier: str, duration: str) -> str:
+        """``later - earlier > duration`` for a duration column."""
+        if self.postgresql:
+            return f"({later} - {earlier}) > {duration}"
+        return f"((julianday({later}) - julianday({earlier})) * 86400000000.0) > {duration}"
+
+    def bucket(self, seconds: str) -> str:
+        """The histogram bucket (executions.histogram) of ``seconds``."""
+        if self.postgresql:
+            return f"width_bucket({seconds}, '{{{','.join(repr(e) for e in EDGES)}}}'::float8[])"
+        cases = " ".join(f"WHEN {seconds} < {edge!r} THEN {i}" for i, edge in enumerate(EDGES))
+        return f"CASE {cases} ELSE {len(EDGES)} END"
+
+    def truncate(self, unit: str, when: str) -> str:
+        """``when`` down to its ``unit`` ('minute' or 'hour'), in UTC."""
+        if self.postgresql:
+            return f"date_trunc({literal(unit)}, {when}, 'UTC')"
+        return f"strftime({literal('%Y-%m-%d %H:%M:00' if unit == 'minute' else '%Y-%m-%d %H:00:00')}, {when})"
+
+    def flag(self, test: str) -> str:
+        """1 if ``test`` holds, else 0."""
+        return f"({test})::int" if self.postgresql else f"({test})"
+
+    def left(self, text: str, chars: int) -> str:
+        return f"left({text}, {chars})" if self.postgresql else f"substr({text}, 1, {chars})"
+
+
+POSTGRESQL, SQLITE = Dialect(postgresql=True), Dialect(postgresql=False)
+
+
+@dataclass(frozen=True)
+class StatusPart:
+    """What one listener writes for the rows of ``changed``: ``statements(dialect)`` gives its
+    INSERTs, each reading ``changed`` where it says ``{changed}`` and writing in a stable order."""
+
+    name: str
+    statements: Callable[[Dialect], Sequence[str]]
+
+
+def _add_on_conflict(table: str, columns: Iterable[str]) -> str:
+    return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
+
+
+def _rollup(d: Dialect) -> list[str]:
+    """The rollup's two upserts (executions.rollup reads them back). Counted: an execution
+    reaching a terminal status, and a failed attempt going back to SCHEDULED for its retry (its
+    outcome RETRIED); lateness and duration only of an attempt that ran (left RUNNING: a retry
+    cancelled while SCHEDULED still carries the previous attempt's start)."""
+    retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
+    counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
+    ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {d.now} ELSE coalesce(c.finished_at, {d.now}) END"
+    outcome = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {literal('RETRIED')} ELSE c.status END"
+    ran = f"c.old_status = {literal(S.RUNNING)} AND c.old_started_at IS NOT NULL"
+    late = d.bucket(d.seconds("c.old_started_at", "c.old_due_at"))
+    took = d.bucket(d.seconds("c.ended", "c.old_started_at"))
+    # Two steps: the buckets need the end time.
+    rows = (
+        f"(SELECT c.*, CASE WHEN {ran} THEN {late} ELSE -1 END AS late, CASE WHEN {ran} THEN {took} ELSE -1 END AS took"  # noqa: S608
+        f" FROM (SELECT c.*, {ended} AS ended, {outcome} AS outcome FROM {{changed}} c WHERE {counted}) c) r"
+    )
+    counters = [f"sum({d.flag(f'r.outcome = {literal(status)}')})" for status in OUTCOME_COLUMNS]
+    for variable, columns in (("late", LATENESS_COLUMNS), ("took", DURATION_COLUMNS)):
+        counters += [f"sum({d.flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
+    targets = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
+    runs, tasks, task = RunRollup._meta.db_table, TaskRollup._meta.db_table, Task._meta.db_table
+    shard = f"(r.id % {ROLLUP_SHARDS})" + ("::smallint" if d.postgresql else "")
+    failed = among("r.outcome", (S.FAILED, "RETRIED"))
+    # The owner is the execution's (copied from its task, which never changes owner); the runner
+    # is the task's. Each upsert in its key's order (see the module's docstring).
+    return [
+        f"INSERT INTO {runs} (minute, owner_id, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
+        f" SELECT {d.truncate('minute', 'r.ended')}, r.owner_id, t.runner, {shard}, {', '.join(counters)}"
+        f" FROM {rows} JOIN {task} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+        f" ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {_add_on_conflict(runs, targets)}",
+        f"INSERT INTO {tasks} (hour, task_id, owner_id, attempts, failures)"  # noqa: S608 - our names
+        f" SELECT {d.truncate('hour', 'r.ended')}, r.task_id, r.owner_id, count(*), sum({d.flag(failed)})"
+        f" FROM {rows} GROUP BY 1, 2, 3 ORDER BY 2, 1"
+        f" ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(tasks, ('attempts', 'failures'))}",
+    ]
+
+
+#: This app's part: the per-minute and per-task rollups of finished attempts.
+ROLLUP = StatusPart("rollup", _rollup)
+
+
+def _statements(parts: Sequence[StatusPart], d: Dialect, changed: str) -> list[str]:
+    return [statement.replace("{changed}", changed) for part in parts for statement in part.statements(d)]
+
+
+def postgresql_install(parts: Sequence[StatusPart]) -> str:
+    """The PostgreSQL function and statement-level trigger that run ``parts``: one statement,
+    ``changed`` computed once and each part's INSERTs a data-modifying CTE of it (the last the
+    main statement)."""
+    columns = ", ".join([*(f"n.{c}" for c in _NEW), *(f"o.{c} AS old_{c}" for c in _OLD)])
+    changed = (
+        f"changed AS (SELECT {columns} FROM tms_new n JOIN tms_old o ON o.id = n.id"  # noqa: S608 - our names
+        " WHERE o.status IS DISTINCT FROM n.status AND NOT n.superseded)"
+    )
+    *ctes, main = _statements(parts, POSTGRESQL, "changed")
+    with_ = ", ".join([changed, *(f"part_{i} AS ({sql})" for i, sql in enumerate(ctes))])
+    return f"""
+CREATE OR REPLACE FUNCTION {NAME}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    WITH {with_}
+    {main};
+    RETURN NULL;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER {NAME} AFTER UPDATE ON {EXECUTION}
+REFERENCING OLD TABLE AS tms_old NEW TABLE AS tms_new
+FOR EACH STATEMENT EXECUTE FUNCTION {NAME}();
+"""
+
+
+POSTGRESQL_UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME} ON {EXECUTION}; DROP FUNCTION IF EXISTS {NAME}();"
+
+
+def sqlite_install(parts: Sequence[StatusPart]) -> str:
+    """The same on SQLite: a row-level trigger whose ``changed`` is the updated row."""
+    columns = ", ".join([*(f"NEW.{c} AS {c}" for c in _NEW), *(f"OLD.{c} AS old_{c}" for c in _OLD)])
+    body = ";\n    ".join(_statements(parts, SQLITE, f"(SELECT {columns})"))
+    return f"""
+CREATE TRIGGER {NAME} AFTER UPDATE OF status ON {EXECUTION}
+FOR EACH ROW WHEN OLD.status IS NOT NEW.status AND NOT NEW.superseded
+BEGIN
+    {body};
+END;
+"""
+
+
+SQLITE_UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME};"

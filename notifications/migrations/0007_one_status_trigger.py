@@ -1,0 +1,50 @@
+"""One statement-level status trigger (executions.triggers) in place of two row-level ones: the
+rollup's (executions 0006) and the outbox's (0001).
+
+It lives in this app because the trigger writes this app's outbox as well as executions' rollup,
+and this app sits above executions (see notifications/triggers.py). On SQLite nothing is
+installed here: tms_core/sqlite_triggers.py installs it after each migrate once this migration is
+applied (notifications/apps.py). Going back reinstalls the two row-level triggers from the
+migrations that defined them (their frozen SQL).
+"""
+
+import importlib
+
+from django.db import migrations
+
+from executions import triggers
+from notifications.triggers import STATUS_PARTS
+
+_rollup = importlib.import_module("executions.migrations.0006_rollup")
+_outbox = importlib.import_module("notifications.migrations.0001_initial")
+
+
+def install(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    schema_editor.execute(_rollup.POSTGRESQL_UNINSTALL, params=None)
+    schema_editor.execute(
+        "DROP TRIGGER IF EXISTS tms_notify_execution ON executions_execution;"
+        " DROP FUNCTION IF EXISTS tms_notify_execution();",
+        params=None,
+    )
+    schema_editor.execute(triggers.postgresql_install(STATUS_PARTS), params=None)
+
+
+def uninstall(apps, schema_editor):
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    schema_editor.execute(triggers.POSTGRESQL_UNINSTALL, params=None)
+    schema_editor.execute(_rollup.postgresql_install(), params=None)
+    # 0001's install also creates the skipped-occurrence trigger, still there: drop it first.
+    schema_editor.execute(_outbox.POSTGRESQL_UNINSTALL, params=None)
+    schema_editor.execute(_outbox.POSTGRESQL_INSTALL, params=None)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("notifications", "0006_channel_failing_rule"),
+        ("executions", "0019_worker_node_name"),
+    ]
+
+    operations = [migrations.RunPython(install, uninstall, elidable=False)]

@@ -1,0 +1,81 @@
+"""The outbox's triggers: an event is in the outbox exactly when its cause committed.
+
+Execution events (a final failure, a success, a failed attempt going back for its retry, a start
+for late rules) are this app's part of the execution table's one status trigger
+(executions.triggers), which executions runs without knowing this app: the dependency points
+down, from here to executions. Since this app is the highest that contributes a part, its
+migration 0007 installs the trigger from :data:`STATUS_PARTS`. Skipped occurrences have a
+row-level ``AFTER INSERT`` trigger of their own on the skipped-occurrence table (PostgreSQL:
+migration 0001; SQLite: :data:`SQLITE_SKIPPED`).
+
+A row is written only when some enabled rule of the task (or an owner default) asks for that kind
+of event: a task without rules costs an index probe per counted transition, nothing more.
+"""
+
+from __future__ import annotations
+
+from executions.models import ExecutionStatus as S
+from executions.models import SkippedOccurrence
+from executions.triggers import ROLLUP, SQLITE, Dialect, StatusPart, literal
+from notifications.models import Outbox, OutboxKind, Rule
+from tasks_app.models import Task
+
+OUTBOX, RULE = Outbox._meta.db_table, Rule._meta.db_table
+
+
+def _applies(task: str, owner: str) -> str:
+    # The task's rules or its owner's defaults: the dispatcher applies the precedence (a task
+    # with rules of its own does not use the defaults); this is the cheap superset.
+    return f"r.enabled AND (r.task_id = {task} OR (r.task_id IS NULL AND r.owner_id = {owner}))"
+
+
+def _outbox(d: Dialect) -> list[str]:
+    k = {kind: literal(kind) for kind in OutboxKind}
+    concerns = (
+        f"c.status IN ({literal(S.SUCCEEDED)}, {literal(S.FAILED)})"
+        f" OR (c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)})"
+        f" OR (c.status = {literal(S.RUNNING)} AND c.started_at IS NOT NULL)"
+    )
+    kind = (
+        f"CASE WHEN c.status = {literal(S.FAILED)} THEN {k[OutboxKind.FAILED]}"
+        f" WHEN c.status = {literal(S.SUCCEEDED)} THEN {k[OutboxKind.SUCCEEDED]}"
+        f" WHEN c.status = {literal(S.SCHEDULED)} THEN {k[OutboxKind.RETRY]} ELSE {k[OutboxKind.LATE]} END"
+    )
+    wants = (
+        f"CASE e.kind WHEN {k[OutboxKind.FAILED]} THEN r.on_failure OR r.on_recovery"
+        f" WHEN {k[OutboxKind.SUCCEEDED]} THEN r.on_failure OR r.on_recovery OR r.no_success_within IS NOT NULL"
+        f" WHEN {k[OutboxKind.RETRY]} THEN r.on_retry"
+        f" ELSE r.late_after IS NOT NULL AND {d.exceeds('e.started_at', 'e.due_at', 'r.late_after')} END"
+    )
+    error = "coalesce(e.error, '')"
+    # The owner is the execution's (its task's, copied when it was made): no task lookup.
+    return [
+        f"INSERT INTO {OUTBOX} (kind, task_id, execution_id, attempt, detail, at)"  # noqa: S608 - our names
+        f" SELECT e.kind, e.task_id, e.id,"
+        f" CASE WHEN e.kind = {k[OutboxKind.RETRY]} THEN e.old_attempt ELSE e.attempt END,"
+        f" {d.left(error, 1000)}, {d.now}"
+        f" FROM (SELECT c.*, {kind} AS kind FROM {{changed}} c WHERE {concerns}) e"
+        f" WHERE EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies('e.task_id', 'e.owner_id')} AND {wants})"
+        " ORDER BY e.id"
+    ]
+
+
+#: This app's part of the status trigger.
+OUTBOX_PART = StatusPart("outbox", _outbox)
+
+#: Every part of the execution table's status trigger, in the order they write.
+STATUS_PARTS = (ROLLUP, OUTBOX_PART)
+
+#: The skipped-occurrence trigger on SQLite (PostgreSQL's is migration 0001's, unchanged).
+SQLITE_SKIPPED = f"""
+CREATE TRIGGER tms_notify_skipped AFTER INSERT ON {SkippedOccurrence._meta.db_table}
+FOR EACH ROW
+BEGIN
+    INSERT INTO {OUTBOX} (kind, task_id, execution_id, scheduled_for, detail, at)
+    SELECT {literal(OutboxKind.SKIPPED)}, NEW.task_id, NEW.execution_id, NEW.scheduled_for,
+           NEW.reason || CASE WHEN NEW.detail <> '' THEN ': ' || substr(NEW.detail, 1, 900) ELSE '' END, {SQLITE.now}
+    FROM {Task._meta.db_table} t WHERE t.id = NEW.task_id
+    AND EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies("NEW.task_id", "t.owner_id")} AND r.on_skip);
+END;
+"""  # noqa: S608 - our names
+SQLITE_SKIPPED_UNINSTALL = "DROP TRIGGER IF EXISTS tms_notify_skipped;"
