@@ -16,9 +16,9 @@ from django import forms
 
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
+from tasks_api.services import task_config_masked
 from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import CRON_FIELDS_HELP
-from tasks_app.services import task_config_masked
 from tms_core.durations import format_duration
 
 #: Wall-clock input to the second (``<input type=datetime-local step=1>``).

@@ -5,7 +5,7 @@ Every write validates with the API's serializer (the same rules and messages as
 ``/api/v1/notification-channels`` and ``/notification-rules``) and calls the same service
 (:mod:`notifications.services`); errors land on the form's fields. Who may act follows the API:
 a user creates their own channels and rules and changes their own; staff change another owner's
-only with the model permission (:func:`tasks_app.roles.may_act_for`).
+only with the model permission (:func:`tms_core.roles.may_act_for`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from backoffice.forms import RULE_DURATIONS, RULE_EVENTS, ChannelForm, RuleForm
+from backoffice.forms import ChannelForm, RuleForm
+from backoffice.rules import may_act_on, rule_rows, rule_words
 from backoffice.scope import task_or_404
+from backoffice.views import task_context
 from notifications import services
 from notifications.models import Channel, ChannelKind, Delivery, DeliveryStatus, Rule
 from notifications.serializers import ChannelSerializer, RuleSerializer
 from notifications.services import channel_send_test
-from tasks_app.roles import may_act_for
 from tms_core.auth import request_user
-from tms_core.durations import format_duration
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.roles import may_act_for
 
 #: Rows of the delivery log per page (keyset on id: ``?before=<id>``).
 LOG_PAGE = 50
@@ -40,27 +41,14 @@ def visible_channels(user: Any) -> QuerySet[Channel]:
     return Channel.objects.all() if user.is_staff else Channel.objects.filter(owner=user)
 
 
-def task_rules(task: Any) -> tuple[list[Rule], bool]:
-    """The rules that speak for ``task`` and whether they are its owner's defaults."""
-    own = list(Rule.objects.filter(task=task).select_related("channel"))
-    if own:
-        return own, False
-    return list(Rule.objects.filter(owner_id=task.owner_id, task__isnull=True).select_related("channel")), True
-
-
 def visible_rules(user: Any) -> QuerySet[Rule]:
     return Rule.objects.all() if user.is_staff else Rule.objects.filter(owner=user)
-
-
-def _may(user: Any, obj: Channel | Rule, verb: str) -> bool:
-    model = "channel" if isinstance(obj, Channel) else "rule"
-    return may_act_for(user, obj.owner_id, f"notifications.{verb}_{model}")
 
 
 def _to_change(user: Any, queryset: QuerySet, pk: int, verb: str = "change") -> Any:
     """The channel or rule ``user`` acts on: 404 if they may not see it, 403 if only look at it."""
     obj = get_object_or_404(queryset, pk=pk)
-    if not _may(user, obj, verb):
+    if not may_act_on(user, obj, verb):
         raise PermissionDenied("You may look at this but not change it.")
     return obj
 
@@ -75,31 +63,6 @@ class _AsOwner:
 
 def _context(request: HttpRequest, owner: Any) -> dict[str, Any]:
     return {"request": request if owner.pk == request_user(request).pk else _AsOwner(owner)}
-
-
-def rule_words(rule: Rule) -> str:
-    """What a rule tells about, in words."""
-    parts = [words.split(" (")[0] for name, words in RULE_EVENTS if getattr(rule, name)]
-    for name, words in RULE_DURATIONS[:3]:
-        value = getattr(rule, name)
-        if value is not None:
-            parts.append(f"{words.lower()} {format_duration(value)}")
-    text = "; ".join(parts) or "nothing"
-    if rule.digest_every is not None:
-        text += f" (one digest every {format_duration(rule.digest_every)})"
-    return text
-
-
-def rule_rows(rules: Any, user: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "rule": r,
-            "words": rule_words(r),
-            "can_change": _may(user, r, "change"),
-            "can_delete": _may(user, r, "delete"),
-        }
-        for r in rules
-    ]
 
 
 def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
@@ -121,7 +84,11 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
     user = request_user(request)
     return {
         "channels": [
-            {"channel": c, "can_change": _may(request.user, c, "change"), "can_delete": _may(request.user, c, "delete")}
+            {
+                "channel": c,
+                "can_change": may_act_on(request.user, c, "change"),
+                "can_delete": may_act_on(request.user, c, "delete"),
+            }
             for c in channels
         ],
         "rules": rule_rows(rules[:500], request.user),
@@ -232,8 +199,6 @@ def rule_create_view(request: HttpRequest) -> HttpResponse:
     rule = _save_rule(request, form, None, user)
     if rule is None:
         if fixed is not None:
-            from backoffice.views import task_context
-
             context = task_context(request, fixed, rule_form=form)
             return render(request, "backoffice/task_detail.html", context, status=400)
         return render(request, "backoffice/notifications.html", page_context(request, rule_form=form), status=400)

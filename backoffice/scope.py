@@ -2,7 +2,7 @@
 
 Seeing follows the API's owner rule (their own rows; staff see all): every page reads tasks and
 executions through these, so another user's ids answer 404. Acting follows the admin's rule
-(:mod:`tasks_app.roles`): a user acts on their own tasks and runs; on anyone else's only with the
+(:mod:`tms_core.roles`): a user acts on their own tasks and runs; on anyone else's only with the
 model permission the admin's actions ask for (``tasks_app.change_task`` to edit, pause, resume,
 run or backfill, ``tasks_app.delete_task`` to delete, ``executions.change_execution`` to cancel
 or retry; superusers have them all). So read-only support staff see everything and change nothing:
@@ -19,7 +19,7 @@ from django.shortcuts import get_object_or_404
 
 from executions.models import Execution
 from tasks_app.models import Task, TaskStatus
-from tasks_app.roles import may_act_for
+from tms_core.roles import may_act_for
 
 
 def visible_tasks(user: Any) -> QuerySet[Task]:

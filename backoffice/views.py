@@ -24,7 +24,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, RuleForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
-from backoffice.notification_views import rule_rows, task_rules
+from backoffice.rules import rule_rows, task_rules
 from backoffice.scope import (
     execution_or_404,
     execution_to_change,
@@ -43,20 +43,16 @@ from executions.transitions import RETRYABLE_STATUSES
 from notifications.models import Channel
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
-from tasks_app.masking import mask_config
-from tasks_app.models import AuditEntry, TaskStatus
-from tasks_app.schedule_words import schedule_words, short_duration
-from tasks_app.selectors import task_occurrences, task_preview, task_why
-from tasks_app.selectors.resume import resume_preview
-from tasks_app.serializers import (
+from tasks_api.selectors import task_occurrences, task_preview, task_why
+from tasks_api.selectors.resume import resume_preview
+from tasks_api.serializers import (
     BackfillSerializer,
     OccurrencesQuerySerializer,
     TaskCreateSerializer,
     TaskUpdateSerializer,
     WhyQuerySerializer,
 )
-from tasks_app.services import (
-    actor_for,
+from tasks_api.services import (
     task_backfill,
     task_config_masked,
     task_create,
@@ -66,8 +62,11 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
-from tasks_app.states import task_next_run, task_state, with_state
-from tms_core.auth import request_user
+from tasks_api.states import task_next_run, task_state, with_state
+from tasks_app.masking import mask_config
+from tasks_app.models import AuditEntry, TaskStatus
+from tasks_app.schedule_words import schedule_words, short_duration
+from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 All of it is read-only: the platform writes these rows (status only through
 :mod:`executions.transitions`). Operators act on executions with the cancel and retry actions,
 which call the same services as the API with the admin user as actor and report per execution
-what happened. Who may act is described in :mod:`tasks_app.roles`.
+what happened. Who may act is described in :mod:`tms_core.roles`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from django.utils.html import format_html, format_html_join
 from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Worker
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.masking import mask_config
-from tasks_app.services import actor_for
-from tms_core.auth import request_user
+from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, exception_messages
 
 #: Actions stop after this many objects per submission (each one is a service call).

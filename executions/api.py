@@ -31,12 +31,11 @@ from executions.serializers import (
 )
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import actor_for
-from tms_core.auth import request_user
+from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_core.api.keyset import KeysetPagination, Segment
+from tms_core.api.schema import error_responses
+from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
-from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
-from tms_project.api.keyset import KeysetPagination, Segment
-from tms_project.api.schema import error_responses
 
 EXECUTION_ORDERING_FIELDS = ["scheduled_for", "id", "started_at", "finished_at"]
 #: Filters and ordering; no free-text search over executions.
@@ -66,7 +65,7 @@ else:
 
 
 class ExecutionKeysetMixin(_ViewBase):
-    """Execution lists paged by cursor (:mod:`tms_project.api.keyset`), in history-first order.
+    """Execution lists paged by cursor (:mod:`tms_core.api.keyset`), in history-first order.
 
     The default order is what ran before what will run: executions scheduled for the first
     page's instant or earlier, newest first (running, just finished, then older history), then

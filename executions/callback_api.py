@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from executions.callbacks import TOKEN_HEADER, CallbackRefused, callback_verify
 from executions.reports import execution_report
-from tms_project.api.base import StrictInputMixin
+from tms_core.api.base import StrictInputMixin
 
 
 class CallbackSerializer(StrictInputMixin, serializers.Serializer):

@@ -154,7 +154,7 @@ class Execution(models.Model):
             models.Index(
                 fields=["-started_at", "-id"], condition=Q(started_at__isnull=False), name="execution_started_idx"
             ),
-            # A task's next due run (the task list's next_run, tasks_app.states.with_state): one
+            # A task's next due run (the task list's next_run, tasks_api.states.with_state): one
             # entry per waiting run, where task_idx and due_idx ANDed as bitmaps read every
             # waiting run's entry for each task of the page (155 ms a page at 1,000,000).
             models.Index(fields=["task", "due_at"], condition=Q(status="SCHEDULED"), name="execution_task_due_idx"),

@@ -20,9 +20,9 @@ from rest_framework.serializers import BaseSerializer
 from notifications import services
 from notifications.models import Channel, Delivery, DeliveryStatus, Rule
 from notifications.serializers import ChannelSerializer, DeliverySerializer, RuleSerializer
+from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
+from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.auth import request_user
-from tms_project.api.base import OwnerScopedMixin, StrictFilterSet
-from tms_project.api.keyset import KeysetPagination, Segment
 
 
 class ChannelViewSet(OwnerScopedMixin, viewsets.ModelViewSet):

@@ -8,8 +8,8 @@ from rest_framework import serializers
 
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from tasks_app.models import Task, TaskStatus
+from tms_core.api.base import ClockTimeField, StrictInputMixin
 from tms_core.durations import DurationField
-from tms_project.api.base import ClockTimeField, StrictInputMixin
 
 
 class NoReadOnlyInput(StrictInputMixin):

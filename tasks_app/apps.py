@@ -7,7 +7,7 @@ class TasksAppConfig(AppConfig):
     verbose_name = "Tasks"
 
     def ready(self) -> None:
-        from tasks_app.roles import ensure_support_group_after_migrate
+        from tms_core.roles import ensure_support_group_after_migrate
 
         # After the executions app's migrations: its permissions exist by then (auth creates each
         # app's permissions in its own post_migrate receiver, connected before this one).

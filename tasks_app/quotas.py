@@ -9,7 +9,7 @@ granted), so they can never both pass the last free unit. Owners never wait on e
 
 Which creations count against the hourly execution quota: those a user asks for (run now,
 backfill, retry). The scheduler's own occurrences do not: they are bounded by the task quota and
-the runners' minimum intervals (see :func:`tasks_app.services.task_check_min_interval`).
+the runners' minimum intervals (see :func:`tasks_api.services.task_check_min_interval`).
 """
 
 from __future__ import annotations

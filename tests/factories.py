@@ -20,7 +20,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 
 
 class TaskFactory(factory.django.DjangoModelFactory):
-    """A task row without executions; use ``tasks_app.services.task_create`` to materialise."""
+    """A task row without executions; use ``tasks_api.services.task_create`` to materialise."""
 
     class Meta:
         model = Task

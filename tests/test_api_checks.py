@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from tests.factories import TaskFactory
+from tms_core.api.base import MAX_DATETIME, MIN_DATETIME, BoundedDateTimeField
+from tms_core.api.schema import BOUNDED_DATETIME_PATTERN, duration_pattern
 from tms_core.durations import DurationField, parse_duration
-from tms_project.api.base import MAX_DATETIME, MIN_DATETIME, BoundedDateTimeField
-from tms_project.api.schema import BOUNDED_DATETIME_PATTERN, duration_pattern
 
 pytestmark = pytest.mark.django_db
 

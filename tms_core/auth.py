@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from rest_framework.request import Request
@@ -20,3 +20,8 @@ def request_user(request: HttpRequest | Request) -> User:
     if not isinstance(user, User):
         raise PermissionDenied("Authentication is required.")
     return user
+
+
+def actor_for(user: AbstractBaseUser) -> str:
+    """How a user appears in execution events (``ExecutionEvent.actor``) and audit entries."""
+    return f"user:{user.get_username()}"

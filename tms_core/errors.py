@@ -1,4 +1,4 @@
-"""Domain errors raised by services; :mod:`tms_project.api.errors` maps each to one HTTP answer.
+"""Domain errors raised by services; :mod:`tms_core.api.errors` maps each to one HTTP answer.
 
 Services stay free of HTTP: they say *what* went wrong (the request conflicts with the current
 state, an idempotency key was reused with another request, ...), the API layer says how to answer.

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 
-from tms_project.api.errors import handler404
+from tms_core.api.errors import handler404
 
 
 class NotFoundPageMiddleware:

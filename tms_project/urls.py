@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from tasks_app.compat import CompatTaskDetailView, CompatTaskListView
+from tasks_api.compat import CompatTaskDetailView, CompatTaskListView
 from tms_project.pages import favicon
 
 # The admin without its navigation sidebar: it took 300 of a 1440 px screen from every list, and the
@@ -25,5 +25,5 @@ urlpatterns = [
     re_path(r"^tasks/(?P<pk>[^/]+)/?$", CompatTaskDetailView.as_view(), name="compat-task-detail"),
 ]
 
-handler404 = "tms_project.api.errors.handler404"
-handler500 = "tms_project.api.errors.handler500"
+handler404 = "tms_core.api.errors.handler404"
+handler500 = "tms_core.api.errors.handler500"

@@ -15,7 +15,7 @@ from django.utils import timezone
 from backoffice.views import PAGE_SIZE
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_app.services import task_create
+from tasks_api.services import task_create
 from tests.factories import ExecutionFactory
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent, ExecutionOrigin
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create
 from tasks_app.masking import MASK
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, csrf_token, run
 from tests.factories import ExecutionFactory
 

@@ -1,4 +1,4 @@
-"""Staff without change permissions (read-only support, :mod:`tasks_app.roles`) see every task and
+"""Staff without change permissions (read-only support, :mod:`tms_core.roles`) see every task and
 execution in the pages but change nothing: the action buttons are hidden and the POSTs refused
 with a 403, as the admin refuses its actions. Owners act on their own rows; a change permission
 (or superuser) lets staff act on anyone's, through the same services."""
@@ -10,11 +10,11 @@ from django.contrib.auth.models import Permission
 
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
-from tasks_app.roles import ensure_support_group
-from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, run
 from tests.factories import ExecutionFactory
+from tms_core.roles import ensure_support_group
 
 pytestmark = pytest.mark.django_db
 

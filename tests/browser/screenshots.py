@@ -55,7 +55,7 @@ def _environment() -> None:
 
 def seed(operator, alice) -> dict[str, object]:
     """The tasks the screenshots show, created through the services as the API creates them."""
-    from tasks_app.services import task_create, task_pause
+    from tasks_api.services import task_create, task_pause
 
     sh = "/bin/sh"
     tasks = {

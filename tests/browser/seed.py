@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from executions.models import SkippedOccurrence
 from notifications import services as notification_services
 from notifications.models import Delivery
-from tasks_app.services import task_create, task_pause
+from tasks_api.services import task_create, task_pause
 from tests.backoffice.helpers import run
 
 

@@ -14,8 +14,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create, task_trigger
 from tasks_app.models import Task
-from tasks_app.services import task_create, task_trigger
 from tests.browser.conftest import log_in, wait_text
 from tests.processes import wait_for
 

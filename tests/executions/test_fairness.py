@@ -17,9 +17,9 @@ from executions import fairness, transitions
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
+from tasks_api.services import task_bulk_create
 from tasks_app.models import OwnerQuota
 from tasks_app.quotas import owner_limits, owner_quota_set
-from tasks_app.services import task_bulk_create
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_worker_ready

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from notifications.models import Channel, Delivery, Rule
+from tasks_api.services import task_create
 from tasks_app.models import AuditEntry
-from tasks_app.services import task_create
 from tests.backoffice.helpers import csrf_client, csrf_token
 
 pytestmark = pytest.mark.django_db

@@ -25,6 +25,7 @@ IMAGE_PACKAGES = (
     "runners",
     "tasks_app",
     "executions",
+    "tasks_api",
     "notifications",
     "tms_project",
     "ops",

@@ -15,8 +15,8 @@ from django.test import override_settings
 
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create
 from tasks_app.artifacts import artifact_create
-from tasks_app.services import task_create
 from tests.emulators.function_platform import FunctionPlatformEmulator
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready

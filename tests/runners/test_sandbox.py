@@ -173,8 +173,8 @@ def artifact_settings(settings: Any, tmp_path: Path) -> Any:
 
 
 def _artifact_task(owner: Any) -> Any:
+    from tasks_api.services import task_create
     from tasks_app.artifacts import artifact_create
-    from tasks_app.services import task_create
 
     artifact = artifact_create(owner=owner, upload=SimpleUploadedFile("hello.sh", ARTIFACT))
     return task_create(owner=owner, runner="subprocess", config={"artifact": True}, artifact=artifact)

@@ -20,12 +20,12 @@ from django.utils.duration import duration_string
 
 from executions.models import Execution, ExecutionEvent, SkippedOccurrence
 from executions.models import ExecutionStatus as S
+from tasks_api.selectors import task_why
+from tasks_api.services import task_config, task_create
 from tasks_app.masking import MASK, mask_config, unmask_config
 from tasks_app.models import Task, TaskStatus
-from tasks_app.roles import SUPPORT_GROUP
-from tasks_app.selectors import task_why
-from tasks_app.services import task_config, task_create
 from tests.factories import ExecutionFactory
+from tms_core.roles import SUPPORT_GROUP
 
 pytestmark = pytest.mark.django_db
 

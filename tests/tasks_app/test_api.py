@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 
 from executions.models import Execution, ExecutionEvent, ExecutionOrigin
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import task_create
 from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db

@@ -13,10 +13,10 @@ from django.test import Client
 from django.utils import timezone
 
 from executions.models import Execution
+from tasks_api.services import task_create, task_pause
 from tasks_app.audit import audit_context, audit_record
 from tasks_app.masking import MASK
 from tasks_app.models import AuditEntry, Task, TaskStatus
-from tasks_app.services import task_create, task_pause
 from tests.conftest import client_for
 from tests.factories import ExecutionFactory
 

@@ -16,10 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from executions.models import Execution
+from tasks_api.services import task_bulk_create
 from tasks_app.models import AuditAction, AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import ENCRYPTED, MASK
-from tasks_app.services import task_bulk_create
 from tms_core.errors import InvalidInput
 
 URL = "/api/v1/tasks"

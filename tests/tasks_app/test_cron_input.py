@@ -13,9 +13,9 @@ import pytest
 from django.utils import timezone
 
 from executions.models import Execution
+from tasks_api.services import task_create
 from tasks_app.models import Task
 from tasks_app.schedules import ScheduleError, validate_cron
-from tasks_app.services import task_create
 
 pytestmark = pytest.mark.django_db
 

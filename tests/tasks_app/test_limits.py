@@ -15,10 +15,10 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from executions.models import Execution
+from tasks_api.services import task_create
 from tasks_app.models import ApiIdempotencyKey, Artifact, OwnerQuota, QuotaUse, Task
 from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap
-from tasks_app.services import task_create
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput
 

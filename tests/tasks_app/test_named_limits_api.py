@@ -153,7 +153,7 @@ def test_an_owner_sees_only_their_own_use_of_a_global_host_limit(user, other_use
     from django.utils import timezone
 
     from executions.models import ExecutionStatus, LimitBucket, LimitSlot, LimitStart
-    from tasks_app.limits import limit_create
+    from tasks_api.limits import limit_create
     from tests.factories import ExecutionFactory, TaskFactory
 
     limit = limit_create(

@@ -11,8 +11,8 @@ from executions import transitions
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create, task_delete, task_pause, task_trigger
 from tasks_app.models import Task
-from tasks_app.services import task_create, task_delete, task_pause, task_trigger
 from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db

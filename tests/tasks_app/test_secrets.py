@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
+from tasks_api.services import task_config, task_create
 from tasks_app.masking import MASK
 from tasks_app.models import ApiIdempotencyKey, AuditEntry, Task
 from tasks_app.secrets import config_masked, config_open, config_seal, redact, secret_paths, secret_values
-from tasks_app.services import task_config, task_create
 from tests.conftest import client_for
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from notifications import services as channel_services
 from notifications.models import Channel
+from tasks_api.services import task_config, task_create
 from tasks_app.masking import MASK
 from tasks_app.models import AuditEntry, Task
-from tasks_app.services import task_config, task_create
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from executions.models import Execution
 from executions.services import executions_materialise
+from tasks_api.services import task_backfill, task_bulk_create, task_create, task_update
 from tasks_app.idempotency import idempotency_key_clean
 from tasks_app.models import Task
-from tasks_app.services import task_backfill, task_bulk_create, task_create, task_update
 from tms_core.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules callers outside the API use (admin, pages, commands): no DRF errors, no API settings.
 SERVICE_MODULES = [
-    "tasks_app/services.py",
+    "tasks_api/services.py",
     "tasks_app/idempotency.py",
     "tasks_app/artifacts.py",
     "executions/services.py",

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks_app.services import task_create
+from tasks_api.services import task_create
 from tests.factories import UserFactory
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, running, start_monitor, start_worker, wait_for
 from tooling.harness.processes import wait_ready
@@ -97,7 +97,7 @@ def _running_executions(var: Path) -> int:
 def _create_long_run(env: dict[str, str]) -> None:
     script = (
         "from django.contrib.auth import get_user_model\n"
-        "from tasks_app.services import task_create\n"
+        "from tasks_api.services import task_create\n"
         "owner = get_user_model().objects.create_user('stopper')\n"
         f"task_create(owner=owner, runner='sleep', config={{'duration': '{LONG_RUN}'}})\n"
     )

@@ -10,10 +10,10 @@ from executions.api import (
 )
 from executions.callback_api import ExecutionCallbackView
 from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
-from tasks_app.api import SchedulePreviewView, TaskViewSet
-from tasks_app.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
-from tasks_app.audit_api import AuditEntryViewSet
-from tasks_app.limits_api import LimitViewSet
+from tasks_api.api import SchedulePreviewView, TaskViewSet
+from tasks_api.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
+from tasks_api.audit_api import AuditEntryViewSet
+from tasks_api.limits_api import LimitViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect

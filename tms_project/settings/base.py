@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "runners",
     "tasks_app",
     "executions",
+    "tasks_api",
     "notifications",
     "ops",
     "backoffice",
@@ -240,12 +241,12 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 # https://www.django-rest-framework.org/api-guide/settings/
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tms_project.api.auth.TokenAuthentication",
+        "tms_core.api.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["tms_project.api.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "tms_project.api.base.Pagination",
+    "DEFAULT_PARSER_CLASSES": ["tms_core.api.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "tms_core.api.base.Pagination",
     "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
@@ -263,12 +264,12 @@ REST_FRAMEWORK = {
         "anon": env.str("TMS_API_THROTTLE_ANON", default="100/minute"),
     },
     "NUM_PROXIES": env.int("TMS_API_NUM_PROXIES", default=None),
-    "DEFAULT_SCHEMA_CLASS": "tms_project.api.schema.AutoSchema",
-    "EXCEPTION_HANDLER": "tms_project.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "tasks_api.schema.AutoSchema",
+    "EXCEPTION_HANDLER": "tms_core.api.errors.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
-# The API's own knobs, read through tms_project.api.conf.api_settings (the limits services
+# The API's own knobs, read through tms_core.api.conf.api_settings (the limits services
 # apply, such as TMS_MATERIALISE_MAX, are in TMS below).
 TMS_API = {
     "COMPAT_LIST_MAX": env.int("TMS_API_COMPAT_LIST_MAX", default=1000),
@@ -305,15 +306,15 @@ SPECTACULAR_SETTINGS = {
         "TaskStatusEnum": "tasks_app.models.TaskStatus",
         "ExecutionStatusEnum": "executions.models.ExecutionStatus",
         "WorkerStatusEnum": "executions.models.WorkerStatus",
-        "CompatStatusEnum": "tasks_app.compat.CompatStatus.choices",
-        "OccurrenceStateEnum": "tasks_app.selectors.OccurrenceState",
-        "TaskStateEnum": "tasks_app.states.TaskState",
+        "CompatStatusEnum": "tasks_api.compat.CompatStatus.choices",
+        "OccurrenceStateEnum": "tasks_api.selectors.OccurrenceState",
+        "TaskStateEnum": "tasks_api.states.TaskState",
         "SkipReasonEnum": "executions.models.SkipReason",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "tms_project.api.schema.strip_trailing_slashes",
-        "tms_project.api.schema.null_as_alternative",
+        "tms_core.api.schema.strip_trailing_slashes",
+        "tms_core.api.schema.null_as_alternative",
     ],
 }
 

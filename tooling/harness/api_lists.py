@@ -59,7 +59,7 @@ def _cpu_ms(pids: list[int]) -> float:
 
 def list_paths(owner: Any) -> list[tuple[str, str]]:
     """``(name, path)`` of every list and lookup timed, over ``owner``'s history."""
-    from tms_project.api.keyset import Position, keyset_cursor
+    from tms_core.api.keyset import Position, keyset_cursor
 
     now = db_now()
     mine = Execution.objects.filter(task__owner=owner)

@@ -32,10 +32,10 @@ from django.db import connection
 from django.db.models import Max
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
-from tasks_app.limits import limit_create
+from tasks_api.limits import limit_create
+from tasks_api.services import task_bulk_create
 from tasks_app.models import Task
 from tasks_app.quotas import owner_quota_set
-from tasks_app.services import task_bulk_create
 from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import (

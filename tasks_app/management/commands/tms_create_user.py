@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
-from tasks_app.roles import SUPPORT_GROUP, ensure_support_group
+from tms_core.roles import SUPPORT_GROUP, ensure_support_group
 
 
 class Command(BaseCommand):

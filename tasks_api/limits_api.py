@@ -13,11 +13,11 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.serializers import BaseSerializer
 
 from executions.limits import limit_usage
-from tasks_app.limits import limit_create, limit_delete, limit_update
+from tasks_api.limits import limit_create, limit_delete, limit_update
 from tasks_app.models import MAX_LIMIT_CONCURRENCY, MAX_WINDOWS, Limit, LimitScope
-from tasks_app.roles import may_act_for
+from tms_core.api.base import OwnerScopedMixin, StrictInputMixin
 from tms_core.auth import request_user
-from tms_project.api.base import OwnerScopedMixin, StrictInputMixin
+from tms_core.roles import may_act_for
 
 
 class WindowSerializer(StrictInputMixin, serializers.Serializer):

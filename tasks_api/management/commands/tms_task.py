@@ -11,9 +11,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from tasks_api.services import task_delete, task_pause, task_resume, task_trigger
 from tasks_app.audit import AuditedCommand
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import task_delete, task_pause, task_resume, task_trigger
 from tms_core.errors import DomainError
 
 

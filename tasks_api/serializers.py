@@ -14,7 +14,10 @@ from rest_framework import serializers
 
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus, SkipReason
 from executions.serializers import CancelReportSerializer
-from tasks_app.limits import task_limit_names
+from tasks_api.limits import task_limit_names
+from tasks_api.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
+from tasks_api.services import UPDATABLE_FIELDS, task_config, task_config_masked, task_validate_runner
+from tasks_api.states import TaskState, task_next_run, task_state
 from tasks_app.models import (
     MAX_CATCH_UP_LIMIT,
     MAX_CONCURRENCY,
@@ -41,19 +44,16 @@ from tasks_app.schedules import (
     wall_time_to_utc,
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
-from tasks_app.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
-from tasks_app.services import UPDATABLE_FIELDS, task_config, task_config_masked, task_validate_runner
-from tasks_app.states import TaskState, task_next_run, task_state
-from tms_core.conf import MAX_KEEP_LAST
-from tms_core.durations import DurationField
-from tms_core.errors import InvalidInput
-from tms_project.api.base import (
+from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
     BoundedDateTimeField,
     OffsetDateTimeField,
     StrictInputMixin,
 )
+from tms_core.conf import MAX_KEEP_LAST
+from tms_core.durations import DurationField
+from tms_core.errors import InvalidInput
 
 
 class RunnerAliasField(serializers.CharField):

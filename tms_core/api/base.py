@@ -16,7 +16,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
-from tasks_app.roles import may_act_for
+from tms_core.roles import may_act_for
 
 # The mixins below are only ever combined with DRF's GenericAPIView and Serializer (they come first
 # in the bases, so their super() calls reach DRF): let the type checker see those bases.
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
     _ViewBase = GenericAPIView
     _SerializerBase = serializers.Serializer
+    _FieldBase = serializers.Field
 else:
-    _ViewBase = _SerializerBase = object
+    _ViewBase = _SerializerBase = _FieldBase = object
 
 
 class ApiViewMixin(_ViewBase):
@@ -55,7 +56,7 @@ class OwnerScopedMixin(ApiViewMixin):
     Staff are read-only support: a write (any method but GET, HEAD and OPTIONS) on another
     owner's object answers 403 unless the user has the model's permission, as in the admin and
     the back office (``change_<model>``, ``delete_<model>`` for DELETE; superusers have them all:
-    :func:`tasks_app.roles.may_act_for`).
+    :func:`tms_core.roles.may_act_for`).
     """
 
     owner_field: str = "owner"
@@ -138,6 +139,16 @@ class StrictInputMixin(_SerializerBase):
 #: arithmetic (adding intervals, cron look-ahead, time-zone shifts) never leaves Python's range.
 MIN_DATETIME = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_DATETIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+class BlankIsNone(_FieldBase):
+    """A field mixin that reads an empty string as absent (``None``): the original ``/tasks`` API
+    accepted ``""`` for an absent optional field. The OpenAPI schema adds ``""`` to such fields."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if data == "":
+            return None
+        return super().to_internal_value(data)
 
 
 class BoundedDateTimeField(serializers.DateTimeField):

@@ -15,10 +15,10 @@ from django.db.models import Q, Subquery
 
 from executions.materialiser import task_schedule
 from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
+from tasks_api.selectors.fate import Fate, OccurrenceFate, is_summary, occurrence_fate, recorded_by_materialiser
+from tasks_api.selectors.previews import task_last_fire_time
 from tasks_app.models import Task
 from tasks_app.schedules import Schedule, walk_limit
-from tasks_app.selectors.fate import Fate, OccurrenceFate, is_summary, occurrence_fate, recorded_by_materialiser
-from tasks_app.selectors.previews import task_last_fire_time
 from tms_core.clock import db_now
 from tms_core.errors import InvalidInput
 

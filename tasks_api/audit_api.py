@@ -14,7 +14,7 @@ from rest_framework.request import Request
 
 from executions.api import UtcDateTimeFilter
 from tasks_app.models import AuditEntry
-from tms_project.api.base import OwnerScopedMixin, StrictFilterSet
+from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):

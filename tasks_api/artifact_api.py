@@ -22,9 +22,9 @@ from tasks_app.artifacts import (
     artifact_upload_receive,
 )
 from tasks_app.models import Artifact, ArtifactStatus
+from tms_core.api.base import OwnerScopedMixin, StrictInputMixin
+from tms_core.api.schema import error_response, error_responses
 from tms_core.auth import request_user
-from tms_project.api.base import OwnerScopedMixin, StrictInputMixin
-from tms_project.api.schema import error_response, error_responses
 
 REJECTED = error_response(
     400, "The upload is REJECTED (its size or SHA-256 differ from the declaration): `detail` says why."

@@ -22,12 +22,8 @@ from rest_framework.views import APIView
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
-from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
-from tasks_app.models import Task, TaskStatus
-from tasks_app.schedule_words import schedule_description, schedule_words
-from tasks_app.schedules import Schedule, ScheduleError
-from tasks_app.selectors import schedule_preview, task_occurrences, task_preview, task_why
-from tasks_app.serializers import (
+from tasks_api.selectors import schedule_preview, task_occurrences, task_preview, task_why
+from tasks_api.serializers import (
     BackfillResultSerializer,
     BackfillSerializer,
     MaterialiseResultSerializer,
@@ -45,8 +41,7 @@ from tasks_app.serializers import (
     WhyQuerySerializer,
     WhySerializer,
 )
-from tasks_app.services import (
-    actor_for,
+from tasks_api.services import (
     task_backfill,
     task_create,
     task_delete,
@@ -55,11 +50,15 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
-from tasks_app.states import with_state
-from tms_core.auth import request_user
+from tasks_api.states import with_state
+from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
+from tasks_app.models import Task, TaskStatus
+from tasks_app.schedule_words import schedule_description, schedule_words
+from tasks_app.schedules import Schedule, ScheduleError
+from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_core.api.schema import error_responses
+from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
-from tms_project.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
-from tms_project.api.schema import error_responses
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     HEADER,
@@ -97,7 +96,7 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
 
 class TaskOrdering(OrderingFilter):
     """``?ordering=next_run_at`` orders by when tasks next run (the ``next_run`` annotation of
-    :func:`tasks_app.states.with_state`), as the field reads, not by the materialisation cursor."""
+    :func:`tasks_api.states.with_state`), as the field reads, not by the materialisation cursor."""
 
     def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> Sequence[str] | None:
         ordering = super().get_ordering(request, queryset, view)

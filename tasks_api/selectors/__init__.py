@@ -8,9 +8,9 @@
 The names the API, the serializers and the settings use are importable from here.
 """
 
-from tasks_app.selectors.fate import Fate, OccurrenceFate, occurrence_fate
-from tasks_app.selectors.previews import FireTime, schedule_preview, task_last_fire_time, task_preview
-from tasks_app.selectors.timeline import (
+from tasks_api.selectors.fate import Fate, OccurrenceFate, occurrence_fate
+from tasks_api.selectors.previews import FireTime, schedule_preview, task_last_fire_time, task_preview
+from tasks_api.selectors.timeline import (
     OCCURRENCE_RECORDS_MAX,
     OCCURRENCES_MAX,
     OCCURRENCES_MAX_SPAN,
@@ -20,7 +20,7 @@ from tasks_app.selectors.timeline import (
     OccurrenceWindow,
     task_occurrences,
 )
-from tasks_app.selectors.why import WhyAnswer, task_why
+from tasks_api.selectors.why import WhyAnswer, task_why
 
 __all__ = [
     "OCCURRENCES_MAX",

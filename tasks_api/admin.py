@@ -1,9 +1,9 @@
 """The task admin: every write goes through the task services, exactly as the API's.
 
-* Add calls :func:`~tasks_app.services.task_create` (the task is materialised: its first
+* Add calls :func:`~tasks_api.services.task_create` (the task is materialised: its first
   executions exist, ``next_run_at`` and ``why`` are right), change calls
-  :func:`~tasks_app.services.task_update` with the fields that changed (only updatable fields are
-  editable), delete calls :func:`~tasks_app.services.task_delete` (a soft delete that cancels the
+  :func:`~tasks_api.services.task_update` with the fields that changed (only updatable fields are
+  editable), delete calls :func:`~tasks_api.services.task_delete` (a soft delete that cancels the
   task's active executions). Input is checked by the API's own serializers first, so the admin
   accepts exactly what the API accepts, and every refusal lands on the form field it is about.
 * ``status`` is read-only; the pause, resume and run-now actions change it, in bulk on a filtered
@@ -11,7 +11,7 @@
 * Secret config values are masked (:mod:`tasks_app.secrets`: encrypted at rest, never shown); a
   masked value left alone when saving keeps its stored value.
 
-Who may do what: :mod:`tasks_app.roles`.
+Who may do what: :mod:`tms_core.roles`.
 """
 
 from __future__ import annotations
@@ -31,14 +31,10 @@ from django.utils.html import format_html, format_html_join
 from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
-from tasks_app.limits import limit_create, limit_delete, limit_update
-from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
-from tasks_app.quotas import owner_limits, owner_quota_set
-from tasks_app.schedules import CRON_FIELDS_HELP
-from tasks_app.serializers import TaskCreateSerializer, TaskUpdateSerializer
-from tasks_app.services import (
+from tasks_api.limits import limit_create, limit_delete, limit_update
+from tasks_api.serializers import TaskCreateSerializer, TaskUpdateSerializer
+from tasks_api.services import (
     UPDATABLE_FIELDS,
-    actor_for,
     task_config_masked,
     task_create,
     task_delete,
@@ -47,8 +43,11 @@ from tasks_app.services import (
     task_trigger,
     task_update,
 )
-from tasks_app.states import task_next_run, task_state, with_state
-from tms_core.auth import request_user
+from tasks_api.states import task_next_run, task_state, with_state
+from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
+from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.schedules import CRON_FIELDS_HELP
+from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 
@@ -531,7 +530,7 @@ class LimitAdminForm(forms.ModelForm):
 
 @admin.register(Limit)
 class LimitAdmin(admin.ModelAdmin):
-    """Named limits and their current use; every change goes through :mod:`tasks_app.limits`."""
+    """Named limits and their current use; every change goes through :mod:`tasks_api.limits`."""
 
     form = LimitAdminForm
     list_display = ("name", "owner", "scope", "max_concurrency", "windows", "use")

@@ -18,23 +18,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from executions.models import Execution, ExecutionStatus
-from tasks_app.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
+from tasks_api.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
+from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import task_create
+from tms_core.api.base import BlankIsNone, BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
+from tms_core.api.conf import api_settings
+from tms_core.api.schema import error_responses
 from tms_core.auth import request_user
 from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration, parse_duration
-from tms_project.api.base import BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
-from tms_project.api.conf import api_settings
-from tms_project.api.schema import error_responses
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
-
-    # BlankIsNone is only ever combined with a DRF field: let the type checker see that base.
-    _FieldBase = serializers.Field
-else:
-    _FieldBase = object
 
 RUNNER = "sleep"
 #: A sleep may take its whole duration; the task's timeout leaves this much on top.
@@ -47,15 +42,6 @@ class CompatStatus:
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"
     choices = [SCHEDULED, PENDING, RUNNING, FINISHED]
-
-
-class BlankIsNone(_FieldBase):
-    """The original accepted an empty string for an absent optional field."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if data == "":
-            return None
-        return super().to_internal_value(data)
 
 
 class _OptionalDuration(BlankIsNone, DurationField):

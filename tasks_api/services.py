@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, User
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import ForeignKey
@@ -25,8 +25,8 @@ from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
+from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
-from tasks_app.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_app.models import AuditAction, Task, TaskStatus, claims_exclusive
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
@@ -371,7 +371,7 @@ def _created_changes(task: Task) -> dict[str, dict[str, Any]]:
 def _set_created_state(
     tasks: list[Task], rows: list[transitions.NewExecution], ids: list[int], planned: list[int], *, now: datetime
 ) -> None:
-    """Give each new task the columns :func:`tasks_app.states.with_state` would read for it, and
+    """Give each new task the columns :func:`tasks_api.states.with_state` would read for it, and
     its first execution, from what was just written (rows and their ids in the order listed)."""
     start = 0
     for task, count in zip(tasks, planned, strict=True):
@@ -420,11 +420,6 @@ UPDATABLE_FIELDS = (
         "limits",
     }
 )
-
-
-def actor_for(user: AbstractBaseUser) -> str:
-    """How a user appears in execution events."""
-    return f"user:{user.get_username()}"
 
 
 def _lock(task_id: uuid.UUID | str) -> Task:

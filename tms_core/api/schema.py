@@ -2,31 +2,28 @@
 
 :class:`AutoSchema` adds the errors every operation can answer (401, 403, 406, 429, 503; 400, 413 and 415 where
 there is input to reject; 404 where the path names an object), each with the one error shape of
-:mod:`tms_project.api.errors`, so a client (and schemathesis) knows every answer it can get.
+:mod:`tms_core.api.errors`, so a client (and schemathesis) knows every answer it can get.
 Operations with their own errors (409, 422, ...) declare them with ``extend_schema``.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
-import re
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
-    OpenApiSerializerExtension,
     OpenApiSerializerFieldExtension,
 )
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, force_instance, is_patched_serializer
+from drf_spectacular.plumbing import force_instance, is_patched_serializer
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.settings import api_settings as drf_settings
 
-from tms_project.api.base import CLOCK_TIME_PATTERN, StrictInputMixin
+from tms_core.api.base import CLOCK_TIME_PATTERN, BlankIsNone, StrictInputMixin
 
 
 def _refuse_nul(schema: dict[str, Any]) -> None:
@@ -84,11 +81,11 @@ RETRY_AFTER_HEADERS: dict[str, dict[str, Any]] = {
 
 
 class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
-    """:class:`tms_project.api.auth.TokenAuthentication` as two security schemes, either of which
+    """:class:`tms_core.api.auth.TokenAuthentication` as two security schemes, either of which
     an operation accepts: ``tokenAuth`` (``Authorization: Token <key>``, DRF's spelling) and
     ``bearerAuth`` (HTTP bearer, what generated clients send). The keys are the same."""
 
-    target_class = "tms_project.api.auth.TokenAuthentication"
+    target_class = "tms_core.api.auth.TokenAuthentication"
     name = ["tokenAuth", "bearerAuth"]
 
     def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
@@ -133,14 +130,19 @@ class AutoSchema(SpectacularAutoSchema):
             schema = super()._map_basic_serializer(serializer, direction)
         finally:
             self._direction = outer
-        strict = isinstance(serializer, StrictInputMixin) or type(serializer) in _runner_config_classes()
-        if direction == "request" and strict:
+        if direction == "request" and self.refuses_unknown_fields(serializer):
             schema["additionalProperties"] = False
         if schema.get("description") == inspect.cleandoc(StrictInputMixin.__doc__ or ""):
             del schema["description"]  # the mixin's docstring, not the serializer's
         if is_patched_serializer(force_instance(serializer), direction):
             _drop_defaults(schema)
         return schema
+
+    def refuses_unknown_fields(self, serializer: Any) -> bool:
+        """Whether the API answers 400 to a field ``serializer`` does not declare (its request
+        schema then says ``additionalProperties: false``). Subclasses add serializers that check
+        this themselves."""
+        return isinstance(serializer, StrictInputMixin)
 
     def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> dict[str, Any]:
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
@@ -217,7 +219,7 @@ NO_NUL_PATTERN = r"^[^\u0000]*$"
 
 
 #: RFC 3339 date-times as the API reads them (``T`` and ``Z`` in capitals, at most 9 fraction
-#: digits, no leap second), with the year bounds of :class:`tms_project.api.base.BoundedDateTimeField`.
+#: digits, no leap second), with the year bounds of :class:`tms_core.api.base.BoundedDateTimeField`.
 BOUNDED_DATETIME_PATTERN = (
     "^(?:19[7-9][0-9]|[2-8][0-9]{3})"  # MIN_DATETIME.year to MAX_DATETIME.year - 1 (a test checks)
     + r"-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
@@ -230,9 +232,9 @@ WALL_DATETIME_PATTERN = BOUNDED_DATETIME_PATTERN.removesuffix(r"(?:Z|[+-](?:[01]
 
 
 class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
-    """:class:`tms_project.api.base.BoundedDateTimeField`: its year bounds as a pattern."""
+    """:class:`tms_core.api.base.BoundedDateTimeField`: its year bounds as a pattern."""
 
-    target_class = "tms_project.api.base.BoundedDateTimeField"
+    target_class = "tms_core.api.base.BoundedDateTimeField"
     match_subclasses = True
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
@@ -244,10 +246,10 @@ class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
 
 
 class ClockTimeFieldExtension(OpenApiSerializerFieldExtension):
-    """:class:`tms_project.api.base.ClockTimeField`: ``"22:00"``, a pattern rather than ``format:
+    """:class:`tms_core.api.base.ClockTimeField`: ``"22:00"``, a pattern rather than ``format:
     time`` (RFC 3339's full-time, with seconds and an offset, which the field does not take)."""
 
-    target_class = "tms_project.api.base.ClockTimeField"
+    target_class = "tms_core.api.base.ClockTimeField"
     match_subclasses = True
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
@@ -260,12 +262,12 @@ class ClockTimeFieldExtension(OpenApiSerializerFieldExtension):
 
 
 class LocalDateTimeFieldExtension(OpenApiSerializerFieldExtension):
-    """:class:`tasks_app.serializers.LocalDateTimeField`: an instant with its offset, or a wall-clock
+    """:class:`tasks_api.serializers.LocalDateTimeField`: an instant with its offset, or a wall-clock
     time without one (read in the task's ``timezone``). OpenAPI's ``date-time`` requires the
     offset, so the wall-clock form is an alternative of its own: a client that validates its
     requests can send what the field's description promises."""
 
-    target_class = "tasks_app.serializers.LocalDateTimeField"
+    target_class = "tasks_api.serializers.LocalDateTimeField"
     match_subclasses = True
     priority = 1  # before BoundedDateTimeFieldExtension, which matches this subclass too
 
@@ -288,8 +290,6 @@ class LocalDateTimeFieldExtension(OpenApiSerializerFieldExtension):
 
 def _blank_allowed(field: Any, schema: dict[str, Any]) -> dict[str, Any]:
     """The schema plus an empty string, for fields that read ``""`` as absent (the compat API)."""
-    from tasks_app.compat import BlankIsNone
-
     if isinstance(field, BlankIsNone):
         return {"oneOf": [schema, {"type": "string", "enum": [""], "description": "Absent."}]}
     return schema
@@ -394,143 +394,6 @@ class DurationFieldExtension(OpenApiSerializerFieldExtension):
             ]
         }
         return _blank_allowed(self.target, schema)
-
-
-# --- runners ------------------------------------------------------------------------------------
-
-
-class RunnerAliasFieldExtension(OpenApiSerializerFieldExtension):
-    """Runner aliases as an enum of the runners configured when the schema is generated."""
-
-    target_class = "tasks_app.serializers.RunnerAliasField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        from runners.registry import runner_aliases
-
-        return {"type": "string", "enum": runner_aliases()}
-
-
-class RunnerConfigFieldExtension(OpenApiSerializerFieldExtension):
-    """A runner config outside a per-runner variant: any of the runners' config schemas."""
-
-    target_class = "tasks_app.serializers.RunnerConfigField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        schemas = {id(schema): schema for schema in _runner_config_schemas(auto_schema, direction).values()}
-        return {
-            "anyOf": list(schemas.values()),
-            "description": "The config of the task's runner, validated by it (unknown fields are an error).",
-        }
-
-
-def _runner_config_schemas(auto_schema: Any, direction: Any) -> dict[str, dict[str, Any]]:
-    """Each runner's config schema by alias: its backend's config serializer as a component (the
-    one the runner validates with), or an empty object for a runner that takes no config."""
-    from runners.registry import all_runners
-
-    schemas = {}
-    for alias, runner in sorted(all_runners().items()):
-        if runner.config_serializer_class is None:
-            schemas[alias] = {"type": "object", "properties": {}, "additionalProperties": False}
-        else:
-            schemas[alias] = auto_schema.resolve_serializer(runner.config_serializer_class, direction).ref
-    return schemas
-
-
-def _runner_config_classes() -> set[type]:
-    from runners.registry import all_runners
-
-    return {runner.config_serializer_class for runner in all_runners().values() if runner.config_serializer_class}
-
-
-def _runner_requires_config(alias: str) -> bool:
-    from runners.registry import all_runners
-
-    serializer_class = all_runners()[alias].config_serializer_class
-    return serializer_class is not None and any(field.required for field in serializer_class().fields.values())
-
-
-def _camel(alias: str) -> str:
-    return "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", alias) if part)
-
-
-def _task_variants(extension: Any, auto_schema: Any, direction: Any, *, runner_required: bool) -> dict[str, Any]:
-    """One component per runner: the task fields with ``runner`` fixed to its alias and ``config``
-    its config schema. Returns ``{alias: component}``."""
-    name = auto_schema._get_serializer_name(extension.target, direction, bypass_extensions=True)
-    stem, suffix = (name[: -len("Request")], "Request") if name.endswith("Request") else (name, "")
-    base = auto_schema._map_serializer(extension.target, direction, bypass_extensions=True)
-    configs = _runner_config_schemas(auto_schema, direction)
-    variants = {}
-    for alias, config in configs.items():
-        schema = copy.deepcopy(base)
-        # A component of its own, as drf-spectacular makes for enums: the discriminator's value.
-        enum = ResolvedComponent(
-            name=f"{_camel(alias)}RunnerEnum",
-            type=ResolvedComponent.SCHEMA,
-            schema={"type": "string", "enum": [alias]},
-            object=("runner", alias),
-        )
-        auto_schema.registry.register_on_missing(enum)
-        schema["properties"]["runner"] = enum.ref
-        schema["properties"]["config"] = config
-        required = set(schema.get("required", [])) | {"runner"}
-        if runner_required and _runner_requires_config(alias):
-            required.add("config")
-        schema["required"] = sorted(required)
-        schema["description"] = f"A task on the `{alias}` runner."
-        component = ResolvedComponent(
-            name=f"{stem}{_camel(alias)}{suffix}", type=ResolvedComponent.SCHEMA, schema=schema, object=(name, alias)
-        )
-        auto_schema.registry.register_on_missing(component)
-        variants[alias] = component
-    return variants
-
-
-class TaskCreateSerializerExtension(OpenApiSerializerExtension):
-    """A new task: one schema per runner, selected by ``runner`` (oneOf with a discriminator), so
-    that each runner's config, and which of its fields are required, is visible to clients."""
-
-    target_class = "tasks_app.serializers.TaskCreateSerializer"
-
-    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        if direction != "request":
-            return auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        variants = _task_variants(self, auto_schema, direction, runner_required=True)
-        return {
-            "oneOf": [component.ref for component in variants.values()],
-            "discriminator": {
-                "propertyName": "runner",
-                "mapping": {alias: component.ref["$ref"] for alias, component in variants.items()},
-            },
-        }
-
-
-class TaskUpdateSerializerExtension(OpenApiSerializerExtension):
-    """A partial update: with ``runner``, one schema per runner as for a new task; without it, the
-    task keeps its runner and ``config`` must suit that runner (which the schema cannot know)."""
-
-    target_class = "tasks_app.serializers.TaskUpdateSerializer"
-
-    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        if direction != "request":
-            return auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        variants = _task_variants(self, auto_schema, direction, runner_required=False)
-        name = auto_schema._get_serializer_name(self.target, direction, bypass_extensions=True)
-        keep = copy.deepcopy(auto_schema._map_serializer(self.target, direction, bypass_extensions=True))
-        del keep["properties"]["runner"]
-        keep["properties"]["config"]["description"] = (
-            "The new config of the task's current runner: that runner's config schema."
-        )
-        keep["description"] = "A change that keeps the task's runner."
-        component = ResolvedComponent(
-            name=name.replace("Request", "KeepRunnerRequest") if name.endswith("Request") else f"{name}KeepRunner",
-            type=ResolvedComponent.SCHEMA,
-            schema=keep,
-            object=(name, None),
-        )
-        auto_schema.registry.register_on_missing(component)
-        return {"oneOf": [component.ref, *(variant.ref for variant in variants.values())]}
 
 
 #: The alternative that admits ``null``, in OpenAPI 3.0's terms: ``nullable`` adds null to the

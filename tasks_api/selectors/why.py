@@ -8,10 +8,10 @@ from itertools import islice
 
 from executions.materialiser import task_schedule
 from executions.models import Execution, ExecutionStatus, SkippedOccurrence
+from tasks_api.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
+from tasks_api.selectors.previews import occurrence_at_or_before, task_last_fire_time
 from tasks_app.models import Task
 from tasks_app.schedules import walk_limit
-from tasks_app.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
-from tasks_app.selectors.previews import occurrence_at_or_before, task_last_fire_time
 from tms_core.clock import db_now
 
 #: Verdicts of "why did this task not run at T?" for a live execution, by its status.

@@ -1,0 +1,51 @@
+"""Notification rules as the back office shows them, on the notifications page and a task's page:
+the rules that speak for a task, a rule in words, and what a user may do with each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backoffice.forms import RULE_DURATIONS, RULE_EVENTS
+from notifications.models import Channel, Rule
+from tms_core.durations import format_duration
+from tms_core.roles import may_act_for
+
+
+def task_rules(task: Any) -> tuple[list[Rule], bool]:
+    """The rules that speak for ``task`` and whether they are its owner's defaults."""
+    own = list(Rule.objects.filter(task=task).select_related("channel"))
+    if own:
+        return own, False
+    return list(Rule.objects.filter(owner_id=task.owner_id, task__isnull=True).select_related("channel")), True
+
+
+def may_act_on(user: Any, obj: Channel | Rule, verb: str) -> bool:
+    """Whether ``user`` may ``verb`` (change, delete) a channel or rule (:func:`may_act_for`)."""
+    model = "channel" if isinstance(obj, Channel) else "rule"
+    return may_act_for(user, obj.owner_id, f"notifications.{verb}_{model}")
+
+
+def rule_words(rule: Rule) -> str:
+    """What a rule tells about, in words."""
+    parts = [words.split(" (")[0] for name, words in RULE_EVENTS if getattr(rule, name)]
+    for name, words in RULE_DURATIONS[:3]:
+        value = getattr(rule, name)
+        if value is not None:
+            parts.append(f"{words.lower()} {format_duration(value)}")
+    text = "; ".join(parts) or "nothing"
+    if rule.digest_every is not None:
+        text += f" (one digest every {format_duration(rule.digest_every)})"
+    return text
+
+
+def rule_rows(rules: Any, user: Any) -> list[dict[str, Any]]:
+    """The rows of a rules table: each rule, its words and what ``user`` may do with it."""
+    return [
+        {
+            "rule": r,
+            "words": rule_words(r),
+            "can_change": may_act_on(user, r, "change"),
+            "can_delete": may_act_on(user, r, "delete"),
+        }
+        for r in rules
+    ]
