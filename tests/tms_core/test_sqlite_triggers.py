@@ -59,7 +59,7 @@ from executions import transitions
 from executions.models import RunRollup, TaskRollup
 from notifications import services
 from notifications.models import Outbox
-from tasks_app.services import task_create
+from tasks_api.services import task_create
 
 owner = get_user_model().objects.create_user("sqlite-owner")
 task = task_create(owner=owner, runner="noop", name="t", start_at=timezone.now() + timedelta(days=1))
