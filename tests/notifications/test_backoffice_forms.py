@@ -163,6 +163,6 @@ def test_the_admin_add_forms_pick_by_name_and_take_the_apis_durations(django_use
 
 
 def _task_form(client, task) -> dict:
-    from tests.tasks_app.test_admin import _form_data
+    from tests.tasks_api.test_admin import _form_data
 
     return _form_data(client.get(f"/admin/tasks_app/task/{task.pk}/change/").context["adminform"].form)

@@ -89,7 +89,7 @@ def test_back_office_new_task_form_shows_the_error_on_cron(client, user):
 
 
 def test_admin_add_form_shows_the_error_on_cron(admin_client):
-    from tests.tasks_app.test_admin import _add
+    from tests.tasks_api.test_admin import _add
 
     response = _add(admin_client, name="bad", runner="noop", cron="\u0665 * * * *")
     errors = response.context["adminform"].form.errors
