@@ -78,7 +78,7 @@ def misfire_decision(*, execution_id: int) -> Misfire | None:
     runs it only if no later occurrence of the task is stale too (whatever became of it), and
     ``run_all`` only if fewer than ``catch_up_limit`` are (otherwise ``coalesced``): the latest
     missed occurrences run, once. A later occurrence that is on time does not count: it is not
-    a catch-up run (the README's 10:09 catch-up runs beside the on-time 10:10).
+    a catch-up run (docs/scheduling.md's 10:09 catch-up runs beside the on-time 10:10).
 
     The answer depends only on which later occurrences exist and their due times, never on what
     another process decides about them or how far they got, so a monitor and any number of
