@@ -56,61 +56,81 @@ def _tick_minutes(span: int) -> int:
     return 720
 
 
-def _time_axis(first: datetime, minutes: int, x0: float, plot_w: float, y: float) -> list[str]:
-    """Vertical grid lines and HH:MM labels at round times (multiples of the tick step)."""
-    step = _tick_minutes(minutes)
+def _time_axis(starts: Sequence[datetime], x0: float, plot_w: float, y: float) -> list[str]:
+    """Vertical grid lines and HH:MM labels at round times (multiples of the tick step) among the
+    points' start times, one point per ``plot_w / len(starts)``."""
+    n = max(len(starts), 1)
+    span = (starts[-1] - starts[0]).total_seconds() / 60 + 1 if starts else n
+    step = _tick_minutes(int(span))
     body = []
-    for offset in range(minutes):
-        when = first + timedelta(minutes=offset)
+    for index, when in enumerate(starts):
         if (when.hour * 60 + when.minute) % step:
             continue
-        x = x0 + plot_w * (offset + 0.5) / minutes
+        x = x0 + plot_w * (index + 0.5) / n
         body.append(f'<line x1="{x:.1f}" y1="8" x2="{x:.1f}" y2="{y:.1f}" stroke="{_GRID}"/>')
         body.append(f'<text x="{x:.1f}" y="{y + 14:.1f}" text-anchor="middle">{when:%H:%M}</text>')
     return body
 
 
+def _when(point: MinutePoint) -> str:
+    """A point's time for its tooltip: the minute, or a bin's first and last minute."""
+    if point.span <= 1:
+        return f"{point.minute:%H:%M}"
+    return f"{point.minute:%H:%M}\u2013{point.minute + timedelta(minutes=point.span - 1):%H:%M}"
+
+
+def per_words(minutes: int) -> str:
+    """What one bar or point of a chart covers, in words: "minute", "5 minutes"."""
+    return "minute" if minutes <= 1 else f"{minutes} minutes"
+
+
 def runs_per_minute(
-    points: Sequence[MinutePoint], outcomes: Sequence[str], *, width: int = 960, height: int = 190
+    points: Sequence[MinutePoint],
+    outcomes: Sequence[str],
+    *,
+    width: int = 960,
+    height: int = 190,
+    span: str = "24 hours",
+    per_minutes: int = 1,
 ) -> SafeString:
-    """Stacked bars: runs that ended in each minute, by outcome (bottom to top in ``outcomes``)."""
+    """Stacked bars: runs that ended in each minute (or each bin of ``per_minutes``; a point's
+    ``span`` says how many it holds), by outcome (bottom to top in ``outcomes``), over the last
+    ``span``."""
     x0, top, bottom = 40, 8, height - 22
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
-    peak = _nice_max(max((sum(p.counts.values()) for p in points), default=0))
+    totals = [sum(p.counts.values()) for p in points]
+    peak = _nice_max(max(totals, default=0))
     body = [f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafbfc"/>']
     for fraction in (0, 0.5, 1):
         y = bottom - plot_h * fraction
         body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
         body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * fraction:g}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)
+        body += _time_axis([p.minute for p in points], x0, plot_w, bottom)
     bar_w = plot_w / n
-    # Wide bars (a short span) get a gap between them; a day's 1440 thin bars touch.
+    # Wide bars (a short span) get a gap between them; many thin bars touch.
     drawn_w = bar_w * 0.8 if bar_w > 4 else max(bar_w, 1.2)
+    colours = [(outcome, OUTCOME_COLOURS.get(outcome, "#888")) for outcome in outcomes]
     for index, point in enumerate(points):
-        counts: Mapping[str, int] = point.counts
-        total = sum(counts.values())
-        if not total:
+        if not totals[index]:
             continue
+        counts: Mapping[str, int] = point.counts
         x = x0 + index * bar_w
         y = bottom
         detail = ", ".join(f"{counts.get(o, 0)} {o.lower()}" for o in outcomes if counts.get(o))
-        parts = [f"<title>{point.minute:%H:%M} UTC: {escape(detail)}</title>"]
-        for outcome in outcomes:
+        parts = [f"<title>{_when(point)} UTC: {escape(detail)}</title>"]
+        for outcome, colour in colours:
             count = counts.get(outcome, 0)
             if not count:
                 continue
             h = plot_h * count / peak
             y -= h
-            parts.append(
-                f'<rect x="{x:.2f}" y="{y:.2f}" width="{drawn_w:.2f}" height="{h:.2f}" '
-                f'fill="{OUTCOME_COLOURS.get(outcome, "#888")}"/>'
-            )
+            parts.append(f'<rect x="{x:.2f}" y="{y:.2f}" width="{drawn_w:.2f}" height="{h:.2f}" fill="{colour}"/>')
         body.append(f"<g>{''.join(parts)}</g>")
-    if not any(sum(p.counts.values()) for p in points):
-        body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, "No runs ended in the last 24 h"))
-    return _svg(width, height, body, "Runs per minute over the last 24 hours, stacked by outcome")
+    if not any(totals):
+        body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, f"No runs ended in the last {span}"))
+    return _svg(width, height, body, f"Runs per {per_words(per_minutes)} over the last {span}, stacked by outcome")
 
 
 #: Log-scale bounds for seconds: 1 ms to 1 day.
@@ -143,8 +163,16 @@ def _log_y(value: float, lo: float, hi: float, top: float, plot_h: float) -> flo
     return top + plot_h * (1 - (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)))
 
 
-def lateness_per_minute(points: Sequence[LatenessPoint], *, width: int = 960, height: int = 190) -> SafeString:
-    """p50 and p99 lateness (seconds, log scale) per minute; gaps where nothing started."""
+def lateness_per_minute(
+    points: Sequence[LatenessPoint],
+    *,
+    width: int = 960,
+    height: int = 190,
+    span: str = "24 hours",
+    per_minutes: int = 1,
+) -> SafeString:
+    """p50 and p99 lateness (seconds, log scale) per minute (or per bin of ``per_minutes``) over
+    the last ``span``; gaps where nothing started."""
     x0, top, bottom = 46, 8, height - 22
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
@@ -157,7 +185,7 @@ def lateness_per_minute(points: Sequence[LatenessPoint], *, width: int = 960, he
             body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
             body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     if points:
-        body += _time_axis(points[0].minute, n, x0, plot_w, bottom)
+        body += _time_axis([p.minute for p in points], x0, plot_w, bottom)
     step = plot_w / n
     for attr, colour in (("p99", P99_COLOUR), ("p50", P50_COLOUR)):
         segment: list[str] = []
@@ -183,8 +211,8 @@ def lateness_per_minute(points: Sequence[LatenessPoint], *, width: int = 960, he
                     'stroke-linejoin="round"/>'
                 )
     if not values:
-        body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, "No runs started in the last 24 h"))
-    return _svg(width, height, body, "Lateness p50 and p99 per minute over the last 24 hours")
+        body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, f"No runs started in the last {span}"))
+    return _svg(width, height, body, f"Lateness p50 and p99 per {per_words(per_minutes)} over the last {span}")
 
 
 def _bucket_words(value: float | None) -> str:

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.db import connection
 from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 
-from executions.histogram import BUCKETS, percentile
+from executions.histogram import percentile
 from executions.models import (
     OUTCOME_COLUMNS,
     Execution,
@@ -67,6 +68,10 @@ class MinutePoint:
     minute: datetime
     #: Runs that ended in this minute, by outcome (every key of :data:`OUTCOMES`).
     counts: dict[str, int]
+    #: Lateness histogram (:data:`executions.histogram.BUCKETS` counts) of those that had started.
+    lateness: tuple[int, ...] = ()
+    #: Minutes the point covers from ``minute`` on (a point of a binned chart covers several).
+    span: int = 1
 
     @property
     def total(self) -> int:
@@ -124,14 +129,68 @@ class DashboardSnapshot:
     workers_alive: int
     workers_dead: int
     skipped_by_reason: dict[str, int]
-    runs_per_minute: list[MinutePoint]
-    lateness_per_minute: list[LatenessPoint]
+    #: The last minute of the day's charts (the current one, whole minutes of UTC).
+    last_minute: datetime
+    #: Minutes of the last 24 h in which runs ended: minute -> (runs by outcome in
+    #: :data:`OUTCOMES` order, lateness histogram). Read through :attr:`runs_per_minute` or
+    #: :meth:`points`.
+    by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]]
     duration_by_runner: list[RunnerDuration]
     top_failing_tasks: list[FailingTask]
     upcoming: list[UpcomingRun]
     upcoming_count: int
     #: False when ``upcoming_count`` is a lower bound (more tasks or cron tasks than counted).
     upcoming_exact: bool = True
+
+    @cached_property
+    def runs_per_minute(self) -> list[MinutePoint]:
+        """Each of the last 1,440 minutes, oldest first (those without runs too)."""
+        return self.points(MINUTES_PER_DAY, 1)
+
+    @cached_property
+    def lateness_per_minute(self) -> list[LatenessPoint]:
+        """p50/p99 lateness of each of the last 1,440 minutes."""
+        return [lateness_point(point) for point in self.runs_per_minute]
+
+    def points(self, minutes: int, per: int) -> list[MinutePoint]:
+        """The last ``minutes`` minutes in bins of ``per`` minutes, each starting at a multiple of
+        ``per`` past the hour (the first may start later and the current one is still filling:
+        a bin's ``minute`` and ``span`` say which minutes it holds). Runs are added by outcome
+        and lateness histograms bucket by bucket, so a bin's percentiles are those of all its
+        runs, not an average of its minutes'. Only the minutes with runs are read: a day in
+        5-minute bins is 288 points, not 1,440 objects summed."""
+        first = self.last_minute - timedelta(minutes=minutes - 1)
+        step = timedelta(minutes=1)
+        start = first - timedelta(minutes=(first.hour * 60 + first.minute) % per)
+        result = []
+        while start <= self.last_minute:
+            begin, end = max(start, first), min(start + timedelta(minutes=per - 1), self.last_minute)
+            rows = []
+            at = begin
+            while at <= end:
+                row = self.by_minute.get(at)
+                if row is not None:
+                    rows.append(row)
+                at += step
+            span = int((end - begin) / step) + 1
+            if not rows:
+                result.append(MinutePoint(begin, dict.fromkeys(OUTCOMES, 0), (), span))
+            elif len(rows) == 1:
+                result.append(MinutePoint(begin, dict(zip(OUTCOMES, rows[0][0], strict=True)), rows[0][1], span))
+            else:
+                counts = dict(zip(OUTCOMES, map(sum, zip(*(row[0] for row in rows), strict=True)), strict=True))
+                lateness = tuple(map(sum, zip(*(row[1] for row in rows), strict=True)))
+                result.append(MinutePoint(begin, counts, lateness, span))
+            start += timedelta(minutes=per)
+        return result
+
+
+def lateness_point(point: MinutePoint) -> LatenessPoint:
+    """The lateness percentiles of ``point`` (a minute or a bin of minutes), from its histogram."""
+    started = sum(point.lateness)
+    if not started:
+        return LatenessPoint(point.minute, 0, None, None)
+    return LatenessPoint(point.minute, started, percentile(point.lateness, 0.5), percentile(point.lateness, 0.99))
 
 
 def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
@@ -145,7 +204,7 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
     now = now or db_now()
     owner_id = None if user.is_staff else user.pk
     live = _live_counts(owner_id, now)
-    minutes, lateness, durations, last_hour = _from_rollup(owner_id, now)
+    by_minute, durations, last_hour = _from_rollup(owner_id, now)
     succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
     upcoming = _upcoming(owner_id, now)
     from_schedules, exact = _upcoming_from_schedules(owner_id, now)
@@ -160,8 +219,8 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
         workers_alive=live["alive"],
         workers_dead=live["dead"],
         skipped_by_reason=_skipped_by_reason(owner_id, now),
-        runs_per_minute=minutes,
-        lateness_per_minute=lateness,
+        last_minute=floor_minute(now),
+        by_minute=by_minute,
         duration_by_runner=durations,
         top_failing_tasks=_top_failing(owner_id, now),
         upcoming=upcoming,
@@ -176,34 +235,20 @@ def _owned(queryset: QuerySet, owner_id: int | None, field: str) -> QuerySet:
 
 def _from_rollup(
     owner_id: int | None, now: datetime
-) -> tuple[list[MinutePoint], list[LatenessPoint], list[RunnerDuration], dict[str, int]]:
+) -> tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], list[RunnerDuration], dict[str, int]]:
     last = floor_minute(now)
     first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
     series = rollup_series(since=first, until=last, owner_id=owner_id)
-    nothing = ((0,) * len(OUTCOMES), (0,) * BUCKETS)
-    minutes, lateness = [], []
-    last_hour = dict.fromkeys(OUTCOMES, 0)
     hour_start = last - timedelta(minutes=59)
-    for step in range(MINUTES_PER_DAY):
-        minute = first + timedelta(minutes=step)
-        outcomes, late = series.by_minute.get(minute, nothing)
-        counts = dict(zip(OUTCOMES, outcomes, strict=True))
-        minutes.append(MinutePoint(minute, counts))
-        started = sum(late)
-        lateness.append(
-            LatenessPoint(minute, started, percentile(late, 0.5), percentile(late, 0.99))
-            if started
-            else LatenessPoint(minute, 0, None, None)
-        )
-        if minute >= hour_start:
-            for outcome, count in counts.items():
-                last_hour[outcome] += count
+    last_hour = [sum(column) for column in zip(*(
+        outcomes for minute, (outcomes, _) in series.by_minute.items() if minute >= hour_start
+    ), strict=True)] or [0] * len(OUTCOMES)  # fmt: skip
     durations = [
         RunnerDuration(runner, sum(counts), percentile(counts, 0.5), percentile(counts, 0.99))
         for runner, counts in sorted(series.duration_by_runner.items())
         if sum(counts)
     ]
-    return minutes, lateness, durations, last_hour
+    return series.by_minute, durations, dict(zip(OUTCOMES, last_hour, strict=True))
 
 
 def _top_failing(owner_id: int | None, now: datetime) -> list[FailingTask]:

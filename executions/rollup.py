@@ -74,30 +74,29 @@ def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> 
     where = "minute >= %s AND minute <= %s" + ("" if owner_id is None else " AND owner_id = %s")
     params = [prep(since, connection), prep(until, connection)] + ([] if owner_id is None else [owner_id])
     table = RunRollup._meta.db_table
-    sums = ", ".join(f"SUM({c})" for c in outcomes + lateness + durations)
-    if connection.vendor == "postgresql":
-        # One pass over the window for both groupings.
-        sql = (
-            f"SELECT minute IS NOT NULL, minute, runner, {sums} FROM {table} "  # noqa: S608 - names are ours
-            f"WHERE {where} GROUP BY GROUPING SETS ((minute), (runner))"
-        )
-    else:
-        sql = (
-            f"SELECT 1, minute, NULL, {sums} FROM {table} WHERE {where} GROUP BY minute "  # noqa: S608
-            f"UNION ALL SELECT 0, NULL, runner, {sums} FROM {table} WHERE {where} GROUP BY runner"
-        )
-        params = params + params
+    # Each grouping sums only the columns it is read for (outcomes and lateness by minute, duration
+    # by runner): a GROUPING SETS over every column summed all of them twice, 45 sums per row and
+    # set, most of the statement's CPU at a day of 1,000,000 runs.
+    per_minute = ", ".join(f"SUM({c})" for c in outcomes + lateness)
+    per_runner = ", ".join(f"SUM({c})" for c in durations)
+    by_minute_sql = f"SELECT 1, minute, NULL, {per_minute} FROM {table} WHERE {where} GROUP BY minute"  # noqa: S608
+    pad = ", ".join(["NULL"] * (len(outcomes) + len(lateness) - len(durations)))
+    by_runner_sql = (
+        f"SELECT 0, NULL, runner, {per_runner}{', ' + pad if pad else ''} FROM {table} "  # noqa: S608
+        f"WHERE {where} GROUP BY runner"
+    )
+    sql = f"{by_minute_sql} UNION ALL {by_runner_sql}"
     by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     by_runner: dict[str, tuple[int, ...]] = {}
-    first_duration = 3 + len(outcomes) + len(lateness)
+    split, width = 3 + len(outcomes), 3 + len(outcomes) + len(lateness)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params + params)
         for row in cursor.fetchall():
             if row[0]:
-                counts = tuple(int(v) for v in row[3:first_duration])
-                by_minute[_as_utc(row[1])] = (counts[: len(outcomes)], counts[len(outcomes) :])
+                # SUM of an integer column is a bigint: Python ints already, no conversion per value.
+                by_minute[_as_utc(row[1])] = (tuple(row[3:split]), tuple(row[split:width]))
             else:
-                by_runner[row[2]] = tuple(int(v) for v in row[first_duration:])
+                by_runner[row[2]] = tuple(row[3 : 3 + len(durations)])
     return RollupSeries(by_minute, by_runner)
 
 
