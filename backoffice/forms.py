@@ -57,6 +57,11 @@ class ApiInputForm(forms.Form):
     local_times: tuple[str, ...] = ()
     #: Fields holding JSON text.
     json_fields: tuple[str, ...] = ()
+    #: The fields in the order the page lays them out on its grid (:meth:`grid`), and those folded
+    #: under "more" (:meth:`more_grid`); ``wide_fields`` span two grid columns.
+    layout: tuple[str, ...] = ()
+    more_layout: tuple[str, ...] = ()
+    wide_fields: tuple[str, ...] = ()
     #: Send wall-clock times to the API as typed (no offset) for its serializer to read in the
     #: task's zone, by the API's rule and with its error on the field (a skipped local time is
     #: refused, not moved), rather than reading them here.
@@ -89,6 +94,13 @@ class ApiInputForm(forms.Form):
                     self.add_error(name, "Enter a date and time, e.g. 2026-11-20T09:30:00.")
         return data
 
+    def grid(self) -> list[forms.BoundField]:
+        """The bound fields of :attr:`layout`, for ``_grid_fields.html``."""
+        return [self[name] for name in self.layout]
+
+    def more_grid(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.more_layout]
+
     def payload(self, names: Any = None) -> dict[str, Any]:
         """The API input: every filled field (or only ``names``), as the JSON the API takes."""
         data = self.cleaned_data
@@ -106,6 +118,9 @@ class TaskForm(ApiInputForm):
     local_times = ("start_at", "end_at")
     json_fields = ("config",)
     wall_times_to_api = True
+    layout = ("name", "runner", "config", "start_at", "timezone", "interval", "cron", "end_at", "max_runs")
+    more_layout = ("max_attempts", "retry_backoff", "timeout", "priority", "misfire_policy", "overlap_policy")
+    wide_fields = ("config",)
 
     name = forms.CharField(
         required=False, max_length=200, label="Name (optional)", help_text="Empty: the task is shown by its id."
@@ -216,6 +231,9 @@ class TimeInput(forms.TimeInput):
 class ChannelForm(ApiInputForm):
     """A notification channel: the fields of ``POST /api/v1/notification-channels``."""
 
+    layout = ("name", "kind", "target", "failing_after", "quiet_from", "quiet_to", "timezone")
+    wide_fields = ("target",)
+
     name = forms.CharField(max_length=200)
     kind = forms.ChoiceField(choices=ChannelKind.choices)
     target = forms.CharField(
@@ -277,7 +295,8 @@ class RuleForm(ApiInputForm):
         super().__init__(*args, **kwargs)
         self.fixed_task = fixed_task
         channels = Channel.objects.filter(owner=owner).order_by("name", "id")
-        self.fields["channel"] = forms.ChoiceField(choices=[(str(c.pk), f"{c.name} ({c.kind})") for c in channels])
+        self.channel_choices = [(str(c.pk), f"{c.name} ({c.kind})") for c in channels]
+        self.fields["channel"] = forms.ChoiceField(choices=self.channel_choices)
         if fixed_task is None:
             tasks = (
                 Task.objects.filter(owner=owner)
@@ -298,6 +317,10 @@ class RuleForm(ApiInputForm):
             self.fields[name] = forms.CharField(
                 required=False, max_length=40, label=words, help_text='e.g. "90s", "5m", "1h"; empty: off'
             )
+
+    def has_channels(self) -> bool:
+        """Whether the owner has a channel to send through (the menu is empty otherwise)."""
+        return bool(self.channel_choices)
 
     @classmethod
     def initial_for(cls, rule: Rule) -> dict[str, Any]:

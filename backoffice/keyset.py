@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -31,18 +32,21 @@ class KeysetPage:
     first: bool
 
 
-def encode_cursor(at: datetime, pk: int) -> str:
-    """``at`` (exact to the microsecond) and ``pk`` as URL-safe text: ``<microseconds>_<id>``."""
+def encode_cursor(at: datetime, pk: Any) -> str:
+    """``at`` (exact to the microsecond) and ``pk`` (a number or a UUID) as URL-safe text:
+    ``<microseconds>_<id>``."""
     delta = at - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return f"{micros}_{pk}"
 
 
-def decode_cursor(text: str) -> tuple[datetime, int]:
+def decode_cursor(text: str, pk_field: Any = None) -> tuple[datetime, Any]:
+    """The ``(time, id)`` of a cursor; the id read by ``pk_field`` (default: a whole number)."""
     try:
-        micros, pk = (int(part) for part in text.split("_"))
-        at = _EPOCH + timedelta(microseconds=micros)
-    except (ValueError, OverflowError) as exc:
+        micros_text, pk_text = text.split("_")
+        at = _EPOCH + timedelta(microseconds=int(micros_text))
+        pk = int(pk_text) if pk_field is None else pk_field.to_python(pk_text)
+    except (ValueError, OverflowError, ValidationError) as exc:
         raise BadCursor(f"'after' must be a cursor of the form <microseconds>_<id>, not {text[:40]!r}.") from exc
     return at, pk
 
@@ -59,7 +63,7 @@ def keyset_page(
     sign = "-" if descending else ""
     queryset = queryset.order_by(f"{sign}{time_field}", f"{sign}id")
     if after:
-        at, pk = decode_cursor(after)
+        at, pk = decode_cursor(after, queryset.model._meta.pk)
         inclusive, strict, before = ("lte", "lt", "lt") if descending else ("gte", "gt", "gt")
         queryset = queryset.filter(
             Q(**{f"{time_field}__{inclusive}": at})

@@ -10,6 +10,7 @@ only with the model permission (:func:`tms_core.roles.may_act_for`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -108,6 +109,19 @@ def notifications_page(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/notifications.html", page_context(request))
 
 
+def _saved(form: Any, serializer: Any, save: Callable[[dict[str, Any]], Any]) -> Any:
+    """``save(validated data)`` once ``serializer`` (the API's) accepts the form's input; None,
+    with the serializer's or the service's errors on the form's fields, when refused."""
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors)
+        return None
+    try:
+        return save(serializer.validated_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+
+
 def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | None) -> Channel | None:
     """Validate ``form`` with the API's serializer and save through the service; None (errors on
     the form) when refused."""
@@ -117,16 +131,9 @@ def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | No
     serializer = ChannelSerializer(
         channel, data=form.api_input(), partial=channel is not None, context=_context(request, owner)
     )
-    if not serializer.is_valid():
-        add_errors(form, serializer.errors)
-        return None
-    try:
-        if channel is None:
-            return services.channel_create(owner=owner, data=serializer.validated_data)
-        return services.channel_update(channel=channel, data=serializer.validated_data)
-    except SERVICE_ERRORS as exc:
-        add_service_errors(form, exc)
-        return None
+    if channel is None:
+        return _saved(form, serializer, lambda data: services.channel_create(owner=owner, data=data))
+    return _saved(form, serializer, lambda data: services.channel_update(channel=channel, data=data))
 
 
 @login_required
@@ -165,19 +172,13 @@ def channel_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _save_rule(request: HttpRequest, form: RuleForm, rule: Rule | None, owner: Any) -> Rule | None:
+    """As :func:`_save_channel`, for a rule of ``owner``."""
     if not form.is_valid():
         return None
     serializer = RuleSerializer(rule, data=form.api_input(), context=_context(request, owner))
-    if not serializer.is_valid():
-        add_errors(form, serializer.errors)
-        return None
-    try:
-        if rule is None:
-            return services.rule_create(owner=owner, data=serializer.validated_data)
-        return services.rule_update(rule=rule, data=serializer.validated_data)
-    except SERVICE_ERRORS as exc:
-        add_service_errors(form, exc)
-        return None
+    if rule is None:
+        return _saved(form, serializer, lambda data: services.rule_create(owner=owner, data=data))
+    return _saved(form, serializer, lambda data: services.rule_update(rule=rule, data=data))
 
 
 def _back(request: HttpRequest) -> HttpResponse:

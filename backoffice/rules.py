@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from backoffice.forms import RULE_DURATIONS, RULE_EVENTS
 from notifications.models import Channel, Rule
 from tms_core.durations import format_duration
@@ -13,10 +15,14 @@ from tms_core.roles import may_act_for
 
 def task_rules(task: Any) -> tuple[list[Rule], bool]:
     """The rules that speak for ``task`` and whether they are its owner's defaults."""
-    own = list(Rule.objects.filter(task=task).select_related("channel"))
-    if own:
-        return own, False
-    return list(Rule.objects.filter(owner_id=task.owner_id, task__isnull=True).select_related("channel")), True
+    # One query for both: the task's own rules and its owner's defaults, then the own ones if any.
+    rules = list(
+        Rule.objects.filter(Q(task=task) | Q(owner_id=task.owner_id, task__isnull=True))
+        .select_related("channel")
+        .order_by("id")
+    )
+    own = [rule for rule in rules if rule.task_id is not None]
+    return (own, False) if own else (rules, True)
 
 
 def may_act_on(user: Any, obj: Channel | Rule, verb: str) -> bool:

@@ -11,15 +11,14 @@ import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, RuleForm, TaskForm, WhyForm, local_text
@@ -31,7 +30,6 @@ from backoffice.scope import (
     may_change_execution,
     may_change_task,
     may_delete_task,
-    task_or_404,
     task_to_change,
     visible_executions,
     visible_tasks,
@@ -40,7 +38,6 @@ from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.transitions import RETRYABLE_STATUSES
-from notifications.models import Channel
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_api.selectors import task_occurrences, task_preview, task_why
@@ -128,15 +125,16 @@ def task_list(request: HttpRequest) -> HttpResponse:
         tasks = tasks.filter(Q(name__icontains=query) | Q(runner=query))
     if status in TaskStatus.values:
         tasks = tasks.filter(status=status)
-    # Staff's list reads task_created_idx newest first. An owner's must not: the planner takes
-    # that index too, expecting the owner's tasks spread through it, and walked 90,000 of other
-    # owners' tasks before theirs (91 ms at 100,000 tasks); sorted on an expression that index
-    # cannot serve, it reads the owner's own (task_owner_live_idx) and sorts them (27 ms).
-    newest_first = F("created_at") if request.user.is_staff else Coalesce("created_at", "updated_at")
-    page = Paginator(tasks.order_by(newest_first.desc()), 50).get_page(request.GET.get("page"))
+    # Keyset pages on (created_at, id), newest first: task_created_idx for staff,
+    # task_owner_live_idx for an owner; no count of the matching tasks, no OFFSET.
+    try:
+        page = keyset_page(tasks, time_field="created_at", descending=True, after=request.GET.get("after"), size=50)
+    except BadCursor as exc:
+        messages.error(request, str(exc))
+        page = keyset_page(tasks, time_field="created_at", descending=True, after=None, size=50)
     rows = [
         {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
-        for task in page
+        for task in page.rows
     ]
     code = 400 if request.method == "POST" else 200
     context = {
@@ -145,6 +143,8 @@ def task_list(request: HttpRequest) -> HttpResponse:
         "rows": rows,
         "query": query,
         "status": status,
+        "keep": urlencode({key: value for key, value in (("q", query), ("status", status)) if value}),
+        "descending": True,
         "statuses": [s for s in TaskStatus.values if s != TaskStatus.DELETED],
     }
     return render(request, "backoffice/task_list.html", context, status=code)
@@ -227,6 +227,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         fire_times = []
     rules, default_rules = task_rules(task)
     owner_here = task.owner_id == request_user(request).pk
+    rule_form = forms.get("rule_form") or (RuleForm(owner=task.owner, fixed_task=task) if owner_here else None)
     return {
         "task": task,
         "state": task_state(task),
@@ -235,8 +236,8 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
         # A rule for this task is added by its owner, over the owner's channels.
-        "rule_form": forms.get("rule_form") or (RuleForm(owner=task.owner, fixed_task=task) if owner_here else None),
-        "has_channels": owner_here and Channel.objects.filter(owner=task.owner).exists(),
+        "rule_form": rule_form,
+        "has_channels": rule_form is not None and rule_form.has_channels(),
         "schedule": schedule_words(task),
         "config": pretty_json(task_config_masked(task)),
         "changes": recent_changes(task),
@@ -306,7 +307,8 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
 
 @login_required
 def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_or_404(request.user, pk)
+    # The task with its state columns and owner in the one query that finds it (they were two more).
+    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner")), pk=pk)
     return render(request, "backoffice/task_detail.html", task_context(request, task))
 
 
@@ -550,6 +552,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
         executions = executions.exclude(status=ExecutionStatus.SCHEDULED)
     context: dict[str, Any] = {
         "status": status,
+        "keep": urlencode({"status": status} if status else {}),
         "statuses": ExecutionStatus.values,
         "descending": descending,
         "waiting_runs": status == ExecutionStatus.SCHEDULED,

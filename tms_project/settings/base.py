@@ -71,6 +71,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Index expressions with an operator class (the task search's trigram index, tasks_app 0017);
+    # it does nothing on SQLite.
+    "django.contrib.postgres",
     "rest_framework",
     "rest_framework.authtoken",
     "django_filters",

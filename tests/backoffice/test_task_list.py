@@ -1,0 +1,103 @@
+"""The task list pages by keyset on ``(created_at, id)``, newest first ("Older" continues after
+the last row shown): every task once, ties on the time broken by id, the search and the status
+filter carried to the next page, no COUNT of the tasks and the same number of queries on every
+page (Django's paginator counted every matching task for "page N of M": 19-73 ms of PostgreSQL
+per page at 100,000 tasks)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from tasks_app.models import Task, TaskStatus
+from tasks_app.services import task_create
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def many_tasks(user, other_user):
+    """Two pages and a bit of alice's tasks, half named "alpha", a third paused, several created
+    at the same instant (ties on the key); one of another owner's, which she never sees."""
+    now = timezone.now().replace(microsecond=0)
+    tasks = []
+    for n in range(2 * 50 + 7):
+        task = task_create(
+            owner=user, runner="noop", name=f"{'alpha' if n % 2 else 'beta'} {n}", interval=timedelta(hours=1)
+        )
+        created = now - timedelta(minutes=n // 4)
+        status = TaskStatus.PAUSED if n % 3 == 0 else task.status
+        Task.objects.filter(pk=task.pk).update(created_at=created, status=status)
+        tasks.append(task)
+    task_create(owner=other_user, runner="noop", name="alpha of bob", interval=timedelta(hours=1))
+    return tasks
+
+
+def _walk(client, path):
+    """Follow "Older" links from ``path``: the task pks of each page and each page's queries."""
+    pages, queries = [], []
+    while path:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get(path)
+        assert response.status_code == 200
+        pages.append([row["task"].pk for row in response.context["rows"]])
+        queries.append([q["sql"] for q in captured])
+        found = re.search(r'<a rel="next" href="([^"]+)"', response.content.decode())
+        path = "/ui/tasks/" + found.group(1).replace("&amp;", "&") if found else None
+    return pages, queries
+
+
+def _newest_first(queryset):
+    return list(queryset.order_by("-created_at", "-id").values_list("pk", flat=True))
+
+
+def test_pages_show_every_task_once_newest_first_without_counting(alice_client, user, many_tasks):
+    pages, queries = _walk(alice_client, "/ui/tasks/")
+    assert [len(page) for page in pages] == [50, 50, 7]
+    assert [pk for page in pages for pk in page] == _newest_first(Task.objects.filter(owner=user))
+    assert len({len(q) for q in queries}) == 1  # every page the same work, the last one too
+    assert not [sql for q in queries for sql in q if "COUNT(" in sql.upper()]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("?q=alpha", lambda tasks: tasks.filter(name__icontains="alpha")),
+        ("?status=PAUSED", lambda tasks: tasks.filter(status=TaskStatus.PAUSED)),
+        ("?q=alpha&status=PAUSED", lambda tasks: tasks.filter(name__icontains="alpha", status=TaskStatus.PAUSED)),
+    ],
+)
+def test_the_search_and_the_status_filter_page_by_keyset_too(alice_client, user, many_tasks, query, expected):
+    pages, _ = _walk(alice_client, f"/ui/tasks/{query}")
+    assert [pk for page in pages for pk in page] == _newest_first(expected(Task.objects.filter(owner=user)))
+    assert len(pages) >= 1
+
+
+def test_a_forged_cursor_is_a_message_and_the_first_page(alice_client, many_tasks):
+    response = alice_client.get("/ui/tasks/", {"after": "12_not-a-uuid"})
+    assert response.status_code == 200
+    assert "must be a cursor" in response.content.decode()
+    assert len(response.context["rows"]) == 50
+
+
+def test_the_search_can_read_the_names_trigram_index_and_the_runners(many_tasks):
+    """``?q=`` is ``UPPER(name) LIKE '%Q%' OR runner = q``: both halves have an index (the
+    trigram one on PostgreSQL, migration 0017), so a rare name is not a scan of every task. The
+    planner scans a table this small: told not to, it shows what it can use."""
+    from django.db.models import Q
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the trigram index is PostgreSQL's")
+    # The search's condition alone (the list adds "not deleted", which this small a table answers
+    # from the partial index of live tasks instead).
+    query = Task.objects.filter(Q(name__icontains="alpha 9") | Q(runner="alpha 9"))
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_indexscan = off")
+        plan = query.explain()
+    assert "task_name_trgm_idx" in plan and "task_runner_idx" in plan
