@@ -44,3 +44,24 @@ def csrf_token(client: Client, path: str) -> str:
     match = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content)
     assert match, "no CSRF token on the page"
     return match.group(1).decode()
+
+
+def walk_pages(client: Client, path: str, row: str) -> tuple[list[list], list[list[str]]]:
+    """Follow a keyset list's "Older"/"Later" links (``rel="next"``) from ``path``: the pk of each
+    page's rows (``context["rows"][i][row].pk``) and the SQL of each page's queries."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    base = path.split("?")[0]
+    pages: list[list] = []
+    queries: list[list[str]] = []
+    next_path: str | None = path
+    while next_path:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.get(next_path)
+        assert response.status_code == 200
+        pages.append([entry[row].pk for entry in response.context["rows"]])
+        queries.append([q["sql"] for q in captured])
+        found = re.search(r'<a rel="next" href="([^"]+)"', response.content.decode())
+        next_path = base + found.group(1).replace("&amp;", "&") if found else None
+    return pages, queries

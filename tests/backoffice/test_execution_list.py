@@ -4,18 +4,17 @@ of queries on every page, and the index range scan the page needs."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backoffice.views import PAGE_SIZE
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_api.services import task_create
+from tests.backoffice.helpers import walk_pages
 from tests.factories import ExecutionFactory
 
 pytestmark = pytest.mark.django_db
@@ -37,17 +36,7 @@ def history(user):
 
 
 def _walk(client, path):
-    """Follow "Older" links from ``path``; the pks of each page and the queries each one took."""
-    pages, queries = [], []
-    while path:
-        with CaptureQueriesContext(connection) as captured:
-            response = client.get(path)
-        assert response.status_code == 200
-        pages.append([row["execution"].pk for row in response.context["rows"]])
-        queries.append([q["sql"] for q in captured])
-        found = re.search(r'<a rel="next" href="([^"]+)"', response.content.decode())
-        path = "/ui/executions/" + found.group(1).replace("&amp;", "&") if found else None
-    return pages, queries
+    return walk_pages(client, path, "execution")
 
 
 def test_pages_show_every_ran_row_once_newest_first_without_counting(alice_client, history):

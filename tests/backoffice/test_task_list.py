@@ -6,16 +6,15 @@ per page at 100,000 tasks)."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
-from tasks_app.services import task_create
+from tests.backoffice.helpers import walk_pages
 
 pytestmark = pytest.mark.django_db
 
@@ -39,17 +38,7 @@ def many_tasks(user, other_user):
 
 
 def _walk(client, path):
-    """Follow "Older" links from ``path``: the task pks of each page and each page's queries."""
-    pages, queries = [], []
-    while path:
-        with CaptureQueriesContext(connection) as captured:
-            response = client.get(path)
-        assert response.status_code == 200
-        pages.append([row["task"].pk for row in response.context["rows"]])
-        queries.append([q["sql"] for q in captured])
-        found = re.search(r'<a rel="next" href="([^"]+)"', response.content.decode())
-        path = "/ui/tasks/" + found.group(1).replace("&amp;", "&") if found else None
-    return pages, queries
+    return walk_pages(client, path, "task")
 
 
 def _newest_first(queryset):
