@@ -7,10 +7,11 @@ PostgreSQL it is a statement-level ``AFTER UPDATE`` trigger over the statement's
 it joins the old and new rows once, into the relation ``changed`` (the rows whose status changed,
 superseded rows excepted: those never ran), and each *part* writes from that relation in one
 set-based statement. PostgreSQL refuses a column list (``UPDATE OF status``) beside transition
-tables, so it is called after every UPDATE of the table; a statement that changes no status
-joins its rows, finds none, and writes nothing. SQLite (the embedded default of ``make run``) has
-no statement-level triggers: there the same parts run from a row-level ``AFTER UPDATE OF status``
-trigger, ``changed`` being that one row.
+tables, so it is called after every UPDATE of the table: a statement that leaves no row in a
+status some part may write for (the monitor's take) returns after a look at its new rows; one
+that changes no status joins its rows, finds none, and writes nothing. SQLite (the embedded
+default of ``make run``) has no statement-level triggers: there the same parts run from a
+row-level ``AFTER UPDATE OF status`` trigger, ``changed`` being that one row.
 
 A part writes its rows in a stable order (its rows' key, or the execution id): two statements
 that end runs at the same time then lock the rows they share (a minute's rollup row) in the same
@@ -114,9 +115,12 @@ POSTGRESQL, SQLITE = Dialect(postgresql=True), Dialect(postgresql=False)
 @dataclass(frozen=True)
 class StatusPart:
     """What one listener writes for the rows of ``changed``: ``statements(dialect)`` gives its
-    INSERTs, each reading ``changed`` where it says ``{changed}`` and writing in a stable order."""
+    INSERTs, each reading ``changed`` where it says ``{changed}`` and writing in a stable order.
+    ``targets``: the new statuses it may write anything for (a statement that moves no row to one
+    of any part's targets, the monitor's take, returns before the join)."""
 
     name: str
+    targets: frozenset[str]
     statements: Callable[[Dialect], Sequence[str]]
 
 
@@ -163,7 +167,7 @@ def _rollup(d: Dialect) -> list[str]:
 
 
 #: This app's part: the per-minute and per-task rollups of finished attempts.
-ROLLUP = StatusPart("rollup", _rollup)
+ROLLUP = StatusPart("rollup", frozenset({*TERMINAL_STATUSES, S.SCHEDULED}), _rollup)
 
 
 def _statements(parts: Sequence[StatusPart], d: Dialect, changed: str) -> list[str]:
@@ -181,9 +185,13 @@ def postgresql_install(parts: Sequence[StatusPart]) -> str:
     )
     *ctes, main = _statements(parts, POSTGRESQL, "changed")
     with_ = ", ".join([changed, *(f"part_{i} AS ({sql})" for i, sql in enumerate(ctes))])
+    targets = among("status", {status for part in parts for status in part.targets})
     return f"""
 CREATE OR REPLACE FUNCTION {NAME}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tms_new WHERE {targets}) THEN
+        RETURN NULL;
+    END IF;
     WITH {with_}
     {main};
     RETURN NULL;
@@ -192,7 +200,7 @@ $fn$;
 CREATE OR REPLACE TRIGGER {NAME} AFTER UPDATE ON {EXECUTION}
 REFERENCING OLD TABLE AS tms_old NEW TABLE AS tms_new
 FOR EACH STATEMENT EXECUTE FUNCTION {NAME}();
-"""
+"""  # noqa: S608 - our names
 
 
 POSTGRESQL_UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME} ON {EXECUTION}; DROP FUNCTION IF EXISTS {NAME}();"

@@ -61,7 +61,7 @@ def _outbox(d: Dialect) -> list[str]:
 
 
 #: This app's part of the status trigger.
-OUTBOX_PART = StatusPart("outbox", _outbox)
+OUTBOX_PART = StatusPart("outbox", frozenset({S.SUCCEEDED, S.FAILED, S.SCHEDULED, S.RUNNING}), _outbox)
 
 #: Every part of the execution table's status trigger, in the order they write.
 STATUS_PARTS = (ROLLUP, OUTBOX_PART)
