@@ -16,7 +16,8 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     out, recorded = tmp_path / "bench.json", tmp_path / "recorded.json"
     call_command(
         "tms_bench",
-        "--tasks", "40", "--herd-tasks", "20", "--herd-soon", "--rate", "10", "--duration", "2",
+        "--tasks", "40", "--herd-tasks", "20", "--herd-soon", "--restore-tasks", "20",
+        "--rate", "10", "--duration", "2",
         "--scale-executions", "2000", "--scale-tasks", "200",
         "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
         "--fair-herd", "30", "--fair-few", "3", "--json", str(out),
@@ -27,7 +28,19 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     assert "| scale |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    expected = {"burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness", "pages"}
+    expected = {
+        "burst",
+        "herd",
+        "restore",
+        "sustained",
+        "scale",
+        "create",
+        "dashboard",
+        "lists",
+        "prune",
+        "fairness",
+        "pages",
+    }
     assert set(scenarios) == expected
     assert scenarios["burst"]["executions"] == 40
     fair = scenarios["fairness"]["extra"]
@@ -37,6 +50,11 @@ def test_tms_bench_runs_every_scenario_and_writes_json(tmp_path, capsys):
     assert herd["executions"] == 20
     assert herd["extra"]["lost"] == herd["extra"]["duplicated"] == herd["extra"]["bare_lost"] == 0
     assert herd["baseline_per_second"] > 0
+    # The restore: tasks due the instant they appear, not materialised; each runs once.
+    restore = scenarios["restore"]
+    assert restore["executions"] == 20
+    assert restore["extra"]["lost"] == restore["extra"]["duplicated"] == restore["extra"]["tasks_not_run_once"] == 0
+    assert restore["extra"]["time_ratio"] > 0
     # The wait for the minute boundary is measured apart, and only it is left out of the herd's CPU.
     extra = herd["extra"]
     assert extra["idle_wait_s"] > 0 and extra["idle_cpu_ms_per_s"]

@@ -48,7 +48,19 @@ from tooling.harness.processes import (
     wait_ready,
 )
 
-SCENARIOS = ("burst", "herd", "sustained", "scale", "create", "dashboard", "lists", "prune", "fairness", "pages")
+SCENARIOS = (
+    "burst",
+    "herd",
+    "restore",
+    "sustained",
+    "scale",
+    "create",
+    "dashboard",
+    "lists",
+    "prune",
+    "fairness",
+    "pages",
+)
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
     # Named limits of the burst with limits: their slots and starts, through their buckets.
@@ -106,6 +118,9 @@ class BenchConfig:
     monitors: int = 1
     #: The herd due a few seconds ahead rather than on the next minute boundary (smoke runs).
     herd_soon: bool = False
+    #: The restore scenario: one-run tasks that appear all due at one instant, not materialised
+    #: (a restore, an import), with the herd's processes.
+    restore_tasks: int = 100_000
     scale_executions: int = 1_000_000
     scale_tasks: int = 100_000
     create_requests: int = 300
@@ -398,23 +413,33 @@ class Bench:
     def herd(self) -> Figures:
         """The minute-boundary herd beside bare Celery's drain of as many pre-published no-ops
         (tooling/harness/herd.py)."""
+        return self._herd("herd", self.config.herd_tasks, soon=self.config.herd_soon)
+
+    def restore(self) -> Figures:
+        """Tasks that appear with their one run due at once, none materialised (a restore, an
+        import), through beat, the materialiser, the monitor and the workers, beside bare Celery's
+        drain of as many pre-published no-ops: due instant to last start, every task run once."""
+        return self._herd("restore", self.config.restore_tasks, restore=True)
+
+    def _herd(self, name: str, tasks: int, *, soon: bool = False, restore: bool = False) -> Figures:
         from tooling.harness.herd import Herd, quantiles
 
         herd = Herd(
             owner_id=self.owner.pk,
-            tasks=self.config.herd_tasks,
+            tasks=tasks,
             workers=self.config.workers,
             concurrency=self.config.herd_concurrency,
             monitors=self.config.monitors,
             log_dir=self.config.log_dir,
             env=self._env(),
             progress=self.config.progress,
-            soon=self.config.herd_soon,
+            soon=soon,
+            restore=restore,
         )
         tms = herd.run()
         self._cleanup()
         bare = herd.bare()
-        figures = Figures("herd")
+        figures = Figures(name)
         account = tms.account
         figures.executions = account.started
         figures.seconds = tms.seconds
@@ -436,6 +461,7 @@ class Bench:
             time_ratio=round(tms.seconds / bare.seconds, 2) if bare.seconds else None,
             lost=account.lost,
             duplicated=account.duplicated,
+            tasks_not_run_once=tms.not_once,
             bare_lost=bare.account.lost,
             cpu_ms_per_exec=tms_cpu,
             cpu_ms_per_exec_total=round(sum(tms_cpu.values()), 2),
@@ -1044,6 +1070,8 @@ class Bench:
                     self.config.rate = round(burst.per_second / 2)
             elif scenario == "herd":
                 self.results.append(self.herd())
+            elif scenario == "restore":
+                self.results.append(self.restore())
             elif scenario == "sustained" and self.config.sustained_shares and burst is not None:
                 for index, share in enumerate(self.config.sustained_shares):
                     name = "sustained" if index == 0 else f"sustained_{round(share * 100)}"

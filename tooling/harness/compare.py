@@ -51,6 +51,8 @@ _FIGURES: tuple[tuple[str, str, tuple[str, ...], str | None, str], ...] = (
     ("herd time / bare Celery", "herd", ("extra", "time_ratio"), None, "lower"),
     ("herd due to last start (s)", "herd", ("extra", "due_to_last_start_s"), None, "lower"),
     ("herd CPU / bare Celery", "herd", ("extra", "herd_cpu_ratio"), None, "lower"),
+    ("restore time / bare Celery", "restore", ("extra", "time_ratio"), None, "lower"),
+    ("restore due to last start (s)", "restore", ("extra", "due_to_last_start_s"), None, "lower"),
     ("lateness p50 (ms)", "sustained", ("lateness_ms", "p50"), "lateness_p50", "lower"),
     ("lateness p95 (ms)", "sustained", ("lateness_ms", "p95"), "lateness_p95", "lower"),
     ("lateness p99 (ms)", "sustained", ("lateness_ms", "p99"), "lateness_p99", "lower"),

@@ -169,6 +169,23 @@ def herd_account(*, owner_id: int, due: datetime) -> HerdAccount:
     return account
 
 
+def tasks_not_run_once(*, owner_id: int) -> int:
+    """How many of the owner's tasks have not exactly one execution (none, or more than one):
+    each task of a herd or a restore is to run once."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT count(*) FROM (
+                SELECT count(e.id) AS runs FROM {Task._meta.db_table} t
+                LEFT JOIN {Execution._meta.db_table} e ON e.task_id = t.id
+                WHERE t.owner_id = %s GROUP BY t.id
+            ) per_task WHERE runs <> 1
+            """,  # noqa: S608 - table names are ours
+            [owner_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
 # -- the scenario -----------------------------------------------------------------------------
 
 
@@ -191,6 +208,8 @@ class HerdResult:
     idle_s: float = 0.0
     idle_cpu: dict[str, float] = field(default_factory=dict)
     idle_commits: int = 0
+    #: Tasks without exactly one execution (:func:`tasks_not_run_once`).
+    not_once: int = 0
 
     def cpu_ms_per_execution(self, *, without_idle: bool = False) -> dict[str, float]:
         done = max(1, self.account.started or self.tasks)
@@ -234,8 +253,12 @@ class Herd:
         env: dict[str, Any],
         progress: Any,
         soon: bool = False,
+        restore: bool = False,
     ) -> None:
         self.owner_id = owner_id
+        #: The restore scenario: the tasks appear with their run already due (a restore, an
+        #: import), none materialised; measured from that instant, through the materialiser.
+        self.restore = restore
         #: Due as soon as the tasks can be created and materialised, on every-minute interval
         #: tasks, instead of on the next minute boundary on ``* * * * *`` (which waits up to a
         #: minute more): for a smoke run of the harness, not for figures.
@@ -293,16 +316,23 @@ class Herd:
             meter = CpuMeter(procs)
             lead = 12 + self.tasks / 1000
             now = db_now()
-            if self.soon:
+            grace = "interval '60 seconds'"
+            if self.restore:
+                # Due the instant they are inserted; a grace long enough that the misfire policy
+                # drops none, however long the drain (every run is to start once).
+                due, lead = now.replace(microsecond=0), 0
+                schedule = {"interval": "interval '1 minute'"}
+                grace = "interval '1 day'"
+            elif self.soon:
                 due = (now + timedelta(seconds=lead)).replace(microsecond=0)
                 schedule = {"interval": "interval '1 minute'"}
             else:
                 due = (now + timedelta(seconds=lead)).replace(second=0, microsecond=0) + timedelta(minutes=1)
                 schedule = {"cron": "'* * * * *'"}
             result.due = due
-            kind = "interval" if self.soon else "cron"
-            wait = (due - now).seconds
-            self.progress(f"herd: {self.tasks} every-minute {kind} tasks due at {due:%H:%M:%S} ({wait}s)")
+            kind = "interval" if self.soon or self.restore else "cron"
+            wait = max(0, int((due - now).total_seconds()))
+            self.progress(f"{self.name}: {self.tasks} every-minute {kind} tasks due at {due:%H:%M:%S} ({wait}s)")
             meter.start()
             before = _commits()
             own = [0]
@@ -317,6 +347,7 @@ class Herd:
                         "start_at": "%(due)s",
                         "next_run_at": "%(due)s",
                         "max_runs": "1",
+                        "misfire_grace": grace,
                     },
                     params={"due": due},
                 )
@@ -333,7 +364,12 @@ class Herd:
         result.commits = _commits() - before - own[0]
         result.account = herd_account(owner_id=self.owner_id, due=due)
         result.seconds = result.account.last_start_s or 0.0
+        result.not_once = tasks_not_run_once(owner_id=self.owner_id)
         return result
+
+    @property
+    def name(self) -> str:
+        return "restore" if self.restore else "herd"
 
     def _wait(
         self,
@@ -368,14 +404,14 @@ class Herd:
             if done >= self.tasks:
                 return
             if time.monotonic() > deadline:
-                self.progress(f"herd: gave up with {done}/{self.tasks} done")
+                self.progress(f"{self.name}: gave up with {done}/{self.tasks} done")
                 return
             for kind, running in procs.items():
                 for proc in running:
                     if not proc.alive:
-                        raise RuntimeError(f"herd: {kind} {proc.name} exited:\n{proc.log()[-2000:]}")
+                        raise RuntimeError(f"{self.name}: {kind} {proc.name} exited:\n{proc.log()[-2000:]}")
             if time.monotonic() - last_report >= 2:
-                self.progress(f"herd: {runs.count()} materialised, {started} started, {done} done")
+                self.progress(f"{self.name}: {runs.count()} materialised, {started} started, {done} done")
                 last_report = time.monotonic()
             # Wake for the idle wait's end mark.
             to_mark = (idle_until - db_now()).total_seconds()

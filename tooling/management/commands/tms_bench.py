@@ -65,6 +65,12 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
         parser.add_argument("--herd-tasks", type=positive(int), default=defaults.herd_tasks, help="herd size")
         parser.add_argument(
+            "--restore-tasks",
+            type=positive(int),
+            default=defaults.restore_tasks,
+            help="restore size: tasks that appear all due at once, not materialised",
+        )
+        parser.add_argument(
             "--herd-concurrency",
             type=positive(int),
             default=defaults.herd_concurrency,
@@ -154,6 +160,7 @@ class Command(BaseCommand):
             workers=options["workers"],
             concurrency=options["concurrency"],
             herd_tasks=options["herd_tasks"],
+            restore_tasks=options["restore_tasks"],
             herd_concurrency=options["herd_concurrency"],
             monitors=options["monitors"],
             herd_soon=options["herd_soon"],
