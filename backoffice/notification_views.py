@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -22,6 +23,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from backoffice.forms import ChannelForm, RuleForm
+from backoffice.keyset import BadCursor, keyset_page
 from backoffice.rules import may_act_on, rule_rows, rule_words
 from backoffice.scope import task_or_404
 from backoffice.views import task_context
@@ -33,7 +35,7 @@ from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 from tms_core.roles import may_act_for
 
-#: Rows of the delivery log per page (keyset on id: ``?before=<id>``).
+#: Rows of the delivery log per page (keyset pages on the id, newest first: backoffice.keyset).
 LOG_PAGE = 50
 
 
@@ -75,12 +77,11 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
     status = request.GET.get("status")
     if status in DeliveryStatus.values:
         log = log.filter(status=status)
-    before = request.GET.get("before")
-    if before and before.isdigit():
-        log = log.filter(id__lt=int(before))
-    rows = list(log[: LOG_PAGE + 1])
-    more = len(rows) > LOG_PAGE
-    rows = rows[:LOG_PAGE]
+    try:
+        page = keyset_page(log, column=None, descending=True, cursor=request.GET.get("cursor"), size=LOG_PAGE)
+    except BadCursor as exc:
+        messages.error(request, str(exc))
+        page = keyset_page(log, column=None, descending=True, cursor=None, size=LOG_PAGE)
     rules = visible_rules(request.user).select_related("channel", "task", "owner").order_by("task_id", "id")
     user = request_user(request)
     return {
@@ -96,8 +97,10 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
         "channel_form": forms.get("channel_form") or ChannelForm(initial={"timezone": "UTC"}),
         "rule_form": forms.get("rule_form") or RuleForm(owner=user, initial={"enabled": True}),
         "has_own_channels": Channel.objects.filter(owner=user).exists(),
-        "deliveries": rows,
-        "next_before": rows[-1].pk if more and rows else None,
+        "deliveries": page.rows,
+        "page": page,
+        "descending": True,
+        "keep": urlencode({key: value for key, value in (("status", status), ("channel", channel)) if value}),
         "statuses": DeliveryStatus.values,
         "status": status or "",
         "channel": channel or "",

@@ -128,10 +128,10 @@ def task_list(request: HttpRequest) -> HttpResponse:
     # Keyset pages on (created_at, id), newest first: task_created_idx for staff,
     # task_owner_live_idx for an owner; no count of the matching tasks, no OFFSET.
     try:
-        page = keyset_page(tasks, time_field="created_at", descending=True, after=request.GET.get("after"), size=50)
+        page = keyset_page(tasks, column="created_at", descending=True, cursor=request.GET.get("cursor"), size=50)
     except BadCursor as exc:
         messages.error(request, str(exc))
-        page = keyset_page(tasks, time_field="created_at", descending=True, after=None, size=50)
+        page = keyset_page(tasks, column="created_at", descending=True, cursor=None, size=50)
     rows = [
         {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
         for task in page.rows
@@ -559,7 +559,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     }
     try:
         page = keyset_page(
-            executions, time_field=time_field, descending=descending, after=request.GET.get("after"), size=PAGE_SIZE
+            executions, column=time_field, descending=descending, cursor=request.GET.get("cursor"), size=PAGE_SIZE
         )
     except BadCursor as exc:
         messages.error(request, str(exc))

@@ -46,13 +46,16 @@ def csrf_token(client: Client, path: str) -> str:
     return match.group(1).decode()
 
 
-def walk_pages(client: Client, path: str, row: str) -> tuple[list[list], list[list[str]]]:
+def walk_pages(
+    client: Client, path: str, row: str | None, *, rows: str = "rows", base: str | None = None
+) -> tuple[list[list], list[list[str]]]:
     """Follow a keyset list's "Older"/"Later" links (``rel="next"``) from ``path``: the pk of each
-    page's rows (``context["rows"][i][row].pk``) and the SQL of each page's queries."""
+    page's rows (``context[rows][i][row].pk``, or ``context[rows][i].pk`` when ``row`` is None)
+    and the SQL of each page's queries."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    base = path.split("?")[0]
+    base = base or path.split("?")[0]
     pages: list[list] = []
     queries: list[list[str]] = []
     next_path: str | None = path
@@ -60,7 +63,7 @@ def walk_pages(client: Client, path: str, row: str) -> tuple[list[list], list[li
         with CaptureQueriesContext(connection) as captured:
             response = client.get(next_path)
         assert response.status_code == 200
-        pages.append([entry[row].pk for entry in response.context["rows"]])
+        pages.append([(entry[row] if row else entry).pk for entry in response.context[rows]])
         queries.append([q["sql"] for q in captured])
         found = re.search(r'<a rel="next" href="([^"]+)"', response.content.decode())
         next_path = base + found.group(1).replace("&amp;", "&") if found else None

@@ -15,6 +15,7 @@ from django.utils import timezone
 from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import walk_pages
+from tms_core.api.keyset import Position, encode_cursor
 
 pytestmark = pytest.mark.django_db
 
@@ -68,9 +69,9 @@ def test_the_search_and_the_status_filter_page_by_keyset_too(alice_client, user,
 
 
 def test_a_forged_cursor_is_a_message_and_the_first_page(alice_client, many_tasks):
-    response = alice_client.get("/ui/tasks/", {"after": "12_not-a-uuid"})
+    response = alice_client.get("/ui/tasks/", {"cursor": encode_cursor(Position(0, timezone.now(), "not-a-uuid"))})
     assert response.status_code == 200
-    assert "must be a cursor" in response.content.decode()
+    assert "Invalid cursor" in response.content.decode()
     assert len(response.context["rows"]) == 50
 
 
@@ -90,3 +91,25 @@ def test_the_search_can_read_the_names_trigram_index_and_the_runners(many_tasks)
         cursor.execute("SET LOCAL enable_indexscan = off")
         plan = query.explain()
     assert "task_name_trgm_idx" in plan and "task_runner_idx" in plan
+
+
+def test_the_delivery_log_pages_by_the_same_keyset(alice_client, user):
+    """The notifications page's delivery log, newest first, in pages of the API's cursors with its
+    filter kept (it had a ``?before=<id>`` of its own)."""
+    from backoffice.notification_views import LOG_PAGE
+    from notifications.models import Channel, Delivery, DeliveryStatus
+    from tests.backoffice.helpers import walk_pages
+
+    channel = Channel.objects.create(owner=user, name="hook", kind="webhook", target="https://example.invalid/h")
+    for n in range(LOG_PAGE + 9):
+        status = DeliveryStatus.FAILED if n % 2 else DeliveryStatus.DELIVERED
+        Delivery.objects.create(channel=channel, event="failure", status=status, payload={}, idempotency_key=f"k{n}")
+    newest_first = Delivery.objects.filter(channel=channel).order_by("-id")
+
+    def walk(path):
+        pages, _ = walk_pages(alice_client, path, None, rows="deliveries", base="/ui/notifications/")
+        return [pk for page in pages for pk in page]
+
+    assert walk("/ui/notifications/") == list(newest_first.values_list("pk", flat=True))
+    failed = newest_first.filter(status=DeliveryStatus.FAILED).values_list("pk", flat=True)
+    assert walk(f"/ui/notifications/?status=failed&channel={channel.pk}") == list(failed)

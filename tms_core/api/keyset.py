@@ -15,6 +15,10 @@ that was there when it started.
 
 There is no total count (counting is what made big lists slow): ``next`` and ``previous`` are
 links, null at either end.
+
+This is the one paging of lists that grow, API and pages alike: :class:`KeysetPagination` serves
+the API's lists, and the back office's lists call :func:`read_page` with the same cursors
+(:mod:`backoffice.keyset`). Offsets are left to lists that are bounded.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.db.models import DateTimeField, Model, QuerySet
+from django.db.models import DateTimeField, Model, QuerySet, UUIDField
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
@@ -36,6 +41,13 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 _INVALID = "Invalid cursor: use the next or previous link of a page as it is."
+
+
+class BadCursor(ValueError):
+    """A cursor this list did not make (malformed, forged, or of another ordering)."""
+
+    def __init__(self) -> None:
+        super().__init__(_INVALID)
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,172 @@ class Segment:
 class Position:
     segment: int
     value: Any
-    id: int
+    #: The row's primary key: a whole number, or a UUID (the tasks).
+    id: Any
+
+
+@dataclass(frozen=True)
+class KeysetPage:
+    """The rows of a page, and the positions to read on from (None at either end)."""
+
+    rows: list[Any]
+    #: The last row's position, when rows follow.
+    next: Position | None
+    #: The first row's position (read backwards from it), when rows come before.
+    previous: Position | None
+
+
+def encode_cursor(
+    position: Position, *, backwards: bool = False, state: dict[str, Any] | None = None, ordering: str = ""
+) -> str:
+    """``position`` as URL-safe text: read forwards from it, or ``backwards``; ``state`` (JSON
+    values the list's segments depend on) and ``ordering`` (the list's chosen order) travel with it."""
+    value, ident = position.value, position.id
+    data: dict[str, Any] = {
+        "p": [position.segment, value.isoformat() if isinstance(value, datetime) else value, ident],
+        "k": "t" if isinstance(value, datetime) else "i",
+        "s": state or {},
+        "o": ordering,
+    }
+    if isinstance(ident, uuid.UUID):
+        data["p"][2] = str(ident)
+    if backwards:
+        data["r"] = 1
+    return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: str, *, ordering: str = "") -> tuple[Position, bool, dict[str, Any]]:
+    """``(position, backwards, state)`` of a cursor made by :func:`encode_cursor` for ``ordering``;
+    :class:`BadCursor` otherwise. The position's types are checked against the list by :func:`read_page`."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(raw.encode("ascii") + b"==="))
+        segment, value, ident = data["p"]
+        if not isinstance(segment, int) or isinstance(segment, bool) or not isinstance(ident, int | str):
+            raise ValueError
+        if isinstance(ident, bool):
+            raise ValueError
+        if data.get("k") == "t" and value is not None:
+            value = parse_datetime(value)
+            if value is None:
+                raise ValueError
+        elif value is not None and not isinstance(value, int):
+            raise ValueError
+        state = data.get("s", {})
+        if not isinstance(state, dict) or data.get("o", "") != ordering:
+            raise ValueError
+        return Position(segment, value, ident), bool(data.get("r")), state
+    except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error, json.JSONDecodeError):
+        raise BadCursor from None
+
+
+def read_page(segments: list[Segment], position: Position | None, limit: int, *, backwards: bool = False) -> KeysetPage:
+    """The ``limit`` rows of ``segments`` after ``position`` (before it when ``backwards``; from
+    the start when None), read as index ranges, with the positions of the pages on either side.
+    :class:`BadCursor` when ``position`` cannot be a row of these segments."""
+    if position is not None:
+        position = _fitted(position, segments)
+    rows = _walk(segments, position, limit + 1, backwards)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if backwards:
+        rows.reverse()
+    first, last = (rows[0][0], rows[-1][0]) if rows else (None, None)
+    # Forwards: a next page when more rows were read; a previous one when we came from a cursor.
+    # Backwards the other way round.
+    has_next = more if not backwards else position is not None
+    has_previous = position is not None if not backwards else more
+    return KeysetPage(
+        rows=[row for _, row in rows],
+        next=last if has_next else None,
+        previous=first if has_previous else None,
+    )
+
+
+def _fitted(position: Position, segments: list[Segment]) -> Position:
+    """``position`` with its id typed as the segment's primary key, if it can be a row of these
+    segments (a forged one never reaches SQL); :class:`BadCursor` otherwise."""
+    if not 0 <= position.segment < len(segments):
+        raise BadCursor
+    segment = segments[position.segment]
+    model = segment.sources[0].model
+    ident = position.id
+    if isinstance(model._meta.pk, UUIDField):
+        try:
+            ident = uuid.UUID(str(ident))
+        except ValueError:
+            raise BadCursor from None
+    elif not isinstance(ident, int):
+        raise BadCursor
+    if segment.column is None:
+        if position.value is not None:
+            raise BadCursor
+    elif isinstance(model._meta.get_field(segment.column), DateTimeField):
+        if not (isinstance(position.value, datetime) and position.value.tzinfo is not None):
+            raise BadCursor
+    elif not isinstance(position.value, int):
+        raise BadCursor
+    return replace(position, id=ident)
+
+
+def _walk(
+    segments: list[Segment], position: Position | None, want: int, backwards: bool
+) -> list[tuple[Position, Model]]:
+    order = range(len(segments))
+    if backwards:
+        order = range(len(segments) - 1, -1, -1)
+    rows: list[tuple[Position, Model]] = []
+    for index in order:
+        if position is not None and (index < position.segment if not backwards else index > position.segment):
+            continue
+        segment = segments[index]
+        descending = segment.descending != backwards
+        after = position if position is not None and index == position.segment else None
+        rows += _read(index, segment, descending, after, want - len(rows))
+        if len(rows) >= want:
+            break
+    return rows
+
+
+def _read(
+    index: int, segment: Segment, descending: bool, after: Position | None, want: int
+) -> list[tuple[Position, Model]]:
+    column = segment.column
+    fields = [column, "id"] if column else ["id"]
+    ordering = [f"-{f}" if descending else f for f in fields]
+    merged: list[tuple[Position, Model]] = []
+    for source in segment.sources:
+        queryset = source
+        if after is not None:
+            # A row comparison Django's lookups cannot say; the names are the model's, values parameters.
+            queryset = queryset.extra(  # noqa: S610
+                where=[_compare(queryset, column, descending)], params=_params(after)
+            )
+        for row in queryset.order_by(*ordering)[:want]:
+            value = getattr(row, column) if column else None
+            merged.append((Position(index, value, row.pk), row))
+
+    def key(item: tuple[Position, Model]) -> tuple[Any, Any]:
+        return (item[0].value, item[0].id) if column else (0, item[0].id)
+
+    if len(segment.sources) > 1:
+        # Each source gave its first ``want`` rows in order: the first ``want`` of them all.
+        merged.sort(key=key, reverse=descending)
+    return merged[:want]
+
+
+def _compare(queryset: QuerySet, column: str | None, descending: bool) -> str:
+    table = queryset.model._meta.db_table
+    op = "<" if descending else ">"
+    pk = queryset.model._meta.pk.column
+    if column is None:
+        return f'"{table}"."{pk}" {op} %s'
+    db_column = queryset.model._meta.get_field(column).column
+    # A row comparison: PostgreSQL reads it as one index range on (column, id).
+    return f'("{table}"."{db_column}", "{table}"."{pk}") {op} (%s, %s)'
+
+
+def _params(after: Position) -> list[Any]:
+    return [after.id] if after.value is None else [after.value, after.id]
 
 
 class KeysetPagination(BasePagination):
@@ -95,21 +272,8 @@ class KeysetPagination(BasePagination):
         if raw is None:
             return None, False, {}
         try:
-            data = json.loads(base64.urlsafe_b64decode(raw.encode("ascii") + b"==="))
-            segment, value, ident = data["p"]
-            if not isinstance(segment, int) or not isinstance(ident, int) or isinstance(segment, bool):
-                raise ValueError
-            if data.get("k") == "t" and value is not None:
-                value = parse_datetime(value)
-                if value is None:
-                    raise ValueError
-            elif value is not None and not isinstance(value, int):
-                raise ValueError
-            state = data.get("s", {})
-            if not isinstance(state, dict) or data.get("o", "") != self._ordering(request):
-                raise ValueError
-            return Position(segment, value, ident), bool(data.get("r")), state
-        except (ValueError, TypeError, KeyError, UnicodeError, binascii.Error, json.JSONDecodeError):
+            return decode_cursor(raw, ordering=self._ordering(request))
+        except BadCursor:
             raise ValidationError({self.cursor_query_param: [_INVALID]}) from None
 
     @staticmethod
@@ -117,17 +281,7 @@ class KeysetPagination(BasePagination):
         return ",".join(value for value in request.query_params.getlist("ordering") if value)
 
     def encode(self, position: Position, *, backwards: bool, state: dict[str, Any]) -> str:
-        value = position.value
-        kind = "t" if isinstance(value, datetime) else "i"
-        data: dict[str, Any] = {
-            "p": [position.segment, value.isoformat() if isinstance(value, datetime) else value, position.id],
-            "k": kind,
-            "s": state,
-            "o": self._ordering(self.request),
-        }
-        if backwards:
-            data["r"] = 1
-        return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
+        return encode_cursor(position, backwards=backwards, state=state, ordering=self._ordering(self.request))
 
     # -- the page -------------------------------------------------------------------------
 
@@ -146,93 +300,13 @@ class KeysetPagination(BasePagination):
         position, backwards, state = self.decode(request)
         segments = view.keyset_segments(queryset, state)
         self.state = state
-        if position is not None and not self._fits(position, segments):
-            raise ValidationError({self.cursor_query_param: [_INVALID]})
-        rows = self._walk(segments, position, limit + 1, backwards)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        if backwards:
-            rows.reverse()
-        page = [row for _, row in rows]
-        first, last = (rows[0][0], rows[-1][0]) if rows else (None, None)
-        # Forwards: a next page when more rows were read; a previous one when we came from a cursor.
-        # Backwards the other way round.
-        has_next = more if not backwards else position is not None
-        has_previous = position is not None if not backwards else more
-        self.next_cursor = self.encode(last, backwards=False, state=state) if has_next and last else None
-        self.previous_cursor = self.encode(first, backwards=True, state=state) if has_previous and first else None
-        return page
-
-    @staticmethod
-    def _fits(position: Position, segments: list[Segment]) -> bool:
-        """Whether a decoded position can be a row of these segments (a forged one cannot reach SQL)."""
-        if not 0 <= position.segment < len(segments):
-            return False
-        segment = segments[position.segment]
-        if segment.column is None:
-            return position.value is None
-        field = segment.sources[0].model._meta.get_field(segment.column)
-        if isinstance(field, DateTimeField):
-            return isinstance(position.value, datetime) and position.value.tzinfo is not None
-        return isinstance(position.value, int)
-
-    def _walk(
-        self, segments: list[Segment], position: Position | None, want: int, backwards: bool
-    ) -> list[tuple[Position, Model]]:
-        order = range(len(segments))
-        if backwards:
-            order = range(len(segments) - 1, -1, -1)
-        rows: list[tuple[Position, Model]] = []
-        for index in order:
-            if position is not None and (index < position.segment if not backwards else index > position.segment):
-                continue
-            segment = segments[index]
-            descending = segment.descending != backwards
-            after = position if position is not None and index == position.segment else None
-            rows += self._read(index, segment, descending, after, want - len(rows))
-            if len(rows) >= want:
-                break
-        return rows
-
-    def _read(
-        self, index: int, segment: Segment, descending: bool, after: Position | None, want: int
-    ) -> list[tuple[Position, Model]]:
-        column = segment.column
-        fields = [column, "id"] if column else ["id"]
-        ordering = [f"-{f}" if descending else f for f in fields]
-        merged: list[tuple[Position, Model]] = []
-        for source in segment.sources:
-            queryset = source
-            if after is not None:
-                # A row comparison Django's lookups cannot say; the names are the model's, values parameters.
-                queryset = queryset.extra(  # noqa: S610
-                    where=[self._compare(queryset, column, descending)], params=self._params(after)
-                )
-            for row in queryset.order_by(*ordering)[:want]:
-                value = getattr(row, column) if column else None
-                merged.append((Position(index, value, row.pk), row))
-
-        def key(item: tuple[Position, Model]) -> tuple[Any, int]:
-            return (item[0].value, item[0].id) if column else (0, item[0].id)
-
-        if len(segment.sources) > 1:
-            # Each source gave its first ``want`` rows in order: the first ``want`` of them all.
-            merged.sort(key=key, reverse=descending)
-        return merged[:want]
-
-    @staticmethod
-    def _compare(queryset: QuerySet, column: str | None, descending: bool) -> str:
-        table = queryset.model._meta.db_table
-        op = "<" if descending else ">"
-        if column is None:
-            return f'"{table}"."id" {op} %s'
-        db_column = queryset.model._meta.get_field(column).column
-        # A row comparison: PostgreSQL reads it as one index range on (column, id).
-        return f'("{table}"."{db_column}", "{table}"."id") {op} (%s, %s)'
-
-    @staticmethod
-    def _params(after: Position) -> list[Any]:
-        return [after.id] if after.value is None else [after.value, after.id]
+        try:
+            page = read_page(segments, position, limit, backwards=backwards)
+        except BadCursor:
+            raise ValidationError({self.cursor_query_param: [_INVALID]}) from None
+        self.next_cursor = self.encode(page.next, backwards=False, state=state) if page.next else None
+        self.previous_cursor = self.encode(page.previous, backwards=True, state=state) if page.previous else None
+        return page.rows
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response(
@@ -288,9 +362,4 @@ class KeysetPagination(BasePagination):
 
 def keyset_cursor(position: Position, *, state: dict[str, Any], backwards: bool = False, ordering: str = "") -> str:
     """The ``?cursor=`` value of ``position`` (for tools that jump into a list, e.g. the benchmark)."""
-    from rest_framework.test import APIRequestFactory
-
-    paginator = KeysetPagination()
-    query = f"?ordering={ordering}" if ordering else ""
-    paginator.request = Request(APIRequestFactory().get(f"/{query}"))
-    return paginator.encode(position, backwards=backwards, state=state)
+    return encode_cursor(position, backwards=backwards, state=state, ordering=ordering)

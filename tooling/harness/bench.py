@@ -1108,7 +1108,7 @@ def _execution_list_paths(user: Any) -> list[tuple[str, str]]:
 
     try:
         resolve("/ui/executions/")
-        from backoffice.keyset import encode_cursor
+        from backoffice.keyset import row_cursor
         from backoffice.scope import visible_executions
     except (Resolver404, ImportError):
         return []
@@ -1116,7 +1116,7 @@ def _execution_list_paths(user: Any) -> list[tuple[str, str]]:
     middle = ran[ran.count() // 2]
     return [
         ("list", "/ui/executions/"),
-        ("list_deep", f"/ui/executions/?after={encode_cursor(middle.scheduled_for, middle.pk)}"),
+        ("list_deep", f"/ui/executions/?cursor={row_cursor('scheduled_for', middle)}"),
         ("list_failed", "/ui/executions/?status=FAILED"),
         ("list_waiting", "/ui/executions/?status=SCHEDULED"),
     ]

@@ -51,7 +51,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     and its refresh, the task list (plain, searched, filtered), a task's page, its edit form and
     a "why" question, the execution list (first page, half-way down, FAILED, waiting runs), an
     execution's page, the notifications page."""
-    from backoffice.keyset import encode_cursor
+    from backoffice.keyset import row_cursor
     from backoffice.scope import visible_executions, visible_tasks
     from executions.models import ExecutionStatus
 
@@ -59,7 +59,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     newest = ran.first()
     if newest is None:
         raise RuntimeError(f"pages: {user} sees no executions (fill first)")
-    middle = ran.values_list("scheduled_for", "id")[ran.count() // 2]
+    middle = ran.only("scheduled_for")[ran.count() // 2]
     task = visible_tasks(user).get(pk=newest.task_id)
     at = newest.scheduled_for.isoformat()
     return [
@@ -72,7 +72,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
         ("task_why", f"/ui/tasks/{task.pk}/?at={at.replace('+', '%2B')}"),
         ("task_edit", f"/ui/tasks/{task.pk}/edit/"),
         ("executions", "/ui/executions/"),
-        ("executions_deep", f"/ui/executions/?after={encode_cursor(middle[0], middle[1])}"),
+        ("executions_deep", f"/ui/executions/?cursor={row_cursor('scheduled_for', middle)}"),
         ("executions_failed", "/ui/executions/?status=FAILED"),
         ("executions_waiting", "/ui/executions/?status=SCHEDULED"),
         ("execution", f"/ui/executions/{newest.pk}/"),
