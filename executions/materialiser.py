@@ -46,6 +46,8 @@ class DueTask(NamedTuple):
     cron: str
     timezone: str
     end_at: datetime | None
+    dst_gap: str
+    dst_fold: str
     max_runs: int | None
     jitter: timedelta
     misfire_policy: str
@@ -68,7 +70,13 @@ Plannable = Task | DueTask
 
 def task_schedule(task: Plannable) -> Schedule:
     return Schedule(
-        start_at=task.start_at, interval=task.interval, cron=task.cron, timezone=task.timezone, end_at=task.end_at
+        start_at=task.start_at,
+        interval=task.interval,
+        cron=task.cron,
+        timezone=task.timezone,
+        end_at=task.end_at,
+        dst_gap=task.dst_gap,
+        dst_fold=task.dst_fold,
     )
 
 

@@ -36,6 +36,23 @@ class MisfirePolicy(models.TextChoices):
     RUN_ALL = "run_all"  #: every missed occurrence, bounded by a maximum
 
 
+class DstGap(models.TextChoices):
+    """What a cron task does with wall times the clock skips (tasks_app.schedules.DST_GAP_RULES)."""
+
+    AUTO = "", "by the hour field"  #: shift for a fixed hour, skip for a clock-following expression
+    SHIFT = "shift"  #: fire once, right after the gap
+    SKIP = "skip"  #: do not fire
+
+
+class DstFold(models.TextChoices):
+    """What a cron task does with wall times the clock shows twice (tasks_app.schedules.DST_FOLD_RULES)."""
+
+    AUTO = "", "by the hour field"  #: first for a fixed hour, both for a clock-following expression
+    FIRST = "first"  #: at the first occurrence (summer time)
+    SECOND = "second"  #: at the second occurrence (standard time)
+    BOTH = "both"  #: at both
+
+
 class ArtifactStatus(models.TextChoices):
     UPLOADING = "UPLOADING"  #: waiting for the bytes at a signed upload URL
     READY = "READY"  #: stored and verified (size, SHA-256): tasks may use it
@@ -206,6 +223,24 @@ class Task(models.Model):
     cron = models.CharField(max_length=120, blank=True)
     timezone = models.CharField(max_length=64, default="UTC")
     end_at = models.DateTimeField(null=True, blank=True)
+    dst_gap = models.CharField(
+        max_length=8,
+        choices=DstGap.choices,
+        default=DstGap.AUTO,
+        db_default=DstGap.AUTO,
+        blank=True,
+        help_text="Cron: wall times the clock skips fire once right after the gap (shift) or not at all (skip); "
+        "empty: shift for a fixed hour, skip for a clock-following expression.",
+    )
+    dst_fold = models.CharField(
+        max_length=8,
+        choices=DstFold.choices,
+        default=DstFold.AUTO,
+        db_default=DstFold.AUTO,
+        blank=True,
+        help_text="Cron: wall times the clock shows twice fire at their first, second or both occurrences; "
+        "empty: first for a fixed hour, both for a clock-following expression.",
+    )
     max_runs = models.PositiveIntegerField(null=True, blank=True)
     jitter = models.DurationField(default=timedelta(0), blank=True)
     misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
