@@ -17,7 +17,7 @@ from django import forms
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
 from tasks_api.services import task_config_masked
-from tasks_app.models import MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import DstFold, DstGap, MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.durations import format_duration
 
@@ -119,7 +119,16 @@ class TaskForm(ApiInputForm):
     json_fields = ("config",)
     wall_times_to_api = True
     layout = ("name", "runner", "config", "start_at", "timezone", "interval", "cron", "end_at", "max_runs")
-    more_layout = ("max_attempts", "retry_backoff", "timeout", "priority", "misfire_policy", "overlap_policy")
+    more_layout = (
+        "max_attempts",
+        "retry_backoff",
+        "timeout",
+        "priority",
+        "misfire_policy",
+        "dst_gap",
+        "dst_fold",
+        "overlap_policy",
+    )
     wide_fields = ("config",)
 
     name = forms.CharField(
@@ -149,6 +158,18 @@ class TaskForm(ApiInputForm):
     priority = forms.IntegerField(required=False, min_value=0, max_value=9, initial=5)
     misfire_policy = forms.ChoiceField(choices=MisfirePolicy.choices, initial=MisfirePolicy.RUN_ONCE)
     overlap_policy = forms.ChoiceField(choices=OverlapPolicy.choices, initial=OverlapPolicy.ALLOW)
+    dst_gap = forms.ChoiceField(
+        choices=DstGap.choices,
+        required=False,
+        label="Clock set forward",
+        help_text="Cron: wall times the clock skips run once after the gap (shift) or not at all (skip).",
+    )
+    dst_fold = forms.ChoiceField(
+        choices=DstFold.choices,
+        required=False,
+        label="Clock set back",
+        help_text="Cron: wall times shown twice run at their first, second or both occurrences.",
+    )
 
     @classmethod
     def initial_for(cls, task: Task) -> dict[str, Any]:
@@ -174,6 +195,8 @@ class TaskForm(ApiInputForm):
             "priority": str(task.priority),
             "misfire_policy": task.misfire_policy,
             "overlap_policy": task.overlap_policy,
+            "dst_gap": task.dst_gap,
+            "dst_fold": task.dst_fold,
         }
 
     def changes(self) -> dict[str, Any]:
@@ -194,7 +217,7 @@ class TaskForm(ApiInputForm):
                 continue
             value = self.cleaned_data.get(name)
             if value in ("", None):
-                value = {} if name == "config" else ("" if name in ("cron", "name") else None)
+                value = {} if name == "config" else ("" if name in ("cron", "name", "dst_gap", "dst_fold") else None)
             changed[name] = value
         return changed
 

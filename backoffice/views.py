@@ -63,6 +63,7 @@ from tasks_api.states import task_next_run, task_state, with_state
 from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
+from tasks_app.schedules import dst_rules, parse_cron
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
@@ -285,10 +286,18 @@ def recent_changes(task: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _dst_text(task: Any) -> str:
+    """The DST rules a cron task follows, its own or the hour field's (tasks_app.schedules.dst_rules)."""
+    gap, fold = dst_rules(parse_cron(task.cron), task.dst_gap, task.dst_fold)
+    chosen = "" if task.dst_gap or task.dst_fold else " (by the hour field)"
+    return f"clock set forward: {gap}; set back: {fold}{chosen}"
+
+
 def _settings_rows(task: Any) -> list[tuple[str, Any]]:
     return [
         ("Runner", task.runner),
         ("Time zone", task.timezone),
+        *([("Daylight saving", _dst_text(task))] if task.cron else []),
         ("Start", task.start_at),
         ("End", task.end_at or "\u2013"),
         ("Max runs", task.max_runs or "\u2013"),

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 #: What a task is created with, in the order the add form shows it.
 WHAT_FIELDS = ["name", "runner", "config", "secret_fields", "artifact"]
-WHEN_FIELDS = ["start_at", "interval", "cron", "timezone", "end_at", "max_runs", "jitter"]
+WHEN_FIELDS = ["start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"]
 POLICY_FIELDS = [
     "misfire_policy",
     "misfire_grace",

@@ -373,6 +373,8 @@ class SchedulePreviewView(ApiViewMixin, APIView):
                 cron=data["cron"],
                 timezone=data["timezone"],
                 end_at=data["end_at"],
+                dst_gap=data["dst_gap"],
+                dst_fold=data["dst_fold"],
             )
             times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
         except ScheduleError as exc:

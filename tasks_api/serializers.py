@@ -26,6 +26,8 @@ from tasks_app.models import (
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
+    DstFold,
+    DstGap,
     MisfirePolicy,
     OverlapPolicy,
     Task,
@@ -157,6 +159,18 @@ NOTIFICATION_TARGET_REMOVED = (
 )
 
 
+DST_GAP_HELP = (
+    "Cron only: wall times the clock skips when it is set forward fire once right after the gap (`shift`) or not "
+    "at all (`skip`). Empty: `shift` for a fixed hour (`30 2 * * *`), `skip` for a clock-following expression "
+    "(`*/15 * * * *`)."
+)
+DST_FOLD_HELP = (
+    "Cron only: wall times the clock shows twice when it is set back fire at their `first` occurrence (summer "
+    "time), their `second` (standard time) or `both`. Empty: `first` for a fixed hour, `both` for a "
+    "clock-following expression."
+)
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -198,6 +212,12 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         help_text=CRON_HELP,
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64, help_text="IANA time zone name.")
+    dst_gap = serializers.ChoiceField(
+        choices=DstGap.choices, required=False, allow_blank=True, default=DstGap.AUTO, help_text=DST_GAP_HELP
+    )
+    dst_fold = serializers.ChoiceField(
+        choices=DstFold.choices, required=False, allow_blank=True, default=DstFold.AUTO, help_text=DST_FOLD_HELP
+    )
     end_at = LocalDateTimeField(
         required=False,
         allow_null=True,
@@ -376,6 +396,7 @@ def check_task(attrs: Mapping[str, Any]) -> None:
     start, end = attrs.get("start_at"), attrs.get("end_at")
     if start and end and end < start:
         errors["end_at"] = ["Must not be before start_at."]
+    _check_dst_rules(attrs, errors)
     if attrs["retry_backoff_max"] < attrs["retry_backoff"]:
         errors["retry_backoff_max"] = ["Must not be less than retry_backoff."]
     jitter, interval = attrs.get("jitter") or timedelta(0), attrs.get("interval")
@@ -387,6 +408,17 @@ def check_task(attrs: Mapping[str, Any]) -> None:
         errors["max_age"] = ["Must be at least the start window (jitter) plus 1 s, or every run could expire."]
     if errors:
         raise serializers.ValidationError(errors)
+
+
+def _check_dst_rules(attrs: Mapping[str, Any], errors: dict[str, list[str]]) -> None:
+    """DST rules choose what a cron schedule does when the clock changes: an interval is real
+    elapsed time and a one-shot time one instant, so there they would be accepted and do nothing."""
+    if not attrs.get("cron"):
+        for name in ("dst_gap", "dst_fold"):
+            if attrs.get(name):
+                errors[name] = [
+                    "Applies to cron schedules only: an interval or a one-shot time is not read on a clock."
+                ]
 
 
 SCHEDULE_DESCRIPTION_HELP = (
@@ -440,6 +472,8 @@ class TaskSerializer(serializers.ModelSerializer):
             "interval",
             "cron",
             "timezone",
+            "dst_gap",
+            "dst_fold",
             "description",
             "end_at",
             "max_runs",
@@ -577,6 +611,9 @@ class MaterialiseResultSerializer(serializers.Serializer):
 class FireTimeSerializer(serializers.Serializer):
     utc = serializers.DateTimeField(help_text="The fire time in UTC.")
     local = serializers.SerializerMethodField(help_text="The same instant in the schedule's time zone.")
+    dst = serializers.CharField(
+        help_text="Which DST rule (dst_gap, dst_fold) decided this fire time, in words; empty on an ordinary day."
+    )
 
     def get_local(self, obj: Any) -> str:
         return obj.local.isoformat()
@@ -601,6 +638,12 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
         required=False, allow_blank=True, default="", max_length=120, trim_whitespace=False, help_text=CRON_HELP
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64)
+    dst_gap = serializers.ChoiceField(
+        choices=DstGap.choices, required=False, allow_blank=True, default=DstGap.AUTO, help_text=DST_GAP_HELP
+    )
+    dst_fold = serializers.ChoiceField(
+        choices=DstFold.choices, required=False, allow_blank=True, default=DstFold.AUTO, help_text=DST_FOLD_HELP
+    )
     end_at = LocalDateTimeField(required=False, allow_null=True, default=None)
     max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)
@@ -615,6 +658,7 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
             errors["cron"] = ["Give an interval or a cron expression, not both."]
         if attrs.get("start_at") and attrs.get("end_at") and attrs["end_at"] < attrs["start_at"]:
             errors["end_at"] = ["Must not be before start_at."]
+        _check_dst_rules(attrs, errors)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -671,6 +715,10 @@ class WhySerializer(serializers.Serializer):
     execution = WhyExecutionSerializer(allow_null=True)
     skipped = WhySkippedSerializer(allow_null=True)
     next_fire_times = serializers.ListField(child=serializers.DateTimeField())
+    dst = serializers.CharField(
+        help_text="Which DST rule (dst_gap, dst_fold) decided the instant asked about or its fire time, in words; "
+        "empty when the clock was not being changed."
+    )
 
 
 # --- the occurrence timeline -----------------------------------------------------------------

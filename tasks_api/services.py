@@ -96,6 +96,8 @@ AUDITED_FIELDS = (
     "interval",
     "cron",
     "timezone",
+    "dst_gap",
+    "dst_fold",
     "end_at",
     "max_runs",
     "jitter",
@@ -162,7 +164,10 @@ def task_check_min_interval(*, runner: str, schedule: Schedule, jitter: timedelt
 
 #: The fields :func:`_build_task` sets itself from its arguments (always checked); the others are
 #: checked only when a spec gives them.
-_BUILT = frozenset({"name", "runner", "config", "secret_fields", "start_at", "interval", "cron", "timezone", "end_at"})
+_BUILT = frozenset(
+    {"name", "runner", "config", "secret_fields", "start_at", "interval", "cron", "timezone", "end_at"}
+    | {"dst_gap", "dst_fold"}
+)
 _UNCHECKED = frozenset(field.name for field in Task._meta.concrete_fields) - _BUILT
 
 
@@ -212,6 +217,8 @@ def _build_task(
     cron: str = "",
     timezone: str = "UTC",
     end_at: datetime | None = None,
+    dst_gap: str = "",
+    dst_fold: str = "",
     **options: Any,
 ) -> Task:
     """A validated, unsaved Task whose cursor points at its first fire time."""
@@ -221,7 +228,15 @@ def _build_task(
     task_check_secret_fields(config=config, secret_fields=secret_fields)
     start_at = start_at or now
     try:
-        schedule = Schedule(start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at)
+        schedule = Schedule(
+            start_at=start_at,
+            interval=interval,
+            cron=cron,
+            timezone=timezone,
+            end_at=end_at,
+            dst_gap=dst_gap,
+            dst_fold=dst_fold,
+        )
         first = next(schedule.fire_times(), None)
     except ScheduleError as exc:
         raise InvalidInput.on("schedule", str(exc)) from None
@@ -239,6 +254,8 @@ def _build_task(
             "cron": cron,
             "timezone": timezone,
             "end_at": end_at,
+            "dst_gap": dst_gap,
+            "dst_fold": dst_fold,
             "next_run_at": first,
             "status": TaskStatus.ACTIVE if first is not None else TaskStatus.COMPLETED,
         }
@@ -391,7 +408,9 @@ def _set_created_state(
 # --- changing a task ---------------------------------------------------------------------------
 
 #: Fields whose change replaces the task's future executions: the schedule ...
-SCHEDULE_FIELDS = frozenset({"start_at", "interval", "cron", "timezone", "end_at", "max_runs", "jitter"})
+SCHEDULE_FIELDS = frozenset(
+    {"start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"}
+)
 #: ... and what each execution runs (executions copy the priority when they are created).
 RUN_FIELDS = frozenset({"runner", "config", "priority"})
 #: Fields a partial update may change.

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from executions.materialiser import task_schedule
 from tasks_app.models import Task
-from tasks_app.schedules import Schedule, walk_limit
+from tasks_app.schedules import Schedule, dst_note, walk_limit
 from tms_core.clock import db_now
 
 #: A ``max_runs`` bound larger than this is not applied to previews (walking it would be too slow).
@@ -21,6 +21,18 @@ _MAX_RUNS_WALK = 100_000
 class FireTime:
     utc: datetime
     local: datetime
+    #: Which DST rule decided this time, in words (empty on an ordinary day: :func:`dst_note`).
+    dst: str = ""
+
+
+def _fire_times(schedule: Schedule, times: list[datetime]) -> list[FireTime]:
+    zone = ZoneInfo(schedule.timezone)
+    note = (
+        (lambda when: dst_note(schedule.cron, schedule.timezone, when, gap=schedule.dst_gap, fold=schedule.dst_fold))
+        if schedule.cron
+        else (lambda when: "")
+    )
+    return [FireTime(when, when.astimezone(zone), note(when)) for when in times]
 
 
 def _runs_end(schedule: Schedule, max_runs: int, *, until: datetime) -> datetime | None:
@@ -51,8 +63,7 @@ def schedule_preview(
             last = _runs_end(schedule, max_runs, until=times[-1])
             if last is not None:
                 times = [when for when in times if when <= last]
-    zone = ZoneInfo(schedule.timezone)
-    return [FireTime(when, when.astimezone(zone)) for when in times]
+    return _fire_times(schedule, times)
 
 
 def task_preview(*, task: Task, count: int, after: datetime | None = None) -> list[FireTime]:
@@ -70,8 +81,7 @@ def task_preview(*, task: Task, count: int, after: datetime | None = None) -> li
             last = task_last_fire_time(task, schedule, materialised=None, until=times[-1])
         if last is not None:
             times = [when for when in times if when <= last]
-    zone = ZoneInfo(schedule.timezone)
-    return [FireTime(when, when.astimezone(zone)) for when in times]
+    return _fire_times(schedule, times)
 
 
 def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None:

@@ -11,7 +11,7 @@ from executions.models import Execution, ExecutionStatus, SkippedOccurrence
 from tasks_api.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
 from tasks_api.selectors.previews import occurrence_at_or_before, task_last_fire_time
 from tasks_app.models import Task
-from tasks_app.schedules import walk_limit
+from tasks_app.schedules import dst_note, walk_limit
 from tms_core.clock import db_now
 
 #: Verdicts of "why did this task not run at T?" for a live execution, by its status.
@@ -43,6 +43,8 @@ class WhyAnswer:
     execution: Execution | None = None
     skipped: SkippedOccurrence | None = None
     next_fire_times: list[datetime] = field(default_factory=list)
+    #: Which DST rule decided the instant asked about or its occurrence, in words (empty: none did).
+    dst: str = ""
 
 
 def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
@@ -81,6 +83,11 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         )
     else:
         answer.verdict, answer.reason = verdict, reason
+    if task.cron:
+        rules = {"gap": task.dst_gap, "fold": task.dst_fold}
+        answer.dst = dst_note(task.cron, task.timezone, at, **rules) or dst_note(
+            task.cron, task.timezone, occurrence, **rules
+        )
     if task.end_at is not None and at > task.end_at and answer.verdict == "not_a_fire_time":
         answer.verdict = "after_end"
         answer.reason = f"The schedule ended at {task.end_at.isoformat()}. " + answer.reason

@@ -42,6 +42,8 @@ def _random_task(rng: random.Random, now: datetime) -> DueTask:
         timezone=rng.choice(ZONES) if cron else "UTC",
         # Valid schedules only (the API refuses an end before the start).
         end_at=rng.choice((None, None, max(start_at, now + timedelta(seconds=rng.randint(-600, 600))))),
+        dst_gap=rng.choice(("", "", "skip")) if cron else "",
+        dst_fold=rng.choice(("", "", "second", "both")) if cron else "",
         max_runs=max_runs,
         jitter=rng.choice((timedelta(0), timedelta(0), timedelta(seconds=30))),
         misfire_policy=rng.choice(list(MisfirePolicy)),

@@ -92,3 +92,81 @@ def test_the_rule_that_decided_an_instant_is_said():
 def test_bad_rules_are_refused(kwargs, message):
     with pytest.raises(ScheduleError, match=message):
         Schedule(start_at=datetime(2027, 1, 1, tzinfo=UTC), **kwargs)
+
+
+# --- a task's own rules, through the API and the back office -------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_task_keeps_its_dst_rules_plans_by_them_and_says_which_applied(api_client):
+    body = {
+        "runner": "noop",
+        "cron": "30 2 * * *",
+        "timezone": BERLIN,
+        "start_at": "2027-10-30T00:00:00Z",
+        "dst_fold": "second",
+    }
+    created = api_client.post("/api/v1/tasks", body, format="json")
+    assert created.status_code == 201, created.content
+    task = created.json()
+    assert (task["dst_gap"], task["dst_fold"]) == ("", "second")
+    preview = api_client.get(f"/api/v1/tasks/{task['id']}/preview", {"after": "2027-10-30T00:00:00Z", "count": 3})
+    times = preview.json()["fire_times"]
+    # 02:30 on 31 October at its second occurrence (CET, 01:30 UTC), and the preview says why.
+    assert [t["utc"] for t in times] == ["2027-10-30T00:30:00Z", "2027-10-31T01:30:00Z", "2027-11-01T01:30:00Z"]
+    assert times[0]["dst"] == "" and times[1]["dst"].startswith("dst_fold=second: 02:30:00 occurs twice")
+    why = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-10-31T00:30:00Z"}).json()
+    assert why["verdict"] == "not_a_fire_time"
+    assert why["dst"].startswith("dst_fold=second: 02:30:00 occurs twice") and "first occurrence (CEST)" in why["dst"]
+    # A change of the rule re-plans the schedule and is in the audit trail.
+    patched = api_client.patch(f"/api/v1/tasks/{task['id']}", {"dst_fold": "both"}, format="json")
+    assert patched.status_code == 200 and patched.json()["dst_fold"] == "both"
+    preview = api_client.get(f"/api/v1/tasks/{task['id']}/preview", {"after": "2027-10-31T00:00:00Z", "count": 2})
+    assert [t["utc"] for t in preview.json()["fire_times"]] == ["2027-10-31T00:30:00Z", "2027-10-31T01:30:00Z"]
+    audit = api_client.get("/api/v1/audit", {"object_id": task["id"]}).json()["results"]
+    assert any(entry["changes"].get("dst_fold") == {"from": "second", "to": "both"} for entry in audit), audit
+
+
+@pytest.mark.django_db
+def test_schedule_preview_applies_the_rules_given(api_client):
+    body = {"cron": "30 2 * * *", "timezone": BERLIN, "start_at": "2027-03-27T00:00:00Z", "count": 3}
+    shifted = api_client.post("/api/v1/schedules/preview", body, format="json").json()["fire_times"]
+    skipped = api_client.post("/api/v1/schedules/preview", {**body, "dst_gap": "skip"}, format="json").json()
+    assert [t["utc"] for t in shifted] == ["2027-03-27T01:30:00Z", "2027-03-28T01:00:00Z", "2027-03-29T00:30:00Z"]
+    assert shifted[1]["dst"].startswith("dst_gap=shift: the clock skipped 02:00-03:00 on 2027-03-28")
+    assert [t["utc"] for t in skipped["fire_times"]] == [
+        "2027-03-27T01:30:00Z",
+        "2027-03-29T00:30:00Z",
+        "2027-03-30T00:30:00Z",
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"interval": "1h", "dst_gap": "skip"}, "dst_gap", "Applies to cron schedules only"),
+        ({"dst_fold": "second"}, "dst_fold", "Applies to cron schedules only"),
+        ({"cron": "0 2 * * *", "dst_fold": "last"}, "dst_fold", "is not a valid choice"),
+    ],
+)
+def test_dst_rules_that_would_do_nothing_or_are_unknown_are_a_400_on_the_field(api_client, body, field, message):
+    from tasks_app.models import Task
+
+    response = api_client.post("/api/v1/tasks", {"runner": "noop", **body}, format="json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()["errors"]) == [field] and message in response.json()["errors"][field][0]
+    assert Task.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_back_office_edits_the_rules_and_shows_them(client, user):
+    from tasks_app.models import Task
+    from tasks_api.services import task_create
+
+    task = task_create(owner=user, runner="noop", cron="30 2 * * *", timezone=BERLIN)
+    client.force_login(user)
+    page = client.get(f"/ui/tasks/{task.pk}/")
+    assert "clock set forward: shift; set back: first (by the hour field)" in page.content.decode()
+    edit = client.get(f"/ui/tasks/{task.pk}/edit/")
+    assert edit.status_code == 200 and 'name="dst_fold"' in edit.content.decode()
