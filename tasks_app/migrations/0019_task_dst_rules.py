@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tasks_app", "0016_task_owner_live_idx"),
+        ("tasks_app", "0018_task_list_keyset_indexes"),
     ]
 
     operations = [
