@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
-from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
-from rest_framework.request import Request
 
 from executions.api import UtcDateTimeFilter
 from tasks_app.models import AuditEntry
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
+from tms_core.api.keyset import KeysetPagination, Segment
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -62,40 +61,6 @@ class AuditFilter(StrictFilterSet):
         fields = ["task", "user", "action", "object_type", "since", "until"]
 
 
-class AuditPagination(CursorPagination):
-    """Newest first by id (the log only grows): a page costs the same at any depth, no count."""
-
-    ordering = "-id"
-    page_size = 50
-    page_size_query_param = "limit"
-    max_page_size = 500
-
-    def get_page_size(self, request: Request) -> int:
-        # DRF falls back to the default on a bad value; the API answers 400 instead, as elsewhere.
-        values = request.query_params.getlist(self.page_size_query_param)
-        if not values:
-            return self.page_size
-        for value in values:
-            if not value.isdigit() or int(value) < 1:
-                raise ValidationError({self.page_size_query_param: ["A whole number of at least 1 is required."]})
-        return min(int(values[-1]), self.max_page_size)
-
-    def decode_cursor(self, request: Request) -> Any:
-        # DRF answers a bad cursor with 404; it is bad input, like a bad filter.
-        try:
-            return super().decode_cursor(request)
-        except NotFound:
-            raise ValidationError({self.cursor_query_param: ["Invalid cursor: follow a page's next link."]}) from None
-
-    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        parameters = super().get_schema_operation_parameters(view)
-        for parameter in parameters:
-            if parameter["name"] == self.page_size_query_param:
-                parameter["schema"] = {"type": "integer", "minimum": 1}
-                parameter["description"] = f"Entries per page (default {self.page_size}); more than 500 reads as 500."
-        return parameters
-
-
 @extend_schema_view(
     list=extend_schema(
         summary="The audit log",
@@ -113,7 +78,13 @@ class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.Retrieve
 
     queryset = AuditEntry.objects.select_related("owner")
     serializer_class = AuditEntrySerializer
-    pagination_class = AuditPagination
+    # The log only grows: keyset pages newest first by id (a page costs the same at any depth, no
+    # count), the one paging of every list that grows (tms_core.api.keyset).
+    pagination_class = KeysetPagination
     filter_backends = [DjangoFilterBackend]
     filterset_class = AuditFilter
     lookup_value_regex = r"[0-9]{1,18}"
+
+    def keyset_segments(self, queryset: QuerySet[AuditEntry], state: dict[str, Any]) -> list[Segment]:
+        """The entries, newest first by id (KeysetPagination)."""
+        return [Segment(sources=[queryset], column=None, descending=True)]

@@ -98,6 +98,10 @@ def test_the_audit_api_is_owner_scoped_filtered_and_cursor_paged(user, other_use
     assert "count" not in first and len(first["results"]) == 3 and first["next"]
     second = api_client.get(first["next"]).json()
     assert len(second["results"]) == 1 and second["next"] is None
+    # The one keyset paging of lists that grow (as the executions and deliveries): a previous link
+    # back to the first page, and offsets refused.
+    assert api_client.get(second["previous"]).json()["results"] == first["results"]
+    assert api_client.get("/api/v1/audit?offset=3").status_code == 400
     # Another owner's entry is a 404, as their task is.
     entry = AuditEntry.objects.get(task_id=theirs.pk)
     assert api_client.get(f"/api/v1/audit/{entry.pk}").status_code == 404
