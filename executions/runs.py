@@ -15,6 +15,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
@@ -64,7 +65,9 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         config=get_runner(task.runner).validate_config(config_open(task.config)),
         timeout=task.timeout.total_seconds(),
         callback_url=callback_url(execution_id=execution.pk),
-        callback_token=callback_token(execution_id=execution.pk, attempt=execution.attempt, timeout=task.timeout),
+        token_minter=partial(
+            callback_token, execution_id=execution.pk, attempt=execution.attempt, timeout=task.timeout
+        ),
         artifact_path=artifact_path,
         artifact_sha256=task.artifact.sha256 if artifact_path and task.artifact is not None else None,
         tracing_id=task.tracing_id,

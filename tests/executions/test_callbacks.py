@@ -236,3 +236,25 @@ def test_the_http_runner_hands_the_token_to_its_endpoint_which_can_report():
     )
     assert response.status_code == 202, response.data
     assert Execution.objects.get(pk=execution.pk).output == "pushed"
+
+
+def test_a_run_spec_signs_its_callback_token_only_when_a_runner_asks_for_it(monkeypatch):
+    """A signature for every run cost the workers about 5 % of their CPU, for runs (noop, sleep,
+    e-mail) that never report back: the spec makes it when a runner reads it, once."""
+    from executions import runs
+
+    signed: list[int] = []
+
+    def counting(**kwargs):
+        signed.append(kwargs["execution_id"])
+        return callback_token(**kwargs)
+
+    monkeypatch.setattr(runs, "callback_token", counting)
+    execution = _running()
+    spec = runs.run_spec(execution, execution.task)
+    assert signed == []  # built, not signed
+    token = spec.callback_token
+    assert signed == [execution.pk] and spec.callback_token == token and signed == [execution.pk]
+    assert spec.environment()["TMS_CALLBACK_TOKEN"] == token
+    # It is the attempt's real token: the callback takes it.
+    assert _post(execution.pk, token, {"status": "succeeded", "output": "ok"}).status_code == 202

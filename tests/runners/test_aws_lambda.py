@@ -204,7 +204,7 @@ def test_lambda_event_invocation_waits_for_the_callback(aws: LambdaEmulator, lam
         lam,
         {"function_name": "report", "invocation_type": "Event", "wait_for_callback": True, "payload": {"day": "mon"}},
         callback_url="http://127.0.0.1:9/api/v1/callbacks/1",
-        callback_token="signed-token",
+        token_minter=lambda: "signed-token",
     )
 
     handle = lam.start(spec)
