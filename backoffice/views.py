@@ -40,14 +40,16 @@ from executions.services import execution_cancel_by_user, execution_retry_by_use
 from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
+from tasks_api.selector_serializers import (
+    OccurrencesQuerySerializer,
+    WhyQuerySerializer,
+)
 from tasks_api.selectors import task_occurrences, task_preview, task_why
 from tasks_api.selectors.resume import resume_preview
 from tasks_api.serializers import (
     BackfillSerializer,
-    OccurrencesQuerySerializer,
     TaskCreateSerializer,
     TaskUpdateSerializer,
-    WhyQuerySerializer,
 )
 from tasks_api.services import (
     task_backfill,

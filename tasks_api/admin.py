@@ -34,7 +34,6 @@ from runners.registry import runner_aliases
 from tasks_api.limits import limit_create, limit_delete, limit_update
 from tasks_api.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_api.services import (
-    UPDATABLE_FIELDS,
     task_config_masked,
     task_create,
     task_delete,
@@ -44,6 +43,8 @@ from tasks_api.services import (
     task_update,
 )
 from tasks_api.states import task_next_run, task_state, with_state
+from tasks_app import fields as task_fields
+from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
 from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.schedules import CRON_FIELDS_HELP
@@ -54,27 +55,14 @@ from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
 
-#: What a task is created with, in the order the add form shows it.
-WHAT_FIELDS = ["name", "runner", "config", "secret_fields", "artifact"]
-WHEN_FIELDS = ["start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"]
-POLICY_FIELDS = [
-    "misfire_policy",
-    "misfire_grace",
-    "catch_up_limit",
-    "overlap_policy",
-    "max_age",
-    "max_concurrency",
-    "limits",
-    "max_attempts",
-    "retry_backoff",
-    "retry_backoff_max",
-    "retry_jitter",
-    "timeout",
-    "priority",
-]
-OTHER_FIELDS = ["tracing_id", "expose_metrics"]
-RETENTION_FIELDS = ["keep_last", "keep_for", "keep_failed_longer"]
-CREATE_FIELDS = [*WHAT_FIELDS, *WHEN_FIELDS, *POLICY_FIELDS, *RETENTION_FIELDS, *OTHER_FIELDS]
+#: What a task is created with, in the order the add form shows it: the groups of
+#: :data:`tasks_app.fields.TASK_FIELDS`.
+WHAT_FIELDS = task_fields.names(task_fields.WHAT)
+WHEN_FIELDS = task_fields.names(task_fields.WHEN)
+POLICY_FIELDS = task_fields.names(task_fields.POLICIES)
+OTHER_FIELDS = task_fields.names(task_fields.OTHER)
+RETENTION_FIELDS = task_fields.names(task_fields.RETENTION)
+CREATE_FIELDS = task_fields.SETTINGS
 #: Read-only facts shown at the top of the change page.
 STATUS_FIELDS = [
     "id",

@@ -22,24 +22,26 @@ from rest_framework.views import APIView
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
+from tasks_api.selector_serializers import (
+    OccurrencesQuerySerializer,
+    OccurrenceWindowSerializer,
+    PreviewQuerySerializer,
+    PreviewSerializer,
+    SchedulePreviewSerializer,
+    WhyQuerySerializer,
+    WhySerializer,
+)
 from tasks_api.selectors import schedule_preview, task_occurrences, task_preview, task_why
 from tasks_api.serializers import (
     BackfillResultSerializer,
     BackfillSerializer,
     MaterialiseResultSerializer,
     MaterialiseSerializer,
-    OccurrencesQuerySerializer,
-    OccurrenceWindowSerializer,
-    PreviewQuerySerializer,
-    PreviewSerializer,
-    SchedulePreviewSerializer,
     TaskCreatedSerializer,
     TaskCreateSerializer,
     TaskDeleteSerializer,
     TaskSerializer,
     TaskUpdateSerializer,
-    WhyQuerySerializer,
-    WhySerializer,
 )
 from tasks_api.services import (
     task_backfill,

@@ -27,7 +27,8 @@ from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
-from tasks_app.models import AuditAction, Task, TaskStatus, claims_exclusive
+from tasks_app.fields import AUDITED_COLUMNS, UPDATABLE_FIELDS
+from tasks_app.models import MIN_MISFIRE_GRACE, AuditAction, Task, TaskStatus, claims_exclusive
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
@@ -85,46 +86,9 @@ def task_config_masked(task: Task) -> dict[str, Any]:
     return masked
 
 
-#: What an audit entry shows of a task (config masked).
-AUDITED_FIELDS = (
-    "name",
-    "runner",
-    "config",
-    "secret_fields",
-    "artifact",
-    "start_at",
-    "interval",
-    "cron",
-    "timezone",
-    "dst_gap",
-    "dst_fold",
-    "end_at",
-    "max_runs",
-    "jitter",
-    "misfire_policy",
-    "misfire_grace",
-    "catch_up_limit",
-    "overlap_policy",
-    "max_concurrency",
-    "max_age",
-    "keep_last",
-    "keep_for",
-    "keep_failed_longer",
-    "max_attempts",
-    "retry_backoff",
-    "retry_backoff_max",
-    "retry_jitter",
-    "timeout",
-    "priority",
-    "tracing_id",
-    "expose_metrics",
-    "status",
-)
-
-
 def _snapshot(task: Task, config: Any) -> dict[str, Any]:
     """The audited fields of ``task``, with ``config`` (already masked) in place of its own."""
-    values = {name: getattr(task, name) for name in AUDITED_FIELDS if name not in ("config", "artifact")}
+    values = {name: getattr(task, name) for name in AUDITED_COLUMNS if name not in ("config", "artifact")}
     return {**values, "config": config, "artifact": str(task.artifact_id) if task.artifact_id else None}
 
 
@@ -138,6 +102,58 @@ def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = Non
         changes=changes,
         detail=detail,
     )
+
+
+#: The settings :func:`task_check_rules` reads.
+RULE_FIELDS = (
+    "interval",
+    "cron",
+    "start_at",
+    "end_at",
+    "retry_backoff",
+    "retry_backoff_max",
+    "jitter",
+    "max_age",
+    "dst_gap",
+    "dst_fold",
+)
+
+
+def task_check_rules(settings: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidInput` unless a task's settings (those of :data:`RULE_FIELDS` given;
+    for an update, all of the task's with the changes merged) agree with each other. The create and update
+    services apply them, so the API, the admin and the pages share them; the API's serializers
+    call this too, to report them beside their own field errors."""
+    errors: dict[str, list[str]] = {}
+    if settings.get("interval") is not None and settings.get("cron"):
+        errors["cron"] = ["Give an interval or a cron expression, not both."]
+    start, end = settings.get("start_at"), settings.get("end_at")
+    if start and end and end < start:
+        errors["end_at"] = ["Must not be before start_at."]
+    backoff, most = settings.get("retry_backoff"), settings.get("retry_backoff_max")
+    if backoff is not None and most is not None and most < backoff:
+        errors["retry_backoff_max"] = ["Must not be less than retry_backoff."]
+    jitter, interval = settings.get("jitter") or timedelta(0), settings.get("interval")
+    if interval is not None and jitter > interval:
+        # The start window of one run would reach past the next run's fire time.
+        errors["jitter"] = ["The start window (jitter) must not be longer than the interval."]
+    max_age = settings.get("max_age")
+    if max_age is not None and max_age < jitter + MIN_MISFIRE_GRACE:
+        errors["max_age"] = ["Must be at least the start window (jitter) plus 1 s, or every run could expire."]
+    if not settings.get("cron"):
+        # DST rules choose what a cron schedule does when the clock changes: an interval is real
+        # elapsed time and a one-shot time one instant: there they would be accepted and do nothing.
+        for name in ("dst_gap", "dst_fold"):
+            if settings.get(name):
+                errors[name] = [
+                    "Applies to cron schedules only: an interval or a one-shot time is not read on a clock."
+                ]
+    if errors:
+        raise InvalidInput(errors)
+
+
+def _check_rules(task: Task) -> None:
+    task_check_rules({name: getattr(task, name) for name in RULE_FIELDS})
 
 
 def task_check_min_interval(*, runner: str, schedule: Schedule, jitter: timedelta | None = None) -> None:
@@ -184,6 +200,9 @@ class _TaskRows:
             None if field.name in ("id", "config", "secret_fields") else field.get_default() for field in self.fields
         ]
 
+    def default(self, name: str) -> Any:
+        return self.defaults[self.index[name]]
+
     def build(self, values: Mapping[str, Any]) -> Task:
         row = self.defaults.copy()
         related: list[tuple[ForeignKey, Any]] = []
@@ -222,6 +241,11 @@ def _build_task(
     **options: Any,
 ) -> Task:
     """A validated, unsaved Task whose cursor points at its first fire time."""
+    given = {"interval": interval, "cron": cron, "start_at": start_at, "end_at": end_at}
+    given |= {"dst_gap": dst_gap, "dst_fold": dst_fold}
+    task_check_rules(
+        {name: given[name] if name in given else options.get(name, rows.default(name)) for name in RULE_FIELDS}
+    )
     config = config or {}
     task_validate_runner(runner=runner, config=config)
     secret_fields = options.pop("secret_fields", None) or []
@@ -344,9 +368,9 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
                     "object_id": task.pk,
                     "owner": task.owner_id,
                     "task_id": task.pk,
-                    "changes": _created_changes(task),
+                    "changes": _created_changes(task, sorted(limit.name for limit in chosen)),
                 }
-                for task in tasks
+                for task, chosen in zip(tasks, named, strict=True)
             ]
         )
         skipped_record(skipped)
@@ -376,10 +400,13 @@ def _insert_tasks(tasks: list[Task]) -> None:
         task._state.db = "default"
 
 
-def _created_changes(task: Task) -> dict[str, dict[str, Any]]:
-    """A new task's audit changes (every audited field from nothing to its value, config masked):
-    ``audit_diff({}, snapshot)`` without comparing against an empty side."""
+def _created_changes(task: Task, limits: list[str]) -> dict[str, dict[str, Any]]:
+    """A new task's audit changes (every audited field from nothing to its value, config masked,
+    and the names of its limits if it has any, as an update records them): ``audit_diff({},
+    snapshot)`` without comparing against an empty side."""
     snapshot = _snapshot(task, task_config_masked(task))
+    if limits:
+        snapshot["limits"] = limits
     return {
         name: {"from": None, "to": value} for name, value in sorted(audit_values(snapshot).items()) if value is not None
     }
@@ -413,32 +440,6 @@ SCHEDULE_FIELDS = frozenset(
 )
 #: ... and what each execution runs (executions copy the priority when they are created).
 RUN_FIELDS = frozenset({"runner", "config", "priority"})
-#: Fields a partial update may change.
-UPDATABLE_FIELDS = (
-    SCHEDULE_FIELDS
-    | RUN_FIELDS
-    | {
-        "name",
-        "misfire_policy",
-        "misfire_grace",
-        "catch_up_limit",
-        "overlap_policy",
-        "max_age",
-        "max_concurrency",
-        "max_attempts",
-        "retry_backoff",
-        "retry_backoff_max",
-        "retry_jitter",
-        "timeout",
-        "tracing_id",
-        "expose_metrics",
-        "keep_last",
-        "keep_for",
-        "keep_failed_longer",
-        "secret_fields",
-        "limits",
-    }
-)
 
 
 def _lock(task_id: uuid.UUID | str) -> Task:
@@ -539,6 +540,8 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         changed = {name for name, value in changes.items() if getattr(task, name) != value}
         for name in changed:
             setattr(task, name, changes[name])
+        if changed & set(RULE_FIELDS):
+            _check_rules(task)
         if changed & {"runner", "config"}:
             task.config = task_validate_runner(runner=task.runner, config=task.config)
         dropped: list[str] = []
