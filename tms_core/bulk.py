@@ -11,6 +11,7 @@ Django's ``bulk_create`` costs, per row, a model instance, a ``pre_save`` and a
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -87,20 +88,11 @@ def _db_type(field: Field) -> str:
     return str(target.db_type(connection)).split("(")[0]
 
 
-def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> int:
-    """Insert ``len`` rows of ``model`` given as ``{attname: values}`` (every list as long; the
-    columns not given take their database defaults) in one statement, in the caller's
-    transaction. Values are the Python values of the fields (no expressions). Returns the rows
-    written. On a database other than PostgreSQL the rows go through ``bulk_create``."""
+@functools.lru_cache(maxsize=64)
+def _statement(model: type[Model], names: tuple[str, ...]) -> tuple[str, list[Field]]:
+    """The INSERT of ``names`` into ``model``'s table (PostgreSQL), and their fields: built once
+    per model and column list (a single task's create spent a tenth of its time building it)."""
     fields = {field.attname: field for field in model._meta.concrete_fields}
-    names = list(columns)
-    count = len(columns[names[0]]) if names else 0
-    if not count:
-        return 0
-    if connection.vendor != "postgresql":
-        rows = [model(**{name: columns[name][index] for name in names}) for index in range(count)]
-        model._default_manager.bulk_create(rows, batch_size=1000)
-        return count
     targets = [fields[name] for name in names]
     column_list = ", ".join(connection.ops.quote_name(str(field.column)) for field in targets)
     aliases = [f"c{index}" for index in range(len(targets))]
@@ -115,6 +107,23 @@ def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> 
     statement = (
         f"INSERT INTO {table} ({column_list}) SELECT {selected} FROM unnest({arrays}) AS v ({', '.join(aliases)})"  # noqa: S608 - names are the model's
     )
+    return statement, targets
+
+
+def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> int:
+    """Insert ``len`` rows of ``model`` given as ``{attname: values}`` (every list as long; the
+    columns not given take their database defaults) in one statement, in the caller's
+    transaction. Values are the Python values of the fields (no expressions). Returns the rows
+    written. On a database other than PostgreSQL the rows go through ``bulk_create``."""
+    names = list(columns)
+    count = len(columns[names[0]]) if names else 0
+    if not count:
+        return 0
+    if connection.vendor != "postgresql":
+        rows = [model(**{name: columns[name][index] for name in names}) for index in range(count)]
+        model._default_manager.bulk_create(rows, batch_size=1000)
+        return count
+    statement, targets = _statement(model, tuple(names))
     with connection.cursor() as cursor:
         cursor.execute(statement, [array_literal(field, columns[field.attname]) for field in targets])
         return int(cursor.rowcount)
