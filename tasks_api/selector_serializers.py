@@ -14,15 +14,14 @@ from rest_framework import serializers
 from executions.models import ExecutionOrigin, ExecutionStatus, SkipReason
 from tasks_api.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_api.serializers import (
-    DST_FOLD_HELP,
-    DST_GAP_HELP,
     SCHEDULE_DESCRIPTION_HELP,
     LocalDateTimeField,
     TaskCreateSerializer,
     check_task,
+    dst_fold_field,
+    dst_gap_field,
     localize_wall_times,
 )
-from tasks_app.models import DstFold, DstGap
 from tasks_app.schedules import CRON_HELP
 from tms_core.api.base import (
     BoundedDateTimeField,
@@ -64,12 +63,8 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
         required=False, allow_blank=True, default="", max_length=120, trim_whitespace=False, help_text=CRON_HELP
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64)
-    dst_gap = serializers.ChoiceField(
-        choices=DstGap.choices, required=False, allow_blank=True, default=DstGap.AUTO, help_text=DST_GAP_HELP
-    )
-    dst_fold = serializers.ChoiceField(
-        choices=DstFold.choices, required=False, allow_blank=True, default=DstFold.AUTO, help_text=DST_FOLD_HELP
-    )
+    dst_gap = dst_gap_field()
+    dst_fold = dst_fold_field()
     end_at = LocalDateTimeField(required=False, allow_null=True, default=None)
     max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)

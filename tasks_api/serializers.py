@@ -170,6 +170,20 @@ DST_FOLD_HELP = (
 )
 
 
+def dst_gap_field() -> serializers.ChoiceField:
+    """A task's (or a previewed schedule's) ``dst_gap``: optional, empty by default."""
+    return serializers.ChoiceField(
+        choices=DstGap.choices, required=False, allow_blank=True, default=DstGap.AUTO, help_text=DST_GAP_HELP
+    )
+
+
+def dst_fold_field() -> serializers.ChoiceField:
+    """A task's (or a previewed schedule's) ``dst_fold``: optional, empty by default."""
+    return serializers.ChoiceField(
+        choices=DstFold.choices, required=False, allow_blank=True, default=DstFold.AUTO, help_text=DST_FOLD_HELP
+    )
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -211,12 +225,8 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         help_text=CRON_HELP,
     )
     timezone = serializers.CharField(required=False, default="UTC", max_length=64, help_text="IANA time zone name.")
-    dst_gap = serializers.ChoiceField(
-        choices=DstGap.choices, required=False, allow_blank=True, default=DstGap.AUTO, help_text=DST_GAP_HELP
-    )
-    dst_fold = serializers.ChoiceField(
-        choices=DstFold.choices, required=False, allow_blank=True, default=DstFold.AUTO, help_text=DST_FOLD_HELP
-    )
+    dst_gap = dst_gap_field()
+    dst_fold = dst_fold_field()
     end_at = LocalDateTimeField(
         required=False,
         allow_null=True,

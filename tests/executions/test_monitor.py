@@ -184,57 +184,32 @@ def test_a_failed_poll_message_makes_the_poll_due_again_at_once():
     assert [(name, i) for name, i, _, _ in retry.sent] == [("tms.poll_execution", execution_id)]
 
 
-def test_the_sleep_counts_from_the_take_transactions_start_which_is_when_its_next_due_was_read(monkeypatch):
-    """Issue 33: PostgreSQL's now() is the transaction's start, so the next due time a pass reads
-    counts from there; the loop counted from after the commit, and a slow take made the sleep
-    that much too long (a loaded machine's steady lateness)."""
+def _slowly(call):
+    def slow(*args, **kwargs):
+        import time
+
+        time.sleep(1.0)  # a slow broker's confirm, a loaded database or machine
+        return call(*args, **kwargs)
+
+    return slow
+
+
+@pytest.mark.parametrize("slow_step", ["publish", "take"])
+def test_the_monitor_sleeps_until_the_next_due_time_it_read_not_that_long_after(monkeypatch, slow_step):
+    """Issue 33: the loop slept the wait it read as if read at the end of the pass, so each run
+    started as much later as the pass took after the read: the publishing (and its confirm wait)
+    after it, and the take before it in the same transaction (PostgreSQL's now() is the
+    transaction's start, so the next due time counts from there)."""
     task = TaskFactory(misfire_grace=timedelta(hours=1))
     now = timezone.now()
     ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=1))
     ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=4))
-    take = transitions.executions_take_due
-
-    def slow_take(**kwargs):
-        import time
-
-        time.sleep(1.0)  # a loaded database
-        return take(**kwargs)
-
-    monkeypatch.setattr(transitions, "executions_take_due", slow_take)
-    conf = dataclasses.replace(tms_settings(), MONITOR_MAX_SLEEP=30.0, MONITOR_QUEUE_SECONDS=0.0)
     published = FlakyPublisher()
-    monitor = Monitor(conf=conf, batch=100, publish=published)
-    monkeypatch.setattr("executions.monitor.close_old_connections", lambda: None)
-    read: list[float | None] = []
-    look = transitions.next_due_in
-    monkeypatch.setattr(transitions, "next_due_in", lambda: read.append(look()) or read[-1])
-    waits: list[float] = []
-    monitor.listener.wait = lambda timeout: bool(waits.append(timeout))  # type: ignore[method-assign]
-    monitor.run(max_passes=1)
-    assert len(published.ids) == 1
-    # The wait read less the second the take took inside its transaction (before: the wait read).
-    assert len(read) == 1 and read[0] is not None and read[0] > 1.0
-    assert len(waits) == 1 and waits[0] <= read[0] - 0.9
-
-
-def test_the_monitor_sleeps_until_the_next_due_time_it_read_not_that_long_after_publishing(monkeypatch):
-    """Issue 33: the loop slept the wait it read before publishing, once publishing was done, so
-    each run started as much later as the previous publish (and its confirm wait) took."""
-    task = TaskFactory(misfire_grace=timedelta(hours=1))
-    now = timezone.now()
-    ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=1))
-    ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=4))
-    slow = FlakyPublisher()
-
-    def slow_publish(task_, item, producer) -> None:
-        import time
-
-        time.sleep(1.0)  # a slow broker's confirm, or a loaded machine
-        slow(task_, item, producer)
-
+    if slow_step == "take":
+        monkeypatch.setattr(transitions, "executions_take_due", _slowly(transitions.executions_take_due))
     # No pacing, and a longest sleep above the wait, which would cap it.
     conf = dataclasses.replace(tms_settings(), MONITOR_MAX_SLEEP=30.0, MONITOR_QUEUE_SECONDS=0.0)
-    monitor = Monitor(conf=conf, batch=100, publish=slow_publish)
+    monitor = Monitor(conf=conf, batch=100, publish=_slowly(published) if slow_step == "publish" else published)
     # The loop's connection check would close the test's connection (its transaction).
     monkeypatch.setattr("executions.monitor.close_old_connections", lambda: None)
     read: list[float | None] = []
@@ -243,8 +218,8 @@ def test_the_monitor_sleeps_until_the_next_due_time_it_read_not_that_long_after_
     waits: list[float] = []
     monitor.listener.wait = lambda timeout: bool(waits.append(timeout))  # type: ignore[method-assign]
     monitor.run(max_passes=1)
-    assert len(slow.ids) == 1
-    # The wait read (about 4 s) less the 1 s the publishing took after the read (without the fix:
-    # the wait read, whole).
+    assert len(published.ids) == 1
+    # The wait read (about 4 s) less the second the slow step took (without the fixes: the
+    # wait read, whole).
     assert len(read) == 1 and read[0] is not None and read[0] > 1.0
     assert len(waits) == 1 and waits[0] <= read[0] - 0.9
