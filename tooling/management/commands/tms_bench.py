@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,18 @@ from tms_core.clock import db_now
 from tooling.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
 from tooling.harness.compare import Figure, compare, headline, load_average, load_recorded, record
 from tooling.management.arguments import positive
+
+
+def _stop_on_sigterm() -> None:
+    """End the run on SIGTERM (``kill``, a CI job's timeout) as on Ctrl-C: by unwinding, so that
+    the platform processes it started, each in a session of its own that no signal to this one
+    reaches, are stopped on the way out. Python's default for SIGTERM ended the command alone
+    and left its workers and monitor consuming the queue."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def prepare_database() -> None:
@@ -131,6 +144,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _stop_on_sigterm()
         chosen = options["scenario"] or ["all"]
         scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
         if options["scale_tasks"] > options["scale_executions"]:
