@@ -16,21 +16,20 @@ guards arbitrary public URLs at the socket level): these platforms are a short, 
 operator endpoints, so naming them is both simpler and tighter than opening whole networks.
 
 Each request, and the judging of what went wrong (retryable or not), is :mod:`runners.transport`'s,
-shared with the ``http`` runner; the session is one per process, pooled, ignoring the environment
-(no proxies or ``.netrc`` credentials).
+shared with the ``http`` runner, as is the reading of a run's status document. Each exchange has a
+session of its own, ignoring the environment (no proxies or ``.netrc`` credentials), under a
+:class:`~runners.netguard.Guard` whose deadline bounds the whole exchange, as the http runner's do.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import unquote, urljoin, urlsplit
 
-import requests
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
@@ -43,13 +42,21 @@ from runners.base import (
     RunnerError,
     RunResult,
     RunSpec,
-    bounded_head,
     resend_while_in_progress,
     status_codes_option,
     validate_headers,
     validate_json_size,
 )
-from runners.transport import json_document, send, status_is_retryable
+from runners.netguard import AddressPolicy, Guard, guarded_session
+from runners.transport import (
+    FINISHED_STATES,
+    document_state,
+    json_document,
+    origin,
+    send,
+    status_document_result,
+    status_is_retryable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +65,12 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 #: On top of the shared ones: the runner sends JSON, and X-TMS-* headers carry the attempt's ids.
 _RESERVED_HEADERS = RESERVED_HEADERS | {"content-type"}
 _RESERVED_HEADER_PREFIXES = ("x-tms-",)
-_RUNNING_STATES = frozenset({"queued", "pending", "accepted", "running", "in_progress", "started"})
-_SUCCEEDED_STATES = frozenset({"succeeded", "success", "completed", "complete", "done"})
-_FAILED_STATES = frozenset({"failed", "failure", "error", "errored"})
-_CANCELLED_STATES = frozenset({"cancelled", "canceled", "aborted"})
 #: Largest start or status document read from a platform.
 _DOCUMENT_MAX_BYTES = 2 * 1024 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+#: Reachability is ``allowed_urls``' (checked before every request), so the guard of an exchange
+#: only keeps its deadline: any address a listed host resolves to is fine.
+_ANY_ADDRESS = AddressPolicy(networks=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")))
 
 
 def _url_parts(url: str) -> tuple[str, str, int, str] | None:
@@ -154,8 +160,6 @@ class AsyncHttpFunctionRunner(BaseRunner):
         super().__init__(alias, options)
         self.allowed_urls = UrlAllowList(self.options["allowed_urls"], alias=alias)
         self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
-        self._lock = threading.Lock()
-        self._session: tuple[int, requests.Session] | None = None
 
     def validate_config(self, config: Any) -> dict[str, Any]:
         """Validate the config; also refuse a URL outside the operator's ``allowed_urls``."""
@@ -195,7 +199,7 @@ class AsyncHttpFunctionRunner(BaseRunner):
         if not run_id or not isinstance(run_id, str | int):
             raise RunnerError("starting the function: the platform named no run_id", retryable=False)
         if not status_url or not isinstance(status_url, str):
-            if str(document.get("status", "")).lower() in _SUCCEEDED_STATES | _FAILED_STATES:
+            if document_state(document) in FINISHED_STATES:
                 return RunHandle(str(run_id), data={"run_id": str(run_id)}, result=self._result(spec, document))
             raise RunnerError("starting the function: the platform named no status_url", retryable=False)
         status_url = urljoin(url, status_url)
@@ -279,16 +283,6 @@ class AsyncHttpFunctionRunner(BaseRunner):
         target, origin = _url_parts(url), _url_parts(function_url)
         return target is not None and origin is not None and target[:3] == origin[:3]
 
-    def _http(self) -> requests.Session:
-        with self._lock:
-            if self._session is None or self._session[0] != os.getpid():
-                session = requests.Session()
-                # Endpoints are the operator's own: no proxies or .netrc credentials from the environment.
-                session.trust_env = False
-                session.headers["User-Agent"] = str(self.options["user_agent"])
-                self._session = (os.getpid(), session)
-            return self._session[1]
-
     def _exchange(
         self, method: str, url: str, spec: RunSpec, *, headers: Mapping[str, str], data: str | None = None
     ) -> tuple[int, bytes, str | None]:
@@ -297,31 +291,20 @@ class AsyncHttpFunctionRunner(BaseRunner):
         if not self._may_contact(url, spec):
             raise RunnerError(f"{url!r} is outside the allowed_urls of the {self.alias!r} runner", retryable=False)
         seconds = max(0.1, min(float(self.options["request_timeout"]), float(spec.timeout)))
-        reply = send(
-            self._http(), method, url, headers=dict(headers), body=data, seconds=seconds, limit=_DOCUMENT_MAX_BYTES,
-            verify=bool(self.options["verify_ssl"]),
-        )  # fmt: skip
+        headers = {"User-Agent": str(self.options["user_agent"]), **headers}
+        # The deadline covers the whole exchange: socket timeouts bound each read only, so a
+        # platform trickling its answer a byte at a time would otherwise hold the worker (and
+        # the run, past its task's timeout) for as long as it kept trickling.
+        with Guard(_ANY_ADDRESS, seconds) as guard, guarded_session(guard) as session:
+            reply = send(
+                session, method, url, headers=headers, body=data, seconds=seconds, limit=_DOCUMENT_MAX_BYTES,
+                guard=guard, verify=bool(self.options["verify_ssl"]),
+            )  # fmt: skip
         return reply.status, reply.body, reply.headers.get("Location")
 
     def _result(self, spec: RunSpec, document: Mapping[str, Any]) -> RunResult:
         limit = int(spec.config.get("max_output_bytes") or self.options["max_output_bytes"])
-        state = str(document.get("status", "")).lower()
-        output = document.get("output", "")
-        text = output if isinstance(output, str) else json.dumps(output)
-        text = bounded_head(text, limit) if text else ""
-        if state in _RUNNING_STATES:
-            return RunResult.running()
-        if state in _SUCCEEDED_STATES:
-            return RunResult.succeeded(text)
-        if state in _FAILED_STATES:
-            error = str(document.get("error") or "the function failed")
-            retryable = document.get("retryable")
-            return RunResult.failed(
-                bounded_head(error, 4096), output=text, retryable=retryable if isinstance(retryable, bool) else True
-            )
-        if state in _CANCELLED_STATES:
-            return RunResult.failed("the run was cancelled on the platform", output=text)
-        return RunResult.failed(f"the platform reported an unknown status {state!r}", retryable=False)
+        return status_document_result(document, limit=limit, source=origin(spec.config["url"]))
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

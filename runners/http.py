@@ -46,7 +46,17 @@ from runners.base import (
     validate_headers,
 )
 from runners.netguard import AddressPolicy, Guard, guarded_session, literal_ip, normalise_host
-from runners.transport import Reply, excerpt, json_document, origin, send, status_is_retryable
+from runners.transport import (
+    FINISHED_STATES,
+    Reply,
+    document_state,
+    excerpt,
+    json_document,
+    origin,
+    send,
+    status_document_result,
+    status_is_retryable,
+)
 from tms_core.durations import DurationField, parse_duration
 
 logger = logging.getLogger(__name__)
@@ -71,11 +81,6 @@ _STATUS_DOCUMENT_MAX_BYTES = 1024 * 1024
 _POLL_TIMEOUT = 30.0
 _RUN_ID_MAX_CHARS = 200
 _RUN_ID_HEADERS = ("X-Run-Id", "X-Request-Id")
-
-_RUNNING_STATUSES = frozenset({"running", "pending", "queued"})
-_SUCCEEDED_STATUSES = frozenset({"succeeded"})
-_FAILED_STATUSES = frozenset({"failed"})
-_CANCELLED_STATUSES = frozenset({"cancelled", "canceled"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,14 +210,6 @@ def _safe_origin_key(url: str) -> tuple[str, str, int | None] | None:
         return _origin_key(url)
     except ValueError:
         return None
-
-
-def _bounded_text(value: Any, limit: int) -> str:
-    """A status document's output or error as text, cut to ``limit`` characters."""
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + f"\n[truncated: exceeded {limit} characters]"
 
 
 def _seconds(value: Any) -> float | None:
@@ -530,8 +527,7 @@ class HttpRunner(BaseRunner):
         if not isinstance(status_url, str) or not status_url:
             status_url = reply.headers.get("Location")
         if not status_url:
-            finished = _FAILED_STATUSES | _SUCCEEDED_STATUSES | _CANCELLED_STATUSES
-            if isinstance(document, Mapping) and str(document.get("status", "")).strip().lower() in finished:
+            if isinstance(document, Mapping) and document_state(document) in FINISHED_STATES:
                 # The endpoint finished the job within the request and answered with its status document.
                 return RunHandle(run_id, result=self._document_result(reply, limit=limit))
             return RunHandle(
@@ -566,16 +562,4 @@ class HttpRunner(BaseRunner):
                 f'({{"status": "running|succeeded|failed", ...}}): {excerpt(reply.text)}',
                 retryable=False,
             )
-        status = document["status"].strip().lower()
-        output = _bounded_text(document.get("output"), limit)
-        if status in _RUNNING_STATUSES:
-            return RunResult.running(output)
-        if status in _SUCCEEDED_STATUSES:
-            return RunResult.succeeded(output)
-        if status in _FAILED_STATUSES:
-            error = _bounded_text(document.get("error"), limit) or "the run reported failure"
-            retryable = document.get("retryable")
-            return RunResult.failed(error, output=output, retryable=retryable if isinstance(retryable, bool) else True)
-        if status in _CANCELLED_STATUSES:
-            return RunResult.failed("the run was cancelled", output=output, retryable=False)
-        return RunResult.failed(f"unknown run status {excerpt(status, 50)!r} from {reply.origin}", retryable=False)
+        return status_document_result(document, limit=limit, source=reply.origin)

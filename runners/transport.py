@@ -14,8 +14,10 @@ can help (:func:`transport_error`), and an answer's status is judged by :func:`s
 Error texts name the origin (``scheme://host:port``), never the path or query, which may hold
 secrets. The session is the caller's: the ``http`` runner's goes through the network guard
 (:func:`runners.netguard.guarded_session`), whose :class:`~runners.netguard.Guard` also bounds the
-whole exchange by a deadline; the ``function`` runner's is a pooled one to its operator's
-allow-listed endpoints. Notification webhooks (:mod:`notifications.senders`) judge their answers
+whole exchange by a deadline; the ``function`` runner's is guarded the same way for its deadline,
+its reach being its operator's allow-listed URLs. A run's status document (``{"status", "output",
+"error", "retryable"}``), which both runners poll, is read by :func:`status_document_result`, so a
+state means the same to both. Notification webhooks (:mod:`notifications.senders`) judge their answers
 and word their errors by the same rules. This module never touches the database.
 """
 
@@ -34,7 +36,7 @@ import requests
 from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError, ReadTimeoutError
 
-from runners.base import RunnerError
+from runners.base import RunnerError, RunResult, bounded_head
 from runners.netguard import AddressRefused, Guard
 
 _READ_CHUNK = 8192
@@ -241,3 +243,50 @@ def send(
         if guard is not None:
             raise transport_error(exc, url, seconds=guard.seconds, expired=guard.expired) from exc
         raise transport_error(exc, url, seconds=seconds) from exc
+
+
+#: The states a status document may report, with the synonyms platforms use for each.
+RUNNING_STATES = frozenset({"queued", "pending", "accepted", "running", "in_progress", "started"})
+SUCCEEDED_STATES = frozenset({"succeeded", "success", "completed", "complete", "done"})
+FAILED_STATES = frozenset({"failed", "failure", "error", "errored"})
+CANCELLED_STATES = frozenset({"cancelled", "canceled", "aborted"})
+FINISHED_STATES = SUCCEEDED_STATES | FAILED_STATES | CANCELLED_STATES
+
+
+def document_state(document: Mapping[str, Any]) -> str:
+    """The ``status`` of a status document, lower case and trimmed ("" when it has none)."""
+    status = document.get("status")
+    return status.strip().lower() if isinstance(status, str) else ""
+
+
+def status_document_result(document: Mapping[str, Any], *, limit: int, source: str) -> RunResult:
+    """Read a run's status document into a RunResult, the same way for every runner that polls one.
+
+    ``output`` and ``error`` (text or any JSON) are cut to ``limit`` bytes. A failure is worth
+    another attempt unless the document says ``"retryable": false``. A run cancelled on the
+    platform is not retried unless it says ``"retryable": true``: somebody stopped it there on
+    purpose, and a new attempt would start it again behind their back. An unknown state is a
+    permanent failure that quotes it; ``source`` (an origin, never a path) says who answered.
+    """
+    state = document_state(document)
+    output = _document_text(document.get("output"), limit)
+    retryable = document.get("retryable")
+    if state in RUNNING_STATES:
+        return RunResult.running(output)
+    if state in SUCCEEDED_STATES:
+        return RunResult.succeeded(output)
+    if state in FAILED_STATES:
+        error = _document_text(document.get("error"), limit) or "the run reported failure"
+        return RunResult.failed(error, output=output, retryable=retryable if isinstance(retryable, bool) else True)
+    if state in CANCELLED_STATES:
+        return RunResult.failed(
+            f"the run was cancelled on the platform ({source})", output=output, retryable=retryable is True
+        )
+    shown = excerpt(str(document.get("status", "")), 50)
+    return RunResult.failed(f"unknown run status {shown!r} from {source}", output=output, retryable=False)
+
+
+def _document_text(value: Any, limit: int) -> str:
+    if value is None or value == "":
+        return ""
+    return bounded_head(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False), limit)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -99,7 +100,11 @@ def test_async_function_timeout_cancels_the_run_with_a_delete(
     run = platform.runs[handle.external_run_id]
     assert run.finished.wait(2)  # the handler saw the cancellation and stopped
     assert run.status == "cancelled"
-    assert fn.poll(spec, handle).error == "the run was cancelled on the platform"
+    result = fn.poll(spec, handle)
+    assert result.error == f"the run was cancelled on the platform ({platform.url})"
+    # Stopped there on purpose: another attempt would start it again behind that decision (the
+    # http runner always read it so; this runner used to retry it).
+    assert result.retryable is False
 
 
 def test_async_function_cancel_of_an_unknown_run_is_quiet(
@@ -266,3 +271,38 @@ def test_async_function_answer_that_stalls_mid_body_is_a_retryable_timeout() -> 
         listener.close()
 
     assert caught.value.retryable is True
+
+
+def test_async_function_status_that_trickles_is_cut_off_at_the_request_timeout() -> None:
+    """Socket timeouts bound each read only: a platform sending its status a byte at a time, each
+    well within the timeout, held the poll (and the worker, past the task's timeout) for as long
+    as it kept sending. The whole exchange has a deadline now, as the http runner's has."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    release = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n")
+            with contextlib.suppress(OSError):
+                while not release.wait(0.1):  # 4,000 bytes at 10 a second: 400 s without a deadline
+                    connection.sendall(b" ")
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    base = f"http://127.0.0.1:{port}/async-function/"
+    runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
+    spec = make_spec(runner, {"url": base + "resize"})
+    started = time.monotonic()
+    try:
+        result = runner.poll(spec, RunHandle("r1", {"run_id": "r1", "status_url": f"http://127.0.0.1:{port}/runs/r1"}))
+    finally:
+        elapsed = time.monotonic() - started
+        release.set()
+        server.join(5)
+        listener.close()
+
+    assert result.state is RunState.RUNNING  # a timed-out poll is transient trouble: polled again later
+    assert elapsed < 10  # the deadline is 0.5 s; without one this poll lasted 400 s
