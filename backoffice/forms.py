@@ -372,3 +372,28 @@ class RuleForm(ApiInputForm):
         for name, _ in RULE_DURATIONS:
             result[name] = (data.get(name) or "").strip() or None
         return result
+
+
+class AccessTokenForm(ApiInputForm):
+    """A personal access token: the fields of ``POST /api/v1/tokens``."""
+
+    layout = ("name", "scopes", "expires_in")
+
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. CI deploys.")
+    scopes = forms.ChoiceField(
+        label="Access",
+        choices=[("read", "Read only (GET)"), ("write", "Read and write")],
+        initial="read",
+        help_text="What a request with this key may do.",
+    )
+    expires_in = forms.ChoiceField(
+        label="Expires in",
+        choices=[("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days"), ("365d", "a year")],
+        initial="90d",
+    )
+
+    def payload(self, names: Any = None) -> dict[str, Any]:
+        data = super().payload(names)
+        if "scopes" in data:
+            data["scopes"] = [data["scopes"]]  # the API takes a list: write implies read
+        return data

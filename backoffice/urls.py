@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from backoffice import dashboard_views, notification_views, views
+from backoffice import dashboard_views, notification_views, token_views, views
 
 app_name = "backoffice"
 
@@ -34,4 +34,7 @@ urlpatterns = [
     path("ui/notifications/rules/new/", notification_views.rule_create_view, name="rule-create"),
     path("ui/notifications/rules/<int:pk>/edit/", notification_views.rule_edit_view, name="rule-edit"),
     path("ui/notifications/rules/<int:pk>/delete/", notification_views.rule_delete_view, name="rule-delete"),
+    path("ui/tokens/", token_views.tokens_page, name="tokens"),
+    path("ui/tokens/new/", token_views.token_create_view, name="token-create"),
+    path("ui/tokens/<int:pk>/revoke/", token_views.token_revoke_view, name="token-revoke"),
 ]

@@ -26,6 +26,7 @@ RANKS: tuple[tuple[str, str], ...] = (
     ("tasks_app", "the task core the engine needs: Task model, schedules, secrets, quotas, audit log, artifacts"),
     ("executions", "the engine: Execution models, transitions, materialiser, monitor, worker services, Celery tasks"),
     ("tasks_api", "tasks as users see them: task services, REST API, serializers, selectors, admin, named limits"),
+    ("accounts", "who calls the API: personal access tokens, their authentication and scopes"),
     ("notifications", "channels, rules, the outbox's dispatch"),
     ("ops", "health checks, metrics, the outage middleware, `manage.py tms_check`"),
     ("backoffice", "the operator pages"),

@@ -96,6 +96,11 @@ class TmsSettings:
     CALLBACK_TOKEN_MAX_AGE: float = 3600.0
     #: Seconds a callback token is still accepted after its life, for a report sent at the end.
     CALLBACK_TOKEN_GRACE: float = 300.0
+    #: Life of a personal access token created without an expiry, in seconds (90 days).
+    ACCESS_TOKEN_DEFAULT_AGE: float = 90 * 86400.0
+    #: Longest life a personal access token may be given, in seconds (a year); 0: no limit, and
+    #: tokens that never expire are allowed.
+    ACCESS_TOKEN_MAX_AGE: float = 365 * 86400.0
     #: How the subprocess runner isolates a run (runners.sandbox): ``auto`` (``bwrap`` when the
     #: worker is privileged and bubblewrap is installed, else ``user`` when privileged, else
     #: refuse), ``bwrap`` (namespaces + a run user), ``user`` (a run user only) or ``none``
@@ -191,6 +196,12 @@ class TmsSettings:
                 ) from exc
         if not 60 <= self.CALLBACK_TOKEN_MAX_AGE <= 86400:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_MAX_AGE must be between 60 and 86400 (seconds).")
+        if self.ACCESS_TOKEN_MAX_AGE < 0 or self.ACCESS_TOKEN_DEFAULT_AGE < 60:
+            raise ImproperlyConfigured(
+                "TMS_ACCESS_TOKEN_DEFAULT_AGE must be at least 60 (seconds) and TMS_ACCESS_TOKEN_MAX_AGE at least 0."
+            )
+        if self.ACCESS_TOKEN_MAX_AGE and self.ACCESS_TOKEN_DEFAULT_AGE > self.ACCESS_TOKEN_MAX_AGE:
+            raise ImproperlyConfigured("TMS_ACCESS_TOKEN_DEFAULT_AGE must not exceed TMS_ACCESS_TOKEN_MAX_AGE.")
         if not 1024 <= self.MAX_CONFIG_BYTES <= 16 * 1024 * 1024:
             raise ImproperlyConfigured("TMS_MAX_CONFIG_BYTES must be between 1024 and 16777216.")
         if not 1 <= self.BACKFILL_MAX <= 100000:

@@ -1,7 +1,8 @@
 """axe-core on every back-office page, in Chromium, with real data: no critical and no serious
 violation anywhere (the login page, the dashboard, the task list with its form open, a task page
 with its occurrences, rules and a "why" answer, the task edit form, the execution lists, an
-execution page, the notifications page with its forms, and the not-found page)."""
+execution page, the notifications page with its forms, the API tokens page with its form and with a
+new key shown, and the not-found page)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 from tasks_app.models import Task
 from tests.browser.axe import BLOCKING, axe_run, axe_version, describe, impact_counts
@@ -45,6 +48,7 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("waiting executions", "/ui/executions/?status=SCHEDULED"),
         ("execution page", f"/ui/executions/{failed.pk}/"),
         ("notifications", "/ui/notifications/"),
+        ("api tokens", "/ui/tokens/"),
         ("not found", "/ui/no-such-page/"),
     ]
     rule = data["task"].notification_rules.get()
@@ -57,6 +61,7 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         "task list": ["#new-task summary"],
         "task page": ["#add-rule summary"],
         "notifications": ["#new-channel summary", "#new-rule summary"],
+        "api tokens": ["#new-token summary"],
     }
     for name, path in pages:
 
@@ -65,6 +70,14 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
                 browser.find_element(By.CSS_SELECTOR, css).click()
 
         check(name, path, opener)
+
+    def create_token() -> None:
+        browser.find_element(By.CSS_SELECTOR, "#new-token summary").click()
+        browser.find_element(By.ID, "id_name").send_keys("CI deploys")
+        browser.find_element(By.CSS_SELECTOR, "#new-token-form button[type=submit]").click()
+        WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "new-key-value")))
+
+    check("new api token", "/ui/tokens/", create_token)
 
     with capsys.disabled():
         print(f"\naxe-core {version}: violating nodes per page")

@@ -17,7 +17,17 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 #: The smallest chart label, in CSS pixels, that we call readable on a phone.
 READABLE_PX = 10.0
-NAV_ITEMS = ["Dashboard", "Tasks", "Executions", "Notifications", "Admin", "API docs", "Flower ↗", "Log out"]
+NAV_ITEMS = [
+    "Dashboard",
+    "Tasks",
+    "Executions",
+    "Notifications",
+    "API tokens",
+    "Admin",
+    "API docs",
+    "Flower ↗",
+    "Log out",
+]
 
 #: Rendered font size (CSS px) of every text of every chart on the page: its computed size in the
 #: SVG's units times the SVG's scale on screen.
@@ -45,6 +55,7 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
         "executions": "/ui/executions/",
         "execution page": f"/ui/executions/{data['failed'].pk}/",
         "notifications": "/ui/notifications/",
+        "api tokens": "/ui/tokens/",
     }
     widths = {}
     for name, path in pages.items():

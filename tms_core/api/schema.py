@@ -86,6 +86,9 @@ class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
     ``bearerAuth`` (HTTP bearer, what generated clients send). The keys are the same."""
 
     target_class = "tms_core.api.auth.TokenAuthentication"
+    #: The class in the settings is a subclass that also reads personal access tokens
+    #: (accounts.authentication): the same header, the same two schemes.
+    match_subclasses = True
     name = ["tokenAuth", "bearerAuth"]
 
     def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
@@ -98,14 +101,15 @@ class KeyAuthenticationScheme(OpenApiAuthenticationExtension):
                 "type": "apiKey",
                 "in": "header",
                 "name": "Authorization",
-                "description": "An API key as `Authorization: Token <key>` (`manage.py tms_create_user <name>` "
-                "prints one). The same key is accepted as `Authorization: Bearer <key>` (bearerAuth).",
+                "description": "An API key as `Authorization: Token <key>`: a personal access token "
+                "(`tms_pat_...`, from `POST /api/v1/tokens`) or an account key (`manage.py tms_create_user "
+                "<name>` prints one). The same key is accepted as `Authorization: Bearer <key>` (bearerAuth).",
             },
             {
                 "type": "http",
                 "scheme": "bearer",
-                "description": "The same API key as tokenAuth, sent as `Authorization: Bearer <key>` (what "
-                "generated clients send by default).",
+                "description": "The same API key as tokenAuth (a personal access token or an account key), "
+                "sent as `Authorization: Bearer <key>` (what generated clients send by default).",
             },
         ]
 

@@ -1,6 +1,7 @@
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from accounts.api import AccessTokenViewSet
 from executions.api import (
     ExecutionViewSet,
     TaskArchiveFileView,
@@ -26,6 +27,7 @@ router.register("limits", LimitViewSet, basename="limit")
 router.register("notification-channels", ChannelViewSet, basename="notification-channel")
 router.register("notification-rules", RuleViewSet, basename="notification-rule")
 router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
+router.register("tokens", AccessTokenViewSet, basename="access-token")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),

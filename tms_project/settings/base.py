@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "tasks_app",
     "executions",
     "tasks_api",
+    "accounts",
     "notifications",
     "ops",
     "backoffice",
@@ -244,10 +245,14 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 # https://www.django-rest-framework.org/api-guide/settings/
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tms_core.api.auth.TokenAuthentication",
+        # Personal access tokens (tms_pat_...) and the older per-user DRF keys, as Bearer or Token.
+        "accounts.authentication.AccessTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "accounts.permissions.TokenScopePermission",
+    ],
     "DEFAULT_PARSER_CLASSES": ["tms_core.api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "tms_core.api.base.Pagination",
     "PAGE_SIZE": env.int("TMS_API_PAGE_SIZE", default=50),
@@ -449,6 +454,8 @@ TMS = {
     "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
     "CALLBACK_TOKEN_MAX_AGE": env.float("TMS_CALLBACK_TOKEN_MAX_AGE", default=3600.0),
     "CALLBACK_TOKEN_GRACE": env.float("TMS_CALLBACK_TOKEN_GRACE", default=300.0),
+    "ACCESS_TOKEN_DEFAULT_AGE": env.float("TMS_ACCESS_TOKEN_DEFAULT_AGE", default=90 * 86400.0),
+    "ACCESS_TOKEN_MAX_AGE": env.float("TMS_ACCESS_TOKEN_MAX_AGE", default=365 * 86400.0),
     "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
     "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
     "RETENTION_KEEP_LAST": env.int("TMS_RETENTION_KEEP_LAST", default=1000),

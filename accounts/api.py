@@ -1,0 +1,147 @@
+"""``/api/v1/tokens``: a user's personal access tokens.
+
+Each user sees and revokes their own tokens only (staff included: a token is personal; the admin
+lists everyone's for revocation). The key is in the answer to the POST that creates the token,
+and never again. A request authenticated by a personal access token may not create another one:
+a leaked key must not be able to outlive its own expiry.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.models import AccessToken, TokenScope
+from accounts.tokens import normalise_scopes, token_create, token_revoke
+from tms_core.api.base import ApiViewMixin, BoundedDateTimeField, StrictInputMixin
+from tms_core.auth import request_user
+from tms_core.conf import tms_settings
+from tms_core.durations import DurationField, format_duration
+
+
+class AccessTokenSerializer(StrictInputMixin, serializers.ModelSerializer):
+    """A token as its owner sees it; ``key`` only in the answer that creates it."""
+
+    read_only_names = frozenset({"id", "prefix", "created_at", "last_used_at", "revoked_at", "active", "key"})
+
+    name = serializers.CharField(max_length=100, help_text="What the token is for, e.g. 'CI deploys'.")
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TokenScope.choices),
+        min_length=1,
+        max_length=2,
+        help_text="`read` (GET only) and/or `write` (every method; implies read).",
+    )
+    expires_at = BoundedDateTimeField(
+        required=False,
+        allow_null=True,
+        help_text="When the token stops working. Default: now plus TMS_ACCESS_TOKEN_DEFAULT_AGE (90 days). "
+        "Null (never) only where TMS_ACCESS_TOKEN_MAX_AGE is 0.",
+    )
+    expires_in = DurationField(
+        required=False,
+        write_only=True,
+        min_value=timedelta(minutes=1),
+        help_text='Instead of expires_at: "30d", "12h".',
+    )
+    prefix = serializers.CharField(read_only=True, help_text="The start of the key, to recognise it.")
+    active = serializers.SerializerMethodField(help_text="Neither revoked nor expired.")
+
+    class Meta:
+        model = AccessToken
+        fields = [
+            "id", "name", "scopes", "prefix", "expires_at", "expires_in", "created_at", "last_used_at",
+            "revoked_at", "active",
+        ]  # fmt: skip
+        read_only_fields = ["id", "created_at", "last_used_at", "revoked_at"]
+
+    def get_active(self, token: AccessToken) -> bool:
+        return token.revoked_at is None and (token.expires_at is None or token.expires_at > timezone.now())
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        settings = tms_settings()
+        now = timezone.now()
+        longest = timedelta(seconds=settings.ACCESS_TOKEN_MAX_AGE) if settings.ACCESS_TOKEN_MAX_AGE else None
+        if "expires_at" in attrs and "expires_in" in attrs:
+            raise serializers.ValidationError({"expires_in": ["Give expires_at or expires_in, not both."]})
+        if "expires_in" in attrs:
+            attrs["expires_at"] = now + attrs.pop("expires_in")
+        elif "expires_at" not in attrs:
+            attrs["expires_at"] = now + timedelta(seconds=settings.ACCESS_TOKEN_DEFAULT_AGE)
+        expires_at = attrs["expires_at"]
+        if expires_at is None and longest is not None:
+            raise serializers.ValidationError(
+                {"expires_at": [f"Tokens must expire: at most {format_duration(longest)} from now."]}
+            )
+        if expires_at is not None:
+            if expires_at <= now:
+                raise serializers.ValidationError({"expires_at": ["Must be in the future."]})
+            if longest is not None and expires_at > now + longest:
+                raise serializers.ValidationError(
+                    {"expires_at": [f"Must be at most {format_duration(longest)} from now (TMS_ACCESS_TOKEN_MAX_AGE)."]}
+                )
+        attrs["scopes"] = normalise_scopes(attrs["scopes"])
+        return attrs
+
+
+class NewAccessTokenSerializer(AccessTokenSerializer):
+    """The answer to a create: the token and, this once, its key."""
+
+    key = serializers.CharField(read_only=True, help_text="The key. Shown once: store it now.")
+
+    class Meta(AccessTokenSerializer.Meta):
+        fields = [*AccessTokenSerializer.Meta.fields, "key"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List your personal access tokens", description="Revoked and expired ones too."),
+    retrieve=extend_schema(summary="Get one of your personal access tokens"),
+    create=extend_schema(
+        summary="Create a personal access token",
+        description="The answer holds the key, once. Send it as `Authorization: Bearer <key>`. "
+        "Not allowed when the request itself uses a personal access token.",
+        responses={201: NewAccessTokenSerializer},
+    ),
+    destroy=extend_schema(summary="Revoke a personal access token", description="It stops working at once."),
+)
+class AccessTokenViewSet(
+    ApiViewMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """The requesting user's personal access tokens."""
+
+    serializer_class = AccessTokenSerializer
+    queryset = AccessToken.objects.all()
+
+    def get_queryset(self) -> QuerySet:
+        if getattr(self, "swagger_fake_view", False):
+            return AccessToken.objects.none()
+        return AccessToken.objects.filter(user=request_user(self.request))
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if isinstance(request.auth, AccessToken):
+            raise PermissionDenied(
+                "A personal access token cannot create tokens: sign in, or use your account key (tms_create_user)."
+            )
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        token, key = token_create(
+            user=request_user(request), name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"]
+        )
+        token.key = key  # type: ignore[attr-defined]  # shown in this answer only
+        return Response(NewAccessTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: AccessToken) -> None:
+        token_revoke(token=instance)

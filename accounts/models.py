@@ -1,0 +1,53 @@
+"""Personal access tokens: many per user, each named, scoped, expiring and revocable.
+
+The key is shown once, when the token is created; the database keeps only its SHA-256 digest
+and a public ``lookup`` (part of the key) to find the row by. See :mod:`accounts.tokens`.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+
+class TokenScope(models.TextChoices):
+    READ = "read"  #: GET, HEAD and OPTIONS only
+    WRITE = "write"  #: every method (includes read)
+
+
+class AccessToken(models.Model):
+    """A personal access token of ``user``: the API acts as that user within the token's scopes."""
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="access_tokens")
+    name = models.CharField(max_length=100, help_text="What the token is for, e.g. 'CI deploys'.")
+    #: The key's public part (``tms_pat_<lookup>_<secret>``): finds the row, and tells a token apart
+    #: in lists and logs without revealing anything that authenticates.
+    lookup = models.CharField(max_length=16, unique=True, editable=False)
+    #: SHA-256 of the whole key, hex. Keys carry 256 random bits, so a fast hash is enough (a
+    #: password hasher's deliberate slowness would be paid on every request, for no gain).
+    digest = models.CharField(max_length=64, editable=False)
+    #: Sorted names of :class:`TokenScope`.
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never (only where the operator allows).")
+    #: Updated at most once a minute (a write per request would cost more than the request).
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["user", "-id"], name="access_token_user_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (tms_pat_{self.lookup}_…)"
+
+    @property
+    def prefix(self) -> str:
+        """The start of the key, safe to show: enough to recognise it, useless to authenticate."""
+        return f"tms_pat_{self.lookup}_"
+
+    @property
+    def may_write(self) -> bool:
+        return TokenScope.WRITE in self.scopes

@@ -1,0 +1,74 @@
+"""The back office's personal access tokens: a user's own, created and revoked from one page.
+
+Creating validates with the API's serializer (``POST /api/v1/tokens``: the same rules and
+messages) and calls the same service (:mod:`accounts.tokens`). The new key is in the answer to
+that POST only, rendered into the page rather than passed through the session's messages, so it
+is stored nowhere. Tokens are personal: staff see their own here too (the admin lists everyone's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.api import AccessTokenSerializer
+from accounts.models import AccessToken
+from accounts.tokens import token_create, token_revoke
+from backoffice.forms import AccessTokenForm
+from tms_core.auth import request_user
+from tms_core.form_errors import add_errors
+
+
+def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
+    now = timezone.now()
+    tokens = AccessToken.objects.filter(user=request_user(request)).order_by("-id")
+    rows = [
+        {
+            "token": token,
+            "state": "revoked"
+            if token.revoked_at is not None
+            else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
+        }
+        for token in tokens
+    ]
+    return {"rows": rows, "form": form, **extra}
+
+
+@login_required
+@require_GET
+def tokens_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "backoffice/tokens.html", _page(request, AccessTokenForm()))
+
+
+@login_required
+@require_POST
+def token_create_view(request: HttpRequest) -> HttpResponse:
+    form = AccessTokenForm(request.POST)
+    if form.is_valid():
+        serializer = AccessTokenSerializer(data=form.payload())
+        if serializer.is_valid():
+            data = serializer.validated_data
+            token, key = token_create(
+                user=request_user(request), name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"]
+            )
+            context = _page(request, AccessTokenForm(), new_token=token, new_key=key)
+            return render(request, "backoffice/tokens.html", context, status=201)
+        add_errors(form, serializer.errors, field_map={"expires_at": "expires_in"})
+    return render(request, "backoffice/tokens.html", _page(request, form), status=400)
+
+
+@login_required
+@require_POST
+def token_revoke_view(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(AccessToken, pk=pk, user=request_user(request))
+    if token_revoke(token=token):
+        messages.success(request, f"Token {token.name} revoked: it stops working now.")
+    else:
+        messages.info(request, f"Token {token.name} was already revoked.")
+    return redirect("backoffice:tokens")
