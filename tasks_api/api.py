@@ -3,7 +3,6 @@ renders with another serializer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import QuerySet
@@ -58,6 +57,7 @@ from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
 from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
@@ -96,13 +96,17 @@ def idempotent_create_response(request: Request, create: Any) -> Response:
     return Response(stored.body, status=stored.status, headers=headers)
 
 
-class TaskOrdering(OrderingFilter):
-    """``?ordering=next_run_at`` orders by when tasks next run (the ``next_run`` annotation of
-    :func:`tasks_api.states.with_state`), as the field reads, not by the materialisation cursor."""
+#: The orders the task list pages in (one at a time; ties by id the same way), and the column or
+#: annotation each reads: ``next_run_at`` is when the task next runs (the ``next_run`` annotation
+#: of :func:`tasks_api.states.with_state`), as the field reads, not the materialisation cursor.
+TASK_ORDERINGS = {"created_at": "created_at", "name": "name", "next_run_at": "next_run", "priority": "priority"}
 
-    def get_ordering(self, request: Request, queryset: QuerySet, view: Any) -> Sequence[str] | None:
-        ordering = super().get_ordering(request, queryset, view)
-        return [term.replace("next_run_at", "next_run") for term in ordering] if ordering else ordering
+
+class TaskOrdering(OrderingFilter):
+    """Only names ``?ordering=`` in the schema and checks it: the keyset pages order the rows."""
+
+    def filter_queryset(self, request: Request, queryset: QuerySet, view: Any) -> QuerySet:
+        return queryset
 
 
 class TaskFilter(StrictFilterSet):
@@ -117,7 +121,11 @@ class TaskFilter(StrictFilterSet):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List your tasks", description="Newest first; filter, search by name, order, page."),
+    list=extend_schema(
+        summary="List your tasks",
+        description="Newest first; filter, search by name, order by one field, page by cursor "
+        "(follow `next` and `previous`; no count, no offset).",
+    ),
     retrieve=extend_schema(summary="Get a task"),
 )
 class TaskViewSet(
@@ -133,13 +141,32 @@ class TaskViewSet(
     filter_backends = [DjangoFilterBackend, TaskOrdering, SearchFilter]
     filterset_class = TaskFilter
     search_fields = ["name"]
-    ordering_fields = ["created_at", "name", "next_run_at", "priority"]
+    ordering_fields = list(TASK_ORDERINGS)
     ordering = ["-created_at"]
+    pagination_class = KeysetPagination
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self) -> QuerySet:
         queryset = super().get_queryset()
         return with_state(queryset) if self.action in ("list", "retrieve") else queryset
+
+    def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:
+        """Pages by cursor (:mod:`tms_core.api.keyset`), newest first unless ``?ordering=`` names
+        one of :data:`TASK_ORDERINGS` (``-`` for descending). Tasks that will not run again come
+        after the others when ordered by ``next_run_at``."""
+        queryset = queryset.order_by()
+        ordering = [value for value in self.request.query_params.getlist("ordering") if value] or ["-created_at"]
+        if len(ordering) > 1 or ordering[0].lstrip("-") not in TASK_ORDERINGS:
+            choices = ", ".join(f"{name}, -{name}" for name in TASK_ORDERINGS)
+            raise ValidationError({"ordering": [f"One of: {choices} (ties are ordered by id the same way)."]})
+        column = TASK_ORDERINGS[ordering[0].lstrip("-")]
+        descending = ordering[0].startswith("-")
+        if column != "next_run":
+            return [Segment([queryset], column, descending)]
+        return [
+            Segment([queryset.filter(next_run__isnull=False)], column, descending),
+            Segment([queryset.filter(next_run__isnull=True)], None, descending),
+        ]
 
     @extend_schema(
         summary="Create a task",

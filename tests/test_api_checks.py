@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from tasks_api.limits import limit_create
 from tests.factories import TaskFactory
 from tms_core.api.base import MAX_DATETIME, MIN_DATETIME, BoundedDateTimeField
 from tms_core.api.schema import BOUNDED_DATETIME_PATTERN, duration_pattern
@@ -20,6 +21,7 @@ from tms_core.durations import DurationField, parse_duration
 pytestmark = pytest.mark.django_db
 
 TASKS = "/api/v1/tasks"
+LIMITS = "/api/v1/limits"
 
 
 @pytest.fixture(scope="module")
@@ -178,19 +180,33 @@ def test_a_bad_page_parameter_is_a_400_not_the_first_page(api_client, user, quer
     assert list(response.json()["errors"]) == [field]
 
 
-def test_page_parameters_in_range_page_and_a_big_limit_is_capped(api_client, user):
+def test_a_big_limit_is_capped_and_the_task_list_refuses_an_offset(api_client, user):
     for _ in range(3):
         TaskFactory(owner=user)
-    response = api_client.get(f"{TASKS}?limit=100000&offset=1")
+    response = api_client.get(f"{TASKS}?limit=100000")
+    assert response.status_code == 200 and len(response.json()["results"]) == 3
+    refused = api_client.get(f"{TASKS}?offset=1")
+    assert (
+        refused.status_code == 400 and "follow the `next` and `previous` links" in refused.json()["errors"]["offset"][0]
+    )
+
+
+def test_a_bounded_list_pages_by_offset_in_range(api_client, user):
+    for name in ("a", "b", "c"):
+        limit_create(owner=user, name=name, max_concurrency=1)
+    response = api_client.get(f"{LIMITS}?limit=100000&offset=1")
     assert response.status_code == 200 and len(response.json()["results"]) == 2
-    assert api_client.get(f"{TASKS}?offset=100000000000000000").json()["results"] == []
+    assert response.json()["count"] == 3
+    assert api_client.get(f"{LIMITS}?offset=100000000000000000").json()["results"] == []
 
 
 def test_page_parameters_are_documented_with_their_bounds(schema):
     parameters = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/tasks"]["get"]["parameters"]}
     assert parameters["limit"] == {"type": "integer", "minimum": 1}
-    assert parameters["offset"] == {"type": "integer", "minimum": 0}
+    assert "offset" not in parameters and parameters["cursor"]["type"] == "string"
     assert parameters["runner"]["minLength"] == 1 and "minLength" not in parameters["search"]
+    bounded = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/limits"]["get"]["parameters"]}
+    assert bounded["offset"] == {"type": "integer", "minimum": 0}
 
 
 @pytest.mark.parametrize("url", ["/api/v1/executions?task=", f"{TASKS}?status=", f"{TASKS}?runner="])

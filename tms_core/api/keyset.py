@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.db.models import DateTimeField, Model, QuerySet, UUIDField
+from django.core.exceptions import FieldDoesNotExist
+from django.db.models import CharField, DateTimeField, Field, Model, Q, QuerySet, TextField, UUIDField
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
@@ -89,7 +90,7 @@ def encode_cursor(
     value, ident = position.value, position.id
     data: dict[str, Any] = {
         "p": [position.segment, value.isoformat() if isinstance(value, datetime) else value, ident],
-        "k": "t" if isinstance(value, datetime) else "i",
+        "k": "t" if isinstance(value, datetime) else ("s" if isinstance(value, str) else "i"),
         "s": state or {},
         "o": ordering,
     }
@@ -113,6 +114,9 @@ def decode_cursor(raw: str, *, ordering: str = "") -> tuple[Position, bool, dict
         if data.get("k") == "t" and value is not None:
             value = parse_datetime(value)
             if value is None:
+                raise ValueError
+        elif data.get("k") == "s" and value is not None:
+            if not isinstance(value, str):
                 raise ValueError
         elif value is not None and not isinstance(value, int):
             raise ValueError
@@ -165,12 +169,24 @@ def _fitted(position: Position, segments: list[Segment]) -> Position:
     if segment.column is None:
         if position.value is not None:
             raise BadCursor
-    elif isinstance(model._meta.get_field(segment.column), DateTimeField):
+    elif isinstance(field := _column_field(segment), DateTimeField):
         if not (isinstance(position.value, datetime) and position.value.tzinfo is not None):
             raise BadCursor
-    elif not isinstance(position.value, int):
+    elif isinstance(field, CharField | TextField):
+        if not isinstance(position.value, str):
+            raise BadCursor
+    elif not isinstance(position.value, int) or isinstance(position.value, bool):
         raise BadCursor
     return replace(position, id=ident)
+
+
+def _column_field(segment: Segment) -> Field:
+    """The model field a segment orders by, or the output field of the annotation it names."""
+    source = segment.sources[0]
+    try:
+        return source.model._meta.get_field(str(segment.column))
+    except FieldDoesNotExist:
+        return source.query.annotations[str(segment.column)].output_field
 
 
 def _walk(
@@ -201,7 +217,14 @@ def _read(
     merged: list[tuple[Position, Model]] = []
     for source in segment.sources:
         queryset = source
-        if after is not None:
+        if after is not None and column is not None and column in queryset.query.annotations:
+            # An annotation (a task's next run) has no column to compare as a row: the same order
+            # said with lookups, which a computed value could not use an index for anyway.
+            op = "lt" if descending else "gt"
+            queryset = queryset.filter(
+                Q(**{f"{column}__{op}": after.value}) | Q(**{column: after.value, f"pk__{op}": after.id})
+            )
+        elif after is not None:
             # A row comparison Django's lookups cannot say; the names are the model's, values parameters.
             queryset = queryset.extra(  # noqa: S610
                 where=[_compare(queryset, column, descending)], params=_params(after)
