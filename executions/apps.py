@@ -1,5 +1,3 @@
-import importlib
-
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
@@ -15,12 +13,13 @@ class ExecutionsConfig(AppConfig):
         post_migrate.connect(register_periodic_tasks, sender=self)
         # The rollup is a part of the status trigger, which notifications installs
         # (executions/triggers.py).
-        guard = importlib.import_module("executions.migrations.0016_execution_task_without_fk_constraint")
+        from executions import task_guard
+
         register(
             self,
             SqliteTriggers(
                 migration=("executions", "0016_execution_task_without_fk_constraint"),
-                install=lambda: [guard.sqlite_install()],
-                uninstall=[guard.SQLITE_UNINSTALL],
+                install=lambda: [task_guard.sqlite_install()],
+                uninstall=[task_guard.SQLITE_UNINSTALL],
             ),
         )

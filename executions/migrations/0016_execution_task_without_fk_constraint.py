@@ -17,43 +17,9 @@ fifth of PostgreSQL's work in a cold materialiser pass. Its two halves are kept 
 import django.db.models.deletion
 from django.db import migrations, models
 
-EXECUTION = "executions_execution"
-TASK = "tasks_app_task"
-MESSAGE = "task still has executions"
-
-POSTGRESQL_INSTALL = f"""
-CREATE FUNCTION tms_task_deleted_without_executions() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id) THEN
-        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation', MESSAGE = '{MESSAGE}',
-            DETAIL = format('Key (id)=(%s) is still referenced from table "{EXECUTION}".', OLD.id);
-    END IF;
-    RETURN NULL;
-END
-$$;
-CREATE CONSTRAINT TRIGGER tms_task_deleted_without_executions AFTER DELETE ON {TASK}
-DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tms_task_deleted_without_executions();
-"""
-POSTGRESQL_UNINSTALL = f"""
-DROP TRIGGER IF EXISTS tms_task_deleted_without_executions ON {TASK};
-DROP FUNCTION IF EXISTS tms_task_deleted_without_executions();
-"""
-
-
-def sqlite_install() -> str:
-    """SQLite (the embedded default): one writer at a time and no deferred triggers; the check
-    runs as the task's row is deleted, after Django has deleted its executions."""
-    return f"""
-CREATE TRIGGER tms_task_deleted_without_executions BEFORE DELETE ON {TASK}
-FOR EACH ROW WHEN EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id)
-BEGIN
-    SELECT RAISE(ABORT, 'FOREIGN KEY constraint failed: {MESSAGE}');
-END;
-"""
-
-
-SQLITE_UNINSTALL = "DROP TRIGGER IF EXISTS tms_task_deleted_without_executions;"
-
+# The guard's SQL lives in executions/task_guard.py, beside its SQLite twin (which executions/apps.py
+# installs after each migrate); this migration installs it on PostgreSQL.
+from executions.task_guard import POSTGRESQL_INSTALL, POSTGRESQL_UNINSTALL, SQLITE_UNINSTALL
 
 def install_guard(apps, schema_editor):
     vendor = schema_editor.connection.vendor
