@@ -48,7 +48,7 @@ from executions.models import (
     Worker,
     WorkerStatus,
 )
-from executions.rollup import floor_hour, floor_minute, rollup_series
+from executions.rollup import floor_hour, floor_minute, rollup_series, rollup_series_settled
 from tasks_app.models import Task, TaskStatus
 from tms_core.clock import db_now
 
@@ -196,15 +196,20 @@ def lateness_point(point: MinutePoint) -> LatenessPoint:
 def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
     """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's).
 
-    Nine queries at most (one to read the database clock when ``now`` is not given): the rollup by
-    (minute, runner), the tasks failing most, the live counts, skipped occurrences by reason, the
+    Nine queries at most (one to read the database clock when ``now`` is not given), ten when a
+    settled hour of the rollup is not in the process's cache yet: the rollup by (minute, runner)
+    (without ``now``, only the live tail and the first partial hour: whole settled hours come from
+    :func:`executions.rollup.rollup_series_settled`'s cache), the tasks failing most, the live counts, skipped occurrences by reason, the
     upcoming executions, the tasks whose fire times come next, and the hour's count from the
     schedules (interval tasks in SQL, the others, if any, expanded).
     """
+    # Settled hours of the rollup are kept between renders only at the database's own time: a
+    # ``now`` given (a test, a report of a past moment) is read whole.
+    settled = now is None
     now = now or db_now()
     owner_id = None if user.is_staff else user.pk
     live = _live_counts(owner_id, now)
-    by_minute, durations, last_hour = _from_rollup(owner_id, now)
+    by_minute, durations, last_hour = _from_rollup(owner_id, now, settled=settled)
     succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
     upcoming = _upcoming(owner_id, now)
     from_schedules, exact = _upcoming_from_schedules(owner_id, now)
@@ -234,11 +239,14 @@ def _owned(queryset: QuerySet, owner_id: int | None, field: str) -> QuerySet:
 
 
 def _from_rollup(
-    owner_id: int | None, now: datetime
+    owner_id: int | None, now: datetime, *, settled: bool = False
 ) -> tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], list[RunnerDuration], dict[str, int]]:
     last = floor_minute(now)
     first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
-    series = rollup_series(since=first, until=last, owner_id=owner_id)
+    if settled:
+        series = rollup_series_settled(since=first, until=last, owner_id=owner_id, now=now)
+    else:
+        series = rollup_series(since=first, until=last, owner_id=owner_id)
     hour_start = last - timedelta(minutes=59)
     last_hour = [sum(column) for column in zip(*(
         outcomes for minute, (outcomes, _) in series.by_minute.items() if minute >= hour_start

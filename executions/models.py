@@ -331,6 +331,20 @@ for _column in (*LATENESS_COLUMNS, *DURATION_COLUMNS):
     RunRollup.add_to_class(_column, models.PositiveIntegerField(default=0, db_default=0))
 
 
+class RollupEpoch(models.Model):
+    """One row: a counter bumped, in the same transaction, by whatever changes minutes of the
+    rollup after they have settled (:func:`executions.rollup.rollup_rebuild`,
+    :func:`executions.rollup.rollup_prune`). Figures of settled minutes kept between dashboard
+    renders are keyed by it (:func:`executions.rollup.rollup_series_settled`), so no process
+    serves a settled minute from before such a change. The status trigger never bumps it: it
+    writes only to the minute its statement runs in."""
+
+    epoch = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"rollup epoch {self.epoch}"
+
+
 class TaskRollup(models.Model):
     """Finished attempts of one task in one hour (UTC), for "the tasks failing most".
 

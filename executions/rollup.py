@@ -12,9 +12,13 @@ when some process brings it to an end.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from django.core.cache import caches
 from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
@@ -25,6 +29,7 @@ from executions.models import (
     OUTCOME_COLUMNS,
     ROLLUP_SHARDS,
     Execution,
+    RollupEpoch,
     RunRollup,
     TaskRollup,
 )
@@ -64,15 +69,10 @@ def _as_utc(value: datetime | str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> RollupSeries:
-    """Read the window ``since <= minute <= until`` (``owner_id`` narrows it to one owner) in one
-    statement: one row per minute and one per runner, summed by the database, so the work in
-    Python stays at one small row per minute whatever the volume."""
-    outcomes, lateness = list(OUTCOME_COLUMNS.values()), list(LATENESS_COLUMNS)
-    durations = list(DURATION_COLUMNS)
-    prep = RunRollup._meta.get_field("minute").get_db_prep_value
-    where = "minute >= %s AND minute <= %s" + ("" if owner_id is None else " AND owner_id = %s")
-    params = [prep(since, connection), prep(until, connection)] + ([] if owner_id is None else [owner_id])
+def _series_sql(where: str) -> str:
+    """One statement over the rows matching ``where``: one row per minute (outcomes and lateness
+    summed) and one per runner (durations summed), told apart by the first column."""
+    outcomes, lateness, durations = list(OUTCOME_COLUMNS.values()), list(LATENESS_COLUMNS), list(DURATION_COLUMNS)
     table = RunRollup._meta.db_table
     # Each grouping sums only the columns it is read for (outcomes and lateness by minute, duration
     # by runner): a GROUPING SETS over every column summed all of them twice, 45 sums per row and
@@ -85,19 +85,165 @@ def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> 
         f"SELECT 0, NULL, runner, {per_runner}{', ' + pad if pad else ''} FROM {table} "  # noqa: S608
         f"WHERE {where} GROUP BY runner"
     )
-    sql = f"{by_minute_sql} UNION ALL {by_runner_sql}"
+    return f"{by_minute_sql} UNION ALL {by_runner_sql}"
+
+
+def _series_rows(rows: Iterable[Sequence[Any]]) -> RollupSeries:
+    """The rows of :func:`_series_sql` as a series."""
+    outcomes, lateness, durations = len(OUTCOME_COLUMNS), len(LATENESS_COLUMNS), len(DURATION_COLUMNS)
+    split, width = 3 + outcomes, 3 + outcomes + lateness
     by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     by_runner: dict[str, tuple[int, ...]] = {}
-    split, width = 3 + len(outcomes), 3 + len(outcomes) + len(lateness)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params + params)
-        for row in cursor.fetchall():
-            if row[0]:
-                # SUM of an integer column is a bigint: Python ints already, no conversion per value.
-                by_minute[_as_utc(row[1])] = (tuple(row[3:split]), tuple(row[split:width]))
-            else:
-                by_runner[row[2]] = tuple(row[3 : 3 + len(durations)])
+    for row in rows:
+        if row[0]:
+            # SUM of an integer column is a bigint: Python ints already, no conversion per value.
+            by_minute[_as_utc(row[1])] = (tuple(row[3:split]), tuple(row[split:width]))
+        else:
+            by_runner[row[2]] = tuple(row[3 : 3 + durations])
     return RollupSeries(by_minute, by_runner)
+
+
+def _window(since: datetime, until: datetime, owner_id: int | None) -> tuple[str, list[Any]]:
+    prep = RunRollup._meta.get_field("minute").get_db_prep_value
+    where = "minute >= %s AND minute <= %s" + ("" if owner_id is None else " AND owner_id = %s")
+    return where, [prep(since, connection), prep(until, connection)] + ([] if owner_id is None else [owner_id])
+
+
+def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> RollupSeries:
+    """Read the window ``since <= minute <= until`` (``owner_id`` narrows it to one owner) in one
+    statement: one row per minute and one per runner, summed by the database, so the work in
+    Python stays at one small row per minute whatever the volume."""
+    where, params = _window(since, until, owner_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_series_sql(where), params + params)
+        return _series_rows(cursor.fetchall())
+
+
+#: How long after a minute ends its rollup rows may still change. The status trigger counts an
+#: attempt in the minute of its ending statement (``finished_at`` is set by that statement, or the
+#: statement's own time for a retry), so rows of a past minute change only when a transaction
+#: commits after the minute ended: its statement's time to its commit, which for the short
+#: transactions that end attempts is far below this. Minutes older than that are *settled*;
+#: anything else that rewrites them (a rebuild, a prune) bumps the epoch (:class:`RollupEpoch`).
+SETTLE = timedelta(minutes=5)
+_HOUR = timedelta(hours=1)
+_MINUTE = timedelta(minutes=1)
+#: The cache (settings.CACHES) holding settled hours between renders.
+CACHE_ALIAS = "dashboard"
+
+
+def _bump_epoch(cursor: Any) -> None:
+    """Tell every process that settled minutes changed (in the caller's transaction)."""
+    table = RollupEpoch._meta.db_table
+    cursor.execute(
+        f"INSERT INTO {table} (id, epoch) VALUES (1, 1) "  # noqa: S608 - our table name only
+        f"ON CONFLICT (id) DO UPDATE SET epoch = {table}.epoch + 1"
+    )
+
+
+def rollup_series_settled(*, since: datetime, until: datetime, owner_id: int | None, now: datetime) -> RollupSeries:
+    """:func:`rollup_series`, with the settled part of the window (up to the last whole hour that
+    ended :data:`SETTLE` before ``now``, the database's time) kept between calls in the
+    ``dashboard`` cache, per owner (``None``: all owners) and :class:`RollupEpoch`.
+
+    Each call reads from the database, in one statement, the live tail (the minutes from that
+    hour on: at most about an hour) with the epoch. The settled part is kept whole for the
+    window's first minute (it moves on each minute); when that moved, it is rebuilt from whole
+    settled hours kept in the cache (read, the ones missing, in one statement) and the minutes
+    before the first whole hour (read in one more). The figures are those of
+    :func:`rollup_series` over the same window: settled minutes do not change under the same
+    epoch, and the tail is read afresh.
+    """
+    first = floor_hour(since) if since == floor_hour(since) else floor_hour(since) + _HOUR
+    end = floor_hour(min(until + _MINUTE, now - SETTLE))
+    if end <= first:
+        return rollup_series(since=since, until=until, owner_id=owner_id)
+    where, params = _window(end, until, owner_id)
+    nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) - 1))
+    epoch_sql = (
+        f"SELECT 2, NULL, NULL, COALESCE((SELECT epoch FROM {RollupEpoch._meta.db_table} WHERE id = 1), 0), {nulls}"  # noqa: S608
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"{_series_sql(where)} UNION ALL {epoch_sql}", params + params)
+        rows = cursor.fetchall()
+    epoch = next(row[3] for row in rows if row[0] == 2)
+    tail = _series_rows(row for row in rows if row[0] != 2)
+    cache = caches[CACHE_ALIAS]
+    scope = "all" if owner_id is None else str(owner_id)
+    # One entry per scope, overwritten as the window moves: what it holds is named in its value.
+    stamp = (epoch, since, end)
+    kept = cache.get(f"rollup:{scope}")
+    if kept is not None and kept[0] == stamp:
+        settled = kept[1]
+    else:
+        settled = _settled_part(since, first, end, owner_id, epoch, scope)
+        cache.set(f"rollup:{scope}", (stamp, settled))
+    by_minute = settled.by_minute | tail.by_minute
+    return RollupSeries(by_minute, _add_runners(settled.duration_by_runner, tail.duration_by_runner))
+
+
+def _add_runners(*parts: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    total: dict[str, tuple[int, ...]] = {}
+    for part in parts:
+        for runner, counts in part.items():
+            have = total.get(runner)
+            total[runner] = counts if have is None else tuple(map(operator.add, have, counts))
+    return total
+
+
+def _settled_part(
+    since: datetime, first: datetime, end: datetime, owner_id: int | None, epoch: int, scope: str
+) -> RollupSeries:
+    """The window's minutes before ``end``: those before the first whole hour ``first`` read
+    here, the whole hours from the cache (one entry per hour, scope and epoch; the missing ones
+    read in one statement and kept)."""
+    cache = caches[CACHE_ALIAS]
+    keys = {f"rollup:{epoch}:{scope}:{first + n * _HOUR:%Y%m%d%H}": first + n * _HOUR for n in range((end - first) // _HOUR)}
+    hours = cache.get_many(list(keys))
+    missing = [hour for key, hour in keys.items() if key not in hours]
+    if missing:
+        read = _settled_hours(missing[0], missing[-1] + _HOUR, owner_id)
+        fresh = {key: read.get(hour, ({}, {})) for key, hour in keys.items() if key not in hours}
+        cache.set_many(fresh)
+        hours |= fresh
+    head = rollup_series(since=since, until=first - _MINUTE, owner_id=owner_id) if since < first else None
+    by_minute = dict(head.by_minute) if head else {}
+    for minutes, _ in hours.values():
+        by_minute.update(minutes)
+    runners = [runners for _, runners in hours.values()]
+    return RollupSeries(by_minute, _add_runners(*([head.duration_by_runner] if head else []), *runners))
+
+
+def _settled_hours(
+    since: datetime, before: datetime, owner_id: int | None
+) -> dict[datetime, tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], dict[str, tuple[int, ...]]]]:
+    """The hours in ``[since, before)`` as :func:`rollup_series_settled` keeps them: per hour,
+    its minutes (outcomes, lateness) and its durations by runner; one statement grouped by
+    minute and runner, summed per hour here (a cold cache only: once an hour per owner after)."""
+    outcomes, lateness = len(OUTCOME_COLUMNS), len(LATENESS_COLUMNS)
+    table = RunRollup._meta.db_table
+    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
+    prep = RunRollup._meta.get_field("minute").get_db_prep_value
+    where = "minute >= %s AND minute < %s" + ("" if owner_id is None else " AND owner_id = %s")
+    params = [prep(since, connection), prep(before, connection)] + ([] if owner_id is None else [owner_id])
+    result: dict[datetime, tuple[dict, dict]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT minute, runner, {sums} FROM {table} WHERE {where} GROUP BY minute, runner", params)  # noqa: S608
+        for row in cursor.fetchall():
+            minute = _as_utc(row[0])
+            minutes, runners = result.setdefault(floor_hour(minute), ({}, {}))
+            counts = tuple(row[2 : 2 + outcomes])
+            late = tuple(row[2 + outcomes : 2 + outcomes + lateness])
+            took = tuple(row[2 + outcomes + lateness :])
+            have = minutes.get(minute)
+            minutes[minute] = (
+                (counts, late)
+                if have is None
+                else (tuple(map(operator.add, have[0], counts)), tuple(map(operator.add, have[1], late)))
+            )
+            runner = runners.get(row[1])
+            runners[row[1]] = took if runner is None else tuple(map(operator.add, runner, took))
+    return result
 
 
 def rollup_compact(*, older_than: float = 120.0) -> int:
@@ -173,6 +319,8 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
             cursor.execute(upsert.format(sums=sums, source=table, where=old), [carry, carry, cutoff])
             cursor.execute(f"DELETE FROM {table} WHERE {old}", [carry, cutoff])  # noqa: S608
             minutes = cursor.rowcount
+        if minutes:  # the carry rows and the folded minutes changed: settled figures kept elsewhere go
+            _bump_epoch(cursor)
     hours, _ = TaskRollup.objects.filter(hour__lt=now - timedelta(seconds=conf.TASK_ROLLUP_RETENTION)).delete()
     return minutes, hours
 
@@ -236,5 +384,6 @@ def rollup_rebuild(*, since: datetime) -> int:
             f" count(*) FILTER (WHERE e.status = 'FAILED') {finished} GROUP BY 1, 2, 3",
             {"since": since},
         )
+        _bump_epoch(cursor)  # settled minutes were recounted: no process may serve what it kept of them
         cursor.execute(f"SELECT count(*) {finished}", {"since": since})
         return cursor.fetchone()[0]

@@ -57,6 +57,15 @@ def api_client(user):
     return client
 
 
+@pytest.fixture(autouse=True)
+def _dashboard_cache():
+    """Each test starts with an empty dashboard cache: the database is rolled back between tests
+    (the rollup epoch with it), the process's cache is not."""
+    from django.core.cache import caches
+
+    caches["dashboard"].clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_queue():
     """Delete this run's RabbitMQ queues when the run ends."""

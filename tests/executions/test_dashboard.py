@@ -265,9 +265,14 @@ def test_the_expected_figures_are_not_trivial(scene, staff_user):
     assert set(expected["duration"]) == {"noop", "sleep"}
 
 
-def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries):
+def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries, django_assert_max_num_queries):
     for user in (staff_user, scene["alice"]):
-        with django_assert_num_queries(9):
+        # A cold cache reads the settled hours and the minutes before the first whole one too.
+        with django_assert_max_num_queries(11):
+            dashboard_snapshot(user=user)
+        # Then only the live tail (the same statement that read the whole day before): unless the
+        # window moved on a minute in between, when the minutes before the first hour are read again.
+        with django_assert_max_num_queries(10):
             dashboard_snapshot(user=user)
     now = timezone.now()
     with django_assert_num_queries(8):  # no clock read
@@ -445,3 +450,83 @@ def test_the_embedded_sqlite_default_keeps_the_rollup_too(tmp_path: Path):
     assert int(count) == 2 and float(p50) <= EDGES[2]
     assert lines[2] == "[(1, 3)]"
     assert lines[3] == "True 3"
+
+
+# --- settled hours kept between renders (executions.rollup.rollup_series_settled) ----------------
+
+
+def _history(owner_id: int, *, hours_ago: float, runs: int, runner: str = "noop") -> RunRollup:
+    """Rollup rows as the trigger left them for runs that ended ``hours_ago`` (a settled hour)."""
+    minute = floor_minute(timezone.now() - timedelta(hours=hours_ago))
+    return RunRollup.objects.create(
+        minute=minute, owner_id=owner_id, runner=runner, shard=0, succeeded=runs, lateness_03=runs, duration_05=runs
+    )
+
+
+def _figures(snap) -> tuple:
+    return snap.by_minute, snap.duration_by_runner, snap.runs_last_hour, snap.success_rate
+
+
+def _uncached(user, snap):
+    """The same snapshot read whole from the database (a ``now`` given bypasses the cache)."""
+    return dashboard_snapshot(user=user, now=snap.now)
+
+
+def test_a_cached_render_after_new_runs_finish_equals_an_uncached_one(staff_user):
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    for hours_ago, runs in ((3, 4), (10.5, 7), (22, 2)):
+        _history(alice.pk, hours_ago=hours_ago, runs=runs)
+        _history(bob.pk, hours_ago=hours_ago, runs=runs + 1, runner="http")
+    first = {user: dashboard_snapshot(user=user) for user in (staff_user, alice, bob)}  # fills the cache
+    assert sum(p.total for p in first[staff_user].runs_per_minute) == 13 + 16
+    # New runs finish (the live tail) after the settled hours were kept.
+    ledger = Ledger()
+    task = TaskFactory(owner=alice, runner="sleep", misfire_grace=GRACE)
+    ledger.succeed(ledger.start(task, late=0.2, ran_for=1.5))
+    ledger.fail(ledger.start(task, late=3, ran_for=30))
+    ledger.fail(ledger.start(task, ran_for=2), retry=True, claim=False)
+    for user in (staff_user, alice, bob):
+        cached = dashboard_snapshot(user=user)
+        assert _figures(cached) == _figures(_uncached(user, cached))
+    cached = dashboard_snapshot(user=alice)
+    assert cached.runs_last_hour == {"SUCCEEDED": 1, "FAILED": 1, "CANCELLED": 0, "RETRIED": 1}
+    assert sum(p.total for p in cached.runs_per_minute) == 13 + 3
+    assert [d.runner for d in cached.duration_by_runner] == ["noop", "sleep"]
+    assert dashboard_snapshot(user=bob).duration_by_runner == first[bob].duration_by_runner
+
+
+def test_the_settled_hours_are_read_once_then_kept(staff_user):
+    """The cache is used: a settled row changed behind the rollup's back (no process does that:
+    this is only to see where the figure comes from) is not read again, whereas an uncached read
+    sees it."""
+    row = _history(staff_user.pk, hours_ago=5, runs=3)
+    assert dashboard_snapshot(user=staff_user).runs_last_hour["SUCCEEDED"] == 0
+    RunRollup.objects.filter(pk=row.pk).update(succeeded=30)
+    cached = dashboard_snapshot(user=staff_user)
+    assert sum(p.counts["SUCCEEDED"] for p in cached.runs_per_minute) == 3
+    assert sum(p.counts["SUCCEEDED"] for p in _uncached(staff_user, cached).runs_per_minute) == 30
+
+
+def test_a_rebuild_is_seen_by_the_next_cached_render(staff_user):
+    """A rebuild recounts settled minutes: the rollup's epoch moves in its transaction, so no
+    render serves what was kept from before it."""
+    _history(staff_user.pk, hours_ago=3, runs=5)  # counted by no execution: a rebuild drops it
+    ledger = Ledger()
+    ledger.succeed(ledger.start(TaskFactory(owner=staff_user, misfire_grace=GRACE), ran_for=1))
+    before = dashboard_snapshot(user=staff_user)
+    assert sum(p.total for p in before.runs_per_minute) == 6
+    rollup_rebuild(since=timezone.now() - timedelta(hours=4))
+    after = dashboard_snapshot(user=staff_user)
+    assert _figures(after) == _figures(_uncached(staff_user, after))
+    assert sum(p.total for p in after.runs_per_minute) == 1
+
+
+def test_a_prune_is_seen_by_the_next_cached_render(staff_user, settings):
+    settings.TMS = {**settings.TMS, "ROLLUP_RETENTION": 2 * 3600.0}
+    _history(staff_user.pk, hours_ago=3, runs=5)  # inside the day's window, past the retention
+    _history(staff_user.pk, hours_ago=1.5, runs=2)
+    assert sum(p.total for p in dashboard_snapshot(user=staff_user).runs_per_minute) == 7
+    assert rollup_prune() == (1, 0)
+    after = dashboard_snapshot(user=staff_user)
+    assert _figures(after) == _figures(_uncached(staff_user, after))
+    assert sum(p.total for p in after.runs_per_minute) == 2

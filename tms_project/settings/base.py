@@ -240,6 +240,16 @@ LOGGING = logging_from_env("json")
 # shared cache (e.g. "dbcache://tms_cache" after `manage.py createcachetable`, or Redis/Memcached).
 # https://django-environ.readthedocs.io/en/latest/types.html#environ-env-cache-url
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+# The dashboard keeps the rollup's settled hours between renders (executions.rollup): in each
+# process's own memory, so a render reads them without a round trip. Keys carry the owner, the
+# hour and the rollup's epoch, so several processes each holding their own copy stay correct.
+# Per owner (staff: all owners) a day is 24 entries; an entry is one hour's per-minute counts.
+CACHES["dashboard"] = {
+    "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+    "LOCATION": "tms-dashboard",
+    "TIMEOUT": 25 * 3600,
+    "OPTIONS": {"MAX_ENTRIES": env.int("TMS_DASHBOARD_CACHE_ENTRIES", default=5000)},
+}
 
 # --- REST framework ---------------------------------------------------------------------------
 # https://www.django-rest-framework.org/api-guide/settings/
