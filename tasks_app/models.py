@@ -327,6 +327,10 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["next_run_at"], condition=Q(status="ACTIVE"), name="task_due_active_idx"),
             models.Index(fields=["owner", "-created_at"], name="task_owner_created_idx"),
+            # An owner's task ids, read alone (index-only): the dashboard's skipped occurrences of
+            # one owner join them by hash. Without it PostgreSQL merge-joined along the primary key,
+            # filtering every task by owner (20 ms a render at 100,000 tasks; 4 ms with it).
+            models.Index(fields=["owner", "id"], name="task_owner_id_idx"),
             # Staff's task list (every owner's, newest first), in keyset pages on (created_at, id):
             # without it each page sorted every task (284 ms a page at 100,000 tasks, loaded machine).
             models.Index(fields=["-created_at", "-id"], condition=~Q(status="DELETED"), name="task_created_idx"),
