@@ -196,12 +196,13 @@ def lateness_point(point: MinutePoint) -> LatenessPoint:
 def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
     """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's).
 
-    Nine queries at most (one to read the database clock when ``now`` is not given), ten when a
-    settled hour of the rollup is not in the process's cache yet: the rollup by (minute, runner)
-    (without ``now``, only the live tail and the first partial hour: whole settled hours come from
-    :func:`executions.rollup.rollup_series_settled`'s cache), the tasks failing most, the live counts, skipped occurrences by reason, the
+    Nine queries at most (one to read the database clock when ``now`` is not given): the rollup by
+    (minute, runner), the tasks failing most, the live counts, skipped occurrences by reason, the
     upcoming executions, the tasks whose fire times come next, and the hour's count from the
-    schedules (interval tasks in SQL, the others, if any, expanded).
+    schedules (interval tasks in SQL, the others, if any, expanded). Without ``now`` the rollup's
+    statement reads only the live tail, the settled hours coming from the process's cache
+    (:func:`executions.rollup.rollup_series_settled`): one more statement when the window moved
+    on a minute (the minutes before its first whole hour), two on a cold cache (and the hours).
     """
     # Settled hours of the rollup are kept between renders only at the database's own time: a
     # ``now`` given (a test, a report of a past moment) is read whole.

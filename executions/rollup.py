@@ -198,7 +198,8 @@ def _settled_part(
     here, the whole hours from the cache (one entry per hour, scope and epoch; the missing ones
     read in one statement and kept)."""
     cache = caches[CACHE_ALIAS]
-    keys = {f"rollup:{epoch}:{scope}:{first + n * _HOUR:%Y%m%d%H}": first + n * _HOUR for n in range((end - first) // _HOUR)}
+    starts = [first + n * _HOUR for n in range((end - first) // _HOUR)]
+    keys = {f"rollup:{epoch}:{scope}:{hour:%Y%m%d%H}": hour for hour in starts}
     hours = cache.get_many(list(keys))
     missing = [hour for key, hour in keys.items() if key not in hours]
     if missing:

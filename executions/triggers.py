@@ -132,7 +132,9 @@ def _rollup(d: Dialect) -> list[str]:
     """The rollup's two upserts (executions.rollup reads them back). Counted: an execution
     reaching a terminal status, and a failed attempt going back to SCHEDULED for its retry (its
     outcome RETRIED); lateness and duration only of an attempt that ran (left RUNNING: a retry
-    cancelled while SCHEDULED still carries the previous attempt's start)."""
+    cancelled while SCHEDULED still carries the previous attempt's start). An attempt lands in
+    the minute of the statement that ends it (its ``finished_at`` is set by that statement):
+    the dashboard keeps minutes :data:`executions.rollup.SETTLE` old between renders on that."""
     retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
     counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
     ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {d.now} ELSE coalesce(c.finished_at, {d.now}) END"
