@@ -346,3 +346,29 @@ def test_a_days_chart_bins_sum_the_minutes_and_read_percentiles_off_their_runs(a
     html = str(alice_client.get("/").context["runs_chart"])
     assert html.count("<g><title>") <= 289
     assert "Runs per 5 minutes over the last 24 hours" in html
+
+
+# --- budgets: the rollup's settled hours kept between renders, the live tail read each time -------
+
+
+def test_the_dashboard_page_counts_runs_that_finish_after_it_kept_the_settled_hours(alice_client, user):
+    from executions.models import RunRollup
+    from executions.rollup import floor_minute
+
+    # Hours of history, settled, and kept by the first render.
+    RunRollup.objects.create(
+        minute=floor_minute(db_now() - timedelta(hours=6)), owner_id=user.pk, runner="noop", shard=0, succeeded=9
+    )
+    first = alice_client.get("/")
+    assert re.search(r'id="tile-runs">0<', first.content.decode())  # none in the last hour
+    assert sum(p.total for p in first.context["s"].runs_per_minute) == 9
+    task = task_create(owner=user, runner="noop", name="now", start_at=db_now())
+    run(task)
+    run(task, outcome="fail")
+    page = alice_client.get("/")
+    assert re.search(r'id="tile-runs">2<', page.content.decode())
+    assert re.search(r'id="tile-success">50.0%<', page.content.decode())
+    kept = page.context["s"]
+    assert sum(p.total for p in kept.runs_per_minute) == 11
+    read_whole = dashboard_snapshot(user=user, now=kept.now)
+    assert (kept.by_minute, kept.duration_by_runner) == (read_whole.by_minute, read_whole.duration_by_runner)
