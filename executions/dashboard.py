@@ -160,18 +160,19 @@ class DashboardSnapshot:
         runs, not an average of its minutes'. Only the minutes with runs are read: a day in
         5-minute bins is 288 points, not 1,440 objects summed."""
         first = self.last_minute - timedelta(minutes=minutes - 1)
-        step = timedelta(minutes=1)
-        start = first - timedelta(minutes=(first.hour * 60 + first.minute) % per)
+        step, width = timedelta(minutes=1), timedelta(minutes=per)
+        origin = first - timedelta(minutes=(first.hour * 60 + first.minute) % per)
+        # One pass over the minutes with runs, each to its bin (walking all 1,440 minutes of a day
+        # and looking each one up: a day in 5-minute bins 4.4 -> 2.8 ms, loaded machine).
+        bins: dict[int, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        for minute, row in self.by_minute.items():
+            if first <= minute <= self.last_minute:
+                bins.setdefault((minute - origin) // width, []).append(row)
         result = []
+        start, index = origin, 0
         while start <= self.last_minute:
-            begin, end = max(start, first), min(start + timedelta(minutes=per - 1), self.last_minute)
-            rows = []
-            at = begin
-            while at <= end:
-                row = self.by_minute.get(at)
-                if row is not None:
-                    rows.append(row)
-                at += step
+            begin, end = max(start, first), min(start + width - step, self.last_minute)
+            rows = bins.get(index, ())
             span = int((end - begin) / step) + 1
             if not rows:
                 result.append(MinutePoint(begin, dict.fromkeys(OUTCOMES, 0), (), span))
@@ -181,7 +182,8 @@ class DashboardSnapshot:
                 counts = dict(zip(OUTCOMES, map(sum, zip(*(row[0] for row in rows), strict=True)), strict=True))
                 lateness = tuple(map(sum, zip(*(row[1] for row in rows), strict=True)))
                 result.append(MinutePoint(begin, counts, lateness, span))
-            start += timedelta(minutes=per)
+            index += 1
+            start += width
         return result
 
 
