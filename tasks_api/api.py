@@ -70,7 +70,7 @@ IDEMPOTENCY_PARAMETER = OpenApiParameter(
     # Printable ASCII; a space neither first nor last, where HTTP would strip it.
     pattern=r"^[!-~](?:[ -~]{0,253}[!-~])?$",
     description=(
-        "Makes a retried create safe: a second request with the same key and body gets the first response "
+        "Makes a retried create (or trigger) safe: a second request with the same key and body gets the first response "
         "(with `Idempotent-Replayed: true`) and creates nothing; the same key with another body is a 422. "
         "Keys are remembered for 24 hours; 1-255 printable ASCII characters, e.g. a UUID."
     ),
@@ -258,17 +258,26 @@ class TaskViewSet(
         summary="Run a task now",
         description=(
             "Creates one execution due now, outside the schedule, whatever the task's status. It counts against "
-            "the owner's hourly quota of executions created on request: 429 with `Retry-After` when used up."
+            "the owner's hourly quota of executions created on request: 429 with `Retry-After` when used up. "
+            "With an `Idempotency-Key`, a trigger sent again (a retry, a duplicate event) answers the first "
+            "run and creates no other."
         ),
         request=None,
-        responses={201: ExecutionDetailSerializer},
+        parameters=[IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER],
+        responses={201: ExecutionDetailSerializer, **error_responses(422)},
     )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
-        execution = task_trigger(task=self.get_object(), actor=actor_for(request_user(request)))
-        execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
-        headers = {"Location": f"/api/v1/executions/{execution.pk}"}
-        return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
+        task = self.get_object()
+
+        def create() -> tuple[int, Any]:
+            execution = task_trigger(task=task, actor=actor_for(request_user(request)))
+            execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
+            return status.HTTP_201_CREATED, ExecutionDetailSerializer(execution).data
+
+        response = idempotent_create_response(request, create)
+        response["Location"] = f"/api/v1/executions/{response.data['id']}"
+        return response
 
     @extend_schema(
         summary="Create a task's executions up to a time",
