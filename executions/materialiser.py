@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,7 +24,8 @@ from django.db import connection, transaction
 from executions import transitions
 from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
-from tasks_app.models import MisfirePolicy, Task, TaskStatus, claims_exclusive
+from tasks_app.calendars import CalendarRules, calendar_place, lookahead
+from tasks_app.models import Calendar, CalendarPolicy, MisfirePolicy, Task, TaskStatus, claims_exclusive
 from tasks_app.schedules import MAX_WALK, Schedule, jitter_for
 from tms_core import metrics
 from tms_core.clock import db_now
@@ -61,6 +62,8 @@ class DueTask(NamedTuple):
     runs_materialised: int
     paused_at: datetime | None
     owner_id: int
+    calendar_id: int | None
+    calendar_policy: str
 
 
 _DUE_COLUMNS = ("id", *DueTask._fields[1:])
@@ -188,13 +191,110 @@ def _unlisted(schedule: Schedule, cursor: datetime, since: datetime) -> int | No
     return None
 
 
-def plan_task(task: Plannable, *, now: datetime, until: datetime) -> Plan:
+#: Business calendars by id, as a pass reads them once for its batch.
+Calendars = Mapping[int, CalendarRules]
+
+
+def calendars_load(ids: set[int]) -> dict[int, CalendarRules]:
+    """The rules of the calendars ``ids``, read once for a batch of tasks."""
+    return {calendar.pk: CalendarRules.of(calendar) for calendar in Calendar.objects.filter(pk__in=ids)}
+
+
+def task_calendar(task: Plannable, calendars: Calendars | None = None) -> CalendarRules | None:
+    """The rules of the task's calendar (None: it has none)."""
+    if task.calendar_id is None:
+        return None
+    rules = (calendars or {}).get(task.calendar_id)
+    if rules is None:
+        rules = calendars_load({task.calendar_id}).get(task.calendar_id)
+    return rules
+
+
+def plan_task(task: Plannable, *, now: datetime, until: datetime, calendars: Calendars | None = None) -> Plan:
     """The executions to create for ``task`` up to ``until``, where its cursor moves, and the
     missed occurrences its misfire policy drops (recorded as skipped occurrences).
 
     An occurrence more than the task's ``misfire_grace`` before ``now`` is a misfire: of those,
     the policy keeps the latest 0 (skip), 1 (run_once) or ``catch_up_limit`` (run_all).
+
+    A task with a business calendar then has its calendar applied to the fire times kept
+    (:func:`_apply_calendar`). Under ``previous_business_day`` the fire times are planned further
+    ahead, by the longest run of closed days near the horizon: one after the horizon may move
+    back inside it.
     """
+    rules = task_calendar(task, calendars)
+    if rules is None:
+        return _plan_raw(task, now=now, until=until)
+    if task.calendar_policy == CalendarPolicy.PREVIOUS_BUSINESS_DAY:
+        until = until + lookahead(rules, until, task.timezone)
+    return _apply_calendar(task, _plan_raw(task, now=now, until=until), rules, now=now)
+
+
+def _apply_calendar(task: Plannable, plan: Plan, rules: CalendarRules, *, now: datetime) -> Plan:
+    """``plan`` with the task's calendar applied: a fire time on a closed day is dropped and
+    recorded as skipped (``holiday``, policy skip), or moved to the same wall time on a
+    business day (its execution at the moved instant, ``moved_from`` the fire time, and a skipped
+    row ``moved`` at the fire time saying where it went).
+
+    Occurrences landing on the same instant run once: a fire time on an open day keeps its
+    execution, a moved one landing there says so. A fire time moved back to before the task's
+    start or its misfire grace (a task created, edited or resumed just before a closed stretch)
+    is skipped rather than run late. ``runs`` (``max_runs``) counts fire times, skipped ones too.
+    """
+    policy = task.calendar_policy
+    where = f"calendar {rules.name}"
+    kept: list[transitions.NewExecution] = []
+    moved: list[tuple[transitions.NewExecution, str]] = []
+    skipped = list(plan.skipped)
+    for row in plan.rows:
+        place = calendar_place(
+            rules, policy, row.scheduled_for, timezone=task.timezone, dst_gap=task.dst_gap, dst_fold=task.dst_fold
+        )
+        if place.run_at == row.scheduled_for:
+            kept.append(row)
+        elif place.run_at is None:
+            note = f"; {policy} found no place: {place.note}" if place.note else ""
+            skipped.append(
+                _calendar_skip(task, row.scheduled_for, SkipReason.HOLIDAY, f"{place.reason} ({where}){note}")
+            )
+        elif place.run_at < max(task.start_at, now - task.misfire_grace) and place.run_at < row.scheduled_for:
+            detail = (
+                f"{place.reason} ({where}); {policy} {place.run_at.isoformat()} had already passed when it was planned"
+            )
+            skipped.append(_calendar_skip(task, row.scheduled_for, SkipReason.HOLIDAY, detail))
+        else:
+            detail = f"moved to {place.run_at.isoformat()} ({policy}): {place.reason} ({where})"
+            moved.append((_moved_row(task, row, place.run_at), detail))
+    taken = {row.scheduled_for for row in kept}
+    for row, detail in moved:
+        assert row.moved_from is not None
+        if row.scheduled_for in taken:
+            detail += "; another occurrence runs at that instant already: one run"
+        else:
+            taken.add(row.scheduled_for)
+            kept.append(row)
+        skipped.append(_calendar_skip(task, row.moved_from, SkipReason.MOVED, detail))
+    kept.sort(key=lambda row: row.scheduled_for)
+    return Plan(kept, plan.next_run_at, plan.runs, skipped)
+
+
+def _calendar_skip(task: Plannable, when: datetime, reason: str, detail: str) -> SkippedOccurrence:
+    return SkippedOccurrence(task_id=task.pk, scheduled_for=when, reason=reason, detail=detail[:2000])
+
+
+def _moved_row(task: Plannable, row: transitions.NewExecution, to: datetime) -> transitions.NewExecution:
+    return transitions.NewExecution(
+        task_id=row.task_id,
+        scheduled_for=to,
+        priority=row.priority,
+        due_at=to + jitter_for(key=f"{task.pk}:{to.isoformat()}", max_jitter=task.jitter) if task.jitter else None,
+        exclusive=row.exclusive,
+        moved_from=row.scheduled_for,
+    )
+
+
+def _plan_raw(task: Plannable, *, now: datetime, until: datetime) -> Plan:
+    """:func:`plan_task` before any calendar."""
     if task.next_run_at is None:
         return Plan([], None, task.runs_materialised)
     remaining = None if task.max_runs is None else max(0, task.max_runs - task.runs_materialised)
@@ -321,6 +421,8 @@ class _Batch:
         self.cursor_runs: list[str] = []
         self.cursor_status: list[str] = []
         self.skipped: list[SkippedOccurrence] = []
+        #: Executions a business calendar moved: few, inserted with their ``moved_from``.
+        self.moved: list[transitions.NewExecution] = []
         #: Most tasks of a pass share their fire times (a popular cron expression), so each
         #: time is formatted once.
         self._iso: dict[datetime, str] = {}
@@ -360,11 +462,16 @@ class _Batch:
         self.cursor_status.append(TaskStatus.ACTIVE if nxt is not None else TaskStatus.COMPLETED)
 
     def add_plan(self, task: Plannable, plan: Plan) -> None:
-        times = [row.scheduled_for for row in plan.rows]
+        times = [row.scheduled_for for row in plan.rows if row.moved_from is None]
         self.add(task, times, plan.next_run_at, plan.runs)
+        self.moved += [row for row in plan.rows if row.moved_from is not None]
         self.skipped += plan.skipped
 
     def insert(self) -> list[int]:
+        moved = transitions.executions_create(rows=self.moved, actor=ACTOR) if self.moved else []
+        return self._insert() + moved
+
+    def _insert(self) -> list[int]:
         if not self.task_ids:
             return []
         if connection.vendor != "postgresql":
@@ -469,7 +576,7 @@ def _on_time_window(
     walk (:func:`_cron_window` is cached); an interval task is a few additions.
     """
     cursor = task.next_run_at
-    if cursor is None or task.max_runs is not None or cursor < now - task.misfire_grace:
+    if cursor is None or task.max_runs is not None or cursor < now - task.misfire_grace or task.calendar_id is not None:
         return None
     since = max(cursor, task.start_at)
     if task.cron:
@@ -483,10 +590,12 @@ def _apply(tasks: Sequence[Plannable], *, now: datetime, until: datetime) -> lis
     """Plan ``tasks`` (locked by the caller), create their executions and skipped occurrences,
     and move their cursors; return the new execution ids."""
     batch = _Batch()
+    ids = {task.calendar_id for task in tasks if task.calendar_id is not None}
+    calendars = calendars_load(ids) if ids else {}
     for task in tasks:
         window = _on_time_window(task, now=now, until=until)
         if window is None:
-            batch.add_plan(task, plan_task(task, now=now, until=until))
+            batch.add_plan(task, plan_task(task, now=now, until=until, calendars=calendars))
         else:
             times, nxt = window
             batch.add(task, times, nxt, task.runs_materialised + len(times))

@@ -54,6 +54,9 @@ class Execution(models.Model):
     )
     #: The occurrence this execution stands for; unique per task, so materialising twice is harmless.
     scheduled_for = models.DateTimeField()
+    #: The fire time this execution was moved from by its task's business calendar (policy
+    #: next_business_day or previous_business_day): ``scheduled_for`` is then the moved instant.
+    moved_from = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.SCHEDULED)
     attempt = models.PositiveIntegerField(default=1)
     #: When the monitor should next publish it (scheduled_for, or the retry time).
@@ -217,6 +220,8 @@ class SkipReason(models.TextChoices):
     PAUSED = "paused"  #: its time passed while the task was paused
     OVERLAP = "overlap"  #: the previous run was still running (overlap policy skip or queue_one)
     EXPIRED = "expired"  #: not started within its task's max_age after its fire time
+    HOLIDAY = "holiday"  #: its day is closed in the task's calendar (policy skip); the detail names the holiday
+    MOVED = "moved"  #: its day is closed in the task's calendar: it runs on a business day instead (detail: where)
 
 
 class SkippedOccurrence(models.Model):

@@ -72,6 +72,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "origin",
             "retry_of",
             "scheduled_for",
+            "moved_from",
             "due_at",
             "priority",
             "external_run_id",

@@ -31,6 +31,7 @@ from tasks_api.selector_serializers import (
     WhySerializer,
 )
 from tasks_api.selectors import schedule_preview, task_occurrences, task_preview, task_why
+from tasks_api.selectors.previews import calendar_marks
 from tasks_api.serializers import (
     BackfillResultSerializer,
     BackfillSerializer,
@@ -43,6 +44,7 @@ from tasks_api.serializers import (
     TaskUpdateSerializer,
 )
 from tasks_api.services import (
+    calendar_resolve,
     task_backfill,
     task_create,
     task_delete,
@@ -52,6 +54,7 @@ from tasks_api.services import (
     task_update,
 )
 from tasks_api.states import with_state
+from tasks_app.calendars import CalendarRules
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
@@ -148,7 +151,7 @@ class TaskViewSet(
 
     def get_queryset(self) -> QuerySet:
         queryset = super().get_queryset()
-        return with_state(queryset) if self.action in ("list", "retrieve") else queryset
+        return with_state(queryset).select_related("calendar") if self.action in ("list", "retrieve") else queryset
 
     def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:
         """Pages by cursor (:mod:`tms_core.api.keyset`), newest first unless ``?ordering=`` names
@@ -417,6 +420,16 @@ class SchedulePreviewView(ApiViewMixin, APIView):
             times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
         except ScheduleError as exc:
             raise ValidationError({"schedule": [str(exc)]}) from None
+        calendar = calendar_resolve(owner_id=request_user(request).pk, calendar=data["calendar"])
+        if calendar is not None:
+            times = calendar_marks(
+                times,
+                CalendarRules.of(calendar),
+                data["calendar_policy"],
+                timezone=data["timezone"],
+                dst_gap=data["dst_gap"],
+                dst_fold=data["dst_fold"],
+            )
         description = schedule_description(cron=data["cron"], interval=data["interval"], timezone=data["timezone"])
         return Response(
             PreviewSerializer({"timezone": data["timezone"], "description": description, "fire_times": times}).data

@@ -14,6 +14,7 @@ from rest_framework import serializers
 from executions.models import ExecutionOrigin, ExecutionStatus, SkipReason
 from tasks_api.selectors import OCCURRENCES_MAX_SPAN, OccurrenceState
 from tasks_api.serializers import (
+    CALENDAR_POLICY_HELP,
     SCHEDULE_DESCRIPTION_HELP,
     LocalDateTimeField,
     TaskCreateSerializer,
@@ -22,6 +23,7 @@ from tasks_api.serializers import (
     dst_gap_field,
     localize_wall_times,
 )
+from tasks_app.models import CalendarPolicy
 from tasks_app.schedules import CRON_HELP
 from tms_core.api.base import (
     BoundedDateTimeField,
@@ -38,6 +40,16 @@ class FireTimeSerializer(serializers.Serializer):
     local = serializers.SerializerMethodField(help_text="The same instant in the schedule's time zone.")
     dst = serializers.CharField(
         help_text="Which DST rule (dst_gap, dst_fold) decided this fire time, in words; empty on an ordinary day."
+    )
+    calendar = serializers.ChoiceField(
+        choices=["", "skipped", "moved"],
+        help_text="What the business calendar makes of it: `skipped`, `moved`, or empty (it runs as scheduled).",
+    )
+    calendar_reason = serializers.CharField(
+        help_text="Why its day is closed (the holiday's name, an extra date's label, `weekend`) and where it moved."
+    )
+    runs_at = serializers.DateTimeField(
+        allow_null=True, help_text="When it runs (UTC): the fire time, the moved instant, or null (skipped)."
     )
 
     def get_local(self, obj: Any) -> str:
@@ -67,6 +79,16 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
     dst_fold = dst_fold_field()
     end_at = LocalDateTimeField(required=False, allow_null=True, default=None)
     max_runs = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=1)
+    calendar = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=100,
+        help_text="Name of one of your business calendars: each fire time says whether it is skipped or moved.",
+    )
+    calendar_policy = serializers.ChoiceField(
+        choices=CalendarPolicy.choices, required=False, allow_blank=True, default="", help_text=CALENDAR_POLICY_HELP
+    )
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=1000)
 
     validate_timezone = TaskCreateSerializer.validate_timezone
@@ -94,6 +116,9 @@ class WhyExecutionSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     origin = serializers.CharField()
     scheduled_for = serializers.DateTimeField()
+    moved_from = serializers.DateTimeField(
+        allow_null=True, help_text="The fire time a business calendar moved it from (null: not moved)."
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField()
@@ -123,6 +148,8 @@ class WhySerializer(serializers.Serializer):
             "after_end",
             "upcoming",
             "paused",
+            "holiday",
+            "moved",
         ]
     )
     reason = serializers.CharField()

@@ -26,6 +26,7 @@ from tasks_app.models import (
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
+    CalendarPolicy,
     DstFold,
     DstGap,
     MisfirePolicy,
@@ -184,6 +185,13 @@ def dst_fold_field() -> serializers.ChoiceField:
     )
 
 
+CALENDAR_POLICY_HELP = (
+    "With a calendar: `skip` (default) records a closed day's fire time as skipped (reason `holiday`, the holiday's "
+    "name); `next_business_day` / `previous_business_day` run it at the same wall time on the next / previous "
+    "business day (the execution's `moved_from` says from where). Empty without a calendar."
+)
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -235,6 +243,21 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     )
     max_runs = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000_000
+    )
+    calendar = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=100,
+        help_text="Name of one of your business calendars (POST /api/v1/calendars): fire times on its closed days "
+        "are skipped or moved per calendar_policy. null: none.",
+    )
+    calendar_policy = serializers.ChoiceField(
+        choices=CalendarPolicy.choices,
+        required=False,
+        allow_blank=True,
+        default=CalendarPolicy.NONE,
+        help_text=CALENDAR_POLICY_HELP,
     )
     jitter = DurationField(required=False, default=timedelta(0))
     misfire_policy = serializers.ChoiceField(
@@ -458,6 +481,9 @@ class TaskSerializer(serializers.ModelSerializer):
     timeout = DurationField()
     keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
+    calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True, help_text="Name of its business calendar (null: none)."
+    )
     description = serializers.SerializerMethodField(help_text=SCHEDULE_DESCRIPTION_HELP)
 
     class Meta:
@@ -531,6 +557,9 @@ class TaskUpdateSerializer(TaskCreateSerializer):
             # the update keeps (it drops them if the run goes elsewhere).
             checked["config"] = config_unmask(attrs["config"], plain)
         merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits"}} | {"config": plain} | checked
+        if "calendar" in attrs and "calendar_policy" not in attrs:
+            # A calendar removed takes its policy with it; a first one gets the default (skip).
+            merged["calendar_policy"] = task.calendar_policy if attrs["calendar"] and task.calendar_id else ""
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])

@@ -19,7 +19,14 @@ from rest_framework import serializers
 from executions import transitions
 from executions.materialiser import ACTOR as MATERIALISER
 from executions.materialiser import materialise_task, plan_task, skipped_record, task_schedule
-from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionOrigin, ExecutionStatus
+from executions.models import (
+    OCCURRENCE_ORIGINS,
+    Execution,
+    ExecutionOrigin,
+    ExecutionStatus,
+    SkippedOccurrence,
+    SkipReason,
+)
 from executions.notify import notify_due
 from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
@@ -28,7 +35,15 @@ from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
 from tasks_app.fields import AUDITED_COLUMNS, UPDATABLE_FIELDS
-from tasks_app.models import MIN_MISFIRE_GRACE, AuditAction, Task, TaskStatus, claims_exclusive
+from tasks_app.models import (
+    MIN_MISFIRE_GRACE,
+    AuditAction,
+    Calendar,
+    CalendarPolicy,
+    Task,
+    TaskStatus,
+    claims_exclusive,
+)
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
@@ -88,8 +103,10 @@ def task_config_masked(task: Task) -> dict[str, Any]:
 
 def _snapshot(task: Task, config: Any) -> dict[str, Any]:
     """The audited fields of ``task``, with ``config`` (already masked) in place of its own."""
-    values = {name: getattr(task, name) for name in AUDITED_COLUMNS if name not in ("config", "artifact")}
-    return {**values, "config": config, "artifact": str(task.artifact_id) if task.artifact_id else None}
+    values = {name: getattr(task, name) for name in AUDITED_COLUMNS if name not in ("config", "artifact", "calendar")}
+    calendar = task.calendar.name if task.calendar_id is not None and task.calendar is not None else None
+    artifact = str(task.artifact_id) if task.artifact_id else None
+    return {**values, "config": config, "artifact": artifact, "calendar": calendar}
 
 
 def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = None, detail: str = "") -> None:
@@ -116,6 +133,8 @@ RULE_FIELDS = (
     "max_age",
     "dst_gap",
     "dst_fold",
+    "calendar",
+    "calendar_policy",
 )
 
 
@@ -148,8 +167,37 @@ def task_check_rules(settings: Mapping[str, Any]) -> None:
                 errors[name] = [
                     "Applies to cron schedules only: an interval or a one-shot time is not read on a clock."
                 ]
+    if settings.get("calendar_policy") and not settings.get("calendar"):
+        errors["calendar_policy"] = ["Applies only with a calendar: give calendar too (or no calendar_policy)."]
     if errors:
         raise InvalidInput(errors)
+
+
+def calendar_resolve(*, owner_id: int, calendar: Any) -> Calendar | None:
+    """The owner's calendar named ``calendar`` (a name, or a Calendar already chosen: checked to
+    be the owner's). Another owner's calendar is reported exactly as a missing one (on
+    ``calendar``), so that its existence does not leak."""
+    if calendar in (None, ""):
+        return None
+    if isinstance(calendar, Calendar):
+        if calendar.owner_id == owner_id:
+            return calendar
+        calendar = calendar.name
+    found = Calendar.objects.filter(owner_id=owner_id, name=calendar).first()
+    if found is None:
+        raise InvalidInput.on("calendar", f"You have no calendar named {calendar!r} (GET /api/v1/calendars).")
+    return found
+
+
+def _calendar_settings(owner_id: int, spec: dict[str, Any]) -> None:
+    """Resolve a spec's ``calendar`` (a name) to the owner's calendar and give it its default
+    policy (skip); a policy without a calendar is left for :func:`task_check_rules` to report."""
+    if "calendar" in spec:
+        spec["calendar"] = calendar_resolve(owner_id=owner_id, calendar=spec["calendar"])
+    if spec.get("calendar") is not None and not spec.get("calendar_policy"):
+        spec["calendar_policy"] = CalendarPolicy.SKIP
+    elif spec.get("calendar") is None and "calendar_policy" in spec and spec["calendar_policy"] is None:
+        spec["calendar_policy"] = CalendarPolicy.NONE
 
 
 def _check_rules(task: Task) -> None:
@@ -330,6 +378,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
             chosen = resolved.get(names)
             if chosen is None:
                 chosen = resolved[names] = limits_resolve(owner_id=owner.pk, names=names)
+            _calendar_settings(owner.pk, spec)
             task = _build_task(rows=builder, owner=owner, now=now, **spec)
             task.has_limits = bool(chosen)
             tasks.append(task)
@@ -437,6 +486,7 @@ def _set_created_state(
 #: Fields whose change replaces the task's future executions: the schedule ...
 SCHEDULE_FIELDS = frozenset(
     {"start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"}
+    | {"calendar", "calendar_policy"}
 )
 #: ... and what each execution runs (executions copy the priority when they are created).
 RUN_FIELDS = frozenset({"runner", "config", "priority"})
@@ -477,18 +527,45 @@ def _set_cursor(task: Task, cursor: datetime | None, schedule: Schedule) -> None
 
 def _supersede(task: Task, *, only_from: frozenset[str], actor: str, reason: str) -> list[datetime]:
     """Cancel ``task``'s scheduled occurrences that never started (and are in ``only_from``) as
-    superseded, so they can be materialised again; return the instants of those cancelled."""
+    superseded, so they can be materialised again; return the fire times of those cancelled
+    (a run a business calendar moved: the fire time it was moved from)."""
     rows = Execution.objects.filter(
         task=task, origin=ExecutionOrigin.SCHEDULE, status__in=only_from, started_at__isnull=True
-    ).values_list("pk", "scheduled_for")
+    ).values_list("pk", "scheduled_for", "moved_from")
     instants = []
-    for pk, when in rows:
+    for pk, when, moved_from in rows:
         outcome = transitions.execution_cancel(
             execution_id=pk, actor=actor, reason=reason, only_from=only_from, supersede=True
         )
         if outcome.won:
-            instants.append(when)
+            instants.append(moved_from or when)
     return instants
+
+
+#: Skipped-occurrence reasons a business calendar writes: planned again, so recorded again.
+CALENDAR_SKIPS = (SkipReason.HOLIDAY, SkipReason.MOVED)
+
+
+def _forget_calendar_skips(task: Task, since: datetime) -> None:
+    """Drop the task's calendar skips (holiday, moved) from ``since`` on: a re-plan records them
+    again as the calendar now has them (a skipped row is never overwritten otherwise)."""
+    SkippedOccurrence.objects.filter(task=task, scheduled_for__gte=since, reason__in=CALENDAR_SKIPS).delete()
+
+
+def task_replan(*, task: Task, actor: str, reason: str, only_from: frozenset[str]) -> int:
+    """Replace a task's future (its lock held by the caller): its executions in ``only_from``
+    that never started are cancelled as superseded, the cursor goes back to the earliest of
+    their fire times (or now), the calendar skips from there are forgotten, and the task is
+    materialised again by its current settings. Returns how many executions were superseded."""
+    superseded = _supersede(task, only_from=only_from, actor=actor, reason=reason)
+    schedule = task_schedule(task)
+    since = min([db_now(), *superseded])
+    _forget_calendar_skips(task, since)
+    _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+    task.save(update_fields=["next_run_at", "runs_materialised", "status", "updated_at"])
+    if task.status == TaskStatus.ACTIVE:
+        materialise_task(task_id=task.pk)
+    return len(superseded)
 
 
 def _destination_moved(before: tuple[str, Any, Any], after: tuple[str, Any], *, artifact: bool) -> bool:
@@ -521,6 +598,14 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     new_limits = changes.pop("limits", None)
     with transaction.atomic():
         task = _lock(task.pk)
+        if "calendar" in changes or "calendar_policy" in changes:
+            merged = {"calendar": task.calendar, "calendar_policy": task.calendar_policy, **changes}
+            if "calendar" in changes and changes["calendar"] in (None, "") and "calendar_policy" not in changes:
+                merged["calendar_policy"] = CalendarPolicy.NONE  # no calendar: no policy
+            if "calendar" in changes and "calendar_policy" not in changes and task.calendar_id is None:
+                merged["calendar_policy"] = ""  # a first calendar takes the default policy
+            _calendar_settings(task.owner_id, merged)
+            changes["calendar"], changes["calendar_policy"] = merged["calendar"], merged["calendar_policy"] or ""
         sealed, plain = task.config, task_config(task)
         before = (task.runner, plain, list(task.secret_fields or []))
         snapshot_before = _snapshot(task, None)
@@ -585,6 +670,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             since = min([db_now(), *superseded])
             if not schedule.recurring and "start_at" in changed:
                 since = task.start_at
+            _forget_calendar_skips(task, since)
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
         if changed & {"overlap_policy", "max_concurrency"}:
             # Claims read the policy and the cap from the task; the flag only routes them to the check.

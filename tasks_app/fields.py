@@ -56,6 +56,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     # An artifact is chosen when the task is created; another one is another task.
     TaskField("artifact", WHAT, updatable=False),
     *_settings(WHEN, "start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"),
+    # A calendar is named in the API (its owner's); a change of either re-plans the future.
+    *_settings(WHEN, "calendar", "calendar_policy"),
     *_settings(
         POLICIES, "misfire_policy", "misfire_grace", "catch_up_limit", "overlap_policy", "max_age", "max_concurrency"
     ),

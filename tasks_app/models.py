@@ -181,6 +181,55 @@ class Limit(models.Model):
         return self.name
 
 
+class CalendarPolicy(models.TextChoices):
+    """What a task does with a fire time on a day its calendar closes (tasks_app.calendars)."""
+
+    NONE = "", "no calendar"  #: the task has no calendar
+    SKIP = "skip"  #: the occurrence does not run; recorded as skipped with the reason ``holiday``
+    NEXT_BUSINESS_DAY = "next_business_day"  #: it runs at the same wall time on the next open day
+    PREVIOUS_BUSINESS_DAY = "previous_business_day"  #: it runs at the same wall time on the open day before
+
+
+def default_weekend_days() -> list[int]:
+    return [6, 7]  # ISO weekdays: Saturday and Sunday
+
+
+class Calendar(models.Model):
+    """A reusable business calendar, owned like a task: the public holidays of a country (and
+    optionally one of its subdivisions) from the ``holidays`` package, extra closed dates and
+    date ranges with a label each, and optionally weekends.
+
+    Tasks reference it (``Task.calendar``) with a :class:`CalendarPolicy`; the materialiser asks
+    it whether a fire time's local date is closed and why (:mod:`tasks_app.calendars`). A change
+    re-plans the tasks that use it; it cannot be deleted while a task (not deleted) uses it.
+    """
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_calendars", db_index=False
+    )
+    name = models.CharField(max_length=100)
+    country = models.CharField(
+        max_length=3, blank=True, help_text="ISO 3166 code of the country whose public holidays close (empty: none)."
+    )
+    subdivision = models.CharField(
+        max_length=10, blank=True, help_text="A subdivision of the country (state, province), e.g. BY for Bavaria."
+    )
+    weekends_closed = models.BooleanField(default=False, help_text="Whether the weekend days are closed.")
+    #: ISO weekdays (1 Monday ... 7 Sunday) that make the weekend.
+    weekend_days = models.JSONField(default=default_weekend_days, blank=True)
+    #: ``[{"start": "2027-12-24", "end": "2027-12-31", "label": "shutdown"}, ...]`` (end inclusive).
+    extra_dates = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="calendar_unique_name_per_owner")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 def default_misfire_grace() -> timedelta:
     return timedelta(seconds=tms_settings().MISFIRE_GRACE)
 
@@ -242,6 +291,25 @@ class Task(models.Model):
         "empty: first for a fixed hour, both for a clock-following expression.",
     )
     max_runs = models.PositiveIntegerField(null=True, blank=True)
+    # Indexed only where set (task_calendar_idx): a calendar change finds its tasks.
+    calendar = models.ForeignKey(
+        Calendar,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="tasks",
+        db_index=False,
+        help_text="Business calendar: fire times on its closed days are skipped or moved per calendar_policy.",
+    )
+    calendar_policy = models.CharField(
+        max_length=24,
+        choices=CalendarPolicy.choices,
+        default=CalendarPolicy.NONE,
+        db_default=CalendarPolicy.NONE,
+        blank=True,
+        help_text="With a calendar: skip a closed day's fire time, or move it to the next or previous business day "
+        "at the same wall time (default skip).",
+    )
     jitter = models.DurationField(default=timedelta(0), blank=True)
     misfire_policy = models.CharField(max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE)
     misfire_grace = models.DurationField(
@@ -344,6 +412,7 @@ class Task(models.Model):
             # only: migration 0017 (kept out of the model state so SQLite never sees it).
             models.Index(fields=["runner"], name="task_runner_idx"),
             models.Index(fields=["artifact"], condition=Q(artifact__isnull=False), name="task_artifact_idx"),
+            models.Index(fields=["calendar"], condition=Q(calendar__isnull=False), name="task_calendar_idx"),
             # /metrics lists the opted-in tasks at every scrape: a few rows of a large table.
             models.Index(fields=["id"], condition=Q(expose_metrics=True), name="task_expose_metrics_idx"),
         ]
@@ -373,6 +442,11 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(end_at__isnull=True) | Q(end_at__gte=models.F("start_at")), name="task_end_after_start"
+            ),
+            models.CheckConstraint(
+                condition=Q(calendar__isnull=True, calendar_policy="")
+                | Q(calendar__isnull=False) & ~Q(calendar_policy=""),
+                name="task_calendar_policy",
             ),
         ]
 

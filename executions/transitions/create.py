@@ -24,6 +24,8 @@ class NewExecution:
     #: The task's overlap policy is not "allow" (or it has a max_concurrency): claims go through
     #: :func:`~executions.transitions.overlap.execution_claim_exclusive`.
     exclusive: bool = False
+    #: The fire time a business calendar moved this occurrence from (``scheduled_for`` is where to).
+    moved_from: datetime | None = None
 
 
 #: Rows per INSERT statement (SQLite: within its 32,766 parameters).
@@ -33,7 +35,7 @@ _SQLITE_CHUNK = 1000
 #: The columns an insert sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, moved_from"
 )
 #: The constant columns' values, after ``origin``.
 _CONSTANTS = "%s, 1, '', '', '{}', '', '', ''"
@@ -46,9 +48,9 @@ _OWNER = f"(SELECT t.owner_id FROM {TASKS} t WHERE t.id = {{}}{{}})"  # noqa: S6
 _PG_INSERT = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS})
     SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS},
-        {_OWNER.format("v.task_id", " FOR KEY SHARE OF t")}
-    FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[])
-        AS v (task_id, scheduled_for, due_at, priority, exclusive)
+        {_OWNER.format("v.task_id", " FOR KEY SHARE OF t")}, v.moved_from
+    FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::timestamptz[])
+        AS v (task_id, scheduled_for, due_at, priority, exclusive, moved_from)
     ON CONFLICT DO NOTHING
 """  # noqa: S608 - table names are ours; every value is a parameter
 #: A materialiser pass's INSERT: the caller holds the tasks' rows locked (FOR UPDATE) and gives
@@ -56,7 +58,7 @@ _PG_INSERT = f"""
 #: tasks).
 _PG_INSERT_OWNED = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS})
-    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id
+    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, NULL
     FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::integer[])
         AS v (task_id, scheduled_for, due_at, priority, exclusive, owner_id)
     ON CONFLICT DO NOTHING
@@ -118,6 +120,7 @@ def _insert(rows: Sequence[NewExecution], origin: str) -> tuple[str, list[Any]]:
             pg_array(row.due_at or row.scheduled_for for row in rows),
             pg_array(row.priority for row in rows),
             pg_array(row.exclusive for row in rows),
+            pg_array(row.moved_from for row in rows),
         ]
     task_field, time_field = _field("task"), _field("scheduled_for")
     params: list[Any] = []
@@ -132,8 +135,9 @@ def _insert(rows: Sequence[NewExecution], origin: str) -> tuple[str, list[Any]]:
             origin,
             S.SCHEDULED,
             task_id,
+            None if row.moved_from is None else time_field.get_db_prep_value(row.moved_from, connection),
         ]
-    values = ", ".join([f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s', '')})"] * len(rows))
+    values = ", ".join([f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s', '')}, %s)"] * len(rows))
     return f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) VALUES {values} ON CONFLICT DO NOTHING", params  # noqa: S608
 
 

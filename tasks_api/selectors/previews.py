@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 from itertools import islice
 from zoneinfo import ZoneInfo
 
-from executions.materialiser import task_schedule
-from tasks_app.models import Task
+from executions.materialiser import task_calendar, task_schedule
+from tasks_app.calendars import CalendarRules, calendar_place
+from tasks_app.models import CalendarPolicy, Task
 from tasks_app.schedules import Schedule, dst_note, walk_limit
 from tms_core.clock import db_now
 
@@ -23,6 +24,38 @@ class FireTime:
     local: datetime
     #: Which DST rule decided this time, in words (empty on an ordinary day: :func:`dst_note`).
     dst: str = ""
+    #: What a business calendar made of it: "" (nothing: an open day, or no calendar), ``skipped``, ``moved``.
+    calendar: str = ""
+    #: Why its day is closed (a holiday's name, an extra date's label, ``weekend``), and what followed.
+    calendar_reason: str = ""
+    #: When it runs: ``utc``, the moved instant, or None (skipped).
+    runs_at: datetime | None = None
+
+
+def calendar_marks(
+    times: list[FireTime], rules: CalendarRules, policy: str, *, timezone: str, dst_gap: str = "", dst_fold: str = ""
+) -> list[FireTime]:
+    """``times`` marked with what the calendar and ``policy`` make of each: skipped (and why),
+    moved (and where to), or nothing; a move onto an instant another fire time runs at says so."""
+    policy = policy or CalendarPolicy.SKIP
+    zone = ZoneInfo(timezone)
+    marked = []
+    runs = {time.utc for time in times if not rules.closed(time.local.date())}
+    for time in times:
+        place = calendar_place(rules, policy, time.utc, timezone=timezone, dst_gap=dst_gap, dst_fold=dst_fold)
+        if place.run_at == time.utc:
+            marked.append(FireTime(time.utc, time.local, time.dst, runs_at=time.utc))
+        elif place.run_at is None:
+            note = f"; {policy} found no place: {place.note}" if place.note else ""
+            marked.append(FireTime(time.utc, time.local, time.dst, "skipped", f"{place.reason} ({rules.name}){note}"))
+        else:
+            local = place.run_at.astimezone(zone)
+            reason = f"{place.reason} ({rules.name}): moved to {local.isoformat()} ({policy})"
+            if place.run_at in runs:
+                reason += "; another occurrence runs at that instant already: one run"
+            runs.add(place.run_at)
+            marked.append(FireTime(time.utc, time.local, time.dst, "moved", reason, place.run_at))
+    return marked
 
 
 def _fire_times(schedule: Schedule, times: list[datetime]) -> list[FireTime]:
@@ -32,7 +65,7 @@ def _fire_times(schedule: Schedule, times: list[datetime]) -> list[FireTime]:
         if schedule.cron
         else (lambda when: "")
     )
-    return [FireTime(when, when.astimezone(zone), note(when)) for when in times]
+    return [FireTime(when, when.astimezone(zone), note(when), runs_at=when) for when in times]
 
 
 def _runs_end(schedule: Schedule, max_runs: int, *, until: datetime) -> datetime | None:
@@ -81,7 +114,13 @@ def task_preview(*, task: Task, count: int, after: datetime | None = None) -> li
             last = task_last_fire_time(task, schedule, materialised=None, until=times[-1])
         if last is not None:
             times = [when for when in times if when <= last]
-    return _fire_times(schedule, times)
+    fire_times = _fire_times(schedule, times)
+    rules = task_calendar(task)
+    if rules is None:
+        return fire_times
+    return calendar_marks(
+        fire_times, rules, task.calendar_policy, timezone=task.timezone, dst_gap=task.dst_gap, dst_fold=task.dst_fold
+    )
 
 
 def occurrence_at_or_before(schedule: Schedule, at: datetime) -> datetime | None:

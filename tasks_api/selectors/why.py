@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 
-from executions.materialiser import task_schedule
-from executions.models import Execution, ExecutionStatus, SkippedOccurrence
+from executions.materialiser import task_calendar, task_schedule
+from executions.models import Execution, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_api.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
 from tasks_api.selectors.previews import occurrence_at_or_before, task_last_fire_time
+from tasks_app.calendars import calendar_place
 from tasks_app.models import Task
 from tasks_app.schedules import dst_note, walk_limit
 from tms_core.clock import db_now
@@ -75,6 +76,17 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         answer.reason = f"The task's runs ended {_ending(task, last)}: nothing is created after it."
         return answer
     verdict, reason = _occurrence_verdict(task, occurrence, answer, now)
+    moved_here = _moved_here(task, at, within)
+    if moved_here is not None and not at <= occurrence <= within:
+        # Not a fire time, but a business calendar moved one here: that is what ran (or runs).
+        answer.occurrence, answer.execution, answer.skipped = moved_here.moved_from, moved_here, None
+        answer.verdict = VERDICT_BY_STATUS[moved_here.status]
+        answer.reason = (
+            f"The fire time {moved_here.moved_from.isoformat()} fell on a closed day of calendar "
+            f"{task.calendar.name if task.calendar else '?'} and was moved here ({task.calendar_policy}): "
+            f"execution {moved_here.pk} is {moved_here.status}."
+        )
+        return answer
     if not at <= occurrence <= within:
         answer.verdict = "not_a_fire_time"
         answer.reason = (
@@ -92,6 +104,56 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         answer.verdict = "after_end"
         answer.reason = f"The schedule ended at {task.end_at.isoformat()}. " + answer.reason
     return answer
+
+
+def _moved_here(task: Task, at: datetime, within: datetime) -> Execution | None:
+    """The live execution a business calendar moved to ``at`` (within the second asked about)."""
+    if task.calendar_id is None and not task.executions.filter(moved_from__isnull=False).exists():
+        return None
+    return (
+        Execution.objects.filter(
+            task=task, scheduled_for__gte=at, scheduled_for__lte=within, moved_from__isnull=False, superseded=False
+        )
+        .order_by("scheduled_for")
+        .first()
+    )
+
+
+def _calendar_verdict(task: Task, occurrence: datetime, answer: WhyAnswer, verdict: str, reason: str) -> tuple[str, str]:
+    """The verdict with the task's business calendar: a recorded holiday or move says so (with
+    the execution the move made), and a fire time not planned yet says what the calendar will do."""
+    skipped = answer.skipped
+    if skipped is not None and skipped.scheduled_for == occurrence and skipped.reason == SkipReason.HOLIDAY:
+        return "holiday", f"Skipped: its day is closed, {skipped.detail}."
+    if skipped is not None and skipped.scheduled_for == occurrence and skipped.reason == SkipReason.MOVED:
+        moved = (
+            Execution.objects.filter(task=task, moved_from=occurrence, superseded=False).order_by("-id").first()
+        )
+        if moved is not None:
+            answer.execution = moved
+            reason = f"Moved: {skipped.detail}; execution {moved.pk} is {moved.status}."
+        else:
+            reason = f"Moved: {skipped.detail}."
+        return "moved", reason
+    if verdict == "upcoming" and answer.execution is None:
+        rules = task_calendar(task)
+        if rules is not None:
+            place = calendar_place(
+                rules,
+                task.calendar_policy,
+                occurrence,
+                timezone=task.timezone,
+                dst_gap=task.dst_gap,
+                dst_fold=task.dst_fold,
+            )
+            if place.run_at is None:
+                return "holiday", f"{reason} Its day is closed: {place.reason} (calendar {rules.name}): it will not run."
+            if place.moved:
+                return "moved", (
+                    f"{reason} Its day is closed: {place.reason} (calendar {rules.name}): it will run at "
+                    f"{place.run_at.isoformat()} ({task.calendar_policy})."
+                )
+    return verdict, reason
 
 
 def _ending(task: Task, last: datetime) -> str:
@@ -116,4 +178,4 @@ def _occurrence_verdict(task: Task, occurrence: datetime, answer: WhyAnswer, now
     answer.execution, answer.skipped = execution, fate.skipped or skipped
     if fate.fate == Fate.EXECUTION and fate.execution is not None:
         return VERDICT_BY_STATUS[fate.execution.status], fate.reason
-    return VERDICT_BY_FATE[fate.fate], fate.reason
+    return _calendar_verdict(task, occurrence, answer, VERDICT_BY_FATE[fate.fate], fate.reason)

@@ -14,6 +14,7 @@ from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
 from tasks_api.api import SchedulePreviewView, TaskViewSet
 from tasks_api.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 from tasks_api.audit_api import AuditEntryViewSet
+from tasks_api.calendars_api import CalendarViewSet
 from tasks_api.limits_api import LimitViewSet
 
 router = SimpleRouter()
@@ -24,6 +25,7 @@ router.register("workers", WorkerViewSet, basename="worker")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 router.register("audit", AuditEntryViewSet, basename="audit")
 router.register("limits", LimitViewSet, basename="limit")
+router.register("calendars", CalendarViewSet, basename="calendar")
 router.register("notification-channels", ChannelViewSet, basename="notification-channel")
 router.register("notification-rules", RuleViewSet, basename="notification-rule")
 router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
