@@ -62,8 +62,9 @@ class DueTask(NamedTuple):
     runs_materialised: int
     paused_at: datetime | None
     owner_id: int
-    calendar_id: int | None
-    calendar_policy: str
+    #: Its business calendar and policy (the defaults: none), applied by :func:`plan_task`.
+    calendar_id: int | None = None
+    calendar_policy: str = ""
 
 
 _DUE_COLUMNS = ("id", *DueTask._fields[1:])

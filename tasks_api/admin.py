@@ -31,6 +31,7 @@ from django.utils.html import format_html, format_html_join
 from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
+from tasks_api.calendars import CALENDAR_FIELDS, calendar_create, calendar_delete, calendar_update
 from tasks_api.limits import limit_create, limit_delete, limit_update
 from tasks_api.serializers import TaskCreateSerializer, TaskUpdateSerializer
 from tasks_api.services import (
@@ -45,7 +46,7 @@ from tasks_api.services import (
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
-from tasks_app.models import AuditEntry, Limit, OwnerQuota, Task, TaskStatus
+from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskStatus
 from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
@@ -99,6 +100,8 @@ def _api_value(value: Any) -> Any:
     """A cleaned form value as the API serializers take it."""
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, Calendar):  # the API names a calendar (the task owner's)
+        return value.name
     if isinstance(value, models.Model):
         return value.pk
     if isinstance(value, QuerySet):  # named limits: the API takes their names
@@ -557,3 +560,74 @@ class LimitAdmin(admin.ModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         for limit in queryset:
             self.delete_model(request, limit)
+
+
+class CalendarAdminForm(forms.ModelForm):
+    """Saves through the calendar services while it is validated, so their refusals (an unknown
+    country or subdivision, a closed run too long, a duplicate name) are errors on the form's
+    fields; a change of what it closes re-plans the tasks that use it."""
+
+    #: Set by :meth:`CalendarAdmin.get_form`: the request (for the actor).
+    request: HttpRequest
+
+    class Meta:
+        model = Calendar
+        fields = ["owner", *CALENDAR_FIELDS]
+        help_texts = {
+            "weekend_days": "ISO weekdays, 1 Monday ... 7 Sunday: [6, 7]",
+            "extra_dates": '[{"start": "2027-12-24", "end": "2027-12-31", "label": "shutdown"}]',
+        }
+
+    def _post_clean(self) -> None:
+        if self.errors:
+            return
+        data: dict[str, Any] = {name: self.cleaned_data.get(name) for name in CALENDAR_FIELDS}
+        try:
+            with transaction.atomic():
+                if self.instance._state.adding:
+                    owner = self.cleaned_data.get("owner") or request_user(self.request)
+                    self.instance = calendar_create(owner=owner, **data)
+                else:
+                    changes = {name: data[name] for name in self.changed_data if name in data}
+                    self.instance = calendar_update(
+                        calendar=self.instance, changes=changes, actor=actor_for(request_user(self.request))
+                    )
+        except SERVICE_ERRORS as exc:
+            add_service_errors(self, exc)
+
+
+@admin.register(Calendar)
+class CalendarAdmin(admin.ModelAdmin):
+    """Business calendars; every change goes through :mod:`tasks_api.calendars`."""
+
+    form = CalendarAdminForm
+    list_display = ("name", "owner", "country", "subdivision", "weekends_closed", "tasks_using")
+    list_filter = ("country", "weekends_closed")
+    search_fields = ("name", "owner__username")
+    raw_id_fields = ("owner",)
+    list_select_related = ("owner",)
+
+    @admin.display(description="Tasks using it")
+    def tasks_using(self, calendar: Calendar) -> int:
+        return calendar.tasks.exclude(status=TaskStatus.DELETED).count()
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.request = request
+        return form
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["owner"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: Calendar, form: Any, change: bool) -> None:
+        """Nothing to do: the form saved the calendar through the services when it was validated."""
+
+    def delete_model(self, request: HttpRequest, obj: Calendar) -> None:
+        try:
+            calendar_delete(calendar=obj)
+        except SERVICE_ERRORS as exc:
+            self.message_user(request, f"{obj}: {error_text(exc)}", messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for calendar in queryset:
+            self.delete_model(request, calendar)

@@ -100,7 +100,7 @@ def _validate(calendar: Calendar) -> None:
         errors["weekend_days"] = ["ISO weekdays (1 Monday ... 7 Sunday), each once, at most 6 of them."]
     else:
         calendar.weekend_days = sorted(days)
-    if not calendar.country and not calendar.extra_dates and not calendar.weekends_closed and "country" not in errors:
+    if not calendar.country and not calendar.extra_dates and not calendar.weekends_closed and not errors:
         errors["country"] = ["A calendar closes something: give a country, extra_dates or weekends_closed."]
     if errors:
         raise InvalidInput(errors)
