@@ -17,7 +17,7 @@ from django import forms
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
 from tasks_api.services import task_config_masked
-from tasks_app.models import DstFold, DstGap, MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import CalendarPolicy, DstFold, DstGap, MisfirePolicy, OverlapPolicy, Task, TaskStatus
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.durations import format_duration
 
@@ -128,6 +128,8 @@ class TaskForm(ApiInputForm):
         "dst_gap",
         "dst_fold",
         "overlap_policy",
+        "calendar",
+        "calendar_policy",
     )
     wide_fields = ("config",)
 
@@ -170,6 +172,18 @@ class TaskForm(ApiInputForm):
         label="Clock set back",
         help_text="Cron: wall times shown twice run at their first, second or both occurrences.",
     )
+    calendar = forms.CharField(
+        required=False,
+        max_length=100,
+        label="Business calendar",
+        help_text="Name of one of your calendars (/api/v1/calendars). Empty: none.",
+    )
+    calendar_policy = forms.ChoiceField(
+        choices=CalendarPolicy.choices,
+        required=False,
+        label="On a closed day",
+        help_text="Skip the run, or move it to the next or previous business day (default skip).",
+    )
 
     @classmethod
     def initial_for(cls, task: Task) -> dict[str, Any]:
@@ -197,6 +211,8 @@ class TaskForm(ApiInputForm):
             "overlap_policy": task.overlap_policy,
             "dst_gap": task.dst_gap,
             "dst_fold": task.dst_fold,
+            "calendar": task.calendar.name if task.calendar_id and task.calendar else "",
+            "calendar_policy": task.calendar_policy,
         }
 
     def changes(self) -> dict[str, Any]:
@@ -217,7 +233,11 @@ class TaskForm(ApiInputForm):
                 continue
             value = self.cleaned_data.get(name)
             if value in ("", None):
-                value = {} if name == "config" else ("" if name in ("cron", "name", "dst_gap", "dst_fold") else None)
+                value = (
+                    {}
+                    if name == "config"
+                    else ("" if name in ("cron", "name", "dst_gap", "dst_fold", "calendar_policy") else None)
+                )
             changed[name] = value
         return changed
 

@@ -300,6 +300,7 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
         ("Runner", task.runner),
         ("Time zone", task.timezone),
         *([("Daylight saving", _dst_text(task))] if task.cron else []),
+        *([("Business calendar", f"{task.calendar.name}: {task.calendar_policy}")] if task.calendar_id else []),
         ("Start", task.start_at),
         ("End", task.end_at or "\u2013"),
         ("Max runs", task.max_runs or "\u2013"),

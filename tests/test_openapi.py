@@ -27,6 +27,7 @@ from schemathesis.config import SchemathesisConfig
 
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
+from tasks_api.calendars import calendar_create
 from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import running
 from tms_project.wsgi import application
@@ -100,6 +101,12 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/api/v1/limits/{id}"),
         ("PATCH", "/api/v1/limits/{id}"),
         ("DELETE", "/api/v1/limits/{id}"),
+        ("GET", "/api/v1/calendars"),
+        ("POST", "/api/v1/calendars"),
+        ("GET", "/api/v1/calendars/{id}"),
+        ("PATCH", "/api/v1/calendars/{id}"),
+        ("DELETE", "/api/v1/calendars/{id}"),
+        ("GET", "/api/v1/calendars/{id}/days"),
         ("GET", "/api/v1/artifacts"),
         ("POST", "/api/v1/artifacts"),
         ("GET", "/api/v1/artifacts/{id}"),
@@ -198,7 +205,7 @@ def test_docs_and_their_scripts_are_served_by_gunicorn_with_debug_off():
 TOKEN = "5c8e0c3a9f1b4e2d8a7b6c5d4e3f2a1b0c9d8e7f"
 STAFF_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
 #: Ids that exist while an operation is tested, filled by ``schemathesis_data``.
-KNOWN: dict[str, list] = {"tasks": [], "executions": []}
+KNOWN: dict[str, list] = {"tasks": [], "executions": [], "calendars": []}
 
 
 # Loaded at collection time from the WSGI app (schema generation needs no database). The lazy
@@ -228,6 +235,8 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
         name, kind = "id", "tasks"
     elif "id" in path_parameters and path.startswith("/api/v1/executions"):
         name, kind = "id", "executions"
+    elif "id" in path_parameters and path.startswith("/api/v1/calendars"):
+        name, kind = "id", "calendars"
     else:
         return st.just(path_parameters)
     if not _valid_id(kind, path_parameters[name]):
@@ -240,7 +249,7 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
 
 def _valid_id(kind: str, value: object) -> bool:
     """Whether ``value`` is an id the schema allows: a UUID for tasks, a positive integer for executions."""
-    if kind == "executions":
+    if kind in ("executions", "calendars"):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
     try:
         return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
@@ -275,8 +284,13 @@ def schemathesis_data(db, user, other_user, staff_user, settings, tmp_path):
     Worker.objects.create(id="host-a:10", hostname="host-a", pid=10)
     KNOWN["tasks"] = [str(task.pk) for task in tasks]
     KNOWN["executions"] = [execution.pk for execution in executions]
+    calendars = [
+        calendar_create(owner=user, name="de", country="DE", subdivision="BY", weekends_closed=True),
+        calendar_create(owner=other_user, name="us", country="US"),
+    ]
+    KNOWN["calendars"] = [calendar.pk for calendar in calendars]
     yield
-    KNOWN["tasks"], KNOWN["executions"] = [], []
+    KNOWN["tasks"], KNOWN["executions"], KNOWN["calendars"] = [], [], []
     request_started.connect(close_old_connections)
     request_finished.connect(close_old_connections)
 

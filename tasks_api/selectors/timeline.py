@@ -41,6 +41,7 @@ _EXECUTION_COLUMNS = (
     "attempt",
     "origin",
     "superseded",
+    "moved_from",
     "retry_of_id",
     "due_at",
     "started_at",
@@ -227,6 +228,8 @@ def _execution_item(execution: Execution, skipped: SkippedOccurrence | None, loc
     superseded one, or one of an earlier schedule."""
     what = f"Execution {execution.pk} ({execution.origin}"
     what += f", retry of {execution.retry_of_id})" if execution.retry_of_id else ")"
+    if execution.moved_from is not None:  # a business calendar moved it here from a closed day
+        what += f", moved here from {execution.moved_from.isoformat()} by the task's calendar"
     if skipped is not None:
         reason = f"{what} was skipped ({skipped.reason}): {skipped.detail}"
         return Occurrence(

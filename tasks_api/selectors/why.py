@@ -119,16 +119,16 @@ def _moved_here(task: Task, at: datetime, within: datetime) -> Execution | None:
     )
 
 
-def _calendar_verdict(task: Task, occurrence: datetime, answer: WhyAnswer, verdict: str, reason: str) -> tuple[str, str]:
+def _calendar_verdict(
+    task: Task, occurrence: datetime, answer: WhyAnswer, verdict: str, reason: str
+) -> tuple[str, str]:
     """The verdict with the task's business calendar: a recorded holiday or move says so (with
     the execution the move made), and a fire time not planned yet says what the calendar will do."""
     skipped = answer.skipped
     if skipped is not None and skipped.scheduled_for == occurrence and skipped.reason == SkipReason.HOLIDAY:
         return "holiday", f"Skipped: its day is closed, {skipped.detail}."
     if skipped is not None and skipped.scheduled_for == occurrence and skipped.reason == SkipReason.MOVED:
-        moved = (
-            Execution.objects.filter(task=task, moved_from=occurrence, superseded=False).order_by("-id").first()
-        )
+        moved = Execution.objects.filter(task=task, moved_from=occurrence, superseded=False).order_by("-id").first()
         if moved is not None:
             answer.execution = moved
             reason = f"Moved: {skipped.detail}; execution {moved.pk} is {moved.status}."
@@ -147,7 +147,10 @@ def _calendar_verdict(task: Task, occurrence: datetime, answer: WhyAnswer, verdi
                 dst_fold=task.dst_fold,
             )
             if place.run_at is None:
-                return "holiday", f"{reason} Its day is closed: {place.reason} (calendar {rules.name}): it will not run."
+                return (
+                    "holiday",
+                    f"{reason} Its day is closed: {place.reason} (calendar {rules.name}): it will not run.",
+                )
             if place.moved:
                 return "moved", (
                     f"{reason} Its day is closed: {place.reason} (calendar {rules.name}): it will run at "

@@ -171,9 +171,7 @@ def test_previous_business_day_plans_ahead_of_the_horizon(user, de):
 @pytest.mark.django_db
 def test_without_weekends_a_move_lands_on_the_saturday_fire_time(user, de_no_weekends):
     # Good Friday 08:00Z moves to Saturday 27 March 09:00 CET = 08:00Z, Saturday's own fire time.
-    runs, skips = _plan(
-        user, de_no_weekends, "next_business_day", until="2027-03-27T12:00:00+00:00", **EASTER_DAILY
-    )
+    runs, skips = _plan(user, de_no_weekends, "next_business_day", until="2027-03-27T12:00:00+00:00", **EASTER_DAILY)
     assert runs == [("2027-03-25T08:00:00+00:00", None), ("2027-03-27T08:00:00+00:00", None)]
     assert skips[0][0] == "2027-03-26T08:00:00+00:00" and skips[0][2].endswith("one run")
 
@@ -302,9 +300,7 @@ def test_a_move_into_the_dst_gap_follows_the_task_rule(user, gap, expected):
 
 
 def test_the_calendar_answers_why_a_day_is_closed():
-    rules = CalendarRules(
-        name="x", country="DE", subdivision="BY", weekends_closed=True, weekend_days=(6, 7), extra=()
-    )
+    rules = CalendarRules(name="x", country="DE", subdivision="BY", weekends_closed=True, weekend_days=(6, 7), extra=())
     assert rules.closed(_t("2027-01-06").date()) == "Epiphany"
     assert rules.closed(_t("2027-03-27").date()) == "weekend"
     assert rules.closed(_t("2027-03-25").date()) == ""
