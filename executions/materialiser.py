@@ -591,8 +591,8 @@ def _apply(tasks: Sequence[Plannable], *, now: datetime, until: datetime) -> lis
     """Plan ``tasks`` (locked by the caller), create their executions and skipped occurrences,
     and move their cursors; return the new execution ids."""
     batch = _Batch()
-    ids = {task.calendar_id for task in tasks if task.calendar_id is not None}
-    calendars = calendars_load(ids) if ids else {}
+    calendar_ids = {task.calendar_id for task in tasks if task.calendar_id is not None}
+    calendars = calendars_load(calendar_ids) if calendar_ids else {}
     for task in tasks:
         window = _on_time_window(task, now=now, until=until)
         if window is None:

@@ -613,6 +613,7 @@ class CalendarAdmin(admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
+        assert issubclass(form, CalendarAdminForm)  # modelform_factory subclasses self.form
         form.request = request
         return form
 

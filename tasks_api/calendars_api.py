@@ -3,6 +3,7 @@ that tasks name with a ``calendar_policy``; ``/days`` lists a calendar's closed 
 
 from __future__ import annotations
 
+import re
 from datetime import date, timedelta
 from typing import Any
 
@@ -26,7 +27,8 @@ from tms_core.errors import InvalidInput
 class ExtraDateSerializer(StrictInputMixin, serializers.Serializer):
     start = serializers.DateField(help_text="First closed day (YYYY-MM-DD).")
     end = serializers.DateField(required=False, allow_null=True, help_text="Last closed day (default: start).")
-    label = serializers.CharField(
+    # DRF's serializer metaclass moves declared fields off the class: Field.label is not shadowed.
+    label = serializers.CharField(  # type: ignore[assignment]
         required=False, allow_blank=True, default="", max_length=100, help_text="Why it is closed."
     )
 
@@ -65,7 +67,7 @@ class CalendarSerializer(StrictInputMixin, serializers.ModelSerializer):
         max_length=6,
         help_text="ISO weekdays of the weekend, 1 Monday ... 7 Sunday (default [6, 7]).",
     )
-    extra_dates = ExtraDateSerializer(
+    extra_dates = ExtraDateSerializer(  # type: ignore[call-arg]  # max_length goes to the ListSerializer
         many=True,
         required=False,
         default=list,
@@ -100,11 +102,17 @@ class ClosedDaySerializer(serializers.Serializer):
     reason = serializers.CharField(help_text="The holiday's name, an extra date's label, or `weekend`.")
 
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _date_param(request: Request, name: str, default: date) -> date:
+    """A query parameter's date (RFC 3339 full-date); absent: ``default``; empty or another form: 400."""
     text = request.query_params.get(name)
-    if text in (None, ""):
+    if text is None:
         return default
     try:
+        if not _DATE.fullmatch(text):
+            raise ValueError(text)
         return date.fromisoformat(text)
     except ValueError:
         raise InvalidInput.on(name, "A date, YYYY-MM-DD.") from None

@@ -43,17 +43,6 @@ def supported_countries() -> dict[str, tuple[str, ...]]:
     return {code: tuple(subdivisions) for code, subdivisions in holidays.list_supported_countries().items()}
 
 
-@functools.lru_cache(maxsize=1)
-def holidays_coverage() -> tuple[int, int, int]:
-    """(countries, earliest start year, latest end year) of the pinned ``holidays`` package."""
-    starts, ends = [], []
-    for code in supported_countries():
-        cls = holidays.country_holidays(code).__class__
-        starts.append(getattr(cls, "start_year", 1))
-        ends.append(getattr(cls, "end_year", 9999))
-    return len(starts), min(starts), max(ends)
-
-
 @functools.lru_cache(maxsize=1024)
 def _holidays(country: str, subdivision: str, year: int) -> dict[date, str]:
     """The public holidays of one year, cached in-process: the package builds them in Python

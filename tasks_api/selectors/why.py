@@ -77,7 +77,7 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         return answer
     verdict, reason = _occurrence_verdict(task, occurrence, answer, now)
     moved_here = _moved_here(task, at, within)
-    if moved_here is not None and not at <= occurrence <= within:
+    if moved_here is not None and moved_here.moved_from is not None and not at <= occurrence <= within:
         # Not a fire time, but a business calendar moved one here: that is what ran (or runs).
         answer.occurrence, answer.execution, answer.skipped = moved_here.moved_from, moved_here, None
         answer.verdict = VERDICT_BY_STATUS[moved_here.status]

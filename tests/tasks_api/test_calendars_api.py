@@ -199,3 +199,10 @@ def test_another_owner_does_not_see_a_calendar(api_client, other_client):
     calendar = _calendar(api_client)
     assert other_client.get(f"/api/v1/calendars/{calendar['id']}").status_code == 404
     assert other_client.get(f"/api/v1/calendars/{calendar['id']}/days").status_code == 404
+
+
+@pytest.mark.parametrize("query", ["to=", "from=2027-3-1", "from=20270301", "from=2027-03-01&to=2028-04-01"])
+def test_closed_days_refuse_a_bad_or_too_long_range_with_a_400(api_client, query):
+    calendar = _calendar(api_client)
+    response = api_client.get(f"/api/v1/calendars/{calendar['id']}/days?{query}")
+    assert response.status_code == 400, response.content
