@@ -146,7 +146,17 @@ class ExecutionAdmin(ReadOnlyAdmin):
         ),
         (
             "Times (UTC)",
-            {"fields": ["scheduled_for", "due_at", "created_at", "enqueued_at", "started_at", "finished_at"]},
+            {
+                "fields": [
+                    "scheduled_for",
+                    "moved_from",
+                    "due_at",
+                    "created_at",
+                    "enqueued_at",
+                    "started_at",
+                    "finished_at",
+                ]
+            },
         ),
         ("Attempts", {"fields": ["retry_of_link", "retried_by", "superseded", "exclusive"]}),
         (

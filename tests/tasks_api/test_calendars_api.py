@@ -206,3 +206,53 @@ def test_closed_days_refuse_a_bad_or_too_long_range_with_a_400(api_client, query
     calendar = _calendar(api_client)
     response = api_client.get(f"/api/v1/calendars/{calendar['id']}/days?{query}")
     assert response.status_code == 400, response.content
+
+
+def test_the_task_page_shows_the_calendar_and_its_effect_on_the_timeline(client, user, api_client):
+    _calendar(api_client, weekends_closed=True)
+    task = api_client.post(
+        "/api/v1/tasks", {**FRIDAYS, "calendar": "de", "calendar_policy": "next_business_day"}, format="json"
+    ).json()
+    materialise_task(task_id=task["id"], until=datetime.fromisoformat("2027-04-01T00:00:00+00:00"))
+    client.force_login(user)
+    page = client.get(f"/ui/tasks/{task['id']}/", {"from": "2027-03-25T00:00", "to": "2027-03-31T00:00"})
+    text = page.content.decode()
+    assert "Business calendar" in text and "de: next_business_day" in text
+    # Good Friday's fire time (09:00 local) says where it went, and the run at Tuesday 09:00 where it came from.
+    assert "moved to 2027-03-30T07:00:00+00:00 (next_business_day): Good Friday (calendar de)" in text
+    assert "moved here from 2027-03-26T08:00:00+00:00 by the task&#x27;s calendar" in text
+    edit = client.get(f"/ui/tasks/{task['id']}/edit/").content.decode()
+    assert 'name="calendar"' in edit and 'name="calendar_policy"' in edit
+
+
+def test_the_admin_defines_a_calendar_through_the_services(client, django_user_model, user):
+    boss = django_user_model.objects.create_superuser(username="boss", password="boss-password")
+    client.force_login(boss)
+    response = client.post(
+        "/admin/tasks_app/calendar/add/",
+        {
+            "owner": user.pk,
+            "name": "by",
+            "country": "DE",
+            "subdivision": "XX",
+            "weekend_days": "[6, 7]",
+            "extra_dates": "[]",
+        },
+    )
+    assert response.status_code == 200 and "is not a subdivision of DE" in response.content.decode()
+    response = client.post(
+        "/admin/tasks_app/calendar/add/",
+        {
+            "owner": user.pk,
+            "name": "by",
+            "country": "DE",
+            "subdivision": "by",
+            "weekend_days": "[6, 7]",
+            "extra_dates": "[]",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    calendar = Calendar.objects.get()
+    assert (calendar.owner, calendar.subdivision) == (user, "BY")
+    assert AuditEntry.objects.filter(action="calendar.create").count() == 1
+    assert "Tasks using it" in client.get("/admin/tasks_app/calendar/").content.decode()
