@@ -240,7 +240,8 @@ def _apply_calendar(task: Plannable, plan: Plan, rules: CalendarRules, *, now: d
     Occurrences landing on the same instant run once: a fire time on an open day keeps its
     execution, a moved one landing there says so. A fire time moved back to before the task's
     start or its misfire grace (a task created, edited or resumed just before a closed stretch)
-    is skipped rather than run late. ``runs`` (``max_runs``) counts fire times, skipped ones too.
+    is skipped rather than run late (a missed fire time the misfire policy keeps runs as its
+    catch-up, moved or not). ``runs`` (``max_runs``) counts fire times, skipped ones too.
     """
     policy = task.calendar_policy
     where = f"calendar {rules.name}"
@@ -258,7 +259,11 @@ def _apply_calendar(task: Plannable, plan: Plan, rules: CalendarRules, *, now: d
             skipped.append(
                 _calendar_skip(task, row.scheduled_for, SkipReason.HOLIDAY, f"{place.reason} ({where}){note}")
             )
-        elif place.run_at < max(task.start_at, now - task.misfire_grace) and place.run_at < row.scheduled_for:
+        elif (
+            place.run_at < max(task.start_at, now - task.misfire_grace)
+            and place.run_at < row.scheduled_for
+            and row.scheduled_for >= now - task.misfire_grace  # a catch-up the misfire policy kept runs
+        ):
             detail = (
                 f"{place.reason} ({where}); {policy} {place.run_at.isoformat()} had already passed when it was planned"
             )

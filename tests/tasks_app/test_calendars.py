@@ -326,3 +326,70 @@ def test_materialising_twice_creates_nothing_twice(user, de):
     materialise_task(task_id=task.pk, until=_t("2027-04-03T00:00:00+00:00"))
     assert Execution.objects.filter(task=task).count() == 2
     assert SkippedOccurrence.objects.filter(task=task).count() == 1
+
+
+def _due(**fields):
+    from datetime import timedelta
+
+    from executions.materialiser import DueTask
+
+    values = {
+        "pk": "00000000-0000-0000-0000-000000000001",
+        "start_at": _t("2027-03-01T00:00:00+00:00"),
+        "interval": None,
+        "cron": "0 9 * * 1",
+        "timezone": BERLIN,
+        "end_at": None,
+        "dst_gap": "",
+        "dst_fold": "",
+        "max_runs": None,
+        "jitter": timedelta(0),
+        "misfire_policy": "run_once",
+        "misfire_grace": timedelta(seconds=60),
+        "catch_up_limit": 100,
+        "overlap_policy": "allow",
+        "max_concurrency": None,
+        "has_limits": False,
+        "priority": 5,
+        "next_run_at": _t("2027-03-29T07:00:00+00:00"),  # Easter Monday 09:00 CEST
+        "runs_materialised": 0,
+        "paused_at": None,
+        "owner_id": 1,
+        "calendar_id": 1,
+        "calendar_policy": "previous_business_day",
+    }
+    return DueTask(**{**values, **fields})
+
+
+DE_WEEKENDS = CalendarRules(name="de", country="DE", weekends_closed=True)
+
+
+def test_a_move_back_to_a_time_already_past_is_skipped_not_run_late():
+    from datetime import timedelta
+
+    from executions.materialiser import plan_task
+
+    # Planned on Saturday 27 March at noon (a task created then): Easter Monday moves back to
+    # Thursday 25 March 08:00Z, two days past: recorded as a holiday, not run.
+    now = _t("2027-03-27T12:00:00+00:00")
+    plan = plan_task(_due(), now=now, until=now + timedelta(hours=1), calendars={1: DE_WEEKENDS})
+    assert plan.rows == []
+    assert [(row.scheduled_for.isoformat(), row.reason) for row in plan.skipped] == [
+        ("2027-03-29T07:00:00+00:00", "holiday")
+    ]
+    assert "2027-03-25T08:00:00+00:00 had already passed" in plan.skipped[0].detail
+    assert plan.next_run_at == _t("2027-04-05T07:00:00+00:00")  # the Monday after
+
+
+def test_a_missed_fire_time_kept_as_catch_up_runs_at_its_moved_time():
+    from datetime import timedelta
+
+    from executions.materialiser import plan_task
+
+    # Planned on Easter Monday at noon, five hours after its 07:00Z fire time (an outage):
+    # run_once keeps it, and it runs as moved, at Thursday 25 March 08:00Z (due at once).
+    now = _t("2027-03-29T12:00:00+00:00")
+    plan = plan_task(_due(), now=now, until=now + timedelta(hours=1), calendars={1: DE_WEEKENDS})
+    assert [(row.scheduled_for.isoformat(), row.moved_from.isoformat()) for row in plan.rows] == [
+        ("2027-03-25T08:00:00+00:00", "2027-03-29T07:00:00+00:00")
+    ]
