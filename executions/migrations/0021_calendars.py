@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('executions', '0019_worker_node_name'),
+        ('executions', '0020_rollupepoch'),
     ]
 
     operations = [

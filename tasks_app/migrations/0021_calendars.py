@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tasks_app', '0019_task_dst_rules'),
+        ('tasks_app', '0020_task_owner_id_idx'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
