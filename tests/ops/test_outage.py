@@ -89,6 +89,9 @@ def _every_operation_answers_503(base: str, schema: dict[str, Any], headers: dic
     """Every operation of the schema, with the database unreachable: 503 with Retry-After in the
     error shape, as the schema documents for each (docs/api.md promises it for the whole API)."""
     answered = []
+    operations = sum(
+        method in {"get", "post", "put", "patch", "delete"} for item in schema["paths"].values() for method in item
+    )
     for path, item in schema["paths"].items():
         for method, operation in item.items():
             if method not in {"get", "post", "put", "patch", "delete"}:
@@ -119,7 +122,8 @@ def _every_operation_answers_503(base: str, schema: dict[str, Any], headers: dic
             assert response.headers["Retry-After"] == "7", (method, path)
             assert response.json()["type"] == "service_unavailable", (method, path)
             answered.append((method, path))
-    assert len(answered) == 54, answered  # every operation of the schema but the callback
+    # Every operation of the schema but the callback (at least the 54 of the API when this was written).
+    assert len(answered) == operations - 1 >= 54, answered
 
 
 @pytest.mark.django_db
