@@ -13,15 +13,16 @@ through the ``(task, -scheduled_for)`` index, so a page of tasks costs one query
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from django.db import models
 from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, When
 from django.db.models.functions import Coalesce, Least, Now
+from django.utils import timezone
 
 from executions.models import Execution, ExecutionStatus
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import CalendarPolicy, Task, TaskStatus
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -104,5 +105,58 @@ def task_state(task: Task) -> TaskState:
 
 
 def task_next_run(task: Task) -> datetime | None:
-    """When something of the task is next due (a datetime), or None."""
-    return _annotated(task).next_run
+    """When something of the task is next due (a datetime), or None.
+
+    A task on a business calendar runs its next fire time where the calendar puts it (moved to
+    another day, or not at all), so its next run is read through the calendar: the annotation's
+    cursor is a fire time, not yet placed (a screenshot showed "Next run: today 01:32" for a
+    task whose runs today all move to Monday).
+    """
+    when = _annotated(task).next_run
+    if when is None or task.calendar_id is None or task.next_run_at is None or when < task.next_run_at:
+        return when  # an execution already created (and placed) comes first
+    return _placed_next_run(task)
+
+
+#: Fire times read, at most, to find a calendar task's next run.
+_PLACE_WALK = 2000
+
+
+def _placed_next_run(task: Task) -> datetime | None:
+    """The earliest of the task's next SCHEDULED execution and its coming fire times as its
+    calendar places them. A fire time placed later than another's can only be beaten by one at
+    most :data:`~tasks_app.calendars.MAX_CLOSED_RUN` days (plus the day itself) after it, which
+    ``previous_business_day`` moves back: the walk stops there (or after :data:`_PLACE_WALK`
+    fire times: an every-minute task is placed within a day)."""
+    from executions.materialiser import task_calendar, task_schedule
+    from tasks_app.calendars import MAX_CLOSED_RUN, calendar_place
+    from tasks_app.schedules import ScheduleError
+
+    rules = task_calendar(task)
+    scheduled = (
+        Execution.objects.filter(task=task, status=ExecutionStatus.SCHEDULED)
+        .order_by("due_at")
+        .values("due_at")
+        .first()
+    )
+    best = scheduled["due_at"] if scheduled else None
+    if rules is None:
+        return best or task.next_run_at
+    now = timezone.now()
+    reach = (
+        timedelta(days=MAX_CLOSED_RUN + 1)
+        if task.calendar_policy == CalendarPolicy.PREVIOUS_BUSINESS_DAY
+        else timedelta()
+    )
+    try:
+        for index, fire in enumerate(task_schedule(task).fire_times(task.next_run_at)):
+            if index >= _PLACE_WALK or (best is not None and fire - reach > best):
+                break
+            placed = calendar_place(
+                rules, task.calendar_policy, fire, timezone=task.timezone, dst_gap=task.dst_gap, dst_fold=task.dst_fold
+            ).run_at
+            if placed is not None and placed >= now and (best is None or placed < best):
+                best = placed
+    except ScheduleError:
+        pass  # a cron walk too long: what is found so far
+    return best

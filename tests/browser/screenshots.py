@@ -4,7 +4,8 @@ Starts the whole platform (web, worker, monitor, beat) on the database and broke
 environment, registers a handful of tasks (successes, failures with automatic retries, a retry
 by hand, a skipped occurrence, a paused task, an e-mail rule on the failing one), lets them run for
 a few minutes, and takes full-page screenshots of the dashboard, a task page, an execution page
-and the notifications page in headless Chromium (e-mail goes to Django's in-memory backend; a
+the notifications page, a task whose business calendar moves its runs, the new-task form and the
+API tokens page with a new key in headless Chromium (e-mail goes to Django's in-memory backend; a
 webhook channel points at a closed port, so it turns failing), and the dashboard and a task page
 at a phone's size (390x844)::
 
@@ -27,6 +28,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote
+from zoneinfo import ZoneInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,6 +90,21 @@ def seed(operator, alice) -> dict[str, object]:
         ),
     }  # fmt: skip
     task_pause(task=tasks["cleanup"], actor="user:operator")
+    # A business calendar that closes today (Berlin) and weekends: the invoice run's fire times
+    # today move to the next business day, at the same wall time, and its page says so.
+    from django.utils import timezone as dj_timezone
+
+    from tasks_api.calendars import calendar_create
+
+    today = dj_timezone.now().astimezone(ZoneInfo("Europe/Berlin")).date().isoformat()
+    office = calendar_create(
+        owner=operator, name="office days", country="DE", subdivision="BE", weekends_closed=True,
+        extra_dates=[{"date": today, "label": "inventory day"}],
+    )  # fmt: skip
+    tasks["invoices"] = task_create(
+        owner=operator, runner="noop", name="invoice run", cron="*/2 * * * *", timezone="Europe/Berlin",
+        calendar=office, calendar_policy="next_business_day",
+    )  # fmt: skip
     from notifications.services import channel_create, channel_send_test, rule_create
 
     oncall = channel_create(owner=operator, data={"name": "on-call", "kind": "email", "target": "oncall@example.com"})
@@ -141,6 +158,9 @@ def main() -> int:
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from executions.models import Execution, ExecutionStatus, SkippedOccurrence
     from executions.services import execution_retry_by_user
@@ -195,6 +215,20 @@ def main() -> int:
                 if retried is not None:
                     take(driver, f"{base}/ui/executions/{retried.pk}/", args.out / "execution.png")
                 take(driver, f"{base}/ui/notifications/", args.out / "notifications.png", click=("#new-rule summary",))
+                take(driver, f"{base}/ui/tasks/{tasks['invoices'].pk}/", args.out / "task-calendar.png")
+                take(
+                    driver,
+                    f"{base}/ui/tasks/",
+                    args.out / "task-form.png",
+                    click=("#new-task > summary", "#new-task details.more > summary"),
+                )
+                driver.get(f"{base}/ui/tokens/")
+                driver.find_element(By.CSS_SELECTOR, "#new-token summary").click()
+                driver.find_element(By.ID, "id_name").send_keys("CI deploys")
+                driver.find_element(By.CSS_SELECTOR, "#new-token-form button[type=submit]").click()
+                WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.ID, "new-key-value")))
+                shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+                (args.out / "tokens.png").write_bytes(base64.b64decode(shot["data"]))
             finally:
                 driver.quit()
         with tempfile.TemporaryDirectory() as profile:

@@ -256,3 +256,30 @@ def test_the_admin_defines_a_calendar_through_the_services(client, django_user_m
     assert (calendar.owner, calendar.subdivision) == (user, "BY")
     assert AuditEntry.objects.filter(action="calendar.create").count() == 1
     assert "Tasks using it" in client.get("/admin/tasks_app/calendar/").content.decode()
+
+
+def test_the_next_run_of_a_task_whose_calendar_closes_today_is_on_the_next_open_day(api_client, client, user):
+    """Its next fire time is today, which the calendar closes: the task's next run (API, task list,
+    task page) is where the calendar puts it, not the fire time (it read "today" before)."""
+    from datetime import UTC, timedelta
+
+    from django.utils import timezone
+
+    today = timezone.now().astimezone(UTC).date()
+    shutdown = {"start": today.isoformat(), "end": (today + timedelta(days=2)).isoformat(), "label": "shutdown"}
+    _calendar(api_client, name="plant", extra_dates=[shutdown])
+    task = api_client.post(
+        "/api/v1/tasks",
+        {"runner": "noop", "cron": "*/5 * * * *", "calendar": "plant", "calendar_policy": "next_business_day"},
+        format="json",
+    ).json()
+    first_open = datetime.combine(today + timedelta(days=3), datetime.min.time(), tzinfo=UTC)
+
+    shown = datetime.fromisoformat(api_client.get(f"/api/v1/tasks/{task['id']}").json()["next_run_at"])
+    assert first_open <= shown < first_open + timedelta(days=1)
+    listed = api_client.get("/api/v1/tasks").json()["results"]
+    assert [datetime.fromisoformat(row["next_run_at"]) for row in listed] == [shown]
+    client.force_login(user)
+    page = client.get(f"/ui/tasks/{task['id']}/").content.decode()
+    assert f"({shown:%H:%M:%S} UTC)" in page or f"Next run: {shown.strftime('%a %Y-%m-%d %H:%M:%S')}" in page
+    assert "calendar-note" in page and "shutdown (plant): moved to" in page
