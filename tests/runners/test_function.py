@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -242,33 +242,44 @@ def test_async_function_408_is_retried_as_the_http_runner_retries_it(
     assert caught.value.retryable is True
 
 
-def test_async_function_answer_that_stalls_mid_body_is_a_retryable_timeout() -> None:
-    """A platform that sends its headers and then stops is a timeout (a RunnerError worth another
-    attempt), not an exception from urllib3 that no runner caller expects."""
+@contextlib.contextmanager
+def _one_answer(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A server on 127.0.0.1 that reads one request and answers it with ``answer(connection,
+    release)`` (which should end once ``release`` is set); yields the base URL of its functions."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
     release = threading.Event()
 
     def serve() -> None:
         connection, _ = listener.accept()
-        with connection:
+        with connection, contextlib.suppress(OSError):
             connection.recv(65536)
-            connection.sendall(
-                b'HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"run_id"'
-            )
-            release.wait(10)
+            answer(connection, release)
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    base = f"http://127.0.0.1:{port}/async-function/"
-    runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
     try:
-        with pytest.raises(RunnerError, match=r"timed out after 0\.5s waiting for http://127\.0\.0\.1") as caught:
-            runner.start(make_spec(runner, {"url": base + "resize"}))
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
     finally:
         release.set()
         server.join(5)
         listener.close()
+
+
+def test_async_function_answer_that_stalls_mid_body_is_a_retryable_timeout() -> None:
+    """A platform that sends its headers and then stops is a timeout (a RunnerError worth another
+    attempt), not an exception from urllib3 that no runner caller expects."""
+
+    def stall(connection: socket.socket, release: threading.Event) -> None:
+        connection.sendall(
+            b'HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"run_id"'
+        )
+        release.wait(10)
+
+    with _one_answer(stall) as root:
+        base = root + "async-function/"
+        runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
+        with pytest.raises(RunnerError, match=r"timed out after 0\.5s waiting for http://127\.0\.0\.1") as caught:
+            runner.start(make_spec(runner, {"url": base + "resize"}))
 
     assert caught.value.retryable is True
 
@@ -277,32 +288,19 @@ def test_async_function_status_that_trickles_is_cut_off_at_the_request_timeout()
     """Socket timeouts bound each read only: a platform sending its status a byte at a time, each
     well within the timeout, held the poll (and the worker, past the task's timeout) for as long
     as it kept sending. The whole exchange has a deadline now, as the http runner's has."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    release = threading.Event()
 
-    def serve() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            connection.recv(65536)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n")
-            with contextlib.suppress(OSError):
-                while not release.wait(0.1):  # 4,000 bytes at 10 a second: 400 s without a deadline
-                    connection.sendall(b" ")
+    def trickle(connection: socket.socket, release: threading.Event) -> None:
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n")
+        while not release.wait(0.1):  # 4,000 bytes at 10 a second: 400 s without a deadline
+            connection.sendall(b" ")
 
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    base = f"http://127.0.0.1:{port}/async-function/"
-    runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
-    spec = make_spec(runner, {"url": base + "resize"})
-    started = time.monotonic()
-    try:
-        result = runner.poll(spec, RunHandle("r1", {"run_id": "r1", "status_url": f"http://127.0.0.1:{port}/runs/r1"}))
-    finally:
+    with _one_answer(trickle) as root:
+        base = root + "async-function/"
+        runner = AsyncHttpFunctionRunner("faas", {"allowed_urls": [base], "request_timeout": 0.5})
+        spec = make_spec(runner, {"url": base + "resize"})
+        started = time.monotonic()
+        result = runner.poll(spec, RunHandle("r1", {"run_id": "r1", "status_url": root + "runs/r1"}))
         elapsed = time.monotonic() - started
-        release.set()
-        server.join(5)
-        listener.close()
 
     assert result.state is RunState.RUNNING  # a timed-out poll is transient trouble: polled again later
     assert elapsed < 10  # the deadline is 0.5 s; without one this poll lasted 400 s
