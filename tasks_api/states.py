@@ -21,8 +21,11 @@ from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, When
 from django.db.models.functions import Coalesce, Least, Now
 from django.utils import timezone
 
+from executions.materialiser import task_calendar, task_schedule
 from executions.models import Execution, ExecutionStatus
+from tasks_app.calendars import MAX_CLOSED_RUN, calendar_place
 from tasks_app.models import CalendarPolicy, Task, TaskStatus
+from tasks_app.schedules import ScheduleError
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
@@ -128,10 +131,6 @@ def _placed_next_run(task: Task) -> datetime | None:
     most :data:`~tasks_app.calendars.MAX_CLOSED_RUN` days (plus the day itself) after it, which
     ``previous_business_day`` moves back: the walk stops there (or after :data:`_PLACE_WALK`
     fire times: an every-minute task is placed within a day)."""
-    from executions.materialiser import task_calendar, task_schedule
-    from tasks_app.calendars import MAX_CLOSED_RUN, calendar_place
-    from tasks_app.schedules import ScheduleError
-
     rules = task_calendar(task)
     scheduled = (
         Execution.objects.filter(task=task, status=ExecutionStatus.SCHEDULED)
