@@ -130,6 +130,7 @@ class TaskForm(ApiInputForm):
         "overlap_policy",
         "calendar",
         "calendar_policy",
+        "trigger_debounce",
     )
     wide_fields = ("config",)
 
@@ -160,6 +161,12 @@ class TaskForm(ApiInputForm):
     priority = forms.IntegerField(required=False, min_value=0, max_value=9, initial=5)
     misfire_policy = forms.ChoiceField(choices=MisfirePolicy.choices, initial=MisfirePolicy.RUN_ONCE)
     overlap_policy = forms.ChoiceField(choices=OverlapPolicy.choices, initial=OverlapPolicy.ALLOW)
+    trigger_debounce = forms.CharField(
+        required=False,
+        max_length=40,
+        label="Run now: debounce",
+        help_text='e.g. "30s": run now waits this long and gathers the triggers meanwhile into one run. Empty: none.',
+    )
     dst_gap = forms.ChoiceField(
         choices=DstGap.choices,
         required=False,
@@ -213,6 +220,7 @@ class TaskForm(ApiInputForm):
             "dst_fold": task.dst_fold,
             "calendar": task.calendar.name if task.calendar_id and task.calendar else "",
             "calendar_policy": task.calendar_policy,
+            "trigger_debounce": seconds(task.trigger_debounce),
         }
 
     def changes(self) -> dict[str, Any]:

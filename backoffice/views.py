@@ -60,6 +60,7 @@ from tasks_api.services import (
     task_resume,
     task_trigger,
     task_update,
+    trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_app.masking import mask_config
@@ -362,13 +363,14 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_change(request.user, pk)
     try:
-        execution = task_trigger(task=task, actor=actor_for(request_user(request)))
+        trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
         for message in exception_messages(exc):
             messages.error(request, message)
         return redirect("backoffice:task", pk=task.pk)
-    messages.success(request, f"Execution {execution.pk} created, due now.")
-    return redirect("backoffice:execution", pk=execution.pk)
+    words = trigger_words(trigger)
+    messages.success(request, words[0].upper() + words[1:] + ".")
+    return redirect("backoffice:execution", pk=trigger.execution.pk)
 
 
 @login_required

@@ -42,6 +42,7 @@ from tasks_api.services import (
     task_resume,
     task_trigger,
     task_update,
+    trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_app import fields as task_fields
@@ -349,8 +350,7 @@ class TaskAdmin(admin.ModelAdmin):
         actor = actor_for(request_user(request))
 
         def run_now(task: Task) -> str:
-            execution = task_trigger(task=task, actor=actor)
-            return f"execution {execution.pk} created, due now."
+            return trigger_words(task_trigger(task=task, actor=actor)) + "."
 
         run_for_each(self, request, queryset, run_now, verb="run")
 

@@ -263,20 +263,26 @@ class TaskViewSet(
             "Creates one execution due now, outside the schedule, whatever the task's status. It counts against "
             "the owner's hourly quota of executions created on request: 429 with `Retry-After` when used up. "
             "With an `Idempotency-Key`, a trigger sent again (a retry, a duplicate event) answers the first "
-            "run and creates no other."
+            "run and creates no other. A task with `trigger_debounce` runs the first trigger's run that long "
+            "later; a trigger while it waits joins it: 200 with that run, nothing created or counted."
         ),
         request=None,
         parameters=[IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER],
-        responses={201: ExecutionDetailSerializer, **error_responses(422)},
+        responses={
+            201: ExecutionDetailSerializer,
+            200: OpenApiResponse(ExecutionDetailSerializer, description="Joined the task's debounced run."),
+            **error_responses(422),
+        },
     )
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
         task = self.get_object()
 
         def create() -> tuple[int, Any]:
-            execution = task_trigger(task=task, actor=actor_for(request_user(request)))
-            execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
-            return status.HTTP_201_CREATED, ExecutionDetailSerializer(execution).data
+            trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
+            execution = Execution.objects.prefetch_related("events").get(pk=trigger.execution.pk)
+            code = status.HTTP_200_OK if trigger.joined else status.HTTP_201_CREATED
+            return code, ExecutionDetailSerializer(execution).data
 
         response = idempotent_create_response(request, create)
         response["Location"] = f"/api/v1/executions/{response.data['id']}"

@@ -23,6 +23,7 @@ from tasks_app.models import (
     MAX_CONCURRENCY,
     MAX_KEEP_FOR_DELTA,
     MAX_LIMITS_PER_TASK,
+    MAX_TRIGGER_DEBOUNCE,
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
@@ -315,6 +316,18 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
             "overlap_policy allow; the other overlap policies already keep one run at a time."
         ),
     )
+    trigger_debounce = DurationField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=timedelta(seconds=1),
+        max_value=MAX_TRIGGER_DEBOUNCE,
+        help_text=(
+            "Debounce for triggers (`POST .../trigger`, run now): the first trigger's run starts this long later, "
+            "and the triggers that come before it starts join it (answered 200 with that run) instead of starting "
+            "runs of their own. The first trigger's run wins. Null: every trigger runs at once."
+        ),
+    )
     limits = serializers.ListField(
         child=serializers.CharField(max_length=100),
         required=False,
@@ -480,6 +493,9 @@ class TaskSerializer(serializers.ModelSerializer):
     retry_backoff_max = DurationField()
     timeout = DurationField()
     keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
+    # Seconds, as every duration the API shows (a model DurationField alone renders "00:05:00").
+    max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
+    trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
     calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True, help_text="Name of its business calendar (null: none)."

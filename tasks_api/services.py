@@ -59,6 +59,7 @@ from tasks_app.secrets import (
 from tms_core.bulk import insert_columns
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
+from tms_core.durations import format_duration
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 
@@ -741,25 +742,80 @@ def task_resume(*, task: Task, actor: str) -> Task:
     return task
 
 
-def task_trigger(*, task: Task, actor: str) -> Execution:
+@dataclass(frozen=True)
+class Trigger:
+    """What a trigger (run now) did: the run it created, or the debounced run it joined."""
+
+    execution: Execution
+    #: True when the task's ``trigger_debounce`` folded this trigger into a run not started yet.
+    joined: bool = False
+    #: The run waits for the task's ``trigger_debounce`` before it is due (created or joined).
+    debounced: bool = False
+
+
+def task_trigger(*, task: Task, actor: str) -> Trigger:
     """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
-    execution due now. Returns it. It counts against the owner's hourly execution quota
-    (:class:`~tms_core.errors.QuotaExceeded` when used up)."""
+    execution due now. It counts against the owner's hourly execution quota
+    (:class:`~tms_core.errors.QuotaExceeded` when used up).
+
+    With ``trigger_debounce`` the run is due that long from now instead, and a trigger while a
+    run of an earlier trigger is still waiting for its time joins that run (the first trigger's
+    run wins): no new execution, nothing counted, the join audited. The task's row is locked
+    for the decision, so concurrent triggers join one run.
+    """
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
         with transaction.atomic():
+            if task.trigger_debounce is not None:
+                task = _lock(task.pk)
+                waiting = _debounced_run(task)
+                if waiting is not None:
+                    _audit_task(
+                        task, AuditAction.TRIGGER, changes={"execution": waiting.pk}, detail=f"joined {waiting.pk}"
+                    )
+                    return Trigger(waiting, joined=True, debounced=True)
             # Counted (under the owner's quota lock) in the transaction that creates it.
             quota_charge_executions(owner_id=task.owner_id, count=1)
-            new_id = transitions.execution_trigger(task_id=task.pk, actor=actor, detail=f"triggered by {actor}")
+            new_id = transitions.execution_trigger(
+                task_id=task.pk, actor=actor, detail=_trigger_detail(task, actor), delay=task.trigger_debounce
+            )
             if new_id is None:
                 transaction.set_rollback(True)  # nothing created: nothing counted
             else:
                 _audit_task(task, AuditAction.TRIGGER, changes={"execution": new_id}, detail=f"execution {new_id}")
         if new_id is not None:
             notify_due()
-            return Execution.objects.get(pk=new_id)
+            return Trigger(Execution.objects.get(pk=new_id), debounced=task.trigger_debounce is not None)
         if not Task.objects.filter(pk=task.pk).exclude(status=TaskStatus.DELETED).exists():
             raise GoneError("The task no longer exists.")
     raise ConflictError("Could not trigger the task; try again.")  # pragma: no cover
+
+
+def trigger_words(trigger: Trigger) -> str:
+    """What a trigger did, in words, for the pages, the admin and the commands."""
+    execution = trigger.execution
+    if trigger.joined:
+        return f"joined execution {execution.pk}, the debounced run due {execution.due_at:%Y-%m-%d %H:%M:%S} UTC"
+    if trigger.debounced:
+        return f"execution {execution.pk} created, due {execution.due_at:%Y-%m-%d %H:%M:%S} UTC (debounced)"
+    return f"execution {execution.pk} created, due now"
+
+
+def _trigger_detail(task: Task, actor: str) -> str:
+    if task.trigger_debounce is None:
+        return f"triggered by {actor}"
+    return f"triggered by {actor}; debounced: due in {format_duration(task.trigger_debounce)}, later triggers join it"
+
+
+def _debounced_run(task: Task) -> Execution | None:
+    """The task's triggered run still waiting for its debounce time to pass (due in the future),
+    if any: the run a trigger now joins."""
+    return (
+        Execution.objects.filter(
+            task=task, origin=ExecutionOrigin.TRIGGER, status=ExecutionStatus.SCHEDULED, due_at__gt=db_now()
+        )
+        .order_by("due_at", "id")
+        .first()
+    )
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
         POLICIES, "misfire_policy", "misfire_grace", "catch_up_limit", "overlap_policy", "max_age", "max_concurrency"
     ),
     TaskField("limits", POLICIES, many=True),
+    TaskField("trigger_debounce", POLICIES),
     *_settings(POLICIES, "max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter", "timeout", "priority"),
     *_settings(OTHER, "tracing_id", "expose_metrics"),
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),

@@ -108,6 +108,8 @@ MAX_KEEP_FOR_DELTA = timedelta(seconds=MAX_KEEP_FOR)
 
 #: The largest per-task concurrency cap.
 MAX_CONCURRENCY = 10_000
+#: The longest a trigger's run may wait for others to join it (``Task.trigger_debounce``).
+MAX_TRIGGER_DEBOUNCE = timedelta(days=1)
 
 
 def claims_exclusive(*, overlap_policy: str, max_concurrency: int | None, has_limits: bool = False) -> bool:
@@ -334,6 +336,14 @@ class Task(models.Model):
         blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY)],
         help_text="At most this many runs of the task RUNNING at once; the others wait, in due order (empty: no cap).",
+    )
+    #: "Run now" waits this long, and the triggers that come meanwhile join the run (empty: none).
+    trigger_debounce = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(timedelta(seconds=1)), MaxValueValidator(MAX_TRIGGER_DEBOUNCE)],
+        help_text="A trigger (run now) starts its run this long later; triggers meanwhile join that run (empty: "
+        "each trigger runs at once).",
     )
 
     #: Named limits its runs are subject to; ``has_limits`` mirrors "any", so a claim knows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import Q
@@ -102,17 +103,19 @@ def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: st
     return rows[0][0] if rows else None
 
 
-def _now_param() -> object:
-    return Execution._meta.get_field("scheduled_for").get_db_prep_value(db_now(), connection)
+def _now_param(delay: timedelta | None = None) -> object:
+    when = db_now() if delay is None else db_now() + delay
+    return Execution._meta.get_field("scheduled_for").get_db_prep_value(when, connection)
 
 
-def execution_trigger(*, task_id: object, actor: str, detail: str = "") -> int | None:
-    """Create a SCHEDULED execution of a live (not DELETED) task, due now, outside its schedule.
+def execution_trigger(*, task_id: object, actor: str, detail: str = "", delay: timedelta | None = None) -> int | None:
+    """Create a SCHEDULED execution of a live (not DELETED) task, due now (or ``delay`` from now:
+    a debounced trigger), outside its schedule.
 
     Returns its id, or None if the task is gone or deleted (or, vanishingly rarely, an
     occurrence of the task exists at this very microsecond).
     """
-    now = _now_param()
+    now = _now_param(delay)
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id"  # noqa: S608

@@ -84,7 +84,7 @@ def test_create_a_task_run_it_now_and_watch_it_succeed(live_server, browser, pla
 
 def test_cancel_a_running_sleep_from_its_page(live_server, browser, platform, user):
     task = task_create(owner=user, runner="sleep", name="long sleep", config={"duration": "60s"}, start_at=LATER)
-    execution = task_trigger(task=task, actor="test")
+    execution = task_trigger(task=task, actor="test").execution
     wait_for(lambda: Execution.objects.get(pk=execution.pk).status == S.RUNNING, timeout=60, what="RUNNING")
 
     log_in(browser, live_server.url, "alice", "alice-password")
@@ -103,7 +103,7 @@ def test_cancel_a_running_sleep_from_its_page(live_server, browser, platform, us
 
 def test_a_second_user_sees_none_of_the_first_users_tasks(live_server, browser, user, other_user):
     task = task_create(owner=user, runner="noop", name="alices private task", interval=timedelta(hours=1))
-    execution = task_trigger(task=task, actor="test")
+    execution = task_trigger(task=task, actor="test").execution
 
     log_in(browser, live_server.url, "bob", "bob-password")
     pages = ["/", "/ui/tasks/", "/ui/executions/", "/ui/dashboard/live"]

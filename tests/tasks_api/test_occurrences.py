@@ -192,7 +192,7 @@ def test_trigger_and_retry_executions_are_interleaved_with_the_fire_times(api_cl
     now = timezone.now().replace(microsecond=0)
     start = now - 23 * MINUTE
     task = task_create(owner=user, runner="noop", start_at=start, interval=timedelta(minutes=10), misfire_policy="skip")
-    triggered = task_trigger(task=task, actor="user:alice")
+    triggered = task_trigger(task=task, actor="user:alice").execution
     Execution.objects.filter(pk=triggered.pk).update(status=S.FAILED, finished_at=timezone.now())
     retry = api_client.post(f"/api/v1/executions/{triggered.pk}/retry").json()
     items = _items(api_client, task, start - MINUTE, start + 41 * MINUTE)

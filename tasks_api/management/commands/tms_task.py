@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from tasks_api.services import task_delete, task_pause, task_resume, task_trigger
+from tasks_api.services import task_delete, task_pause, task_resume, task_trigger, trigger_words
 from tasks_app.audit import AuditedCommand
 from tasks_app.models import Task, TaskStatus
 from tms_core.errors import DomainError
@@ -49,6 +49,6 @@ class Command(AuditedCommand):
         if action == "resume":
             return f"status {task_resume(task=task, actor=actor).status}"
         if action == "run":
-            return f"execution {task_trigger(task=task, actor=actor).pk} created, due now"
+            return trigger_words(task_trigger(task=task, actor=actor))
         report = task_delete(task=task, actor=actor)
         return f"deleted; {len(report.executions)} active execution(s) cancelled"
