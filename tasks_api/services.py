@@ -493,8 +493,8 @@ SCHEDULE_FIELDS = frozenset(
 RUN_FIELDS = frozenset({"runner", "config", "priority"})
 
 
-def _lock(task_id: uuid.UUID | str) -> Task:
-    task = Task.objects.select_for_update().filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
+def _lock(task_id: uuid.UUID | str, *, no_key: bool = False) -> Task:
+    task = Task.objects.select_for_update(no_key=no_key).filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
     if task is None:
         raise GoneError("The task no longer exists.")
     return task
@@ -766,7 +766,11 @@ def task_trigger(*, task: Task, actor: str) -> Trigger:
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
         with transaction.atomic():
             if task.trigger_debounce is not None:
-                task = _lock(task.pk)
+                # FOR NO KEY UPDATE: debounced triggers of the task take turns, while the inserts
+                # of executions (FOR KEY SHARE of the task, after the owner's quota lock, as a
+                # backfill takes them) are not blocked: a full lock here, before the quota's,
+                # could deadlock with them.
+                task = _lock(task.pk, no_key=True)
                 waiting = _debounced_run(task)
                 if waiting is not None:
                     _audit_task(
