@@ -108,10 +108,63 @@ def detach() -> None:
     if os.fork() > 0:
         os._exit(0)
     os.setsid()
+    become_subreaper()
     # Everything the supervisor creates (stdout, stderr, pid, exit) is for the worker only.
     os.umask(0o077)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+#: prctl option (linux/prctl.h): orphaned descendants are re-parented to this process.
+PR_SET_CHILD_SUBREAPER = 36
+#: How long the supervisor waits for the run user's killed processes to end (D state is slow).
+REAP_SECONDS = 5.0
+
+
+def become_subreaper() -> None:
+    """Adopt the run's orphans (what it started in a new session, then left behind), so that the
+    supervisor reaps them itself. Left to PID 1 they stay zombies until it reaps them, and in a
+    container whose PID 1 reaps late or never, every zombie of a run user counts against that
+    user's RLIMIT_NPROC: the next run on the user could not fork."""
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _user_processes(uid: int) -> list[tuple[int, int, bool]]:
+    """(pid, parent pid, is a zombie) of every process of ``uid``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if str(uid) in fields.get("Uid", "").split():
+            state = fields.get("State", "").strip()
+            found.append((int(entry.name), int(fields.get("PPid", "0")), state.startswith(("Z", "X"))))
+    return found
+
+
+def reap_user(uid: int) -> None:
+    """After ``kill_user``: wait until none of the run user's processes is left alive and reap
+    those that ended as the supervisor's children (it is their subreaper), so that the user's
+    process count is back to nought before the user is given back. A zombie of another parent
+    is not the supervisor's to reap and does not hold it up."""
+    me, deadline = os.getpid(), time.monotonic() + REAP_SECONDS
+    while True:
+        waiting = False
+        for pid, parent, zombie in _user_processes(uid):
+            if parent == me:
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        waiting = True
+            elif not zombie:
+                waiting = True
+        if not waiting or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 def record_start(run_dir: str) -> None:
@@ -495,6 +548,7 @@ def supervise_command(run_dir: str, spec: dict[str, Any]) -> None:
     killpg(proc.pid, signal.SIGKILL)
     if spec.get("user"):
         kill_user(int(spec["user"]["uid"]))
+        reap_user(int(spec["user"]["uid"]))
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     extra: dict[str, Any] = {}
     if too_large is None:
