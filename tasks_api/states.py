@@ -13,8 +13,9 @@ through the ``(task, -scheduled_for)`` index, so a page of tasks costs one query
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 from typing import TYPE_CHECKING, TypedDict, cast
+from zoneinfo import ZoneInfo
 
 from django.db import models
 from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, When
@@ -121,16 +122,26 @@ def task_next_run(task: Task) -> datetime | None:
     return _placed_next_run(task)
 
 
-#: Fire times read, at most, to find a calendar task's next run.
-_PLACE_WALK = 2000
+#: Local days with fire times read, at most, to find a calendar task's next run (a year and more:
+#: a yearly task whose day is always closed is found to have none).
+_PLACE_DAYS = 400
+#: Jumps within one day towards its first fire time placed at or after now (one is enough but
+#: where a DST change lies between a fire time and its placement).
+_PLACE_JUMPS = 4
 
 
 def _placed_next_run(task: Task) -> datetime | None:
     """The earliest of the task's next SCHEDULED execution and its coming fire times as its
-    calendar places them. A fire time placed later than another's can only be beaten by one at
-    most :data:`~tasks_app.calendars.MAX_CLOSED_RUN` days (plus the day itself) after it, which
-    ``previous_business_day`` moves back: the walk stops there (or after :data:`_PLACE_WALK`
-    fire times: an every-minute task is placed within a day)."""
+    calendar places them.
+
+    Walked a local day at a time, not a fire time at a time (an every-minute task with a closed
+    week ahead was 2,000 placements, 0.1-0.2 s per task on the task list): the fire times of one
+    local day are all placed on one day (the day itself when it is open, one business day when
+    it is closed) in their own order, at a fixed offset from their fire time, so the day's best is
+    its first fire time placed at or after now, found by a jump, and the rest of the day is
+    skipped. A day's placement can only be beaten by one at most
+    :data:`~tasks_app.calendars.MAX_CLOSED_RUN` days (plus the day itself) later, which
+    ``previous_business_day`` moves back: the walk stops there."""
     rules = task_calendar(task)
     scheduled = (
         Execution.objects.filter(task=task, status=ExecutionStatus.SCHEDULED)
@@ -147,15 +158,33 @@ def _placed_next_run(task: Task) -> datetime | None:
         if task.calendar_policy == CalendarPolicy.PREVIOUS_BUSINESS_DAY
         else timedelta()
     )
+    schedule, zone = task_schedule(task), ZoneInfo(task.timezone)
+
+    def first(since: datetime) -> datetime | None:
+        return next(iter(schedule.fire_times(since)), None)
+
+    def place(fire: datetime) -> datetime | None:
+        return calendar_place(
+            rules, task.calendar_policy, fire, timezone=task.timezone, dst_gap=task.dst_gap, dst_fold=task.dst_fold
+        ).run_at
+
+    since = task.next_run_at
     try:
-        for index, fire in enumerate(task_schedule(task).fire_times(task.next_run_at)):
-            if index >= _PLACE_WALK or (best is not None and fire - reach > best):
+        for _ in range(_PLACE_DAYS):
+            fire = first(since)
+            if fire is None or (best is not None and fire - reach > best):
                 break
-            placed = calendar_place(
-                rules, task.calendar_policy, fire, timezone=task.timezone, dst_gap=task.dst_gap, dst_fold=task.dst_fold
-            ).run_at
+            day = fire.astimezone(zone).date()
+            placed = place(fire)
+            for _ in range(_PLACE_JUMPS):
+                if placed is None or placed >= now:
+                    break
+                # Placed before now: the day's fire time placed at now lies as far after it.
+                fire = first(fire + (now - placed))
+                placed = place(fire) if fire is not None and fire.astimezone(zone).date() == day else None
             if placed is not None and placed >= now and (best is None or placed < best):
                 best = placed
+            since = datetime.combine(day + timedelta(days=1), time.min, tzinfo=zone)
     except ScheduleError:
         pass  # a cron walk too long: what is found so far
     return best
