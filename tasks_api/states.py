@@ -160,7 +160,7 @@ def _placed_next_run(task: Task) -> datetime | None:
     )
     schedule, zone = task_schedule(task), ZoneInfo(task.timezone)
 
-    def first(since: datetime) -> datetime | None:
+    def first(since: datetime | None) -> datetime | None:
         return next(iter(schedule.fire_times(since)), None)
 
     def place(fire: datetime) -> datetime | None:
@@ -175,13 +175,16 @@ def _placed_next_run(task: Task) -> datetime | None:
             if fire is None or (best is not None and fire - reach > best):
                 break
             day = fire.astimezone(zone).date()
-            placed = place(fire)
+            placed, probe = place(fire), fire
             for _ in range(_PLACE_JUMPS):
                 if placed is None or placed >= now:
                     break
                 # Placed before now: the day's fire time placed at now lies as far after it.
-                fire = first(fire + (now - placed))
-                placed = place(fire) if fire is not None and fire.astimezone(zone).date() == day else None
+                later = first(probe + (now - placed))
+                if later is None or later.astimezone(zone).date() != day:
+                    placed = None
+                else:
+                    placed, probe = place(later), later
             if placed is not None and placed >= now and (best is None or placed < best):
                 best = placed
             since = datetime.combine(day + timedelta(days=1), time.min, tzinfo=zone)
