@@ -45,7 +45,7 @@ _FAIR_PG_SQL = """
 WITH RECURSIVE levels AS (
     (SELECT e.owner_id, e.priority FROM {execution} e
      WHERE e.status = 'SCHEDULED'
-       AND EXISTS (SELECT 1 FROM {execution} d WHERE d.status = 'SCHEDULED' AND d.due_at <= statement_timestamp())
+       AND EXISTS (SELECT 1 FROM {execution} d WHERE d.status = 'SCHEDULED' AND d.due_at <= {due_by})
      ORDER BY e.owner_id, e.priority LIMIT 1)
     UNION ALL
     SELECT n.owner_id, n.priority FROM levels l
@@ -61,7 +61,7 @@ WITH RECURSIVE levels AS (
     CROSS JOIN LATERAL (
         SELECT e.id, e.due_at FROM {execution} e
         WHERE e.owner_id = l.owner_id AND e.priority = l.priority AND e.status = 'SCHEDULED'
-          AND e.due_at <= statement_timestamp()
+          AND e.due_at <= {due_by}
         ORDER BY e.due_at, e.id LIMIT %(limit)s
     ) r
 )
@@ -92,9 +92,10 @@ LIMIT %(limit)s
 """
 
 
-def pick_fair(*, limit: int, default_weight: int | None = None) -> list[int]:
+def pick_fair(*, limit: int, default_weight: int | None = None, ahead: float = 0.0) -> list[int]:
     """The ids of the next ``limit`` due SCHEDULED executions in fair order (see ``_FAIR_PG_SQL``).
-    Reads without locking: the take that follows locks and re-checks each row."""
+    Reads without locking: the take that follows locks and re-checks each row. ``ahead``: rows
+    due within that many seconds count as due (the monitor's lookahead)."""
     if limit <= 0:
         return []
     weight = default_weight if default_weight is not None else tms_settings().FAIR_WEIGHT
@@ -104,24 +105,29 @@ def pick_fair(*, limit: int, default_weight: int | None = None) -> list[int]:
     }
     params: dict[str, Any] = {"limit": limit, "weight": weight}
     if connection.vendor == "postgresql":
-        sql = _FAIR_PG_SQL.format(**names)
+        # Each statement's own clock, as the take's: a fixed instant read before would age.
+        due_by = "statement_timestamp() + make_interval(secs => %(ahead)s)" if ahead else "statement_timestamp()"
+        sql = _FAIR_PG_SQL.format(**names, due_by=due_by)
+        params["ahead"] = ahead
     else:
         sql = _FAIR_SQL.format(**names)
-        params["now"] = Execution._meta.get_field("due_at").get_db_prep_value(db_now(), connection)
+        params["now"] = Execution._meta.get_field("due_at").get_db_prep_value(
+            db_now() + timedelta(seconds=ahead), connection
+        )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()]
 
 
-def take_due_fairly(*, limit: int, actor: str) -> list[transitions.Dispatch]:
+def take_due_fairly(*, limit: int, actor: str, ahead: float = 0.0) -> list[transitions.Dispatch]:
     """Take (SCHEDULED → PENDING) up to ``limit`` due executions chosen by :func:`pick_fair`, in
     that order (the order they are published in). Call inside the monitor's transaction. A row
     another monitor took or locked meanwhile is skipped, so two monitors never take one row; the
     one that lost takes fewer this time and more at its next top-up."""
-    ids = pick_fair(limit=limit)
+    ids = pick_fair(limit=limit, ahead=ahead)
     if not ids:
         return []
-    taken = transitions.executions_take_due(limit=len(ids), actor=actor, among=ids)
+    taken = transitions.executions_take_due(limit=len(ids), actor=actor, among=ids, ahead=ahead)
     order = {execution_id: index for index, execution_id in enumerate(ids)}
     return sorted(taken, key=lambda item: order[item.execution_id])
 

@@ -26,9 +26,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
 from kombu import Producer
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -59,6 +61,15 @@ Publish = Callable[[Any, transitions.Dispatch, Producer], None]
 PublishMany = Callable[[Any, list[transitions.Dispatch], Producer], None]
 
 
+def eta_of(items: list[transitions.Dispatch]) -> datetime | None:
+    """The ETA of a message holding ``items``: the latest due time among them when it is still to
+    come (a run taken within the monitor's lookahead), else None (start at once). The worker
+    holds a message with an ETA until then; its claim is made on time, and PostgreSQL, not the
+    message, still says whether the run may start."""
+    due = max((item.due_at for item in items if item.due_at is not None), default=None)
+    return due if due is not None and due > timezone.now() else None
+
+
 def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
     """The monitor's :data:`Publish`: one message per row, with the row's message id and priority.
     No kombu retry: a failure undoes the rest of the batch and the monitor's loop backs off."""
@@ -66,6 +77,7 @@ def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
         args=(item.execution_id, item.attempt),
         task_id=item.message_id,
         priority=item.priority,
+        eta=eta_of([item]),
         producer=producer,
         retry=False,
     )
@@ -79,6 +91,7 @@ def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer) 
         args=([[item.execution_id, item.attempt] for item in items],),
         task_id=f"{items[0].message_id}+{len(items) - 1}",
         priority=items[0].priority,
+        eta=eta_of(items),
         producer=producer,
         retry=False,
     )
@@ -87,12 +100,24 @@ def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer) 
 def group_runs(taken: list[transitions.Dispatch], *, most: int, spread: int) -> list[list[transitions.Dispatch]]:
     """Consecutive rows of one priority in messages of at most ``most`` rows, and at least
     ``spread`` messages when there are that many rows (each pool process gets work at once).
-    The order of ``taken`` is kept: a message's rows are a slice of it."""
+    The order of ``taken`` is kept: a message's rows are a slice of it. A row taken ahead of its
+    due time shares a message only with rows due at the same instant (a herd's): the message's
+    ETA is its latest row's, and none may wait for another's."""
     size = max(1, min(most, len(taken) // max(1, spread)))
+    now = timezone.now()
+
+    def ahead_of(item: transitions.Dispatch) -> datetime | None:
+        return item.due_at if item.due_at is not None and item.due_at > now else None
+
     groups: list[list[transitions.Dispatch]] = []
     for item in taken:
         last = groups[-1] if groups else None
-        if last is not None and len(last) < size and last[0].priority == item.priority:
+        if (
+            last is not None
+            and len(last) < size
+            and last[0].priority == item.priority
+            and ahead_of(last[0]) == ahead_of(item)
+        ):
             last.append(item)
         else:
             groups.append([item])
@@ -186,6 +211,9 @@ class Monitor:
     ) -> None:
         self.conf = conf or tms_settings()
         self.batch = batch or self.conf.MONITOR_BATCH
+        #: Runs due within this many seconds are taken and published now, with their due time as
+        #: the message's ETA (TMS_MONITOR_LOOKAHEAD).
+        self.ahead = self.conf.MONITOR_LOOKAHEAD
         self.publish = publish
         self.publish_many = publish_many
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
@@ -275,12 +303,13 @@ class Monitor:
         if not self._busy:
             self._looked_at = time.monotonic()  # the outlook's now() is its statement's start
             outlook = transitions.dispatch_outlook()
-            if outlook.idle:
+            runs_in = self._until_takeable(outlook.runs_in)
+            if runs_in != 0.0 and not outlook.pending and not outlook.polls:
                 if self.pacer is not None:
                     self.pacer.idle()
                 # Nothing queued of ours to estimate: the next backlog is measured afresh.
                 self.backlog = Backlog()
-                return 0, outlook.runs_in
+                return 0, runs_in
         # Until the pass has shown otherwise, the next one reads the outlook (a failed pass too).
         self._busy = False
         published, held_back = self.stats.published, self.stats.held_back
@@ -303,15 +332,15 @@ class Monitor:
             # held-back monitor tops up ten times a second, whatever the rate.
             with transaction.atomic():
                 if self.pacer is None:
-                    taken = transitions.executions_take_due(limit=self.batch, actor=self.actor)
-                    next_due = transitions.next_due_in() if len(taken) < self.batch else 0.0
+                    taken = transitions.executions_take_due(limit=self.batch, actor=self.actor, ahead=self.ahead)
+                    next_due = self._until_takeable(transitions.next_due_in()) if len(taken) < self.batch else 0.0
                 elif limit := min(self.batch, self.pacer.room()):
-                    taken = fairness.take_due_fairly(limit=limit, actor=self.actor)
-                    next_due = transitions.next_due_in() if len(taken) < self.batch else 0.0
+                    taken = fairness.take_due_fairly(limit=limit, actor=self.actor, ahead=self.ahead)
+                    next_due = self._until_takeable(transitions.next_due_in()) if len(taken) < self.batch else 0.0
                 else:
                     # The queue is deep enough: take nothing (top up again soon if runs are due,
                     # below; else sleep until the next is due, as ever).
-                    taken, next_due = [], transitions.next_due_in()
+                    taken, next_due = [], self._until_takeable(transitions.next_due_in())
             self._looked_at = looked_at
             self._publish(taken, self._run_task, producer, confirms, group=True)
             sent += len(taken)
@@ -352,6 +381,10 @@ class Monitor:
             metrics.MONITOR_PUBLISHED.labels("poll").inc(len(polls))
             sent += len(stale) + len(polls)
         return sent, next_due
+
+    def _until_takeable(self, due_in: float | None) -> float | None:
+        """Seconds until the next run may be taken (its due time less the lookahead), or None."""
+        return None if due_in is None else max(0.0, due_in - self.ahead)
 
     def _observe_queue(self, producer: Producer) -> None:
         """Feed :attr:`backlog` the execution queue's depth (a passive declare on a channel of its

@@ -44,6 +44,11 @@ class TmsSettings:
     MONITOR_MIN_PENDING: int = 8
     #: Seconds between top-ups while the monitor holds due runs back (the queue is full enough).
     MONITOR_TOPUP_INTERVAL: float = 0.1
+    #: Seconds ahead of its due time that a run may be taken and published, with its due time as
+    #: the message's ETA: a worker holds it until then and claims it on time, instead of the
+    #: monitor's pass and the broker's delivery both coming after the due time (issue 33). 0: at
+    #: the due time, never before.
+    MONITOR_LOOKAHEAD: float = 0.1
     #: An owner's weight in the fair share when their OwnerQuota sets none.
     FAIR_WEIGHT: int = 1
     #: Seconds between worker heartbeats, and between the lease extensions that the process
@@ -165,6 +170,8 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_MONITOR_MIN_PENDING must be between 1 and 100000.")
         if not 0.01 <= self.MONITOR_TOPUP_INTERVAL <= 5:
             raise ImproperlyConfigured("TMS_MONITOR_TOPUP_INTERVAL must be between 0.01 and 5 (seconds).")
+        if not 0 <= self.MONITOR_LOOKAHEAD <= 1:
+            raise ImproperlyConfigured("TMS_MONITOR_LOOKAHEAD must be between 0 (off) and 1 (seconds).")
         if not 1 <= self.FAIR_WEIGHT <= 1000:
             raise ImproperlyConfigured("TMS_FAIR_WEIGHT must be between 1 and 1000.")
         if self.MATERIALISE_THREADS < 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from itertools import groupby
 from typing import Any
 
@@ -32,6 +32,8 @@ class Dispatch:
     message_id: str
     #: "run" (SCHEDULED → PENDING), "republish" (PENDING again) or "poll" (RUNNING).
     kind: str = "run"
+    #: When the run is due (runs only): one taken ahead of it goes out with this as its ETA.
+    due_at: datetime | None = None
 
 
 @transaction.atomic
@@ -42,7 +44,7 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
         .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
         .select_for_update(skip_locked=True, of=("self",))
         .annotate(maybe_stale=ExpressionWrapper(~on_time(), output_field=BooleanField()))
-        .values_list("id", "attempt", "priority", "maybe_stale")[:limit]
+        .values_list("id", "attempt", "priority", "maybe_stale", "due_at")[:limit]
     )
     if not locked_rows:
         return []
@@ -51,8 +53,9 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
     # max_age) are looked at one by one: a herd's later batches are seconds late, yet on time,
     # and the annotation above (the task's columns read only for rows over a second late)
     # answers for them in the same statement instead of a query and a commit per row.
-    dropped = drop_misfires([(i, a, stale) for i, a, _, stale in locked_rows], from_status=from_status, actor=actor)
-    priorities = {i: p for i, _, p, _ in locked_rows if i not in dropped}
+    dropped = drop_misfires([(i, a, stale) for i, a, _, stale, _ in locked_rows], from_status=from_status, actor=actor)
+    priorities = {i: p for i, _, p, _, _ in locked_rows if i not in dropped}
+    due = {i: d for i, _, _, _, d in locked_rows}
     if not priorities:
         return []
     token = uuid.uuid4().hex[:12]
@@ -66,19 +69,25 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
     kind = "run" if from_status == S.SCHEDULED else "republish"
     order = {i: n for n, i in enumerate(priorities)}
     taken = sorted(won, key=lambda row: order[row[0]])  # in the order they were locked (due first)
-    return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind) for i, a in taken]
+    if kind != "run":
+        return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind) for i, a in taken]
+    return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind, due[i]) for i, a in taken]
 
 
-def executions_take_due(*, limit: int, actor: str, among: Collection[int] | None = None) -> list[Dispatch]:
+def executions_take_due(
+    *, limit: int, actor: str, among: Collection[int] | None = None, ahead: float = 0.0
+) -> list[Dispatch]:
     """Move up to ``limit`` due SCHEDULED executions to PENDING (``FOR UPDATE SKIP LOCKED``) and
     commit, before the caller publishes them: a worker always finds the row PENDING when the
     message reaches it. What cannot be published goes back through :func:`executions_untake`;
     if the monitor dies first, the rows are published again once PENDING for too long.
 
     ``among``: only these ids (the fair share's pick, :mod:`executions.fairness`); each is still
-    taken only if it is SCHEDULED, due and not locked by another monitor.
+    taken only if it is SCHEDULED, due and not locked by another monitor. ``ahead``: rows due
+    within that many seconds count as due (the monitor's lookahead; each Dispatch carries its
+    due time, the message's ETA).
     """
-    base = Q(due_at__lte=Now())
+    base = Q(due_at__lte=db_now_plus(ahead) if ahead else Now())
     if among is not None:
         base &= Q(id__in=list(among))
     return _take(base, states.TAKE, limit=limit, actor=actor, detail="")
