@@ -60,6 +60,26 @@ class ExecutionSerializer(serializers.ModelSerializer):
     retry_of = serializers.IntegerField(
         source="retry_of_id", read_only=True, allow_null=True, help_text="The execution this one runs again."
     )
+    workflow_run = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The workflow run it belongs to: the id of the execution that started it (a root's own, once "
+        "its end started a follower). Null: not part of a workflow run.",
+    )
+    upstream = serializers.ListField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        allow_null=True,
+        help_text="A workflow step's upstream executions: the runs whose ends started it (several for a task that "
+        "follows several). Null for any other run.",
+    )
+    input = serializers.JSONField(
+        read_only=True,
+        allow_null=True,
+        help_text="What the run was given: a workflow step's upstream output, as a JSON object if it was one, else "
+        '`{"output": "<text>"}` (plus `"error"` after a failure); for a step that follows several, an object '
+        "keyed by upstream task id. Null: nothing.",
+    )
 
     class Meta:
         model = Execution
@@ -71,6 +91,9 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "attempt",
             "origin",
             "retry_of",
+            "workflow_run",
+            "upstream",
+            "input",
             "scheduled_for",
             "moved_from",
             "due_at",
