@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from executions.models import ArchiveIndex, Execution, ExecutionEvent, ExecutionStatus, Worker
@@ -55,6 +56,11 @@ class ExecutionRowsSerializer(serializers.ListSerializer):
 _CONVERT: dict[type, Any] = {serializers.DateTimeField: _iso, serializers.UUIDField: str}
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class InputField(serializers.JSONField):
+    """A run's input: a JSON object."""
+
+
 class ExecutionSerializer(serializers.ModelSerializer):
     task = serializers.UUIDField(source="task_id", read_only=True)
     retry_of = serializers.IntegerField(
@@ -73,7 +79,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
         help_text="A workflow step's upstream executions: the runs whose ends started it (several for a task that "
         "follows several). Null for any other run.",
     )
-    input = serializers.JSONField(
+    input = InputField(
         read_only=True,
         allow_null=True,
         help_text="What the run was given: a workflow step's upstream output, as a JSON object if it was one, else "

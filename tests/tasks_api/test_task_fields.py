@@ -23,7 +23,9 @@ def _model_fields(model: type[models.Model]) -> list[str]:
     return [
         field.name
         for field in model._meta.get_fields()
-        if field.concrete or field.many_to_many or (field.one_to_many and field.related_model is TaskDependency)
+        if field.concrete
+        or field.many_to_many
+        or (field.one_to_many and field.remote_field.model is TaskDependency and field.remote_field.name == "task")
     ]
 
 
