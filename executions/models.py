@@ -143,10 +143,11 @@ class Execution(models.Model):
                 fields=["retry_of"], condition=Q(retry_of__isnull=False), name="execution_single_retry"
             ),
             # A task runs once per workflow run: an upstream's end recorded twice (a redelivery, a
-            # retried write) or two upstreams of a fan-in ending at once create its step once.
+            # retried write) or two upstreams of a fan-in ending at once create its step once. A
+            # retry on request (retry_of) of a step stays in its workflow run, beside it.
             models.UniqueConstraint(
                 fields=["task", "workflow_run"],
-                condition=Q(workflow_run__isnull=False),
+                condition=Q(workflow_run__isnull=False, retry_of__isnull=True),
                 name="execution_workflow_step",
             ),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="execution_attempt_positive"),

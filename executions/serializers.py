@@ -188,3 +188,10 @@ class ArchiveIndexSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class WorkflowCancelSerializer(serializers.Serializer):
+    """What cancelling a workflow run did: each of its steps that was still to run or running."""
+
+    workflow_run = serializers.IntegerField(help_text="The workflow run's id (its root execution's).")
+    executions = CancelReportSerializer(many=True, help_text="Each step cancelled.")

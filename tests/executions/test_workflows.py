@@ -210,3 +210,56 @@ def test_after_can_be_changed(user):
     assert len(_steps(b)) == 1
     b = task_update(task=b, actor="test", changes={"after": []})
     assert not b.has_after
+
+
+def test_a_retried_step_runs_what_follows_it_and_nothing_before(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((b, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root, output='{"batch": 7}')
+    (step_b,) = _steps(b)
+    _run(step_b.pk)
+    assert _fail(step_b.pk) == S.FAILED
+    assert _steps(c) == []
+    retry = transitions.execution_retry(execution_id=step_b.pk, actor="test")
+    assert retry is not None
+    again = Execution.objects.get(pk=retry)
+    assert (again.workflow_run, again.upstream, again.input) == (root, [root], {"batch": 7})
+    Execution.objects.filter(pk=retry).update(status=S.PENDING)
+    assert transitions.execution_claim_loaded(
+        execution_id=retry, attempt=again.attempt, worker_id="w1", lease_seconds=60, checked=True
+    )
+    assert transitions.execution_succeed(
+        execution_id=retry, attempt=again.attempt, worker_id="w1", output="", max_chars=100
+    )
+    (step_c,) = _steps(c)
+    assert step_c.upstream == [retry] and step_c.workflow_run == root
+    assert Execution.objects.filter(task=a).count() == 1, "the step that succeeded is not run again"
+
+
+def test_cancelling_a_workflow_run_cancels_its_pending_steps_and_nothing_follows(user, api_client):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    d = task_create(owner=user, runner="noop", after=_after((b, "completion")))
+    unrelated = task_create(owner=user, runner="noop")
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    (step_b,), (step_c,) = _steps(b), _steps(c)
+    _run(step_c.pk)  # one step running, one still scheduled
+    response = api_client.post(f"/api/v1/executions/{root}/cancel-workflow")
+    assert response.status_code == 200, response.json()
+    assert response.json()["workflow_run"] == root
+    assert sorted(report["execution"] for report in response.json()["executions"]) == sorted([step_b.pk, step_c.pk])
+    assert set(Execution.objects.filter(pk__in=[step_b.pk, step_c.pk]).values_list("status", flat=True)) == {
+        S.CANCELLED
+    }
+    assert _steps(d) == [], "a cancelled step starts nothing, not even on completion"
+    assert Execution.objects.get(task=unrelated).status == S.SCHEDULED
+    assert Execution.objects.get(pk=root).status == S.SUCCEEDED
+    # Nothing left to cancel: 200 with none.
+    again = api_client.post(f"/api/v1/executions/{step_b.pk}/cancel-workflow")
+    assert again.status_code == 200 and again.json()["executions"] == []
