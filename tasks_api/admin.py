@@ -278,6 +278,11 @@ class TaskAdmin(admin.ModelAdmin):
             field.help_text = "Empty: you."
         return field
 
+    @admin.display(description="after")
+    def after(self, obj: Task) -> str:
+        """The tasks it follows, on a page that shows the task read-only (``after`` is no column)."""
+        return ", ".join(f"{entry['task']} on {entry['on']}" for entry in task_after_entries(obj)) or "-"
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         deleted = obj is not None and obj.status == TaskStatus.DELETED
         return not deleted and super().has_delete_permission(request, obj)
