@@ -25,7 +25,7 @@ def _model_fields(model: type[models.Model]) -> list[str]:
         for field in model._meta.get_fields()
         if field.concrete
         or field.many_to_many
-        or (field.one_to_many and field.remote_field.model is TaskDependency and field.remote_field.name == "task")
+        or (isinstance(field, models.ManyToOneRel) and field.field == TaskDependency._meta.get_field("task"))
     ]
 
 
