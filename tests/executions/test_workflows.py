@@ -263,3 +263,17 @@ def test_cancelling_a_workflow_run_cancels_its_pending_steps_and_nothing_follows
     # Nothing left to cancel: 200 with none.
     again = api_client.post(f"/api/v1/executions/{step_b.pk}/cancel-workflow")
     assert again.status_code == 200 and again.json()["executions"] == []
+
+
+def test_a_step_goes_through_its_task_s_start_rules(user):
+    """A step is created like any run: a follower with max_concurrency or an overlap policy gets an
+    exclusive run, which the worker claims through the checked claim (policies and limits)."""
+    a = task_create(owner=user, runner="noop")
+    capped = task_create(owner=user, runner="noop", max_concurrency=1, after=_after((a, "success")))
+    free = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    (step_capped,), (step_free,) = _steps(capped), _steps(free)
+    assert step_capped.exclusive and not step_free.exclusive
+    assert step_capped.status == step_free.status == S.SCHEDULED
