@@ -28,8 +28,9 @@ from executions.serializers import (
     ExecutionDetailSerializer,
     ExecutionSerializer,
     WorkerSerializer,
+    WorkflowCancelSerializer,
 )
-from executions.services import execution_cancel_by_user, execution_retry_by_user
+from executions.services import execution_cancel_by_user, execution_retry_by_user, workflow_run_cancel_by_user
 from tasks_app.models import Task, TaskStatus
 from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
@@ -198,6 +199,26 @@ class ExecutionViewSet(
         report = execution_cancel_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
         code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
         return Response(CancelReportSerializer(report).data, status=code)
+
+    @extend_schema(
+        summary="Cancel the workflow run of an execution",
+        description=(
+            "Cancels every step still to run or running of the workflow run this execution belongs to (see "
+            "`workflow_run`; an execution outside any is cancelled alone, as its own root), as `cancel` would each. "
+            "A cancelled step starts none of its followers, so the workflow run stops. 200 with each step cancelled "
+            "(none if nothing was active)."
+        ),
+        request=None,
+        parameters=[EXECUTION_ID],
+        responses={200: WorkflowCancelSerializer},
+    )
+    @action(detail=True, methods=["post"], url_path="cancel-workflow")
+    def cancel_workflow(self, request: Request, pk: str | None = None) -> Response:
+        workflow_run, reports = workflow_run_cancel_by_user(
+            execution=self.get_object(), actor=actor_for(request_user(request))
+        )
+        data = {"workflow_run": workflow_run, "executions": reports}
+        return Response(WorkflowCancelSerializer(data).data, status=status.HTTP_200_OK)
 
     @extend_schema(
         summary="Retry a failed or cancelled execution",

@@ -28,6 +28,9 @@ class ExecutionOrigin(models.TextChoices):
     #: a past fire time run on request (``POST .../backfill``): an occurrence of the schedule, but
     #: asked for late on purpose, so the misfire policy and ``max_age`` do not apply to it
     BACKFILL = "backfill"
+    #: a step of a workflow: its task follows another (``after``), whose run ended as it asked
+    #: (see ``upstream`` and ``workflow_run``)
+    WORKFLOW = "workflow"
 
 
 #: Origins whose executions are occurrences of the task's schedule (they count toward ``max_runs``
@@ -105,6 +108,15 @@ class Execution(models.Model):
     #: instead of joining every due row to its task: 0.6 ms instead of 22 ms a pick with 10,000
     #: runs due. No foreign key, like ``RunRollup.owner_id``: nothing to check per insert.
     owner_id = models.IntegerField()
+    #: The workflow run it belongs to: the id of the run that started it (a root run's own id,
+    #: set when its end starts a follower). Null for a run nothing followed.
+    workflow_run = models.BigIntegerField(null=True, blank=True)
+    #: A workflow step's upstream executions (ids): the runs whose ends started it (several for a
+    #: task that follows several). Null for any other run.
+    upstream = models.JSONField(null=True, blank=True)
+    #: What the run was given: a workflow step's upstream output (a JSON object, bounded). Null:
+    #: nothing.
+    input = models.JSONField(null=True, blank=True)
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)
@@ -129,6 +141,14 @@ class Execution(models.Model):
             ),
             models.UniqueConstraint(
                 fields=["retry_of"], condition=Q(retry_of__isnull=False), name="execution_single_retry"
+            ),
+            # A task runs once per workflow run: an upstream's end recorded twice (a redelivery, a
+            # retried write) or two upstreams of a fan-in ending at once create its step once. A
+            # retry on request (retry_of) of a step stays in its workflow run, beside it.
+            models.UniqueConstraint(
+                fields=["task", "workflow_run"],
+                condition=Q(workflow_run__isnull=False, retry_of__isnull=True),
+                name="execution_workflow_step",
             ),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="execution_attempt_positive"),
             models.CheckConstraint(

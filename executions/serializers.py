@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from executions.models import ArchiveIndex, Execution, ExecutionEvent, ExecutionStatus, Worker
@@ -55,10 +56,35 @@ class ExecutionRowsSerializer(serializers.ListSerializer):
 _CONVERT: dict[type, Any] = {serializers.DateTimeField: _iso, serializers.UUIDField: str}
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class InputField(serializers.JSONField):
+    """A run's input: a JSON object."""
+
+
 class ExecutionSerializer(serializers.ModelSerializer):
     task = serializers.UUIDField(source="task_id", read_only=True)
     retry_of = serializers.IntegerField(
         source="retry_of_id", read_only=True, allow_null=True, help_text="The execution this one runs again."
+    )
+    workflow_run = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The workflow run it belongs to: the id of the execution that started it (a root's own, once "
+        "its end started a follower). Null: not part of a workflow run.",
+    )
+    upstream = serializers.ListField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        allow_null=True,
+        help_text="A workflow step's upstream executions: the runs whose ends started it (several for a task that "
+        "follows several). Null for any other run.",
+    )
+    input = InputField(
+        read_only=True,
+        allow_null=True,
+        help_text="What the run was given: a workflow step's upstream output, as a JSON object if it was one, else "
+        '`{"output": "<text>"}` (plus `"error"` after a failure); for a step that follows several, an object '
+        "keyed by upstream task id. Null: nothing.",
     )
 
     class Meta:
@@ -71,6 +97,9 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "attempt",
             "origin",
             "retry_of",
+            "workflow_run",
+            "upstream",
+            "input",
             "scheduled_for",
             "moved_from",
             "due_at",
@@ -159,3 +188,10 @@ class ArchiveIndexSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class WorkflowCancelSerializer(serializers.Serializer):
+    """What cancelling a workflow run did: each of its steps that was still to run or running."""
+
+    workflow_run = serializers.IntegerField(help_text="The workflow run's id (its root execution's).")
+    executions = CancelReportSerializer(many=True, help_text="Each step cancelled.")

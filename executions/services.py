@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 
 from executions import transitions
 from executions.materialiser import materialise_task, task_schedule
@@ -60,6 +61,35 @@ def execution_cancel_by_user(*, execution: Execution, actor: str, reason: str = 
         raise ConflictError(f"Execution {execution.pk} is {outcome.from_status} and can no longer be cancelled.")
     task = Task.objects.get(pk=execution.task_id)
     return stop_external_run(execution, task, outcome)
+
+
+#: Passes of :func:`workflow_run_cancel_by_user` (a step that ended during a pass may have started
+#: its followers: the next pass cancels them).
+WORKFLOW_CANCEL_PASSES = 10
+
+
+def workflow_run_cancel_by_user(
+    *, execution: Execution, actor: str, reason: str = "workflow run cancelled by user"
+) -> tuple[int, list[CancelReport]]:
+    """Cancel every step still to run or running in the workflow run of ``execution`` (a step
+    of it, or its root), each as :func:`execution_cancel_by_user` would; returns the workflow
+    run's id and a report per step cancelled. A cancelled step starts nothing, so the workflow
+    run stops there. A step that ends while this runs may start its followers: they are found
+    and cancelled by the next pass, until a pass finds nothing active."""
+    workflow_run = execution.workflow_run or execution.pk
+    # A root still running has no workflow_run yet: it is written when its end starts a follower.
+    steps = Q(workflow_run=workflow_run) | Q(pk=workflow_run)
+    reports: list[CancelReport] = []
+    for _ in range(WORKFLOW_CANCEL_PASSES):
+        active = list(Execution.objects.filter(steps, status__in=ACTIVE_STATUSES).order_by("id"))
+        if not active:
+            break
+        for step in active:
+            try:
+                reports.append(execution_cancel_by_user(execution=step, actor=actor, reason=reason))
+            except (ConflictError, GoneError):
+                continue  # it ended meanwhile: what it started is found by the next pass
+    return workflow_run, reports
 
 
 def executions_cancel_active(

@@ -45,6 +45,7 @@ from tasks_api.services import (
     trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
+from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskStatus
@@ -130,6 +131,12 @@ class TaskAdminForm(forms.ModelForm):
         help_text="UTC, unless you give an offset (2030-01-15 09:00:00+01:00). Empty: now.",
     )
     end_at = forms.DateTimeField(required=False, widget=PreciseDateTimeInput, help_text="UTC; empty: no end.")
+    # Not a column: the tasks it follows, as the API takes them (the services write the links).
+    after = forms.JSONField(
+        required=False,
+        help_text='The tasks it follows, as in the API: [{"task": "<id>", "on": "success"}] ("failure", '
+        '"completion"). With no schedule given it runs only after them. Empty: none.',
+    )
 
     class Meta:
         model = Task
@@ -140,6 +147,8 @@ class TaskAdminForm(forms.ModelForm):
         if not self.instance._state.adding and "config" in self.fields:
             # Edited from its masked form; clean_config puts the untouched secrets back.
             self.initial["config"] = task_config_masked(self.instance)
+        if not self.instance._state.adding and "after" in self.fields:
+            self.initial["after"] = task_after_entries(self.instance)
         if "name" in self.fields:
             self.fields["name"].help_text = "Optional: a task without a name is shown by its id."
         if "cron" in self.fields:
@@ -268,6 +277,11 @@ class TaskAdmin(admin.ModelAdmin):
             field.required = False
             field.help_text = "Empty: you."
         return field
+
+    @admin.display(description="after")
+    def after(self, obj: Task) -> str:
+        """The tasks it follows, on a page that shows the task read-only (``after`` is no column)."""
+        return ", ".join(f"{entry['task']} on {entry['on']}" for entry in task_after_entries(obj)) or "-"
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         deleted = obj is not None and obj.status == TaskStatus.DELETED

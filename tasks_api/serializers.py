@@ -16,9 +16,11 @@ from executions.serializers import CancelReportSerializer
 from tasks_api.limits import task_limit_names
 from tasks_api.services import task_check_rules, task_config, task_config_masked, task_validate_runner
 from tasks_api.states import TaskState, task_next_run, task_state
+from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
+    MAX_AFTER,
     MAX_CATCH_UP_LIMIT,
     MAX_CONCURRENCY,
     MAX_KEEP_FOR_DELTA,
@@ -28,6 +30,7 @@ from tasks_app.models import (
     MIN_MISFIRE_GRACE,
     Artifact,
     CalendarPolicy,
+    DependencyOn,
     DstFold,
     DstGap,
     MisfirePolicy,
@@ -193,6 +196,27 @@ CALENDAR_POLICY_HELP = (
 )
 
 
+class AfterEntrySerializer(StrictInputMixin, serializers.Serializer):
+    """One task this task follows, and how its run must end."""
+
+    task = serializers.UUIDField(help_text="Id of one of your tasks (not deleted).")
+    on = serializers.ChoiceField(
+        choices=DependencyOn.choices,
+        required=False,
+        default=DependencyOn.SUCCESS,
+        help_text="Run after its run succeeded (`success`, the default), failed for good (`failure`) or either "
+        "(`completion`).",
+    )
+
+
+AFTER_HELP = (
+    'The tasks this task follows: `[{"task": "<id>", "on": "success"}]`. When a run of one ends that way, a run of '
+    "this task is created in the same transaction (due now), with that run's output as its `input`; with several "
+    "entries, once all of them have ended that way within the same workflow run (fan-in). With no schedule "
+    "(`start_at`, `interval`, `cron`) it runs only after them. A cycle, an unknown task or another owner's is a 400."
+)
+
+
 class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
@@ -244,6 +268,9 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
     )
     max_runs = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=1_000_000_000
+    )
+    after = serializers.ListField(
+        child=AfterEntrySerializer(), required=False, max_length=MAX_AFTER, help_text=AFTER_HELP
     )
     calendar = serializers.CharField(
         required=False,
@@ -497,6 +524,7 @@ class TaskSerializer(serializers.ModelSerializer):
     max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
     trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
+    after = serializers.SerializerMethodField(help_text="The tasks it follows and how their runs must end.")
     calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True, help_text="Name of its business calendar (null: none)."
     )
@@ -513,6 +541,10 @@ class TaskSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_limits(self, task: Task) -> list[str]:
         return task_limit_names(task) if task.has_limits else []  # no query for a task without
+
+    @extend_schema_field(AfterEntrySerializer(many=True))
+    def get_after(self, task: Task) -> list[dict[str, str]]:
+        return task_after_entries(task)  # no query for a task that follows nothing
 
     @extend_schema_field(serializers.ChoiceField(choices=TaskState.choices))
     def get_state(self, task: Task) -> str:
@@ -572,7 +604,9 @@ class TaskUpdateSerializer(TaskCreateSerializer):
             # one). Checked here only: attrs keep the masks, for task_update to see which secrets
             # the update keeps (it drops them if the run goes elsewhere).
             checked["config"] = config_unmask(attrs["config"], plain)
-        merged = {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits"}} | {"config": plain} | checked
+        merged = (
+            {name: getattr(task, name) for name in UPDATABLE_FIELDS - {"limits", "after"}} | {"config": plain} | checked
+        )
         if "calendar" in attrs and "calendar_policy" not in attrs:
             # A calendar removed takes its policy with it; a first one gets the default (skip).
             merged["calendar_policy"] = task.calendar_policy if attrs["calendar"] and task.calendar_id else ""

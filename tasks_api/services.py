@@ -33,6 +33,7 @@ from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
 from runners.registry import UnknownRunner, get_runner, runner_aliases
 from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
+from tasks_api.workflows import After, after_links, after_resolve, task_after_entries, task_set_after
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
 from tasks_app.fields import AUDITED_COLUMNS, UPDATABLE_FIELDS
 from tasks_app.models import (
@@ -41,6 +42,7 @@ from tasks_app.models import (
     Calendar,
     CalendarPolicy,
     Task,
+    TaskDependency,
     TaskStatus,
     claims_exclusive,
 )
@@ -370,6 +372,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
     tasks, errors, named = [], {}, []
+    followed: list[list[After]] = []  # each task's ``after``
     resolved: dict[tuple[str, ...], list[Any]] = {}  # a batch names the same limits again and again
     builder = _TaskRows()
     for index, spec in enumerate(specs):
@@ -379,11 +382,18 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
             chosen = resolved.get(names)
             if chosen is None:
                 chosen = resolved[names] = limits_resolve(owner_id=owner.pk, names=names)
+            after = after_resolve(owner_id=owner.pk, entries=spec.pop("after", None))
             _calendar_settings(owner.pk, spec)
             task = _build_task(rows=builder, owner=owner, now=now, **spec)
             task.has_limits = bool(chosen)
+            if after:
+                task.has_after = True
+                if not any(spec.get(name) for name in ("start_at", "interval", "cron")):
+                    # Following others with no schedule of its own: it runs only after them.
+                    task.next_run_at, task.status = None, TaskStatus.ACTIVE
             tasks.append(task)
             named.append(chosen)
+            followed.append(after)
         except InvalidInput as exc:
             errors[str(index)] = exc.errors
     if errors:
@@ -392,6 +402,9 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     skipped: list[Any] = []
     planned: list[int] = []  # how many of ``rows`` each task has, in order
     for task in tasks:
+        if task.has_after and task.next_run_at is None:
+            planned.append(0)  # nothing to plan: its runs come from its upstreams' ends
+            continue
         plan = plan_task(task, now=now, until=until)
         rows += plan.rows
         skipped += plan.skipped
@@ -410,6 +423,9 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
         ]
         if links:
             Task.limits.through.objects.bulk_create(links)
+        dependencies = after_links(tasks, followed)
+        if dependencies:
+            TaskDependency.objects.bulk_create(dependencies)
         audit_record_many(
             [
                 {
@@ -418,9 +434,11 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
                     "object_id": task.pk,
                     "owner": task.owner_id,
                     "task_id": task.pk,
-                    "changes": _created_changes(task, sorted(limit.name for limit in chosen)),
+                    "changes": _created_changes(
+                        task, sorted(limit.name for limit in chosen), [link.entry() for link in after]
+                    ),
                 }
-                for task, chosen in zip(tasks, named, strict=True)
+                for task, chosen, after in zip(tasks, named, followed, strict=True)
             ]
         )
         skipped_record(skipped)
@@ -450,13 +468,15 @@ def _insert_tasks(tasks: list[Task]) -> None:
         task._state.db = "default"
 
 
-def _created_changes(task: Task, limits: list[str]) -> dict[str, dict[str, Any]]:
+def _created_changes(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
     """A new task's audit changes (every audited field from nothing to its value, config masked,
-    and the names of its limits if it has any, as an update records them): ``audit_diff({},
-    snapshot)`` without comparing against an empty side."""
+    and the names of its limits and the tasks it follows if it has any, as an update records
+    them): ``audit_diff({}, snapshot)`` without comparing against an empty side."""
     snapshot = _snapshot(task, task_config_masked(task))
     if limits:
         snapshot["limits"] = limits
+    if after:
+        snapshot["after"] = after
     return {
         name: {"from": None, "to": value} for name, value in sorted(audit_values(snapshot).items()) if value is not None
     }
@@ -597,6 +617,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
     changes = dict(changes)
     new_limits = changes.pop("limits", None)
+    new_after = changes.pop("after", None)
     with transaction.atomic():
         task = _lock(task.pk)
         if "calendar" in changes or "calendar_policy" in changes:
@@ -618,6 +639,14 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 task_set_limits(task=task, limits=chosen)
                 limits_changed = True
                 snapshot_before["limits"] = old_names
+        after_changed = False
+        if new_after is not None:
+            old_after = task_after_entries(task)
+            if task_set_after(
+                task=task, after=after_resolve(owner_id=task.owner_id, entries=new_after, task_id=task.pk)
+            ):
+                after_changed = True
+                snapshot_before["after"] = old_after
         kept = None  # no config sent: every stored secret is kept
         if "config" in changes:
             # A secret sent back as its mask keeps its stored value.
@@ -681,11 +710,13 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 )
             )
         task.save()
-        if changed or limits_changed:
+        if changed or limits_changed or after_changed:
             masked_before, masked_after = config_masked_pair(before, after)
             snapshot_after = {**_snapshot(task, None), "config": masked_after}
             if limits_changed:
                 snapshot_after["limits"] = task_limit_names(task)
+            if after_changed:
+                snapshot_after["after"] = task_after_entries(task)
             diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
             detail = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
             _audit_task(task, AuditAction.UPDATE, changes=diff, detail=detail)

@@ -56,6 +56,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     # An artifact is chosen when the task is created; another one is another task.
     TaskField("artifact", WHAT, updatable=False),
     *_settings(WHEN, "start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"),
+    # The tasks it follows (tasks_app.models.TaskDependency): a list of {task, on}, not a column.
+    TaskField("after", WHEN, many=True),
     # A calendar is named in the API (its owner's); a change of either re-plans the future.
     *_settings(WHEN, "calendar", "calendar_policy"),
     *_settings(
@@ -68,6 +70,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),
     _state("owner", shown=False),  # the caller, who sees only their own
     _state("has_limits", shown=False),  # whether ``limits`` names any: routes claims to the check
+    _state("has_after", shown=False),  # whether ``after`` names any: read only then
     _state("next_run_at"),  # the materialisation cursor (the API's ``next_occurrence_at``)
     _state("runs_materialised"),
     _state("paused_at", shown=False),

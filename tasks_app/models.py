@@ -350,6 +350,9 @@ class Task(models.Model):
     #: without a query (tasks without limits pay nothing).
     limits = models.ManyToManyField(Limit, blank=True, related_name="tasks")
     has_limits = models.BooleanField(default=False, db_default=False, editable=False)
+    #: Whether its ``after`` (:class:`TaskDependency`, the tasks it follows) names any: a task's
+    #: representation reads its entries only then (tasks without pay no query).
+    has_after = models.BooleanField(default=False, db_default=False, editable=False)
 
     # Retries and limits.
     max_attempts = models.PositiveSmallIntegerField(
@@ -469,6 +472,39 @@ class Task(models.Model):
             raise ValidationError(
                 {"artifact": [f"Artifact {self.artifact_id} is {self.artifact.status}: only READY artifacts can run."]}
             )
+
+
+class DependencyOn(models.TextChoices):
+    """How an upstream's run must end for its followers to run (an entry of a task's ``after``)."""
+
+    SUCCESS = "success"  #: it SUCCEEDED
+    FAILURE = "failure"  #: it FAILED for good (attempts exhausted or not retryable)
+    COMPLETION = "completion"  #: either
+
+
+#: The most entries a task's ``after`` may have.
+MAX_AFTER = 20
+
+
+class TaskDependency(models.Model):
+    """One entry of a task's ``after``: ``task`` runs when a run of ``upstream`` ends as ``on``
+    says (all its entries, within one workflow run, for a task that follows several). The run is
+    created by :mod:`executions.transitions` in the transaction that records the upstream's end."""
+
+    # No index of its own: task_dependency_once leads with it.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="after", db_index=False)
+    #: Indexed: the end of every run of an upstream looks up its followers.
+    upstream = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="follower_links")
+    on = models.CharField(max_length=16, choices=DependencyOn.choices, default=DependencyOn.SUCCESS)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "upstream"], name="task_dependency_once"),
+            models.CheckConstraint(condition=~Q(task=models.F("upstream")), name="task_dependency_not_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} after {self.upstream_id} on {self.on}"
 
 
 class ApiIdempotencyKey(models.Model):

@@ -91,6 +91,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/api/v1/executions"),
         ("GET", "/api/v1/executions/{id}"),
         ("POST", "/api/v1/executions/{id}/cancel"),
+        ("POST", "/api/v1/executions/{id}/cancel-workflow"),
         ("POST", "/api/v1/executions/{id}/retry"),
         ("GET", "/api/v1/workers"),
         ("GET", "/api/v1/workers/{id}"),

@@ -11,7 +11,8 @@ database clock, never from the host.
 * :mod:`.create`: the materialiser's executions; :mod:`.dispatch`: the monitor's takes;
   :mod:`.worker`: claim, lease and outcome; :mod:`.overlap`: claims under the overlap policy
   and the concurrency cap; :mod:`.misfire`: the misfire policy and skips;
-  :mod:`.actions`: cancel, trigger and retry.
+  :mod:`.actions`: cancel, trigger and retry; :mod:`.follow`: the runs that follow a run's end
+  (workflows), created in the transaction that records it.
 
 Callers import the package (``from executions import transitions``) and use the names below.
 """
@@ -36,6 +37,7 @@ from executions.transitions.dispatch import (
     executions_untake,
     next_due_in,
 )
+from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from
 from executions.transitions.misfire import Misfire, execution_skip_misfire, misfire_decision
 from executions.transitions.overlap import (
     QUEUE_RETRY_SECONDS,
@@ -66,10 +68,12 @@ from executions.transitions.worker import (
 __all__ = [
     "ALLOWED_SOURCES",
     "CALLBACK_ACTOR",
+    "INPUT_MAX_CHARS",
     "POLL_PRIORITY",
     "QUEUE_RETRY_SECONDS",
     "RETRYABLE_STATUSES",
     "WAIT_RECHECK_SECONDS",
+    "WORKFLOW_ACTOR",
     "CancelOutcome",
     "Dispatch",
     "ExclusiveClaim",
@@ -103,6 +107,7 @@ __all__ = [
     "executions_take_polls",
     "executions_take_stale_pending",
     "executions_untake",
+    "input_from",
     "misfire_decision",
     "next_due_in",
     "pg_array",

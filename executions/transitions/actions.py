@@ -85,7 +85,7 @@ def execution_cancel(
 #: The columns a run created on request sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, workflow_run, upstream, input"
 )
 #: Whether a run of task ``t`` is exclusive (see ``Execution.exclusive``).
 _EXCLUSIVE = "(t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits)"
@@ -118,7 +118,8 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "", delay: t
     now = _now_param(delay)
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
-        f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id"  # noqa: S608
+        f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id,"  # noqa: S608
+        " NULL, NULL, NULL"
         f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED, task_pk, TaskStatus.DELETED]
@@ -132,6 +133,9 @@ RETRYABLE_STATUSES: frozenset[str] = frozenset({S.FAILED, S.CANCELLED})
 def execution_retry(*, execution_id: int, actor: str) -> int | None:
     """Run a FAILED or CANCELLED execution again: a new SCHEDULED execution of the same task, due
     now, with ``retry_of`` = the old one and attempt = its attempt + 1. The old row stays terminal.
+    A workflow step's retry stays in its workflow run, with the same upstream and input: when it
+    ends, what follows it runs as after the first end (the steps that already ran are not run
+    again: a task runs once per workflow run, retries aside).
 
     Conditional on the old execution being FAILED or CANCELLED and its task not DELETED; the
     unique ``retry_of`` makes a second retry of the same execution lose. Returns the new id, or
@@ -140,7 +144,8 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     now = _now_param()
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
-        f" '', '', '{{}}', '', '', '', t.owner_id FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
+        " '', '', '{}', '', '', '', t.owner_id, e.workflow_run, e.upstream, e.input"
+        f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED, execution_id]

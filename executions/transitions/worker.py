@@ -12,11 +12,13 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from executions.models import Execution
 from executions.transitions import states
+from executions.transitions.follow import ENDED_RETURNING, UNFOLLOWED_SQL, ended_rows, follow_ended, unfollowed
 from executions.transitions.misfire import on_time
 from executions.transitions.sql import (
     EXECUTIONS,
@@ -187,6 +189,12 @@ def succeed_write(execution_id: int, attempt: int, output: str, **bound: str) ->
     return fenced(execution_id, attempt, bound.get("worker_id")), values
 
 
+def succeed_alone_write(execution_id: int, attempt: int, output: str, **bound: str) -> tuple[Q, dict[str, Any]]:
+    """:func:`succeed_write` on the condition that no task follows the run's task."""
+    condition, values = succeed_write(execution_id, attempt, output, **bound)
+    return condition & unfollowed(), values
+
+
 def execution_succeed(
     *,
     execution_id: int,
@@ -196,14 +204,29 @@ def execution_succeed(
     max_chars: int,
     external_run_id: str | None = None,
 ) -> bool:
-    """RUNNING → SUCCEEDED; fenced by lease and attempt."""
+    """RUNNING → SUCCEEDED; fenced by lease and attempt. The runs that follow it (its task's
+    followers, :mod:`.follow`) are created in the same transaction."""
     binds: dict[str, Any] = {"execution_id": execution_id, "attempt": attempt, "output": bounded(output, max_chars)}
     if worker_id is not None:
         binds["worker_id"] = worker_id
     if external_run_id:
         binds["external_run_id"] = external_run_id[:255]
     shape = (worker_id is None, bool(external_run_id))
-    return bool(write_prepared(states.SUCCEED, shape, succeed_write, binds, actor=worker_id or CALLBACK_ACTOR))
+    actor = worker_id or CALLBACK_ACTOR
+    # Most runs start nothing: their end is one statement. One that lost the first write is
+    # either followed or lost for good (then the second write loses too).
+    if write_prepared(states.SUCCEED, (*shape, "alone"), succeed_alone_write, binds, actor=actor):
+        return True
+    return _succeed_followed(binds, shape, actor)
+
+
+def _succeed_followed(binds: Mapping[str, Any], shape: tuple, actor: str) -> bool:
+    """RUNNING → SUCCEEDED and the runs that follow, in one transaction."""
+    with transaction.atomic():
+        rows = write_prepared(states.SUCCEED, shape, succeed_write, binds, actor=actor, returning=ENDED_RETURNING)
+        if rows:
+            follow_ended(ended_rows(rows))
+    return bool(rows)
 
 
 @dataclass(frozen=True)
@@ -223,7 +246,8 @@ _SUCCEED_MANY = (
     "external_run_id = CASE WHEN v.run_id = '' THEN e.external_run_id ELSE v.run_id END, "
     "lease_owner = '', lease_expires_at = NULL, next_poll_at = NULL "
     "FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[]) AS v(id, attempt, output, run_id) "
-    "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[])"
+    "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[]) AND "
+    + UNFOLLOWED_SQL
 )
 
 
@@ -258,7 +282,21 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
     ]
     (source,) = edge.sources
     rows = with_events(_SUCCEED_MANY, params, Event(source, edge.target, worker_id), returning="e.id, e.attempt")
-    return {row[0] for row in rows}
+    won = {row[0] for row in rows}
+    # The runs of followed tasks (and those lost for good): one by one, each with its followers.
+    for success in successes:
+        if success.execution_id not in won:
+            binds: dict[str, Any] = {
+                "execution_id": success.execution_id,
+                "attempt": success.attempt,
+                "output": bounded(success.output, max_chars),
+                "worker_id": worker_id,
+            }
+            if success.external_run_id:
+                binds["external_run_id"] = success.external_run_id[:255]
+            if _succeed_followed(binds, (False, bool(success.external_run_id)), worker_id):
+                won.add(success.execution_id)
+    return won
 
 
 def execution_fail(
@@ -292,9 +330,16 @@ def execution_fail(
             "handbacks": 0,
             "orphaned": False,
         }
-    won = write(
-        edge, fenced(execution_id, attempt, worker_id), values, actor=worker_id or CALLBACK_ACTOR, detail=detail
-    )
+    actor, condition = worker_id or CALLBACK_ACTOR, fenced(execution_id, attempt, worker_id)
+    if edge is states.RETRY_LATER:
+        won = write(edge, condition, values, actor=actor, detail=detail)
+    # Ended for good: alone if nothing follows its task (see execution_succeed), else with the
+    # runs that follow, in one transaction.
+    elif not (won := write(edge, condition & unfollowed(), values, actor=actor, detail=detail)):
+        with transaction.atomic():
+            won = write(edge, condition, values, actor=actor, detail=detail, returning=ENDED_RETURNING)
+            if won:
+                follow_ended(ended_rows(won))
     return edge.target if won else None
 
 

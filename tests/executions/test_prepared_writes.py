@@ -14,7 +14,7 @@ from executions import transitions
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import sql, states
-from executions.transitions.worker import _CLAIMED, claim_write, succeed_write
+from executions.transitions.worker import _CLAIMED, claim_write, succeed_alone_write
 from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -79,7 +79,8 @@ def test_the_success_runs_the_statement_the_orm_compiles(worker_id, external_run
         bound = {"worker_id": worker_id} if worker_id else {}
         if external_run_id:
             bound["external_run_id"] = external_run_id
-        condition, values = succeed_write(execution.pk, 1, output, **bound)
+        # A task nobody follows: the success is written alone (its condition says so).
+        condition, values = succeed_alone_write(execution.pk, 1, output, **bound)
         compiled = _statement(
             lambda c=condition, v=values: sql.write(states.SUCCEED, c, v, actor=worker_id or "callback")
         )

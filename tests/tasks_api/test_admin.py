@@ -369,3 +369,23 @@ def test_limits_are_added_and_changed_in_the_admin_through_the_services(admin_cl
     assert limit.max_concurrency == 2 and limit.owner == admin_user  # the owner stays
     assert AuditEntry.objects.filter(object_type="limit").count() == 2  # created, updated
     assert "not used yet" in admin_client.get(f"{LIMITS}{limit.pk}/change/").content.decode()
+
+
+# --- after (workflows) -------------------------------------------------------------------------
+
+
+def test_after_is_set_and_changed_in_the_admin_through_the_services(admin_client, admin_user):
+    first = task_create(owner=admin_user, runner="noop", name="first")
+    response = _add(admin_client, name="second", runner="noop", after=json.dumps([{"task": str(first.pk)}]))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    second = Task.objects.get(name="second")
+    assert second.has_after and second.next_run_at is None
+    assert not Execution.objects.filter(task=second).exists(), "no schedule: it runs only after first"
+    # A cycle is an error on the form's field, as in the API.
+    response = _change(admin_client, first, after=json.dumps([{"task": str(second.pk)}]))
+    assert response.status_code == 200
+    assert "cycle" in " ".join(response.context["adminform"].form.errors["after"])
+    response = _change(admin_client, second, after="[]")
+    assert response.status_code == 302
+    second.refresh_from_db()
+    assert not second.has_after

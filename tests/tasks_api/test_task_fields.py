@@ -13,12 +13,20 @@ from tasks_api.admin import TaskAdmin
 from tasks_api.serializers import TaskCreateSerializer, TaskSerializer, TaskUpdateSerializer, read_fields
 from tasks_api.services import RUN_FIELDS, SCHEDULE_FIELDS, task_create, task_update
 from tasks_app import fields as task_fields
-from tasks_app.models import AuditAction, AuditEntry, Limit, Task
+from tasks_app.models import AuditAction, AuditEntry, Limit, Task, TaskDependency
 from tms_core.errors import InvalidInput
 
 
 def _model_fields(model: type[models.Model]) -> list[str]:
-    return [field.name for field in model._meta.get_fields() if field.concrete or field.many_to_many]
+    # ``after`` is the reverse side of TaskDependency.task (a link with its own ``on``), which a
+    # task's settings write as a list, like a many-to-many.
+    return [
+        field.name
+        for field in model._meta.get_fields()
+        if field.concrete
+        or field.many_to_many
+        or (isinstance(field, models.ManyToOneRel) and field.field == TaskDependency._meta.get_field("task"))
+    ]
 
 
 def undeclared(have: list[str]) -> list[str]:

@@ -1,0 +1,156 @@
+"""Dependencies between tasks (a task's ``after``): the services that check and write them.
+
+A task may follow others: ``after = [{"task": "<id>", "on": "success" | "failure" |
+"completion"}]``. When a run of an upstream ends that way, the engine creates the follower's run
+in the transaction that records the end (:mod:`executions.transitions.follow`); this module only
+decides which links a task may have. Every upstream is a task of the same owner, not deleted, and
+the links never form a cycle (a task that would, even through others, is refused with 400 on
+``after``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection
+
+from tasks_app.models import MAX_AFTER, DependencyOn, Task, TaskDependency, TaskStatus
+from tms_core.errors import InvalidInput
+
+#: Namespace of the transaction-level advisory lock (two-key form) under which an owner's links
+#: are changed, so that two concurrent updates cannot each add half of a cycle.
+AFTER_LOCK_NAMESPACE = 0x7A5D
+
+
+@dataclass(frozen=True)
+class After:
+    """One checked entry of a task's ``after``."""
+
+    upstream_id: uuid.UUID
+    on: str
+
+    def entry(self) -> dict[str, str]:
+        return {"task": str(self.upstream_id), "on": self.on}
+
+
+def task_after_entries(task: Task) -> list[dict[str, str]]:
+    """A task's ``after`` as the API shows it (no query for a task that follows nothing)."""
+    if not task.has_after:
+        return []
+    links = TaskDependency.objects.filter(task_id=task.pk).order_by("upstream_id").values_list("upstream_id", "on")
+    return [After(upstream, on).entry() for upstream, on in links]
+
+
+def after_parse(entries: Any) -> list[After]:
+    """``entries`` as the services take them (the API's serializer or the admin's JSON), checked
+    for shape only: a list of ``{"task": id, "on": ...}``, no task twice. Errors are on ``after``."""
+    if entries in (None, ""):
+        return []
+    if not isinstance(entries, list):
+        raise InvalidInput.on("after", 'Expected a list of {"task": "<id>", "on": "success"}.')
+    if len(entries) > MAX_AFTER:
+        raise InvalidInput.on("after", f"A task follows at most {MAX_AFTER} tasks.")
+    parsed: list[After] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or "task" not in entry or set(entry) - {"task", "on"}:
+            raise InvalidInput.on("after", f'Entry {index}: expected {{"task": "<id>", "on": "success"}}.')
+        on = entry.get("on") or DependencyOn.SUCCESS
+        if on not in DependencyOn.values:
+            raise InvalidInput.on("after", f"Entry {index}: on must be one of {', '.join(DependencyOn.values)}.")
+        try:
+            upstream = entry["task"] if isinstance(entry["task"], uuid.UUID) else uuid.UUID(str(entry["task"]))
+        except ValueError:
+            raise InvalidInput.on("after", f"Entry {index}: {entry['task']!r} is not a task id.") from None
+        parsed.append(After(upstream, str(on)))
+    if len({after.upstream_id for after in parsed}) != len(parsed):
+        raise InvalidInput.on("after", "A task is named twice.")
+    return parsed
+
+
+def after_resolve(*, owner_id: int, entries: Any, task_id: uuid.UUID | None = None) -> list[After]:
+    """Check ``entries`` for a task of ``owner_id`` (``task_id``: the task being changed, None for
+    a new one): each upstream exists, is the owner's and is not deleted; the task does not follow
+    itself, nor anything that follows it. Every refusal is an :class:`InvalidInput` on ``after``.
+
+    Call it in the transaction that writes the links: on PostgreSQL it takes the owner's
+    advisory lock, so concurrent changes of one owner's links take turns and the cycle check
+    sees the links as they will be."""
+    after = after_parse(entries)
+    if not after:
+        return []
+    wanted = {link.upstream_id for link in after}
+    if task_id is not None and task_id in wanted:
+        raise InvalidInput.on("after", "A task cannot follow itself.")
+    _lock_owner(owner_id)
+    found = set(
+        Task.objects.filter(pk__in=wanted, owner_id=owner_id)
+        .exclude(status=TaskStatus.DELETED)
+        .values_list("pk", flat=True)
+    )
+    missing = sorted(str(pk) for pk in wanted - found)
+    if missing:  # another owner's task is as unknown as one that does not exist
+        raise InvalidInput.on("after", f"No task {', '.join(missing)} (of yours, not deleted) to follow.")
+    if task_id is not None:
+        loop = _path_to(task_id, wanted)
+        if loop:
+            raise InvalidInput.on("after", f"A cycle: {' -> '.join(map(str, [task_id, *loop]))}.")
+    return after
+
+
+def _lock_owner(owner_id: int) -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AFTER_LOCK_NAMESPACE, owner_id])
+
+
+def _path_to(task_id: uuid.UUID, starts: Iterable[uuid.UUID]) -> list[uuid.UUID]:
+    """A chain of ``after`` links from one of ``starts`` back to ``task_id`` (the tasks in it,
+    ``task_id`` last), or [] if none: ``task_id`` following ``starts`` would close it into a
+    cycle. Walked breadth first, one query per level."""
+    came_from: dict[uuid.UUID, uuid.UUID | None] = dict.fromkeys(starts)
+    frontier = set(came_from)
+    while frontier:
+        if task_id in frontier:
+            chain = [task_id]
+            while (previous := came_from[chain[-1]]) is not None:
+                chain.append(previous)
+            return list(reversed(chain))
+        step = TaskDependency.objects.filter(task_id__in=frontier).values_list("task_id", "upstream_id")
+        frontier = set()
+        for follower, upstream in step:
+            if upstream not in came_from:
+                came_from[upstream] = follower
+                frontier.add(upstream)
+    return []
+
+
+def task_set_after(*, task: Task, after: Sequence[After]) -> bool:
+    """Make ``task`` follow exactly ``after`` (checked by :func:`after_resolve`, in the caller's
+    transaction); sets the denormalised ``has_after``. Returns whether anything changed."""
+    current = {
+        (upstream, on) for upstream, on in TaskDependency.objects.filter(task=task).values_list("upstream_id", "on")
+    }
+    wanted = {(link.upstream_id, link.on) for link in after}
+    if current == wanted:
+        return False
+    TaskDependency.objects.filter(task=task).delete()
+    TaskDependency.objects.bulk_create(
+        [TaskDependency(task=task, upstream_id=link.upstream_id, on=link.on) for link in after]
+    )
+    has = bool(after)
+    if task.has_after != has:
+        task.has_after = has
+        Task.objects.filter(pk=task.pk).update(has_after=has)
+    return True
+
+
+def after_links(tasks: Sequence[Task], chosen: Sequence[Sequence[After]]) -> list[TaskDependency]:
+    """The link rows of new ``tasks`` (each with its checked entries), for one bulk insert."""
+    return [
+        TaskDependency(task_id=task.pk, upstream_id=link.upstream_id, on=link.on)
+        for task, links in zip(tasks, chosen, strict=True)
+        for link in links
+    ]

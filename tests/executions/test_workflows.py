@@ -1,0 +1,279 @@
+"""Workflows (issue 31, dependencies): a run of a task that follows another (``after``) is created
+by the transaction that records its upstream's end, exactly once, with its upstream and input.
+
+These drive the transitions directly (no monitor, no worker): what the end's own transaction
+wrote is all there is. The same on the running system: tests/executions/test_workflows_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+from django.db import connection, connections, transaction
+
+from executions import transitions
+from executions.models import Execution, ExecutionEvent, ExecutionOrigin
+from executions.models import ExecutionStatus as S
+from tasks_api.services import task_create, task_pause, task_update
+
+pytestmark = pytest.mark.django_db
+
+
+def _after(*entries: tuple[object, str]) -> list[dict[str, object]]:
+    return [{"task": str(task.pk), "on": on} for task, on in entries]  # type: ignore[attr-defined]
+
+
+def _run(execution_id: int, worker: str = "w1") -> Execution:
+    """Take and claim an execution as the monitor and a worker would."""
+    Execution.objects.filter(pk=execution_id).update(status=S.PENDING)
+    claimed = transitions.execution_claim_loaded(
+        execution_id=execution_id, attempt=1, worker_id=worker, lease_seconds=60, checked=True
+    )
+    assert claimed is not None
+    return claimed
+
+
+def _succeed(execution_id: int, output: str = "", worker: str = "w1") -> bool:
+    return transitions.execution_succeed(
+        execution_id=execution_id, attempt=1, worker_id=worker, output=output, max_chars=10_000
+    )
+
+
+def _fail(execution_id: int, error: str = "boom", worker: str = "w1") -> str | None:
+    return transitions.execution_fail(
+        execution_id=execution_id, attempt=1, worker_id=worker, error=error, output="", retry_in=None, max_chars=10_000
+    )
+
+
+def _steps(task) -> list[Execution]:
+    return list(Execution.objects.filter(task=task, origin=ExecutionOrigin.WORKFLOW).order_by("id"))
+
+
+def test_a_task_with_after_and_no_schedule_does_not_run_on_its_own(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    assert b.status == "ACTIVE" and b.next_run_at is None and b.has_after
+    assert not Execution.objects.filter(task=b).exists()
+
+
+def test_the_follower_s_run_is_created_in_the_transaction_that_records_the_end(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    with transaction.atomic():
+        assert _succeed(root, output=json.dumps({"rows": 3}))
+        # Still inside the end's transaction: the step is there, SCHEDULED and due now.
+        (step,) = _steps(b)
+        assert step.status == S.SCHEDULED and step.due_at <= step.created_at
+    step.refresh_from_db()
+    assert step.workflow_run == root and step.upstream == [root] and step.input == {"rows": 3}
+    assert Execution.objects.get(pk=root).workflow_run == root
+    (event,) = ExecutionEvent.objects.filter(execution=step)
+    assert event.actor == transitions.WORKFLOW_ACTOR and str(root) in event.detail
+
+
+def test_an_end_recorded_twice_creates_the_follower_once(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    assert not _succeed(root)  # a redelivered message: the write loses, nothing more is created
+    assert len(_steps(b)) == 1
+
+
+def test_failure_and_success_paths(user):
+    a = task_create(owner=user, runner="noop")
+    on_success = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    on_failure = task_create(owner=user, runner="noop", after=_after((a, "failure")))
+    on_either = task_create(owner=user, runner="noop", after=_after((a, "completion")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _fail(root, error="disk full") == S.FAILED
+    assert _steps(on_success) == []
+    (handler,) = _steps(on_failure)
+    assert handler.input == {"output": "", "error": "disk full"}
+    assert len(_steps(on_either)) == 1
+
+
+def test_a_diamond_runs_d_once_after_both_with_both_upstreams(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    d = task_create(owner=user, runner="noop", after=_after((b, "success"), (c, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root, output="plain text")
+    (step_b,), (step_c,) = _steps(b), _steps(c)
+    assert step_b.input == {"output": "plain text"}
+    _run(step_b.pk)
+    assert _succeed(step_b.pk, output='{"from": "b"}')
+    assert _steps(d) == []  # c has not ended yet
+    _run(step_c.pk)
+    assert _succeed(step_c.pk, output='{"from": "c"}')
+    (step_d,) = _steps(d)
+    assert step_d.workflow_run == root and sorted(step_d.upstream or []) == sorted([step_b.pk, step_c.pk])
+    assert step_d.input == {str(b.pk): {"from": "b"}, str(c.pk): {"from": "c"}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fan_in_whose_upstreams_end_at_once_runs_once(user):
+    """Two upstreams' ends in concurrent transactions: the later one (after the fan-in's lock)
+    sees the earlier one's end, so the follower is created exactly once, never zero times."""
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    d = task_create(owner=user, runner="noop", after=_after((b, "success"), (c, "success")))
+    for attempt in range(5):
+        root = transitions.execution_trigger(task_id=a.pk, actor="test")
+        assert root is not None
+        _run(root)
+        assert _succeed(root)
+        step_b = Execution.objects.get(task=b, workflow_run=root).pk
+        step_c = Execution.objects.get(task=c, workflow_run=root).pk
+        _run(step_b, worker=f"wb{attempt}")
+        _run(step_c, worker=f"wc{attempt}")
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def end(execution_id: int, worker: str, barrier=barrier, errors=errors) -> None:
+            try:
+                barrier.wait()
+                assert _succeed(execution_id, worker=worker)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [
+            threading.Thread(target=end, args=(step_b, f"wb{attempt}")),
+            threading.Thread(target=end, args=(step_c, f"wc{attempt}")),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert Execution.objects.filter(task=d, workflow_run=root).count() == 1
+
+
+def test_a_paused_follower_does_not_run(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    task_pause(task=b, actor="test")
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    assert _steps(b) == []
+
+
+def test_a_long_or_non_object_output_is_given_as_text():
+    ended = transitions.follow.Ended(1, uuid.uuid4(), S.SUCCEEDED, None, "[1, 2]", "")
+    assert transitions.input_from(ended) == {"output": "[1, 2]"}
+    big = json.dumps({"x": "y" * transitions.INPUT_MAX_CHARS})
+    cut = transitions.input_from(transitions.follow.Ended(1, uuid.uuid4(), S.SUCCEEDED, None, big, ""))
+    assert set(cut) == {"output"} and len(cut["output"]) == transitions.INPUT_MAX_CHARS
+
+
+def test_the_batch_success_of_a_followed_run_creates_its_follower(user):
+    if connection.vendor != "postgresql":
+        pytest.skip("the batch success is PostgreSQL's")
+    a = task_create(owner=user, runner="noop")
+    lone = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    followed, alone = Execution.objects.get(task=a).pk, Execution.objects.get(task=lone).pk
+    _run(followed)
+    _run(alone)
+    won = transitions.executions_succeed(
+        successes=[transitions.Success(followed, 1, "{}"), transitions.Success(alone, 1, "")],
+        worker_id="w1",
+        max_chars=1000,
+    )
+    assert won == {followed, alone}
+    assert len(_steps(b)) == 1
+    assert Execution.objects.get(pk=alone).workflow_run is None
+
+
+def test_after_can_be_changed(user):
+    a = task_create(owner=user, runner="noop")
+    c = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    b = task_update(task=b, actor="test", changes={"after": _after((c, "failure"))})
+    assert b.has_after
+    root = Execution.objects.get(task=c).pk
+    _run(root)
+    assert _fail(root) == S.FAILED
+    assert len(_steps(b)) == 1
+    b = task_update(task=b, actor="test", changes={"after": []})
+    assert not b.has_after
+
+
+def test_a_retried_step_runs_what_follows_it_and_nothing_before(user):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((b, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root, output='{"batch": 7}')
+    (step_b,) = _steps(b)
+    _run(step_b.pk)
+    assert _fail(step_b.pk) == S.FAILED
+    assert _steps(c) == []
+    retry = transitions.execution_retry(execution_id=step_b.pk, actor="test")
+    assert retry is not None
+    again = Execution.objects.get(pk=retry)
+    assert (again.workflow_run, again.upstream, again.input) == (root, [root], {"batch": 7})
+    Execution.objects.filter(pk=retry).update(status=S.PENDING)
+    assert transitions.execution_claim_loaded(
+        execution_id=retry, attempt=again.attempt, worker_id="w1", lease_seconds=60, checked=True
+    )
+    assert transitions.execution_succeed(
+        execution_id=retry, attempt=again.attempt, worker_id="w1", output="", max_chars=100
+    )
+    (step_c,) = _steps(c)
+    assert step_c.upstream == [retry] and step_c.workflow_run == root
+    assert Execution.objects.filter(task=a).count() == 1, "the step that succeeded is not run again"
+
+
+def test_cancelling_a_workflow_run_cancels_its_pending_steps_and_nothing_follows(user, api_client):
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    c = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    d = task_create(owner=user, runner="noop", after=_after((b, "completion")))
+    unrelated = task_create(owner=user, runner="noop")
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    (step_b,), (step_c,) = _steps(b), _steps(c)
+    _run(step_c.pk)  # one step running, one still scheduled
+    response = api_client.post(f"/api/v1/executions/{root}/cancel-workflow")
+    assert response.status_code == 200, response.json()
+    assert response.json()["workflow_run"] == root
+    assert sorted(report["execution"] for report in response.json()["executions"]) == sorted([step_b.pk, step_c.pk])
+    assert set(Execution.objects.filter(pk__in=[step_b.pk, step_c.pk]).values_list("status", flat=True)) == {
+        S.CANCELLED
+    }
+    assert _steps(d) == [], "a cancelled step starts nothing, not even on completion"
+    assert Execution.objects.get(task=unrelated).status == S.SCHEDULED
+    assert Execution.objects.get(pk=root).status == S.SUCCEEDED
+    # Nothing left to cancel: 200 with none.
+    again = api_client.post(f"/api/v1/executions/{step_b.pk}/cancel-workflow")
+    assert again.status_code == 200 and again.json()["executions"] == []
+
+
+def test_a_step_goes_through_its_task_s_start_rules(user):
+    """A step is created like any run: a follower with max_concurrency or an overlap policy gets an
+    exclusive run, which the worker claims through the checked claim (policies and limits)."""
+    a = task_create(owner=user, runner="noop")
+    capped = task_create(owner=user, runner="noop", max_concurrency=1, after=_after((a, "success")))
+    free = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert _succeed(root)
+    (step_capped,), (step_free,) = _steps(capped), _steps(free)
+    assert step_capped.exclusive and not step_free.exclusive
+    assert step_capped.status == step_free.status == S.SCHEDULED
