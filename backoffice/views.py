@@ -67,6 +67,7 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
+from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
@@ -510,8 +511,14 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
 @login_required
 def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_or_404(request.user, pk)
-    template = "backoffice/_execution_live.html" if request.GET.get("fragment") else "backoffice/execution_detail.html"
-    return render(request, template, execution_context(request, execution))
+    if request.GET.get("fragment"):
+        return render(request, "backoffice/_execution_live.html", execution_context(request, execution))
+    context = execution_context(request, execution)
+    # The settings it ran with, and what changed since (not refreshed: they do not change).
+    context["version"] = version_comparison(
+        task_id=execution.task_id, ran=execution.task_version, current=execution.task.version
+    )
+    return render(request, "backoffice/execution_detail.html", context)
 
 
 @login_required
