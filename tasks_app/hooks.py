@@ -79,3 +79,32 @@ def hook_check(*, secret: str, headers: Mapping[str, str], body: bytes, now: flo
     if not hmac.compare_digest(hook_signature(secret, timestamp, body).encode(), given.encode()):
         raise HookRefused(f"{SIGNATURE_HEADER} does not match the body and timestamp under this trigger URL's secret.")
     return "signature"
+
+
+def rotate_hook_secrets(batch: int) -> tuple[int, int, list[str]]:
+    """Re-encrypt every trigger URL's secret with the first key of ``TMS_SECRET_KEYS``
+    (``manage.py tms_rotate_keys`` calls this): (rows, values, ids no key opens). In batches of
+    locked rows, by id."""
+    from django.db import transaction
+
+    from tasks_app.models import TaskHook
+    from tasks_app.secrets import SecretsUnavailable, text_rotate
+
+    rows = 0
+    failed: list[str] = []
+    last = ""
+    while True:
+        with transaction.atomic():
+            found = list(TaskHook.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch])
+            for hook in found:
+                try:
+                    secret = text_rotate(hook.secret)
+                except SecretsUnavailable:
+                    failed.append(hook.pk)
+                    continue
+                TaskHook.objects.filter(pk=hook.pk).update(secret=secret)
+                rows += 1
+        if len(found) < batch:
+            break
+        last = found[-1].pk
+    return rows, rows, failed

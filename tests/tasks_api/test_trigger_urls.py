@@ -219,3 +219,24 @@ def test_trigger_urls_are_throttled_per_client_address(api_client, user, setting
 
     assert codes == [401, 401, 401, 429]
     cache.clear()
+
+
+def test_tms_rotate_keys_re_encrypts_trigger_url_secrets(api_client, user, settings):
+    import io
+
+    from cryptography.fernet import Fernet
+    from django.core.management import call_command
+
+    task = TaskFactory(owner=user)
+    made = _make(api_client, task)
+    before = TaskHook.objects.get(pk=made["id"]).secret
+    old = tuple(settings.TMS["SECRET_KEYS"])
+    new = Fernet.generate_key().decode()
+    settings.TMS = {**settings.TMS, "SECRET_KEYS": (new, *old)}
+    out = io.StringIO()
+    call_command("tms_rotate_keys", stdout=out)
+
+    assert "1 trigger URL(s)" in out.getvalue()
+    assert TaskHook.objects.get(pk=made["id"]).secret != before
+    settings.TMS = {**settings.TMS, "SECRET_KEYS": (new,)}  # the old key removed
+    assert _fire(made, _signed(made["secret"])).status_code == 202
