@@ -240,3 +240,37 @@ def test_tms_rotate_keys_re_encrypts_trigger_url_secrets(api_client, user, setti
     assert TaskHook.objects.get(pk=made["id"]).secret != before
     settings.TMS = {**settings.TMS, "SECRET_KEYS": (new,)}  # the old key removed
     assert _fire(made, _signed(made["secret"])).status_code == 202
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_concurrent_deliveries_of_one_event_start_one_run(user):
+    """An event delivered fifty times at once (same key, each signed on its own): one run."""
+    import threading
+
+    from tasks_api.hooks import task_hook_set
+
+    task = TaskFactory(owner=user)
+    made = task_hook_set(task=task)
+    hook = {"id": made.hook.pk}
+    barrier = threading.Barrier(50)
+    results: list[tuple[int, int]] = []
+
+    def post() -> None:
+        try:
+            headers = {**_signed(made.secret), "HTTP_IDEMPOTENCY_KEY": "event-1"}
+            barrier.wait()
+            response = _fire(hook, headers)
+            results.append((response.status_code, response.json()["execution"]))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post) for _ in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert len(results) == 50
+    assert {code for code, _ in results} == {202}
+    assert len({run for _, run in results}) == 1
+    assert _runs(task) == 1
