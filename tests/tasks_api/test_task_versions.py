@@ -133,3 +133,21 @@ def test_a_task_older_than_versions_gets_its_first_version_when_it_changes(api_c
 def test_another_owner_sees_no_versions(other_client, user):
     task = _task(user)
     assert other_client.get(f"/api/v1/tasks/{task.pk}/versions").status_code == 404
+
+
+def test_the_admin_lists_versions_and_trigger_urls_read_only_without_secrets(admin_client, api_client, user):
+    task = _task(user)
+    api_client.patch(f"/api/v1/tasks/{task.pk}", {"max_attempts": 2}, format="json")
+    made = api_client.post(f"/api/v1/tasks/{task.pk}/trigger-url").json()
+    version = TaskVersion.objects.get(task=task, number=2)
+
+    listed = admin_client.get("/admin/tasks_app/taskversion/").content.decode()
+    page = admin_client.get(f"/admin/tasks_app/taskversion/{version.pk}/change/").content.decode()
+    hooks = admin_client.get("/admin/tasks_app/taskhook/").content.decode()
+    hook = admin_client.get(f"/admin/tasks_app/taskhook/{made['id']}/change/").content.decode()
+
+    assert "max_attempts" in listed and "max_attempts" in page
+    assert made["id"] in hooks and made["id"] in hook
+    for text in (listed, page, hooks, hook):
+        assert SECRET not in text and made["secret"] not in text and "$enc:" not in text
+    assert admin_client.get("/admin/tasks_app/taskhook/add/").status_code == 403
