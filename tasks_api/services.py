@@ -715,6 +715,14 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], d
     """Record a change of ``task`` (saved, locked) as its next version, before anything creates
     executions from it (they copy ``Task.version`` as they are inserted). A task older than
     versions gets its settings before the change recorded first, as the version it was at."""
+    # Limits as a create records them: their names when there are any, else no key (the audit's
+    # snapshots name them only when they changed).
+    names = task_limit_names(task) if task.has_limits else []
+    after = {key: value for key, value in after.items() if key != "limits"} | ({"limits": names} if names else {})
+    if "limits" not in before:
+        before = {**before, "limits": names}  # unchanged by this update
+    if not before["limits"]:
+        before = {key: value for key, value in before.items() if key != "limits"}
     if not TaskVersion.objects.filter(task_id=task.pk).exists():
         version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(before), changed=[])
     task.version += 1

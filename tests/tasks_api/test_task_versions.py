@@ -151,3 +151,16 @@ def test_the_admin_lists_versions_and_trigger_urls_read_only_without_secrets(adm
     for text in (listed, page, hooks, hook):
         assert SECRET not in text and made["secret"] not in text and "$enc:" not in text
     assert admin_client.get("/admin/tasks_app/taskhook/add/").status_code == 403
+
+
+def test_a_task_s_limits_are_in_every_version_not_only_when_they_change(api_client, user):
+    api_client.post("/api/v1/limits", {"name": "api", "max_concurrency": 2}, format="json")
+    created = api_client.post(
+        "/api/v1/tasks", {"runner": "noop", "interval": "1m", "limits": ["api"]}, format="json"
+    ).json()
+    api_client.patch(f"/api/v1/tasks/{created['id']}", {"max_attempts": 2}, format="json")
+    api_client.patch(f"/api/v1/tasks/{created['id']}", {"limits": []}, format="json")
+
+    versions = api_client.get(f"/api/v1/tasks/{created['id']}/versions").json()["results"]
+    assert [v["settings"].get("limits") for v in versions] == [None, ["api"], ["api"]]
+    assert [v["changed"] for v in versions] == [["limits"], ["max_attempts"], []]
