@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers
+from rest_framework.generics import get_object_or_404
 
 from tasks_app.models import Task, TaskStatus, TaskVersion
 from tms_core.api.base import OwnerScopedMixin

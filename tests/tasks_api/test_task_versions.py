@@ -164,3 +164,7 @@ def test_a_task_s_limits_are_in_every_version_not_only_when_they_change(api_clie
     versions = api_client.get(f"/api/v1/tasks/{created['id']}/versions").json()["results"]
     assert [v["settings"].get("limits") for v in versions] == [None, ["api"], ["api"]]
     assert [v["changed"] for v in versions] == [["limits"], ["max_attempts"], []]
+
+
+def test_a_malformed_task_id_is_a_404(api_client):
+    assert api_client.get("/api/v1/tasks/null,null/versions").status_code == 404
