@@ -22,6 +22,7 @@ urlpatterns = [
     path("ui/tasks/<uuid:pk>/run/", views.task_trigger_view, name="task-trigger"),
     path("ui/tasks/<uuid:pk>/backfill/", views.task_backfill_view, name="task-backfill"),
     path("ui/tasks/<uuid:pk>/delete/", views.task_delete_view, name="task-delete"),
+    path("ui/tasks/<uuid:pk>/trigger-url/", views.task_hook_view, name="task-trigger-url"),
     path("ui/executions/", views.execution_list, name="executions"),
     path("ui/executions/<int:pk>/", views.execution_detail, name="execution"),
     path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),

@@ -40,6 +40,7 @@ from executions.services import execution_cancel_by_user, execution_retry_by_use
 from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
+from tasks_api.hooks import hook_url, task_hook_delete, task_hook_set
 from tasks_api.selector_serializers import (
     OccurrencesQuerySerializer,
     WhyQuerySerializer,
@@ -64,9 +65,10 @@ from tasks_api.services import (
 )
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_app.masking import mask_config
-from tasks_app.models import AuditEntry, TaskStatus
+from tasks_app.models import AuditEntry, TaskHook, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
+from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
@@ -255,6 +257,8 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "why_form": why_form,
         "backfill_form": forms.get("backfill_form") or BackfillForm(zone=task.timezone),
         "settings_rows": _settings_rows(task),
+        "hook": (hook := _hook_of(task)),
+        "hook_url": hook_url(hook) if hook is not None else "",
         "can_change": may_change_task(request.user, task),
         "can_delete": may_delete_task(request.user, task),
     }
@@ -296,6 +300,15 @@ def _dst_text(task: Any) -> str:
     return f"clock set forward: {gap}; set back: {fold}{chosen}"
 
 
+def _hook_of(task: Any) -> TaskHook | None:
+    """The task's trigger URL (read with the task where the page selects it), or None."""
+    try:
+        hook: TaskHook = task.hook
+    except TaskHook.DoesNotExist:
+        return None
+    return hook
+
+
 def _settings_rows(task: Any) -> list[tuple[str, Any]]:
     return [
         ("Runner", task.runner),
@@ -314,6 +327,7 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
         ("Priority", task.priority),
         ("Misfire", f"{task.misfire_policy} (grace {short_duration(_seconds(task.misfire_grace))})"),
         ("Overlap", task.overlap_policy),
+        ("Version", task.version),
         ("Owner", task.owner.get_username()),
     ]
 
@@ -321,7 +335,7 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
 @login_required
 def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
     # The task with its state columns and owner in the one query that finds it (they were two more).
-    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner")), pk=pk)
+    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner", "hook")), pk=pk)
     return render(request, "backoffice/task_detail.html", task_context(request, task))
 
 
@@ -371,6 +385,23 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     words = trigger_words(trigger)
     messages.success(request, words[0].upper() + words[1:] + ".")
     return redirect("backoffice:execution", pk=trigger.execution.pk)
+
+
+@login_required
+@require_POST
+def task_hook_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    """Make or rotate (``action=make``) or remove (``action=remove``) the task's trigger URL. A new
+    secret is shown in this answer only, never put in the session (messages are stored there)."""
+    task = task_to_change(request.user, pk)
+    if request.POST.get("action") == "remove":
+        removed = task_hook_delete(task=task)
+        messages.success(request, "Trigger URL removed." if removed else "The task had no trigger URL.")
+        return redirect("backoffice:task", pk=task.pk)
+    made = task_hook_set(task=task)
+    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner", "hook")), pk=pk)
+    context = task_context(request, task)
+    context["hook_secret"] = made.secret
+    return render(request, "backoffice/task_detail.html", context)
 
 
 @login_required
@@ -510,8 +541,14 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
 @login_required
 def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_or_404(request.user, pk)
-    template = "backoffice/_execution_live.html" if request.GET.get("fragment") else "backoffice/execution_detail.html"
-    return render(request, template, execution_context(request, execution))
+    if request.GET.get("fragment"):
+        return render(request, "backoffice/_execution_live.html", execution_context(request, execution))
+    context = execution_context(request, execution)
+    # The settings it ran with, and what changed since (not refreshed: they do not change).
+    context["version"] = version_comparison(
+        task_id=execution.task_id, ran=execution.task_version, current=execution.task.version
+    )
+    return render(request, "backoffice/execution_detail.html", context)
 
 
 @login_required

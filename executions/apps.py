@@ -13,7 +13,7 @@ class ExecutionsConfig(AppConfig):
         post_migrate.connect(register_periodic_tasks, sender=self)
         # The rollup is a part of the status trigger, which notifications installs
         # (executions/triggers.py).
-        from executions import task_guard
+        from executions import task_guard, task_version
 
         register(
             self,
@@ -21,5 +21,13 @@ class ExecutionsConfig(AppConfig):
                 migration=("executions", "0016_execution_task_without_fk_constraint"),
                 install=lambda: [task_guard.sqlite_install()],
                 uninstall=[task_guard.SQLITE_UNINSTALL],
+            ),
+        )
+        register(
+            self,
+            SqliteTriggers(
+                migration=("executions", "0023_execution_task_version"),
+                install=lambda: [task_version.sqlite_install()],
+                uninstall=[task_version.SQLITE_UNINSTALL],
             ),
         )

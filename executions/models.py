@@ -117,6 +117,10 @@ class Execution(models.Model):
     #: What the run was given: a workflow step's upstream output (a JSON object, bounded). Null:
     #: nothing.
     input = models.JSONField(null=True, blank=True)
+    #: The number of its task's version (``Task.version``) when it was created: the settings it
+    #: ran with. Filled by a trigger on insert (executions/task_version.py), so that every way of
+    #: creating executions records it without naming it; null only for executions older than it.
+    task_version = models.PositiveIntegerField(null=True, blank=True)
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)

@@ -112,6 +112,8 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "finished_at",
             "output",
             "error",
+            # The number of the task's version it was created from (GET /tasks/{id}/versions).
+            "task_version",
         ]
         read_only_fields = fields
         # Lists (many=True) render through the lean page serializer.

@@ -48,7 +48,7 @@ from tasks_api.states import task_next_run, task_state, with_state
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
-from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskStatus
+from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskHook, TaskStatus, TaskVersion
 from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
@@ -646,3 +646,40 @@ class CalendarAdmin(admin.ModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         for calendar in queryset:
             self.delete_model(request, calendar)
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the services write (never by hand): shown, not added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(TaskVersion)
+class TaskVersionAdmin(_ReadOnlyAdmin):
+    """A task's versions (docs/triggers.md): its settings after each change, secrets masked."""
+
+    list_display = ["task", "number", "created_at", "actor_name", "source", "changed"]
+    list_filter = ["source", ("created_at", admin.DateFieldListFilter)]
+    search_fields = ["=task__id", "task__name", "actor_name"]
+    list_select_related = ["task"]
+    show_full_result_count = False
+    readonly_fields = ["task", "number", "created_at", "actor_name", "source", "changed", "snapshot"]
+
+
+@admin.register(TaskHook)
+class TaskHookAdmin(_ReadOnlyAdmin):
+    """Trigger URLs (docs/triggers.md); their secrets are never shown. Owners make, rotate and
+    remove them through the API (the service audits it)."""
+
+    list_display = ["id", "task", "created_at", "rotated_at", "last_used_at"]
+    search_fields = ["=id", "=task__id", "task__name"]
+    list_select_related = ["task"]
+    fields = ("id", "task", "created_at", "rotated_at", "last_used_at")
+    readonly_fields = ("id", "task", "created_at", "rotated_at", "last_used_at")

@@ -44,6 +44,7 @@ from tasks_app.models import (
     Task,
     TaskDependency,
     TaskStatus,
+    TaskVersion,
     claims_exclusive,
 )
 from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
@@ -58,6 +59,7 @@ from tasks_app.secrets import (
     config_unmask_kept,
     has_reserved_key,
 )
+from tasks_app.versions import version_record, version_record_many, version_snapshot
 from tms_core.bulk import insert_columns
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -426,6 +428,10 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
         dependencies = after_links(tasks, followed)
         if dependencies:
             TaskDependency.objects.bulk_create(dependencies)
+        snapshots = [
+            _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
+            for task, chosen, after in zip(tasks, named, followed, strict=True)
+        ]
         audit_record_many(
             [
                 {
@@ -434,12 +440,14 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
                     "object_id": task.pk,
                     "owner": task.owner_id,
                     "task_id": task.pk,
-                    "changes": _created_changes(
-                        task, sorted(limit.name for limit in chosen), [link.entry() for link in after]
-                    ),
+                    "changes": _created_changes(snapshot),
                 }
-                for task, chosen, after in zip(tasks, named, followed, strict=True)
+                for task, snapshot in zip(tasks, snapshots, strict=True)
             ]
+        )
+        # Version 1 of each (Task.version's default): what its first executions run with.
+        version_record_many(
+            [(task.pk, 1, version_snapshot(snapshot), []) for task, snapshot in zip(tasks, snapshots, strict=True)]
         )
         skipped_record(skipped)
         if rows:
@@ -468,18 +476,21 @@ def _insert_tasks(tasks: list[Task]) -> None:
         task._state.db = "default"
 
 
-def _created_changes(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
-    """A new task's audit changes (every audited field from nothing to its value, config masked,
-    and the names of its limits and the tasks it follows if it has any, as an update records
-    them): ``audit_diff({}, snapshot)`` without comparing against an empty side."""
+def _created_snapshot(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
+    """A new task's audited values as the audit log stores them (config masked, and the names of
+    its limits and the tasks it follows if it has any, as an update records them)."""
     snapshot = _snapshot(task, task_config_masked(task))
     if limits:
         snapshot["limits"] = limits
     if after:
         snapshot["after"] = after
-    return {
-        name: {"from": None, "to": value} for name, value in sorted(audit_values(snapshot).items()) if value is not None
-    }
+    return audit_values(snapshot)
+
+
+def _created_changes(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A new task's audit changes (every audited field from nothing to its value):
+    ``audit_diff({}, snapshot)`` without comparing against an empty side."""
+    return {name: {"from": None, "to": value} for name, value in sorted(snapshot.items()) if value is not None}
 
 
 def _set_created_state(
@@ -720,10 +731,39 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
             detail = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
             _audit_task(task, AuditAction.UPDATE, changes=diff, detail=detail)
+            # The version's config masks every secret alike (a diff names a changed one: ``changed``).
+            snapshot_version = {**snapshot_after, "config": config_masked(*after)}
+            _new_version(task, before={**snapshot_before, "config": masked_before}, after=snapshot_version, diff=diff)
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
     task.refresh_from_db()
     return task
+
+
+def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], diff: dict[str, Any]) -> None:
+    """Record a change of ``task`` (saved, locked) as its next version, before anything creates
+    executions from it (they copy ``Task.version`` as they are inserted). A task older than
+    versions gets its settings before the change recorded first, as the version it was at."""
+    # Limits as a create records them: their names when there are any, else no key (the audit's
+    # snapshots name them only when they changed).
+    names = task_limit_names(task) if task.has_limits else []
+    after = {key: value for key, value in after.items() if key != "limits"} | ({"limits": names} if names else {})
+    if "limits" not in before:
+        before = {**before, "limits": names}  # unchanged by this update
+    if not before["limits"]:
+        before = {key: value for key, value in before.items() if key != "limits"}
+    # The tasks it follows, the same way (a create names them when there are any).
+    follows = task_after_entries(task) if task.has_after else []
+    after = {key: value for key, value in after.items() if key != "after"} | ({"after": follows} if follows else {})
+    if "after" not in before:
+        before = {**before, "after": follows}
+    if not before["after"]:
+        before = {key: value for key, value in before.items() if key != "after"}
+    if not TaskVersion.objects.filter(task_id=task.pk).exists():
+        version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(before), changed=[])
+    task.version += 1
+    Task.objects.filter(pk=task.pk).update(version=task.version)
+    version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(after), changed=list(diff))
 
 
 def task_pause(*, task: Task, actor: str) -> Task:

@@ -12,3 +12,7 @@ class TasksAppConfig(AppConfig):
         # After the executions app's migrations: its permissions exist by then (auth creates each
         # app's permissions in its own post_migrate receiver, connected before this one).
         post_migrate.connect(ensure_support_group_after_migrate, sender=apps.get_app_config("executions"))
+        from tasks_app.hooks import rotate_hook_secrets
+        from tasks_app.secrets import register_rotation
+
+        register_rotation("trigger URL(s)", rotate_hook_secrets)

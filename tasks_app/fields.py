@@ -74,6 +74,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     _state("next_run_at"),  # the materialisation cursor (the API's ``next_occurrence_at``)
     _state("runs_materialised"),
     _state("paused_at", shown=False),
+    _state("version"),  # the number of its current TaskVersion
     _state("created_at"),
     _state("updated_at"),
 )

@@ -399,6 +399,9 @@ class Task(models.Model):
     #: When the current (or last unresumed) pause began; occurrences missed after it are recorded
     #: as "paused". Set by pause, cleared when the task is materialised again after resume.
     paused_at = models.DateTimeField(null=True, blank=True)
+    #: The number of its current :class:`TaskVersion` (1 when created; each change adds one).
+    #: Executions copy it when they are inserted (a database trigger: executions/task_version.py).
+    version = models.PositiveIntegerField(default=1, db_default=1, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -649,3 +652,50 @@ class QuotaUse(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} {self.kind} of user {self.owner_id} at {self.at}"
+
+
+class TaskVersion(models.Model):
+    """One version of a task's settings: the task services write one when a task is created
+    (number 1) and one for each change (the next number), in the transaction of the change.
+
+    ``snapshot`` holds the audited settings as the audit log shows them: the runner config with
+    every secret value masked (a secret is never stored here, not even encrypted), so a version
+    can be shown and compared with another; ``changed`` names the fields that differ from the
+    version before (a secret's new value changes nothing visible in the snapshot, but is named).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="versions", db_index=False)
+    number = models.PositiveIntegerField()
+    snapshot = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    changed = models.JSONField(default=list, blank=True)
+    actor_name = models.CharField(max_length=150)
+    source = models.CharField(max_length=100)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [models.UniqueConstraint(fields=["task", "number"], name="task_version_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} v{self.number}"
+
+
+class TaskHook(models.Model):
+    """A task's trigger URL: ``/hooks/v1/<id>`` starts a run of the task when the request is
+    signed with (or bears) ``secret``. The id is random and says nothing of the task; the secret
+    is stored encrypted (:func:`tasks_app.secrets.text_seal`: HMAC needs the secret itself, so it
+    cannot be hashed) and shown once, when it is made. A task has at most one."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="hook")
+    #: ``$enc:<Fernet token>`` of the secret (never the secret in the clear).
+    secret = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+    #: When the secret was last replaced (null: never since the URL was made).
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    #: When a request last started (or joined) a run through it.
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"hook {self.id} of {self.task_id}"

@@ -67,6 +67,10 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/tasks/{id}/pause"),
         ("POST", "/api/v1/tasks/{id}/resume"),
         ("POST", "/api/v1/tasks/{id}/trigger"),
+        ("GET", "/api/v1/tasks/{id}/trigger-url"),
+        ("GET", "/api/v1/tasks/{task_id}/versions"),
+        ("POST", "/api/v1/tasks/{id}/trigger-url"),
+        ("DELETE", "/api/v1/tasks/{id}/trigger-url"),
         ("POST", "/api/v1/tasks/{id}/materialise"),
         ("GET", "/api/v1/tasks/{id}/preview"),
         ("GET", "/api/v1/tasks/{id}/why"),
@@ -130,6 +134,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/tasks"),
         ("POST", "/tasks"),
         ("GET", "/tasks/{id}"),
+        ("POST", "/hooks/v1/{hook_id}"),
     }
     error_ref = {"$ref": "#/components/schemas/Error"}
     for (method, path), operation in operations.items():

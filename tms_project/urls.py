@@ -3,6 +3,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from tasks_api.compat import CompatTaskDetailView, CompatTaskListView
+from tasks_api.hooks_api import HookView
 from tms_project.pages import favicon
 
 # The admin without its navigation sidebar: it took 300 of a 1440 px screen from every list, and the
@@ -20,6 +21,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema", template_name="tms/redoc.html"), name="redoc"),
     path("api-auth/", include("rest_framework.urls")),
+    # Trigger URLs: outside systems start a task's run, signed with the URL's secret (no user).
+    path("hooks/v1/<str:hook_id>", HookView.as_view(), name="hook"),
     # The original service's API, at the root as its clients expect.
     re_path(r"^tasks/?$", CompatTaskListView.as_view(), name="compat-task-list"),
     re_path(r"^tasks/(?P<pk>[^/]+)/?$", CompatTaskDetailView.as_view(), name="compat-task-detail"),

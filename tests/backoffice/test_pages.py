@@ -271,6 +271,34 @@ def test_occurrence_window_can_be_chosen_and_a_bad_one_is_an_error(alice_client,
     assert bad.status_code == 200 and "to" in bad.context["window_form"].errors
 
 
+def test_the_task_page_makes_rotates_and_removes_its_trigger_url(user, alices):
+    from tasks_app.models import AuditEntry, TaskHook
+
+    task, _ = alices
+    client = csrf_client(user)
+    token = csrf_token(client, f"/ui/tasks/{task.pk}/")
+    assert "None: only its owner" in client.get(f"/ui/tasks/{task.pk}/").content.decode()
+
+    made = client.post(f"/ui/tasks/{task.pk}/trigger-url/", {"csrfmiddlewaretoken": token, "action": "make"})
+    hook = TaskHook.objects.get(task=task)
+    page = made.content.decode()
+    secret = made.context["hook_secret"]
+    assert made.status_code == 200 and secret.startswith("tms_hook_") and secret in page and hook.pk in page
+    # Shown once: the page read again shows the URL, never the secret.
+    again = client.get(f"/ui/tasks/{task.pk}/").content.decode()
+    assert hook.pk in again and secret not in again and "Rotate secret" in again
+    rotated = client.post(f"/ui/tasks/{task.pk}/trigger-url/", {"csrfmiddlewaretoken": token, "action": "make"})
+    assert rotated.context["hook_secret"] != secret and TaskHook.objects.get(task=task).pk == hook.pk
+    removed = client.post(f"/ui/tasks/{task.pk}/trigger-url/", {"csrfmiddlewaretoken": token, "action": "remove"})
+    assert removed.status_code == 302 and not TaskHook.objects.filter(task=task).exists()
+    actions = list(
+        AuditEntry.objects.filter(task_id=task.pk, action__startswith="trigger_url")
+        .values_list("action", flat=True)
+        .order_by("id")
+    )
+    assert actions == ["trigger_url.create", "trigger_url.rotate", "trigger_url.delete"]
+
+
 def test_pause_resume_run_now_and_delete_go_through_the_services(user, alices):
     task, runs = alices
     client = csrf_client(user)
@@ -475,6 +503,7 @@ TASK_PAGES = [
     ("post", "/ui/tasks/{id}/run/"),
     ("post", "/ui/tasks/{id}/backfill/"),
     ("post", "/ui/tasks/{id}/delete/"),
+    ("post", "/ui/tasks/{id}/trigger-url/"),
 ]
 EXECUTION_PAGES = [
     ("get", "/ui/executions/{id}/"),

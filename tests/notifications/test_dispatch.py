@@ -226,6 +226,7 @@ def test_the_trigger_costs_one_probe_on_tasks_without_rules():
         cursor.execute("SELECT tgname FROM pg_trigger WHERE tgname LIKE 'tms_%' AND NOT tgisinternal ORDER BY 1")
         # The outbox's execution events are a part of the status trigger (notifications/triggers.py).
         assert [row[0] for row in cursor.fetchall()] == [
+            "tms_execution_task_version",
             "tms_notify_skipped",
             "tms_status_changed",
             "tms_task_deleted_without_executions",

@@ -13,6 +13,7 @@ EXPECTED = {
     "tms_status_changed",
     "tms_notify_skipped",
     "tms_task_deleted_without_executions",
+    "tms_execution_task_version",
 }
 
 
@@ -84,6 +85,7 @@ late = [sum(getattr(r, f"lateness_{i:02d}") for r in rows) for i in range(21)]
 print(sum(r.succeeded for r in rows), sum(r.retried for r in rows), sum(late), sum(late[7:9]))
 print(sorted((t.attempts, t.failures) for t in TaskRollup.objects.all()))
 print([(o.kind, o.execution_id == pk, o.attempt, o.detail) for o, pk in zip(Outbox.objects.order_by("id"), ended)])
+print(sorted({e.task_version for e in task.executions.all()}))
 """
 
 
@@ -107,9 +109,10 @@ def test_the_status_trigger_counts_and_notifies_on_sqlite(tmp_path: Path):
     assert done.returncode == 0, done.stderr[-3000:]
     # A success and a retry, each due a second or so before it started (buckets from 1 s); the
     # task's hour counts both, the retry as a failure; the rule wants the retry, and the success
-    # (a recovery).
-    assert done.stdout.splitlines()[-3:] == [
+    # (a recovery). Each execution records the task's version (the insert trigger's twin).
+    assert done.stdout.splitlines()[-4:] == [
         "1 1 2 2",
         "[(2, 1)]",
         "[('succeeded', True, 1, ''), ('retry', True, 1, 'boom')]",
+        "[1]",
     ]

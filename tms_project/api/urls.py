@@ -15,7 +15,9 @@ from tasks_api.api import SchedulePreviewView, TaskViewSet
 from tasks_api.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 from tasks_api.audit_api import AuditEntryViewSet
 from tasks_api.calendars_api import CalendarViewSet
+from tasks_api.hooks_api import TaskTriggerUrlView
 from tasks_api.limits_api import LimitViewSet
+from tasks_api.versions_api import TaskVersionListView
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
@@ -39,6 +41,8 @@ urlpatterns = [
         TaskArchiveFileView.as_view(),
         name="task-archive-file",
     ),
+    re_path(r"^tasks/(?P<pk>[^/.]+)/trigger-url/?$", TaskTriggerUrlView.as_view(), name="task-trigger-url"),
+    re_path(r"^tasks/(?P<task_id>[^/.]+)/versions/?$", TaskVersionListView.as_view(), name="task-versions"),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),

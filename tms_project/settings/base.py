@@ -601,6 +601,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TMS_MAX_REQUEST_BYTES", default=2 * 1024 
 #: Callback reports accepted per client address (jobs report from wherever they run, unauthenticated
 #: but for their token): "<n>/<second|minute|hour|day>".
 TMS_CALLBACK_THROTTLE = env.str("TMS_CALLBACK_THROTTLE", default="600/minute")
+#: Requests to trigger URLs (/hooks/v1/<id>) accepted per client address, before their
+#: signature is checked: "<n>/<second|minute|hour|day>".
+TMS_HOOK_THROTTLE = env.str("TMS_HOOK_THROTTLE", default="600/minute")
 # Where jobs reach this platform (callback URLs given to runners).
 TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 

@@ -49,6 +49,7 @@ for _name, _value in {
     "TMS_API_THROTTLE_USER": "1000000/minute",
     "TMS_API_THROTTLE_ANON": "1000000/minute",
     "TMS_CALLBACK_THROTTLE": "1000000/minute",
+    "TMS_HOOK_THROTTLE": "1000000/minute",
 }.items():
     os.environ.setdefault(_name, _value)
 

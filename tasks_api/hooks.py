@@ -1,0 +1,165 @@
+"""Trigger URLs: make, rotate and remove a task's, and start a run through one.
+
+A trigger URL (:class:`tasks_app.models.TaskHook`) lets an outside system start a run of one
+task without a user's token, proving itself with the URL's own secret (:mod:`tasks_app.hooks`).
+A run it starts goes through :func:`tasks_api.services.task_trigger`, as ``POST
+/api/v1/tasks/{id}/trigger`` does, so the owner's quota, ``trigger_debounce`` and the
+``Idempotency-Key`` header behave the same; the audit log names the trigger URL as who acted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Now
+
+from tasks_api.services import _lock, task_trigger
+from tasks_app.audit import audit_context, audit_record
+from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret
+from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint
+from tasks_app.models import Task, TaskHook, TaskStatus
+from tasks_app.secrets import SecretsUnavailable, text_open, text_seal
+from tms_core.clock import db_now
+from tms_core.errors import ConflictError
+
+#: The path of the inbound endpoint, below the site's root (``TMS_PUBLIC_URL``).
+PATH = "/hooks/v1/"
+#: The audit source of what a trigger URL does.
+SOURCE = "trigger-url"
+
+
+def hook_url(hook: TaskHook) -> str:
+    """Where the outside system sends its requests."""
+    return f"{settings.TMS_PUBLIC_URL}{PATH}{hook.pk}"
+
+
+def hook_actor(hook_id: str) -> str:
+    """How the audit log and the execution's events name a trigger URL (its id's first characters:
+    enough to tell it apart, too little to be mistaken for the whole URL)."""
+    return f"trigger URL {hook_id[:8]}"
+
+
+@dataclass(frozen=True)
+class HookMade:
+    """A trigger URL just made or rotated, with its secret in the clear: shown once, never again."""
+
+    hook: TaskHook
+    secret: str
+    url: str
+    rotated: bool
+
+
+def task_hook_set(*, task: Task) -> HookMade:
+    """Give ``task`` a trigger URL with a new secret; if it has one, only the secret changes (the
+    URL stays) and the old secret stops working at once. Audited (``trigger_url.create`` or
+    ``trigger_url.rotate``), never with the secret."""
+    secret = hook_new_secret()
+    with transaction.atomic():
+        task = _lock(task.pk)
+        hook = TaskHook.objects.select_for_update().filter(task=task).first()
+        rotated = hook is not None
+        if hook is None:
+            hook = TaskHook.objects.create(id=hook_new_id(), task=task, secret=text_seal(secret))
+        else:
+            hook.secret, hook.rotated_at = text_seal(secret), db_now()
+            hook.save(update_fields=["secret", "rotated_at"])
+        audit_record(
+            action="trigger_url.rotate" if rotated else "trigger_url.create",
+            object_type="task",
+            object_id=task.pk,
+            owner=task.owner_id,
+            task_id=task.pk,
+            detail=f"{'secret rotated' if rotated else 'made'}: {hook_actor(hook.pk)}",
+        )
+    hook.refresh_from_db()
+    return HookMade(hook=hook, secret=secret, url=hook_url(hook), rotated=rotated)
+
+
+def task_hook_delete(*, task: Task) -> bool:
+    """Remove ``task``'s trigger URL (its requests answer 404 from now on); False if it had none."""
+    with transaction.atomic():
+        task = _lock(task.pk)
+        hook = TaskHook.objects.filter(task=task).first()
+        if hook is None:
+            return False
+        hook_id = hook.pk
+        hook.delete()
+        audit_record(
+            action="trigger_url.delete",
+            object_type="task",
+            object_id=task.pk,
+            owner=task.owner_id,
+            task_id=task.pk,
+            detail=f"removed: {hook_actor(hook_id)}",
+        )
+    return True
+
+
+class HookNotFound(LookupError):
+    """No trigger URL has this id (never made, removed, or its task deleted)."""
+
+
+@dataclass(frozen=True)
+class HookFired:
+    """What a request to a trigger URL did: the response to give (stored, for a repeated key)."""
+
+    response: StoredResponse
+
+
+def hook_fire(
+    *,
+    hook_id: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    idempotency_key: str | None,
+    remote_addr: str | None = None,
+) -> HookFired:
+    """Start a run of the trigger URL's task if the request proves itself (:func:`hook_check`).
+
+    Raises :class:`HookNotFound` (unknown id, deleted task), :class:`HookRefused` (bad or missing
+    signature, old timestamp, wrong bearer secret), :class:`ConflictError` (the task is paused:
+    pausing a task stops what others start, while its owner can still run it by hand) and what
+    :func:`task_trigger` raises (quota). Nothing is written before the request is proven.
+    """
+    hook = TaskHook.objects.select_related("task", "task__owner").filter(pk=hook_id).first()
+    if hook is None or hook.task.status == TaskStatus.DELETED:
+        raise HookNotFound(hook_id)
+    try:
+        secret = text_open(hook.secret)
+    except SecretsUnavailable:
+        raise HookRefused("This trigger URL's secret cannot be read (a key was removed): make a new one.") from None
+    hook_check(secret=secret, headers=headers, body=body, now=time.time())
+    task = hook.task
+    if task.status == TaskStatus.PAUSED:
+        raise ConflictError("The task is paused: its trigger URL starts no run until it is resumed.")
+    actor = hook_actor(hook.pk)
+
+    def create() -> tuple[int, Any]:
+        trigger = task_trigger(task=task, actor=actor)
+        execution = trigger.execution
+        answer = {
+            "execution": execution.pk,
+            "task": str(task.pk),
+            "status": execution.status,
+            "due_at": execution.due_at,
+            "joined": trigger.joined,
+        }
+        return (200 if trigger.joined else 202), answer
+
+    # The body's digest, not the body: an event's body may be anything (and large); the
+    # timestamp and signature are left out, so a retried event (signed again) is the same request.
+    fingerprint = (
+        request_fingerprint(method="POST", path=PATH + hook.pk, body=hashlib.sha256(body).hexdigest())
+        if idempotency_key
+        else ""
+    )
+    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr):
+        stored = idempotent_create(owner=task.owner, key=idempotency_key, fingerprint=fingerprint, create=create)
+    TaskHook.objects.filter(pk=hook.pk).update(last_used_at=Now())
+    return HookFired(response=stored)

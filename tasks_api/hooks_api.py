@@ -1,0 +1,179 @@
+"""The API of trigger URLs: ``/api/v1/tasks/{id}/trigger-url`` (make, rotate, read, remove) and
+the inbound endpoint ``/hooks/v1/<id>`` that outside systems call (no user, the URL's secret)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
+from rest_framework.exceptions import AuthenticationFailed, NotFound
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
+
+from tasks_api.hooks import HookNotFound, hook_fire, hook_url, task_hook_delete, task_hook_set
+from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE, HookRefused
+from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
+from tasks_app.models import Task, TaskHook, TaskStatus
+from tms_core.api.base import ApiViewMixin, OwnerScopedMixin
+from tms_core.api.schema import error_responses
+
+
+class TriggerUrlSerializer(serializers.Serializer):
+    id = serializers.CharField(source="pk", help_text="The trigger URL's id (the last part of `url`).")
+    url = serializers.SerializerMethodField(help_text="Where the outside system POSTs.")
+    created_at = serializers.DateTimeField()
+    rotated_at = serializers.DateTimeField(allow_null=True, help_text="When the secret was last replaced.")
+    last_used_at = serializers.DateTimeField(allow_null=True, help_text="When a request last started a run.")
+
+    def get_url(self, hook: TaskHook) -> str:
+        return hook_url(hook)
+
+
+class TriggerUrlMadeSerializer(TriggerUrlSerializer):
+    secret = serializers.CharField(help_text="Shown this once: store it now (sign requests with it).")
+
+
+class TaskTriggerUrlView(OwnerScopedMixin, generics.GenericAPIView):
+    """A task's trigger URL: one per task, its secret shown only when it is made or rotated."""
+
+    queryset = Task.objects.exclude(status=TaskStatus.DELETED)
+    serializer_class = TriggerUrlSerializer
+    pagination_class = None
+
+    def _hook(self, task: Task) -> TaskHook:
+        hook = TaskHook.objects.filter(task=task).first()
+        if hook is None:
+            raise NotFound("This task has no trigger URL.")
+        return hook
+
+    @extend_schema(summary="Get a task's trigger URL", description="Never shows the secret.")
+    def get(self, request: Request, pk: str) -> Response:
+        return Response(TriggerUrlSerializer(self._hook(self.get_object())).data)
+
+    @extend_schema(
+        summary="Make or rotate a task's trigger URL",
+        description=(
+            "Makes the task's trigger URL (201), or gives the existing one a new secret (200: same URL, the old "
+            "secret is refused from now on). The secret is in this answer only. An outside system then starts "
+            "a run by POSTing to `url`, signed with the secret (`X-TMS-Timestamp` and `X-TMS-Signature`, as "
+            "TMS's own webhooks are) or with `Authorization: Bearer <secret>`."
+        ),
+        request=None,
+        responses={201: TriggerUrlMadeSerializer, 200: TriggerUrlMadeSerializer},
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        made = task_hook_set(task=self.get_object())
+        body = {**TriggerUrlSerializer(made.hook).data, "secret": made.secret}
+        return Response(body, status=status.HTTP_200_OK if made.rotated else status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Remove a task's trigger URL",
+        description="Its requests answer 404 from now on.",
+        request=None,
+        responses={204: None},
+    )
+    def delete(self, request: Request, pk: str) -> Response:
+        if not task_hook_delete(task=self.get_object()):
+            raise NotFound("This task has no trigger URL.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class HookRateThrottle(SimpleRateThrottle):
+    """Requests per client address, at ``TMS_HOOK_THROTTLE`` (read per request, so it can change)."""
+
+    scope = "hook"
+
+    def get_rate(self) -> str | None:
+        return settings.TMS_HOOK_THROTTLE
+
+    def get_cache_key(self, request: Request, view: APIView) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class AnyBodyParser(BaseParser):
+    """Accepts any content type: the body is signed as bytes, never parsed."""
+
+    media_type = "*/*"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> dict[str, Any]:
+        return {}  # pragma: no cover - the view reads request.body, never request.data
+
+
+HOOK_ACCEPTED = inline_serializer(
+    "TriggerUrlRun",
+    {
+        "execution": serializers.IntegerField(help_text="The run started (or joined)."),
+        "task": serializers.UUIDField(),
+        "status": serializers.CharField(),
+        "due_at": serializers.DateTimeField(),
+        "joined": serializers.BooleanField(help_text="True when the trigger joined the task's debounced run."),
+    },
+)
+
+
+class HookView(ApiViewMixin, APIView):
+    """``POST /hooks/v1/<id>``: authenticated by the trigger URL's secret, not by a user."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [HookRateThrottle]
+    parser_classes = [AnyBodyParser]
+
+    def get_authenticate_header(self, request: Request) -> str:
+        return 'TMS-Signature realm="trigger-url"'
+
+    @extend_schema(
+        summary="Start a task's run from an outside system (trigger URL)",
+        description=(
+            f"Authenticated by the trigger URL's secret, not by a user: send `{TIMESTAMP_HEADER}` (Unix time in "
+            f"seconds, within {TOLERANCE} s of the server's) and `{SIGNATURE_HEADER}` (hex HMAC-SHA256 of "
+            '`"{timestamp}.{body}"` under the secret), or `Authorization: Bearer <secret>`. Starts a run as `POST '
+            "/api/v1/tasks/{id}/trigger` does (quota, `trigger_debounce`, `Idempotency-Key`): 202 with the run, "
+            "200 when it joined the debounced run. 401 when the request does not prove itself, 404 for an unknown "
+            "URL, 409 when the task is paused. The body is any content (at most `TMS_MAX_REQUEST_BYTES`), signed "
+            "but not read (yet)."
+        ),
+        request={"*/*": OpenApiTypes.BINARY},
+        parameters=[
+            OpenApiParameter(TIMESTAMP_HEADER, str, OpenApiParameter.HEADER, required=False),
+            OpenApiParameter(SIGNATURE_HEADER, str, OpenApiParameter.HEADER, required=False),
+            OpenApiParameter(
+                HEADER,
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                required=False,
+                pattern=r"^[!-~](?:[ -~]{0,253}[!-~])?$",
+                description="A trigger sent again with the same key (and body) answers the first run.",
+            ),
+            OpenApiParameter(REPLAYED_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, response=[202, 200]),
+        ],
+        responses={
+            202: HOOK_ACCEPTED,
+            200: OpenApiResponse(HOOK_ACCEPTED, description="Joined the task's debounced run."),
+            **error_responses(401, 409, 413, 422),
+        },
+    )
+    def post(self, request: Request, hook_id: str) -> Response:
+        key = idempotency_key_clean(request.headers.get(HEADER))
+        try:
+            fired = hook_fire(
+                hook_id=hook_id,
+                headers=request.headers,
+                body=request.body,
+                idempotency_key=key,
+                remote_addr=request.META.get("REMOTE_ADDR") or None,
+            )
+        except HookNotFound:
+            raise NotFound("No trigger URL has this id (it was never made, or was removed).") from None
+        except HookRefused as exc:
+            raise AuthenticationFailed(str(exc)) from None
+        stored = fired.response
+        headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
+        return Response(stored.body, status=stored.status, headers=headers)

@@ -1,0 +1,110 @@
+"""Trigger URLs (``/hooks/v1/<id>``): how an outside system proves it may start a task's run.
+
+The conventions are those of TMS's own outgoing webhooks (docs/notifications.md), turned around:
+the caller sends ``X-TMS-Timestamp`` (Unix time, whole seconds) and ``X-TMS-Signature``, the hex
+HMAC-SHA256 of ``"{timestamp}.{body}"`` under the trigger URL's secret. A timestamp further than
+:data:`TOLERANCE` seconds from the server's clock is refused, so a captured request cannot be
+replayed later; the signature is compared in constant time. A caller that cannot compute an HMAC
+(a SaaS form with a "secret header" field) may send ``Authorization: Bearer <secret>`` instead:
+weaker (the secret travels with each request, and a captured request can be replayed until the
+secret is rotated), which docs/triggers.md says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+
+SIGNATURE_HEADER = "X-TMS-Signature"
+TIMESTAMP_HEADER = "X-TMS-Timestamp"
+#: Seconds a signed request's timestamp may differ from the server's clock (either way).
+TOLERANCE = 300
+#: Random bytes of a trigger URL's id and of its secret (url-safe base64: 32 and 43 characters).
+ID_BYTES = 24
+SECRET_BYTES = 32
+#: The secret's visible prefix, so a leaked one is recognised (by secret scanners, by people).
+SECRET_PREFIX = "tms_hook_"  # noqa: S105 - a prefix, not a secret
+
+
+class HookRefused(Exception):
+    """The request is not signed (or authorised) by the trigger URL's secret; the message says why."""
+
+
+def hook_new_id() -> str:
+    """A new trigger URL's id: random, saying nothing of the task."""
+    return secrets.token_urlsafe(ID_BYTES)
+
+
+def hook_new_secret() -> str:
+    """A new secret (shown once, stored encrypted)."""
+    return SECRET_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+
+
+def hook_signature(secret: str, timestamp: str, body: bytes) -> str:
+    """Hex HMAC-SHA256 of ``"{timestamp}.{body}"`` under ``secret`` (what ``X-TMS-Signature`` holds)."""
+    return hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    scheme, _, value = headers.get("Authorization", "").strip().partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def hook_check(*, secret: str, headers: Mapping[str, str], body: bytes, now: float) -> str:
+    """Check a request against the trigger URL's ``secret``; answer how it proved itself
+    (``"signature"`` or ``"bearer"``) or raise :class:`HookRefused` saying what is wrong.
+    ``now`` is the server's Unix time."""
+    bearer = _bearer(headers)
+    if bearer is not None:
+        if bearer and hmac.compare_digest(bearer.encode(), secret.encode()):
+            return "bearer"
+        raise HookRefused("The bearer token is not this trigger URL's secret.")
+    signature = headers.get(SIGNATURE_HEADER, "").strip()
+    timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
+    if not signature or not timestamp:
+        raise HookRefused(
+            f"Sign the request: {TIMESTAMP_HEADER} (Unix time in seconds) and {SIGNATURE_HEADER} (hex HMAC-SHA256 "
+            'of "{timestamp}.{body}" under the secret), or send Authorization: Bearer <secret>.'
+        )
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
+        raise HookRefused(f"{TIMESTAMP_HEADER} must be Unix time in whole seconds, such as 1767225600.")
+    if abs(now - int(timestamp)) > TOLERANCE:
+        raise HookRefused(
+            f"{TIMESTAMP_HEADER} is more than {TOLERANCE} seconds away from the server's time (a replayed or "
+            "delayed request, or a wrong clock): sign it again with the current time."
+        )
+    given = signature.lower().removeprefix("sha256=")
+    if not hmac.compare_digest(hook_signature(secret, timestamp, body).encode(), given.encode()):
+        raise HookRefused(f"{SIGNATURE_HEADER} does not match the body and timestamp under this trigger URL's secret.")
+    return "signature"
+
+
+def rotate_hook_secrets(batch: int) -> tuple[int, int, list[str]]:
+    """Re-encrypt every trigger URL's secret with the first key of ``TMS_SECRET_KEYS``
+    (``manage.py tms_rotate_keys`` calls this): (rows, values, ids no key opens). In batches of
+    locked rows, by id."""
+    from django.db import transaction
+
+    from tasks_app.models import TaskHook
+    from tasks_app.secrets import SecretsUnavailable, text_rotate
+
+    rows = 0
+    failed: list[str] = []
+    last = ""
+    while True:
+        with transaction.atomic():
+            found = list(TaskHook.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch])
+            for hook in found:
+                try:
+                    secret = text_rotate(hook.secret)
+                except SecretsUnavailable:
+                    failed.append(hook.pk)
+                    continue
+                TaskHook.objects.filter(pk=hook.pk).update(secret=secret)
+                rows += 1
+        if len(found) < batch:
+            break
+        last = found[-1].pk
+    return rows, rows, failed
