@@ -65,6 +65,8 @@ class DueTask(NamedTuple):
     #: Its business calendar and policy (the defaults: none), applied by :func:`plan_task`.
     calendar_id: int | None = None
     calendar_policy: str = ""
+    #: Its version (``Task.version``), which its executions record.
+    version: int = 1
 
 
 _DUE_COLUMNS = ("id", *DueTask._fields[1:])
@@ -422,6 +424,7 @@ class _Batch:
         self.priorities: list[str] = []
         self.exclusive: list[str] = []
         self.owners: list[str] = []
+        self.versions: list[str] = []
         self.cursor_ids: list[str] = []
         self.cursor_times: list[str] = []
         self.cursor_runs: list[str] = []
@@ -462,6 +465,7 @@ class _Batch:
             )
             self.exclusive += ["t" if exclusive else "f"] * count
             self.owners += [str(task.owner_id)] * count
+            self.versions += [str(task.version)] * count
         self.cursor_ids.append(pk)
         self.cursor_times.append("NULL" if nxt is None else self.iso(nxt))
         self.cursor_runs.append(str(runs))
@@ -489,6 +493,7 @@ class _Batch:
             priority=_array(self.priorities),
             exclusive=_array(self.exclusive),
             owner_ids=_array(self.owners),
+            versions=_array(self.versions),
             actor=ACTOR,
         )
 

@@ -56,11 +56,15 @@ _PG_INSERT = f"""
 #: A materialiser pass's INSERT: the caller holds the tasks' rows locked (FOR UPDATE) and gives
 #: their owners, so no row looks its task up (100,000 index probes in a cold pass over 100,000
 #: tasks).
+#: It names each row's task version too (the tasks it holds give them), so that the insert
+#: trigger that fills it otherwise (executions/task_version.py, about 8 us a row) does not run.
 _PG_INSERT_OWNED = f"""
-    INSERT INTO {EXECUTIONS} ({_COLUMNS})
-    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, NULL
-    FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::integer[])
-        AS v (task_id, scheduled_for, due_at, priority, exclusive, owner_id)
+    INSERT INTO {EXECUTIONS} ({_COLUMNS}, task_version)
+    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, NULL,
+        v.version
+    FROM unnest(
+        %s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::integer[], %s::integer[]
+    ) AS v (task_id, scheduled_for, due_at, priority, exclusive, owner_id, version)
     ON CONFLICT DO NOTHING
 """  # noqa: S608 - table names are ours; every value is a parameter
 
@@ -97,15 +101,16 @@ def executions_create_arrays(
     priority: str,
     exclusive: str,
     owner_ids: str,
+    versions: str,
     actor: str,
     detail: str = "",
 ) -> list[int]:
     """:func:`executions_create` for a materialiser pass over many rows on PostgreSQL, its columns
     given as array literals (:func:`~executions.transitions.sql.pg_array` or the same text built by
     the caller, one element per row; ``due_at`` not NULL), so that no object per row is needed; one
-    statement with its events. ``owner_ids`` are the tasks' owners, read by the caller with the
-    tasks it holds locked. Returns the new ids."""
-    params = ["schedule", S.SCHEDULED, task_ids, scheduled_for, due_at, priority, exclusive, owner_ids]
+    statement with its events. ``owner_ids`` and ``versions`` are the tasks' owners and versions,
+    read by the caller with the tasks it holds locked. Returns the new ids."""
+    params = ["schedule", S.SCHEDULED, task_ids, scheduled_for, due_at, priority, exclusive, owner_ids, versions]
     return [row[0] for row in with_events(_PG_INSERT_OWNED, params, Event("", S.SCHEDULED, actor, detail))]
 
 
