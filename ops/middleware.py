@@ -79,7 +79,7 @@ class HealthCheckMiddleware:
 
 
 def _is_api(request: HttpRequest) -> bool:
-    return request.path.startswith(("/api/", "/tasks"))
+    return request.path.startswith(("/api/", "/tasks", "/hooks/"))
 
 
 class OutageMiddleware:

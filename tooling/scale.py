@@ -245,7 +245,9 @@ def _cleanup(owner_id: int) -> None:
             "DELETE FROM executions_executionevent WHERE execution_id IN (SELECT e.id FROM executions_execution e "
             "JOIN tasks_app_task t ON t.id = e.task_id WHERE t.owner_id = %s)",
             "DELETE FROM executions_execution WHERE task_id IN (SELECT id FROM tasks_app_task WHERE owner_id = %s)",
-            # Nothing else refers to these tasks (no rules, no deliveries): the check made them alone.
+            # Their versions (the check's tasks have no trigger URLs, dependencies, rules or
+            # deliveries: it made them alone).
+            "DELETE FROM tasks_app_taskversion WHERE task_id IN (SELECT id FROM tasks_app_task WHERE owner_id = %s)",
             f"DELETE FROM {Task._meta.db_table} WHERE owner_id = %s",  # noqa: S608 - the table name is ours
         ):
             cursor.execute(sql, [owner_id])

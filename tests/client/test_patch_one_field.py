@@ -14,8 +14,9 @@ import pytest
 
 from tests.client.conftest import models
 
-#: Read-only fields a change may move: derived from the schedule or stamped on save.
-DERIVED = {"updated_at", "next_run_at", "next_occurrence_at", "runs_materialised", "state"}
+#: Read-only fields a change may move: derived from the schedule or stamped on save (and the
+#: task's version, which every change moves on: tests/tasks_api/test_task_versions.py).
+DERIVED = {"updated_at", "next_run_at", "next_occurrence_at", "runs_materialised", "state", "version"}
 
 
 def _fields(obj: Any) -> dict[str, Any]:

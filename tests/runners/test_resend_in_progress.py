@@ -69,7 +69,7 @@ def test_a_first_http_launch_answered_409_is_still_a_conflict():
     """Only a re-send can meet its own earlier request: a first send's 409 is the executor's
     answer about the request, judged as any other 4xx."""
     http = HttpRunner("http", {"allowed_networks": LOOPBACK})
-    with IdempotentEndpoint(work_seconds=1.0) as endpoint:
+    with IdempotentEndpoint(work_seconds=3.0) as endpoint:
         config = {"url": endpoint.url(), "json": {}}
         first = _first_request_in_flight(http, _spec(http, config, resend=False), endpoint)
         handle = http.start(_spec(http, config, resend=False))
@@ -81,7 +81,9 @@ def test_a_first_http_launch_answered_409_is_still_a_conflict():
 
 def test_the_in_progress_statuses_are_an_option_of_the_runner():
     http = HttpRunner("http", {"allowed_networks": LOOPBACK, "in_progress_statuses": [425]})
-    with IdempotentEndpoint(work_seconds=1.0, busy_status=425) as endpoint:
+    # Long enough that the re-send meets the first request still at work on a loaded machine (at
+    # 1 s, CI's re-send once came after it had finished: no 425 seen).
+    with IdempotentEndpoint(work_seconds=3.0, busy_status=425) as endpoint:
         config = {"url": endpoint.url(), "json": {}}
         first = _first_request_in_flight(http, _spec(http, config, resend=False), endpoint)
         handle = http.start(_spec(http, config, resend=True))
@@ -90,7 +92,7 @@ def test_the_in_progress_statuses_are_an_option_of_the_runner():
     assert endpoint.launches == {"tms-42-1": 1} and endpoint.conflicts["tms-42-1"] >= 1
     # With 409 no longer listed, a re-send answered 409 is judged as it comes.
     strict = HttpRunner("http", {"allowed_networks": LOOPBACK, "in_progress_statuses": []})
-    with IdempotentEndpoint(work_seconds=1.0) as endpoint:
+    with IdempotentEndpoint(work_seconds=3.0) as endpoint:
         config = {"url": endpoint.url(), "json": {}}
         first = _first_request_in_flight(strict, _spec(strict, config, resend=False), endpoint)
         handle = strict.start(_spec(strict, config, resend=True))

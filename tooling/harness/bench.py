@@ -82,6 +82,15 @@ _CLEANUP = (
         JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_execution WHERE task_id IN (
         SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    # What refers to the tasks: their versions, trigger URLs and dependencies (either end).
+    """DELETE FROM tasks_app_taskversion WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    """DELETE FROM tasks_app_taskhook WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    """DELETE FROM tasks_app_taskdependency WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)
+        OR upstream_id IN (SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id
+        WHERE u.username = %s)""",
     """DELETE FROM tasks_app_task WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
     """DELETE FROM tasks_app_limit WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
 )
@@ -380,7 +389,7 @@ class Bench:
         with connection.cursor() as cursor:
             for username in (BENCH_USER, FILLER_USER, BURST_USER, FAIR_USER):
                 for statement in _CLEANUP:
-                    cursor.execute(statement, [username])
+                    cursor.execute(statement, [username] * statement.count("%s"))
 
     # -- scenarios --------------------------------------------------------------------------
 
@@ -1051,7 +1060,7 @@ class Bench:
         figures = self._run_load(f"prune-{name}", plan, count)
         with connection.cursor() as cursor:
             for statement in _CLEANUP:
-                cursor.execute(statement, [BURST_USER])
+                cursor.execute(statement, [BURST_USER] * statement.count("%s"))
         return figures.lateness_ms
 
     # -- all --------------------------------------------------------------------------------
