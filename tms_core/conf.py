@@ -46,10 +46,9 @@ class TmsSettings:
     MONITOR_TOPUP_INTERVAL: float = 0.1
     #: Seconds ahead of its due time that a run may be taken and published, with its due time as
     #: the message's ETA: a worker holds it until then and claims it on time, instead of the
-    #: monitor's pass and the broker's delivery both coming after the due time (issue 33). 0 (the
-    #: default until a broker restart with messages held to their ETA is understood: one run of
-    #: the broker-restart test failed with 0.1): at the due time, never before.
-    MONITOR_LOOKAHEAD: float = 0.0
+    #: monitor's pass and the broker's delivery both coming after the due time (issue 33). 0: at
+    #: the due time, never before.
+    MONITOR_LOOKAHEAD: float = 0.1
     #: An owner's weight in the fair share when their OwnerQuota sets none.
     FAIR_WEIGHT: int = 1
     #: Seconds between worker heartbeats, and between the lease extensions that the process
