@@ -53,6 +53,35 @@ def _assert_all_succeeded_once(tasks) -> None:
     assert set(terminal.values()) == {1}
 
 
+def _wait_all_succeeded(tasks, *procs, what: str) -> None:
+    """Wait (90 s) for every run of ``tasks`` to succeed; on a timeout, fail with what is needed to
+    tell why: each unfinished run's row and events, and the end of each process's log (a failure
+    seen once in CI, a run that never came back after a broker restart, left only its timeout)."""
+    try:
+        wait_for(
+            lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() == len(tasks),
+            timeout=90,
+            what=what,
+        )
+    except AssertionError as exc:
+        connection.close()
+        lines = [str(exc), "unfinished runs:"]
+        for run in Execution.objects.filter(task__in=tasks).exclude(status=S.SUCCEEDED).order_by("pk"):
+            lines.append(
+                f"  #{run.pk} {run.status} attempt={run.attempt} due_at={run.due_at} "
+                f"enqueued_at={run.enqueued_at} started_at={run.started_at} message_id={run.message_id!r} "
+                f"lease={run.lease_owner!r}/{run.lease_expires_at} next_poll_at={run.next_poll_at}"
+            )
+            lines.extend(
+                f"    {event.at} {event.from_status}->{event.to_status} by {event.actor}: {event.detail}"
+                for event in ExecutionEvent.objects.filter(execution=run).order_by("pk")
+            )
+        for proc in procs:
+            lines.append(f"--- {proc.name} (alive={proc.alive}), last 60 lines of {proc.log_path}:")
+            lines.extend(proc.log().splitlines()[-60:])
+        raise AssertionError("\n".join(lines)) from None
+
+
 def test_broker_restart_during_load_loses_nothing(owner, api_client):
     assert shutil.which("rabbitmqctl"), "this test restarts the local RabbitMQ"
     worker, monitor = start_worker(concurrency=4, **FAST), start_monitor(**FAST)
@@ -72,11 +101,7 @@ def test_broker_restart_during_load_loses_nothing(owner, api_client):
         finally:
             subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
         tasks.append(created.data["id"])
-        wait_for(
-            lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() == len(tasks),
-            timeout=90,
-            what="every execution to succeed after the broker came back",
-        )
+        _wait_all_succeeded(tasks, worker, monitor, what="every execution to succeed after the broker came back")
     _assert_all_succeeded_once(tasks)
 
 
@@ -92,11 +117,7 @@ def test_database_restart_during_load_loses_nothing(owner):
         wait_for(lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() >= 5, timeout=30)
         subprocess.run([*cluster, "restart"], check=True, capture_output=True, timeout=120)
         connection.close()
-        wait_for(
-            lambda: Execution.objects.filter(task__in=tasks, status=S.SUCCEEDED).count() == len(tasks),
-            timeout=90,
-            what="every execution to succeed after the database came back",
-        )
+        _wait_all_succeeded(tasks, worker, monitor, what="every execution to succeed after the database came back")
         assert worker.alive
         assert monitor.alive
     _assert_all_succeeded_once(tasks)
