@@ -1,5 +1,6 @@
-"""A CI-sized chaos run: a few hundred executions on real monitors, workers and beat while
-workers are SIGKILLed, one is paused past its timeout, RabbitMQ and PostgreSQL restart."""
+"""A CI-sized chaos run: a few hundred executions and ten diamond workflows on real monitors,
+workers and beat while workers are SIGKILLed, one is paused past its timeout, RabbitMQ and
+PostgreSQL restart."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ def test_chaos_loses_nothing_and_launches_nothing_twice():
     # Spare worker slots (sleep runs hold one while they work), so that a resumed execution does
     # not also wait for a free slot: the bound below is about detecting and handing work back.
     config = ChaosConfig(
-        executions=240, spread=20, kill_every=2.5, concurrency=6, log_dir=LOG_DIR / "chaos", progress=lines.append
+        executions=240,
+        workflows=10,
+        spread=20,
+        kill_every=2.5,
+        concurrency=6,
+        log_dir=LOG_DIR / "chaos",
+        progress=lines.append,
     )
     report = run_chaos(config)
     print("\n".join(lines + report.lines()))
@@ -32,6 +39,12 @@ def test_chaos_loses_nothing_and_launches_nothing_twice():
     assert report.succeeded + report.failed == 240
     assert report.duplicate_launches == 0
     assert report.duplicate_terminal_events == 0
+    # Workflows (issue 31): every step whose upstreams succeeded ran once, none twice, through
+    # the same kills and restarts.
+    assert report.workflows == 10
+    assert report.workflow_steps_missing == 0
+    assert report.workflow_steps_duplicate == 0
+    assert report.workflow_steps >= 3 * report.workflows_completed > 0
     # Every disruption really happened.
     assert report.kills >= 6
     assert report.pauses == 1

@@ -65,6 +65,9 @@ class ChaosConfig:
     restart_database: bool = True
     heartbeat: float = 1.0
     worker_timeout: float = 4.0
+    #: Workflow runs among the load: each a diamond of four tasks (a root on the clock, two that
+    #: follow it, one that follows both), each step an http or sleep run like the others.
+    workflows: int = 0
     #: Give up waiting for terminal states after this many seconds.
     deadline: float = 170.0
     log_dir: Path = field(default_factory=lambda: ROOT / "var" / "chaos")
@@ -94,6 +97,14 @@ class ChaosReport:
     recoveries_during_outage: list[float] = field(default_factory=list)
     recoveries_after_pause: list[float] = field(default_factory=list)
     unrecovered_victims: int = 0
+    #: Diamonds run; steps (executions of a diamond's three followers) created; steps that should
+    #: exist (their upstreams ended as asked) but do not, or are not ended; tasks with more than
+    #: one step in one workflow run; diamonds whose last step succeeded.
+    workflows: int = 0
+    workflow_steps: int = 0
+    workflow_steps_missing: int = 0
+    workflow_steps_duplicate: int = 0
+    workflows_completed: int = 0
     elapsed: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -126,6 +137,15 @@ class ChaosReport:
             f"over {len(self.recoveries)} resumed executions",
             f"recovery during outages    {_listing(self.recoveries_during_outage)}",
             f"recovery after the pause   {_listing(self.recoveries_after_pause)}",
+            *(
+                [
+                    f"workflow runs (diamonds)   {self.workflows}: {self.workflows_completed} completed, "
+                    f"{self.workflow_steps} steps, {self.workflow_steps_missing} missing, "
+                    f"{self.workflow_steps_duplicate} duplicate"
+                ]
+                if self.workflows
+                else []
+            ),
             f"elapsed                    {self.elapsed:.1f}s",
             *[f"note: {note}" for note in self.notes],
         ]
@@ -196,6 +216,8 @@ class ChaosRun:
         #: broker handed to the paused worker waits for it to come back.
         self.paused: list[tuple[datetime, list[int]]] = []
         self.task_ids: list[Any] = []
+        #: Each diamond's tasks: (root, left, right, last); left and right follow root, last both.
+        self.diamonds: list[tuple[Any, Any, Any, Any]] = []
         self.broker_stopped = False
         #: (start, end) database times of broker and database outages.
         self.outages: list[tuple[datetime, datetime]] = []
@@ -274,9 +296,32 @@ class ChaosRun:
                 task = task_create(runner="sleep", name=f"chaos sleep {index}", config={"duration": duration}, **common)
             self.task_ids.append(task.pk)
         self.report.submitted = len(self.task_ids)
+        for index in range(self.config.workflows):
+            self.diamonds.append(self._diamond(owner, index))
+        self.report.workflows = len(self.diamonds)
+
+    def _step(self, owner: Any, name: str, *, http: bool, **fields: Any) -> Any:
+        low, high = self.config.run_seconds
+        duration = round(random.uniform(low, high), 2)  # noqa: S311
+        common = {"owner": owner, "name": name, "max_attempts": 5, "retry_backoff": timedelta(seconds=1), **fields}
+        if http:
+            config = {"url": self.ledger.url, "method": "POST", "json": {"duration": duration}, "async": True}
+            return task_create(runner="http", config=config, **common).pk
+        return task_create(runner="sleep", config={"duration": duration}, **common).pk
+
+    def _diamond(self, owner: Any, index: int) -> tuple[Any, Any, Any, Any]:
+        start_at = db_now() + timedelta(seconds=random.uniform(0, self.config.spread))  # noqa: S311
+        root = self._step(owner, f"chaos flow {index} root", http=True, start_at=start_at)
+        left = self._step(owner, f"chaos flow {index} left", http=False, after=[{"task": str(root)}])
+        right = self._step(owner, f"chaos flow {index} right", http=True, after=[{"task": str(root)}])
+        last = self._step(
+            owner, f"chaos flow {index} last", http=True, after=[{"task": str(left)}, {"task": str(right)}]
+        )
+        return root, left, right, last
 
     def _executions(self) -> QuerySet[Execution]:
-        return Execution.objects.filter(task_id__in=self.task_ids)
+        """The independent runs and every workflow step (to wait for all of them to end)."""
+        return Execution.objects.filter(task_id__in=[*self.task_ids, *(pk for d in self.diamonds for pk in d)])
 
     def _open(self) -> int:
         return _retrying(lambda: self._executions().exclude(status__in=TERMINAL_STATUSES).count())
@@ -417,7 +462,8 @@ class ChaosRun:
             _run([*cluster, "start"])
 
     def _count(self) -> None:
-        report, executions = self.report, self._executions()
+        report = self.report
+        executions = Execution.objects.filter(task_id__in=self.task_ids)
         by_status = dict(_retrying(lambda: list(executions.values_list("status").annotate(n=Count("id")))))
         report.succeeded = by_status.get(ExecutionStatus.SUCCEEDED, 0)
         report.failed = by_status.get(ExecutionStatus.FAILED, 0) + by_status.get(ExecutionStatus.CANCELLED, 0)
@@ -425,7 +471,8 @@ class ChaosRun:
         report.lost = (
             report.submitted - per_task + sum(n for status, n in by_status.items() if status not in TERMINAL_STATUSES)
         )
-        events = ExecutionEvent.objects.filter(execution__task_id__in=self.task_ids)
+        self._count_workflows()
+        events = ExecutionEvent.objects.filter(execution__in=self._executions())
         terminal = events.filter(to_status__in=TERMINAL_STATUSES).values("execution_id").annotate(n=Count("id"))
         report.duplicate_terminal_events = sum(row["n"] - 1 for row in terminal if row["n"] > 1)
         report.republished = events.filter(
@@ -452,6 +499,45 @@ class ChaosRun:
                     recoveries.append((resumed - killed_at).total_seconds())
                 elif Execution.objects.filter(pk=execution_id, status=ExecutionStatus.RUNNING).exists():
                     report.unrecovered_victims += 1
+
+    def _count_workflows(self) -> None:
+        """Each diamond against what its ends ask for: a follower has exactly one step in the
+        workflow run when every task it follows ended SUCCEEDED there, and none otherwise."""
+        report = self.report
+        rows = _retrying(
+            lambda: list(
+                Execution.objects.filter(task_id__in=[pk for d in self.diamonds for pk in d]).values_list(
+                    "task_id", "workflow_run", "status", "pk"
+                )
+            )
+        )
+        by_task: dict[Any, list[tuple[Any, str, int]]] = {}
+        for task_id, workflow_run, status, pk in rows:
+            by_task.setdefault(task_id, []).append((workflow_run, status, pk))
+        for root, left, right, last in self.diamonds:
+            roots = by_task.get(root, [])
+            if len(roots) != 1:
+                report.workflow_steps_duplicate += max(0, len(roots) - 1)
+                report.workflow_steps_missing += 0 if roots else 1
+                continue
+            _, root_status, root_pk = roots[0]
+            if root_status not in TERMINAL_STATUSES:
+                report.workflow_steps_missing += 1
+                continue
+            ended: dict[Any, str] = {root: root_status}
+            for follower, upstreams in ((left, [root]), (right, [root]), (last, [left, right])):
+                steps = [(status, pk) for run, status, pk in by_task.get(follower, []) if run == root_pk]
+                report.workflow_steps += len(steps)
+                report.workflow_steps_duplicate += max(0, len(steps) - 1)
+                expected = all(ended.get(upstream) == ExecutionStatus.SUCCEEDED for upstream in upstreams)
+                if expected and (not steps or steps[0][0] not in TERMINAL_STATUSES):
+                    report.workflow_steps_missing += 1
+                elif not expected and steps:
+                    report.notes.append(f"workflow step of task {follower} ran though its upstreams did not succeed")
+                    report.workflow_steps_duplicate += len(steps)
+                if steps:
+                    ended[follower] = steps[0][0]
+            report.workflows_completed += ended.get(last) == ExecutionStatus.SUCCEEDED
 
 
 def run_chaos(config: ChaosConfig) -> ChaosReport:

@@ -21,6 +21,12 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=positive(int), default=defaults.workers)
         parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
         parser.add_argument("--monitors", type=positive(int), default=defaults.monitors)
+        parser.add_argument(
+            "--workflows",
+            type=int,
+            default=defaults.workflows,
+            help="diamond workflow runs among the load (4 tasks each: a root, two after it, one after both)",
+        )
         parser.add_argument("--kill-every", type=positive(float), default=defaults.kill_every, help="seconds")
         parser.add_argument("--spread", type=positive(float), default=defaults.spread, help="seconds of submissions")
         parser.add_argument("--deadline", type=positive(float), default=defaults.deadline, help="seconds")
@@ -29,11 +35,14 @@ class Command(BaseCommand):
         parser.add_argument("--no-database-restart", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["workflows"] < 0:
+            raise CommandError("--workflows must be 0 or more")
         config = ChaosConfig(
             executions=options["executions"],
             workers=options["workers"],
             concurrency=options["concurrency"],
             monitors=options["monitors"],
+            workflows=options["workflows"],
             kill_every=options["kill_every"],
             spread=options["spread"],
             deadline=options["deadline"],
@@ -47,5 +56,11 @@ class Command(BaseCommand):
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write("\n".join(report.lines()))
-        if report.lost or report.duplicate_launches or report.duplicate_terminal_events:
+        if (
+            report.lost
+            or report.duplicate_launches
+            or report.duplicate_terminal_events
+            or report.workflow_steps_missing
+            or report.workflow_steps_duplicate
+        ):
             raise CommandError("chaos found lost or duplicated work")
