@@ -60,6 +60,7 @@ SCENARIOS = (
     "prune",
     "fairness",
     "pages",
+    "workflows",
 )
 #: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
 _CLEANUP = (
@@ -143,6 +144,10 @@ class BenchConfig:
     #: The fairness scenario: owner A's herd and owner B's runs, all due at one instant.
     fair_herd: int = 10_000
     fair_few: int = 10
+    #: The workflows scenario: this many workflow runs of ``workflow_steps`` chained noop steps,
+    #: beside as many independent noop runs as they have steps, all due at one instant.
+    workflow_runs: int = 1000
+    workflow_steps: int = 5
     #: Run the burst a second time with a named limit on every task (a cap and a rate window
     #: too wide to bind): what enforcing limits costs per execution, beside the burst without.
     with_limit: bool = False
@@ -1049,6 +1054,60 @@ class Bench:
             self._cleanup()
         return figures
 
+    def workflows(self) -> Figures:
+        """``workflow_runs`` workflow runs of ``workflow_steps`` chained noop steps (each step's
+        task follows the one before), against as many independent noop runs as they have steps,
+        on the same processes in the same run. Both are due at one instant; each figure is the
+        time from that instant to the last run's end (issue 31: the chains within 1.3x of the
+        independent runs). What the chains add: each step is created in the transaction that ends
+        the one before, then taken by the monitor (which that insert wakes) and claimed."""
+        runs, steps = self.config.workflow_runs, self.config.workflow_steps
+        count = runs * steps
+        # Creating the chains (their dependencies checked for cycles) before the roots are due.
+        lead = max(3.0, count / 800 + 3.0)
+
+        def independent() -> tuple[list[dict[str, Any]], datetime]:
+            due = db_now() + timedelta(seconds=lead)
+            return [{"runner": "noop", "start_at": due, "name": f"flat {i}"} for i in range(count)], due
+
+        def chained() -> tuple[list[dict[str, Any]], datetime]:
+            due = db_now() + timedelta(seconds=lead)
+            previous: list[Any] = []
+            for step in range(steps):
+                created: list[Any] = []
+                for chunk in range(0, runs, 1000):
+                    created += task_bulk_create(
+                        owner=self.owner,
+                        specs=[
+                            {"runner": "noop", "name": f"flow {i} step {step + 1}"}
+                            | ({"after": [{"task": str(previous[i].pk)}]} if step else {"start_at": due})
+                            for i in range(chunk, min(runs, chunk + 1000))
+                        ],
+                    )
+                previous = created
+            return [], due
+
+        self.config.progress(f"workflows: {count} independent noop runs due at one instant {lead:.0f}s ahead")
+        flat = self._run_load("workflows_independent", independent, count)
+        self._cleanup()
+        self.config.progress(f"workflows: {runs} workflow runs of {steps} chained noop steps, due {lead:.0f}s ahead")
+        figures = self._run_load("workflows", chained, count)
+        figures.extra = {
+            "workflow_runs": runs,
+            "steps": steps,
+            "seconds": round(figures.seconds, 3),
+            "independent_seconds": round(flat.seconds, 3),
+            "time_ratio": round(figures.seconds / flat.seconds, 3) if flat.seconds else None,
+            "cpu_ms_per_exec": figures.extra.get("cpu_ms_per_exec"),
+            "independent_cpu_ms_per_exec": flat.extra.get("cpu_ms_per_exec"),
+            "commits_per_exec": figures.commits_per_execution,
+            "independent_commits_per_exec": flat.commits_per_execution,
+        }
+        figures.lateness_ms = {}  # a step is due when the one before ends: no lateness to read
+        figures.baseline_per_second = flat.per_second
+        self._cleanup()
+        return figures
+
     def _burst_lateness(self, name: str) -> dict[str, float]:
         count = self.config.tasks
         lead = max(3.0, count / 2000 + 3.0)
@@ -1105,6 +1164,8 @@ class Bench:
                 self.results.append(self.fairness())
             elif scenario == "pages":
                 self.results.append(self.pages())
+            elif scenario == "workflows":
+                self.results.append(self.workflows())
             self.config.progress(f"{scenario}: done")
         return self.results
 

@@ -84,6 +84,15 @@ class Command(BaseCommand):
             help="restore size: tasks that appear all due at once, not materialised",
         )
         parser.add_argument(
+            "--workflow-runs",
+            type=positive(int),
+            default=defaults.workflow_runs,
+            help="workflows: workflow runs of chained noop steps (beside as many independent runs as steps)",
+        )
+        parser.add_argument(
+            "--workflow-steps", type=positive(int), default=defaults.workflow_steps, help="workflows: steps per run"
+        )
+        parser.add_argument(
             "--herd-concurrency",
             type=positive(int),
             default=defaults.herd_concurrency,
@@ -175,6 +184,8 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             herd_tasks=options["herd_tasks"],
             restore_tasks=options["restore_tasks"],
+            workflow_runs=options["workflow_runs"],
+            workflow_steps=options["workflow_steps"],
             herd_concurrency=options["herd_concurrency"],
             monitors=options["monitors"],
             herd_soon=options["herd_soon"],
