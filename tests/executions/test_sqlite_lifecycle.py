@@ -128,6 +128,36 @@ SCRIPT = textwrap.dedent(
     Execution.objects.filter(pk=ahead).update(status="PENDING")
     pending = transitions.dispatch_outlook()
     print("outlook", idle, 38 < later.runs_in <= 40, later.idle, pending.pending, pending.idle)
+
+    # Workflows on the portable path: a diamond (b and c after a, d after both); each end creates
+    # the steps it completes, once, named by its upstream(s), with the upstream's output as input.
+    from tasks_api.services import task_create
+    Execution.objects.exclude(status__in=["SUCCEEDED", "FAILED", "CANCELLED"]).update(status="CANCELLED")
+    a = task_create(owner=user, runner="noop", name="a")
+    b = task_create(owner=user, runner="noop", name="b", after=[{"task": str(a.pk)}])
+    c = task_create(owner=user, runner="noop", name="c", after=[{"task": str(a.pk)}])
+    d = task_create(owner=user, runner="noop", name="d", after=[{"task": str(b.pk)}, {"task": str(c.pk)}])
+
+    def finish(pk, output):
+        transitions.executions_take_due(limit=10, actor="m")
+        assert claim(pk)
+        assert transitions.execution_succeed(execution_id=pk, attempt=1, worker_id="w", output=output, max_chars=99)
+        assert not transitions.execution_succeed(execution_id=pk, attempt=1, worker_id="w", output=output,
+                                                 max_chars=99)
+
+    def steps(t):
+        return list(Execution.objects.filter(task=t).values_list("pk", "workflow_run", "upstream", "input"))
+
+    root = transitions.execution_trigger(task_id=a.pk, actor="u")
+    finish(root, '{"rows": 3}')
+    (b_run,), (c_run,) = steps(b), steps(c)
+    finish(b_run[0], "b done")
+    assert steps(d) == []  # d waits for c
+    finish(c_run[0], "c done")
+    (d_run,) = steps(d)
+    joined = d_run[1:3] == (root, sorted([b_run[0], c_run[0]]))
+    inputs = sorted(d_run[3].values(), key=str) == [{"output": "b done"}, {"output": "c done"}]
+    print("flow", b_run[1:] == (root, [root], {"rows": 3}), c_run[1] == root, joined, inputs)
     """
 )
 
@@ -151,3 +181,4 @@ def test_the_embedded_sqlite_default_runs_the_same_lifecycle(tmp_path: Path):
     assert lines["times"] == "True"
     assert lines["owner"] == "True True"
     assert lines["fair"] == "ABABA"
+    assert lines["flow"] == "True True True True"
