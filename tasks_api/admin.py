@@ -428,8 +428,21 @@ class TaskAdmin(admin.ModelAdmin):
         )
 
 
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the services write (never by hand): shown, not added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(_ReadOnlyAdmin):
     """The audit log, read-only: entries are written by the services, never by hand."""
 
     list_display = ["at", "actor_name", "source", "action", "object_type", "object_id", "owner", "remote_addr"]
@@ -451,15 +464,6 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "changes",
         "detail",
     ]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(OwnerQuota)
@@ -646,19 +650,6 @@ class CalendarAdmin(admin.ModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         for calendar in queryset:
             self.delete_model(request, calendar)
-
-
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the services write (never by hand): shown, not added, changed or deleted here."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(TaskVersion)
