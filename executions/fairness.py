@@ -170,6 +170,11 @@ class Pacer:
         self._starts: deque[tuple[float, int]] = deque()
         self.target = conf.MONITOR_MIN_PENDING
 
+    @property
+    def queued(self) -> int:
+        """Runs published and not started at the last look (0 before any)."""
+        return self._last_pending or 0
+
     def published(self, count: int) -> None:
         """Record runs this monitor published since the last :meth:`room`."""
         self._published += count

@@ -256,7 +256,14 @@ class Monitor:
         one of its messages finds the row SCHEDULED and its claim loses)."""
         sent = 0
         if group and self.conf.DISPATCH_BATCH > 1:
-            groups = group_runs(taken, most=self.conf.DISPATCH_BATCH, spread=self.conf.MONITOR_MIN_PENDING)
+            # Spread a take over at least MONITOR_MIN_PENDING messages, so that every pool process
+            # gets work at once; unless that many runs are queued already (the workers have work):
+            # then the take goes in as few messages as it fits. Runs that become due a few at a
+            # time under load (workflow steps, each due when the one before ends) were otherwise
+            # sent one per message.
+            queued = self.pacer.queued if self.pacer is not None else 0
+            spread = 1 if queued >= self.conf.MONITOR_MIN_PENDING else self.conf.MONITOR_MIN_PENDING
+            groups = group_runs(taken, most=self.conf.DISPATCH_BATCH, spread=spread)
         else:
             groups = [[item] for item in taken]
         try:

@@ -131,7 +131,10 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     if not links:
         return []
     created: list[int] = []
-    for run in ended:
+    # In the order of their workflow runs: a fan-in's check locks its workflow run, and two
+    # transactions that end several runs each (a worker's batch) then take those locks in one
+    # order, so they wait for each other and never deadlock.
+    for run in sorted(ended, key=lambda run: (run.workflow_run or run.execution_id, run.execution_id)):
         followers = sorted(
             {follower for follower, upstream, on in links if upstream == run.task_id and on in SATISFIES[run.status]}
         )

@@ -241,14 +241,18 @@ class Success:
 
 #: RUNNING → SUCCEEDED for the rows of the arrays, each fenced by its attempt and the lease; the
 #: same values as :func:`succeed_write` (the output and, if given, the run id per row).
-_SUCCEED_MANY = (
+_SUCCEED_ANY = (
     f"UPDATE {EXECUTIONS} AS e SET status = %s, finished_at = STATEMENT_TIMESTAMP(), output = v.output, "  # noqa: S608 - our table name only
     "external_run_id = CASE WHEN v.run_id = '' THEN e.external_run_id ELSE v.run_id END, "
     "lease_owner = '', lease_expires_at = NULL, next_poll_at = NULL "
     "FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[]) AS v(id, attempt, output, run_id) "
-    "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[]) AND "
-    + UNFOLLOWED_SQL
+    "WHERE e.id = v.id AND e.attempt = v.attempt AND e.lease_owner = %s AND e.status = ANY(%s::text[])"
 )
+#: The same for runs that no task follows (the common case: one statement, nothing more).
+_SUCCEED_MANY = _SUCCEED_ANY + " AND " + UNFOLLOWED_SQL
+#: What :data:`_SUCCEED_ANY` returns for :func:`follow_ended` (its columns named through ``e``:
+#: ``v`` has an id, attempt and output too).
+_ENDED_RETURNING_E = ", ".join(f"e.{column.strip()}" for column in ENDED_RETURNING.split(","))
 
 
 def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_chars: int) -> set[int]:
@@ -281,21 +285,29 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
         pg_array(sorted(edge.sources)),
     ]
     (source,) = edge.sources
-    rows = with_events(_SUCCEED_MANY, params, Event(source, edge.target, worker_id), returning="e.id, e.attempt")
+    event = Event(source, edge.target, worker_id)
+    rows = with_events(_SUCCEED_MANY, params, event, returning="e.id, e.attempt")
     won = {row[0] for row in rows}
-    # The runs of followed tasks (and those lost for good): one by one, each with its followers.
-    for success in successes:
-        if success.execution_id not in won:
-            binds: dict[str, Any] = {
-                "execution_id": success.execution_id,
-                "attempt": success.attempt,
-                "output": bounded(success.output, max_chars),
-                "worker_id": worker_id,
-            }
-            if success.external_run_id:
-                binds["external_run_id"] = success.external_run_id[:255]
-            if _succeed_followed(binds, (False, bool(success.external_run_id)), worker_id):
-                won.add(success.execution_id)
+    rest = [success for success in successes if success.execution_id not in won]
+    if rest:
+        # The runs of followed tasks (and those lost for good, which lose again): in one
+        # statement too, in a transaction that also creates what follows them (workflow steps
+        # are otherwise each an end of their own: a chain's steps went out a few per message and
+        # were ended one by one).
+        again = [
+            edge.target,
+            pg_array(success.execution_id for success in rest),
+            pg_array(success.attempt for success in rest),
+            pg_array(bounded(success.output, max_chars) for success in rest),
+            pg_array(success.external_run_id[:255] for success in rest),
+            worker_id,
+            pg_array(sorted(edge.sources)),
+        ]
+        with transaction.atomic():
+            ended = with_events(_SUCCEED_ANY, again, event, returning=_ENDED_RETURNING_E)
+            if ended:
+                follow_ended(ended_rows(ended))
+        won.update(row[0] for row in ended)
     return won
 
 

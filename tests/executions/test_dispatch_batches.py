@@ -105,6 +105,38 @@ def test_the_monitor_publishes_a_herd_in_messages_of_several_runs_each_run_once(
     assert len({row.message_id for row in rows}) == 40
 
 
+class _Pacer:
+    """The monitor's pacer with the queue as deep as a test says (room for everything due)."""
+
+    def __init__(self, queued: int) -> None:
+        self.queued = queued
+
+    def room(self) -> int:
+        return 1000
+
+    def published(self, count: int) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("queued", "messages"), [(0, [1, 1, 1]), (7, [1, 1, 1]), (8, [3])])
+def test_a_few_runs_due_while_the_workers_have_work_queued_go_in_one_message(queued, messages):
+    """Runs that become due a few at a time (workflow steps, each due when the one before ended)
+    are spread over messages only while the queue is short of MONITOR_MIN_PENDING runs (every
+    pool process gets work at once); with that many queued, the workers have work, and the few
+    go in one message (a chain of steps went out nearly one per message)."""
+    ids = _due(3)
+    single, many = FlakyPublisher(), ManyPublisher()
+    monitor = Monitor(conf=_conf(DISPATCH_BATCH=16, MONITOR_MIN_PENDING=8), publish=single, publish_many=many)
+    monitor.pacer = _Pacer(queued)  # type: ignore[assignment]
+    monitor.dispatch_once(housekeeping=False)
+    assert [len(group) for _, group in many.sent] + [1] * len(single.ids) == messages
+    assert sorted([i for _, group in many.sent for i in group] + single.ids) == ids
+
+
 @pytest.mark.django_db
 def test_with_a_batch_of_one_every_run_has_its_own_message():
     ids = _due(40)

@@ -198,6 +198,47 @@ def test_the_batch_success_of_a_followed_run_creates_its_follower(user):
     assert Execution.objects.get(pk=alone).workflow_run is None
 
 
+def test_a_batch_of_followed_runs_ends_in_one_statement_and_creates_each_follower_once(user):
+    """A worker's chunk of workflow steps (several followed runs) is ended by one statement in one
+    transaction that creates their followers; a row whose write loses (its attempt moved on)
+    creates nothing."""
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the batch success is PostgreSQL's")
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    first = Execution.objects.get(task=a).pk
+    second = transitions.execution_trigger(task_id=a.pk, actor="u")
+    third = transitions.execution_trigger(task_id=a.pk, actor="u")
+    for pk in (first, second, third):
+        _run(pk)
+    with CaptureQueriesContext(connection) as queries:
+        won = transitions.executions_succeed(
+            successes=[
+                transitions.Success(first, 1, '{"n": 1}'),
+                transitions.Success(second, 1, '{"n": 2}'),
+                transitions.Success(third, 2, "stale attempt"),
+            ],
+            worker_id="w1",
+            max_chars=1000,
+        )
+    assert won == {first, second}
+    assert sum("unnest(" in query["sql"] for query in queries.captured_queries) == 2  # alone, then followed
+    steps = _steps(b)
+    assert sorted((step.workflow_run, step.upstream, step.input) for step in steps) == [
+        (first, [first], {"n": 1}),
+        (second, [second], {"n": 2}),
+    ]
+    assert Execution.objects.get(pk=third).status == S.RUNNING
+    # Recorded again (a redelivered message): nothing more.
+    assert (
+        transitions.executions_succeed(successes=[transitions.Success(first, 1, "{}")], worker_id="w1", max_chars=1000)
+        == set()
+    )
+    assert len(_steps(b)) == 2
+
+
 def test_after_can_be_changed(user):
     a = task_create(owner=user, runner="noop")
     c = task_create(owner=user, runner="noop")
