@@ -23,6 +23,7 @@ from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, Task, TaskStatus
 from tasks_app.quotas import quota_charge_executions
 from tasks_app.run_config import config_override, input_check
+from tasks_app.run_input import check_input
 from tasks_app.secrets import config_masked
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
@@ -118,6 +119,10 @@ def executions_replay_by_user(
     All or nothing: the new runs count against the owner's hourly quota of executions created on
     request (:class:`QuotaExceeded`, or :class:`InvalidInput` when they never fit, before
     anything is created), and one audit entry names the count and the selection."""
+    if run_input is not None:
+        check_input(run_input, None)  # its shape and size, whatever the selection holds
+    if config is not None and not isinstance(config, dict):
+        raise InvalidInput.on("config", "A JSON object: the config values to change for these runs.")
     ids = list(dict.fromkeys(execution_ids))
     if len(ids) > MAX_REPLAY:
         raise InvalidInput.on("non_field_errors", f"At most {MAX_REPLAY} executions a replay; {len(ids)} selected.")

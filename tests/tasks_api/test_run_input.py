@@ -168,11 +168,13 @@ def test_an_input_whose_fill_the_runner_refuses_is_a_400_on_input(api_client):
     task = _create(
         api_client,
         runner="http",
-        config={"url": "http://127.0.0.1:9/ping", "timeout": 5},
-        input_fills={"timeout": "wait"},
+        config={"url": "http://127.0.0.1:9/ping", "max_response_bytes": 5000},
+        input_fills={"max_response_bytes": "limit"},
     )
 
-    errors = _errors(api_client.post(f"/api/v1/tasks/{task['id']}/trigger", {"input": {"wait": "soon"}}, format="json"))
+    errors = _errors(
+        api_client.post(f"/api/v1/tasks/{task['id']}/trigger", {"input": {"limit": "lots"}}, format="json")
+    )
 
     assert "the runner refuses" in errors["input"][0]
     assert not Execution.objects.filter(task_id=task["id"]).exists()
