@@ -124,8 +124,8 @@ class Execution(models.Model):
     #: The runner config this run uses instead of its task's, as a task's is stored (secrets
     #: encrypted): a replay's config override laid over the task's config. Null: the task's.
     config_override = models.JSONField(null=True, blank=True)
-    #: The execution this one replays (``origin`` replay). No index of its own: read from the
-    #: replay's side.
+    #: The execution this one replays (``origin`` replay). Indexed where set only
+    #: (``execution_replay_of_idx``): most runs are no replay.
     replay_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays", db_index=False
     )
@@ -197,6 +197,9 @@ class Execution(models.Model):
             # entry per waiting run, where task_idx and due_idx ANDed as bitmaps read every
             # waiting run's entry for each task of the page (155 ms a page at 1,000,000).
             models.Index(fields=["task", "due_at"], condition=Q(status="SCHEDULED"), name="execution_task_due_idx"),
+            # Replays of an execution (retention unlinks them when it prunes the execution): only
+            # replays have an entry.
+            models.Index(fields=["replay_of"], condition=Q(replay_of__isnull=False), name="execution_replay_of_idx"),
             # The waiters of a named limit's bucket, in due order (a freed slot releases them).
             models.Index(
                 fields=["waiting_on", "scheduled_for"],

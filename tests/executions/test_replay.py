@@ -14,6 +14,7 @@ from django.utils import timezone
 from executions import replay, transitions, worker_services
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
+from executions.retention import retention_prune
 from tasks_api.services import task_create
 from tasks_app.models import AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
@@ -264,3 +265,24 @@ def test_the_execution_page_shows_what_it_replays_and_its_config_masked(api_clie
 
     assert f'replay of <a href="/ui/executions/{done.pk}/">#{done.pk}</a>' in html
     assert 'id="execution-config"' in html and "key-abcdef-123" not in html and "********" in html
+
+
+def test_pruning_a_replayed_execution_unlinks_its_replay(api_client, echo, settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "tms_archive": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path)},
+        },
+    }
+    Task.objects.filter(pk=echo.pk).update(keep_last=1)
+    old = _finished(echo, S.FAILED, ago=timedelta(days=2))
+    assert api_client.post(URL, {"task": str(echo.pk)}, format="json").status_code == 201
+    (new,) = _replays()
+    Execution.objects.filter(pk=new.pk).update(status=S.SUCCEEDED, finished_at=timezone.now())
+
+    report = retention_prune(now=timezone.now())
+
+    assert report.executions == 1 and not Execution.objects.filter(pk=old.pk).exists()
+    new.refresh_from_db()
+    assert new.replay_of_id is None and new.origin == ExecutionOrigin.REPLAY
