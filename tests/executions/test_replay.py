@@ -15,7 +15,8 @@ from executions import replay, transitions, worker_services
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
 from executions.retention import retention_prune
-from tasks_api.services import task_create
+from tasks_api.limits import limit_create
+from tasks_api.services import task_create, task_trigger
 from tasks_app.models import AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import config_open
@@ -286,3 +287,26 @@ def test_pruning_a_replayed_execution_unlinks_its_replay(api_client, echo, setti
     assert report.executions == 1 and not Execution.objects.filter(pk=old.pk).exists()
     new.refresh_from_db()
     assert new.replay_of_id is None and new.origin == ExecutionOrigin.REPLAY
+
+
+def test_a_replay_sent_to_another_host_counts_against_that_host_s_limit(api_client, user):
+    limit_create(owner=user, name="solo", scope="host", max_concurrency=1)
+    task = task_create(
+        owner=user, runner="http", config={"url": "http://127.0.0.1:9/x"}, limits=["solo"], start_at=_later()
+    )
+    _finished(task, S.FAILED, ago=timedelta(hours=2))
+    _finished(task, S.FAILED, ago=timedelta(hours=1))
+    body = {"task": str(task.pk), "status": ["FAILED"]}
+    elsewhere = api_client.post(URL, {**body, "config": {"url": "http://localhost:9/x"}}, format="json")
+    assert elsewhere.status_code == 201
+    first, second = _replays()
+    running = task_trigger(task=task, actor="t").execution
+    Execution.objects.filter(pk__in=[first.pk, second.pk, running.pk]).update(status=S.PENDING)
+
+    def claim(execution: Execution) -> str:
+        return transitions.execution_claim_exclusive(
+            execution_id=execution.pk, attempt=1, worker_id="w", lease_seconds=60
+        ).outcome
+
+    # 127.0.0.1's one slot is taken by the task's own run; the replays go to localhost, which has one.
+    assert [claim(running), claim(first), claim(second)] == ["claimed", "claimed", "waiting"]
