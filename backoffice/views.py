@@ -36,6 +36,7 @@ from backoffice.scope import (
 )
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
+from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.transitions import RETRYABLE_STATUSES
 from runners.base import RunHandle, idempotency_key
@@ -530,6 +531,10 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
         "retried_by": after,
         "live_output": live_output(execution),
         "run_handle": pretty_json(mask_config(execution.run_handle or {})),
+        "run_input": None if execution.input is None else pretty_json(masked_input(execution.input)),
+        "run_config": (
+            None if execution.config_override is None else pretty_json(masked_run_config(execution.config_override))
+        ),
         "idempotency_key": idempotency_key(execution.pk, execution.attempt),
         "flower_url": flower_task_url(execution.message_id),
         "can_cancel": may_act and execution.status in ACTIVE_STATUSES,

@@ -20,6 +20,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from executions.models import Execution, ExecutionEvent, SkippedOccurrence, Worker
+from executions.replay import executions_replay_by_user
+from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from tasks_app.masking import mask_config
 from tms_core.auth import actor_for, request_user
@@ -127,7 +129,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
     list_select_related = ["task", "task__owner"]
     show_full_result_count = False  # a COUNT(*) over millions of rows per page view
     inlines = [ExecutionEventInline]
-    actions = ["cancel_selected", "retry_selected"]
+    actions = ["cancel_selected", "retry_selected", "replay_selected"]
     fieldsets = [
         (
             "Outcome",
@@ -158,7 +160,8 @@ class ExecutionAdmin(ReadOnlyAdmin):
                 ]
             },
         ),
-        ("Attempts", {"fields": ["retry_of_link", "retried_by", "superseded", "exclusive"]}),
+        ("Attempts", {"fields": ["retry_of_link", "retried_by", "replay_of_link", "superseded", "exclusive"]}),
+        ("Input and config", {"fields": ["input_masked", "config_masked", "workflow_run", "upstream"]}),
         (
             "Runner and worker",
             {
@@ -186,6 +189,9 @@ class ExecutionAdmin(ReadOnlyAdmin):
         "retry_of_link",
         "retried_by",
         "run_handle_masked",
+        "replay_of_link",
+        "input_masked",
+        "config_masked",
     ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -239,6 +245,25 @@ class ExecutionAdmin(ReadOnlyAdmin):
     def run_handle_masked(self, execution: Execution) -> str:
         return json.dumps(mask_config(execution.run_handle or {}), indent=2, sort_keys=True)
 
+    @admin.display(description="replay of")
+    def replay_of_link(self, execution: Execution) -> str:
+        if execution.replay_of_id is None:
+            return "-"
+        url = reverse("admin:executions_execution_change", args=[execution.replay_of_id])
+        return format_html('<a href="{}">execution {}</a>', url, execution.replay_of_id)
+
+    @admin.display(description="input (secrets masked)")
+    def input_masked(self, execution: Execution) -> str:
+        if execution.input is None:
+            return "-"
+        return json.dumps(masked_input(execution.input), indent=2, sort_keys=True)
+
+    @admin.display(description="run's own config (secrets masked)")
+    def config_masked(self, execution: Execution) -> str:
+        if execution.config_override is None:
+            return "- (the task's)"
+        return json.dumps(masked_run_config(execution.config_override), indent=2, sort_keys=True)
+
     # --- actions ---------------------------------------------------------------------------
 
     @admin.action(description="Cancel selected executions", permissions=["operate"])
@@ -262,6 +287,30 @@ class ExecutionAdmin(ReadOnlyAdmin):
             return f"retried as execution {new.pk} (attempt {new.attempt})."
 
         run_for_each(self, request, queryset.order_by("pk"), retry, verb="retried")
+
+    @admin.action(description="Replay selected executions (finished ones)", permissions=["operate"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """The API's replay (:func:`executions_replay_by_user`), once per owner of the selection:
+        each owner's all or nothing, against that owner's quota, one audit entry each."""
+        actor = actor_for(request_user(request))
+        by_owner: dict[int, list[int]] = {}
+        for pk, owner_id in queryset.order_by("pk").values_list("pk", "owner_id")[: ACTION_MAX + 1]:
+            by_owner.setdefault(owner_id, []).append(pk)
+        if sum(len(ids) for ids in by_owner.values()) > ACTION_MAX:
+            self.message_user(request, f"Select at most {ACTION_MAX} executions to replay.", messages.ERROR)
+            return
+        for owner_id, ids in sorted(by_owner.items()):
+            try:
+                report = executions_replay_by_user(
+                    owner_id=owner_id, execution_ids=ids, actor=actor, selection={"executions": ids, "via": "admin"}
+                )
+            except SERVICE_ERRORS as exc:
+                self.message_user(request, f"Owner {owner_id}: nothing replayed: {error_text(exc)}", messages.WARNING)
+            else:
+                created = ", ".join(map(str, report.created))
+                self.message_user(
+                    request, f"Owner {owner_id}: {report.count} replayed as execution(s) {created}.", messages.SUCCESS
+                )
 
 
 @admin.register(Worker)

@@ -21,12 +21,16 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from executions.models import ArchiveIndex, Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
+from executions.replay import MAX_REPLAY, executions_replay_by_user, replay_select
 from executions.retention import archive_read
 from executions.serializers import (
+    REPLAY_STATUSES,
     ArchiveIndexSerializer,
     CancelReportSerializer,
     ExecutionDetailSerializer,
     ExecutionSerializer,
+    ReplayResultSerializer,
+    ReplaySerializer,
     WorkerSerializer,
     WorkflowCancelSerializer,
 )
@@ -219,6 +223,60 @@ class ExecutionViewSet(
         )
         data = {"workflow_run": workflow_run, "executions": reports}
         return Response(WorkflowCancelSerializer(data).data, status=status.HTTP_200_OK)
+
+    @extend_schema(
+        summary="Replay executions",
+        description=(
+            "Runs a selection of your finished executions again: `task` (or `tasks`), optionally narrowed by "
+            "`status` (default: SUCCEEDED, FAILED and CANCELLED) and by when they finished (`since` inclusive, "
+            "`until` exclusive, on `finished_at`). Each gets a new execution due now, `origin` replay, "
+            "`replay_of` the old one, attempt 1, with the old one's input unless `input` replaces it, and the "
+            f"task's config unless `config` overrides part of it for these runs. At most {MAX_REPLAY} a request "
+            "(400 beyond: narrow the selection). All or nothing: the new runs count against your hourly quota "
+            "of executions created on request (429, nothing created). `dry_run` checks it all and creates nothing. "
+            "404 for a task that is not yours."
+        ),
+        request=ReplaySerializer,
+        responses={
+            201: ReplayResultSerializer,
+            200: OpenApiResponse(ReplayResultSerializer, description="Dry run."),
+            **error_responses(404, 409),
+        },
+    )
+    @action(detail=False, methods=["post"])
+    def replay(self, request: Request) -> Response:
+        serializer = ReplaySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = request_user(request)
+        task_ids = data["tasks"] if "tasks" in data else [data["task"]]
+        statuses = data.get("status") or REPLAY_STATUSES
+        ids = replay_select(
+            owner_id=user.pk, task_ids=task_ids, statuses=statuses, since=data.get("since"), until=data.get("until")
+        )
+        selection = {
+            "tasks": [str(task_id) for task_id in task_ids],
+            "status": list(statuses),
+            **{key: data[key].isoformat() for key in ("since", "until") if key in data},
+        }
+        report = executions_replay_by_user(
+            owner_id=user.pk,
+            execution_ids=ids,
+            actor=actor_for(user),
+            run_input=data["input"],
+            config=data["config"],
+            dry_run=data["dry_run"],
+            selection=selection,
+        )
+        body = {
+            "dry_run": report.dry_run,
+            "count": report.count,
+            "replayed": report.replayed,
+            "created": report.created,
+            "dropped_secrets": report.dropped_secrets,
+        }
+        code = status.HTTP_200_OK if report.dry_run else status.HTTP_201_CREATED
+        return Response(ReplayResultSerializer(body).data, status=code)
 
     @extend_schema(
         summary="Retry a failed or cancelled execution",

@@ -31,6 +31,9 @@ class ExecutionOrigin(models.TextChoices):
     #: a step of a workflow: its task follows another (``after``), whose run ended as it asked
     #: (see ``upstream`` and ``workflow_run``)
     WORKFLOW = "workflow"
+    #: an earlier execution run again by a bulk replay (``POST /api/v1/executions/replay``; see
+    #: ``replay_of``), possibly with another input or config
+    REPLAY = "replay"
 
 
 #: Origins whose executions are occurrences of the task's schedule (they count toward ``max_runs``
@@ -114,9 +117,18 @@ class Execution(models.Model):
     #: A workflow step's upstream executions (ids): the runs whose ends started it (several for a
     #: task that follows several). Null for any other run.
     upstream = models.JSONField(null=True, blank=True)
-    #: What the run was given: a workflow step's upstream output (a JSON object, bounded). Null:
+    #: What the run was given (a JSON object, bounded): a trigger's input, a trigger URL's JSON
+    #: body, a workflow step's upstream output. Fills its task's ``input_fills`` at run time. Null:
     #: nothing.
     input = models.JSONField(null=True, blank=True)
+    #: The runner config this run uses instead of its task's, as a task's is stored (secrets
+    #: encrypted): a replay's config override laid over the task's config. Null: the task's.
+    config_override = models.JSONField(null=True, blank=True)
+    #: The execution this one replays (``origin`` replay). Indexed where set only
+    #: (``execution_replay_of_idx``): most runs are no replay.
+    replay_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays", db_index=False
+    )
     #: The number of its task's version (``Task.version``) when it was created: the settings it
     #: ran with. Filled by a trigger on insert (executions/task_version.py), so that every way of
     #: creating executions records it without naming it; null only for executions older than it.
@@ -185,6 +197,9 @@ class Execution(models.Model):
             # entry per waiting run, where task_idx and due_idx ANDed as bitmaps read every
             # waiting run's entry for each task of the page (155 ms a page at 1,000,000).
             models.Index(fields=["task", "due_at"], condition=Q(status="SCHEDULED"), name="execution_task_due_idx"),
+            # Replays of an execution (retention unlinks them when it prunes the execution): only
+            # replays have an entry.
+            models.Index(fields=["replay_of"], condition=Q(replay_of__isnull=False), name="execution_replay_of_idx"),
             # The waiters of a named limit's bucket, in due order (a freed slot releases them).
             models.Index(
                 fields=["waiting_on", "scheduled_for"],

@@ -201,11 +201,12 @@ def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneRe
             raise RuntimeError(f"archive file {name} was stored as {saved}")
         file_sha = hashlib.sha256(payload).hexdigest()
 
-        # Retries of pruned runs that stay lose their link, as on_delete=SET_NULL says.
-        cursor.execute(
-            f"UPDATE {execution} SET retry_of_id = NULL WHERE retry_of_id = ANY(%s) AND NOT (id = ANY(%s))",  # noqa: S608
-            [locked, locked],
-        )
+        # Retries and replays of pruned runs that stay lose their link, as on_delete=SET_NULL says.
+        for link in ("retry_of_id", "replay_of_id"):
+            cursor.execute(
+                f"UPDATE {execution} SET {link} = NULL WHERE {link} = ANY(%s) AND NOT (id = ANY(%s))",  # noqa: S608
+                [locked, locked],
+            )
         cursor.execute(f"DELETE FROM {skipped_table} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         skipped_count = cursor.rowcount
         cursor.execute(f"DELETE FROM {event} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608

@@ -8,6 +8,7 @@ the spec a runner is given, recording an attempt's outcome, and stopping a run a
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 import time
@@ -30,6 +31,7 @@ from runners.base import RunHandle, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
+from tasks_app.run_input import config_filled, input_schema_problem
 from tasks_app.secrets import config_open, redact, secret_values
 from tms_core.conf import tms_settings
 
@@ -45,24 +47,50 @@ def describe_error(exc: BaseException, *, limit: int | None = None) -> str:
 
 
 def load_execution(execution_id: int) -> tuple[Execution, Task] | None:
-    """The execution with its task (and the task's artifact) in one query; None if it is gone."""
+    """The execution with its task (and the task's artifact) in one query; None if it is gone.
+    The task's config is the run's (:func:`task_for_run`)."""
     execution = Execution.objects.select_related("task", "task__artifact").filter(pk=execution_id).first()
     if execution is None:
         return None
-    return execution, execution.task
+    return execution, task_for_run(execution, execution.task)
+
+
+def task_for_run(execution: Execution, task: Task) -> Task:
+    """``task`` as this run sees it: with the run's own config (a replay's override, stored
+    sealed like a task's) in place of the task's, so that what reads ``task.config`` for the run
+    (the secrets redacted from its output and logs, a named limit's host) reads the run's. A copy
+    in memory, never saved; the task itself when the run has no config of its own."""
+    if execution.config_override is None:
+        return task
+    seen = copy.copy(task)
+    seen.config = execution.config_override
+    return seen
+
+
+def run_config(execution: Execution, task: Task) -> Any:
+    """The config (plain: secrets decrypted) the runner gets for this run: the task's, or the
+    run's own (a replay's), with the task's ``input_fills`` set from the run's ``input``."""
+    stored = execution.config_override if execution.config_override is not None else task.config
+    return config_filled(config_open(stored), execution.input, task.input_fills)
 
 
 def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend: bool = False) -> RunSpec:
     """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
     verified local copy); polls and cancels find the run without it. ``resend``: a lost worker
     may have launched this attempt already (see :attr:`RunSpec.resend`)."""
+    if starting and task.input_schema is not None and execution.input is not None:
+        # A trigger's input was checked when it was given; a workflow step's (an upstream's
+        # output) is first seen here, and the schema may have changed since.
+        problem = input_schema_problem(execution.input, task.input_schema)
+        if problem:
+            raise ValueError(f"The run's input does not satisfy the task's input_schema: {problem}")
     artifact_path = artifact_local_path(task.artifact) if starting and task.artifact is not None else None
     return RunSpec(
         execution_id=execution.pk,
         attempt=execution.attempt,
         task_id=str(task.pk),
         # Secrets are decrypted here, in the worker's memory, for the runner alone.
-        config=get_runner(task.runner).validate_config(config_open(task.config)),
+        config=get_runner(task.runner).validate_config(run_config(execution, task)),
         timeout=task.timeout.total_seconds(),
         callback_url=callback_url(execution_id=execution.pk),
         token_minter=partial(

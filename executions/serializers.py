@@ -11,6 +11,9 @@ from rest_framework import serializers
 
 from executions.models import ArchiveIndex, Execution, ExecutionEvent, ExecutionStatus, Worker
 from executions.runs import ExternalRun
+from tasks_app.masking import mask_config
+from tasks_app.secrets import config_masked
+from tms_core.api.base import BoundedDateTimeField, StrictInputMixin
 
 
 class ExecutionEventSerializer(serializers.ModelSerializer):
@@ -52,13 +55,44 @@ class ExecutionRowsSerializer(serializers.ListSerializer):
         ]
 
 
-#: How the lean rows render the field types DRF does not pass through as they are.
-_CONVERT: dict[type, Any] = {serializers.DateTimeField: _iso, serializers.UUIDField: str}
-
-
 @extend_schema_field({"type": "object", "additionalProperties": True})
 class InputField(serializers.JSONField):
     """A run's input: a JSON object."""
+
+
+def masked_input(value: Any) -> Any:
+    """A run's input as people see it: secret-looking values masked as configs are."""
+    return mask_config(value)
+
+
+def masked_run_config(value: Any) -> Any:
+    """A run's own config (stored sealed) as people see it: every secret value masked."""
+    return config_masked("", value)
+
+
+class MaskedInputField(InputField):
+    """A run's input, shown: secret-looking values (a ``token``, a ``password``, an environment's
+    values, a URL's password) read ``********``, as in a task's config."""
+
+    def to_representation(self, value: Any) -> Any:
+        return masked_input(value)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class RunConfigField(serializers.JSONField):
+    """A run's own runner config (a replay's), secrets masked."""
+
+    def to_representation(self, value: Any) -> Any:
+        return masked_run_config(value)
+
+
+#: How the lean rows render the field types DRF does not pass through as they are.
+_CONVERT: dict[type, Any] = {
+    serializers.DateTimeField: _iso,
+    serializers.UUIDField: str,
+    MaskedInputField: masked_input,
+    RunConfigField: masked_run_config,
+}
 
 
 class ExecutionSerializer(serializers.ModelSerializer):
@@ -79,12 +113,27 @@ class ExecutionSerializer(serializers.ModelSerializer):
         help_text="A workflow step's upstream executions: the runs whose ends started it (several for a task that "
         "follows several). Null for any other run.",
     )
-    input = InputField(
+    input = MaskedInputField(
         read_only=True,
         allow_null=True,
-        help_text="What the run was given: a workflow step's upstream output, as a JSON object if it was one, else "
-        '`{"output": "<text>"}` (plus `"error"` after a failure); for a step that follows several, an object '
-        "keyed by upstream task id. Null: nothing.",
+        help_text="What the run was given: the `input` of its trigger, its trigger URL's JSON body, a replay's "
+        "input, or a workflow step's upstream output (as a JSON object if it was one, else "
+        '`{"output": "<text>"}` plus `"error"` after a failure; for a step that follows several, an object '
+        "keyed by upstream task id). Its values fill the task's `input_fills`. Secret-looking values are "
+        "masked as in a config. Null: nothing.",
+    )
+    replay_of = serializers.IntegerField(
+        source="replay_of_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The execution this one replays (POST /api/v1/executions/replay). Null: not a replay.",
+    )
+    config = RunConfigField(
+        source="config_override",
+        read_only=True,
+        allow_null=True,
+        help_text="The runner config this run uses instead of its task's (a replay's `config` laid over the "
+        "task's), every secret masked. Null: the task's config.",
     )
 
     class Meta:
@@ -100,6 +149,8 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "workflow_run",
             "upstream",
             "input",
+            "replay_of",
+            "config",
             "scheduled_for",
             "moved_from",
             "due_at",
@@ -197,3 +248,71 @@ class WorkflowCancelSerializer(serializers.Serializer):
 
     workflow_run = serializers.IntegerField(help_text="The workflow run's id (its root execution's).")
     executions = CancelReportSerializer(many=True, help_text="Each step cancelled.")
+
+
+#: The statuses a replay selects from (finished runs), in the order the API lists them.
+REPLAY_STATUSES = [ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED]
+
+
+class ReplaySerializer(StrictInputMixin, serializers.Serializer):
+    """A replay's selection of finished executions, and what their new runs are given."""
+
+    task = serializers.UUIDField(required=False, help_text="The task whose executions to replay (or `tasks`).")
+    tasks = serializers.ListField(
+        child=serializers.UUIDField(),
+        required=False,
+        min_length=1,
+        max_length=100,
+        help_text="Several tasks whose executions to replay (instead of `task`).",
+    )
+    status = serializers.ListField(
+        child=serializers.ChoiceField(choices=REPLAY_STATUSES),
+        required=False,
+        min_length=1,
+        help_text="The statuses to replay (default: all three finished ones).",
+    )
+    since = BoundedDateTimeField(
+        required=False, help_text="Executions that finished at or after this time (their `finished_at`)."
+    )
+    until = BoundedDateTimeField(required=False, help_text="Executions that finished before this time.")
+    input = InputField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The new runs' input, instead of each replayed execution's (checked as a trigger's is).",
+    )
+    config = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text="A partial runner config laid over each task's config for the new runs only (mappings merge, "
+        "other values replace), validated by the runner as a change of the task's config would be. A secret "
+        "sent as its mask keeps the task's value; when it sends the runs elsewhere (another URL, host, "
+        "command ...) the task's secrets it does not send again are left out.",
+    )
+    dry_run = serializers.BooleanField(
+        required=False, default=False, help_text="Check everything and say what would be replayed; create nothing."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("task" in attrs) == ("tasks" in attrs):
+            raise serializers.ValidationError({"task": ["Give either task (one id) or tasks (a list of ids)."]})
+        return attrs
+
+
+class ReplayResultSerializer(serializers.Serializer):
+    """What a replay did, or would do (``dry_run``)."""
+
+    dry_run = serializers.BooleanField()
+    count = serializers.IntegerField(help_text="How many executions are (or would be) replayed.")
+    replayed = serializers.ListField(
+        child=serializers.IntegerField(), help_text="The executions replayed, oldest end first."
+    )
+    created = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="The new executions, in the same order (each with `replay_of`); empty for a dry run.",
+    )
+    dropped_secrets = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="Per task id, the secrets of its config left out of the new runs' config (the override sends "
+        "the runs elsewhere).",
+    )

@@ -31,6 +31,7 @@ from executions.runs import (
     redacted,
     run_spec,
     stop_external_run,
+    task_for_run,
 )
 from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
 from runners.registry import get_runner
@@ -182,7 +183,7 @@ def _run_claimed(
     """Start the runner of an execution this worker claimed. ``record`` records an outcome the
     runner gave at once (:func:`execution_record_outcome` unless a chunk collects them);
     ``lease=False``: the caller keeps the lease."""
-    task = execution.task
+    task = task_for_run(execution, execution.task)
     execution_id, attempt = execution.pk, execution.attempt
     keeping: AbstractContextManager[object] = (
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits)

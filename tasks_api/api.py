@@ -42,10 +42,12 @@ from tasks_api.serializers import (
     TaskDeleteSerializer,
     TaskSerializer,
     TaskUpdateSerializer,
+    TriggerSerializer,
 )
 from tasks_api.services import (
     calendar_resolve,
     task_backfill,
+    task_check_input,
     task_create,
     task_delete,
     task_pause,
@@ -264,9 +266,11 @@ class TaskViewSet(
             "the owner's hourly quota of executions created on request: 429 with `Retry-After` when used up. "
             "With an `Idempotency-Key`, a trigger sent again (a retry, a duplicate event) answers the first "
             "run and creates no other. A task with `trigger_debounce` runs the first trigger's run that long "
-            "later; a trigger while it waits joins it: 200 with that run, nothing created or counted."
+            "later; a trigger while it waits with the same input joins it: 200 with that run, nothing created or "
+            "counted. The body may give the run an `input` (checked by the task's `input_schema`, filling its "
+            "`input_fills`): 400 on `input` when it is not a JSON object, too large, or does not satisfy the schema."
         ),
-        request=None,
+        request=TriggerSerializer,
         parameters=[IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER],
         responses={
             201: ExecutionDetailSerializer,
@@ -277,9 +281,13 @@ class TaskViewSet(
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk: str | None = None) -> Response:
         task = self.get_object()
+        serializer = TriggerSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run_input = serializer.validated_data["input"]
+        task_check_input(task=task, run_input=run_input)  # a 400 is never stored for the Idempotency-Key
 
         def create() -> tuple[int, Any]:
-            trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
+            trigger = task_trigger(task=task, actor=actor_for(request_user(request)), run_input=run_input)
             execution = Execution.objects.prefetch_related("events").get(pk=trigger.execution.pk)
             code = status.HTTP_200_OK if trigger.joined else status.HTTP_201_CREATED
             return code, ExecutionDetailSerializer(execution).data

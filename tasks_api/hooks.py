@@ -10,6 +10,7 @@ A run it starts goes through :func:`tasks_api.services.task_trigger`, as ``POST
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
-from tasks_api.services import _lock, task_trigger
+from tasks_api.services import _lock, task_check_input, task_trigger
 from tasks_app.audit import audit_context, audit_record
 from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret
 from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint
@@ -101,6 +102,19 @@ def task_hook_delete(*, task: Task) -> bool:
     return True
 
 
+def body_input(body: bytes) -> dict[str, Any] | None:
+    """The run's input a trigger URL's body gives: the body when it is a JSON object (whatever
+    its content type says), else none (a form, plain text, a JSON list: the run starts without
+    input, as before bodies were read)."""
+    if not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:  # not JSON (nor UTF-8): no input
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class HookNotFound(LookupError):
     """No trigger URL has this id (never made, removed, or its task deleted)."""
 
@@ -125,7 +139,9 @@ def hook_fire(
     Raises :class:`HookNotFound` (unknown id, deleted task), :class:`HookRefused` (bad or missing
     signature, old timestamp, wrong bearer secret), :class:`ConflictError` (the task is paused:
     pausing a task stops what others start, while its owner can still run it by hand) and what
-    :func:`task_trigger` raises (quota). Nothing is written before the request is proven.
+    :func:`task_trigger` raises (quota; :class:`InvalidInput` on ``input`` for a JSON body that
+    the task's ``input_schema`` refuses). A body that is a JSON object becomes the run's input
+    (:func:`body_input`). Nothing is written before the request is proven.
     """
     hook = TaskHook.objects.select_related("task", "task__owner").filter(pk=hook_id).first()
     if hook is None or hook.task.status == TaskStatus.DELETED:
@@ -139,9 +155,11 @@ def hook_fire(
     if task.status == TaskStatus.PAUSED:
         raise ConflictError("The task is paused: its trigger URL starts no run until it is resumed.")
     actor = hook_actor(hook.pk)
+    run_input = body_input(body)
+    task_check_input(task=task, run_input=run_input)  # 400 on ``input``, before anything is stored
 
     def create() -> tuple[int, Any]:
-        trigger = task_trigger(task=task, actor=actor)
+        trigger = task_trigger(task=task, actor=actor, run_input=run_input)
         execution = trigger.execution
         answer = {
             "execution": execution.pk,

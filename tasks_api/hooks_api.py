@@ -137,8 +137,10 @@ class HookView(ApiViewMixin, APIView):
             '`"{timestamp}.{body}"` under the secret), or `Authorization: Bearer <secret>`. Starts a run as `POST '
             "/api/v1/tasks/{id}/trigger` does (quota, `trigger_debounce`, `Idempotency-Key`): 202 with the run, "
             "200 when it joined the debounced run. 401 when the request does not prove itself, 404 for an unknown "
-            "URL, 409 when the task is paused. The body is any content (at most `TMS_MAX_REQUEST_BYTES`), signed "
-            "but not read (yet)."
+            "URL, 409 when the task is paused. The body is any content (at most `TMS_MAX_REQUEST_BYTES`), signed as "
+            "bytes; when it is a JSON object it becomes the run's `input` (checked by the task's `input_schema`: "
+            "400 on `input` when it does not satisfy it; filling the task's `input_fills`). Any other body starts "
+            "a run without input."
         ),
         # Documented as the JSON object a webhook sender sends (any content type is accepted and
         # signed as bytes): a "*/*" body made clients generated from the schema skip the endpoint.
@@ -159,7 +161,7 @@ class HookView(ApiViewMixin, APIView):
         responses={
             202: HOOK_ACCEPTED,
             200: OpenApiResponse(HOOK_ACCEPTED, description="Joined the task's debounced run."),
-            **error_responses(401, 409, 413, 422),
+            **error_responses(400, 401, 409, 413, 422),
         },
     )
     def post(self, request: Request, hook_id: str) -> Response:

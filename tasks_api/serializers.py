@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from executions.models import Execution
-from executions.serializers import CancelReportSerializer
+from executions.serializers import CancelReportSerializer, InputField
 from tasks_api.limits import task_limit_names
 from tasks_api.services import task_check_rules, task_config, task_config_masked, task_validate_runner
 from tasks_api.states import TaskState, task_next_run, task_state
@@ -41,6 +41,7 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
+from tasks_app.run_input import check_input_fills, check_input_schema
 from tasks_app.schedule_words import schedule_words
 from tasks_app.schedules import (
     CRON_BLANKS,
@@ -103,6 +104,26 @@ PROTECTED_PATHS_HELP = (
     "(token, password, api_key, ...) and URL passwords are secret without being listed. Secret values are "
     "encrypted at rest, write-only (masked on read, kept when the mask is sent back) and given to the runner only."
 )
+
+
+#: Help text of ``input_schema``.
+INPUT_SCHEMA_HELP = (
+    "A JSON Schema (draft 2020-12 unless it names another with `$schema`) that a run's input must satisfy: "
+    "the `input` of `POST .../trigger`, a trigger URL's JSON body. A trigger without an input is checked as `{}`, "
+    "so required keys are required. Null: any JSON object."
+)
+#: Help text of ``input_fills``.
+INPUT_FILLS_HELP = (
+    'Config values a run\'s input fills: `{"<config path>": "<input path>"}`, both dot-separated (a number '
+    "indexes a list). At run time the runner gets the config with exactly these paths set from the run's input "
+    "(a trigger's, a trigger URL's body, an upstream's output); a value the input lacks leaves the config's. "
+    "A path must name something in config, and no secret."
+)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True, "nullable": True})
+class InputSchemaField(serializers.JSONField):
+    """A task's ``input_schema``: a JSON Schema (an object), or null."""
 
 
 class LocalDateTimeField(BoundedDateTimeField):
@@ -227,6 +248,18 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         default=list,
         max_length=100,
         help_text=PROTECTED_PATHS_HELP,
+    )
+    input_schema = InputSchemaField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=INPUT_SCHEMA_HELP,
+    )
+    input_fills = serializers.DictField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        default=dict,
+        help_text=INPUT_FILLS_HELP,
     )
     artifact = OwnArtifactField(
         queryset=Artifact.objects.all(),
@@ -432,7 +465,27 @@ class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
         check_task(attrs)
         _check_runner(attrs["runner"], attrs["config"])
         _check_secret_fields(attrs["config"], attrs["secret_fields"])
+        _check_input_settings(attrs)
         return attrs
+
+
+def _check_input_settings(attrs: Mapping[str, Any]) -> None:
+    """``input_schema`` is a JSON Schema, and each path of ``input_fills`` fills a value of the
+    (plain) config that is not a secret."""
+    errors: dict[str, list[str]] = {}
+    schema_problems = check_input_schema(attrs.get("input_schema"))
+    if schema_problems:
+        errors["input_schema"] = schema_problems
+    fill_problems = check_input_fills(
+        fills=attrs.get("input_fills") or {},
+        runner=attrs["runner"],
+        config=attrs["config"],
+        secret_fields=attrs.get("secret_fields") or [],
+    )
+    if fill_problems:
+        errors["input_fills"] = fill_problems
+    if errors:
+        raise serializers.ValidationError(errors)
 
 
 def _check_secret_fields(config: Any, secret_fields: Any) -> None:
@@ -513,6 +566,8 @@ class TaskSerializer(serializers.ModelSerializer):
         help_text="The materialisation cursor: the next fire time not yet turned into an execution (null: none).",
     )
     config = MaskedConfigField()
+    input_schema = InputSchemaField(read_only=True, allow_null=True, help_text=INPUT_SCHEMA_HELP)
+    input_fills = serializers.DictField(child=serializers.CharField(), read_only=True, help_text=INPUT_FILLS_HELP)
     interval = DurationField(allow_null=True, help_text="Seconds between runs; null for one-shot and cron.")
     jitter = DurationField()
     misfire_grace = DurationField()
@@ -615,6 +670,8 @@ class TaskUpdateSerializer(TaskCreateSerializer):
             _check_runner(merged["runner"], merged["config"])
         if "config" in attrs or "secret_fields" in attrs:
             _check_secret_fields(merged["config"], merged["secret_fields"])
+        if {"runner", "config", "secret_fields", "input_schema", "input_fills"} & set(attrs):
+            _check_input_settings(merged)
         return attrs
 
 
@@ -657,3 +714,15 @@ class BackfillResultSerializer(serializers.Serializer):
     end = serializers.DateTimeField()
     execution_ids = serializers.ListField(child=serializers.IntegerField(), help_text="Executions created, due now.")
     existing = serializers.IntegerField(help_text="Fire times in the range that already had an execution.")
+
+
+class TriggerSerializer(StrictInputMixin, serializers.Serializer):
+    """What a trigger (run now) may give its run."""
+
+    input = InputField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The run's input: a JSON object (at most 64 KiB of JSON) that the task's `input_schema` checks "
+        "and whose values fill the config paths of its `input_fills`. Shown as the execution's `input`.",
+    )

@@ -14,7 +14,6 @@ from django.db import transaction
 from django.db.models import ForeignKey
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
-from rest_framework import serializers
 
 from executions import transitions
 from executions.materialiser import ACTOR as MATERIALISER
@@ -31,7 +30,7 @@ from executions.notify import notify_due
 from executions.runs import CancelReport
 from executions.services import executions_cancel_active, stop_external_runs
 from executions.transitions import executions_create
-from runners.registry import UnknownRunner, get_runner, runner_aliases
+from runners.registry import UnknownRunner, get_runner
 from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_api.workflows import After, after_links, after_resolve, task_after_entries, task_set_after
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
@@ -47,7 +46,8 @@ from tasks_app.models import (
     TaskVersion,
     claims_exclusive,
 )
-from tasks_app.quotas import check_config_size, quota_charge_executions, quota_check_tasks
+from tasks_app.quotas import quota_charge_executions, quota_check_tasks
+from tasks_app.run_config import destination_moved, input_check, task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError, shortest_gap, walk_limit
 from tasks_app.secrets import (
     check_secret_fields,
@@ -57,7 +57,6 @@ from tasks_app.secrets import (
     config_open,
     config_seal,
     config_unmask_kept,
-    has_reserved_key,
 )
 from tasks_app.versions import version_record, version_record_many, version_snapshot
 from tms_core.bulk import insert_columns
@@ -65,26 +64,6 @@ from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.durations import format_duration
 from tms_core.errors import ConflictError, GoneError, InvalidInput
-
-
-def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
-    """Return ``config`` once the runner accepted it, or raise :class:`InvalidInput` on ``runner``
-    or ``config`` (with the runner's per-field messages nested under ``config``)."""
-    # The size first: a runner's validation of a huge document would cost more than measuring it.
-    check_config_size(config)
-    try:
-        backend = get_runner(runner)
-    except UnknownRunner:
-        raise InvalidInput.on(
-            "runner", f"Unknown runner {runner!r}; choose one of: {', '.join(runner_aliases())}."
-        ) from None
-    if has_reserved_key(config):
-        raise InvalidInput.on("config", 'The key "$enc" is reserved (it marks encrypted values).')
-    try:
-        backend.validate_config(config)
-    except serializers.ValidationError as exc:  # how runners reject a config (BaseRunner.validate_config)
-        raise InvalidInput({"config": exc.detail}) from None
-    return config
 
 
 def task_check_secret_fields(*, config: Any, secret_fields: Any) -> None:
@@ -600,19 +579,6 @@ def task_replan(*, task: Task, actor: str, reason: str, only_from: frozenset[str
     return len(superseded)
 
 
-def _destination_moved(before: tuple[str, Any, Any], after: tuple[str, Any], *, artifact: bool) -> bool:
-    """Whether an update sends the task's runs elsewhere: another runner or artifact, or a change
-    of what the runner's :meth:`~runners.base.BaseRunner.destination` reads (URL and host,
-    command, function, image, recipients; the whole config for a runner that declares nothing)."""
-    if artifact or before[0] != after[0]:
-        return True
-    try:
-        runner = get_runner(after[0])
-    except UnknownRunner:
-        return bool(before[1] != after[1])
-    return bool(runner.destination(before[1]) != runner.destination(after[1]))
-
-
 def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     """Apply a partial update (``changes`` validated by the API) to a task.
 
@@ -673,7 +639,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         dropped: list[str] = []
         if changed & {"runner", "config", "secret_fields", "artifact"}:
             # A stored secret is never shown again, and never follows a run pointed elsewhere.
-            moved = _destination_moved(before, (task.runner, task.config), artifact="artifact" in changed)
+            moved = destination_moved(before, (task.runner, task.config), artifact="artifact" in changed)
             task.config, dropped = config_carry_secrets(
                 before, (task.runner, task.config, list(task.secret_fields or [])), kept=kept, moved=moved
             )
@@ -824,16 +790,25 @@ class Trigger:
     debounced: bool = False
 
 
-def task_trigger(*, task: Task, actor: str) -> Trigger:
+def task_check_input(*, task: Task, run_input: dict[str, Any] | None) -> None:
+    """Raise :class:`InvalidInput` on ``input`` unless ``run_input`` may be given to a run of
+    ``task`` (:func:`tasks_app.run_config.input_check`)."""
+    input_check(task=task, run_input=run_input)
+
+
+def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = None) -> Trigger:
     """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
-    execution due now. It counts against the owner's hourly execution quota
+    execution due now, given ``run_input`` (checked by :func:`task_check_input`: 400 on
+    ``input``). It counts against the owner's hourly execution quota
     (:class:`~tms_core.errors.QuotaExceeded` when used up).
 
     With ``trigger_debounce`` the run is due that long from now instead, and a trigger while a
-    run of an earlier trigger is still waiting for its time joins that run (the first trigger's
-    run wins): no new execution, nothing counted, the join audited. The task's row is locked
-    for the decision, so concurrent triggers join one run.
+    run of an earlier trigger with the same input is still waiting for its time joins that run
+    (the first trigger's run wins): no new execution, nothing counted, the join audited. A
+    trigger with another input is another request: it gets a (debounced) run of its own. The
+    task's row is locked for the decision, so concurrent triggers join one run.
     """
+    task_check_input(task=task, run_input=run_input)
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
         with transaction.atomic():
             if task.trigger_debounce is not None:
@@ -842,7 +817,7 @@ def task_trigger(*, task: Task, actor: str) -> Trigger:
                 # backfill takes them) are not blocked: a full lock here, before the quota's,
                 # could deadlock with them.
                 task = _lock(task.pk, no_key=True)
-                waiting = _debounced_run(task)
+                waiting = _debounced_run(task, run_input)
                 if waiting is not None:
                     _audit_task(
                         task, AuditAction.TRIGGER, changes={"execution": waiting.pk}, detail=f"joined {waiting.pk}"
@@ -851,7 +826,11 @@ def task_trigger(*, task: Task, actor: str) -> Trigger:
             # Counted (under the owner's quota lock) in the transaction that creates it.
             quota_charge_executions(owner_id=task.owner_id, count=1)
             new_id = transitions.execution_trigger(
-                task_id=task.pk, actor=actor, detail=_trigger_detail(task, actor), delay=task.trigger_debounce
+                task_id=task.pk,
+                actor=actor,
+                detail=_trigger_detail(task, actor),
+                delay=task.trigger_debounce,
+                run_input=run_input,
             )
             if new_id is None:
                 transaction.set_rollback(True)  # nothing created: nothing counted
@@ -881,16 +860,14 @@ def _trigger_detail(task: Task, actor: str) -> str:
     return f"triggered by {actor}; debounced: due in {format_duration(task.trigger_debounce)}, later triggers join it"
 
 
-def _debounced_run(task: Task) -> Execution | None:
-    """The task's triggered run still waiting for its debounce time to pass (due in the future),
-    if any: the run a trigger now joins."""
-    return (
-        Execution.objects.filter(
-            task=task, origin=ExecutionOrigin.TRIGGER, status=ExecutionStatus.SCHEDULED, due_at__gt=db_now()
-        )
-        .order_by("due_at", "id")
-        .first()
+def _debounced_run(task: Task, run_input: dict[str, Any] | None) -> Execution | None:
+    """The task's triggered run with the same input still waiting for its debounce time to pass
+    (due in the future), if any: the run a trigger now joins."""
+    waiting = Execution.objects.filter(
+        task=task, origin=ExecutionOrigin.TRIGGER, status=ExecutionStatus.SCHEDULED, due_at__gt=db_now()
     )
+    same = waiting.filter(input__isnull=True) if run_input is None else waiting.filter(input=run_input)
+    return same.order_by("due_at", "id").first()
 
 
 @dataclass(frozen=True)

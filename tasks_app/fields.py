@@ -53,6 +53,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     # The lifecycle: audited (pause, resume, delete and a one-shot's completion change it).
     _state("status", audited=True),
     *_settings(WHAT, "runner", "config", "secret_fields"),
+    # What a run's input must be, and which config values it fills (tasks_app.run_input).
+    *_settings(WHAT, "input_schema", "input_fills"),
     # An artifact is chosen when the task is created; another one is another task.
     TaskField("artifact", WHAT, updatable=False),
     *_settings(WHEN, "start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"),

@@ -257,6 +257,18 @@ class Task(models.Model):
         blank=True,
         help_text='Paths into config whose values are secret, e.g. ["payload.token"]: encrypted, masked on read.',
     )
+    #: A JSON Schema a run's input must satisfy (checked at trigger time); null: any object.
+    input_schema = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="JSON Schema of a run's input (trigger, trigger URL body, upstream output); null: any object.",
+    )
+    #: Config paths a run's input fills: {"<config path>": "<input path>"} (tasks_app.run_input).
+    input_fills = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Config values a run\'s input fills, e.g. {"payload.date": "date"}: config path to input path.',
+    )
     # Indexed only where set (task_artifact_idx): most tasks have none.
     artifact = models.ForeignKey(
         Artifact,
@@ -545,6 +557,7 @@ class AuditAction(models.TextChoices):
     MATERIALISE = "materialise"
     CANCEL = "cancel"
     RETRY = "retry"
+    REPLAY = "replay"
 
 
 class AuditEntry(models.Model):

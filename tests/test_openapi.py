@@ -97,6 +97,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/executions/{id}/cancel"),
         ("POST", "/api/v1/executions/{id}/cancel-workflow"),
         ("POST", "/api/v1/executions/{id}/retry"),
+        ("POST", "/api/v1/executions/replay"),
         ("GET", "/api/v1/workers"),
         ("GET", "/api/v1/workers/{id}"),
         ("GET", "/api/v1/audit"),

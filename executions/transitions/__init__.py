@@ -20,9 +20,11 @@ Callers import the package (``from executions import transitions``) and use the 
 from executions.transitions.actions import (
     RETRYABLE_STATUSES,
     CancelOutcome,
+    Replay,
     execution_cancel,
     execution_retry,
     execution_trigger,
+    executions_replay,
 )
 from executions.transitions.create import NewExecution, executions_create, executions_create_arrays
 from executions.transitions.dispatch import (
@@ -80,6 +82,7 @@ __all__ = [
     "Misfire",
     "NewExecution",
     "Outlook",
+    "Replay",
     "Success",
     "dispatch_outlook",
     "execution_acquire",
@@ -102,6 +105,7 @@ __all__ = [
     "executions_expire_leases",
     "executions_release_limit_waiters",
     "executions_release_waiting",
+    "executions_replay",
     "executions_succeed",
     "executions_take_due",
     "executions_take_polls",

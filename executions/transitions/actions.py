@@ -3,7 +3,7 @@ CANCELLED``), trigger a run now and retry a failed one (new SCHEDULED executions
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -85,7 +85,8 @@ def execution_cancel(
 #: The columns a run created on request sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, workflow_run, upstream, input"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, workflow_run, upstream, input,"
+    " config_override, replay_of_id"
 )
 #: Whether a run of task ``t`` is exclusive (see ``Execution.exclusive``).
 _EXCLUSIVE = "(t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits)"
@@ -108,9 +109,21 @@ def _now_param(delay: timedelta | None = None) -> object:
     return Execution._meta.get_field("scheduled_for").get_db_prep_value(when, connection)
 
 
-def execution_trigger(*, task_id: object, actor: str, detail: str = "", delay: timedelta | None = None) -> int | None:
+def _json_param(value: object) -> object:
+    return Execution._meta.get_field("input").get_db_prep_value(value, connection)
+
+
+def execution_trigger(
+    *,
+    task_id: object,
+    actor: str,
+    detail: str = "",
+    delay: timedelta | None = None,
+    run_input: Mapping[str, object] | None = None,
+) -> int | None:
     """Create a SCHEDULED execution of a live (not DELETED) task, due now (or ``delay`` from now:
-    a debounced trigger), outside its schedule.
+    a debounced trigger), outside its schedule, given ``run_input`` (its ``input``; checked by the
+    caller).
 
     Returns its id, or None if the task is gone or deleted (or, vanishingly rarely, an
     occurrence of the task exists at this very microsecond).
@@ -119,10 +132,11 @@ def execution_trigger(*, task_id: object, actor: str, detail: str = "", delay: t
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id,"  # noqa: S608
-        " NULL, NULL, NULL"
+        " NULL, NULL, %s, NULL, NULL"
         f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s{key_share('t')}"
     )
-    params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED, task_pk, TaskStatus.DELETED]
+    params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED]
+    params += [None if run_input is None else _json_param(dict(run_input)), task_pk, TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
 
 
@@ -144,10 +158,57 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     now = _now_param()
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
-        " '', '', '{}', '', '', '', t.owner_id, e.workflow_run, e.upstream, e.input"
+        " '', '', '{}', '', '', '', t.owner_id, e.workflow_run, e.upstream, e.input, e.config_override, NULL"
         f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED, execution_id]
     params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One execution to run again by a replay, and what its new run is given."""
+
+    execution_id: int
+    #: The new run's input; None keeps the replayed execution's.
+    run_input: Mapping[str, object] | None = None
+    #: The new run's config (stored form, secrets sealed); None keeps the replayed execution's
+    #: (its own override, or its task's config).
+    config_override: Mapping[str, object] | None = None
+
+
+def executions_replay(*, replays: Sequence[Replay], actor: str) -> list[int | None]:
+    """Run executions again: for each, a new SCHEDULED execution of the same task, due now,
+    attempt 1, ``origin`` replay, ``replay_of`` = the old one, with the old one's input and
+    config unless the replay gives others. Its own run: not in a workflow run (when it ends, what
+    follows its task starts from it, as from a root). The old rows are left as they are.
+
+    Conditional on each task not being DELETED: returns the new ids in order, None for each one
+    lost (the caller rolls back or keeps the others). Each new run's ``scheduled_for`` is now plus
+    its place in ``replays`` in microseconds, so that several runs of one task stay distinct
+    occurrences (unique on task and time)."""
+    base = db_now()
+    created: list[int | None] = []
+    field = Execution._meta.get_field("scheduled_for")
+    for place, replay in enumerate(replays):
+        when = field.get_db_prep_value(base + timedelta(microseconds=place), connection)
+        given_input = "e.input" if replay.run_input is None else "%s"
+        given_config = "e.config_override" if replay.config_override is None else "%s"
+        select_sql = (
+            f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL,"  # noqa: S608
+            f" '', '', '{{}}', '', '', '', t.owner_id, NULL, NULL, {given_input}, {given_config}, e.id"
+            f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
+            f" WHERE e.id = %s AND t.status <> %s{key_share('t')}"
+        )
+        params: list[object] = [when, _now_param(), OverlapPolicy.ALLOW, "replay", S.SCHEDULED]
+        if replay.run_input is not None:
+            params.append(_json_param(dict(replay.run_input)))
+        if replay.config_override is not None:
+            params.append(_json_param(dict(replay.config_override)))
+        params += [replay.execution_id, TaskStatus.DELETED]
+        created.append(
+            _insert_now(select_sql, params, actor=actor, detail=f"replay of execution {replay.execution_id}")
+        )
+    return created

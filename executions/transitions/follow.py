@@ -40,13 +40,13 @@ from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.sql import EXECUTIONS, Event, key_share, postgresql, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
+
+# The longest output (characters) read as a follower's input: a longer one is cut and given as text.
+from tasks_app.run_input import INPUT_MAX_CHARS
 from tms_core.clock import db_now
 
 #: The actor of a follower's creation event.
 WORKFLOW_ACTOR = "workflow"
-#: The longest output (characters) read as a follower's input; a longer one is cut and given as
-#: text (``{"output": "…"}``).
-INPUT_MAX_CHARS = 64 * 1024
 #: Namespace of the advisory lock (two-key form) a fan-in's check holds on its workflow run.
 FAN_IN_LOCK_NAMESPACE = 0x7A5E
 #: What an ending write returns for :func:`ended_rows` (``id, attempt`` first, as every write).

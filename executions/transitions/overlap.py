@@ -87,7 +87,11 @@ def execution_claim_exclusive(
         if task is None:  # pragma: no cover - executions go with their task
             return ExclusiveClaim("lost")
         # Task, then execution: the order task_update, task_pause and task_delete lock them in.
-        row = claimable.select_for_update().values("task_id", "scheduled_for", "exclusive", "waiting_on").first()
+        row = (
+            claimable.select_for_update()
+            .values("task_id", "scheduled_for", "exclusive", "waiting_on", "config_override")
+            .first()
+        )
         if row is None:  # moved on (cancelled, untaken, claimed) since the first read
             return ExclusiveClaim("lost")
         # The misfire policy, decided where the run is claimed (the rows stayed PENDING while no
@@ -232,7 +236,8 @@ def _take_limits(
         execution_id=execution_id,
         task_id=row["task_id"],
         runner=task["runner"],
-        config=task["config"],
+        # A run with a config of its own (a replay's) is counted where that config sends it.
+        config=task["config"] if row["config_override"] is None else row["config_override"],
         waiting_on=row["waiting_on"],
         lease_seconds=lease_seconds,
     )

@@ -49,7 +49,15 @@ def test_a_diamond_runs_each_step_once_and_d_after_both(platform, api_client):
         start_at=_later(),
     )
     b = _task(api_client, name="b", runner="sleep", config={"duration": "200ms"}, after=[{"task": a}])
-    c = _task(api_client, name="c", runner="sleep", config={"duration": "50ms"}, after=[{"task": a}])
+    # c's command is filled from its input (a's output) on the worker: issue 31's input_fills.
+    c = _task(
+        api_client,
+        name="c",
+        runner="subprocess",
+        config={"command": ["echo", "no rows given"]},
+        input_fills={"command.1": "rows"},
+        after=[{"task": a}],
+    )
     d = _task(api_client, name="d", runner="noop", after=[{"task": b}, {"task": c, "on": "success"}])
     root = _trigger(api_client, a)
     wait_for(lambda: Execution.objects.filter(task_id=d, status=S.SUCCEEDED).exists(), timeout=60, what="D SUCCEEDED")
@@ -60,7 +68,8 @@ def test_a_diamond_runs_each_step_once_and_d_after_both(platform, api_client):
     assert run_a.pk == root
     assert {run.workflow_run for run in (run_a, run_b, run_c, run_d)} == {root}
     assert run_b.upstream == [root] and run_c.upstream == [root]
-    assert run_b.input == {"rows": 3}
+    assert run_b.input == {"rows": 3} and run_c.input == {"rows": 3}
+    assert run_c.output.strip() == "3"  # the filled config reached the runner on a worker process
     assert sorted(run_d.upstream or []) == sorted([run_b.pk, run_c.pk])
     assert set(run_d.input or {}) == {b, c}
     assert all(run.origin == ExecutionOrigin.WORKFLOW for run in (run_b, run_c, run_d))

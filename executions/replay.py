@@ -1,0 +1,189 @@
+"""Bulk replay: run a selection of finished executions again, each as a new run due now.
+
+``POST /api/v1/executions/replay`` and the admin's "Replay selected executions" both come here.
+The new runs are created by :func:`executions.transitions.executions_replay` (the one module
+that writes executions), in one transaction with their quota charge and one audit entry: all of
+them or none.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from executions import transitions
+from executions.models import TERMINAL_STATUSES, Execution
+from executions.notify import notify_due
+from tasks_app.audit import audit_record
+from tasks_app.models import AuditAction, Task, TaskStatus
+from tasks_app.quotas import quota_charge_executions
+from tasks_app.run_config import config_override, input_check
+from tasks_app.run_input import check_input
+from tasks_app.secrets import config_masked
+from tms_core.errors import ConflictError, GoneError, InvalidInput
+
+#: The most executions one replay request may run again.
+MAX_REPLAY = 1000
+#: The most tasks one selection may name.
+MAX_REPLAY_TASKS = 100
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What a replay did (or, for a dry run, would do)."""
+
+    dry_run: bool
+    #: The executions replayed (selected), in the order of their new runs.
+    replayed: list[int]
+    #: The new executions, one per replayed one (none for a dry run).
+    created: list[int] = field(default_factory=list)
+    #: Secrets of a task's config left out of the new runs' config, per task: the override points
+    #: the runs elsewhere (another URL, host, command ...), and a task's secrets never follow them.
+    dropped_secrets: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.replayed)
+
+
+def replay_select(
+    *,
+    owner_id: int,
+    task_ids: Sequence[uuid.UUID],
+    statuses: Sequence[str],
+    since: datetime | None,
+    until: datetime | None,
+) -> list[int]:
+    """The ids of the owner's finished executions of ``task_ids`` with one of ``statuses``, that
+    finished at or after ``since`` and before ``until``, oldest end first. Raises
+    :class:`GoneError` (404) for a task that is not the owner's, :class:`InvalidInput` on
+    ``status`` for a status that is not a finished one, on ``until`` when it is not after
+    ``since``, and when more than :data:`MAX_REPLAY` match (nothing is replayed then)."""
+    if not task_ids:
+        raise InvalidInput.on("task", "Name the task (or tasks) whose executions to replay.")
+    if len(set(task_ids)) > MAX_REPLAY_TASKS:
+        raise InvalidInput.on("tasks", f"At most {MAX_REPLAY_TASKS} tasks a request.")
+    found = set(Task.objects.filter(pk__in=set(task_ids), owner_id=owner_id).values_list("pk", flat=True))
+    missing = [str(task_id) for task_id in task_ids if task_id not in found]
+    if missing:
+        raise GoneError(f"No task {missing[0]} (of yours).")
+    unfinished = sorted(set(statuses) - TERMINAL_STATUSES)
+    if unfinished:
+        raise InvalidInput.on(
+            "status", f"Only finished executions are replayed (SUCCEEDED, FAILED, CANCELLED), not {unfinished[0]}."
+        )
+    if since is not None and until is not None and until <= since:
+        raise InvalidInput.on("until", "Must be after since.")
+    selected = Execution.objects.filter(
+        task_id__in=found, status__in=list(statuses or TERMINAL_STATUSES), superseded=False
+    )
+    if since is not None:
+        selected = selected.filter(finished_at__gte=since)
+    if until is not None:
+        selected = selected.filter(finished_at__lt=until)
+    ids = list(selected.order_by("finished_at", "id").values_list("pk", flat=True)[: MAX_REPLAY + 1])
+    if len(ids) > MAX_REPLAY:
+        raise InvalidInput.on(
+            "non_field_errors",
+            f"The selection matches more than {MAX_REPLAY} executions, the most one replay runs again: narrow it "
+            "(since, until, status) and replay it in parts.",
+        )
+    return ids
+
+
+def executions_replay_by_user(
+    *,
+    owner_id: int,
+    execution_ids: Sequence[int],
+    actor: str,
+    run_input: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    dry_run: bool = False,
+    selection: Mapping[str, Any] | None = None,
+) -> ReplayReport:
+    """Run the owner's finished executions ``execution_ids`` again: each a new execution of its
+    task, due now, ``origin`` replay, ``replay_of`` the old one (see
+    :func:`executions.transitions.executions_replay`).
+
+    ``run_input`` replaces each new run's input (checked against each task's ``input_schema``
+    and ``input_fills``: :class:`InvalidInput` on ``input``); ``config`` is a partial config laid
+    over each task's for the new runs only, validated as a change of the task's config would be
+    (:func:`tasks_app.run_config.config_override`: :class:`InvalidInput` on ``config``).
+    ``dry_run`` checks all of it and creates nothing (the quota is not counted).
+
+    All or nothing: the new runs count against the owner's hourly quota of executions created on
+    request (:class:`QuotaExceeded`, or :class:`InvalidInput` when they never fit, before
+    anything is created), and one audit entry names the count and the selection."""
+    if run_input is not None:
+        check_input(run_input, None)  # its shape and size, whatever the selection holds
+    if config is not None and not isinstance(config, dict):
+        raise InvalidInput.on("config", "A JSON object: the config values to change for these runs.")
+    ids = list(dict.fromkeys(execution_ids))
+    if len(ids) > MAX_REPLAY:
+        raise InvalidInput.on("non_field_errors", f"At most {MAX_REPLAY} executions a replay; {len(ids)} selected.")
+    rows = list(
+        Execution.objects.filter(pk__in=ids, owner_id=owner_id)
+        .only("pk", "status", "task_id", "finished_at")
+        .order_by("finished_at", "id")
+    )
+    by_id = {row.pk: row for row in rows}
+    if len(by_id) < len(ids):
+        missing = next(pk for pk in ids if pk not in by_id)
+        raise GoneError(f"No execution {missing} (of yours).")
+    for row in rows:
+        if row.status not in TERMINAL_STATUSES:
+            raise InvalidInput.on(
+                "non_field_errors", f"Execution {row.pk} is {row.status}: only finished executions are replayed."
+            )
+    tasks = Task.objects.in_bulk({row.task_id for row in rows})
+    for task in tasks.values():
+        if task.status == TaskStatus.DELETED:
+            raise InvalidInput.on("task", f"Task {task.pk} is deleted: its executions are not run again.")
+        if run_input is not None:
+            input_check(task=task, run_input=run_input)
+    overrides: dict[uuid.UUID, Any] = {}
+    dropped: dict[str, list[str]] = {}
+    if config is not None:
+        for task in tasks.values():
+            overrides[task.pk], lost = config_override(task=task, override=config)
+            if lost:
+                dropped[str(task.pk)] = lost
+    order = [row.pk for row in rows]
+    if dry_run or not rows:
+        return ReplayReport(dry_run=dry_run, replayed=order, dropped_secrets=dropped)
+    replays = [
+        transitions.Replay(row.pk, run_input=run_input, config_override=overrides.get(row.task_id)) for row in rows
+    ]
+    with transaction.atomic():
+        quota_charge_executions(owner_id=owner_id, count=len(replays))
+        created = transitions.executions_replay(replays=replays, actor=actor)
+        if not all(created):  # the transaction, quota charge included, is rolled back
+            raise ConflictError("A task of the selection was deleted meanwhile: nothing was replayed.")
+        new_ids = [int(new_id) for new_id in created if new_id is not None]
+        changes: dict[str, Any] = {
+            "count": len(new_ids),
+            "selection": dict(selection or {"executions": order}),
+            "replayed": order,
+            "created": new_ids,
+        }
+        if run_input is not None:
+            changes["input"] = "replaced"
+        if config is not None:
+            changes["config"] = {str(task_id): config_masked("", sealed) for task_id, sealed in overrides.items()}
+        only_task = next(iter(tasks)) if len(tasks) == 1 else None
+        audit_record(
+            action=AuditAction.REPLAY,
+            object_type="execution",
+            object_id=new_ids[0],
+            owner=owner_id,
+            task_id=only_task,
+            changes=changes,
+            detail=f"{len(new_ids)} execution(s) replayed",
+        )
+    notify_due()
+    return ReplayReport(dry_run=False, replayed=order, created=new_ids, dropped_secrets=dropped)
