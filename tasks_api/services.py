@@ -803,10 +803,10 @@ def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = N
     (:class:`~tms_core.errors.QuotaExceeded` when used up).
 
     With ``trigger_debounce`` the run is due that long from now instead, and a trigger while a
-    run of an earlier trigger with the same input is still waiting for its time joins that run
-    (the first trigger's run wins): no new execution, nothing counted, the join audited. A
-    trigger with another input is another request: it gets a (debounced) run of its own. The
-    task's row is locked for the decision, so concurrent triggers join one run.
+    run of an earlier trigger is still waiting for its time joins that run: no new execution,
+    nothing counted, the join audited. The run keeps its due time (the first trigger's) and takes
+    the joining trigger's input: **the last input wins** (a burst of events runs once, on the
+    latest). The task's row is locked for the decision, so concurrent triggers join one run.
     """
     task_check_input(task=task, run_input=run_input)
     for _ in range(3):  # a clash with an occurrence at the very same microsecond is retried
@@ -817,12 +817,16 @@ def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = N
                 # backfill takes them) are not blocked: a full lock here, before the quota's,
                 # could deadlock with them.
                 task = _lock(task.pk, no_key=True)
-                waiting = _debounced_run(task, run_input)
-                if waiting is not None:
+                waiting = _debounced_run(task)
+                if waiting is not None and transitions.execution_join_trigger(
+                    execution_id=waiting.pk, run_input=run_input
+                ):
+                    waiting.input = run_input
                     _audit_task(
                         task, AuditAction.TRIGGER, changes={"execution": waiting.pk}, detail=f"joined {waiting.pk}"
                     )
                     return Trigger(waiting, joined=True, debounced=True)
+                # None waiting, or it was taken since it was read: this trigger's run is a new one.
             # Counted (under the owner's quota lock) in the transaction that creates it.
             quota_charge_executions(owner_id=task.owner_id, count=1)
             new_id = transitions.execution_trigger(
@@ -860,14 +864,13 @@ def _trigger_detail(task: Task, actor: str) -> str:
     return f"triggered by {actor}; debounced: due in {format_duration(task.trigger_debounce)}, later triggers join it"
 
 
-def _debounced_run(task: Task, run_input: dict[str, Any] | None) -> Execution | None:
-    """The task's triggered run with the same input still waiting for its debounce time to pass
-    (due in the future), if any: the run a trigger now joins."""
+def _debounced_run(task: Task) -> Execution | None:
+    """The task's triggered run still waiting for its debounce time to pass (due in the future),
+    if any: the run a trigger now joins."""
     waiting = Execution.objects.filter(
         task=task, origin=ExecutionOrigin.TRIGGER, status=ExecutionStatus.SCHEDULED, due_at__gt=db_now()
     )
-    same = waiting.filter(input__isnull=True) if run_input is None else waiting.filter(input=run_input)
-    return same.order_by("due_at", "id").first()
+    return waiting.order_by("due_at", "id").first()
 
 
 @dataclass(frozen=True)

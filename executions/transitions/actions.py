@@ -140,6 +140,19 @@ def execution_trigger(
     return _insert_now(select_sql, params, actor=actor, detail=detail or "triggered: run now")
 
 
+def execution_join_trigger(*, execution_id: int, run_input: Mapping[str, object] | None) -> bool:
+    """A later debounced trigger joins a triggered run that still waits for its due time: the run
+    takes that trigger's input (the last trigger's input wins; None clears it). Conditional on the
+    run being still SCHEDULED and not yet due (a monitor may take it meanwhile); returns whether
+    it won (if not, the trigger needs a run of its own)."""
+    value = None if run_input is None else dict(run_input)
+    return bool(
+        Execution.objects.filter(pk=execution_id, origin="trigger", status=S.SCHEDULED, due_at__gt=Now()).update(
+            input=value
+        )
+    )
+
+
 #: The statuses an execution must have to be run again by :func:`execution_retry`.
 RETRYABLE_STATUSES: frozenset[str] = frozenset({S.FAILED, S.CANCELLED})
 

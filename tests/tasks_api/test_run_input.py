@@ -180,17 +180,23 @@ def test_an_input_whose_fill_the_runner_refuses_is_a_400_on_input(api_client):
     assert not Execution.objects.filter(task_id=task["id"]).exists()
 
 
-def test_debounced_triggers_join_only_a_run_with_the_same_input(user):
+def test_debounced_triggers_join_one_run_and_the_last_input_wins(user):
     task = task_create(owner=user, runner="noop", config={}, trigger_debounce=timedelta(seconds=60))
     first = task_trigger(task=task, actor="t", run_input={"n": 1})
-    same = task_trigger(task=task, actor="t", run_input={"n": 1})
-    other = task_trigger(task=task, actor="t", run_input={"n": 2})
-    bare = task_trigger(task=task, actor="t")
+    second = task_trigger(task=task, actor="t", run_input={"n": 2})
+    third = task_trigger(task=task, actor="t", run_input={"n": 3})
 
-    assert same.joined and same.execution.pk == first.execution.pk
-    assert not other.joined and other.execution.input == {"n": 2}
-    assert not bare.joined and bare.execution.input is None
-    assert Execution.objects.filter(task=task, origin=ExecutionOrigin.TRIGGER).count() == 3
+    assert second.joined and third.joined
+    assert first.execution.pk == second.execution.pk == third.execution.pk
+    (run,) = Execution.objects.filter(task=task, origin=ExecutionOrigin.TRIGGER)
+    assert run.input == {"n": 3} and third.execution.input == {"n": 3}
+    assert run.due_at == first.execution.due_at  # the first trigger's time: later ones do not push it
+
+    # A run taken meanwhile (its time came) is not joined: the next trigger gets a run of its own.
+    Execution.objects.filter(pk=run.pk).update(status=ExecutionStatus.PENDING)
+    fourth = task_trigger(task=task, actor="t", run_input={"n": 4})
+    assert not fourth.joined and fourth.execution.input == {"n": 4}
+    assert Execution.objects.get(pk=run.pk).input == {"n": 3}
 
 
 # --- the config the runner gets -----------------------------------------------------------------
