@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from executions.models import Execution, ExecutionOrigin
@@ -40,6 +40,7 @@ from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.sql import EXECUTIONS, Event, key_share, postgresql, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
+from tms_core import metrics
 from tms_core.clock import db_now
 
 #: The actor of a follower's creation event.
@@ -125,6 +126,7 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     ):
         needs[follower][upstream] = on
     created: list[int] = []
+    by_on: defaultdict[str, int] = defaultdict(int)  # the steps created, by the ``on`` the end met
     for run in ended:
         followers = sorted(
             {follower for follower, upstream, on in links if upstream == run.task_id and on in SATISFIES[run.status]}
@@ -146,9 +148,16 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
             new = _create_step(follower, workflow_run, arrived)
             if new is not None:
                 created.append(new)
+                by_on[required[run.task_id]] += 1
     if created:
         notify_due()  # delivered when the end commits
+        transaction.on_commit(lambda: _count(by_on))  # counted if the end commits, not before
     return created
+
+
+def _count(by_on: Mapping[str, int]) -> None:
+    for on, count in by_on.items():
+        metrics.WORKFLOW_STEPS_CREATED.labels(on).inc(count)
 
 
 def _lock_workflow_run(workflow_run: int) -> None:
