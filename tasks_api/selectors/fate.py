@@ -51,8 +51,8 @@ def workflow_cause(execution: Execution) -> str:
     """Why a workflow step's run exists: the runs it followed and how they ended, with the
     ``after`` entries they met ("created because extract run #41 succeeded (after: on success),
     in workflow run #41"); "" for a run that is no step. Two queries for a step, none otherwise."""
-    if not execution.upstream:
-        return ""
+    if "upstream" in execution.get_deferred_fields() or not execution.upstream:
+        return ""  # a list that read only some columns (the occurrence timeline): no query per row
     runs = upstream_runs(execution)
     if not runs:
         return f"created after execution(s) {', '.join(map(str, execution.upstream))}, no longer kept"
