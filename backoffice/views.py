@@ -34,7 +34,7 @@ from backoffice.scope import (
     visible_executions,
     visible_tasks,
 )
-from backoffice.workflow_graph import state_words, workflow_graph
+from backoffice.workflow_graph import state_word, workflow_graph
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.services import execution_cancel_by_user, execution_retry_by_user
@@ -566,7 +566,7 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if execution.workflow_run is not None and execution.workflow_run != execution.pk:
         return redirect("backoffice:workflow-run", pk=execution.workflow_run)
     run = workflow_run_read(execution)
-    steps = [{"step": step, "words": state_words(step)} for step in run.ordered()]
+    steps = [{"step": step, "word": state_word(step)} for step in run.ordered()]
     names = {step.task.pk: str(step.task) for step in run.steps.values()}
     return render(
         request,
@@ -576,7 +576,10 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "root": execution,
             "graph": workflow_graph(run),
             "steps": steps,
-            "links": [{"link": link, "upstream": names[link.upstream], "task": names[link.task]} for link in run.links],
+            "links": sorted(
+                ({"link": link, "upstream": names[link.upstream], "task": names[link.task]} for link in run.links),
+                key=lambda row: (run.steps[row["link"].task].depth, row["task"].lower(), row["upstream"].lower()),
+            ),
         },
     )
 

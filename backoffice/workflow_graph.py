@@ -29,9 +29,16 @@ STATE_STYLE: dict[str, tuple[str, str, str, str, str]] = {
     WAITING: ("#7a5bd3", "#ffffff", "#5b3fb0", "\u2026", "waiting"),
     SKIPPED: ("#8a8f9c", "#f5f6f8", "#5e6578", "\u2013", "will not run"),
 }
-NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 200, 58, 80, 24, 16
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 230, 58, 80, 24, 16
 #: Characters of a task's name a box shows (the whole name is in its title).
-NAME_CHARS = 26
+NAME_CHARS = 28
+#: Characters of its state a box shows (the whole of it is in its title).
+STATE_CHARS = 34
+
+
+def state_word(step: Step) -> str:
+    """A step's state in one word or two ("succeeded", "waiting", "will not run")."""
+    return STATE_STYLE.get(step.state, STATE_STYLE[WAITING])[4]
 
 
 def state_words(step: Step) -> str:
@@ -69,7 +76,8 @@ def _edge(link: Link, run: WorkflowRun, at: dict[object, tuple[float, float]]) -
         f'<g class="wf-edge" data-from="{link.upstream}" data-to="{link.task}"><title>{escape(title)}</title>'
         f'<path d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}" '
         f'fill="none" stroke="{stroke}" stroke-width="1.6"{dash} marker-end="url(#wf-arrow)"/>'
-        f'<text x="{mid_x:.1f}" y="{mid_y - 4:.1f}" text-anchor="middle" fill="#4a5163">{escape(link.on)}</text></g>'
+        f'<text x="{mid_x:.1f}" y="{mid_y - 4:.1f}" text-anchor="middle" fill="#4a5163" stroke="#fff" '
+        f'stroke-width="3" paint-order="stroke">{escape(link.on)}</text></g>'
     )
 
 
@@ -86,7 +94,7 @@ def _node(step: Step, at: tuple[float, float]) -> str:
         else reverse("backoffice:task", args=[step.task.pk])
     )
     status = f"{sign} {words}"
-    status_shown = status if len(status) <= 34 else status[:33] + "\u2026"
+    status_shown = status if len(status) <= STATE_CHARS else status[: STATE_CHARS - 1] + "\u2026"
     return (
         f'<a href="{href}" class="wf-node" data-task="{step.task.pk}" data-state="{escape(step.state)}">'
         f"<title>{escape(name)}: {escape(words)}</title>"
