@@ -18,8 +18,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from django.db.models import Q
-
 from executions.models import ACTIVE_STATUSES, Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions.follow import SATISFIES
@@ -27,6 +25,9 @@ from tasks_app.models import DependencyOn, Task, TaskDependency, TaskStatus
 
 #: A workflow run reads at most this many tasks (a guard: ``after`` allows wide graphs).
 MAX_STEPS = 200
+
+#: Retries on request of retries read, at most (a step retried more often shows its latest of these).
+MAX_RETRY_ROUNDS = 10
 
 #: The state of a task that has no run in the workflow run.
 WAITING = "WAITING"  #: it may still run: what it follows has not all ended
@@ -111,12 +112,21 @@ def workflow_run_read(root: Execution) -> WorkflowRun:
     tasks = Task.objects.in_bulk(task_ids)
     executions: list[Execution] = [root]
     if root.workflow_run is not None:
+        # Each task's first run in the run through the unique (task, workflow_run) index, then
+        # the retries on request of those, round by round, through the unique index on retry_of.
         executions += list(
-            Execution.objects.filter(Q(task_id__in=task_ids[1:]) | Q(task_id=root.task_id, retry_of__isnull=False))
-            .filter(workflow_run=run.id)
-            .exclude(pk=root.pk)
-            .order_by("id")
+            Execution.objects.filter(task_id__in=task_ids[1:], workflow_run=run.id, retry_of__isnull=True).order_by(
+                "id"
+            )
         )
+        frontier = [execution.pk for execution in executions]
+        for _ in range(MAX_RETRY_ROUNDS):
+            retries = list(Execution.objects.filter(retry_of_id__in=frontier, workflow_run=run.id).order_by("id"))
+            if not retries:
+                break
+            executions += retries
+            frontier = [execution.pk for execution in retries]
+        executions.sort(key=lambda execution: execution.pk)
     for task_id in task_ids:
         if task_id in tasks:
             run.steps[task_id] = Step(tasks[task_id])

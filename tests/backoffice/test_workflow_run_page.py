@@ -130,3 +130,19 @@ def test_the_task_page_links_upstream_and_downstream_tasks_and_says_why_no_next_
         "No next run of its own: it has no schedule and runs only after other tasks, when check succeeds "
         "(on success) and transform succeeds (on success) within one workflow run (or when run on request)."
     )
+
+
+def test_a_retried_step_shows_its_latest_run_and_the_run_recovers(diamond):
+    from executions.services import execution_retry_by_user
+
+    root = diamond["root"]
+    _end(root.pk)
+    failed = _step(diamond["check"])
+    _end(failed.pk, ok=False)
+    _end(_step(diamond["transform"]).pk)
+    assert workflow_run_read(Execution.objects.get(pk=root.pk)).state == RunState.FAILED
+    retry = execution_retry_by_user(execution=Execution.objects.get(pk=failed.pk), actor="test")
+    run = workflow_run_read(Execution.objects.get(pk=root.pk))
+    step = run.steps[diamond["check"].pk]
+    assert step.execution.pk == retry.pk and step.runs == 2 and run.state == RunState.RUNNING
+    assert run.unhandled == []
