@@ -34,11 +34,13 @@ from backoffice.scope import (
     visible_executions,
     visible_tasks,
 )
+from backoffice.workflow_graph import state_word, workflow_graph
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.transitions import RETRYABLE_STATUSES
+from executions.workflow_runs import workflow_run_read
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_api.hooks import hook_url, task_hook_delete, task_hook_set
@@ -65,6 +67,7 @@ from tasks_api.services import (
     trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
+from tasks_api.workflows import follower_words, task_neighbours
 from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
@@ -234,11 +237,15 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         fire_times = []
     rules, default_rules = task_rules(task)
     owner_here = task.owner_id == request_user(request).pk
+    upstream, downstream = task_neighbours(task)
     rule_form = forms.get("rule_form") or (RuleForm(owner=task.owner, fixed_task=task) if owner_here else None)
     return {
         "task": task,
         "state": task_state(task),
         "next_run": task_next_run(task),
+        "upstream": upstream,
+        "downstream": downstream,
+        "follower_words": follower_words(task, upstream),
         "resume": resume_preview(task),
         "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
@@ -554,6 +561,32 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
         task_id=execution.task_id, ran=execution.task_version, current=execution.task.version
     )
     return render(request, "backoffice/execution_detail.html", context)
+
+
+@login_required
+def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """A workflow run (named by its root's execution id): its graph, drawn server-side, and its
+    steps in a table. A step's id leads to its workflow run's page."""
+    execution = execution_or_404(request.user, pk)
+    if execution.workflow_run is not None and execution.workflow_run != execution.pk:
+        return redirect("backoffice:workflow-run", pk=execution.workflow_run)
+    run = workflow_run_read(execution)
+    steps = [{"step": step, "word": state_word(step)} for step in run.ordered()]
+    names = {step.task.pk: str(step.task) for step in run.steps.values()}
+    return render(
+        request,
+        "backoffice/workflow_run.html",
+        {
+            "run": run,
+            "root": execution,
+            "graph": workflow_graph(run),
+            "steps": steps,
+            "links": sorted(
+                ({"link": link, "upstream": names[link.upstream], "task": names[link.task]} for link in run.links),
+                key=lambda row: (run.steps[row["link"].task].depth, row["task"].lower(), row["upstream"].lower()),
+            ),
+        },
+    )
 
 
 @login_required

@@ -51,7 +51,10 @@ EXECUTION = Execution._meta.db_table
 NAME = "tms_status_changed"
 
 #: The columns of ``changed``: the new row's, and (``old_`` prefixed) what the statement changed.
-_NEW = ("id", "task_id", "owner_id", "status", "attempt", "due_at", "started_at", "finished_at", "error")
+_NEW = (
+    *("id", "task_id", "owner_id", "status", "attempt", "due_at", "started_at", "finished_at", "error"),
+    "workflow_run",  # the outbox's part for workflow steps (notifications.triggers)
+)
 _OLD = ("status", "attempt", "due_at", "started_at")
 
 

@@ -32,6 +32,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from executions.models import Execution, ExecutionStatus
+from executions.workflow_runs import RunState, WorkflowRun, workflow_run_read
 from notifications import senders
 from notifications.models import (
     Channel,
@@ -225,10 +226,70 @@ def _state(rule: Rule, task: Task) -> RuleState:
     return RuleState.objects.select_for_update().get(rule=rule, task=task)
 
 
-def _apply(row: Outbox, task: Task, rule: Rule) -> None:
+def workflow_of(row: Outbox) -> WorkflowRun | None:
+    """The workflow run a "workflow" outbox row's step belongs to, as it stands now (None: gone)."""
+    if row.execution_id is None:
+        return None
+    step = Execution.objects.filter(pk=row.execution_id).values_list("workflow_run", flat=True).first()
+    root = Execution.objects.filter(pk=step).select_related("task").first() if step is not None else None
+    return workflow_run_read(root) if root is not None else None
+
+
+def _apply_workflow(row: Outbox, task: Task, rule: Rule, run: WorkflowRun) -> None:
+    """A step of a workflow run of ``task`` (its root task) ended; ``run`` is that run now.
+
+    The run *failed* once a step failed for good with nothing to follow its failure (it cannot
+    complete), even while other branches still run; it *succeeded* once every step ended and none
+    failed unhandled. As "failing" and "recovered" for a task: "workflow_failed" once when the
+    task's workflow runs start failing (later failed runs are counted, each once however many of
+    its steps end), "workflow_recovered" when one succeeds after. The delivery key is the run's,
+    so no run is told twice."""
+    common: dict[str, Any] = {"execution_id": row.execution_id, "attempt": row.attempt, "at": row.at}
+    state = _state(rule, task)
+    if run.unhandled:
+        if state.workflow_failed_run == run.id:
+            return  # this run is counted already (another of its steps ended)
+        state.workflow_failed_run = run.id
+        if state.workflow_failing:
+            state.workflow_failures += 1
+        else:
+            state.workflow_failing, state.workflow_failures = True, 1
+            if rule.on_failure:
+                failed = run.unhandled[0]
+                notify(
+                    rule,
+                    task,
+                    "workflow_failed",
+                    f"workflow:{run.id}:failed",
+                    workflow_run=run.id,
+                    failed_steps=[{"execution": e.pk, "task": str(e.task_id)} for e in run.unhandled],
+                    detail=f"Step {failed.pk} ({failed.task}) failed: {failed.error[:900]}",
+                    **common,
+                )
+        state.save()
+    elif run.state == RunState.SUCCEEDED and state.workflow_failing:
+        if rule.on_recovery:
+            notify(
+                rule,
+                task,
+                "workflow_recovered",
+                f"workflow:{run.id}:recovered",
+                workflow_run=run.id,
+                failures=state.workflow_failures,
+                **common,
+            )
+        state.workflow_failing, state.workflow_failures = False, 0
+        state.save()
+
+
+def _apply(row: Outbox, task: Task, rule: Rule, run: WorkflowRun | None = None) -> None:
     """One outbox event through one rule: storm state first, then at most one delivery."""
     common: dict[str, Any] = {"execution_id": row.execution_id, "attempt": row.attempt, "at": row.at}
     source = f"outbox:{row.pk}"
+    if row.kind == OutboxKind.WORKFLOW:
+        if run is not None and (rule.on_failure or rule.on_recovery):
+            _apply_workflow(row, task, rule, run)
+        return
     if row.kind == OutboxKind.LATE:
         if rule.late_after is not None and row.execution_id is not None:
             execution = Execution.objects.filter(pk=row.execution_id).values("due_at", "started_at").first()
@@ -292,8 +353,10 @@ def dispatch_outbox(*, batch: int = 500) -> int:
                 continue  # deleted meanwhile: nobody to tell about it
             if task.pk not in rules:
                 rules[task.pk] = effective_rules(task)
+            # A workflow step's end: its run read once, for every rule.
+            run = workflow_of(row) if row.kind == OutboxKind.WORKFLOW else None
             for rule in rules[task.pk]:
-                _apply(row, task, rule)
+                _apply(row, task, rule, run)
         Outbox.objects.filter(pk__in=[row.pk for row in rows]).delete()
     return len(rows)
 

@@ -136,6 +136,9 @@ class OutboxKind(models.TextChoices):
     SUCCEEDED = "succeeded"  #: an execution reached SUCCEEDED
     LATE = "late"  #: an execution started later than a late rule allows
     SKIPPED = "skipped"  #: an occurrence was skipped or missed
+    #: A step of a workflow run ended (SUCCEEDED or FAILED, in ``detail``): a row for the rules of
+    #: the workflow's root task, which the dispatcher reads as "workflow run failed" / "recovered".
+    WORKFLOW = "workflow"
 
 
 class Outbox(models.Model):
@@ -243,6 +246,12 @@ class RuleState(models.Model):
     failing_since = models.DateTimeField(null=True, blank=True)
     #: The dead man's switch fired and no success came since.
     overdue = models.BooleanField(default=False)
+    #: Workflow runs of this (root) task: one failed and none succeeded since ("workflow_failed"
+    #: told once, "workflow_recovered" when one succeeds); the failed runs counted meanwhile, and
+    #: the latest of them (a run's several step ends count it once).
+    workflow_failing = models.BooleanField(default=False)
+    workflow_failures = models.PositiveIntegerField(default=0)
+    workflow_failed_run = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "rule"], name="rulestate_unique")]

@@ -115,6 +115,11 @@ def render_text(payload: dict[str, Any]) -> tuple[str, str]:
         "running_long": f"Task {name} is running longer than expected{run}",
         "skipped": f"Task {name} skipped an occurrence",
         "overdue": f"Task {name} has had no successful run within {payload.get('within', '?')}",
+        "workflow_failed": f"A workflow run of task {name} failed (workflow run {payload.get('workflow_run')})",
+        "workflow_recovered": (
+            f"Workflow runs of task {name} recovered after {payload.get('failures', 0)} failed run(s)"
+            f" (workflow run {payload.get('workflow_run')} succeeded)"
+        ),
         "test": "Test notification from TMS",
     }.get(event, f"Task {name}: {event}{run}")
     if event == "digest":

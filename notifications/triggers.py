@@ -14,13 +14,13 @@ of event: a task without rules costs an index probe per counted transition, noth
 
 from __future__ import annotations
 
+from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from executions.models import SkippedOccurrence
 from executions.triggers import ROLLUP, SQLITE, Dialect, StatusPart, literal
 from notifications.models import Outbox, OutboxKind, Rule
 from tasks_app.models import Task
 
-OUTBOX, RULE = Outbox._meta.db_table, Rule._meta.db_table
+OUTBOX, RULE, EXECUTION = Outbox._meta.db_table, Rule._meta.db_table, Execution._meta.db_table
 
 
 def _applies(task: str, owner: str) -> str:
@@ -56,8 +56,24 @@ def _outbox(d: Dialect) -> list[str]:
         f" {d.left(error, 1000)}, {d.now}"
         f" FROM (SELECT c.*, {kind} AS kind FROM {{changed}} c WHERE {concerns}) e"
         f" WHERE EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies('e.task_id', 'e.owner_id')} AND {wants})"
-        " ORDER BY e.id"
+        " ORDER BY e.id",
+        _workflow(d),
     ]
+
+
+def _workflow(d: Dialect) -> str:
+    """A step of a workflow run ended: a row for the rules of the run's root task (the root's own
+    end is its task's, above). Its ``detail`` is the step's status; the dispatcher reads the run
+    as it stands (executions.workflow_runs) and tells "workflow_failed" / "workflow_recovered"."""
+    return (
+        f"INSERT INTO {OUTBOX} (kind, task_id, execution_id, attempt, detail, at)"  # noqa: S608 - our names
+        f" SELECT {literal(OutboxKind.WORKFLOW)}, w.task_id, c.id, c.attempt, c.status, {d.now}"
+        f" FROM {{changed}} c JOIN {EXECUTION} w ON w.id = c.workflow_run"
+        f" WHERE c.status IN ({literal(S.SUCCEEDED)}, {literal(S.FAILED)}) AND c.workflow_run <> c.id"
+        f" AND EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies('w.task_id', 'c.owner_id')}"
+        " AND (r.on_failure OR r.on_recovery))"
+        " ORDER BY c.id"
+    )
 
 
 #: This app's part of the status trigger.

@@ -45,7 +45,7 @@ from tasks_api.services import (
     trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
-from tasks_api.workflows import task_after_entries
+from tasks_api.workflows import Neighbour, task_after_entries, task_neighbours
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskHook, TaskStatus, TaskVersion
@@ -257,13 +257,14 @@ class TaskAdmin(admin.ModelAdmin):
             ("When", {"fields": [*WHEN_FIELDS]}),
             ("Retries and policies", {"fields": [*POLICY_FIELDS]}),
             ("Retention", {"fields": [*RETENTION_FIELDS]}),
+            ("Workflow", {"fields": ["upstream_tasks", "downstream_tasks"]}),
             ("Other", {"classes": ["collapse"], "fields": [*OTHER_FIELDS]}),
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:
             return []
-        readonly = [*STATUS_FIELDS, "artifact", "masked_config"]
+        readonly = [*STATUS_FIELDS, "artifact", "masked_config", "upstream_tasks", "downstream_tasks"]
         if obj.status == TaskStatus.DELETED:
             readonly += [name for name in CREATE_FIELDS if name not in readonly]
         return readonly
@@ -282,6 +283,26 @@ class TaskAdmin(admin.ModelAdmin):
     def after(self, obj: Task) -> str:
         """The tasks it follows, on a page that shows the task read-only (``after`` is no column)."""
         return ", ".join(f"{entry['task']} on {entry['on']}" for entry in task_after_entries(obj)) or "-"
+
+    @staticmethod
+    def _task_links(neighbours: list[Neighbour]) -> str:
+        if not neighbours:
+            return "-"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a> (on {})',
+            ((reverse("admin:tasks_app_task_change", args=[n.task.pk]), str(n.task), n.on) for n in neighbours),
+        )
+
+    @admin.display(description="runs after")
+    def upstream_tasks(self, obj: Task) -> str:
+        """The tasks it follows, as links (read-only: ``after`` above changes them)."""
+        return self._task_links(task_neighbours(obj)[0])
+
+    @admin.display(description="followed by")
+    def downstream_tasks(self, obj: Task) -> str:
+        """The tasks that follow it, as links (each one's own ``after`` changes them)."""
+        return self._task_links(task_neighbours(obj)[1])
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         deleted = obj is not None and obj.status == TaskStatus.DELETED

@@ -150,6 +150,7 @@ class WhySerializer(serializers.Serializer):
             "paused",
             "holiday",
             "moved",
+            "follows",
         ]
     )
     reason = serializers.CharField()

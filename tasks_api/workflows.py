@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q
 
 from tasks_app.models import MAX_AFTER, DependencyOn, Task, TaskDependency, TaskStatus
 from tms_core.errors import InvalidInput
@@ -154,3 +155,54 @@ def after_links(tasks: Sequence[Task], chosen: Sequence[Sequence[After]]) -> lis
         for task, links in zip(tasks, chosen, strict=True)
         for link in links
     ]
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A task ``task`` follows (an upstream) or that follows it (a downstream), and how (``on``)."""
+
+    task: Task
+    on: str
+
+
+def task_neighbours(task: Task) -> tuple[list[Neighbour], list[Neighbour]]:
+    """The tasks ``task`` follows and the tasks that follow it (deleted ones left out), each by
+    name: what its page and its admin page show. One query."""
+    links = TaskDependency.objects.filter(Q(task_id=task.pk) | Q(upstream_id=task.pk)).select_related(
+        "task", "upstream"
+    )
+    upstream: list[Neighbour] = []
+    downstream: list[Neighbour] = []
+    for link in links:
+        if link.task_id == task.pk and link.upstream.status != TaskStatus.DELETED:
+            upstream.append(Neighbour(link.upstream, link.on))
+        elif link.upstream_id == task.pk and link.task.status != TaskStatus.DELETED:
+            downstream.append(Neighbour(link.task, link.on))
+
+    def by_name(item: Neighbour) -> tuple[str, str]:
+        return (str(item.task).lower(), str(item.task.pk))
+
+    return sorted(upstream, key=by_name), sorted(downstream, key=by_name)
+
+
+def follower_words(task: Task, upstream: Sequence[Neighbour] | None = None) -> str:
+    """Why a task with ``after`` and no schedule of its own has no next run, in words ("" for any
+    other task)."""
+    if not task.has_after or task.interval is not None or task.cron or task.next_run_at is not None:
+        return ""
+    if upstream is None:
+        upstream = task_neighbours(task)[0]
+    ends: dict[str, str] = {
+        DependencyOn.SUCCESS: "succeeds",
+        DependencyOn.FAILURE: "fails for good",
+        DependencyOn.COMPLETION: "ends",
+    }
+    parts = [f"{item.task} {ends.get(item.on, item.on)} (on {item.on})" for item in upstream]
+    if not parts:
+        return "It has no schedule of its own and follows no task any more: nothing runs it but a run on request."
+    joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    within = " within one workflow run" if len(parts) > 1 else ""
+    return (
+        f"No next run of its own: it has no schedule and runs only after other tasks, when {joined}{within}"
+        " (or when run on request)."
+    )

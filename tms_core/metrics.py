@@ -128,6 +128,15 @@ MATERIALISED = Counter(
     "Executions created by materialiser passes.",
     registry=REGISTRY,
 )
+WORKFLOW_STEPS_CREATED = Counter(
+    "tms_workflow_steps_created",
+    "Runs of workflow steps created by an upstream's end (counted when the end commits), by the"
+    " `on` of the link the end met: success, failure or completion.",
+    ["on"],
+    registry=REGISTRY,
+)
+for _on in ("success", "failure", "completion"):  # tasks_app.models.DependencyOn's (above: not imported)
+    WORKFLOW_STEPS_CREATED.labels(_on)
 
 for _kind in ("run", "republish", "poll"):
     # Present from the start (at 0), so a rate over it exists before the first publish.

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from executions.models import Execution, ExecutionOrigin
@@ -43,6 +43,7 @@ from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, 
 
 # The longest output (characters) read as a follower's input: a longer one is cut and given as text.
 from tasks_app.run_input import INPUT_MAX_CHARS
+from tms_core import metrics
 from tms_core.clock import db_now
 
 #: The actor of a follower's creation event.
@@ -131,6 +132,7 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     if not links:
         return []
     created: list[int] = []
+    by_on: defaultdict[str, int] = defaultdict(int)  # the steps created, by the ``on`` the end met
     # In the order of their workflow runs: a fan-in's check locks its workflow run, and two
     # transactions that end several runs each (a worker's batch) then take those locks in one
     # order, so they wait for each other and never deadlock.
@@ -159,9 +161,16 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
             new = _create_step(follower, workflow_run, arrived)
             if new is not None:
                 created.append(new)
+                by_on[required[run.task_id]] += 1
     if created:
         notify_due()  # delivered when the end commits
+        transaction.on_commit(lambda: _count(by_on))  # counted if the end commits, not before
     return created
+
+
+def _count(by_on: Mapping[str, int]) -> None:
+    for on, count in by_on.items():
+        metrics.WORKFLOW_STEPS_CREATED.labels(on).inc(count)
 
 
 def _lock_workflow_run(workflow_run: int) -> None:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from executions.models import OCCURRENCE_ORIGINS, Execution, SkippedOccurrence, SkipReason
+from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
+from executions.workflow_runs import dependency_on, upstream_runs
 from tasks_app.models import Task, TaskStatus
 
 
@@ -40,6 +41,30 @@ def last_materialised(task: Task) -> datetime | None:
         for rows in (executions, skipped)
     ]
     return max((when for when in latest if when is not None), default=None)
+
+
+#: How an upstream's run ended, in the words of a step's explanation.
+_ENDED: dict[str, str] = {ExecutionStatus.SUCCEEDED: "succeeded", ExecutionStatus.FAILED: "failed for good"}
+
+
+def workflow_cause(execution: Execution) -> str:
+    """Why a workflow step's run exists: the runs it followed and how they ended, with the
+    ``after`` entries they met ("created because extract run #41 succeeded (after: on success),
+    in workflow run #41"); "" for a run that is no step. Two queries for a step, none otherwise."""
+    if "upstream" in execution.get_deferred_fields() or not execution.upstream:
+        return ""  # a list that read only some columns (the occurrence timeline): no query per row
+    runs = upstream_runs(execution)
+    if not runs:
+        return f"created after execution(s) {', '.join(map(str, execution.upstream))}, no longer kept"
+    on = dependency_on(execution.task_id, {run.task_id for run in runs})
+    causes = [
+        f"{run.task} run #{run.pk} {_ENDED.get(run.status, run.status.lower())}"
+        + (f" (after: on {on[run.task_id]})" if run.task_id in on else " (no longer followed)")
+        for run in runs
+    ]
+    joined = causes[0] if len(causes) == 1 else ", ".join(causes[:-1]) + " and " + causes[-1]
+    retry = f", run again on request after execution #{execution.retry_of_id}" if execution.retry_of_id else ""
+    return f"created because {joined}, in workflow run #{execution.workflow_run}{retry}"
 
 
 class Fate(StrEnum):
@@ -93,6 +118,9 @@ def occurrence_fate(
         return OccurrenceFate(Fate.SKIPPED, f"Skipped ({skipped.reason}): {skipped.detail}", live, skipped)
     if live is not None:
         text = f"Execution {live.pk} (attempt {live.attempt}) is {live.status}"
+        cause = workflow_cause(live)
+        if cause:
+            text += f", {cause}"
         if live.waiting:  # held back although due: say by what
             text += f", waiting: {live.waiting}"
             detail = "" if detail.startswith("waiting:") else detail

@@ -8,8 +8,9 @@ from itertools import islice
 
 from executions.materialiser import task_calendar, task_schedule
 from executions.models import Execution, ExecutionStatus, SkippedOccurrence, SkipReason
-from tasks_api.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before
+from tasks_api.selectors.fate import Fate, last_materialised, occurrence_fate, summary_before, workflow_cause
 from tasks_api.selectors.previews import occurrence_at_or_before, task_last_fire_time
+from tasks_api.workflows import follower_words
 from tasks_app.calendars import calendar_place
 from tasks_app.models import Task
 from tasks_app.schedules import dst_note, walk_limit
@@ -56,10 +57,14 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
     the one asked about (fire times keep their start's microseconds; pages and people show and
     type seconds)."""
     at = at.astimezone(UTC)
+    within = at + timedelta(microseconds=999_999) if at.microsecond == 0 else at
+    if task.has_after:  # a workflow step's run at ``at``, or a task that runs only after others
+        answer = _workflow_answer(task, at, within)
+        if answer is not None:
+            return answer
     schedule = task_schedule(task)
     now = db_now()
     upcoming = list(islice(schedule.fire_times(since=max(now, at)), next_count))
-    within = at + timedelta(microseconds=999_999) if at.microsecond == 0 else at
     occurrence = occurrence_at_or_before(schedule, within)
     materialised = last_materialised(task) if task.next_run_at is None else None
     with walk_limit("at", "Fire times counted from the task's next run up to this time"):
@@ -104,6 +109,27 @@ def task_why(*, task: Task, at: datetime, next_count: int = 5) -> WhyAnswer:
         answer.verdict = "after_end"
         answer.reason = f"The schedule ended at {task.end_at.isoformat()}. " + answer.reason
     return answer
+
+
+def _step_words(step: Execution) -> str:
+    return f"Execution {step.pk} (attempt {step.attempt}) is {step.status}, {workflow_cause(step)}."
+
+
+def _workflow_answer(task: Task, at: datetime, within: datetime) -> WhyAnswer | None:
+    """For a task that follows others: its workflow step's run at ``at`` (within the second asked
+    about), named with the runs it followed; else, for one with no schedule of its own, why it
+    has no fire times (verdict ``follows``) and its latest run before ``at``. None: neither (a
+    scheduled follower asked about another time: its schedule answers)."""
+    steps = Execution.objects.filter(task=task, upstream__isnull=False, superseded=False)
+    step = steps.filter(scheduled_for__gte=at, scheduled_for__lte=within).order_by("-id").first()
+    if step is not None:
+        return WhyAnswer(at, None, VERDICT_BY_STATUS[step.status], _step_words(step), execution=step)
+    words = follower_words(task)
+    if not words:
+        return None
+    latest = steps.filter(scheduled_for__lt=at).order_by("-scheduled_for", "-id").first()
+    before = f" Its latest run before then: {_step_words(latest)}" if latest else " It had not run before then."
+    return WhyAnswer(at, None, "follows", words + before, execution=latest)
 
 
 def _moved_here(task: Task, at: datetime, within: datetime) -> Execution | None:

@@ -1,5 +1,5 @@
 """Data the browser tests look at: tasks with runs of every outcome, a skipped occurrence, a paused
-task without a name, a notification channel with a rule and deliveries."""
+task without a name, a notification channel with a rule and deliveries, a workflow run."""
 
 from __future__ import annotations
 
@@ -42,4 +42,14 @@ def seed(owner) -> dict[str, object]:
         timezone="America/Argentina/Buenos_Aires",
     )  # fmt: skip
     run(sleep)
-    return {"task": task, "ok": ok, "failed": failed, "paused": paused, "sleep": sleep, "channel": channel}
+    # A workflow: extract, then load after it (its step waits); check runs on extract's failure.
+    extract = task_create(
+        owner=owner, runner="noop", name="extract rows", start_at=datetime.now(UTC) + timedelta(days=1)
+    )
+    for name, on in (("load rows", "success"), ("check rows", "failure")):
+        task_create(owner=owner, runner="noop", name=name, after=[{"task": str(extract.pk), "on": on}])
+    workflow_root = run(extract)
+    return {
+        "task": task, "ok": ok, "failed": failed, "paused": paused, "sleep": sleep, "channel": channel,
+        "workflow_root": workflow_root,
+    }  # fmt: skip

@@ -1,7 +1,7 @@
 """axe-core on every back-office page, in Chromium, with real data: no critical and no serious
 violation anywhere (the login page, the dashboard, the task list with its form open, a task page
 with its occurrences, rules and a "why" answer, the task edit form, the execution lists, an
-execution page, the notifications page with its forms, the API tokens page with its form and with a
+execution page, a workflow run page, the notifications page with its forms, the API tokens page with its form and with a
 new key shown, and the not-found page)."""
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("executions", "/ui/executions/"),
         ("waiting executions", "/ui/executions/?status=SCHEDULED"),
         ("execution page", f"/ui/executions/{failed.pk}/"),
+        ("workflow run", f"/ui/workflow-runs/{data['workflow_root'].pk}/"),
         ("notifications", "/ui/notifications/"),
         ("api tokens", "/ui/tokens/"),
         ("not found", "/ui/no-such-page/"),

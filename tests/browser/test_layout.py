@@ -54,6 +54,7 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
         "task edit": f"/ui/tasks/{data['task'].pk}/edit/",
         "executions": "/ui/executions/",
         "execution page": f"/ui/executions/{data['failed'].pk}/",
+        "workflow run": f"/ui/workflow-runs/{data['workflow_root'].pk}/",
         "notifications": "/ui/notifications/",
         "api tokens": "/ui/tokens/",
     }

@@ -389,3 +389,15 @@ def test_after_is_set_and_changed_in_the_admin_through_the_services(admin_client
     assert response.status_code == 302
     second.refresh_from_db()
     assert not second.has_after
+
+
+def test_the_change_page_shows_upstream_and_downstream_tasks_read_only(admin_client, admin_user):
+    first = task_create(owner=admin_user, runner="noop", name="first")
+    second = task_create(
+        owner=admin_user, runner="noop", name="second", after=[{"task": str(first.pk), "on": "failure"}]
+    )
+    html = admin_client.get(f"/admin/tasks_app/task/{first.pk}/change/").content.decode()
+    assert f'<a href="/admin/tasks_app/task/{second.pk}/change/">second</a> (on failure)' in html
+    html = admin_client.get(f"/admin/tasks_app/task/{second.pk}/change/").content.decode()
+    assert f'<a href="/admin/tasks_app/task/{first.pk}/change/">first</a> (on failure)' in html
+    assert 'name="upstream_tasks"' not in html and 'name="downstream_tasks"' not in html  # read-only

@@ -1,0 +1,136 @@
+"""The workflow run page's graph: server-side SVG, drawn as the dashboard's charts are
+(:mod:`backoffice.charts`: plain values in, escaped markup out, sized by a viewBox; no JavaScript
+library, no CDN).
+
+A column per depth (the longest chain of links from the root), a box per step with its task's
+name and its state in words and a sign (colour is never the only cue), an arrow from each
+upstream to its follower labelled with how it follows (``on``). A step that ran links to its
+execution's page, one not run (yet) to its task's page. The SVG is a labelled group (a
+``<title>`` and a ``<desc>`` saying how the run stands) rather than an image, so that its links
+stay reachable by keyboard and screen readers; the page lists the steps in a table as well.
+"""
+
+from __future__ import annotations
+
+from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+from executions.workflow_runs import SKIPPED, WAITING, Link, Step, WorkflowRun
+
+#: Per state: (stroke, fill, text ink, sign, word). Inks are the stylesheet's badge inks (AA contrast).
+STATE_STYLE: dict[str, tuple[str, str, str, str, str]] = {
+    "SUCCEEDED": ("#1f8a4c", "#e3f5ea", "#17693a", "\u2713", "succeeded"),
+    "FAILED": ("#c63b3b", "#fbe5e5", "#a52a2a", "\u2717", "failed"),
+    "CANCELLED": ("#8a8f9c", "#eceef3", "#5e6578", "\u2298", "cancelled"),
+    "RUNNING": ("#2f7fd3", "#e2eefc", "#1f63ad", "\u25b6", "running"),
+    "PENDING": ("#7a5bd3", "#eee9fb", "#5b3fb0", "\u25f7", "pending"),
+    "SCHEDULED": ("#7a5bd3", "#eee9fb", "#5b3fb0", "\u25f7", "scheduled"),
+    WAITING: ("#7a5bd3", "#ffffff", "#5b3fb0", "\u2026", "waiting"),
+    SKIPPED: ("#8a8f9c", "#f5f6f8", "#5e6578", "\u2013", "will not run"),
+}
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 230, 58, 80, 24, 16
+#: Characters of a task's name a box shows (the whole name is in its title).
+NAME_CHARS = 28
+#: Characters of its state a box shows (the whole of it is in its title).
+STATE_CHARS = 34
+
+
+def state_word(step: Step) -> str:
+    """A step's state in one word or two ("succeeded", "waiting", "will not run")."""
+    return STATE_STYLE.get(step.state, STATE_STYLE[WAITING])[4]
+
+
+def state_words(step: Step) -> str:
+    """A step's state in words, with its run's id when it has one."""
+    word = STATE_STYLE.get(step.state, STATE_STYLE[WAITING])[4]
+    if step.execution is not None:
+        retried = f", run {step.runs} times" if step.runs > 1 else ""
+        return f"{word} (execution #{step.execution.pk}{retried})"
+    return f"{word}{f': {step.note}' if step.note else ''}"
+
+
+def _positions(run: WorkflowRun) -> dict[object, tuple[float, float]]:
+    columns: dict[int, list[Step]] = {}
+    for step in run.ordered():
+        columns.setdefault(step.depth, []).append(step)
+    return {
+        step.task.pk: (MARGIN + depth * (NODE_W + GAP_X), MARGIN + row * (NODE_H + GAP_Y))
+        for depth, steps in columns.items()
+        for row, step in enumerate(steps)
+    }
+
+
+def _edge(link: Link, run: WorkflowRun, at: dict[object, tuple[float, float]]) -> str:
+    (x1, y1), (x2, y2) = at[link.upstream], at[link.task]
+    x1, y1, x2, y2 = x1 + NODE_W, y1 + NODE_H / 2, x2 - 4, y2 + NODE_H / 2
+    if x2 <= x1:  # same column or backwards (links changed since): go round below
+        x2 = x1 + 4
+    bend = max((x2 - x1) / 2, 20)
+    upstream, follower = run.steps[link.upstream].task, run.steps[link.task].task
+    taken = {True: "taken", False: "not taken", None: "not yet"}[link.taken]
+    title = f"{follower} runs after {upstream} on {link.on} ({taken})"
+    stroke, dash = ("#3d4558", "") if link.taken else ("#9aa0ad", ' stroke-dasharray="5 4"')
+    mid_x, mid_y = (x1 + x2) / 2, (y1 + y2) / 2
+    return (
+        f'<g class="wf-edge" data-from="{link.upstream}" data-to="{link.task}"><title>{escape(title)}</title>'
+        f'<path d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}" '
+        f'fill="none" stroke="{stroke}" stroke-width="1.6"{dash} marker-end="url(#wf-arrow)"/>'
+        f'<text x="{mid_x:.1f}" y="{mid_y - 4:.1f}" text-anchor="middle" fill="#4a5163" stroke="#fff" '
+        f'stroke-width="3" paint-order="stroke">{escape(link.on)}</text></g>'
+    )
+
+
+def _node(step: Step, at: tuple[float, float]) -> str:
+    x, y = at
+    stroke, fill, ink, sign, _ = STATE_STYLE.get(step.state, STATE_STYLE[WAITING])
+    dash = ' stroke-dasharray="5 4"' if step.execution is None else ""
+    name = str(step.task)
+    shown = name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 1] + "\u2026"
+    words = state_words(step)
+    href = (
+        reverse("backoffice:execution", args=[step.execution.pk])
+        if step.execution is not None
+        else reverse("backoffice:task", args=[step.task.pk])
+    )
+    status = f"{sign} {words}"
+    status_shown = status if len(status) <= STATE_CHARS else status[: STATE_CHARS - 1] + "\u2026"
+    return (
+        f'<a href="{href}" class="wf-node" data-task="{step.task.pk}" data-state="{escape(step.state)}">'
+        f"<title>{escape(name)}: {escape(words)}</title>"
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="7" fill="{fill}" '
+        f'stroke="{stroke}" stroke-width="2"{dash}/>'
+        f'<text x="{x + 10:.1f}" y="{y + 22:.1f}" fill="#1d2330" font-weight="600">{escape(shown)}</text>'
+        f'<text x="{x + 10:.1f}" y="{y + 42:.1f}" fill="{ink}">{escape(status_shown)}</text></a>'
+    )
+
+
+def workflow_graph(run: WorkflowRun) -> SafeString:
+    """The SVG of ``run``'s graph (see the module's description)."""
+    at = _positions(run)
+    width = int(max((x for x, _ in at.values()), default=MARGIN) + NODE_W + MARGIN)
+    height = int(max((y for _, y in at.values()), default=MARGIN) + NODE_H + MARGIN)
+    counts: dict[str, int] = {}
+    for step in run.steps.values():
+        word = STATE_STYLE.get(step.state, STATE_STYLE[WAITING])[4]
+        counts[word] = counts.get(word, 0) + 1
+    summary = ", ".join(f"{count} {word}" for word, count in sorted(counts.items()))
+    desc = (
+        f"Workflow run {run.id} is {run.state}: {len(run.steps)} steps ({summary}). "
+        "Each box is a step with its state; each arrow goes from a step to one that runs after it."
+    )
+    body = [
+        f'<title id="wf-graph-title">Steps of workflow run {run.id}</title>',
+        f'<desc id="wf-graph-desc">{escape(desc)}</desc>',
+        '<defs><marker id="wf-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#3d4558"/></marker></defs>',
+        *(_edge(link, run, at) for link in run.links),
+        *(_node(step, at[step.task.pk]) for step in run.ordered()),
+    ]
+    return mark_safe(  # noqa: S308 - every piece of text in body was escaped where it was made
+        # Scrolled within its card (by keyboard too) when wider than it, on a phone as anywhere.
+        '<div class="workflow-frame" tabindex="0">'
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" role="group" aria-labelledby="wf-graph-title" '
+        f'aria-describedby="wf-graph-desc" xmlns="http://www.w3.org/2000/svg" id="workflow-graph">'
+        f"{''.join(body)}</svg></div>"
+    )
