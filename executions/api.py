@@ -57,9 +57,11 @@ ORDERING_PARAMETER = OpenApiParameter(
     "ordering",
     str,
     OpenApiParameter.QUERY,
-    enum=sorted(ORDERINGS),
+    # The empty value is the default order, as in every other list (a form that sends an empty
+    # field): part of the enum, so a client generated from the schema may send it too.
+    enum=["", *sorted(ORDERINGS)],
     description="Replaces the history-first order: by this column (`-` for descending), ties by id the same way; "
-    "rows without a value (not started, not finished) come last.",
+    "rows without a value (not started, not finished) come last. Empty: the history-first order.",
 )
 
 # ExecutionKeysetMixin is only ever combined with DRF's GenericAPIView: let the type checker see that base.

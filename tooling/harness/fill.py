@@ -36,6 +36,7 @@ _DEFAULTS: Mapping[str, str] = {
     "expose_metrics": "false",
     "keep_failed_longer": "false",
     "secret_fields": "'[]'",
+    "input_fills": "'{}'",
     "timeout": "interval '20 minutes'",
     "priority": "5",
     "tracing_id": "''",
