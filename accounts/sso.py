@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from accounts.models import OidcIdentity
 from accounts.roles import STAFF, SUPERUSER
+from tms_core.roles import ensure_support_group
 
 
 class SsoRefused(Exception):
@@ -53,10 +54,11 @@ def oidc_user_sync(
 
     The user is found by (issuer, subject) only, never by e-mail or username. A new user is named
     after ``username_claim`` (else the e-mail, else the subject) and gets no usable password. When
-    ``group_roles`` is set, the staff and superuser flags follow the groups claim at each sign-in
-    (a user who left the group loses the flag); when it is empty they are left as an operator set
-    them. Raises :class:`SsoRefused` when the username is taken by another account: an operator links
-    that account by adding an :class:`~accounts.models.OidcIdentity` to it in the admin.
+    ``group_roles`` is set, the staff and superuser flags (and, for staff, the read-only support
+    group) follow the groups claim at each sign-in (a user who left the group loses them); when it
+    is empty they are left as an operator set them. Raises :class:`SsoRefused` when the username is
+    taken by another account: an operator links that account by adding an
+    :class:`~accounts.models.OidcIdentity` to it in the admin.
     """
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject or not issuer:
@@ -99,12 +101,18 @@ def oidc_user_sync(
             value = claims.get(claim)
             if isinstance(value, str):
                 setattr(user, field, value[:150])
-        if group_roles:
-            roles = roles_for_groups(groups, group_roles)
+        roles = roles_for_groups(groups, group_roles) if group_roles else None
+        if roles is not None:
             user.is_superuser = SUPERUSER in roles
             # The admin lets only staff in, so a superuser is staff too.
             user.is_staff = bool(roles & {STAFF, SUPERUSER})
         user.save()
+        if roles is not None:
+            # Staff are read-only support in the admin through the support group, as
+            # ``tms_create_user --staff`` makes them (tms_core.roles); leaving the role leaves it.
+            support = ensure_support_group()
+            if support is not None:
+                (user.groups.add if STAFF in roles else user.groups.remove)(support)
         identity.last_login_at = timezone.now()
         identity.groups = groups
         identity.save(update_fields=["last_login_at", "groups"])

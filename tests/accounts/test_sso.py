@@ -20,6 +20,7 @@ from django.contrib.sessions.backends.db import SessionStore
 
 from accounts.models import OidcIdentity
 from accounts.tokens import token_create
+from tms_core.roles import SUPPORT_GROUP
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 
 SERVER = Path(__file__).with_name("oidc_provider_server.py")
@@ -94,6 +95,7 @@ def test_login_page_offers_sso_and_first_login_creates_the_user_with_mapped_grou
         False,
         False,
     )
+    assert list(user.groups.values_list("name", flat=True)) == [SUPPORT_GROUP]
     identity = OidcIdentity.objects.get(user=user)
     assert (identity.issuer, identity.subject, identity.groups) == (sso_on, "sub-alice", ["tms-support"])
     # Recorded as every login is (django-axes' access log).
@@ -103,10 +105,12 @@ def test_login_page_offers_sso_and_first_login_creates_the_user_with_mapped_grou
 
 
 def test_a_later_login_follows_the_groups_and_matches_on_subject_not_name(sso_on, live_server):
-    set_claims(sso_on, "sub-bob", preferred_username="bob", email="bob@example.com", groups=["tms-admins"])
+    groups = ["tms-admins", "tms-support"]
+    set_claims(sso_on, "sub-bob", preferred_username="bob", email="bob@example.com", groups=groups)
     sign_in(requests.Session(), live_server.url, "sub-bob")
     bob = get_user_model().objects.get(username="bob")
     assert (bob.is_staff, bob.is_superuser) == (True, True)
+    assert list(bob.groups.values_list("name", flat=True)) == [SUPPORT_GROUP]
 
     # Left the admins' group, and renamed at the provider: same user, flags dropped.
     set_claims(sso_on, "sub-bob", preferred_username="robert", email="robert@example.com", groups=["other"])
@@ -115,6 +119,7 @@ def test_a_later_login_follows_the_groups_and_matches_on_subject_not_name(sso_on
     assert home.status_code == 200
     bob.refresh_from_db()
     assert (bob.username, bob.email, bob.is_staff, bob.is_superuser) == ("robert", "robert@example.com", False, False)
+    assert not bob.groups.exists()
     assert get_user_model().objects.count() == 1
     assert OidcIdentity.objects.count() == 1
 
