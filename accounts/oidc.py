@@ -161,6 +161,11 @@ def sso_context(request: HttpRequest) -> dict[str, Any]:
     }
 
 
+def axes_exempt(request: HttpRequest, credentials: Any) -> bool:
+    """django-axes' AXES_WHITELIST_CALLABLE: the SSO callback is not a password login."""
+    return request.path == reverse("oidc_authentication_callback")
+
+
 class LocalLoginGate:
     """With SSO on and ``TMS_OIDC_LOCAL_LOGIN=false``, refuse password logins made through a page
     (admin, back office, browsable API), so a hidden form cannot still be posted. Commands (no

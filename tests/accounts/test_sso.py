@@ -124,7 +124,7 @@ def test_a_later_login_follows_the_groups_and_matches_on_subject_not_name(sso_on
     assert OidcIdentity.objects.count() == 1
 
 
-def test_a_local_account_with_the_same_name_is_not_taken_over(sso_on, live_server, django_user_model):
+def test_a_local_account_with_the_same_name_is_not_taken_over(sso_on, live_server, django_user_model, settings):
     local = django_user_model.objects.create_user("carol", email="carol@example.com", password="pw-local-1")
     set_claims(sso_on, "sub-mallory", preferred_username="carol", email="carol@example.com")
 
@@ -134,6 +134,12 @@ def test_a_local_account_with_the_same_name_is_not_taken_over(sso_on, live_serve
     assert "belongs to an account that is not linked" in refused.text
     assert OidcIdentity.objects.count() == 0
     assert django_user_model.objects.get().pk == local.pk
+
+    # Refused again and again (past axes' failure limit): nobody's SSO sign-in from this address is locked out.
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        assert sign_in(requests.Session(), live_server.url, "sub-mallory").status_code == 403
+    set_claims(sso_on, "sub-oscar", preferred_username="oscar", email="oscar@example.com")
+    assert sign_in(requests.Session(), live_server.url, "sub-oscar").status_code == 200
 
     # Linked by an operator: the same sign-in now lands in the local account.
     OidcIdentity.objects.create(user=local, issuer=sso_on, subject="sub-mallory")

@@ -139,10 +139,11 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     # With SSO on and TMS_OIDC_LOCAL_LOGIN=false, refuses every password login made through a page.
     "accounts.oidc.LocalLoginGate",
+    # Single sign-on (docs/sso.md): answers only the OIDC callback, and only with SSO on (axes
+    # leaves that callback alone: AXES_WHITELIST_CALLABLE below).
+    "accounts.oidc.OidcBackend",
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
-    # Single sign-on (docs/sso.md): answers only the OIDC callback, and only with SSO on.
-    "accounts.oidc.OidcBackend",
 ]
 AXES_ENABLED = env.bool("TMS_LOGIN_LOCKOUT", default=True)
 #: Wrong passwords in a row (per username and address) before the lockout.
@@ -154,6 +155,9 @@ AXES_RESET_ON_SUCCESS = True
 #: A try during the lockout does not extend it (else an attacker keeps the user out for good).
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_HTTP_RESPONSE_CODE = 429
+#: The SSO callback guesses no password (the provider applies its own lockout): axes neither counts
+#: nor refuses it, so refused sign-ins (counted without a username) never lock an address out.
+AXES_WHITELIST_CALLABLE = "accounts.oidc.axes_exempt"
 
 ROOT_URLCONF = "tms_project.urls"
 WSGI_APPLICATION = "tms_project.wsgi.application"
