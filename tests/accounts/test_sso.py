@@ -5,6 +5,7 @@ TMS web server: redirects to the provider and back, the provider's form, its tok
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -17,8 +18,11 @@ import requests
 from axes.models import AccessLog
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
+from django.core.exceptions import SuspiciousOperation
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from accounts.models import OidcIdentity
+from accounts.oidc import OidcBackend
 from accounts.tokens import token_create
 from tms_core.roles import SUPPORT_GROUP
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
@@ -356,3 +360,31 @@ def test_the_settings_module_refuses_an_unknown_role_at_start_up():
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "'owner', which is not a role" in result.stderr
+
+
+def test_an_unreachable_provider_fails_the_sign_in_with_a_message_not_a_500(settings, live_server):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    for name, value in sso_settings(f"http://127.0.0.1:{closed}", timeout=2.0).items():
+        setattr(settings, name, value)
+
+    answer = requests.get(f"{live_server.url}/oidc/authenticate/", timeout=10)
+
+    assert answer.status_code == 502 and "Mock IdP cannot be reached now" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("claims", "refusal"),
+    [
+        ({"aud": "another-client", "iss": "https://idp.example.com"}, "issued to another client"),
+        ({"aud": ["x", "tms-test"], "iss": "https://elsewhere.example.com"}, "issued by 'https://elsewhere"),
+    ],
+)
+def test_an_id_token_for_another_client_or_from_another_issuer_is_refused(settings, monkeypatch, claims, refusal):
+    for name, value in sso_settings("https://idp.example.com").items():
+        setattr(settings, name, value)
+    monkeypatch.setattr(OIDCAuthenticationBackend, "verify_token", lambda self, token, **kwargs: dict(claims))
+
+    with pytest.raises(SuspiciousOperation, match=refusal):
+        OidcBackend().verify_token("header.payload.signature", nonce="n")
