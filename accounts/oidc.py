@@ -374,7 +374,13 @@ class SessionRefresh(LibrarySessionRefresh):
 
     def is_refreshable_url(self, request: HttpRequest) -> bool:
         # Only sessions SSO opened: a password session has no provider to ask.
-        return sso_enabled() and is_sso_session(request) and super().is_refreshable_url(request)
+        # The method first: an API POST, or any request with SSO off, leaves the session unread.
+        return (
+            request.method == "GET"
+            and sso_enabled()
+            and is_sso_session(request)
+            and super().is_refreshable_url(request)
+        )
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         try:
