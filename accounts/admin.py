@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from accounts.models import AccessToken
+from accounts.models import AccessToken, OidcIdentity
 from accounts.tokens import token_revoke
 
 
@@ -37,3 +37,15 @@ class AccessTokenAdmin(admin.ModelAdmin):
         self.message_user(request, f"{revoked} token(s) revoked; {queryset.count() - revoked} were already revoked.")
         if not revoked:
             self.message_user(request, "Nothing to revoke.", level=messages.WARNING)
+
+
+@admin.register(OidcIdentity)
+class OidcIdentityAdmin(admin.ModelAdmin):
+    """Who signs in through SSO as whom. Adding a row links a local account to the provider's
+    subject (its next SSO sign-in then lands in that account); deleting one unlinks it."""
+
+    list_display = ("user", "subject", "issuer", "created_at", "last_login_at", "groups")
+    search_fields = ("user__username", "subject", "issuer")
+    list_select_related = ("user",)
+    raw_id_fields = ("user",)
+    readonly_fields = ("created_at", "last_login_at", "groups")

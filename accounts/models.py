@@ -51,3 +51,29 @@ class AccessToken(models.Model):
     @property
     def may_write(self) -> bool:
         return TokenScope.WRITE in self.scopes
+
+
+class OidcIdentity(models.Model):
+    """A user's account at an OpenID Connect provider: single sign-on finds the user by it.
+
+    (issuer, subject) is the provider's stable identifier (the ID token's ``iss`` and ``sub``); an
+    e-mail address or a username can change hands, so neither is ever used to match a sign-in to a
+    user. An operator links an existing local account by adding a row here (the admin).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(db_default=Now())
+    last_login_at = models.DateTimeField(null=True, blank=True)
+    #: The provider's groups at the last sign-in (what TMS_OIDC_GROUPS mapped), for the admin.
+    groups = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name = "OIDC identity"
+        verbose_name_plural = "OIDC identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="oidc_identity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

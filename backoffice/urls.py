@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from accounts.oidc import LogoutView
 from backoffice import dashboard_views, notification_views, token_views, views
 
 app_name = "backoffice"
@@ -13,7 +14,8 @@ urlpatterns = [
         auth_views.LoginView.as_view(template_name="registration/login.html", redirect_authenticated_user=True),
         name="login",
     ),
-    path("ui/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Ends an SSO session at the provider too.
+    path("ui/logout/", LogoutView.as_view(), name="logout"),
     path("ui/tasks/", views.task_list, name="tasks"),
     path("ui/tasks/<uuid:pk>/", views.task_detail, name="task"),
     path("ui/tasks/<uuid:pk>/edit/", views.task_edit, name="task-edit"),

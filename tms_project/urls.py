@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from accounts.oidc import LogoutView
 from tasks_api.compat import CompatTaskDetailView, CompatTaskListView
 from tasks_api.hooks_api import HookView
 from tms_project.pages import favicon
@@ -14,13 +15,19 @@ urlpatterns = [
     # The operator back office: the dashboard at the root, its pages under /ui/ (not under /tasks/,
     # which is the original service's API).
     path("", include("backoffice.urls")),
+    # Every logout ends an SSO session at the provider too (accounts.oidc.LogoutView); listed
+    # before the admin's and DRF's own, which they replace.
+    path("admin/logout/", LogoutView.as_view()),
     path("admin/", admin.site.urls),
     path("favicon.ico", favicon),
     path("api/v1/", include("tms_project.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema", template_name="tms/redoc.html"), name="redoc"),
+    path("api-auth/logout/", LogoutView.as_view()),
     path("api-auth/", include("rest_framework.urls")),
+    # Single sign-on (OpenID Connect): answers 404 unless TMS_OIDC_CLIENT_ID is set (docs/sso.md).
+    path("oidc/", include("accounts.oidc_urls")),
     # Trigger URLs: outside systems start a task's run, signed with the URL's secret (no user).
     path("hooks/v1/<str:hook_id>", HookView.as_view(), name="hook"),
     # The original service's API, at the root as its clients expect.

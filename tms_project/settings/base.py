@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from tms_project.log_config import LoggingConfigError, build_logging
+from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(environ.Env().str("TMS_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -111,6 +112,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # SSO sessions are checked again with the provider every TMS_OIDC_RENEW_SECONDS (a GET is sent
+    # back to it, silently); other sessions and API tokens pass untouched, and so does all with SSO off.
+    "accounts.oidc.SessionRefresh",
     # Who acts and from where, for the audit log the services write (tasks_app/audit.py).
     "tasks_app.audit.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -133,6 +137,11 @@ MIDDLEWARE = [
 # installed, so forwarded headers, which a client can forge, are never trusted): behind a proxy
 # every client shares the proxy's address and the lockout is effectively per username.
 AUTHENTICATION_BACKENDS = [
+    # With SSO on and TMS_OIDC_LOCAL_LOGIN=false, refuses every password login made through a page.
+    "accounts.oidc.LocalLoginGate",
+    # Single sign-on (docs/sso.md): answers only the OIDC callback, and only with SSO on (axes
+    # leaves that callback alone: AXES_WHITELIST_CALLABLE below).
+    "accounts.oidc.OidcBackend",
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
@@ -146,6 +155,9 @@ AXES_RESET_ON_SUCCESS = True
 #: A try during the lockout does not extend it (else an attacker keeps the user out for good).
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_HTTP_RESPONSE_CODE = 429
+#: The SSO callback guesses no password (the provider applies its own lockout): axes neither counts
+#: nor refuses it, so refused sign-ins (counted without a username) never lock an address out.
+AXES_WHITELIST_CALLABLE = "accounts.oidc.axes_exempt"
 
 ROOT_URLCONF = "tms_project.urls"
 WSGI_APPLICATION = "tms_project.wsgi.application"
@@ -161,6 +173,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "backoffice.context_processors.backoffice",
+                "accounts.oidc.sso_context",
             ],
         },
     },
@@ -621,3 +634,39 @@ LOGOUT_REDIRECT_URL = "backoffice:login"
 TMS_FLOWER_URL = env.str("TMS_FLOWER_URL", default="http://127.0.0.1:5555").rstrip("/")
 #: Seconds between the dashboard's live refreshes (0: no refresh).
 TMS_DASHBOARD_REFRESH = env.float("TMS_DASHBOARD_REFRESH", default=5.0)
+
+# --- Single sign-on (OpenID Connect, mozilla-django-oidc) ---------------------------------------
+# Off unless TMS_OIDC_CLIENT_ID is set. docs/sso.md has a worked example; tms_project/oidc_config.py
+# checks the values (an unknown role in TMS_OIDC_GROUPS stops start-up). Sets TMS_OIDC (read by
+# accounts.oidc) and mozilla-django-oidc's OIDC_* settings.
+# https://mozilla-django-oidc.readthedocs.io/en/stable/settings.html
+try:
+    globals().update(
+        build_oidc_settings(
+            client_id=env.str("TMS_OIDC_CLIENT_ID", default=""),
+            client_secret=env.str("TMS_OIDC_CLIENT_SECRET", default=""),
+            issuer=env.str("TMS_OIDC_ISSUER", default=""),
+            # Explicit endpoints win over the discovered ones (all four, without TMS_OIDC_ISSUER).
+            endpoints={
+                "OIDC_OP_AUTHORIZATION_ENDPOINT": env.str("TMS_OIDC_AUTHORIZATION_ENDPOINT", default=""),
+                "OIDC_OP_TOKEN_ENDPOINT": env.str("TMS_OIDC_TOKEN_ENDPOINT", default=""),
+                "OIDC_OP_USER_ENDPOINT": env.str("TMS_OIDC_USERINFO_ENDPOINT", default=""),
+                "OIDC_OP_JWKS_ENDPOINT": env.str("TMS_OIDC_JWKS_ENDPOINT", default=""),
+            },
+            end_session_endpoint=env.str("TMS_OIDC_END_SESSION_ENDPOINT", default=""),
+            provider_name=env.str("TMS_OIDC_PROVIDER_NAME", default=""),
+            scopes=env.str("TMS_OIDC_SCOPES", default="openid email profile"),
+            username_claim=env.str("TMS_OIDC_USERNAME_CLAIM", default="preferred_username"),
+            groups_claim=env.str("TMS_OIDC_GROUPS_CLAIM", default="groups"),
+            # "group=role,group=role": TMS_OIDC_GROUPS=tms-admins=superuser,tms-support=staff
+            groups=env.dict("TMS_OIDC_GROUPS", default={}),
+            renew_seconds=env.int("TMS_OIDC_RENEW_SECONDS", default=900),
+            local_login=env.bool("TMS_OIDC_LOCAL_LOGIN", default=True),
+            sign_algo=env.str("TMS_OIDC_SIGN_ALGO", default="RS256"),
+            use_pkce=env.bool("TMS_OIDC_USE_PKCE", default=True),
+            timeout=env.float("TMS_OIDC_TIMEOUT", default=10.0),
+            verify_ssl=env.bool("TMS_OIDC_VERIFY_SSL", default=True),
+        )
+    )
+except OidcConfigError as exc:
+    raise ImproperlyConfigured(str(exc)) from None

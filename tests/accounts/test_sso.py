@@ -1,0 +1,390 @@
+"""Single sign-on against a real OpenID Connect provider (oidc-provider-mock, its own process on
+127.0.0.1), driven through the whole authorization-code flow by a real HTTP client against a live
+TMS web server: redirects to the provider and back, the provider's form, its tokens and keys."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import requests
+from axes.models import AccessLog
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from django.core.exceptions import SuspiciousOperation
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+
+from accounts.models import OidcIdentity
+from accounts.oidc import OidcBackend
+from accounts.tokens import token_create
+from tms_core.roles import SUPPORT_GROUP
+from tms_project.oidc_config import OidcConfigError, build_oidc_settings
+
+SERVER = Path(__file__).with_name("oidc_provider_server.py")
+GROUPS = {"tms-support": "staff", "tms-admins": "superuser"}
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[str]:
+    """The provider's base URL (its issuer). Fails, never skips, when it cannot start."""
+    process = subprocess.Popen(
+        [sys.executable, "-W", "ignore", str(SERVER)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first_line: list[str] = []
+    reader = threading.Thread(target=lambda: first_line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(20)
+    if not first_line or not first_line[0].startswith("listening "):
+        process.kill()
+        pytest.fail(f"the OpenID Connect provider did not start: {process.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{int(first_line[0].split()[1])}"
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def sso_settings(provider: str, **overrides) -> dict:
+    return build_oidc_settings(
+        client_id="tms-test",
+        client_secret="tms-test-secret",
+        issuer=provider,
+        provider_name="Mock IdP",
+        groups=GROUPS,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def sso_on(settings, provider):
+    for name, value in sso_settings(provider).items():
+        setattr(settings, name, value)
+    return provider
+
+
+def set_claims(provider: str, sub: str, **claims) -> None:
+    response = requests.put(f"{provider}/users/{sub}", json=claims, timeout=10)
+    assert response.status_code == 204, response.text
+
+
+def sign_in(browser: requests.Session, live_url: str, sub: str, *, next_path: str = "/ui/tasks/") -> requests.Response:
+    """Click 'Sign in with', choose ``sub`` on the provider's form, follow the redirects home."""
+    at_provider = browser.get(f"{live_url}/oidc/authenticate/", params={"next": next_path}, timeout=10)
+    assert at_provider.status_code == 200 and "/oauth2/authorize" in at_provider.url, at_provider.text[:500]
+    return browser.post(at_provider.url, data={"sub": sub}, timeout=10)
+
+
+def test_login_page_offers_sso_and_first_login_creates_the_user_with_mapped_groups(sso_on, live_server):
+    set_claims(sso_on, "sub-alice", preferred_username="alice", email="alice@example.com", groups=["tms-support"])
+    browser = requests.Session()
+    page = browser.get(f"{live_server.url}/ui/login/", timeout=10)
+    assert "Sign in with Mock IdP" in page.text and 'name="password"' in page.text
+    for login_page in ("/admin/login/", "/api-auth/login/"):
+        assert "Sign in with Mock IdP" in browser.get(f"{live_server.url}{login_page}", timeout=10).text
+
+    home = sign_in(browser, live_server.url, "sub-alice")
+
+    assert home.status_code == 200 and urlparse(home.url).path == "/ui/tasks/"
+    user = get_user_model().objects.get(username="alice")
+    assert (user.email, user.is_staff, user.is_superuser, user.has_usable_password()) == (
+        "alice@example.com",
+        True,
+        False,
+        False,
+    )
+    assert list(user.groups.values_list("name", flat=True)) == [SUPPORT_GROUP]
+    identity = OidcIdentity.objects.get(user=user)
+    assert (identity.issuer, identity.subject, identity.groups) == (sso_on, "sub-alice", ["tms-support"])
+    # Recorded as every login is (django-axes' access log).
+    assert AccessLog.objects.filter(username="alice").count() == 1
+    # The provider's ID token is kept for its logout; the page now works as the user.
+    assert '>alice <span class="tag">staff</span>' in browser.get(f"{live_server.url}/ui/tasks/", timeout=10).text
+
+
+def test_a_later_login_follows_the_groups_and_matches_on_subject_not_name(sso_on, live_server):
+    groups = ["tms-admins", "tms-support"]
+    set_claims(sso_on, "sub-bob", preferred_username="bob", email="bob@example.com", groups=groups)
+    sign_in(requests.Session(), live_server.url, "sub-bob")
+    bob = get_user_model().objects.get(username="bob")
+    assert (bob.is_staff, bob.is_superuser) == (True, True)
+    assert list(bob.groups.values_list("name", flat=True)) == [SUPPORT_GROUP]
+
+    # Left the admins' group, and renamed at the provider: same user, flags dropped.
+    set_claims(sso_on, "sub-bob", preferred_username="robert", email="robert@example.com", groups=["other"])
+    home = sign_in(requests.Session(), live_server.url, "sub-bob")
+
+    assert home.status_code == 200
+    bob.refresh_from_db()
+    assert (bob.username, bob.email, bob.is_staff, bob.is_superuser) == ("robert", "robert@example.com", False, False)
+    assert not bob.groups.exists()
+    assert get_user_model().objects.count() == 1
+    assert OidcIdentity.objects.count() == 1
+
+
+def test_a_local_account_with_the_same_name_is_not_taken_over(sso_on, live_server, django_user_model, settings):
+    local = django_user_model.objects.create_user("carol", email="carol@example.com", password="pw-local-1")
+    set_claims(sso_on, "sub-mallory", preferred_username="carol", email="carol@example.com")
+
+    refused = sign_in(requests.Session(), live_server.url, "sub-mallory")
+
+    assert refused.status_code == 403
+    assert "belongs to an account that is not linked" in refused.text
+    assert OidcIdentity.objects.count() == 0
+    assert django_user_model.objects.get().pk == local.pk
+
+    # Refused again and again (past axes' failure limit): nobody's SSO sign-in from this address is locked out.
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        assert sign_in(requests.Session(), live_server.url, "sub-mallory").status_code == 403
+    set_claims(sso_on, "sub-oscar", preferred_username="oscar", email="oscar@example.com")
+    assert sign_in(requests.Session(), live_server.url, "sub-oscar").status_code == 200
+
+    # Linked by an operator: the same sign-in now lands in the local account.
+    OidcIdentity.objects.create(user=local, issuer=sso_on, subject="sub-mallory")
+    assert sign_in(requests.Session(), live_server.url, "sub-mallory").status_code == 200
+
+
+def test_logout_ends_the_session_here_and_at_the_provider(sso_on, live_server):
+    set_claims(sso_on, "sub-dave", preferred_username="dave", email="dave@example.com")
+    browser = requests.Session()
+    sign_in(browser, live_server.url, "sub-dave")
+    csrf = browser.cookies["csrftoken"]
+
+    out = browser.post(
+        f"{live_server.url}/ui/logout/",
+        data={"csrfmiddlewaretoken": csrf},
+        headers={"Referer": live_server.url},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+    assert out.status_code == 302
+    logout_url = urlparse(out.headers["Location"])
+    assert f"{logout_url.scheme}://{logout_url.netloc}{logout_url.path}" == f"{sso_on}/oauth2/end_session"
+    query = parse_qs(logout_url.query)
+    assert query["post_logout_redirect_uri"] == [f"{live_server.url}/ui/login/"]
+    assert query["client_id"] == ["tms-test"] and query["id_token_hint"][0].count(".") == 2
+    # Ended here at once: the pages want a login again.
+    assert browser.get(f"{live_server.url}/ui/tasks/", allow_redirects=False, timeout=10).status_code == 302
+    # The provider's logout page sends the browser back to the login page.
+    confirm = browser.get(out.headers["Location"], timeout=10)
+    back = browser.post(
+        f"{sso_on}/oauth2/end_session/confirm", data={"redirect_uri": query["post_logout_redirect_uri"][0]}, timeout=10
+    )
+    assert confirm.status_code == 200 and back.url == f"{live_server.url}/ui/login/"
+
+
+def test_a_password_session_logs_out_locally_only(sso_on, live_server, django_user_model):
+    django_user_model.objects.create_user("erin", password="pw-local-erin-1")
+    browser = requests.Session()
+    browser.get(f"{live_server.url}/ui/login/", timeout=10)
+    logged_in = browser.post(
+        f"{live_server.url}/ui/login/",
+        data={"username": "erin", "password": "pw-local-erin-1", "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+        headers={"Referer": live_server.url},
+        timeout=10,
+    )
+    assert urlparse(logged_in.url).path == "/"
+    out = browser.post(
+        f"{live_server.url}/ui/logout/",
+        data={"csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+        headers={"Referer": live_server.url},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert out.headers["Location"] == "/ui/login/"
+
+
+def expire_renewal(browser: requests.Session) -> None:
+    session = SessionStore(session_key=browser.cookies["sessionid"])
+    session["oidc_id_token_expiration"] = 0
+    session.save()
+
+
+def test_an_expired_session_is_sent_back_to_the_provider_and_ends_when_it_no_longer_vouches(sso_on, live_server):
+    set_claims(sso_on, "sub-frank", preferred_username="frank", email="frank@example.com")
+    browser = requests.Session()
+    sign_in(browser, live_server.url, "sub-frank")
+    frank = get_user_model().objects.get(username="frank")
+    _, key = token_create(user=frank, name="ci", scopes=["read"], expires_at=None)
+    # Within TMS_OIDC_RENEW_SECONDS: no trip to the provider.
+    assert browser.get(f"{live_server.url}/ui/executions/", allow_redirects=False, timeout=10).status_code == 200
+    expire_renewal(browser)
+
+    sent = browser.get(f"{live_server.url}/ui/executions/", allow_redirects=False, timeout=10)
+
+    # Back to the provider, silently (prompt=none), to come back to the page asked for.
+    assert sent.status_code == 302 and sent.headers["Location"].startswith(f"{sso_on}/oauth2/authorize?")
+    assert parse_qs(urlparse(sent.headers["Location"]).query)["prompt"] == ["none"]
+    # A bearer token is not a session: the API answers it as before, with no trip anywhere.
+    api = requests.get(f"{live_server.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert api.status_code == 200
+    # This provider holds no session of its own (as for a user disabled there): it answers
+    # login_required, and the session here ends, with the way back to the page.
+    ended = browser.get(sent.headers["Location"], timeout=10)
+    assert urlparse(ended.url).path == "/ui/login/" and parse_qs(urlparse(ended.url).query)["next"] == [
+        "/ui/executions/"
+    ]
+    assert "Your session has ended: sign in again with Mock IdP." in ended.text
+    later = browser.get(f"{live_server.url}/ui/executions/", allow_redirects=False, timeout=10)
+    assert later.status_code == 302 and later.headers["Location"].startswith("/ui/login/")
+    assert requests.get(f"{live_server.url}/api/v1/tasks", headers={"Authorization": f"Bearer {key}"}, timeout=10).ok
+
+
+def test_a_callback_with_a_state_this_browser_did_not_start_is_refused_clearly(sso_on, live_server):
+    set_claims(sso_on, "sub-heidi", preferred_username="heidi", email="heidi@example.com")
+    browser = requests.Session()
+    at_provider = browser.get(f"{live_server.url}/oidc/authenticate/", timeout=10)
+    back = browser.post(at_provider.url, data={"sub": "sub-heidi"}, allow_redirects=False, timeout=10)
+    callback = urlparse(back.headers["Location"])
+    code = parse_qs(callback.query)["code"][0]
+
+    forged = browser.get(f"{live_server.url}/oidc/callback/", params={"code": code, "state": "not-mine"}, timeout=10)
+
+    assert forged.status_code == 400
+    assert "could not be verified" in forged.text
+    # Another browser (no session state at all) gets the same clear refusal.
+    stranger = requests.get(f"{live_server.url}/oidc/callback/?{callback.query}", timeout=10)
+    assert stranger.status_code == 400 and "could not be verified" in stranger.text
+    assert not get_user_model().objects.filter(username="heidi").exists()
+
+
+def test_a_wrong_nonce_is_refused_clearly(sso_on, live_server):
+    set_claims(sso_on, "sub-ivan", preferred_username="ivan", email="ivan@example.com")
+    browser = requests.Session()
+    at_provider = browser.get(f"{live_server.url}/oidc/authenticate/", timeout=10)
+    back = browser.post(at_provider.url, data={"sub": "sub-ivan"}, allow_redirects=False, timeout=10)
+    state = parse_qs(urlparse(back.headers["Location"]).query)["state"][0]
+    session = SessionStore(session_key=browser.cookies["sessionid"])
+    session["oidc_states"][state]["nonce"] = "another-nonce"
+    session.save()
+
+    refused = browser.get(back.headers["Location"], timeout=10)
+
+    assert refused.status_code == 400 and "could not be verified" in refused.text
+    assert not get_user_model().objects.filter(username="ivan").exists()
+
+
+def test_hiding_the_local_form_refuses_password_logins(settings, provider, live_server, django_user_model):
+    for name, value in sso_settings(provider, local_login=False).items():
+        setattr(settings, name, value)
+    django_user_model.objects.create_user("judy", password="pw-local-judy-1")
+    browser = requests.Session()
+    page = browser.get(f"{live_server.url}/ui/login/", timeout=10)
+    assert "Sign in with Mock IdP" in page.text and 'name="password"' not in page.text
+    for login_page in ("/admin/login/", "/api-auth/login/"):
+        other = browser.get(f"{live_server.url}{login_page}", timeout=10).text
+        assert "Sign in with Mock IdP" in other and 'name="password"' not in other
+
+    csrf = "c" * 32  # the page has no form, so no token of its own: a cookie and the same value posted
+    browser.cookies.set("csrftoken", csrf)
+    posted = browser.post(
+        f"{live_server.url}/ui/login/",
+        data={"username": "judy", "password": "pw-local-judy-1", "csrfmiddlewaretoken": csrf},
+        headers={"Referer": live_server.url},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert posted.status_code == 200  # the form again, not a login
+    assert "_auth_user_id" not in SessionStore(session_key=browser.cookies.get("sessionid", "")).load()
+
+
+def test_sso_off_shows_no_button_and_its_endpoints_are_404(settings, live_server):
+    assert settings.TMS_OIDC["ENABLED"] is False  # the suite's own settings: no TMS_OIDC_CLIENT_ID
+    browser = requests.Session()
+    for login_page in ("/ui/login/", "/admin/login/", "/api-auth/login/"):
+        page = browser.get(f"{live_server.url}{login_page}", timeout=10)
+        assert page.status_code == 200 and "Sign in with" not in page.text and 'name="password"' in page.text
+    for endpoint in ("/oidc/authenticate/", "/oidc/callback/?code=x&state=y"):
+        assert browser.get(f"{live_server.url}{endpoint}", timeout=10).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"issuer": "https://idp.example.com"}, "TMS_OIDC_ISSUER set but TMS_OIDC_CLIENT_ID is not"),
+        ({"client_id": "tms"}, "TMS_OIDC_CLIENT_SECRET is required"),
+        ({"client_id": "tms", "client_secret": "s"}, "needs TMS_OIDC_ISSUER"),
+        (
+            {"client_id": "tms", "client_secret": "s", "issuer": "https://idp", "groups": {"ops": "admin"}},
+            "group 'ops' maps to 'admin', which is not a role (roles: staff, superuser)",
+        ),
+        (
+            {"client_id": "tms", "client_secret": "s", "issuer": "idp.example.com"},
+            "TMS_OIDC_ISSUER must be an http(s) URL",
+        ),
+        ({"client_id": "tms", "client_secret": "s", "issuer": "https://idp", "scopes": "email"}, "must include openid"),
+        (
+            {"client_id": "tms", "client_secret": "s", "issuer": "https://idp", "renew_seconds": 5},
+            "TMS_OIDC_RENEW_SECONDS",
+        ),
+    ],
+)
+def test_bad_sso_settings_are_refused_naming_the_variable(given, message):
+    with pytest.raises(OidcConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_oidc_settings(**given)
+
+
+def test_explicit_endpoints_need_no_issuer_and_off_by_default():
+    assert build_oidc_settings() == {"TMS_OIDC": {"ENABLED": False, "LOCAL_LOGIN": True}}
+    endpoints = {
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": "https://idp/auth",
+        "OIDC_OP_TOKEN_ENDPOINT": "https://idp/token",
+        "OIDC_OP_USER_ENDPOINT": "https://idp/userinfo",
+        "OIDC_OP_JWKS_ENDPOINT": "https://idp/jwks",
+    }
+    built = build_oidc_settings(client_id="tms", client_secret="s", endpoints=endpoints)
+    assert built["TMS_OIDC"]["ENABLED"] and built["OIDC_OP_TOKEN_ENDPOINT"] == "https://idp/token"
+
+
+def test_the_settings_module_refuses_an_unknown_role_at_start_up():
+    env = {
+        "TMS_OIDC_CLIENT_ID": "tms",
+        "TMS_OIDC_CLIENT_SECRET": "s",
+        "TMS_OIDC_ISSUER": "https://idp.example.com",
+        "TMS_OIDC_GROUPS": "ops=owner",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**os.environ, **env, "DJANGO_SETTINGS_MODULE": "tms_project.settings.test"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "'owner', which is not a role" in result.stderr
+
+
+def test_an_unreachable_provider_fails_the_sign_in_with_a_message_not_a_500(settings, live_server):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    for name, value in sso_settings(f"http://127.0.0.1:{closed}", timeout=2.0).items():
+        setattr(settings, name, value)
+
+    answer = requests.get(f"{live_server.url}/oidc/authenticate/", timeout=10)
+
+    assert answer.status_code == 502 and "Mock IdP cannot be reached now" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("claims", "refusal"),
+    [
+        ({"aud": "another-client", "iss": "https://idp.example.com"}, "issued to another client"),
+        ({"aud": ["x", "tms-test"], "iss": "https://elsewhere.example.com"}, "issued by 'https://elsewhere"),
+    ],
+)
+def test_an_id_token_for_another_client_or_from_another_issuer_is_refused(settings, monkeypatch, claims, refusal):
+    for name, value in sso_settings("https://idp.example.com").items():
+        setattr(settings, name, value)
+    monkeypatch.setattr(OIDCAuthenticationBackend, "verify_token", lambda self, token, **kwargs: dict(claims))
+
+    with pytest.raises(SuspiciousOperation, match=refusal):
+        OidcBackend().verify_token("header.payload.signature", nonce="n")
