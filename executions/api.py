@@ -235,7 +235,8 @@ class ExecutionViewSet(
             "`replay_of` the old one, attempt 1, with the old one's input unless `input` replaces it, and the "
             f"task's config unless `config` overrides part of it for these runs. At most {MAX_REPLAY} a request "
             "(400 beyond: narrow the selection). All or nothing: the new runs count against your hourly quota "
-            "of executions created on request (429, nothing created). `dry_run` checks it all and creates nothing. "
+            "of executions created on request (429, nothing created). `dry_run` checks it all, the quota "
+            "included, and creates and counts nothing. "
             "404 for a task that is not yours."
         ),
         request=ReplaySerializer,

@@ -114,7 +114,8 @@ def executions_replay_by_user(
     and ``input_fills``: :class:`InvalidInput` on ``input``); ``config`` is a partial config laid
     over each task's for the new runs only, validated as a change of the task's config would be
     (:func:`tasks_app.run_config.config_override`: :class:`InvalidInput` on ``config``).
-    ``dry_run`` checks all of it and creates nothing (the quota is not counted).
+    ``dry_run`` checks all of it, the quota included (the same refusals), and creates and counts
+    nothing.
 
     All or nothing: the new runs count against the owner's hourly quota of executions created on
     request (:class:`QuotaExceeded`, or :class:`InvalidInput` when they never fit, before
@@ -154,6 +155,12 @@ def executions_replay_by_user(
             if lost:
                 dropped[str(task.pk)] = lost
     order = [row.pk for row in rows]
+    if dry_run and rows:
+        # Would the runs fit the quota now? Charged and rolled back: the same refusal (429, or 400
+        # when they never fit) as the replay itself would meet, and nothing counted.
+        with transaction.atomic():
+            quota_charge_executions(owner_id=owner_id, count=len(rows))
+            transaction.set_rollback(True)
     if dry_run or not rows:
         return ReplayReport(dry_run=dry_run, replayed=order, dropped_secrets=dropped)
     replays = [

@@ -214,6 +214,22 @@ def test_a_replay_over_the_quota_is_refused_whole(api_client, echo, user):
     assert over.status_code == 429 and len(_replays()) == 3
 
 
+def test_a_dry_run_meets_the_quota_as_the_replay_would_and_counts_nothing(api_client, echo, user):
+    for hours in (1, 2, 3):
+        _finished(echo, S.FAILED, ago=timedelta(hours=hours))
+    owner_quota_set(owner=user, max_executions_per_hour=2)
+    never = api_client.post(URL, {"task": str(echo.pk), "dry_run": True}, format="json")
+    assert never.status_code == 400 and "at most 2 executions per hour" in str(never.json())
+
+    owner_quota_set(owner=user, max_executions_per_hour=4)
+    for _ in range(3):  # counted nothing: three dry runs of three fit a quota of four
+        fits = api_client.post(URL, {"task": str(echo.pk), "dry_run": True}, format="json")
+        assert fits.status_code == 200 and fits.json()["count"] == 3
+    assert api_client.post(URL, {"task": str(echo.pk)}, format="json").status_code == 201
+    full = api_client.post(URL, {"task": str(echo.pk), "status": ["FAILED"], "dry_run": True}, format="json")
+    assert full.status_code == 429 and len(_replays()) == 3
+
+
 def test_another_owner_s_task_is_a_404_and_nothing_is_created(api_client, other_user):
     theirs = task_create(owner=other_user, runner="noop", start_at=_later())
     _finished(theirs, S.FAILED)
