@@ -242,7 +242,7 @@ class ExecutionViewSet(
         request=ReplaySerializer,
         responses={
             201: ReplayResultSerializer,
-            200: OpenApiResponse(ReplayResultSerializer, description="Dry run."),
+            200: OpenApiResponse(ReplayResultSerializer, description="Dry run, or a selection that matched nothing."),
             **error_responses(404, 409),
         },
     )
@@ -278,7 +278,8 @@ class ExecutionViewSet(
             "created": report.created,
             "dropped_secrets": report.dropped_secrets,
         }
-        code = status.HTTP_200_OK if report.dry_run else status.HTTP_201_CREATED
+        # 201 only when runs were created: a dry run, or a selection that matched nothing, is a 200.
+        code = status.HTTP_201_CREATED if report.created else status.HTTP_200_OK
         return Response(ReplayResultSerializer(body).data, status=code)
 
     @extend_schema(

@@ -214,6 +214,14 @@ def test_a_replay_over_the_quota_is_refused_whole(api_client, echo, user):
     assert over.status_code == 429 and len(_replays()) == 3
 
 
+def test_a_selection_that_matches_nothing_is_a_200_that_creates_nothing(api_client, echo):
+    _finished(echo, S.FAILED)
+    response = api_client.post(URL, {"task": str(echo.pk), "status": ["SUCCEEDED"]}, format="json")
+    assert response.status_code == 200
+    assert response.json() == {"dry_run": False, "count": 0, "replayed": [], "created": [], "dropped_secrets": {}}
+    assert not _replays() and not AuditEntry.objects.filter(action="replay").exists()
+
+
 def test_a_dry_run_meets_the_quota_as_the_replay_would_and_counts_nothing(api_client, echo, user):
     for hours in (1, 2, 3):
         _finished(echo, S.FAILED, ago=timedelta(hours=hours))
