@@ -223,12 +223,17 @@ class ExecutionAdmin(ReadOnlyAdmin):
     def output_block(self, execution: Execution) -> str:
         return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', execution.output or "-")
 
+    @staticmethod
+    def _link(execution_id: int | None) -> str:
+        """A link to another execution's admin page, or "-"."""
+        if execution_id is None:
+            return "-"
+        url = reverse("admin:executions_execution_change", args=[execution_id])
+        return format_html('<a href="{}">execution {}</a>', url, execution_id)
+
     @admin.display(description="retry of")
     def retry_of_link(self, execution: Execution) -> str:
-        if execution.retry_of_id is None:
-            return "-"
-        url = reverse("admin:executions_execution_change", args=[execution.retry_of_id])
-        return format_html('<a href="{}">execution {}</a>', url, execution.retry_of_id)
+        return self._link(execution.retry_of_id)
 
     @admin.display(description="retried by")
     def retried_by(self, execution: Execution) -> str:
@@ -247,10 +252,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
 
     @admin.display(description="replay of")
     def replay_of_link(self, execution: Execution) -> str:
-        if execution.replay_of_id is None:
-            return "-"
-        url = reverse("admin:executions_execution_change", args=[execution.replay_of_id])
-        return format_html('<a href="{}">execution {}</a>', url, execution.replay_of_id)
+        return self._link(execution.replay_of_id)
 
     @admin.display(description="input (secrets masked)")
     def input_masked(self, execution: Execution) -> str:

@@ -273,20 +273,24 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
             )
         }
     edge = states.SUCCEED
+
+    def params(rows: Sequence[Success]) -> list[Any]:
+        """The arrays of :data:`_SUCCEED_ANY` (and :data:`_SUCCEED_MANY`) for ``rows``."""
+        return [
+            edge.target,
+            pg_array(success.execution_id for success in rows),
+            pg_array(success.attempt for success in rows),
+            pg_array(bounded(success.output, max_chars) for success in rows),
+            pg_array(success.external_run_id[:255] for success in rows),
+            worker_id,
+            pg_array(sorted(edge.sources)),
+        ]
+
     # Concurrent statements share rollup rows (the status trigger's, executions/triggers.py),
     # which it writes in their key's order: they wait for each other, never deadlock.
-    params = [
-        edge.target,
-        pg_array(success.execution_id for success in successes),
-        pg_array(success.attempt for success in successes),
-        pg_array(bounded(success.output, max_chars) for success in successes),
-        pg_array(success.external_run_id[:255] for success in successes),
-        worker_id,
-        pg_array(sorted(edge.sources)),
-    ]
     (source,) = edge.sources
     event = Event(source, edge.target, worker_id)
-    rows = with_events(_SUCCEED_MANY, params, event, returning="e.id, e.attempt")
+    rows = with_events(_SUCCEED_MANY, params(successes), event, returning="e.id, e.attempt")
     won = {row[0] for row in rows}
     rest = [success for success in successes if success.execution_id not in won]
     if rest:
@@ -294,17 +298,8 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
         # statement too, in a transaction that also creates what follows them (workflow steps
         # are otherwise each an end of their own: a chain's steps went out a few per message and
         # were ended one by one).
-        again = [
-            edge.target,
-            pg_array(success.execution_id for success in rest),
-            pg_array(success.attempt for success in rest),
-            pg_array(bounded(success.output, max_chars) for success in rest),
-            pg_array(success.external_run_id[:255] for success in rest),
-            worker_id,
-            pg_array(sorted(edge.sources)),
-        ]
         with transaction.atomic():
-            ended = with_events(_SUCCEED_ANY, again, event, returning=_ENDED_RETURNING_E)
+            ended = with_events(_SUCCEED_ANY, params(rest), event, returning=_ENDED_RETURNING_E)
             if ended:
                 follow_ended(ended_rows(ended))
         won.update(row[0] for row in ended)
