@@ -120,9 +120,22 @@ def alive(info: Mapping[str, Any] | None) -> bool:
 
 
 def signal_group(info: Mapping[str, Any] | None, sig: int) -> None:
-    """Send ``sig`` to the process group recorded in ``info``, if there is one and it exists."""
+    """Send ``sig`` to the process group recorded in ``info``, if there is one and it is still the
+    run's.
+
+    Pids are reused (pid_max is often 32,768): once the run's group has emptied, its number may lead
+    another group, such as the next run's supervisor (which leads a session of its own). So the
+    group is signalled only while its leader is the recorded process, or while the leader is gone
+    and members are left: the kernel does not hand out a number still in use as a group id, so
+    those members are the run's own.
+    """
     if not info or not isinstance(info.get("pgid"), int) or info["pgid"] <= 1:
         return
+    if info.get("start") is not None and info["pgid"] == info.get("pid"):
+        with contextlib.suppress(OSError):
+            leader = process_started(info["pgid"])
+            if leader is not None and leader != info["start"]:
+                return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(info["pgid"], sig)
 

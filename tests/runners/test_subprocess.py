@@ -6,11 +6,11 @@ Every run lives in its own folder under ``tmp_path``; commands are the test inte
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +24,7 @@ from rest_framework import serializers
 from runners.base import RunHandle, RunnerError, RunSpec, RunState
 from runners.registry import get_runner
 from runners.subprocess import SubprocessRunner
+from runners.subprocess.workdir import process_started, signal_group
 from tests.runners.conftest import SYSTEM_PYTHON, reachable_dir, spec_maker, wait_for_file, wait_for_result
 
 # Runs execute as a run user, which may not reach the suite's own interpreter (under /root).
@@ -93,10 +94,9 @@ def runner(tmp_path: Path) -> Iterator[SubprocessRunner]:
     runner = make_runner(tmp_path)
     yield runner
     # Leave no process behind, whatever a test did.
+    # Through signal_group: the number in an old pid file may lead another test's group by now.
     for pid_file in runner.work_dir.glob("*/pid"):
-        pgid = json.loads(pid_file.read_text())["pgid"]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        signal_group(json.loads(pid_file.read_text()), signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,6 +342,23 @@ def test_cancel_of_a_finished_run_changes_nothing(runner: SubprocessRunner) -> N
     runner.cancel(spec, handle)
 
     assert runner.poll(spec, handle).state is RunState.SUCCEEDED
+
+
+def test_a_pid_file_whose_number_leads_another_group_now_signals_nobody() -> None:
+    # With pid_max at 32,768 a finished run's number comes round again; the group it leads then
+    # (another run's supervisor, say) is not the run's to kill.
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        started = process_started(other.pid)
+        assert started is not None
+        signal_group({"pid": other.pid, "pgid": other.pid, "start": started - 1}, signal.SIGKILL)
+        with pytest.raises(subprocess.TimeoutExpired):
+            other.wait(timeout=0.3)
+        signal_group({"pid": other.pid, "pgid": other.pid, "start": started}, signal.SIGKILL)
+        assert other.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        other.kill()
+        other.wait()
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,6 +94,10 @@ class ManagedProcess:
         the group reaches the main process alone; they stay in the session, also once the main
         process is gone.
         """
+        if self.popen.returncode is not None and os.path.exists(f"/proc/{self.popen.pid}"):
+            # Reaped, and its number taken again by another process: the kernel hands out no number
+            # still in use as a session or group id, so nothing of ours is left under it.
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
         for pid in _session_members(self.popen.pid):
