@@ -54,10 +54,26 @@ POLL_BASE, POLL_FACTOR, POLL_CAP = 1.0, 2.0, 60.0
 HAND_ON_AFTER = 1.0
 
 #: Runs of a message claimed (and their successes recorded) together: as many as take about this
-#: many seconds, going by the time the message's runs took so far (the first one is handled
-#: alone). A run's start time is its claim's, so this bounds how much earlier than its launch it
-#: may say it started when the runs before it in its chunk launch quickly, as they did so far.
+#: many seconds to launch, going by how long this process's latest launches took (the first run
+#: of a process is handled alone). A run's start time is its claim's, so this bounds how much
+#: earlier than its launch it may say it started when the runs before it in its chunk launch
+#: quickly, as they did so far.
 CHUNK_SECONDS = 0.05
+
+
+class _LaunchPace:
+    """Seconds a launch took in this process lately (its latest chunk's, per run): the size of
+    the next chunk. Only the launches are timed, not the chunk's claim and its recorded
+    successes, which are one statement each whatever the chunk's size: timed with them, a chunk of
+    one run (a claim and an end of its own, a workflow step's creation with it: 15-60 ms on a
+    busy machine) came out slower than :data:`CHUNK_SECONDS`, so the next chunk was of one run
+    again, and so on; a chain's steps went out one per message for good. Kept across messages, so
+    that a message's first run is not handled alone each time either."""
+
+    seconds: float | None = None
+
+
+_pace = _LaunchPace()
 
 #: A chunk whose launches have taken this many seconds lets its claimed runs not launched yet go
 #: (RUNNING without a lease, due for a poll at once), for another worker to launch.
@@ -231,7 +247,7 @@ def executions_run_batch(
     outcomes: Counter[str] = Counter()
     can_hand_on = True
     pairs = [(execution_id, attempt) for execution_id, attempt in items]
-    index, per_run = 0, None
+    index = 0
     while index < len(pairs):
         if can_hand_on and index and time.monotonic() - began > HAND_ON_AFTER:
             rest = pairs[index:]
@@ -240,11 +256,12 @@ def executions_run_batch(
                 logger.info("batch: %d run(s) handed on after %.1fs", len(rest), time.monotonic() - began)
                 break
             can_hand_on = False
-        size = 1 if per_run is None else max(1, int(CHUNK_SECONDS / max(per_run, 1e-4)))
+        pace = _pace.seconds
+        size = 1 if pace is None else max(1, int(CHUNK_SECONDS / max(pace, 1e-4)))
         chunk = pairs[index : index + size]
-        chunk_began = time.monotonic()
-        outcomes.update(_run_chunk(chunk, worker_id) if len(chunk) > 1 else [_run_one(*chunk[0], worker_id)])
-        per_run = (time.monotonic() - chunk_began) / len(chunk)
+        words, launching = _run_chunk(chunk, worker_id)
+        outcomes.update(words)
+        _pace.seconds = launching / len(chunk)
         index += len(chunk)
     return outcomes
 
@@ -313,9 +330,11 @@ class _Successes:
         return lost
 
 
-def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> list[str]:
+def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> tuple[list[str], float]:
     """Claim the chunk's runs in one statement, start each, record their immediate successes in
-    one statement; a run the claim did not take goes the one-by-one way (:func:`_run_one`)."""
+    one statement; a run the claim did not take goes the one-by-one way (:func:`_run_one`).
+    Returns each run's word and the seconds the launches took (the claim and the recorded
+    successes left out: see :class:`_LaunchPace`)."""
     claimed = transitions.executions_claim_loaded(
         items=chunk, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
     )
@@ -355,12 +374,13 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> list[str]:
                 deferred[execution_id] = len(words) - 1
             else:
                 _keeper.release(execution_id)  # its outcome is written, or it is polled
+        launching = time.monotonic() - began
         for execution_id in successes.flush():
             words[deferred[execution_id]] = "lost"
     finally:
         for execution_id, _ in chunk:
             _keeper.release(execution_id)
-    return words
+    return words, launching
 
 
 def _task_ids(task: Task) -> dict[str, object]:

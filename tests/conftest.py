@@ -66,6 +66,15 @@ def _dashboard_cache():
     caches["dashboard"].clear()
 
 
+@pytest.fixture(autouse=True)
+def _launch_pace():
+    """Each test's messages start as a worker process's first one does (the first run alone):
+    the pace of launches a process measured is kept across messages, not across tests."""
+    from executions import worker_services
+
+    worker_services._pace.seconds = None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_queue():
     """Delete this run's RabbitMQ queues when the run ends."""

@@ -305,7 +305,9 @@ def test_a_lost_database_ends_the_message_for_a_retry_and_any_other_error_is_one
         return "finished"
 
     monkeypatch.setattr(worker_services, "execution_run", run)
-    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 0.0)  # one by one: no claim of a chunk
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 0.0)  # one by one
+    # A chunk's claim takes none of them (as for runs of an exclusive task): each goes alone.
+    monkeypatch.setattr(worker_services.transitions, "executions_claim_loaded", lambda **kwargs: {})
     items = [(1, 1), (2, 1), (3, 1)]
 
     failure: Exception = ValueError("a bug in one run's handling")
@@ -351,6 +353,31 @@ def _updates(queries) -> int:
 
 
 @pytest.mark.django_db
+def test_a_slow_end_does_not_shrink_the_chunks_only_slow_launches_do(monkeypatch):
+    # A chunk's claim and its successes are a statement each whatever its size: timed with the
+    # launches, a slow end (a busy database, a workflow step created with it) made every chunk one
+    # run, and a chain's steps went out one per message for good.
+    import time
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    items = _pending_noops(4)
+    real = worker_services.transitions.executions_succeed
+
+    def slow(**kwargs):
+        time.sleep(worker_services.CHUNK_SECONDS * 2)
+        return real(**kwargs)
+
+    monkeypatch.setattr(worker_services.transitions, "executions_succeed", slow)
+    with CaptureQueriesContext(connection) as queries:
+        assert worker_services.executions_run_batch(items=items, worker_id="w:1", hand_on=lambda rest: True) == {
+            "finished": 4
+        }
+    assert _updates(queries.captured_queries) == 2 + 2  # the first alone, then the other three together
+
+
+@pytest.mark.django_db
 def test_a_chunk_writes_what_one_by_one_writes_in_a_statement_for_its_claims_and_one_for_its_successes(
     monkeypatch,
 ):
@@ -363,13 +390,15 @@ def test_a_chunk_writes_what_one_by_one_writes_in_a_statement_for_its_claims_and
         assert worker_services.executions_run_batch(items=one_by_one, worker_id="w:1", hand_on=lambda rest: True) == {
             "finished": 6
         }
-    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 10.0)  # everything after the first in one chunk
+    # Everything in one chunk: the pace of launches the first message measured carries over (a
+    # process's first message handles its first run alone: test_runs_not_started_within_...).
+    monkeypatch.setattr(worker_services, "CHUNK_SECONDS", 10.0)
     with CaptureQueriesContext(connection) as chunk:
         assert worker_services.executions_run_batch(items=chunked, worker_id="w:1", hand_on=lambda rest: True) == {
             "finished": 6
         }
     assert _updates(single.captured_queries) == 12  # a claim and a success each
-    assert _updates(chunk.captured_queries) == 2 + 2  # the first alone, then the five together
+    assert _updates(chunk.captured_queries) == 2  # one claim, one success for the six
     for (a, _), (b, _) in zip(one_by_one, chunked, strict=True):
         assert _row_state(a) == _row_state(b)
         assert _events(a) == _events(b)
