@@ -19,9 +19,11 @@ from celery.signals import (
     worker_process_shutdown,
     worker_shutdown,
 )
-from django.db import connections
+from django.db import connections, transaction
 
-from executions import heartbeat, materialiser, retention, rollup, worker_services
+from executions import heartbeat, materialiser, retention, rollup, transitions, worker_services
+from executions.monitor import group_runs, send, send_many
+from executions.notify import notify_due
 from executions.worker_identity import lease_owner, set_node_id
 from runners.registry import all_runners
 from tms_core import logcontext, metrics
@@ -151,10 +153,33 @@ def _note_redelivery(task: Task, execution_id: int) -> None:
         logger.info("redelivered message %s for execution %s", task.request.id, execution_id)
 
 
+def publish_steps(taken: list[transitions.Dispatch]) -> None:
+    """Publish the workflow steps this process's ending writes took (``transitions.publishing_steps``),
+    grouped as the monitor groups a herd: the steps a chunk's ends created go out together. A
+    group the broker refuses goes back to SCHEDULED for the monitor (woken at once)."""
+    for group in group_runs(taken, most=tms_settings().DISPATCH_BATCH, spread=1):
+        try:
+            if len(group) == 1:
+                send(run_execution, group[0], None)
+            else:
+                send_many(run_executions, group, None)
+        except Exception as exc:  # noqa: BLE001 - any broker error: the monitor publishes them instead
+            logger.warning("could not publish %d workflow step(s) (%s); the monitor will", len(group), exc)
+            try:
+                with transaction.atomic():
+                    transitions.executions_untake(
+                        dispatches=group, actor=transitions.WORKFLOW_ACTOR, reason=f"could not be published: {exc}"
+                    )
+                    notify_due()
+            except Exception:
+                logger.warning("could not give %d workflow step(s) back either", len(group), exc_info=True)
+
+
 @shared_task(name="tms.run_execution", bind=True, ignore_result=True, **_DB_RETRY)
 def run_execution(self: Task, execution_id: int, attempt: int) -> str:
     _note_redelivery(self, execution_id)
-    return worker_services.execution_run(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
+    with transitions.publishing_steps(publish_steps):
+        return worker_services.execution_run(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
 
 
 @shared_task(name="tms.run_executions", bind=True, ignore_result=True, **_DB_RETRY)
@@ -172,14 +197,18 @@ def run_executions(self: Task, items: list[list[int]]) -> dict[str, int]:
             return False
         return True
 
-    with logcontext.log_context(worker_id=lease_owner(), celery_task_id=self.request.id):
+    with (
+        logcontext.log_context(worker_id=lease_owner(), celery_task_id=self.request.id),
+        transitions.publishing_steps(publish_steps),
+    ):
         return dict(worker_services.executions_run_batch(items=items, worker_id=lease_owner(), hand_on=hand_on))
 
 
 @shared_task(name="tms.poll_execution", bind=True, ignore_result=True, **_DB_RETRY)
 def poll_execution(self: Task, execution_id: int, attempt: int) -> str:
     _note_redelivery(self, execution_id)
-    return worker_services.execution_resume(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
+    with transitions.publishing_steps(publish_steps):
+        return worker_services.execution_resume(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
 
 
 # Housekeeping (every beat system job) sends no task events: Flower lists executions' tasks and

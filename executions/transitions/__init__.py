@@ -40,7 +40,7 @@ from executions.transitions.dispatch import (
     executions_untake,
     next_due_in,
 )
-from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from
+from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from, publishing_steps
 from executions.transitions.misfire import Misfire, execution_skip_misfire, misfire_decision
 from executions.transitions.overlap import (
     QUEUE_RETRY_SECONDS,
@@ -117,4 +117,5 @@ __all__ = [
     "misfire_decision",
     "next_due_in",
     "pg_array",
+    "publishing_steps",
 ]

@@ -19,7 +19,7 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import states
 from executions.transitions.misfire import drop_misfires, on_time
-from executions.transitions.sql import db_now_plus, write, write_quiet
+from executions.transitions.sql import EXECUTIONS, db_now_plus, pg_array, postgresql, write, write_quiet
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,68 @@ def executions_take_due(
     if among is not None:
         base &= Q(id__in=list(among))
     return _take(base, states.TAKE, limit=limit, actor=actor, detail="")
+
+
+def executions_take_steps(ids: Collection[int], *, owners: Collection[int], actor: str) -> list[Dispatch]:
+    """In the caller's transaction (the one that ends their upstreams and creates them): move the
+    workflow steps ``ids`` (of runs of ``owners``) to PENDING for the ending worker to publish when
+    it commits. See :func:`executions.transitions.follow.publishing_steps`.
+
+    Not when another owner's run is due and waiting: fair share between owners is the monitor's
+    (:mod:`executions.fairness`), and the steps then wait their turn with the rest. A step may go
+    ahead of its own owner's waiting runs (a workflow run under way is finished first), of
+    fewer than :data:`STEPS_AHEAD_OF_AT_MOST` (so that the check is one bounded read of the due
+    index, and exact: another owner's run due later than that many of the steps' owners' is
+    behind a backlog the steps leave to the monitor too). Nor when :data:`STEPS_QUEUED_AT_MOST`
+    runs or more are published and not started: that bounds how long a run of another owner that
+    comes due meanwhile waits behind the steps already sent, as the monitor's pacer bounds it.
+    The check is one statement; so is the take (the rows are this transaction's own: no other
+    monitor or worker can see them, nothing to skip or lock).
+
+    Returns the steps taken; nothing if the monitor is to take them, and always nothing on the
+    embedded default (one process there does it all).
+    """
+    chosen = list(ids)
+    if not chosen or not postgresql():
+        return []
+    with connection.cursor() as cursor:
+        owned = pg_array(sorted(owners))
+        params = [S.SCHEDULED, pg_array(chosen), STEPS_AHEAD_OF_AT_MOST, owned, S.PENDING, STEPS_QUEUED_AT_MOST]
+        cursor.execute(_STEPS_MAY_GO, params)
+        ahead, others, queued = cursor.fetchone()
+    if ahead >= STEPS_AHEAD_OF_AT_MOST or others or queued >= STEPS_QUEUED_AT_MOST:
+        return []
+    token = uuid.uuid4().hex[:12]
+    won = write(
+        states.TAKE,
+        Q(id__in=chosen),
+        {"enqueued_at": Now(), "message_id": Concat(Cast("id", output_field=CharField()), Value(f"-{token}"))},
+        actor=actor,
+        detail=STEP_DETAIL,
+        returning="id, attempt, priority, due_at",
+    )
+    order = {execution_id: index for index, execution_id in enumerate(chosen)}
+    return [
+        Dispatch(i, a, p, f"{i}-{token}", "run", due) for i, a, p, due in sorted(won, key=lambda row: order[row[0]])
+    ]
+
+
+#: Whether workflow steps may go out at once (:func:`executions_take_steps`): how many due runs
+#: wait (at most the bound), whether another owner's is among them, how many are queued (idem).
+_STEPS_MAY_GO = (
+    f"WITH ahead AS (SELECT owner_id FROM {EXECUTIONS} WHERE status = %s AND due_at <= statement_timestamp()"  # noqa: S608
+    " AND NOT (id = ANY(%s::bigint[])) ORDER BY due_at LIMIT %s)"
+    " SELECT (SELECT count(*) FROM ahead), EXISTS (SELECT 1 FROM ahead WHERE NOT (owner_id = ANY(%s::integer[]))),"
+    f" (SELECT count(*) FROM (SELECT 1 FROM {EXECUTIONS} WHERE status = %s LIMIT %s) AS queued)"
+)
+
+
+#: Of how many due runs of their own owners a worker's workflow steps may go ahead.
+STEPS_AHEAD_OF_AT_MOST = 4096
+#: With this many runs published and not started, workflow steps wait for the monitor.
+STEPS_QUEUED_AT_MOST = 1024
+#: The detail of a step's take by the worker that ended its upstream.
+STEP_DETAIL = "published by the worker that ended its upstream"
 
 
 def executions_take_stale_pending(*, limit: int, older_than: float, actor: str) -> list[Dispatch]:

@@ -28,8 +28,11 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -38,7 +41,8 @@ from django.db.models import Exists, OuterRef, Q
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
-from executions.transitions.sql import EXECUTIONS, Event, key_share, postgresql, with_events
+from executions.transitions.dispatch import Dispatch, executions_take_steps
+from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, postgresql, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
 
 # The longest output (characters) read as a follower's input: a longer one is cut and given as text.
@@ -131,24 +135,22 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
             links.append((follower, upstream, on))
     if not links:
         return []
-    created: list[int] = []
-    by_on: defaultdict[str, int] = defaultdict(int)  # the steps created, by the ``on`` the end met
     # In the order of their workflow runs: a fan-in's check locks its workflow run, and two
     # transactions that end several runs each (a worker's batch) then take those locks in one
     # order, so they wait for each other and never deadlock.
+    plans = []
     for run in sorted(ended, key=lambda run: (run.workflow_run or run.execution_id, run.execution_id)):
         followers = sorted(
             {follower for follower, upstream, on in links if upstream == run.task_id and on in SATISFIES[run.status]}
         )
-        if not followers:
-            continue
+        if followers:
+            plans.append((run, followers))
+    # A root's workflow run is its own id from now on (before a fan-in's check reads it).
+    _mark_roots([run.execution_id for run, _ in plans if run.workflow_run is None])
+    # (follower, workflow run) -> the upstream runs it is created from, and the ``on`` the end met.
+    wanted: dict[tuple[uuid.UUID, int], tuple[dict[uuid.UUID, Any], str]] = {}
+    for run, followers in plans:
         workflow_run = run.workflow_run or run.execution_id
-        if run.workflow_run is None:  # a root: its workflow run is its own id from now on
-            with connection.cursor() as cursor:  # one statement, without the ORM's compile per end
-                cursor.execute(
-                    f"UPDATE {EXECUTIONS} SET workflow_run = id WHERE id = %s AND workflow_run IS NULL",  # noqa: S608
-                    [run.execution_id],
-                )
         for follower in followers:
             required = needs[follower]
             if len(required) == 1:
@@ -158,14 +160,50 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
                 arrived = _arrived(workflow_run, required)
                 if len(arrived) < len(required):
                     continue  # the last upstream to end creates it
-            new = _create_step(follower, workflow_run, arrived)
-            if new is not None:
-                created.append(new)
-                by_on[required[run.task_id]] += 1
+            # Two upstreams of one fan-in ended in this transaction: one step.
+            wanted.setdefault((follower, workflow_run), (arrived, required[run.task_id]))
+    made = _create_steps(wanted)
+    created = [execution_id for execution_id, _ in made.values()]
+    by_on: defaultdict[str, int] = defaultdict(int)  # the steps created, by the ``on`` the end met
+    for key in made:
+        by_on[wanted[key][1]] += 1
     if created:
-        notify_due()  # delivered when the end commits
+        publish = _step_publisher.get()
+        owners = {owner for _, owner in made.values()}
+        taken = executions_take_steps(created, owners=owners, actor=WORKFLOW_ACTOR) if publish is not None else []
+        if publish is not None and taken:
+            transaction.on_commit(partial(publish, taken))  # published once the end is committed
+        if len(taken) < len(created):
+            notify_due()  # the monitor takes them; delivered when the end commits
         transaction.on_commit(lambda: _count(by_on))  # counted if the end commits, not before
     return created
+
+
+#: Publishes the steps this context's ending writes took (see :func:`publishing_steps`).
+StepPublisher = Callable[[list[Dispatch]], None]
+_step_publisher: ContextVar[StepPublisher | None] = ContextVar("tms_step_publisher", default=None)
+
+
+@contextmanager
+def publishing_steps(publish: StepPublisher) -> Iterator[None]:
+    """Within this block, the steps an ending write creates are taken (PENDING) in its own
+    transaction and handed to ``publish`` once it commits, instead of waiting SCHEDULED for the
+    monitor: a worker wraps its message handling in it. A chain's next step then costs no monitor
+    pass, no fair-share hold and no extra commit; the steps a chunk's ends create go out together,
+    as a herd's runs do. Only while no other run is due and waiting
+    (:func:`~executions.transitions.dispatch.executions_take_steps`): fair share is the monitor's.
+
+    ``publish`` must not raise: a step it cannot publish it gives back
+    (:func:`~executions.transitions.dispatch.executions_untake`); one it never publishes (its
+    process died) is published again by the monitor once PENDING for too long, as any message
+    lost between a take and its publish. Outside such a block (the callback API, a page, a
+    command) the monitor takes the steps, woken by the end's ``NOTIFY``.
+    """
+    token = _step_publisher.set(publish)
+    try:
+        yield
+    finally:
+        _step_publisher.reset(token)
 
 
 def _count(by_on: Mapping[str, int]) -> None:
@@ -201,17 +239,93 @@ _COLUMNS = (
 )
 
 
-def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.UUID, Any]) -> int | None:
-    """Insert ``follower``'s run of ``workflow_run`` (SCHEDULED, due now) unless it exists; an
-    ACTIVE task only (a paused or deleted one does not run). Returns its id, or None."""
-    ids = sorted(run.execution_id if isinstance(run, Ended) else run["id"] for run in arrived.values())
+def _mark_roots(roots: list[int]) -> None:
+    """Write each root's own id as its workflow run, in one statement (without the ORM's compile)."""
+    if roots:
+        marks = ", ".join(["%s"] * len(roots))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {EXECUTIONS} SET workflow_run = id WHERE id IN ({marks}) AND workflow_run IS NULL",  # noqa: S608
+                roots,
+            )
+
+
+def _step_input(arrived: Mapping[uuid.UUID, Any]) -> dict[str, Any]:
     if len(arrived) == 1:
         (only,) = arrived.values()
-        given = input_from(only)
-    else:
-        given = {
-            str(task_id): input_from(run) for task_id, run in sorted(arrived.items(), key=lambda item: str(item[0]))
-        }
+        return input_from(only)
+    return {str(task_id): input_from(run) for task_id, run in sorted(arrived.items(), key=lambda item: str(item[0]))}
+
+
+def _upstream_ids(arrived: Mapping[uuid.UUID, Any]) -> list[int]:
+    return sorted(run.execution_id if isinstance(run, Ended) else run["id"] for run in arrived.values())
+
+
+#: Every step a transaction's ends start, in one statement with their events (PostgreSQL): each
+#: due now by the statement's clock, a microsecond apart among runs of one task (the occurrence
+#: of a task is unique by its time), each event saying which runs it follows.
+_STEPS_SQL = (
+    f"INSERT INTO {EXECUTIONS} ({{columns}}) "  # noqa: S608 - our table names; every value is a parameter
+    "SELECT t.id, v.at, v.at, t.priority,"
+    " (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits),"
+    " %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id, v.workflow_run, v.upstream::jsonb, v.input::jsonb"
+    " FROM (SELECT u.*, statement_timestamp()"
+    " + (row_number() OVER (PARTITION BY u.task_id ORDER BY u.workflow_run) - 1) * interval '1 microsecond' AS at"
+    " FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::text[]) AS u(task_id, workflow_run, upstream, input)) v"
+    f" JOIN {TASKS} t ON t.id = v.task_id WHERE t.status = %s FOR KEY SHARE OF t ON CONFLICT DO NOTHING"
+)
+#: Each step's event detail, from its row: "after execution(s) 1, 2 (workflow run 1)".
+_STEP_DETAIL_SQL = (
+    "'after execution' || CASE WHEN jsonb_array_length(upstream) > 1 THEN 's ' ELSE ' ' END"
+    " || (SELECT string_agg(x, ', ' ORDER BY x::bigint) FROM jsonb_array_elements_text(upstream) AS x)"
+    " || ' (workflow run ' || workflow_run || ')'"
+)
+
+
+def _create_steps(
+    wanted: Mapping[tuple[uuid.UUID, int], tuple[Mapping[uuid.UUID, Any], str]],
+) -> dict[tuple[uuid.UUID, int], tuple[int, int]]:
+    """Create the steps ``wanted`` (follower, workflow run) unless they exist, for ACTIVE tasks
+    only; return the created ones' ``(id, owner id)``. On PostgreSQL in one statement, a step it
+    could not insert (another run of its task at that very microsecond) then alone."""
+    made: dict[tuple[uuid.UUID, int], tuple[int, int]] = {}
+    rest = list(wanted)
+    if postgresql() and wanted:
+        keys = sorted(wanted, key=lambda key: (key[1], str(key[0])))
+        params = [OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED]
+        params += [
+            pg_array(str(follower) for follower, _ in keys),
+            pg_array(workflow_run for _, workflow_run in keys),
+            pg_array(json.dumps(_upstream_ids(wanted[key][0])) for key in keys),
+            pg_array(json.dumps(_step_input(wanted[key][0])) for key in keys),
+            TaskStatus.ACTIVE,
+        ]
+        rows = with_events(
+            _STEPS_SQL.format(columns=_COLUMNS),
+            params,
+            Event("", S.SCHEDULED, WORKFLOW_ACTOR),
+            returning="id, attempt, task_id, workflow_run, owner_id, upstream",
+            select="SELECT id, task_id, workflow_run, owner_id FROM done",
+            detail_sql=_STEP_DETAIL_SQL,
+        )
+        for execution_id, task_id, workflow_run, owner_id in rows:
+            made[(task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)), workflow_run)] = (
+                int(execution_id),
+                int(owner_id),
+            )
+        rest = [key for key in keys if key not in made]
+    for follower, workflow_run in rest:
+        step = _create_step(follower, workflow_run, wanted[(follower, workflow_run)][0])
+        if step is not None:
+            made[(follower, workflow_run)] = step
+    return made
+
+
+def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.UUID, Any]) -> tuple[int, int] | None:
+    """Insert ``follower``'s run of ``workflow_run`` (SCHEDULED, due now) unless it exists; an
+    ACTIVE task only (a paused or deleted one does not run). Returns its id and owner id, or None."""
+    ids = _upstream_ids(arrived)
+    given = _step_input(arrived)
     json_field = Execution._meta.get_field("input")
     task_pk = Task._meta.pk.get_db_prep_value(follower, connection)
     detail = f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
@@ -232,9 +346,11 @@ def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.U
         params += [json_field.get_db_prep_value(ids, connection), json_field.get_db_prep_value(given, connection)]
         params += [task_pk, TaskStatus.ACTIVE]
         statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
-        rows = with_events(statement, params, Event("", S.SCHEDULED, WORKFLOW_ACTOR, detail))
+        rows = with_events(
+            statement, params, Event("", S.SCHEDULED, WORKFLOW_ACTOR, detail), returning="id, attempt, owner_id"
+        )
         if rows:
-            return int(rows[0][0])
+            return int(rows[0][0]), int(rows[0][2])
         if Execution.objects.filter(task_id=follower, workflow_run=workflow_run).exists():
             return None  # created already: exactly once
         if not Task.objects.filter(pk=follower, status=TaskStatus.ACTIVE).exists():

@@ -61,11 +61,13 @@ class Event:
         return self.from_status, self.to_status, self.actor[:200], self.detail
 
 
-def pg_event_cte(done: str = "done") -> str:
-    """The CTE that writes one event per row of ``done`` (parameters: :meth:`Event.params`)."""
+def pg_event_cte(done: str = "done", *, detail_sql: str | None = None) -> str:
+    """The CTE that writes one event per row of ``done`` (parameters: :meth:`Event.params`; with
+    ``detail_sql``, an expression over ``done``'s columns, each row's detail is its value and the
+    event's own detail is not a parameter)."""
     return (
         f"logged AS (INSERT INTO {EVENTS} ({EVENT_COLUMNS}) "  # noqa: S608 - table names are ours
-        f"SELECT id, %s, %s, attempt, clock_timestamp(), %s, %s FROM {done})"
+        f"SELECT id, %s, %s, attempt, clock_timestamp(), %s, {detail_sql or '%s'} FROM {done})"
     )
 
 
@@ -76,17 +78,22 @@ def with_events(
     *,
     returning: str = ID_ATTEMPT,
     select: str = "SELECT * FROM done",
+    detail_sql: str | None = None,
 ) -> list[tuple]:
     """Run ``statement`` (an UPDATE or INSERT without RETURNING) and write ``event`` for each row
     it changed; return those rows (``returning``, which starts with ``id, attempt``).
 
-    On PostgreSQL ``select`` (over the CTE ``done``) may shape what is returned. Elsewhere the
-    rows are ``returning`` as is."""
+    On PostgreSQL ``select`` (over the CTE ``done``) may shape what is returned, and
+    ``detail_sql`` (an expression over ``returning``'s columns) gives each row's event its own
+    detail. Elsewhere the rows are ``returning`` as is, and ``detail_sql`` is not allowed."""
     if postgresql():
-        text = f"WITH done AS ({statement} RETURNING {returning}), {pg_event_cte()} {select}"
+        text = f"WITH done AS ({statement} RETURNING {returning}), {pg_event_cte(detail_sql=detail_sql)} {select}"
+        event_params = event.params()
         with connection.cursor() as cursor:
-            cursor.execute(text, (*params, *event.params()))
+            cursor.execute(text, (*params, *(event_params[:3] if detail_sql else event_params)))
             return cursor.fetchall()
+    if detail_sql:
+        raise ValueError("detail_sql is for PostgreSQL only")
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"{statement} RETURNING {returning}", params)
         rows = cursor.fetchall()

@@ -224,11 +224,19 @@ def test_a_batch_of_followed_runs_ends_in_one_statement_and_creates_each_followe
             max_chars=1000,
         )
     assert won == {first, second}
-    assert sum("unnest(" in query["sql"] for query in queries.captured_queries) == 2  # alone, then followed
+    # The ends alone, then those followed, then their followers (two runs of one task) together.
+    assert sum("unnest(" in query["sql"] for query in queries.captured_queries) == 3
     steps = _steps(b)
     assert sorted((step.workflow_run, step.upstream, step.input) for step in steps) == [
         (first, [first], {"n": 1}),
         (second, [second], {"n": 2}),
+    ]
+    assert len({step.scheduled_for for step in steps}) == 2  # an occurrence is unique by its time
+    assert sorted(
+        ExecutionEvent.objects.filter(execution__in=steps, to_status=S.SCHEDULED).values_list("actor", "detail")
+    ) == [
+        ("workflow", f"after execution {first} (workflow run {first})"),
+        ("workflow", f"after execution {second} (workflow run {second})"),
     ]
     assert Execution.objects.get(pk=third).status == S.RUNNING
     # Recorded again (a redelivered message): nothing more.
@@ -318,3 +326,94 @@ def test_a_step_goes_through_its_task_s_start_rules(user):
     (step_capped,), (step_free,) = _steps(capped), _steps(free)
     assert step_capped.exclusive and not step_free.exclusive
     assert step_capped.status == step_free.status == S.SCHEDULED
+
+
+# --- steps published by the worker that ended their upstream --------------------------------------
+
+
+def _published_steps(user, *, upstreams: int = 1):
+    """End ``upstreams`` runs of a followed task inside ``publishing_steps``; return the steps
+    created and what the publisher was handed (after the end's commit)."""
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    roots = [Execution.objects.get(task=a).pk]
+    roots += [transitions.execution_trigger(task_id=a.pk, actor="u") for _ in range(upstreams - 1)]
+    for pk in roots:
+        _run(pk)
+    handed: list[list[transitions.Dispatch]] = []
+    return a, b, roots, handed
+
+
+def test_a_worker_publishes_the_steps_its_ends_create_once_committed(user, django_capture_on_commit_callbacks):
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default leaves steps to its monitor")
+    _, b, roots, handed = _published_steps(user, upstreams=3)
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        won = transitions.executions_succeed(
+            successes=[transitions.Success(pk, 1, "{}") for pk in roots], worker_id="w1", max_chars=1000
+        )
+        assert won == set(roots) and handed == []  # nothing is published before the commit
+    steps = _steps(b)
+    (published,) = handed
+    assert sorted(item.execution_id for item in published) == [step.pk for step in steps] and len(steps) == 3
+    for step, item in zip(steps, sorted(published, key=lambda item: item.execution_id), strict=True):
+        assert step.status == S.PENDING and step.message_id == item.message_id and step.enqueued_at is not None
+        assert list(
+            ExecutionEvent.objects.filter(execution=step).order_by("id").values_list("from_status", "to_status", "actor")
+        ) == [("", S.SCHEDULED, "workflow"), (S.SCHEDULED, S.PENDING, "workflow")]
+
+
+def test_steps_wait_for_the_monitor_while_another_owner_s_run_is_due(user, django_capture_on_commit_callbacks):
+    from tests.factories import UserFactory
+
+    _, b, roots, handed = _published_steps(user)
+    other = task_create(owner=UserFactory(), runner="noop")  # due now, SCHEDULED: waiting for the monitor
+    assert Execution.objects.get(task=other).status == S.SCHEDULED
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        assert _succeed(roots[0])
+    (step,) = _steps(b)
+    assert step.status == S.SCHEDULED and handed == []
+
+
+def test_steps_wait_for_the_monitor_while_their_own_owner_has_many_runs_due(
+    user, monkeypatch, django_capture_on_commit_callbacks
+):
+    from executions.transitions import dispatch
+
+    _, b, roots, handed = _published_steps(user)
+    monkeypatch.setattr(dispatch, "STEPS_AHEAD_OF_AT_MOST", 1)
+    task_create(owner=user, runner="noop")  # one of the owner's own, due and waiting
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        assert _succeed(roots[0])
+    assert _steps(b)[0].status == S.SCHEDULED and handed == []
+
+
+def test_steps_wait_for_the_monitor_while_the_queue_is_deep(user, monkeypatch, django_capture_on_commit_callbacks):
+    from executions.transitions import dispatch
+
+    _, b, roots, handed = _published_steps(user, upstreams=2)
+    monkeypatch.setattr(dispatch, "STEPS_QUEUED_AT_MOST", 1)
+    Execution.objects.filter(pk=roots[1]).update(status=S.PENDING, lease_owner="")  # published, not started
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        assert _succeed(roots[0])
+    assert _steps(b)[0].status == S.SCHEDULED and handed == []
+
+
+def test_steps_a_worker_could_not_publish_go_back_to_the_monitor(user, monkeypatch, django_capture_on_commit_callbacks):
+    from kombu.exceptions import OperationalError as KombuOperationalError
+
+    from executions import tasks
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default leaves steps to its monitor")
+    _, b, roots, _ = _published_steps(user)
+
+    def refused(*args, **kwargs):
+        raise KombuOperationalError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(tasks.run_execution, "apply_async", refused)
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(tasks.publish_steps):
+        assert _succeed(roots[0])
+    (step,) = _steps(b)
+    assert step.status == S.SCHEDULED and step.message_id == ""
+    assert ExecutionEvent.objects.filter(execution=step, to_status=S.SCHEDULED, from_status=S.PENDING).exists()
