@@ -140,6 +140,17 @@ def published_unstarted(*, cap: int, older_than: float) -> int:
     return Execution.objects.filter(status=ExecutionStatus.PENDING, enqueued_at__gt=since)[:cap].count()
 
 
+def steps_published() -> int:
+    """How many workflow steps workers have published themselves, ever (the sequence
+    ``executions_take_steps`` counts them on): read by each look of a pacer, as they are queued
+    beside what the monitors publish. 0 on the embedded default (the monitor publishes them)."""
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {transitions.STEPS_PUBLISHED}")  # noqa: S608 - our name
+        return int(cursor.fetchone()[0])
+
+
 #: Seconds of history behind the start-rate estimate.
 RATE_WINDOW = 2.0
 #: The most runs a pacer keeps published, whatever the rate (bounds the count query too).
@@ -167,6 +178,7 @@ class Pacer:
         self._clock = clock
         self._last_pending: int | None = None
         self._published = 0
+        self._last_steps: int | None = None
         self._starts: deque[tuple[float, int]] = deque()
         self.target = conf.MONITOR_MIN_PENDING
 
@@ -190,7 +202,8 @@ class Pacer:
 
     def room(self) -> int:
         """How many runs may be published now (0: the queue is deep enough)."""
-        return self._look(published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER))
+        pending = published_unstarted(cap=MAX_PENDING, older_than=self.conf.PENDING_REPUBLISH_AFTER)
+        return self._look(pending, steps_published())
 
     def idle(self) -> None:
         """A look that found nothing PENDING, made by the monitor's outlook instead of
@@ -199,10 +212,17 @@ class Pacer:
         after an idle spell."""
         self._look(0)
 
-    def _look(self, pending: int) -> int:
+    def _look(self, pending: int, steps: int | None = None) -> int:
+        """``steps``: :func:`steps_published` now (None: not read). The workflow steps workers
+        published since the last look were queued beside this monitor's runs: counted as
+        published, or their starts would not be seen (the queue would look as deep as before,
+        with nothing started) and the pacer would hold its own runs back while the steps flowed."""
         now = self._clock()
-        started = 0 if self._last_pending is None else max(0, self._last_pending + self._published - pending)
-        quiet = not self._last_pending and self._published == 0  # None: this monitor's first look
+        beside = 0 if steps is None or self._last_steps is None else max(0, steps - self._last_steps)
+        self._last_steps = steps
+        published = self._published + beside
+        started = 0 if self._last_pending is None else max(0, self._last_pending + published - pending)
+        quiet = not self._last_pending and published == 0  # None: this monitor's first look
         if quiet:
             self._starts.clear()  # an idle spell: no history of starts to go by
         self._starts.append((now, started))

@@ -30,6 +30,7 @@ from executions.transitions.actions import (
 from executions.transitions.create import NewExecution, executions_create, executions_create_arrays
 from executions.transitions.dispatch import (
     POLL_PRIORITY,
+    STEPS_PUBLISHED,
     Dispatch,
     Outlook,
     dispatch_outlook,
@@ -75,6 +76,7 @@ __all__ = [
     "POLL_PRIORITY",
     "QUEUE_RETRY_SECONDS",
     "RETRYABLE_STATUSES",
+    "STEPS_PUBLISHED",
     "WAIT_RECHECK_SECONDS",
     "WORKFLOW_ACTOR",
     "CancelOutcome",

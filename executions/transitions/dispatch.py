@@ -130,10 +130,12 @@ def executions_take_steps(ids: Collection[int], *, owners: Collection[int], acto
         actor=actor,
         detail=STEP_DETAIL,
         returning="id, attempt, priority, due_at",
+        # Counted for the monitors' pacers (executions.fairness.steps_published), in the statement.
+        select=f"SELECT id, attempt, priority, due_at, nextval('{STEPS_PUBLISHED}') FROM done",  # noqa: S608
     )
     order = {execution_id: index for index, execution_id in enumerate(chosen)}
     return [
-        Dispatch(i, a, p, f"{i}-{token}", "run", due) for i, a, p, due in sorted(won, key=lambda row: order[row[0]])
+        Dispatch(i, a, p, f"{i}-{token}", "run", due) for i, a, p, due, _ in sorted(won, key=lambda row: order[row[0]])
     ]
 
 
@@ -151,6 +153,8 @@ _STEPS_MAY_GO = (
 STEPS_AHEAD_OF_AT_MOST = 4096
 #: With this many runs published and not started, workflow steps wait for the monitor.
 STEPS_QUEUED_AT_MOST = 1024
+#: The sequence counting the steps workers published (migration executions 0025).
+STEPS_PUBLISHED = "executions_steps_published"
 #: The detail of a step's take by the worker that ended its upstream.
 STEP_DETAIL = "published by the worker that ended its upstream"
 

@@ -226,6 +226,7 @@ def test_the_pacer_target_follows_the_start_rate(monkeypatch):
     pacer = fairness.Pacer(conf, clock=lambda: now[0])
     pending = iter([0, 0, 50, 50])
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: next(pending))
+    monkeypatch.setattr(fairness, "steps_published", lambda: 0)
     assert pacer.room() == 4  # no history: the floor (a herd's start: 4 messages of 1 run)
     pacer.published(100)
     now[0] = 0.5
@@ -238,6 +239,24 @@ def test_the_pacer_target_follows_the_start_rate(monkeypatch):
     now[0] = 10.0
     # Nothing started for long: the history is gone, back to the floor.
     assert (pacer.room(), pacer.target) == (0, 4)
+
+
+def test_the_pacer_counts_the_workflow_steps_workers_published_beside_it(monkeypatch):
+    # Steps a worker publishes itself are queued and started beside the monitor's runs: unseen,
+    # a queue that stays as deep while they flow looked like workers that started nothing, and
+    # the pacer held a herd of roots back (1,000 workflow runs took 13 s instead of 3).
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=4, DISPATCH_BATCH=1)
+    now = [0.0]
+    pacer = fairness.Pacer(conf, clock=lambda: now[0])
+    steps = iter([1_000, 1_200, 1_400])
+    monkeypatch.setattr(fairness, "published_unstarted", lambda **_: 50)
+    monkeypatch.setattr(fairness, "steps_published", lambda: next(steps))
+    pacer.room()
+    now[0] = 0.5
+    pacer.room()  # 200 steps published, the queue as deep as before: 200 started in 0.5 s
+    now[0] = 1.0
+    # 400 started over the second, 400/s: half a second of it is 200, 50 queued.
+    assert (pacer.room(), pacer.target) == (150, 200)
 
 
 # --- the owner weight ----------------------------------------------------------------------------
@@ -314,6 +333,7 @@ def test_a_herd_after_an_idle_spell_is_not_paced_by_the_idle_history(monkeypatch
     pacer = fairness.Pacer(conf, clock=lambda: now[0])
     queued = [0]
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: queued[0])
+    monkeypatch.setattr(fairness, "steps_published", lambda: 0)
     for second in range(5):  # the monitor's idle passes before the herd is due
         now[0] = float(second)
         assert pacer.room() == 8 * batch
@@ -340,6 +360,7 @@ def test_a_look_that_finds_runs_queued_is_not_offered_a_herds_start(monkeypatch)
     conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=8, DISPATCH_BATCH=16)
     pacer = fairness.Pacer(conf, clock=lambda: 0.0)
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: 0)
+    monkeypatch.setattr(fairness, "steps_published", lambda: 0)
     assert pacer.room() == 128
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: 5)
     assert pacer.room() == 3 and pacer.target == 8

@@ -119,6 +119,7 @@ def test_an_idle_look_keeps_the_herd_start_of_the_pacer(monkeypatch):
     pacer = fairness.Pacer(conf, clock=lambda: now[0])
     queued = [5]
     monkeypatch.setattr(fairness, "published_unstarted", lambda **_: queued[0])
+    monkeypatch.setattr(fairness, "steps_published", lambda: 0)
     pacer.room()  # runs were queued at the last busy look
     for second in range(1, 4):  # then they started and the monitor's passes were idle
         now[0] = float(second)

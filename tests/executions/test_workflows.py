@@ -358,9 +358,11 @@ def test_a_worker_publishes_the_steps_its_ends_create_once_committed(user, djang
     assert sorted(item.execution_id for item in published) == [step.pk for step in steps] and len(steps) == 3
     for step, item in zip(steps, sorted(published, key=lambda item: item.execution_id), strict=True):
         assert step.status == S.PENDING and step.message_id == item.message_id and step.enqueued_at is not None
-        assert list(
-            ExecutionEvent.objects.filter(execution=step).order_by("id").values_list("from_status", "to_status", "actor")
-        ) == [("", S.SCHEDULED, "workflow"), (S.SCHEDULED, S.PENDING, "workflow")]
+        events = ExecutionEvent.objects.filter(execution=step).order_by("id")
+        assert list(events.values_list("from_status", "to_status", "actor")) == [
+            ("", S.SCHEDULED, "workflow"),
+            (S.SCHEDULED, S.PENDING, "workflow"),
+        ]
 
 
 def test_steps_wait_for_the_monitor_while_another_owner_s_run_is_due(user, django_capture_on_commit_callbacks):
