@@ -217,7 +217,7 @@ def test_a_batch_of_followed_runs_ends_in_one_statement_and_creates_each_followe
         won = transitions.executions_succeed(
             successes=[
                 transitions.Success(first, 1, '{"n": 1}'),
-                transitions.Success(second, 1, '{"n": 2}'),
+                transitions.Success(second, 1, json.dumps({"n": 2, "s": 'say "hi", \\ é {} ,'})),
                 transitions.Success(third, 2, "stale attempt"),
             ],
             worker_id="w1",
@@ -229,7 +229,7 @@ def test_a_batch_of_followed_runs_ends_in_one_statement_and_creates_each_followe
     steps = _steps(b)
     assert sorted((step.workflow_run, step.upstream, step.input) for step in steps) == [
         (first, [first], {"n": 1}),
-        (second, [second], {"n": 2}),
+        (second, [second], {"n": 2, "s": 'say "hi", \\ é {} ,'}),
     ]
     assert len({step.scheduled_for for step in steps}) == 2  # an occurrence is unique by its time
     assert sorted(
