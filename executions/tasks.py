@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task, shared_task
@@ -175,19 +176,8 @@ def publish_steps(taken: list[transitions.Dispatch]) -> None:
                 logger.warning("could not give %d workflow step(s) back either", len(group), exc_info=True)
 
 
-@shared_task(name="tms.run_execution", bind=True, ignore_result=True, **_DB_RETRY)
-def run_execution(self: Task, execution_id: int, attempt: int) -> str:
-    _note_redelivery(self, execution_id)
-    with transitions.publishing_steps(publish_steps):
-        return worker_services.execution_run(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
-
-
-@shared_task(name="tms.run_executions", bind=True, ignore_result=True, **_DB_RETRY)
-def run_executions(self: Task, items: list[list[int]]) -> dict[str, int]:
-    """Several runs in one message (the monitor groups a herd: executions.monitor)."""
-    if (self.request.delivery_info or {}).get("redelivered"):
-        logger.info("redelivered message %s for %d executions", self.request.id, len(items))
-    priority = (self.request.delivery_info or {}).get("priority")
+def _hand_on(priority: int | None) -> Callable[[list[tuple[int, int]]], bool]:
+    """A message's ``hand_on``: its runs not claimed within its budget go in a message of their own."""
 
     def hand_on(rest: list[tuple[int, int]]) -> bool:
         try:
@@ -197,11 +187,45 @@ def run_executions(self: Task, items: list[list[int]]) -> dict[str, int]:
             return False
         return True
 
+    return hand_on
+
+
+@shared_task(name="tms.run_execution", bind=True, ignore_result=True, **_DB_RETRY)
+def run_execution(self: Task, execution_id: int, attempt: int) -> str:
+    _note_redelivery(self, execution_id)
+    # The steps its end creates run next in this process, as a message of several runs would.
+    steps: list[transitions.Dispatch] = []
+    try:
+        with transitions.publishing_steps(steps.extend):
+            word = worker_services.execution_run(execution_id=execution_id, attempt=attempt, worker_id=lease_owner())
+            if steps:
+                priority = (self.request.delivery_info or {}).get("priority")
+                worker_services.executions_run_batch(
+                    items=[], worker_id=lease_owner(), hand_on=_hand_on(priority), more=steps
+                )
+    finally:
+        if steps:  # its end committed, then an error: they go out as messages
+            publish_steps(steps)
+    return word
+
+
+@shared_task(name="tms.run_executions", bind=True, ignore_result=True, **_DB_RETRY)
+def run_executions(self: Task, items: list[list[int]]) -> dict[str, int]:
+    """Several runs in one message (the monitor groups a herd: executions.monitor)."""
+    if (self.request.delivery_info or {}).get("redelivered"):
+        logger.info("redelivered message %s for %d executions", self.request.id, len(items))
+    priority = (self.request.delivery_info or {}).get("priority")
+    # The steps its runs' ends create are handled next in this process, within its budget.
+    steps: list[transitions.Dispatch] = []
     with (
         logcontext.log_context(worker_id=lease_owner(), celery_task_id=self.request.id),
-        transitions.publishing_steps(publish_steps),
+        transitions.publishing_steps(steps.extend),
     ):
-        return dict(worker_services.executions_run_batch(items=items, worker_id=lease_owner(), hand_on=hand_on))
+        return dict(
+            worker_services.executions_run_batch(
+                items=items, worker_id=lease_owner(), hand_on=_hand_on(priority), more=steps
+            )
+        )
 
 
 @shared_task(name="tms.poll_execution", bind=True, ignore_result=True, **_DB_RETRY)

@@ -7,6 +7,7 @@ worker stops working on the execution at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -18,11 +19,12 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from executions import limits, transitions
 from executions.backoff import exponential_backoff
 from executions.models import Execution
+from executions.notify import notify_due
 from executions.runs import (
     describe_error,
     execution_record_outcome,
@@ -220,6 +222,7 @@ def executions_run_batch(
     items: Sequence[Sequence[int]],
     worker_id: str,
     hand_on: Callable[[list[tuple[int, int]]], bool],
+    more: list[transitions.Dispatch] | None = None,
 ) -> Counter[str]:
     """Handle a ``run_executions`` message: each (execution id, attempt), in order, in this
     process, with the outcome :func:`execution_run` gives it.
@@ -241,6 +244,11 @@ def executions_run_batch(
     out). Any other error of one run is logged and the next run goes on, as a failing message of
     its own would not stop the others.
 
+    ``more``: runs this process took while handling the message (the workflow steps its own ends
+    created, which ``transitions.publishing_steps`` adds there when they commit): handled after
+    the message's own, the same way and within the same budget, so that a chain's next step costs
+    no message; what the budget leaves is handed on with the rest.
+
     Returns how many runs ended with each of :func:`execution_run`'s words, and ``handed_on``.
     """
     began = time.monotonic()
@@ -248,22 +256,50 @@ def executions_run_batch(
     can_hand_on = True
     pairs = [(execution_id, attempt) for execution_id, attempt in items]
     index = 0
-    while index < len(pairs):
-        if can_hand_on and index and time.monotonic() - began > HAND_ON_AFTER:
-            rest = pairs[index:]
-            if hand_on(rest):
-                outcomes["handed_on"] += len(rest)
-                logger.info("batch: %d run(s) handed on after %.1fs", len(rest), time.monotonic() - began)
+    try:
+        while True:
+            if more and not can_hand_on:
+                # Its budget is spent and nothing can be handed on: the runs it has are run here,
+                # the steps that keep coming are the monitor's (a chain must not hold it for good).
+                _give_back(more, worker_id)
+            elif more:
+                pairs.extend((taken.execution_id, taken.attempt) for taken in more)
+                more.clear()
+            if index >= len(pairs):
                 break
-            can_hand_on = False
-        pace = _pace.seconds
-        size = 1 if pace is None else max(1, int(CHUNK_SECONDS / max(pace, 1e-4)))
-        chunk = pairs[index : index + size]
-        words, launching = _run_chunk(chunk, worker_id)
-        outcomes.update(words)
-        _pace.seconds = launching / len(chunk)
-        index += len(chunk)
+            if can_hand_on and index and time.monotonic() - began > HAND_ON_AFTER:
+                rest = pairs[index:]
+                if hand_on(rest):
+                    outcomes["handed_on"] += len(rest)
+                    logger.info("batch: %d run(s) handed on after %.1fs", len(rest), time.monotonic() - began)
+                    break
+                can_hand_on = False
+            pace = _pace.seconds
+            size = 1 if pace is None else max(1, int(CHUNK_SECONDS / max(pace, 1e-4)))
+            chunk = pairs[index : index + size]
+            words, launching = _run_chunk(chunk, worker_id)
+            outcomes.update(words)
+            _pace.seconds = launching / len(chunk)
+            index += len(chunk)
+    except RETRIED_DB_ERRORS:
+        # The message is retried with its own runs; the steps this process took and did not get
+        # to go in a message of their own (claims are fenced: one already claimed loses).
+        taken = pairs[max(index, len(items)) :] + [(step.execution_id, step.attempt) for step in more or ()]
+        if more:
+            more.clear()
+        if taken:
+            hand_on(taken)
+        raise
     return outcomes
+
+
+def _give_back(steps: list[transitions.Dispatch], worker_id: str) -> None:
+    """Workflow steps this process took and will not run: back to SCHEDULED, for the monitor."""
+    given, steps[:] = list(steps), []
+    # On a database error they stay PENDING: published again once unclaimed for too long.
+    with contextlib.suppress(*RETRIED_DB_ERRORS), transaction.atomic():
+        transitions.executions_untake(dispatches=given, actor=worker_id, reason="left to the monitor")
+        notify_due()
 
 
 def _run_one(execution_id: int, attempt: int, worker_id: str) -> str:

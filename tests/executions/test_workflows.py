@@ -419,3 +419,69 @@ def test_steps_a_worker_could_not_publish_go_back_to_the_monitor(user, monkeypat
     (step,) = _steps(b)
     assert step.status == S.SCHEDULED and step.message_id == ""
     assert ExecutionEvent.objects.filter(execution=step, to_status=S.SCHEDULED, from_status=S.PENDING).exists()
+
+
+def _chain(user, length: int = 3):
+    """Tasks each following the one before; the first one's run PENDING, as published."""
+    tasks = [task_create(owner=user, runner="noop")]
+    for _ in range(length - 1):
+        tasks.append(task_create(owner=user, runner="noop", after=_after((tasks[-1], "success"))))
+    root = Execution.objects.get(task=tasks[0])
+    Execution.objects.filter(pk=root.pk).update(status=S.PENDING)
+    return tasks, root
+
+
+def _statuses(tasks) -> list[list[str]]:
+    return [list(Execution.objects.filter(task=task).values_list("status", flat=True)) for task in tasks]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_runs_the_steps_its_ends_create_without_sending_them(user, monkeypatch):
+    from executions import tasks as celery_tasks
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default leaves steps to its monitor")
+    chain, root = _chain(user)
+    sent: list[object] = []
+    monkeypatch.setattr(celery_tasks.run_execution, "apply_async", lambda *a, **k: sent.append(a))
+    monkeypatch.setattr(celery_tasks.run_executions, "apply_async", lambda *a, **k: sent.append(a))
+
+    outcome = celery_tasks.run_executions.apply(args=([[root.pk, 1]],)).get()
+
+    assert outcome == {"finished": 3} and sent == []
+    assert _statuses(chain) == [[S.SUCCEEDED]] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_steps_past_the_message_s_budget_are_handed_on_or_else_given_back(user, monkeypatch):
+    from kombu.exceptions import OperationalError as KombuOperationalError
+
+    from executions import tasks as celery_tasks
+    from executions import worker_services
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default leaves steps to its monitor")
+    monkeypatch.setattr(worker_services, "HAND_ON_AFTER", -1.0)  # every run after the first is late
+    chain, root = _chain(user)
+    sent: list[dict] = []
+    monkeypatch.setattr(celery_tasks.run_executions, "apply_async", lambda *a, **k: sent.append(k))
+
+    assert celery_tasks.run_execution.apply(args=(root.pk, 1)).get() == "finished"
+
+    # The next step is the first of what it handles after its own run; the one after that is
+    # past the budget, handed on in a message of its own.
+    (message,) = sent
+    (step,) = Execution.objects.filter(task=chain[2])
+    assert message["args"] == ([(step.pk, 1)],) and step.status == S.PENDING
+    assert _statuses(chain) == [[S.SUCCEEDED], [S.SUCCEEDED], [S.PENDING]]
+
+    # The broker refuses: the step taken next runs here, and the one after goes to the monitor.
+    def refused(*args, **kwargs):
+        raise KombuOperationalError("[Errno 111] Connection refused")
+
+    chain, root = _chain(user)
+    monkeypatch.setattr(celery_tasks.run_executions, "apply_async", refused)
+    assert celery_tasks.run_executions.apply(args=([[root.pk, 1]],)).get() == {"finished": 2}
+    assert _statuses(chain) == [[S.SUCCEEDED], [S.SUCCEEDED], [S.SCHEDULED]]
+    (last,) = Execution.objects.filter(task=chain[2])
+    assert last.events.filter(from_status=S.PENDING, to_status=S.SCHEDULED, detail="left to the monitor").exists()
