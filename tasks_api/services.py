@@ -65,6 +65,7 @@ from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.durations import format_duration
 from tms_core.errors import ConflictError, GoneError, InvalidInput
+from tms_core.together import sent_together
 
 
 def task_check_secret_fields(*, config: Any, secret_fields: Any) -> None:
@@ -397,41 +398,43 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     ids: list[int] = []
     with transaction.atomic():
         quota_check_tasks(owner=owner, adding=len(tasks))
-        _insert_tasks(tasks)
-        links = [
-            Task.limits.through(task_id=task.pk, limit_id=limit.pk)
-            for task, chosen in zip(tasks, named, strict=True)
-            for limit in chosen
-        ]
-        if links:
-            Task.limits.through.objects.bulk_create(links)
-        dependencies = after_links(tasks, followed)
-        if dependencies:
-            TaskDependency.objects.bulk_create(dependencies)
-        snapshots = [
-            _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
-            for task, chosen, after in zip(tasks, named, followed, strict=True)
-        ]
-        changes, versions = _created_json(snapshots)
-        audit_record_many(
-            [
-                {
-                    "action": AuditAction.CREATE,
-                    "object_type": "task",
-                    "object_id": task.pk,
-                    "owner": task.owner_id,
-                    "task_id": task.pk,
-                    "changes": text,
-                }
-                for task, text in zip(tasks, changes, strict=True)
+        # The writes below go to PostgreSQL in one round trip (the last one carries the others).
+        with sent_together():
+            _insert_tasks(tasks)
+            links = [
+                Task.limits.through(task_id=task.pk, limit_id=limit.pk)
+                for task, chosen in zip(tasks, named, strict=True)
+                for limit in chosen
             ]
-        )
-        # Version 1 of each (Task.version's default): what its first executions run with.
-        version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
-        skipped_record(skipped)
-        if rows:
-            ids = executions_create(rows=rows, actor=MATERIALISER)
-            notify_due()
+            if links:
+                Task.limits.through.objects.bulk_create(links)
+            dependencies = after_links(tasks, followed)
+            if dependencies:
+                TaskDependency.objects.bulk_create(dependencies)
+            snapshots = [
+                _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
+                for task, chosen, after in zip(tasks, named, followed, strict=True)
+            ]
+            changes, versions = _created_json(snapshots)
+            audit_record_many(
+                [
+                    {
+                        "action": AuditAction.CREATE,
+                        "object_type": "task",
+                        "object_id": task.pk,
+                        "owner": task.owner_id,
+                        "task_id": task.pk,
+                        "changes": text,
+                    }
+                    for task, text in zip(tasks, changes, strict=True)
+                ]
+            )
+            # Version 1 of each (Task.version's default): what its first executions run with.
+            version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
+            skipped_record(skipped)
+            if rows:
+                notify_due()  # delivered at the commit: it can go first, with the executions
+                ids = executions_create(rows=rows, actor=MATERIALISER)
     if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
         _set_created_state(tasks, rows, ids, planned, now=now)
     return tasks

@@ -21,6 +21,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, ForeignKey, JSONField, Model
 
+from tms_core.together import execute_soon
+
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -129,9 +131,10 @@ def _statement(model: type[Model], names: tuple[str, ...]) -> tuple[str, list[Fi
 def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> int:
     """Insert ``len`` rows of ``model`` given as ``{attname: values}`` (every list as long; the
     columns not given take their database defaults) in one statement, in the caller's
-    transaction. Values are the Python values of the fields (no expressions); a JSON column's
-    may also be :class:`JsonText`. Returns the rows
-    written. On a database other than PostgreSQL the rows go through ``bulk_create``."""
+    transaction (inside :func:`tms_core.together.sent_together`, sent with the next statement).
+    Values are the Python values of the fields (no expressions); a JSON column's may also be
+    :class:`JsonText`. Returns the rows written. On a database other than PostgreSQL the rows
+    go through ``bulk_create``."""
     names = list(columns)
     count = len(columns[names[0]]) if names else 0
     if not count:
@@ -148,6 +151,7 @@ def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> 
         model._default_manager.bulk_create(rows, batch_size=1000)
         return count
     statement, targets = _statement(model, tuple(names))
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [array_literal(field, columns[field.attname]) for field in targets])
-        return int(cursor.rowcount)
+    # Inside tms_core.together.sent_together() it goes with the next statement (every row is
+    # inserted or the statement fails: the count is known).
+    execute_soon(statement, [array_literal(field, columns[field.attname]) for field in targets])
+    return count
