@@ -101,9 +101,10 @@ def _limit(value: int | None, default: int) -> int:
 def _limit_statement(field: str) -> str:
     meta = OwnerQuota._meta
     quote = connection.ops.quote_name
+    column = str(getattr(meta.get_field(field), "column", field))
     return (
-        f"SELECT {quote(meta.get_field(field).column)} FROM {quote(meta.db_table)} "  # noqa: S608 - the model's names
-        f"WHERE {quote(meta.pk.column)} = %s"
+        f"SELECT {quote(column)} FROM {quote(str(meta.db_table))} "  # noqa: S608 - the model's names
+        f"WHERE {quote(str(getattr(meta.pk, 'column', 'user_id')))} = %s"
     )
 
 

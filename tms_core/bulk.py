@@ -62,15 +62,16 @@ class JsonText(str):
 
 
 @functools.lru_cache(maxsize=16)
-def json_encoder(cls: type[json.JSONEncoder] | None) -> Callable[[Any], str]:
-    """The compact ``encode`` of ``cls`` (the standard encoder for None), made once: ``json.dumps``
-    with ``cls`` or ``separators`` builds a new encoder for every value. An encoder keeps no state
-    between calls, so threads share it."""
+def json_encoder(cls: Any) -> Callable[[Any], str]:
+    """The compact ``encode`` of ``cls`` (a ``json.JSONEncoder`` class; the standard one for
+    None), made once: ``json.dumps`` with ``cls`` or ``separators`` builds a new encoder for
+    every value. An encoder keeps no state between calls, so threads share it."""
     return (cls or json.JSONEncoder)(separators=(",", ":")).encode
 
 
 def _json_column(field: JSONField, values: Sequence[Any]) -> str:
-    encode = json_encoder(field.encoder)
+    encoder: Any = field.encoder  # a class or None: hashable, whatever the stubs say
+    encode = json_encoder(encoder)
     return (
         "{"
         + ",".join(

@@ -26,20 +26,25 @@ KEY_SCHEMES = ("Token", "Bearer")
 _OTHER_SCHEMES = frozenset({b"basic"})
 
 
+def _column(model: type[Model], name: str | None = None) -> str:
+    """The quoted column of ``model``'s field ``name`` (its primary key's without one)."""
+    field = model._meta.pk if name is None else model._meta.get_field(name)
+    return connection.ops.quote_name(str(getattr(field, "column", "")))
+
+
 @functools.cache
 def _key_statement(token_model: type[Model]) -> tuple[str, list[str], list[str]]:
     """The statement that reads a key's token and its user together (as ``select_related``
     would), and the attribute names of the two rows' columns, in order."""
-    user_field = token_model._meta.get_field("user")
-    user_model: type[Model] = user_field.related_model  # type: ignore[assignment]
+    user_model: type[Model] = token_model._meta.get_field("user").related_model  # type: ignore[assignment]
     quote = connection.ops.quote_name
     tokens, users = token_model._meta, user_model._meta
-    token_columns = [f"t.{quote(field.column)}" for field in tokens.concrete_fields]
-    user_columns = [f"u.{quote(field.column)}" for field in users.concrete_fields]
+    token_columns = [f"t.{quote(str(field.column))}" for field in tokens.concrete_fields]
+    user_columns = [f"u.{quote(str(field.column))}" for field in users.concrete_fields]
     statement = (
-        f"SELECT {', '.join(token_columns + user_columns)} FROM {quote(tokens.db_table)} t "  # noqa: S608 - the models' names
-        f"JOIN {quote(users.db_table)} u ON u.{quote(users.pk.column)} = t.{quote(user_field.column)} "
-        f"WHERE t.{quote(tokens.get_field('key').column)} = %s"
+        f"SELECT {', '.join(token_columns + user_columns)} FROM {quote(str(tokens.db_table))} t "  # noqa: S608 - the models' names
+        f"JOIN {quote(str(users.db_table))} u ON u.{_column(user_model)} = t.{_column(token_model, 'user')} "
+        f"WHERE t.{_column(token_model, 'key')} = %s"
     )
     return statement, [f.attname for f in tokens.concrete_fields], [f.attname for f in users.concrete_fields]
 
@@ -91,7 +96,7 @@ class TokenAuthentication(authentication.TokenAuthentication):
         split = len(token_names)
         token = model.from_db(connection.alias, token_names, row[:split])
         user_field = model._meta.get_field("user")
-        user = user_field.related_model.from_db(connection.alias, user_names, row[split:])  # type: ignore[union-attr]
+        user: Any = user_field.related_model.from_db(connection.alias, user_names, row[split:])  # type: ignore[union-attr]
         user_field.set_cached_value(token, user)  # type: ignore[union-attr]
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
