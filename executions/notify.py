@@ -11,16 +11,18 @@ import psycopg2
 import psycopg2.extensions
 from django.db import connection, connections
 
+from tms_core.together import execute_soon
+
 logger = logging.getLogger(__name__)
 
 CHANNEL = "tms_due"
 
 
 def notify_due() -> None:
-    """Tell the monitors that new work may be due. Delivered when the current transaction commits."""
+    """Tell the monitors that new work may be due. Delivered when the current transaction commits
+    (so inside :func:`tms_core.together.sent_together` it may go with the next statement)."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {CHANNEL}")
+        execute_soon(f"NOTIFY {CHANNEL}")
 
 
 class DueListener:

@@ -56,6 +56,7 @@ from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
     BoundedDateTimeField,
+    BuiltOnceFieldsMixin,
     StrictInputMixin,
 )
 from tms_core.conf import MAX_KEEP_LAST
@@ -238,7 +239,7 @@ AFTER_HELP = (
 )
 
 
-class TaskCreateSerializer(StrictInputMixin, serializers.Serializer):
+class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     runner = RunnerAliasField()
     config = RunnerConfigField(required=False, default=dict)
@@ -546,7 +547,7 @@ SCHEDULE_DESCRIPTION_HELP = (
 )
 
 
-class TaskSerializer(serializers.ModelSerializer):
+class TaskSerializer(BuiltOnceFieldsMixin, serializers.ModelSerializer):
     state = serializers.SerializerMethodField(
         help_text=(
             "What the task is doing, as people read it: `scheduled`, `running`, `succeeded`, `failed` or "

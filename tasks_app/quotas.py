@@ -14,6 +14,7 @@ the runners' minimum intervals (see :func:`tasks_api.services.task_check_min_int
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 
 from tasks_app.models import Artifact, ArtifactStatus, OwnerQuota, QuotaUse, Task, TaskStatus
@@ -96,11 +97,26 @@ def _limit(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+@functools.cache
+def _limit_statement(field: str) -> str:
+    meta = OwnerQuota._meta
+    quote = connection.ops.quote_name
+    column = str(getattr(meta.get_field(field), "column", field))
+    return (
+        f"SELECT {quote(column)} FROM {quote(str(meta.db_table))} "  # noqa: S608 - the model's names
+        f"WHERE {quote(str(getattr(meta.pk, 'column', 'user_id')))} = %s"
+    )
+
+
 def _unlimited(owner_id: int, field: str, default: int) -> bool:
     """Whether the owner has no limit on ``field`` (0), read without a lock: such an owner's
-    writes need not take turns (a limit set meanwhile applies from the next request on)."""
-    value = OwnerQuota.objects.filter(pk=owner_id).values_list(field, flat=True).first()
-    return _limit(value, default) == 0
+    writes need not take turns (a limit set meanwhile applies from the next request on).
+    Its statement is written once per field: building the ORM's query for it each time was a
+    sixth of a single task create's CPU (issue 33)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_limit_statement(field), [owner_id])
+        row = cursor.fetchone()
+    return _limit(row[0] if row else None, default) == 0
 
 
 # --- sizes ---------------------------------------------------------------------------------------

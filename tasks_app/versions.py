@@ -18,7 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from tasks_app.audit import audit_values, current_context
 from tasks_app.models import TaskVersion
-from tms_core.bulk import insert_columns
+from tms_core.bulk import JsonText, insert_columns
 
 #: Kept out of a snapshot: the lifecycle (pause, resume, completion) is not a setting the run uses.
 NOT_VERSIONED = frozenset({"status"})
@@ -41,9 +41,9 @@ def version_record(*, task_id: Any, number: int, snapshot: Mapping[str, Any], ch
     version_record_many([(task_id, number, snapshot, sorted(set(changed) - NOT_VERSIONED))])
 
 
-def version_record_many(rows: Sequence[tuple[Any, int, Mapping[str, Any], list[str]]]) -> None:
+def version_record_many(rows: Sequence[tuple[Any, int, Mapping[str, Any] | JsonText, list[str]]]) -> None:
     """Write many versions (``(task_id, number, snapshot, changed)``) in one INSERT (a bulk create
-    makes one per task)."""
+    makes one per task). A snapshot may come as its JSON text (:class:`~tms_core.bulk.JsonText`)."""
     if not rows:
         return
     actor, source = _who()
@@ -53,7 +53,8 @@ def version_record_many(rows: Sequence[tuple[Any, int, Mapping[str, Any], list[s
         {
             "task_id": [row[0] for row in rows],
             "number": [row[1] for row in rows],
-            "snapshot": [json.loads(json.dumps(row[2], cls=DjangoJSONEncoder)) for row in rows],
+            # Encoded once, by the column's encoder (DjangoJSONEncoder, as the snapshot is read back).
+            "snapshot": [row[2] for row in rows],
             "changed": [list(row[3]) for row in rows],
             "actor_name": [actor] * count,
             "source": [source] * count,

@@ -21,6 +21,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, ForeignKey, JSONField, Model
 
+from tms_core.together import execute_soon
+
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -51,12 +53,29 @@ def _element(value: Any) -> str:
     return write(value) if write is not None else _quoted(str(value))
 
 
+class JsonText(str):
+    """A JSON column's value given as its JSON text, encoded already (a caller that writes many
+    rows sharing most of their values encodes each shared part once): :func:`insert_columns`
+    sends it as it is instead of encoding the string again."""
+
+    __slots__ = ()
+
+
+@functools.lru_cache(maxsize=16)
+def json_encoder(cls: Any) -> Callable[[Any], str]:
+    """The compact ``encode`` of ``cls`` (a ``json.JSONEncoder`` class; the standard one for
+    None), made once: ``json.dumps`` with ``cls`` or ``separators`` builds a new encoder for
+    every value. An encoder keeps no state between calls, so threads share it."""
+    return (cls or json.JSONEncoder)(separators=(",", ":")).encode
+
+
 def _json_column(field: JSONField, values: Sequence[Any]) -> str:
-    encoder = field.encoder
+    encoder: Any = field.encoder  # a class or None: hashable, whatever the stubs say
+    encode = json_encoder(encoder)
     return (
         "{"
         + ",".join(
-            "NULL" if value is None else _quoted(json.dumps(value, cls=encoder, separators=(",", ":")))
+            "NULL" if value is None else _quoted(value if isinstance(value, JsonText) else encode(value))
             for value in values
         )
         + "}"
@@ -113,17 +132,27 @@ def _statement(model: type[Model], names: tuple[str, ...]) -> tuple[str, list[Fi
 def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> int:
     """Insert ``len`` rows of ``model`` given as ``{attname: values}`` (every list as long; the
     columns not given take their database defaults) in one statement, in the caller's
-    transaction. Values are the Python values of the fields (no expressions). Returns the rows
-    written. On a database other than PostgreSQL the rows go through ``bulk_create``."""
+    transaction (inside :func:`tms_core.together.sent_together`, sent with the next statement).
+    Values are the Python values of the fields (no expressions); a JSON column's may also be
+    :class:`JsonText`. Returns the rows written. On a database other than PostgreSQL the rows
+    go through ``bulk_create``."""
     names = list(columns)
     count = len(columns[names[0]]) if names else 0
     if not count:
         return 0
     if connection.vendor != "postgresql":
-        rows = [model(**{name: columns[name][index] for name in names}) for index in range(count)]
+        fields = {field.attname: field for field in model._meta.concrete_fields}
+        values = {
+            name: [json.loads(value) if isinstance(value, JsonText) else value for value in column]
+            if isinstance(fields[name], JSONField)
+            else column
+            for name, column in columns.items()
+        }
+        rows = [model(**{name: values[name][index] for name in names}) for index in range(count)]
         model._default_manager.bulk_create(rows, batch_size=1000)
         return count
     statement, targets = _statement(model, tuple(names))
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [array_literal(field, columns[field.attname]) for field in targets])
-        return int(cursor.rowcount)
+    # Inside tms_core.together.sent_together() it goes with the next statement (every row is
+    # inserted or the statement fails: the count is known).
+    execute_soon(statement, [array_literal(field, columns[field.attname]) for field in targets])
+    return count

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -98,6 +99,47 @@ class OwnerScopedMixin(ApiViewMixin):
         if user.is_staff:
             return queryset
         return queryset.filter(**{owner_field: user})
+
+
+def _clone(field: serializers.Field) -> serializers.Field:
+    """An unbound copy of ``field`` for one serializer instance.
+
+    A plain field keeps nothing of its serializer until it is bound (``bind`` sets its name,
+    parent and source on the copy) and changes nothing of itself afterwards: a copy of its
+    attributes does, many times cheaper than building it again as DRF does. A list's or a
+    dictionary's ``child`` is copied too, with the copy as its parent (it reads the context
+    through it); a nested serializer or a many-relation is built again, as DRF builds them."""
+    if isinstance(field, serializers.BaseSerializer) or hasattr(field, "child_relation"):
+        return copy.deepcopy(field)
+    clone = object.__new__(type(field))
+    clone.__dict__.update(field.__dict__)
+    child = field.__dict__.get("child")
+    if isinstance(child, serializers.BaseSerializer):
+        clone.child = copy.deepcopy(child)  # type: ignore[attr-defined]
+        clone.child.bind(field_name="", parent=clone)  # type: ignore[attr-defined]
+    elif child is not None:
+        # Bound to the original as it would be to the copy (no name, no source): only its parent differs.
+        clone.child = _clone(child)  # type: ignore[attr-defined]
+        clone.child.parent = clone  # type: ignore[attr-defined]
+    return clone
+
+
+class BuiltOnceFieldsMixin(_SerializerBase):
+    """Builds a serializer class's fields once and gives each instance copies of them.
+
+    DRF builds every field of every serializer instance anew (``ModelSerializer`` also reads the
+    model for each): for the task create's input and answer, about 90 fields and a fifth of the
+    request's time (docs/benchmarks.md, issue 33). For serializers whose fields depend only on
+    their class, not on the instance or its context (``get_fields`` not overridden to vary)."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        cls = type(self)
+        built: dict[str, serializers.Field] | None = cls.__dict__.get("_fields_built_once")
+        if built is None:
+            # Two threads may both build them the first time: either result will do.
+            built = super().get_fields()
+            cls._fields_built_once = built  # type: ignore[attr-defined]
+        return {name: _clone(field) for name, field in built.items()}
 
 
 class StrictInputMixin(_SerializerBase):
