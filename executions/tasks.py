@@ -23,7 +23,7 @@ from celery.signals import (
 from django.db import connections, transaction
 
 from executions import heartbeat, materialiser, retention, rollup, transitions, worker_services
-from executions.monitor import group_runs, send, send_many
+from executions.messages import group_runs, send, send_many
 from executions.notify import notify_due
 from executions.worker_identity import lease_owner, set_node_id
 from runners.registry import all_runners

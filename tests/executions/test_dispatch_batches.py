@@ -17,9 +17,10 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from executions import worker_services
+from executions.messages import group_runs, send_many
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from executions.monitor import Monitor, group_runs, send_many
+from executions.monitor import Monitor
 from executions.transitions import Dispatch
 from tasks_api.services import task_bulk_create
 from tests.executions.test_monitor import FlakyPublisher

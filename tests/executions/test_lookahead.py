@@ -14,9 +14,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from executions.messages import eta_of, group_runs
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from executions.monitor import eta_of, group_runs
 from executions.transitions import Dispatch
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 

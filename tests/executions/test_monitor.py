@@ -16,9 +16,10 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from executions import transitions
+from executions.messages import send
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from executions.monitor import Monitor, send
+from executions.monitor import Monitor
 from tests.factories import ExecutionFactory, TaskFactory
 from tms_core.conf import tms_settings
 
