@@ -32,9 +32,10 @@ def eta_of(items: list[transitions.Dispatch]) -> datetime | None:
     return due if due is not None and due > timezone.now() else None
 
 
-def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
-    """The monitor's :data:`Publish`: one message per row, with the row's message id and priority.
-    No kombu retry: a failure undoes the rest of the batch and the monitor's loop backs off."""
+def send(task: Any, item: transitions.Dispatch, producer: Producer | None) -> None:
+    """The monitor's :data:`Publish`: one message per row, with the row's message id and priority,
+    through ``producer`` (None: the app's pool). No kombu retry: a failure undoes the rest of the
+    batch and the monitor's loop backs off."""
     task.apply_async(
         args=(item.execution_id, item.attempt),
         task_id=item.message_id,
@@ -45,7 +46,7 @@ def send(task: Any, item: transitions.Dispatch, producer: Producer) -> None:
     )
 
 
-def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer) -> None:
+def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer | None) -> None:
     """The monitor's :data:`PublishMany`: one ``run_executions`` message for several rows of one
     priority. Each row keeps its own message id (an undo finds its rows by them); the message's
     own id is the first row's with the count of the others, so Flower shows which runs it holds."""

@@ -117,7 +117,8 @@ def executions_take_steps(ids: Collection[int], *, owners: Collection[int], acto
         return []
     with connection.cursor() as cursor:
         owned = pg_array(sorted(owners))
-        params = [S.SCHEDULED, pg_array(chosen), STEPS_AHEAD_OF_AT_MOST, owned, S.PENDING, STEPS_QUEUED_AT_MOST]
+        params: list[Any] = [S.SCHEDULED, pg_array(chosen), STEPS_AHEAD_OF_AT_MOST, owned]
+        params += [S.PENDING, STEPS_QUEUED_AT_MOST]
         cursor.execute(_STEPS_MAY_GO, params)
         ahead, others, queued = cursor.fetchone()
     if ahead >= STEPS_AHEAD_OF_AT_MOST or others or queued >= STEPS_QUEUED_AT_MOST:

@@ -292,7 +292,7 @@ def _create_steps(
     rest = list(wanted)
     if postgresql() and wanted:
         keys = sorted(wanted, key=lambda key: (key[1], str(key[0])))
-        params = [OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED]
+        params: list[Any] = [OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED]
         params += [
             pg_array(str(follower) for follower, _ in keys),
             pg_array(workflow_run for _, workflow_run in keys),
