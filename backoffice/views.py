@@ -28,9 +28,9 @@ from backoffice.scope import (
     execution_or_404,
     execution_to_change,
     may_change_execution,
-    may_change_task,
-    may_delete_task,
+    task_abilities,
     task_to_change,
+    task_to_operate,
     visible_executions,
     visible_tasks,
 )
@@ -72,6 +72,7 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
+from tasks_app.teams import with_role
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
@@ -267,8 +268,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "settings_rows": _settings_rows(task),
         "hook": (hook := _hook_of(task)),
         "hook_url": hook_url(hook) if hook is not None else "",
-        "can_change": may_change_task(request.user, task),
-        "can_delete": may_delete_task(request.user, task),
+        **task_abilities(request.user, task),
     }
 
 
@@ -343,12 +343,13 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
 @login_required
 def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
     # The task with its state columns and owner in the one query that finds it (they were two more).
-    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner", "hook")), pk=pk)
+    tasks = with_role(visible_tasks(request.user), request.user)
+    task = get_object_or_404(with_state(tasks.select_related("owner", "hook")), pk=pk)
     return render(request, "backoffice/task_detail.html", task_context(request, task))
 
 
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     try:
         action(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
@@ -362,7 +363,7 @@ def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpR
 @login_required
 @require_POST
 def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     return _task_action(
         request,
         pk,
@@ -375,7 +376,7 @@ def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     preview = resume_preview(task)
     return _task_action(request, pk, task_resume, f"Resumed. {preview.words}" if preview else "Resumed.")
 
@@ -383,7 +384,7 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     try:
         trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
@@ -430,7 +431,7 @@ def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     form = BackfillForm(request.POST, zone=task.timezone)
     if form.is_valid():
         serializer = BackfillSerializer(data=form.payload())
