@@ -22,13 +22,11 @@ from tasks_app.models import Membership, Team, TeamRole
 from tasks_app.teams import (
     member_remove,
     member_set,
-    member_team_ids,
     require,
-    sees_all,
     team_create,
     team_delete,
     team_rename,
-    with_role,
+    visible_teams,
 )
 from tms_core.api.base import ApiViewMixin, StrictInputMixin
 from tms_core.api.keyset import KeysetPagination, Segment
@@ -100,8 +98,7 @@ USERNAME = OpenApiParameter(
 
 
 def _teams(user: Any) -> QuerySet[Team]:
-    teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
-    return with_role(teams, user, "id")
+    return visible_teams(user)
 
 
 class _TeamScoped(ApiViewMixin):

@@ -104,6 +104,12 @@ def visible_tasks(user: Any) -> QuerySet[Task]:
     return scope_to_teams(Task.objects.exclude(status=TaskStatus.DELETED), user)
 
 
+def visible_teams(user: Any) -> QuerySet[Team]:
+    """The teams ``user`` is a member of (every team for staff), each with ``caller_role``."""
+    teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
+    return with_role(teams, user, "id")
+
+
 def role_in(user: Any, team_id: Any) -> str | None:
     """``user``'s role in the team, or None when they are not a member (one indexed read: a role
     is never remembered, so a change applies to the very next request)."""
