@@ -23,7 +23,7 @@ def ops(db, user):
 
 def test_the_teams_page_lists_them_and_makes_one(alice_client, ops):
     page = alice_client.get("/ui/teams/").content.decode()
-    assert 'id="team-%d"' % ops.pk in page and "personal" in page
+    assert f'id="team-{ops.pk}"' in page and "personal" in page
     made = alice_client.post("/ui/teams/new/", {"name": "Data", "slug": ""})
     team = Team.objects.get(slug="data")
     assert made.status_code == 302 and made.url == f"/ui/teams/{team.pk}/"
