@@ -47,6 +47,8 @@ def test_a_user_lists_their_personal_team_and_creates_a_shared_one(people):
     assert ben.get(f"{URL}/{body['id']}/members").status_code == 404
     taken = ben.post(URL, {"name": "Other", "slug": "data-platform"}, format="json")
     assert taken.status_code == 400 and "slug" in taken.json()["errors"]
+    kept = ben.post(URL, {"name": "Ben's", "slug": "Ben_Team-2"}, format="json")  # a slug given is kept as given
+    assert (kept.status_code, kept.json()["slug"]) == (201, "Ben_Team-2")
     for bad in ({}, {"name": ""}, {"name": "x", "slug": "not a slug"}, {"name": "x", "role": "admin"}, {"name": 5}):
         assert ben.post(URL, bad, format="json").status_code == 400, bad
 
