@@ -40,29 +40,15 @@ def execution_or_404(user: Any, pk: Any) -> Execution:
     return get_object_or_404(visible_executions(user).select_related("task"), pk=pk)
 
 
-def may_operate_task(user: Any, task: Task) -> bool:
-    """Whether ``user`` may pause, resume, run or backfill ``task`` (operator)."""
-    return teams.may(user, task.team_id, TeamRole.OPERATOR, "tasks_app.change_task")
-
-
-def may_change_task(user: Any, task: Task) -> bool:
-    """Whether ``user`` may edit ``task`` or its trigger URL (editor)."""
-    return teams.may(user, task.team_id, TeamRole.EDITOR, "tasks_app.change_task")
-
-
-def may_delete_task(user: Any, task: Task) -> bool:
-    return teams.may(user, task.team_id, TeamRole.EDITOR, "tasks_app.delete_task")
-
-
 def may_change_execution(user: Any, execution: Execution) -> bool:
     """Whether ``user`` may cancel or retry ``execution`` (operator)."""
     return teams.may(user, execution.team_id, TeamRole.OPERATOR, "executions.change_execution")
 
 
 def task_abilities(user: Any, task: Task) -> dict[str, bool]:
-    """What the task page offers ``user``: ``can_operate``, ``can_change``, ``can_delete`` (as
-    :func:`may_operate_task`, :func:`may_change_task`, :func:`may_delete_task`), from one read of
-    their role."""
+    """What the task page offers ``user``, from one read of their role: ``can_operate`` (pause,
+    resume, run, backfill: operator), ``can_change`` (edit, trigger URL: editor), ``can_delete``
+    (editor); or the model permission, as :func:`tasks_app.teams.may`."""
     # Read with the task when the page asked for it (teams.with_role): no query of its own.
     held = task.caller_role if hasattr(task, "caller_role") else teams.role_in(user, task.team_id)
     operate, edit = teams.includes(held, TeamRole.OPERATOR), teams.includes(held, TeamRole.EDITOR)
