@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from accounts.oidc import LogoutView
-from backoffice import dashboard_views, notification_views, token_views, views
+from backoffice import dashboard_views, notification_views, team_views, token_views, views
 
 app_name = "backoffice"
 
@@ -38,6 +38,17 @@ urlpatterns = [
     path("ui/notifications/rules/new/", notification_views.rule_create_view, name="rule-create"),
     path("ui/notifications/rules/<int:pk>/edit/", notification_views.rule_edit_view, name="rule-edit"),
     path("ui/notifications/rules/<int:pk>/delete/", notification_views.rule_delete_view, name="rule-delete"),
+    path("ui/teams/", team_views.teams_page, name="teams"),
+    path("ui/teams/new/", team_views.team_create_view, name="team-create"),
+    path("ui/teams/<int:pk>/", team_views.team_page, name="team"),
+    path("ui/teams/<int:pk>/members/", team_views.team_member_set_view, name="team-member-set"),
+    path(
+        "ui/teams/<int:pk>/members/<str:username>/remove/",
+        team_views.team_member_remove_view,
+        name="team-member-remove",
+    ),
+    path("ui/teams/<int:pk>/rename/", team_views.team_rename_view, name="team-rename"),
+    path("ui/teams/<int:pk>/delete/", team_views.team_delete_view, name="team-delete"),
     path("ui/tokens/", token_views.tokens_page, name="tokens"),
     path("ui/tokens/new/", token_views.token_create_view, name="token-create"),
     path("ui/tokens/<int:pk>/revoke/", token_views.token_revoke_view, name="token-revoke"),

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -28,9 +28,9 @@ from backoffice.scope import (
     execution_or_404,
     execution_to_change,
     may_change_execution,
-    may_change_task,
-    may_delete_task,
+    task_abilities,
     task_to_change,
+    task_to_operate,
     visible_executions,
     visible_tasks,
 )
@@ -72,8 +72,10 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
+from tasks_app.teams import team_resolve, visible_teams, with_role
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
+from tms_core.errors import InvalidInput
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     tasks = with_state(visible_tasks(request.user).select_related("owner"))
     query = request.GET.get("q", "").strip().replace("\x00", "")
     status = request.GET.get("status", "")
+    tasks, team, bad_team = _team_switch(request, tasks)
     if query:
         tasks = tasks.filter(Q(name__icontains=query) | Q(runner=query))
     if status in TaskStatus.values:
@@ -146,14 +149,16 @@ def task_list(request: HttpRequest) -> HttpResponse:
         {"task": task, "schedule": schedule_words(task), "state": task_state(task), "next_run": task_next_run(task)}
         for task in page.rows
     ]
-    code = 400 if request.method == "POST" else 200
+    code = 400 if request.method == "POST" or bad_team else 200
     context = {
         "form": form,
         "page": page,
         "rows": rows,
         "query": query,
         "status": status,
-        "keep": urlencode({key: value for key, value in (("q", query), ("status", status)) if value}),
+        "team": team,
+        "teams": visible_teams(request.user),
+        "keep": urlencode({key: value for key, value in (("q", query), ("status", status), ("team", team)) if value}),
         "descending": True,
         "statuses": [s for s in TaskStatus.values if s != TaskStatus.DELETED],
     }
@@ -267,8 +272,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "settings_rows": _settings_rows(task),
         "hook": (hook := _hook_of(task)),
         "hook_url": hook_url(hook) if hook is not None else "",
-        "can_change": may_change_task(request.user, task),
-        "can_delete": may_delete_task(request.user, task),
+        **task_abilities(request.user, task),
     }
 
 
@@ -343,12 +347,13 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
 @login_required
 def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
     # The task with its state columns and owner in the one query that finds it (they were two more).
-    task = get_object_or_404(with_state(visible_tasks(request.user).select_related("owner", "hook")), pk=pk)
+    tasks = with_role(visible_tasks(request.user), request.user)
+    task = get_object_or_404(with_state(tasks.select_related("owner", "hook")), pk=pk)
     return render(request, "backoffice/task_detail.html", task_context(request, task))
 
 
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     try:
         action(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
@@ -362,7 +367,7 @@ def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpR
 @login_required
 @require_POST
 def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     return _task_action(
         request,
         pk,
@@ -375,7 +380,7 @@ def task_pause_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     preview = resume_preview(task)
     return _task_action(request, pk, task_resume, f"Resumed. {preview.words}" if preview else "Resumed.")
 
@@ -383,7 +388,7 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     try:
         trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
@@ -430,7 +435,7 @@ def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @login_required
 @require_POST
 def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_change(request.user, pk)
+    task = task_to_operate(request.user, pk)
     form = BackfillForm(request.POST, zone=task.timezone)
     if form.is_valid():
         serializer = BackfillSerializer(data=form.payload())
@@ -627,6 +632,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     ``execution_due_idx``): no count of the table, so a page costs the same at any size.
     """
     executions = visible_executions(request.user).select_related("task")
+    executions, team, bad_team = _team_switch(request, executions)
     status = request.GET.get("status", "")
     time_field, descending = "scheduled_for", True
     if status == ExecutionStatus.SCHEDULED:
@@ -641,7 +647,9 @@ def execution_list(request: HttpRequest) -> HttpResponse:
         executions = executions.exclude(status=ExecutionStatus.SCHEDULED)
     context: dict[str, Any] = {
         "status": status,
-        "keep": urlencode({"status": status} if status else {}),
+        "team": team,
+        "teams": visible_teams(request.user),
+        "keep": urlencode({key: value for key, value in (("status", status), ("team", team)) if value}),
         "statuses": ExecutionStatus.values,
         "descending": descending,
         "waiting_runs": status == ExecutionStatus.SCHEDULED,
@@ -655,4 +663,19 @@ def execution_list(request: HttpRequest) -> HttpResponse:
         context.update(page=None, rows=[])
         return render(request, "backoffice/execution_list.html", context, status=400)
     context.update(page=page, rows=[run_row(execution) for execution in page.rows])
-    return render(request, "backoffice/execution_list.html", context)
+    return render(request, "backoffice/execution_list.html", context, status=400 if bad_team else 200)
+
+
+def _team_switch(request: HttpRequest, rows: QuerySet) -> tuple[QuerySet, str, bool]:
+    """The team switcher of the lists (``?team=<slug>``): ``rows`` of that one of the user's
+    teams; a team that is not theirs is said so (and the list is not narrowed)."""
+    value = request.GET.get("team", "").strip().replace("\x00", "")
+    if not value:
+        return rows, "", False
+    try:
+        team = team_resolve(request.user, value)
+    except InvalidInput as exc:
+        for message in exception_messages(exc):
+            messages.error(request, message)
+        return rows, "", True
+    return rows.filter(team_id=team.pk), team.slug, False

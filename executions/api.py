@@ -36,7 +36,9 @@ from executions.serializers import (
 )
 from executions.services import execution_cancel_by_user, execution_retry_by_user, workflow_run_cancel_by_user
 from tasks_app.models import Task, TaskStatus
-from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
+from tasks_app.teams import scope_to_teams
+from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
@@ -145,10 +147,14 @@ class ExecutionFilter(StrictFilterSet):
     scheduled_before = UtcDateTimeFilter(
         field_name="scheduled_for", lookup_expr="lt", help_text="Only executions scheduled before this time."
     )
+    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 
     class Meta:
         model = Execution
-        fields = ["task", "status", "origin", "scheduled_after", "scheduled_before"]
+        fields = ["task", "status", "origin", "scheduled_after", "scheduled_before", "team"]
+
+    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return filter_by_team(queryset, self.request, value)
 
 
 @extend_schema_view(
@@ -165,11 +171,12 @@ class ExecutionFilter(StrictFilterSet):
     retrieve=extend_schema(summary="Get an execution with its event timeline", parameters=[EXECUTION_ID]),
 )
 class ExecutionViewSet(
-    ExecutionKeysetMixin, OwnerScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+    ExecutionKeysetMixin, TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
 ):
-    """Executions of your tasks, each with its event timeline; cancel and retry them."""
+    """Executions of your teams' tasks, each with its event timeline; cancel and retry them."""
 
-    owner_field = "task__owner"
+    #: Every write here is an operator's (tasks_app.teams).
+    operator_actions = frozenset({"cancel", "cancel_workflow", "retry"})
     queryset = Execution.objects.all()
     lookup_value_regex = r"[0-9]{1,18}"
     filterset_class = ExecutionFilter
@@ -255,7 +262,7 @@ class ExecutionViewSet(
         task_ids = data["tasks"] if "tasks" in data else [data["task"]]
         statuses = data.get("status") or REPLAY_STATUSES
         ids = replay_select(
-            owner_id=user.pk, task_ids=task_ids, statuses=statuses, since=data.get("since"), until=data.get("until")
+            user=user, task_ids=task_ids, statuses=statuses, since=data.get("since"), until=data.get("until")
         )
         selection = {
             "tasks": [str(task_id) for task_id in task_ids],
@@ -270,6 +277,7 @@ class ExecutionViewSet(
             config=data["config"],
             dry_run=data["dry_run"],
             selection=selection,
+            visible=scope_to_teams(Execution.objects.all(), user),
         )
         body = {
             "dry_run": report.dry_run,
@@ -312,10 +320,9 @@ class ExecutionViewSet(
     parameters=[ORDERING_PARAMETER],
     tags=["tasks"],
 )
-class TaskExecutionListView(ExecutionKeysetMixin, OwnerScopedMixin, generics.ListAPIView):
-    """``/api/v1/tasks/{task_id}/executions``: one of your tasks' executions."""
+class TaskExecutionListView(ExecutionKeysetMixin, TeamScopedMixin, generics.ListAPIView):
+    """``/api/v1/tasks/{task_id}/executions``: one of your teams' tasks' executions."""
 
-    owner_field = "task__owner"
     queryset = Execution.objects.all()
     serializer_class = ExecutionSerializer
     filterset_class = ExecutionFilter
@@ -367,7 +374,7 @@ class WorkerViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMix
     ),
     tags=["tasks"],
 )
-class TaskArchiveListView(OwnerScopedMixin, generics.ListAPIView):
+class TaskArchiveListView(TeamScopedMixin, generics.ListAPIView):
     """``/api/v1/tasks/{task_id}/archive``: the archive index entries of one of your tasks."""
 
     serializer_class = ArchiveIndexSerializer
@@ -399,7 +406,7 @@ ARCHIVE_ID = OpenApiParameter(
     },
     tags=["tasks"],
 )
-class TaskArchiveFileView(OwnerScopedMixin, generics.GenericAPIView):
+class TaskArchiveFileView(TeamScopedMixin, generics.GenericAPIView):
     """``/api/v1/tasks/{task_id}/archive/{archive_id}``: the archived executions, streamed."""
 
     queryset = ArchiveIndex.objects.all()

@@ -62,6 +62,7 @@ class DueTask(NamedTuple):
     runs_materialised: int
     paused_at: datetime | None
     owner_id: int
+    team_id: int
     #: Its business calendar and policy (the defaults: none), applied by :func:`plan_task`.
     calendar_id: int | None = None
     calendar_policy: str = ""
@@ -424,6 +425,7 @@ class _Batch:
         self.priorities: list[str] = []
         self.exclusive: list[str] = []
         self.owners: list[str] = []
+        self.teams: list[str] = []
         self.versions: list[str] = []
         self.cursor_ids: list[str] = []
         self.cursor_times: list[str] = []
@@ -465,6 +467,7 @@ class _Batch:
             )
             self.exclusive += ["t" if exclusive else "f"] * count
             self.owners += [str(task.owner_id)] * count
+            self.teams += [str(task.team_id)] * count
             self.versions += [str(task.version)] * count
         self.cursor_ids.append(pk)
         self.cursor_times.append("NULL" if nxt is None else self.iso(nxt))
@@ -493,6 +496,7 @@ class _Batch:
             priority=_array(self.priorities),
             exclusive=_array(self.exclusive),
             owner_ids=_array(self.owners),
+            team_ids=_array(self.teams),
             versions=_array(self.versions),
             actor=ACTOR,
         )

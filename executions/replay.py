@@ -15,16 +15,18 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
-from tasks_app.models import AuditAction, Task, TaskStatus
+from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
 from tasks_app.quotas import quota_charge_executions
 from tasks_app.run_config import config_override, input_check
 from tasks_app.run_input import check_input
 from tasks_app.secrets import config_masked
+from tasks_app.teams import require, scope_to_teams
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 #: The most executions one replay request may run again.
@@ -53,25 +55,29 @@ class ReplayReport:
 
 def replay_select(
     *,
-    owner_id: int,
+    user: Any,
     task_ids: Sequence[uuid.UUID],
     statuses: Sequence[str],
     since: datetime | None,
     until: datetime | None,
 ) -> list[int]:
-    """The ids of the owner's finished executions of ``task_ids`` with one of ``statuses``, that
+    """The ids of the finished executions of ``task_ids`` with one of ``statuses``, that
     finished at or after ``since`` and before ``until``, oldest end first. Raises
-    :class:`GoneError` (404) for a task that is not the owner's, :class:`InvalidInput` on
+    :class:`GoneError` (404) for a task ``user`` does not see (not one of their teams'),
+    PermissionDenied (403) for one of a team where they are less than an operator, :class:`InvalidInput` on
     ``status`` for a status that is not a finished one, on ``until`` when it is not after
     ``since``, and when more than :data:`MAX_REPLAY` match (nothing is replayed then)."""
     if not task_ids:
         raise InvalidInput.on("task", "Name the task (or tasks) whose executions to replay.")
     if len(set(task_ids)) > MAX_REPLAY_TASKS:
         raise InvalidInput.on("tasks", f"At most {MAX_REPLAY_TASKS} tasks a request.")
-    found = set(Task.objects.filter(pk__in=set(task_ids), owner_id=owner_id).values_list("pk", flat=True))
+    teams = dict(scope_to_teams(Task.objects.filter(pk__in=set(task_ids)), user).values_list("pk", "team_id"))
+    found = set(teams)
     missing = [str(task_id) for task_id in task_ids if task_id not in found]
     if missing:
         raise GoneError(f"No task {missing[0]} (of yours).")
+    for team_id in sorted(set(teams.values())):
+        require(user, team_id, TeamRole.OPERATOR, "executions.change_execution", what="these executions")
     unfinished = sorted(set(statuses) - TERMINAL_STATUSES)
     if unfinished:
         raise InvalidInput.on(
@@ -105,6 +111,7 @@ def executions_replay_by_user(
     config: dict[str, Any] | None = None,
     dry_run: bool = False,
     selection: Mapping[str, Any] | None = None,
+    visible: QuerySet[Execution] | None = None,
 ) -> ReplayReport:
     """Run the owner's finished executions ``execution_ids`` again: each a new execution of its
     task, due now, ``origin`` replay, ``replay_of`` the old one (see
@@ -119,7 +126,10 @@ def executions_replay_by_user(
 
     All or nothing: the new runs count against the owner's hourly quota of executions created on
     request (:class:`QuotaExceeded`, or :class:`InvalidInput` when they never fit, before
-    anything is created), and one audit entry names the count and the selection."""
+    anything is created), and one audit entry names the count and the selection.
+
+    ``visible`` is where the executions are looked for (the caller's teams', from
+    :func:`replay_select`'s checks); by default the owner's own."""
     if run_input is not None:
         check_input(run_input, None)  # its shape and size, whatever the selection holds
     if config is not None and not isinstance(config, dict):
@@ -128,7 +138,8 @@ def executions_replay_by_user(
     if len(ids) > MAX_REPLAY:
         raise InvalidInput.on("non_field_errors", f"At most {MAX_REPLAY} executions a replay; {len(ids)} selected.")
     rows = list(
-        Execution.objects.filter(pk__in=ids, owner_id=owner_id)
+        (visible if visible is not None else Execution.objects.filter(owner_id=owner_id))
+        .filter(pk__in=ids)
         .only("pk", "status", "task_id", "finished_at")
         .order_by("finished_at", "id")
     )

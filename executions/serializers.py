@@ -97,6 +97,9 @@ _CONVERT: dict[type, Any] = {
 
 class ExecutionSerializer(serializers.ModelSerializer):
     task = serializers.UUIDField(source="task_id", read_only=True)
+    team = serializers.IntegerField(
+        source="team_id", read_only=True, help_text="The id of its task's team (GET /api/v1/teams): who sees it."
+    )
     retry_of = serializers.IntegerField(
         source="retry_of_id", read_only=True, allow_null=True, help_text="The execution this one runs again."
     )
@@ -141,6 +144,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
         fields = [
             "id",
             "task",
+            "team",
             "status",
             "waiting",
             "attempt",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -171,6 +172,8 @@ class TaskAdminForm(forms.ModelForm):
                 self.instance = self._create() if self.instance._state.adding else self._update()
         except SERVICE_ERRORS as exc:
             add_service_errors(self, exc)
+        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
+            self.add_error("team" if "team" in self.fields else None, str(exc))
 
     def _create(self) -> Task:
         data = {name: _api_value(self.cleaned_data.get(name)) for name in CREATE_FIELDS if name in self.cleaned_data}
@@ -198,6 +201,7 @@ class TaskAdmin(admin.ModelAdmin):
     list_display = [
         "name_or_id",
         "owner",
+        "team",
         "runner",
         "state",
         "status",
@@ -210,13 +214,14 @@ class TaskAdmin(admin.ModelAdmin):
         "status",
         "runner",
         ("owner", admin.RelatedOnlyFieldListFilter),
+        ("team", admin.RelatedOnlyFieldListFilter),
         ("created_at", admin.DateFieldListFilter),
         ("start_at", admin.DateFieldListFilter),
         "misfire_policy",
         "overlap_policy",
     ]
     search_fields = ["name", "=id", "owner__username", "tracing_id"]
-    list_select_related = ["owner"]
+    list_select_related = ["owner", "team"]
     raw_id_fields = ["owner", "artifact"]
     actions = ["pause_selected", "resume_selected", "run_now_selected", "delete_selected"]
     show_full_result_count = False
@@ -264,7 +269,9 @@ class TaskAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:
             return []
-        readonly = [*STATUS_FIELDS, "artifact", "masked_config", "upstream_tasks", "downstream_tasks"]
+        # The team is chosen when the task is added; a move (editor in both teams, audited) is the
+        # API's PATCH or the back office's, never a field saved here.
+        readonly = [*STATUS_FIELDS, "artifact", "team", "masked_config", "upstream_tasks", "downstream_tasks"]
         if obj.status == TaskStatus.DELETED:
             readonly += [name for name in CREATE_FIELDS if name not in readonly]
         return readonly
@@ -277,6 +284,9 @@ class TaskAdmin(admin.ModelAdmin):
         if db_field.name == "owner" and field is not None:
             field.required = False
             field.help_text = "Empty: you."
+        if db_field.name == "team" and field is not None:
+            field.required = False
+            field.help_text = "Empty: the owner's personal team. The owner must be an editor of the team chosen."
         return field
 
     @admin.display(description="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
@@ -50,6 +51,7 @@ from tasks_api.services import (
     task_check_input,
     task_create,
     task_delete,
+    task_move,
     task_pause,
     task_resume,
     task_trigger,
@@ -61,7 +63,8 @@ from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
-from tms_core.api.base import ApiViewMixin, OwnerScopedMixin, StrictFilterSet
+from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
+from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
@@ -119,10 +122,14 @@ class TaskFilter(StrictFilterSet):
         choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
     )
     runner = filters.CharFilter(help_text="Only tasks on this runner alias.")
+    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 
     class Meta:
         model = Task
-        fields = ["status", "runner"]
+        fields = ["status", "runner", "team"]
+
+    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return filter_by_team(queryset, self.request, value)
 
 
 @extend_schema_view(
@@ -134,7 +141,7 @@ class TaskFilter(StrictFilterSet):
     retrieve=extend_schema(summary="Get a task"),
 )
 class TaskViewSet(
-    OwnerScopedMixin,
+    TeamScopedMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     viewsets.GenericViewSet,
@@ -150,6 +157,8 @@ class TaskViewSet(
     ordering = ["-created_at"]
     pagination_class = KeysetPagination
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    #: What an operator may do (tasks_app.teams); every other write needs an editor.
+    operator_actions = frozenset({"pause", "resume", "trigger", "materialise", "backfill"})
 
     def get_queryset(self) -> QuerySet:
         queryset = super().get_queryset()
@@ -210,7 +219,14 @@ class TaskViewSet(
         # "does not exist", as a missing one, never a hint that it exists.
         serializer = TaskUpdateSerializer(task, data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
-        task = task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
+        changes = dict(serializer.validated_data)
+        team = changes.pop("team", None)
+        user = request_user(request)
+        with transaction.atomic():  # a move and the other changes, or neither
+            if team is not None:
+                task = task_move(task=task, team=team, user=user)
+            if changes or team is None:
+                task = task_update(task=task, actor=actor_for(user), changes=changes)
         return Response(TaskSerializer(task).data)
 
     @extend_schema(

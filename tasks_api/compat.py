@@ -21,7 +21,8 @@ from executions.models import Execution, ExecutionStatus
 from tasks_api.api import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
-from tms_core.api.base import BlankIsNone, BoundedDateTimeField, OwnerScopedMixin, StrictInputMixin
+from tasks_app.team_scope import TeamScopedMixin
+from tms_core.api.base import BlankIsNone, BoundedDateTimeField, StrictInputMixin
 from tms_core.api.conf import api_settings
 from tms_core.api.schema import error_responses
 from tms_core.auth import request_user
@@ -142,7 +143,7 @@ def compat_status(task: Task) -> str:
     return CompatStatus.FINISHED if task.status == TaskStatus.COMPLETED else CompatStatus.SCHEDULED
 
 
-class _CompatView(OwnerScopedMixin, generics.GenericAPIView):
+class _CompatView(TeamScopedMixin, generics.GenericAPIView):
     queryset = Task.objects.exclude(status=TaskStatus.DELETED)
     serializer_class = CompatTaskSerializer
     pagination_class = None

@@ -21,7 +21,8 @@ from tasks_api.hooks import HookNotFound, hook_fire, hook_url, task_hook_delete,
 from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE, HookRefused
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
 from tasks_app.models import Task, TaskHook, TaskStatus
-from tms_core.api.base import ApiViewMixin, OwnerScopedMixin
+from tasks_app.team_scope import TeamScopedMixin
+from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
 
 
@@ -40,7 +41,7 @@ class TriggerUrlMadeSerializer(TriggerUrlSerializer):
     secret = serializers.CharField(help_text="Shown this once: store it now (sign requests with it).")
 
 
-class TaskTriggerUrlView(OwnerScopedMixin, generics.GenericAPIView):
+class TaskTriggerUrlView(TeamScopedMixin, generics.GenericAPIView):
     """A task's trigger URL: one per task, its secret shown only when it is made or rotated."""
 
     queryset = Task.objects.exclude(status=TaskStatus.DELETED)

@@ -37,6 +37,7 @@ from tasks_app.models import (
     OverlapPolicy,
     Task,
     TaskStatus,
+    Team,
     default_catch_up_limit,
     default_misfire_grace,
     default_timeout,
@@ -52,6 +53,7 @@ from tasks_app.schedules import (
     wall_time_to_utc,
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
+from tasks_app.teams import team_resolve
 from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
@@ -239,8 +241,37 @@ AFTER_HELP = (
 )
 
 
+@extend_schema_field({"oneOf": [{"type": "string", "maxLength": 60}, {"type": "integer"}]})
+class TeamRefField(serializers.Field):
+    """A team by slug or id, among the caller's teams (:func:`tasks_app.teams.team_resolve`):
+    one they are not in reads as one that does not exist."""
+
+    default_error_messages = {"invalid": "The slug or id of one of your teams."}
+
+    def to_internal_value(self, data: Any) -> Team:
+        if isinstance(data, bool) or not isinstance(data, str | int) or len(str(data)) > 60:
+            self.fail("invalid")
+        request = self.context.get("request")
+        if request is None:  # pragma: no cover - the views always pass the request
+            self.fail("invalid")
+        try:
+            return team_resolve(request.user, data)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.errors["team"]) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return getattr(value, "pk", value)
+
+
+TEAM_HELP = (
+    "The team it belongs to, by slug or id (default: your personal team). You need the editor role there; "
+    "changing it moves the task and its runs, and needs editor in both teams."
+)
+
+
 class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    team = TeamRefField(required=False, help_text=TEAM_HELP)
     runner = RunnerAliasField()
     config = RunnerConfigField(required=False, default=dict)
     secret_fields = serializers.ListField(
@@ -654,7 +685,8 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         assert task is not None  # an update serializer is always bound to the task it changes
         localize_wall_times(attrs, attrs.get("timezone", task.timezone))
         plain = task_config(task)
-        checked = dict(attrs)
+        # The team is not a setting of the task's own: a move is checked by tasks_api.services.task_move.
+        checked = {name: value for name, value in attrs.items() if name != "team"}
         if "config" in attrs:
             # A secret sent back as its mask keeps its stored value (the runner checks the real
             # one). Checked here only: attrs keep the masks, for task_update to see which secrets

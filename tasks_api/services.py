@@ -45,6 +45,8 @@ from tasks_app.models import (
     TaskDependency,
     TaskStatus,
     TaskVersion,
+    Team,
+    TeamRole,
     claims_exclusive,
 )
 from tasks_app.quotas import quota_charge_executions, quota_check_tasks
@@ -59,6 +61,7 @@ from tasks_app.secrets import (
     config_seal,
     config_unmask_kept,
 )
+from tasks_app.teams import personal_team_of, require
 from tasks_app.versions import NOT_VERSIONED, version_record, version_record_many, version_snapshot
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
@@ -89,10 +92,12 @@ def task_config_masked(task: Task) -> dict[str, Any]:
 
 def _snapshot(task: Task, config: Any) -> dict[str, Any]:
     """The audited fields of ``task``, with ``config`` (already masked) in place of its own."""
-    values = {name: getattr(task, name) for name in AUDITED_COLUMNS if name not in ("config", "artifact", "calendar")}
+    values = {
+        name: getattr(task, name) for name in AUDITED_COLUMNS if name not in ("config", "artifact", "calendar", "team")
+    }
     calendar = task.calendar.name if task.calendar_id is not None and task.calendar is not None else None
     artifact = str(task.artifact_id) if task.artifact_id else None
-    return {**values, "config": config, "artifact": artifact, "calendar": calendar}
+    return {**values, "config": config, "artifact": artifact, "calendar": calendar, "team": task.team_id}
 
 
 def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = None, detail: str = "") -> None:
@@ -261,6 +266,7 @@ def _build_task(
     *,
     rows: _TaskRows,
     owner: User,
+    team: Team,
     now: datetime,
     runner: str,
     config: dict[str, Any] | None = None,
@@ -303,6 +309,7 @@ def _build_task(
         {
             **options,
             "owner": owner,
+            "team": team,
             "name": name,
             "runner": runner,
             "config": config_seal(runner, config, secret_fields),
@@ -330,18 +337,22 @@ def _build_task(
     return task
 
 
-def task_create(*, owner: User, runner: str, **fields: Any) -> Task:
+def task_create(*, owner: User, runner: str, team: Team | None = None, **fields: Any) -> Task:
     """Create a task and, if its first run falls inside the horizon, its first executions.
 
     "Run now" therefore does not wait for the materialiser: the execution exists, and the monitor
-    is notified, when this returns.
+    is notified, when this returns. It belongs to ``team`` (default: the owner's personal team),
+    where the owner must be an editor.
     """
-    (task,) = task_bulk_create(owner=owner, specs=[{"runner": runner, **fields}])
+    (task,) = task_bulk_create(owner=owner, specs=[{"runner": runner, **fields}], team=team)
     return task
 
 
-def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list[Task]:
+def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: Team | None = None) -> list[Task]:
     """Create many tasks in one transaction, with their executions inside the horizon.
+
+    Every task belongs to ``team`` (default: the owner's personal team), in which the owner needs
+    the editor role (PermissionDenied otherwise: 403).
 
     Every spec is validated before anything is written: one bad spec fails the whole call with
     its errors keyed by position (``{"3": {"interval": [...]}}``, :class:`InvalidInput`) and
@@ -358,6 +369,9 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
     followed: list[list[After]] = []  # each task's ``after``
     resolved: dict[tuple[str, ...], list[Any]] = {}  # a batch names the same limits again and again
     builder = _TaskRows()
+    team = team if team is not None else personal_team_of(owner)
+    if team.personal_of_id != owner.pk:  # in their own personal team everyone is admin
+        require(owner, team.pk, TeamRole.EDITOR, "tasks_app.add_task", what="this team's tasks")
     for index, spec in enumerate(specs):
         try:
             spec = dict(spec)
@@ -367,7 +381,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]]) -> list
                 chosen = resolved[names] = limits_resolve(owner_id=owner.pk, names=names)
             after = after_resolve(owner_id=owner.pk, entries=spec.pop("after", None))
             _calendar_settings(owner.pk, spec)
-            task = _build_task(rows=builder, owner=owner, now=now, **spec)
+            task = _build_task(rows=builder, owner=owner, team=team, now=now, **spec)
             task.has_limits = bool(chosen)
             if after:
                 task.has_after = True
@@ -549,7 +563,7 @@ def _lock(task_id: uuid.UUID | str, *, no_key: bool = False) -> Task:
 
 def _clean(task: Task) -> None:
     try:
-        task.full_clean(exclude=["owner"], validate_constraints=True)
+        task.full_clean(exclude=["owner", "team"], validate_constraints=True)
     except DjangoValidationError as exc:
         raise InvalidInput(exc.message_dict) from None
 
@@ -767,6 +781,27 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], d
     task.version += 1
     Task.objects.filter(pk=task.pk).update(version=task.version)
     version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(after), changed=list(diff))
+
+
+def task_move(*, task: Task, team: Team, user: User) -> Task:
+    """Move ``task`` (and its executions, past and future) to ``team``: ``user`` needs the editor
+    role in both teams (PermissionDenied otherwise). Audited as an update of ``team``.
+
+    The task's row is locked FOR UPDATE, which waits for (and then blocks) every insert of one of
+    its executions (they lock it FOR KEY SHARE and copy its team): no run is left in the old team.
+    """
+    require(user, task.team_id, TeamRole.EDITOR, "tasks_app.change_task")
+    require(user, team.pk, TeamRole.EDITOR, "tasks_app.change_task", what="that team's tasks")
+    with transaction.atomic():
+        task = _lock(task.pk)
+        if task.team_id == team.pk:
+            return task
+        before = Team.objects.filter(pk=task.team_id).values_list("slug", flat=True).first()
+        Task.objects.filter(pk=task.pk).update(team=team, updated_at=timezone.now())
+        Execution.objects.filter(task_id=task.pk).update(team_id=team.pk)
+        task.team = team
+        _audit_task(task, AuditAction.UPDATE, changes={"team": {"from": before, "to": team.slug}}, detail="moved")
+    return task
 
 
 def task_pause(*, task: Task, actor: str) -> Task:

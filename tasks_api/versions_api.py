@@ -8,7 +8,7 @@ from rest_framework import generics, serializers
 from rest_framework.generics import get_object_or_404
 
 from tasks_app.models import Task, TaskStatus, TaskVersion
-from tms_core.api.base import OwnerScopedMixin
+from tasks_app.team_scope import TeamScopedMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 
 
@@ -36,8 +36,7 @@ class TaskVersionSerializer(serializers.ModelSerializer):
         ),
     )
 )
-class TaskVersionListView(OwnerScopedMixin, generics.ListAPIView):
-    owner_field = "task__owner"
+class TaskVersionListView(TeamScopedMixin, generics.ListAPIView):
     queryset = TaskVersion.objects.all()
     serializer_class = TaskVersionSerializer
     pagination_class = KeysetPagination

@@ -12,6 +12,15 @@ class TasksAppConfig(AppConfig):
         # After the executions app's migrations: its permissions exist by then (auth creates each
         # app's permissions in its own post_migrate receiver, connected before this one).
         post_migrate.connect(ensure_support_group_after_migrate, sender=apps.get_app_config("executions"))
+        from django.conf import settings
+        from django.db.models.signals import post_save
+
+        from tasks_app.teams import personal_team_on_user_created
+
+        # Every user has a personal team from the moment they exist, whatever made them.
+        post_save.connect(
+            personal_team_on_user_created, sender=settings.AUTH_USER_MODEL, dispatch_uid="tms_personal_team"
+        )
         from tasks_app.hooks import rotate_hook_secrets
         from tasks_app.secrets import register_rotation
 

@@ -70,7 +70,11 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     *_settings(POLICIES, "max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter", "timeout", "priority"),
     *_settings(OTHER, "tracing_id", "expose_metrics"),
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),
-    _state("owner", shown=False),  # the caller, who sees only their own
+    # The team it belongs to (its members see and run it by their role): set when it is created
+    # (audited as its id) and changed only by tasks_api.services.task_move (editor in both teams,
+    # its own audit entry), never by a partial update's setattr.
+    TaskField("team", OTHER, updatable=False),
+    _state("owner", shown=False),  # who created it (its quotas are theirs)
     _state("has_limits", shown=False),  # whether ``limits`` names any: routes claims to the check
     _state("has_after", shown=False),  # whether ``after`` names any: read only then
     _state("next_run_at"),  # the materialisation cursor (the API's ``next_occurrence_at``)

@@ -240,12 +240,72 @@ def default_catch_up_limit() -> int:
     return tms_settings().CATCH_UP_LIMIT
 
 
+class TeamRole(models.TextChoices):
+    """A member's role in a team; each includes the ones before it (see :mod:`tasks_app.teams`)."""
+
+    VIEWER = "viewer"  #: reads the team's tasks and runs
+    OPERATOR = "operator"  #: also runs now, pauses, resumes, cancels, retries, backfills, triggers, replays
+    EDITOR = "editor"  #: also creates, changes, moves and deletes tasks
+    ADMIN = "admin"  #: also manages the team's members and its name
+
+
+class Team(models.Model):
+    """Who owns tasks (and their runs): every user has a personal team, of which they are the only
+    member (its admin), and may belong to any number of shared teams with a role in each."""
+
+    id = models.AutoField(primary_key=True)
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=60, unique=True)
+    #: The user whose personal team this is (empty for a shared team). A personal team has one
+    #: member, that user, as admin; it cannot be deleted or shared.
+    personal_of = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_team"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def personal(self) -> bool:
+        return self.personal_of_id is not None
+
+
+class Membership(models.Model):
+    """``user`` belongs to ``team`` with ``role``."""
+
+    id = models.BigAutoField(primary_key=True)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_memberships", db_index=False
+    )
+    role = models.CharField(max_length=16, choices=TeamRole.choices)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Leads with the user: every scoped read asks "which teams is this user in?".
+            models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} in {self.team_id} as {self.role}"
+
+
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of its own: task_owner_created_idx leads with the owner.
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_tasks", db_index=False
     )
+    #: The team the task belongs to: its members see and act on it by their role
+    #: (:mod:`tasks_app.teams`). Its executions copy it (``Execution.team_id``). No index of its own:
+    #: task_team_live_idx leads with it.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="tasks", db_index=False)
     name = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.ACTIVE)
 
@@ -435,6 +495,10 @@ class Task(models.Model):
             # An owner's list over their tasks not deleted, the same keyset.
             models.Index(
                 fields=["owner", "-created_at", "-id"], condition=~Q(status="DELETED"), name="task_owner_live_idx"
+            ),
+            # A team's list over its tasks not deleted (what members see), the same keyset.
+            models.Index(
+                fields=["team", "-created_at", "-id"], condition=~Q(status="DELETED"), name="task_team_live_idx"
             ),
             # The list's search: runner = q here, and name ILIKE '%q%' has a trigram index on UPPER(name), PostgreSQL
             # only: migration 0017 (kept out of the model state so SQLite never sees it).

@@ -20,8 +20,9 @@ from tasks_app.audit import audit_values, current_context
 from tasks_app.models import TaskVersion
 from tms_core.bulk import JsonText, insert_columns
 
-#: Kept out of a snapshot: the lifecycle (pause, resume, completion) is not a setting the run uses.
-NOT_VERSIONED = frozenset({"status"})
+#: Kept out of a snapshot: the lifecycle (pause, resume, completion) and the team (who may see
+#: and act on it, moved by tasks_api.services.task_move) are not settings the run uses.
+NOT_VERSIONED = frozenset({"status", "team"})
 
 
 def version_snapshot(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from executions import transitions
 from executions.models import Execution, ExecutionStatus
 from tasks_app.models import Task
+from tasks_app.teams import personal_team_of
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -26,6 +27,7 @@ class TaskFactory(factory.django.DjangoModelFactory):
         model = Task
 
     owner = factory.SubFactory(UserFactory)
+    team = factory.LazyAttribute(lambda task: personal_team_of(task.owner))
     name = factory.Sequence(lambda n: f"task {n}")
     runner = "noop"
     config = factory.LazyFunction(dict)

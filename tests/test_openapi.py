@@ -28,6 +28,7 @@ from schemathesis.config import SchemathesisConfig
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
 from tasks_api.calendars import calendar_create
+from tasks_app.teams import member_set, team_create
 from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import running
 from tms_project.wsgi import application
@@ -81,6 +82,16 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/tokens"),
         ("GET", "/api/v1/tokens/{id}"),
         ("DELETE", "/api/v1/tokens/{id}"),
+        ("GET", "/api/v1/teams"),
+        ("POST", "/api/v1/teams"),
+        ("GET", "/api/v1/teams/{id}"),
+        ("PATCH", "/api/v1/teams/{id}"),
+        ("DELETE", "/api/v1/teams/{id}"),
+        ("GET", "/api/v1/teams/{id}/members"),
+        ("POST", "/api/v1/teams/{id}/members"),
+        ("GET", "/api/v1/teams/{id}/members/{username}"),
+        ("PATCH", "/api/v1/teams/{id}/members/{username}"),
+        ("DELETE", "/api/v1/teams/{id}/members/{username}"),
         ("GET", "/api/v1/artifacts"),
         ("POST", "/api/v1/artifacts"),
         ("GET", "/api/v1/artifacts/{id}"),
@@ -212,7 +223,7 @@ def test_docs_and_their_scripts_are_served_by_gunicorn_with_debug_off():
 TOKEN = "5c8e0c3a9f1b4e2d8a7b6c5d4e3f2a1b0c9d8e7f"
 STAFF_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
 #: Ids that exist while an operation is tested, filled by ``schemathesis_data``.
-KNOWN: dict[str, list] = {"tasks": [], "executions": [], "calendars": []}
+KNOWN: dict[str, list] = {"tasks": [], "executions": [], "calendars": [], "teams": []}
 
 
 # Loaded at collection time from the WSGI app (schema generation needs no database). The lazy
@@ -244,6 +255,8 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
         name, kind = "id", "executions"
     elif "id" in path_parameters and path.startswith("/api/v1/calendars"):
         name, kind = "id", "calendars"
+    elif "id" in path_parameters and path.startswith("/api/v1/teams"):
+        name, kind = "id", "teams"
     else:
         return st.just(path_parameters)
     if not _valid_id(kind, path_parameters[name]):
@@ -256,7 +269,7 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
 
 def _valid_id(kind: str, value: object) -> bool:
     """Whether ``value`` is an id the schema allows: a UUID for tasks, a positive integer for executions."""
-    if kind in ("executions", "calendars"):
+    if kind in ("executions", "calendars", "teams"):
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
     try:
         return isinstance(value, str) and str(uuid.UUID(value)) == value.lower()
@@ -296,8 +309,11 @@ def schemathesis_data(db, user, other_user, staff_user, settings, tmp_path):
         calendar_create(owner=other_user, name="us", country="US"),
     ]
     KNOWN["calendars"] = [calendar.pk for calendar in calendars]
+    shared = team_create(creator=user, name="Shared")
+    member_set(team=shared, username=other_user.username, role="viewer")
+    KNOWN["teams"] = [user.personal_team.pk, other_user.personal_team.pk, shared.pk]
     yield
-    KNOWN["tasks"], KNOWN["executions"], KNOWN["calendars"] = [], [], []
+    KNOWN["tasks"], KNOWN["executions"], KNOWN["calendars"], KNOWN["teams"] = [], [], [], []
     request_started.connect(close_old_connections)
     request_finished.connect(close_old_connections)
 

@@ -85,8 +85,8 @@ def execution_cancel(
 #: The columns a run created on request sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, workflow_run, upstream, input,"
-    " config_override, replay_of_id"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, team_id, workflow_run, upstream,"
+    " input, config_override, replay_of_id"
 )
 #: Whether a run of task ``t`` is exclusive (see ``Execution.exclusive``).
 _EXCLUSIVE = "(t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits)"
@@ -132,7 +132,7 @@ def execution_trigger(
     task_pk = Task._meta.pk.get_db_prep_value(task_id, connection)
     select_sql = (
         f"SELECT t.id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id,"  # noqa: S608
-        " NULL, NULL, %s, NULL, NULL"
+        " t.team_id, NULL, NULL, %s, NULL, NULL"
         f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status <> %s{key_share('t')}"
     )
     params = [now, now, OverlapPolicy.ALLOW, "trigger", S.SCHEDULED]
@@ -171,7 +171,7 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
     now = _now_param()
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
-        " '', '', '{}', '', '', '', t.owner_id, e.workflow_run, e.upstream, e.input, e.config_override, NULL"
+        " '', '', '{}', '', '', '', t.owner_id, t.team_id, e.workflow_run, e.upstream, e.input, e.config_override, NULL"
         f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
@@ -211,7 +211,7 @@ def executions_replay(*, replays: Sequence[Replay], actor: str) -> list[int | No
         given_config = "e.config_override" if replay.config_override is None else "%s"
         select_sql = (
             f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, 1, NULL,"  # noqa: S608
-            f" '', '', '{{}}', '', '', '', t.owner_id, NULL, NULL, {given_input}, {given_config}, e.id"
+            f" '', '', '{{}}', '', '', '', t.owner_id, t.team_id, NULL, NULL, {given_input}, {given_config}, e.id"
             f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
             f" WHERE e.id = %s AND t.status <> %s{key_share('t')}"
         )

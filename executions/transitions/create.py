@@ -35,7 +35,8 @@ _SQLITE_CHUNK = 1000
 #: The columns an insert sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, moved_from"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, team_id,"
+    " moved_from"
 )
 #: The constant columns' values, after ``origin``.
 _CONSTANTS = "%s, 1, '', '', '{}', '', '', ''"
@@ -44,11 +45,15 @@ _CONSTANTS = "%s, 1, '', '', '{}', '', '', ''"
 #: gives no owner, which NOT NULL refuses; on PostgreSQL the task is locked as a foreign key's
 #: check would (``key_share``), so it cannot be deleted before the insert commits.
 _OWNER = f"(SELECT t.owner_id FROM {TASKS} t WHERE t.id = {{}}{{}})"  # noqa: S608 - our table name
+#: Its team, the same way. Locked too: a locking read returns the task's latest version, so a
+#: task moved to another team while this insert waited gives the new team, never the old one.
+_TEAM = f"(SELECT t.team_id FROM {TASKS} t WHERE t.id = {{}}{{}})"  # noqa: S608 - our table name
 
 _PG_INSERT = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS})
     SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS},
-        {_OWNER.format("v.task_id", " FOR KEY SHARE OF t")}, v.moved_from
+        {_OWNER.format("v.task_id", " FOR KEY SHARE OF t")}, {_TEAM.format("v.task_id", " FOR KEY SHARE OF t")},
+        v.moved_from
     FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::timestamptz[])
         AS v (task_id, scheduled_for, due_at, priority, exclusive, moved_from)
     ON CONFLICT DO NOTHING
@@ -60,11 +65,12 @@ _PG_INSERT = f"""
 #: trigger that fills it otherwise (executions/task_version.py, about 8 us a row) does not run.
 _PG_INSERT_OWNED = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS}, task_version)
-    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, NULL,
-        v.version
+    SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, v.team_id,
+        NULL, v.version
     FROM unnest(
-        %s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::integer[], %s::integer[]
-    ) AS v (task_id, scheduled_for, due_at, priority, exclusive, owner_id, version)
+        %s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::integer[], %s::integer[],
+        %s::integer[]
+    ) AS v (task_id, scheduled_for, due_at, priority, exclusive, owner_id, team_id, version)
     ON CONFLICT DO NOTHING
 """  # noqa: S608 - table names are ours; every value is a parameter
 
@@ -101,6 +107,7 @@ def executions_create_arrays(
     priority: str,
     exclusive: str,
     owner_ids: str,
+    team_ids: str,
     versions: str,
     actor: str,
     detail: str = "",
@@ -108,9 +115,20 @@ def executions_create_arrays(
     """:func:`executions_create` for a materialiser pass over many rows on PostgreSQL, its columns
     given as array literals (:func:`~executions.transitions.sql.pg_array` or the same text built by
     the caller, one element per row; ``due_at`` not NULL), so that no object per row is needed; one
-    statement with its events. ``owner_ids`` and ``versions`` are the tasks' owners and versions,
+    statement with its events. ``owner_ids``, ``team_ids`` and ``versions`` are the tasks' owners, teams and versions,
     read by the caller with the tasks it holds locked. Returns the new ids."""
-    params = ["schedule", S.SCHEDULED, task_ids, scheduled_for, due_at, priority, exclusive, owner_ids, versions]
+    params = [
+        "schedule",
+        S.SCHEDULED,
+        task_ids,
+        scheduled_for,
+        due_at,
+        priority,
+        exclusive,
+        owner_ids,
+        team_ids,
+        versions,
+    ]
     return [row[0] for row in with_events(_PG_INSERT_OWNED, params, Event("", S.SCHEDULED, actor, detail))]
 
 
@@ -140,9 +158,12 @@ def _insert(rows: Sequence[NewExecution], origin: str) -> tuple[str, list[Any]]:
             origin,
             S.SCHEDULED,
             task_id,
+            task_id,
             None if row.moved_from is None else time_field.get_db_prep_value(row.moved_from, connection),
         ]
-    values = ", ".join([f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s', '')}, %s)"] * len(rows))
+    values = ", ".join(
+        [f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s', '')}, {_TEAM.format('%s', '')}, %s)"] * len(rows)
+    )
     return f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) VALUES {values} ON CONFLICT DO NOTHING", params  # noqa: S608
 
 

@@ -235,7 +235,8 @@ def _arrived(workflow_run: int, required: Mapping[uuid.UUID, str]) -> dict[uuid.
 #: The columns a follower's insert sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
-    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, workflow_run, upstream, input"
+    " lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, team_id, workflow_run, upstream,"
+    " input"
 )
 
 
@@ -268,7 +269,8 @@ _STEPS_SQL = (
     f"INSERT INTO {EXECUTIONS} ({{columns}}) "  # noqa: S608 - our table names; every value is a parameter
     "SELECT t.id, v.at, v.at, t.priority,"
     " (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits),"
-    " %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id, v.workflow_run, v.upstream::jsonb, v.input::jsonb"
+    " %s, %s, 1, NULL, '', '', '{{}}', '', '', '', t.owner_id, t.team_id, v.workflow_run, v.upstream::jsonb,"
+    " v.input::jsonb"
     " FROM (SELECT u.*, statement_timestamp()"
     " + (row_number() OVER (PARTITION BY u.task_id ORDER BY u.workflow_run) - 1) * interval '1 microsecond' AS at"
     " FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::text[]) AS u(task_id, workflow_run, upstream, input)) v"
@@ -339,7 +341,7 @@ def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.U
         select_sql = (
             f"SELECT t.id, {at}, {at}, t.priority,"  # noqa: S608 - our table names; every value is a parameter
             " (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits),"
-            " %s, %s, 1, NULL, '', '', '{}', '', '', '', t.owner_id, %s, %s, %s"
+            " %s, %s, 1, NULL, '', '', '{}', '', '', '', t.owner_id, t.team_id, %s, %s, %s"
             f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status = %s{key_share('t')}"
         )
         params = [*now, *now, OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED, workflow_run]

@@ -398,7 +398,7 @@ SQLITE_SCRIPT = textwrap.dedent(
     from tasks_app.models import Task
 
     user = get_user_model().objects.create_user("solo", is_staff=False)
-    task = Task.objects.create(owner=user, name="t", runner="noop", start_at=timezone.now())
+    task = Task.objects.create(owner=user, team=user.personal_team, name="t", runner="noop", start_at=timezone.now())
 
     def start(late):
         due = timezone.now() - timedelta(seconds=late)

@@ -57,6 +57,7 @@ def _random_task(rng: random.Random, now: datetime) -> DueTask:
         runs_materialised=0 if max_runs is None else rng.randint(0, max_runs),
         paused_at=rng.choice((None, now - timedelta(seconds=500))),
         owner_id=rng.randint(1, 5),
+        team_id=rng.randint(1, 5),
     )
 
 

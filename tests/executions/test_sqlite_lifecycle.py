@@ -23,7 +23,9 @@ SCRIPT = textwrap.dedent(
     now = timezone.now()
 
     def task(**fields):
-        return Task.objects.create(owner=user, name=f"t{Task.objects.count()}", runner="noop", start_at=now, **fields)
+        return Task.objects.create(
+            owner=user, team=user.personal_team, name=f"t{Task.objects.count()}", runner="noop", start_at=now, **fields
+        )
 
     def status(pk):
         return Execution.objects.get(pk=pk).status
@@ -111,8 +113,8 @@ SCRIPT = textwrap.dedent(
     # owners' due runs alternate however far behind one of them is.
     from executions import fairness
     other = get_user_model().objects.create_user("other")
-    herd = Task.objects.create(owner=user, name="herd", runner="noop", start_at=now)
-    few = Task.objects.create(owner=other, name="few", runner="noop", start_at=now)
+    herd = Task.objects.create(owner=user, team=user.personal_team, name="herd", runner="noop", start_at=now)
+    few = Task.objects.create(owner=other, team=other.personal_team, name="few", runner="noop", start_at=now)
     Execution.objects.filter(status="SCHEDULED").update(status="CANCELLED")
     mine = [new(herd, timedelta(seconds=30 - i)) for i in range(4)]
     theirs = [new(few, timedelta(seconds=5 - i)) for i in range(2)]

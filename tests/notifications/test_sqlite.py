@@ -19,8 +19,8 @@ SCRIPT = textwrap.dedent(
     from tasks_app.models import Task
 
     user = get_user_model().objects.create_user("solo")
-    task = Task.objects.create(owner=user, name="t", runner="noop", start_at=timezone.now())
-    quiet = Task.objects.create(owner=user, name="q", runner="noop", start_at=timezone.now())
+    task = Task.objects.create(owner=user, team=user.personal_team, name="t", runner="noop", start_at=timezone.now())
+    quiet = Task.objects.create(owner=user, team=user.personal_team, name="q", runner="noop", start_at=timezone.now())
     channel = services.channel_create(owner=user, data={"name": "c", "kind": "webhook", "target": "https://x.example/h"})
     services.rule_create(owner=user, data={"task": task, "channel": channel, "on_failure": True,
                                            "on_recovery": True, "on_skip": True, "late_after": timedelta(seconds=5)})

@@ -145,11 +145,11 @@ def test_a_created_task_answers_as_it_reads_back_without_reading_it(api_client, 
         created = api_client.post(URL, body, format="json")
     assert created.status_code == 201, created.content
     # The test client is authenticated already, and the test's transaction adds savepoints.
-    # What is left is the create itself: the clock; the quota read, lock and count; the task,
-    # audit, version 1 and (for a missed fire time) skipped-occurrence inserts; the executions
-    # and the wake-up. No read after the write.
+    # What is left is the create itself: the clock; the team (the owner's personal one); the quota
+    # read, lock and count; the task, audit, version 1 and (for a missed fire time)
+    # skipped-occurrence inserts; the executions and the wake-up. No read after the write.
     statements = [query["sql"] for query in queries.captured_queries if "SAVEPOINT" not in query["sql"]]
-    assert len(statements) <= 10, "\n".join(sql[:70] for sql in statements)
+    assert len(statements) <= 11, "\n".join(sql[:70] for sql in statements)
     assert not [query for query in queries.captured_queries if query["sql"].startswith("SELECT (SELECT")]
     read = api_client.get(f"{URL}/{created.json()['id']}").json()
     for name in ("state", "next_run_at", "next_occurrence_at", "status", "runs_materialised", "limits"):

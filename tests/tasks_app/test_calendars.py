@@ -355,6 +355,7 @@ def _due(**fields):
         "runs_materialised": 0,
         "paused_at": None,
         "owner_id": 1,
+        "team_id": 1,
         "calendar_id": 1,
         "calendar_policy": "previous_business_day",
     }

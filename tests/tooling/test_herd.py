@@ -42,6 +42,7 @@ def test_herd_account_counts_lost_and_duplicated_starts():
         execution = Execution.objects.create(
             task=task,
             owner_id=owner.pk,
+            team_id=task.team_id,
             scheduled_for=due,
             due_at=due,
             status="SUCCEEDED" if starts else "PENDING",
@@ -53,7 +54,12 @@ def test_herd_account_counts_lost_and_duplicated_starts():
         )
     # A run of another minute is not the herd's.
     Execution.objects.create(
-        task=tasks[3], owner_id=owner.pk, scheduled_for=due + timedelta(minutes=1), due_at=due, status="PENDING"
+        task=tasks[3],
+        owner_id=owner.pk,
+        team_id=tasks[3].team_id,
+        scheduled_for=due + timedelta(minutes=1),
+        due_at=due,
+        status="PENDING",
     )
 
     account = herd_account(owner_id=owner.pk, due=due)

@@ -60,7 +60,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, RequestDataTooBig):
         exc = RequestTooLarge()
     elif isinstance(exc, DjangoPermissionDenied):
-        exc = exceptions.PermissionDenied()
+        # The services' own messages say what role is missing; a bare one keeps DRF's wording.
+        exc = exceptions.PermissionDenied(str(exc) or None)
     elif isinstance(exc, exceptions.NotAuthenticated):
         exc = exceptions.NotAuthenticated(
             "Authentication credentials were not provided: send 'Authorization: Token <key>' "

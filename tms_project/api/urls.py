@@ -2,6 +2,7 @@ from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from accounts.api import AccessTokenViewSet
+from accounts.teams_api import TeamMemberListView, TeamMemberView, TeamViewSet
 from executions.api import (
     ExecutionViewSet,
     TaskArchiveFileView,
@@ -32,6 +33,7 @@ router.register("notification-channels", ChannelViewSet, basename="notification-
 router.register("notification-rules", RuleViewSet, basename="notification-rule")
 router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
 router.register("tokens", AccessTokenViewSet, basename="access-token")
+router.register("teams", TeamViewSet, basename="team")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),
@@ -43,6 +45,12 @@ urlpatterns = [
     ),
     re_path(r"^tasks/(?P<pk>[^/.]+)/trigger-url/?$", TaskTriggerUrlView.as_view(), name="task-trigger-url"),
     re_path(r"^tasks/(?P<task_id>[^/.]+)/versions/?$", TaskVersionListView.as_view(), name="task-versions"),
+    re_path(r"^teams/(?P<id>[0-9]{1,9})/members/?$", TeamMemberListView.as_view(), name="team-members"),
+    re_path(
+        r"^teams/(?P<id>[0-9]{1,9})/members/(?P<username>[\w.@+-]{1,150})/?$",
+        TeamMemberView.as_view(),
+        name="team-member",
+    ),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),

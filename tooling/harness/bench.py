@@ -668,9 +668,9 @@ class Bench:
             cursor.execute(
                 """
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                    lease_owner, external_run_id, run_handle, message_id, output, error, owner_id)
+                    lease_owner, external_run_id, run_handle, message_id, output, error, owner_id, team_id)
                 SELECT t.id, t.start_at + k * interval '1 hour', 'SCHEDULED', 1, t.start_at + k * interval '1 hour',
-                    5, '', '', '{}', '', '', '', t.owner_id
+                    5, '', '', '{}', '', '', '', t.owner_id, t.team_id
                 FROM tasks_app_task t CROSS JOIN generate_series(0, %s - 1) AS k
                 WHERE t.owner_id = %s
                 """,
@@ -837,7 +837,7 @@ class Bench:
             # scheduled_for) stays unique. Lateness 0.05-20 s, duration 0.01-600 s, log-ish spread.
             cursor.execute(
                 """
-                WITH t AS (SELECT id, owner_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                            WHERE owner_id IN (%(bench)s, %(filler)s)),
                 k AS (SELECT k, now() - (k * 129600.0 / %(finished)s) * interval '1 second' AS ended,
                              (0.05 * power(400, (k %% 97) / 96.0)) AS late,
@@ -845,22 +845,23 @@ class Bench:
                       FROM generate_series(0, %(finished)s - 1) AS k)
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                     lease_owner, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at, finished_at, owner_id)
+                    enqueued_at, started_at, finished_at, owner_id, team_id)
                 SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
                     CASE WHEN k.k %% 100 < 90 THEN 'SUCCEEDED' WHEN k.k %% 100 < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
                     1, k.ended - (k.took + k.late) * interval '1 second', 5, '', '', '{}', '', '', '',
-                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended, t.owner_id
+                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended, t.owner_id,
+                    t.team_id
                 FROM k JOIN t ON t.n = k.k %% %(tasks)s
                 """,
                 {"bench": self.owner.pk, "filler": filler.pk, "finished": finished, "tasks": tasks},
             )
             cursor.execute(
                 """
-                WITH t AS (SELECT id, owner_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                            WHERE owner_id IN (%(bench)s, %(filler)s))
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                     lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at, owner_id)
+                    enqueued_at, started_at, owner_id, team_id)
                 SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
                     CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
                          ELSE 'SCHEDULED' END,
@@ -868,7 +869,7 @@ class Bench:
                     CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
                     CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
                     CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END,
-                    t.owner_id
+                    t.owner_id, t.team_id
                 FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
                 """,
                 {"bench": self.owner.pk, "filler": filler.pk, "live": live, "tasks": tasks},

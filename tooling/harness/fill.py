@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
-from tasks_app.models import Task
+from tasks_app.models import Task, Team
 
 #: The SQL value of each column of a filler task unless the caller gives its own (an expression
 #: over ``g``, the row's number from 1 to the count).
@@ -46,6 +46,10 @@ _DEFAULTS: Mapping[str, str] = {
 }
 
 
+#: The owner's personal team (tasks_app.teams): the tasks' team.
+_PERSONAL_TEAM = f"SELECT id FROM {Team._meta.db_table} WHERE personal_of_id = %(owner)s"  # noqa: S608 - names are ours
+
+
 def insert_tasks(
     cursor: CursorWrapper,
     *,
@@ -63,7 +67,8 @@ def insert_tasks(
     """
     values = {**_DEFAULTS, **columns}
     sql = (
-        f"INSERT INTO {Task._meta.db_table} (owner_id, {', '.join(values)}) "  # noqa: S608 - names are ours
-        f"SELECT %(owner)s, {', '.join(values.values())} FROM generate_series(1, %(count)s) AS g{lateral}"
+        f"INSERT INTO {Task._meta.db_table} (owner_id, team_id, {', '.join(values)}) "  # noqa: S608 - names are ours
+        f"SELECT %(owner)s, ({_PERSONAL_TEAM}), {', '.join(values.values())}"
+        f" FROM generate_series(1, %(count)s) AS g{lateral}"
     )
     cursor.execute(sql, {**(params or {}), "owner": owner_id, "count": count})

@@ -168,7 +168,7 @@ def _insert(
                 ins AS (
                     INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                         lease_owner, external_run_id, run_handle, message_id, output, error, origin,
-                        created_at, enqueued_at, started_at, finished_at, owner_id)
+                        created_at, enqueued_at, started_at, finished_at, owner_id, team_id)
                     SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
                         CASE WHEN k.pct < 90 THEN 'SUCCEEDED' WHEN k.pct < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
                         CASE WHEN k.pct = 96 THEN 2 ELSE 1 END,
@@ -181,7 +181,7 @@ def _insert(
                              ELSE (ARRAY['trigger', 'retry', 'backfill'])[1 + k.k %% 3] END,
                         k.ended - (k.took + k.late + 60) * interval '1 second',
                         k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended,
-                        %(owner)s
+                        %(owner)s, (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
                     FROM k JOIN t ON t.n = k.k %% %(tasks)s
                     RETURNING id, status, attempt, enqueued_at, started_at, finished_at
                 )
@@ -210,7 +210,7 @@ def _insert(
             ins AS (
                 INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                     lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
-                    origin, enqueued_at, started_at, owner_id)
+                    origin, enqueued_at, started_at, owner_id, team_id)
                 SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
                     CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
                          ELSE 'SCHEDULED' END,
@@ -218,7 +218,8 @@ def _insert(
                     CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
                     CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
                     'schedule', CASE WHEN 5 * k < 2 * %(live)s THEN now() END,
-                    CASE WHEN 5 * k < %(live)s THEN now() END, %(owner)s
+                    CASE WHEN 5 * k < %(live)s THEN now() END, %(owner)s,
+                    (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
                 FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
                 RETURNING id, status, enqueued_at, started_at
             )

@@ -20,6 +20,6 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("executions", "0024_execution_replay")]
+    dependencies = [("executions", "0026_execution_team_not_null")]
 
     operations = [migrations.RunPython(create, drop, elidable=False)]

@@ -1,0 +1,316 @@
+"""Teams and roles: who sees and who may act on a task and its runs. The one rule the API, the back
+office and the admin share.
+
+* A user **sees** the tasks (and executions) of the teams they are a member of; staff see every
+  team's (read-only "support", :mod:`tms_core.roles`).
+* A member **acts** by their role in the object's team; each role includes the ones before it:
+
+  ============  ============================================================================
+  viewer        read
+  operator      run now, pause, resume, cancel, retry, backfill, trigger, replay
+  editor        create, change, move between teams, delete
+  admin         manage the team's members and its name
+  ============  ============================================================================
+
+* Anyone with the model permission an action names (``tasks_app.change_task``, ...; superusers
+  have them all) may act on what they see, as the admin always allowed: so support staff act only
+  where an operator granted them a permission.
+
+An object the user may not see answers 404 (exactly as a missing one); one they see but whose
+role is too low, 403 with a message naming the role needed.
+
+Every user has a personal team (:func:`personal_team_of`), made with the user
+(:func:`personal_team_on_user_created`) and by migration for users that existed before teams:
+alone in it, as its admin, each user sees and does exactly what they did when tasks belonged to
+users.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, connection, transaction
+from django.db.models import BooleanField, Expression, F, OuterRef, QuerySet, Subquery
+from django.utils.text import slugify
+
+from tasks_app.audit import audit_record
+from tasks_app.models import Membership, Task, Team, TeamRole
+from tms_core.errors import InvalidInput
+
+#: Each role's rank: a role includes every role of a lower rank.
+RANK = {TeamRole.VIEWER: 0, TeamRole.OPERATOR: 1, TeamRole.EDITOR: 2, TeamRole.ADMIN: 3}
+
+#: What each role adds, for messages and the docs.
+ROLE_DOES = {
+    TeamRole.VIEWER: "read",
+    TeamRole.OPERATOR: "run, pause, resume, cancel, retry, backfill, trigger and replay",
+    TeamRole.EDITOR: "create, change, move and delete tasks",
+    TeamRole.ADMIN: "manage the team's members",
+}
+
+
+def member_team_ids(user: Any) -> QuerySet[Membership, Any]:
+    """The ids of the teams ``user`` is a member of, as a subquery (``team_id__in=...``)."""
+    return Membership.objects.filter(user_id=user.pk).order_by().values("team_id")
+
+
+def sees_all(user: Any) -> bool:
+    """Staff see every team's objects (read-only unless granted permissions)."""
+    return bool(user.is_staff)
+
+
+class _MemberOf(Expression):
+    """``<column> = ANY(ARRAY(<subquery>))``, PostgreSQL only: the subquery runs once, before the
+    scan (an InitPlan), and the team ids are a filter on whatever index serves the list's order.
+    ``IN (<subquery>)`` was planned as a semi-join, which loses the order: the execution list's
+    keyset page sorted its rows instead of reading execution_ran_idx from the cursor."""
+
+    output_field = BooleanField()
+    conditional = True
+
+    def __init__(self, column: Any, ids: Any) -> None:
+        super().__init__()
+        self.column, self.ids = column, ids
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column, self.ids]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.column, self.ids = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        column, column_params = compiler.compile(self.column)
+        ids, ids_params = compiler.compile(self.ids)  # "(SELECT ...)"
+        return f"{column} = ANY(ARRAY{ids})", (*column_params, *ids_params)
+
+
+def scope_to_teams(queryset: QuerySet, user: Any, team_field: str = "team_id") -> QuerySet:
+    """``queryset`` narrowed to the objects of ``user``'s teams (all of it for staff);
+    ``team_field`` names the column holding the team's id (``team_id`` on tasks and executions)."""
+    if sees_all(user):
+        return queryset
+    if connection.vendor == "postgresql":
+        return queryset.filter(_MemberOf(F(team_field), Subquery(member_team_ids(user))))
+    return queryset.filter(**{f"{team_field}__in": member_team_ids(user)})
+
+
+def visible_tasks(user: Any) -> QuerySet[Task]:
+    """Tasks ``user`` may see; deleted ones are gone, as everywhere."""
+    from tasks_app.models import TaskStatus
+
+    return scope_to_teams(Task.objects.exclude(status=TaskStatus.DELETED), user)
+
+
+def visible_teams(user: Any) -> QuerySet[Team]:
+    """The teams ``user`` is a member of (every team for staff), each with ``caller_role``."""
+    teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
+    return with_role(teams, user, "id")
+
+
+def role_in(user: Any, team_id: Any) -> str | None:
+    """``user``'s role in the team, or None when they are not a member (one indexed read: a role
+    is never remembered, so a change applies to the very next request)."""
+    if team_id is None or not getattr(user, "is_authenticated", False):
+        return None
+    return Membership.objects.filter(user_id=user.pk, team_id=team_id).values_list("role", flat=True).first()
+
+
+def with_role(queryset: QuerySet, user: Any, team_field: str = "team_id") -> QuerySet:
+    """``queryset`` with ``caller_role``: ``user``'s role in each row's team (None: not a member),
+    read in the same query (a page that shows one task and its buttons reads the role for free)."""
+    role = Membership.objects.filter(team_id=OuterRef(team_field), user_id=user.pk).values("role")[:1]
+    return queryset.annotate(caller_role=Subquery(role))
+
+
+def includes(held: str | None, role: str) -> bool:
+    """Whether a member holding ``held`` (None: not a member) has ``role``."""
+    return held is not None and RANK[TeamRole(held)] >= RANK[TeamRole(role)]
+
+
+def has_role(user: Any, team_id: Any, role: str) -> bool:
+    """Whether ``user`` holds ``role`` (or a higher one) in the team."""
+    return includes(role_in(user, team_id), role)
+
+
+def may(user: Any, team_id: Any, role: str, permission: str) -> bool:
+    """Whether ``user`` may do what needs ``role`` on an object of the team: by their role, or
+    anywhere they see with ``permission`` (superusers, and staff an operator granted it)."""
+    return has_role(user, team_id, role) or bool(user.has_perm(permission))
+
+
+def require(user: Any, team_id: Any, role: str, permission: str, *, what: str = "this task") -> None:
+    """:func:`may`, or PermissionDenied (403) naming the role needed."""
+    if not may(user, team_id, role, permission):
+        held = role_in(user, team_id)
+        if held is None:
+            message = f"You may look at {what} but not change it."
+        else:
+            message = f"Your role in this team is {held}: to {ROLE_DOES[TeamRole(role)]} you need {role} or higher."
+        raise PermissionDenied(message)
+
+
+# -- Teams and members (the services the API, the back office and the commands call) -------------
+
+
+def _free_slug(base: str, fallback: str) -> str:
+    slug = slugify(base)[:50].strip("-") or fallback
+    if not Team.objects.filter(slug=slug).exists():
+        return slug
+    return f"{slug[:40]}-{fallback}"
+
+
+def personal_team_of(user: Any) -> Team:
+    """``user``'s personal team, made (with the user as its admin) if they have none yet.
+
+    Safe to call at any time and from two places at once: the one-to-one on ``personal_of``
+    decides, and the loser reads the winner's team.
+    """
+    team = Team.objects.filter(personal_of_id=user.pk).first()
+    if team is not None:
+        return team
+    try:
+        with transaction.atomic():
+            team = Team.objects.create(
+                name=user.get_username()[:100],
+                slug=_free_slug(user.get_username(), f"user-{user.pk}"),
+                personal_of=user,
+            )
+            Membership.objects.create(team=team, user=user, role=TeamRole.ADMIN)
+    except IntegrityError:
+        team = Team.objects.get(personal_of_id=user.pk)
+    return team
+
+
+def personal_team_on_user_created(sender: Any, instance: Any, created: bool, raw: bool = False, **kwargs: Any) -> None:
+    """post_save receiver of the user model: a new user gets their personal team at once, whatever
+    made them (``tms_create_user``, single sign-on, the admin, ``createsuperuser``)."""
+    if created and not raw:
+        personal_team_of(instance)
+
+
+def team_resolve(user: Any, value: Any, *, field: str = "team") -> Team:
+    """The team ``value`` names (a slug, or an id) among ``user``'s teams (any team for staff);
+    InvalidInput on ``field`` otherwise, the same for a team that does not exist and one the user
+    is not in (so the answer tells nothing about other teams)."""
+    teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
+    text = str(value).strip()
+    found = None
+    if text.isdigit() and len(text) <= 9:
+        found = teams.filter(pk=int(text)).first()
+    if found is None and text:
+        found = teams.filter(slug=text).first()
+    if found is None:
+        raise InvalidInput.on(field, f"No team {text!r} of yours: give the slug or id of a team you are a member of.")
+    return found
+
+
+def _audit_team(team: Team, action: str, *, changes: dict[str, Any] | None = None, detail: str = "") -> None:
+    audit_record(
+        action=f"team.{action}", object_type="team", object_id=team.pk, owner=None, changes=changes, detail=detail
+    )
+
+
+def team_create(*, creator: Any, name: str, slug: str = "") -> Team:
+    """A shared team with ``creator`` as its admin. ``slug`` defaults to one made from ``name``."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput.on("name", "A team needs a name.")
+    # A slug given is kept as given (the API checked it is one); one made from the name is lower case.
+    chosen = slug or slugify(name)[:60].strip("-")
+    if not re.fullmatch(r"[-a-zA-Z0-9_]{1,60}", chosen):
+        raise InvalidInput.on("slug" if slug else "name", "Give a slug of letters, digits, hyphens or underscores.")
+    try:
+        with transaction.atomic():
+            team = Team.objects.create(name=name[:100], slug=chosen)
+            Membership.objects.create(team=team, user=creator, role=TeamRole.ADMIN)
+            _audit_team(team, "create", changes={"name": name, "slug": chosen})
+    except IntegrityError:
+        raise InvalidInput.on("slug", f"The slug {chosen!r} is taken: choose another.") from None
+    return team
+
+
+def team_rename(*, team: Team, name: str) -> Team:
+    """Give ``team`` a new display name (its slug stays: it is how tokens and URLs name it)."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput.on("name", "A team needs a name.")
+    with transaction.atomic():
+        before = team.name
+        team.name = name[:100]
+        team.save(update_fields=["name"])
+        _audit_team(team, "update", changes={"name": {"from": before, "to": team.name}})
+    return team
+
+
+def team_delete(*, team: Team) -> None:
+    """Delete a shared team that holds no task (deleted tasks included: their history is the
+    team's). A personal team is never deleted (it goes with its user)."""
+    if team.personal:
+        raise InvalidInput.on("team", "A personal team cannot be deleted.")
+    with transaction.atomic():
+        locked = Team.objects.select_for_update().get(pk=team.pk)
+        held = Task.objects.filter(team_id=locked.pk).count()
+        if held:
+            raise InvalidInput.on(
+                "team",
+                f"The team still holds {held} task(s) (deleted ones keep their history here): "
+                "move or delete them first.",
+            )
+        _audit_team(locked, "delete", changes={"name": locked.name, "slug": locked.slug})
+        locked.delete()
+
+
+def _user_named(username: Any) -> Any:
+    user = get_user_model().objects.filter(username=str(username)).first()
+    if user is None or not user.is_active:
+        raise InvalidInput.on("username", f"No active user {username!r}.")
+    return user
+
+
+def _admins_left(team: Team, *, without: int) -> int:
+    return Membership.objects.filter(team=team, role=TeamRole.ADMIN).exclude(user_id=without).count()
+
+
+def member_set(*, team: Team, username: Any, role: str) -> Membership:
+    """Add ``username`` to ``team`` with ``role``, or change their role. The last admin cannot be
+    demoted (the team would have nobody to manage it); a personal team has no other members."""
+    if role not in TeamRole.values:
+        raise InvalidInput.on("role", f"One of: {', '.join(TeamRole.values)}.")
+    user = _user_named(username)
+    if team.personal and user.pk != team.personal_of_id:
+        raise InvalidInput.on("username", "A personal team has one member, its user: create a team to share tasks.")
+    with transaction.atomic():
+        # The team's row serialises its membership changes, so two demotions at once cannot
+        # both see another admin left.
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        membership = Membership.objects.filter(team=team, user=user).first()
+        if membership is not None and membership.role == role:
+            return membership
+        if membership is not None and membership.role == TeamRole.ADMIN and not _admins_left(team, without=user.pk):
+            raise InvalidInput.on("role", "This is the team's last admin: make another member admin first.")
+        before = membership.role if membership is not None else None
+        if membership is None:
+            membership = Membership.objects.create(team=team, user=user, role=role)
+        else:
+            membership.role = role
+            membership.save(update_fields=["role"])
+        _audit_team(team, "member", changes={"username": user.get_username(), "role": {"from": before, "to": role}})
+    return membership
+
+
+def member_remove(*, team: Team, username: Any) -> None:
+    """Remove ``username`` from ``team``; never its last admin."""
+    user = get_user_model().objects.filter(username=str(username)).first()
+    with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        membership = Membership.objects.filter(team=team, user=user).first() if user is not None else None
+        if membership is None:
+            raise InvalidInput.on("username", f"{username!r} is not a member of this team.")
+        if membership.role == TeamRole.ADMIN and not _admins_left(team, without=membership.user_id):
+            raise InvalidInput.on("username", "This is the team's last admin: make another member admin first.")
+        membership.delete()
+        _audit_team(team, "member", changes={"username": str(username), "role": {"from": membership.role, "to": None}})
