@@ -111,6 +111,9 @@ class Execution(models.Model):
     #: instead of joining every due row to its task: 0.6 ms instead of 22 ms a pick with 10,000
     #: runs due. No foreign key, like ``RunRollup.owner_id``: nothing to check per insert.
     owner_id = models.IntegerField()
+    #: Not a column: whether a task followed this run's task when a worker's batch claim loaded it
+    #: (``executions.transitions.executions_claim_loaded``), a hint for how its end is written.
+    followed: bool = False
     #: Its task's team, copied when it is created like ``owner_id`` (and rewritten when the task
     #: moves to another team, :func:`tasks_api.services.task_move`), so that "the runs of my
     #: teams" reads the executions alone. No foreign key: history outlives teams' rows.

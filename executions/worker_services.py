@@ -347,7 +347,9 @@ class _Successes:
                 execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
             )
         output = redacted(task, result).output
-        self.pending.append(transitions.Success(execution.pk, execution.attempt, output, external_run_id or ""))
+        self.pending.append(
+            transitions.Success(execution.pk, execution.attempt, output, external_run_id or "", execution.followed)
+        )
         return "finished"
 
     def flush(self) -> set[int]:

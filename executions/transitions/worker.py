@@ -55,6 +55,12 @@ _CLAIMED = "SELECT {} FROM done JOIN {} t ON t.id = done.task_id".format(  # noq
     ", ".join([f'done."{f.column}"' for f in _EXECUTION_FIELDS] + [f't."{f.column}"' for f in _TASK_FIELDS]),
     Task._meta.db_table,
 )
+#: The same, and whether a task follows the run's task (an index probe a row): read as
+#: ``Execution.followed`` by :func:`executions_succeed`, which then writes the end with what follows
+#: it at once, instead of first as a run that nothing follows (a statement that would lose).
+_CLAIMED_SEVERAL = _CLAIMED.replace(
+    " FROM done ", f", NOT ({UNFOLLOWED_SQL.replace('e.task_id', 'done.task_id')}) FROM done "
+)
 
 
 def claim_write(
@@ -118,7 +124,10 @@ def execution_claim_loaded(
 
 def _loaded(row: Sequence[Any]) -> Execution:
     execution = from_row(Execution, _EXECUTION_FIELDS, row[: len(_EXECUTION_FIELDS)])
-    execution.task = from_row(Task, _TASK_FIELDS, row[len(_EXECUTION_FIELDS) :])
+    task_end = len(_EXECUTION_FIELDS) + len(_TASK_FIELDS)
+    execution.task = from_row(Task, _TASK_FIELDS, row[len(_EXECUTION_FIELDS) : task_end])
+    if len(row) > task_end:  # _CLAIMED_SEVERAL: whether a task follows it (a hint: see Success)
+        execution.followed = bool(row[task_end])
     return execution
 
 
@@ -143,7 +152,7 @@ def executions_claim_loaded(
         # Compiled once per process and count of ids (a message holds at most TMS_DISPATCH_BATCH).
         shape = ("several", len(ids))
         rows = write_prepared(
-            states.CLAIM, shape, claim_several_write, binds, actor=worker_id, returning="*", select=_CLAIMED
+            states.CLAIM, shape, claim_several_write, binds, actor=worker_id, returning="*", select=_CLAIMED_SEVERAL
         )
         for row in rows:
             execution = _loaded(row)
@@ -237,6 +246,10 @@ class Success:
     attempt: int
     output: str
     external_run_id: str = ""
+    #: A task followed the run's task when it was claimed (``Execution.followed``): its end is
+    #: written with what follows it at once. Only a hint: each write checks in SQL, and a run
+    #: whose first write loses for it goes the other way.
+    followed: bool = False
 
 
 #: RUNNING → SUCCEEDED for the rows of the arrays, each fenced by its attempt and the lease; the
@@ -290,7 +303,8 @@ def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_char
     # which it writes in their key's order: they wait for each other, never deadlock.
     (source,) = edge.sources
     event = Event(source, edge.target, worker_id)
-    rows = with_events(_SUCCEED_MANY, params(successes), event, returning="e.id, e.attempt")
+    alone = [success for success in successes if not success.followed]
+    rows = with_events(_SUCCEED_MANY, params(alone), event, returning="e.id, e.attempt") if alone else []
     won = {row[0] for row in rows}
     rest = [success for success in successes if success.execution_id not in won]
     if rest:

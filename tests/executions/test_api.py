@@ -230,9 +230,10 @@ def test_cancel_stops_a_running_execution_and_retry_runs_it_again_on_the_real_wo
         assert response.status_code == 200, response.content
         assert response.json()["from_status"] == "RUNNING" and response.json()["external_run"] == "stopped"
 
+        # Made quick before the retry exists: a worker may claim it (and read the config) at once.
+        Task.objects.filter(pk=task["id"]).update(config={"duration": "100ms"})
         retry = client.post(f"{URL}/{execution.pk}/retry")
         assert retry.status_code == 201, retry.content
-        Task.objects.filter(pk=task["id"]).update(config={"duration": "100ms"})  # make the retry quick
         wait_for(
             lambda: Execution.objects.filter(pk=retry.json()["id"], status=S.SUCCEEDED).exists(),
             timeout=30,

@@ -485,3 +485,28 @@ def test_steps_past_the_message_s_budget_are_handed_on_or_else_given_back(user, 
     assert _statuses(chain) == [[S.SUCCEEDED], [S.SUCCEEDED], [S.SCHEDULED]]
     (last,) = Execution.objects.filter(task=chain[2])
     assert last.events.filter(from_status=S.PENDING, to_status=S.SCHEDULED, detail="left to the monitor").exists()
+
+
+def test_the_batch_claim_tells_which_runs_are_followed_and_their_end_is_written_once(user):
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the batch claim is PostgreSQL's")
+    a = task_create(owner=user, runner="noop")
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+    lone = task_create(owner=user, runner="noop")
+    runs = [Execution.objects.get(task=a).pk, Execution.objects.get(task=lone).pk]
+    Execution.objects.filter(pk__in=runs).update(status=S.PENDING)
+    claimed = transitions.executions_claim_loaded(items=[(pk, 1) for pk in runs], worker_id="w1", lease_seconds=60)
+    assert {pk: claimed[pk].followed for pk in runs} == {runs[0]: True, runs[1]: False}
+    with CaptureQueriesContext(connection) as queries:
+        won = transitions.executions_succeed(
+            successes=[transitions.Success(pk, 1, "{}", followed=claimed[pk].followed) for pk in runs],
+            worker_id="w1",
+            max_chars=1000,
+        )
+    assert won == set(runs)
+    # One end for the run nothing follows, one with its follower for the other: none written twice.
+    ends = [query for query in queries.captured_queries if "'RUNNING', 'SUCCEEDED'" in query["sql"]]
+    assert len(ends) == 2
+    assert len(_steps(b)) == 1 and not Execution.objects.filter(task=lone, origin=ExecutionOrigin.WORKFLOW).exists()
