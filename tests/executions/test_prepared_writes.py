@@ -14,7 +14,7 @@ from executions import transitions
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import sql, states
-from executions.transitions.worker import _CLAIMED, claim_write, succeed_alone_write
+from executions.transitions.worker import _CLAIMED, _CLAIMED_SEVERAL, claim_write, succeed_alone_write
 from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -116,7 +116,9 @@ def test_the_claim_of_several_runs_the_statement_the_orm_compiles(count):
         ids = {f"id{index}": execution_id for index, (execution_id, _) in enumerate(items)}
         condition, values = claim_several_write(1, WORKER, timedelta(seconds=30), **ids)
         compiled = _statement(
-            lambda c=condition, v=values: sql.write(states.CLAIM, c, v, actor=WORKER, returning="*", select=_CLAIMED)
+            lambda c=condition, v=values: sql.write(
+                states.CLAIM, c, v, actor=WORKER, returning="*", select=_CLAIMED_SEVERAL
+            )
         )
         assert prepared == compiled
         assert all(str(execution_id) in prepared for execution_id, _ in items)
