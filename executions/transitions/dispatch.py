@@ -162,7 +162,7 @@ _STEPS_MAY_GO = (
 STEPS_AHEAD_OF_AT_MOST = 4096
 #: With this many runs published and not started, workflow steps wait for the monitor.
 STEPS_QUEUED_AT_MOST = 1024
-#: The sequence counting the steps workers published (migration executions 0025).
+#: The sequence counting the steps workers published (migration executions 0027).
 STEPS_PUBLISHED = "executions_steps_published"
 #: The detail of a step's take by the worker that ended its upstream.
 STEP_DETAIL = "published by the worker that ended its upstream"

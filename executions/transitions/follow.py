@@ -190,8 +190,9 @@ def publishing_steps(publish: StepPublisher) -> Iterator[None]:
     transaction and handed to ``publish`` once it commits, instead of waiting SCHEDULED for the
     monitor: a worker wraps its message handling in it. A chain's next step then costs no monitor
     pass, no fair-share hold and no extra commit; the steps a chunk's ends create go out together,
-    as a herd's runs do. Only while no other run is due and waiting
-    (:func:`~executions.transitions.dispatch.executions_take_steps`): fair share is the monitor's.
+    as a herd's runs do. Only while no other owner's run is due and waiting, and the queue is not
+    deep (:func:`~executions.transitions.dispatch.executions_take_steps`): fair share is the
+    monitor's.
 
     ``publish`` must not raise: a step it cannot publish it gives back
     (:func:`~executions.transitions.dispatch.executions_untake`); one it never publishes (its
