@@ -6,7 +6,7 @@ that publishes the workflow steps its ends created (:func:`executions.tasks.publ
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -60,28 +60,40 @@ def send_many(task: Any, items: list[transitions.Dispatch], producer: Producer |
     )
 
 
-def group_runs(taken: list[transitions.Dispatch], *, most: int, spread: int) -> list[list[transitions.Dispatch]]:
+def group_runs(
+    taken: list[transitions.Dispatch], *, most: int, spread: int, window: float = 0.0
+) -> list[list[transitions.Dispatch]]:
     """Consecutive rows of one priority in messages of at most ``most`` rows, and at least
     ``spread`` messages when there are that many rows (each pool process gets work at once).
     The order of ``taken`` is kept: a message's rows are a slice of it. A row taken ahead of its
-    due time shares a message only with rows due at the same instant (a herd's): the message's
-    ETA is its latest row's, and none may wait for another's."""
+    due time shares a message only with rows also taken ahead whose due times lie within
+    ``window`` seconds of all the others' (0: the same instant, a herd's): the message's ETA is
+    its latest row's, so none starts before its due time and none more than ``window`` after.
+    A row already due never waits for one that is not."""
     size = max(1, min(most, len(taken) // max(1, spread)))
     now = timezone.now()
+    span = timedelta(seconds=window)
 
     def ahead_of(item: transitions.Dispatch) -> datetime | None:
         return item.due_at if item.due_at is not None and item.due_at > now else None
 
     groups: list[list[transitions.Dispatch]] = []
+    # The earliest and latest due time of the last group's rows taken ahead (None: due now).
+    bounds: tuple[datetime, datetime] | None = None
     for item in taken:
         last = groups[-1] if groups else None
+        due = ahead_of(item)
+        joined = bounds if due is None else (due, due) if bounds is None else (min(bounds[0], due), max(bounds[1], due))
         if (
             last is not None
             and len(last) < size
             and last[0].priority == item.priority
-            and ahead_of(last[0]) == ahead_of(item)
+            and (due is None) == (bounds is None)
+            and (joined is None or joined[1] - joined[0] <= span)
         ):
             last.append(item)
+            bounds = joined
         else:
             groups.append([item])
+            bounds = None if due is None else (due, due)
     return groups

@@ -191,7 +191,7 @@ class Monitor:
             # sent one per message.
             queued = self.pacer.queued if self.pacer is not None else 0
             spread = 1 if queued >= self.conf.MONITOR_MIN_PENDING else self.conf.MONITOR_MIN_PENDING
-            groups = group_runs(taken, most=self.conf.DISPATCH_BATCH, spread=spread)
+            groups = group_runs(taken, most=self.conf.DISPATCH_BATCH, spread=spread, window=self.conf.DISPATCH_WINDOW)
         else:
             groups = [[item] for item in taken]
         try:

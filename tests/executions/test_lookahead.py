@@ -73,3 +73,23 @@ def test_a_message_waits_only_for_rows_due_at_its_own_instant():
     assert eta_of(groups[0]) is None  # due already: at once
     assert eta_of(groups[1]) == herd
     assert eta_of([Dispatch(6, 1, 0, "6-x", "republish")]) is None
+
+
+def test_runs_taken_ahead_within_the_window_share_a_message_due_at_the_latest():
+    base = timezone.now() + timedelta(seconds=5)
+
+    def ahead(number: int, ms: float, priority: int = 0) -> Dispatch:
+        return Dispatch(number, 1, priority, f"{number}-x", "run", base + timedelta(milliseconds=ms))
+
+    taken = [ahead(1, 0), ahead(2, 3), ahead(3, 5), ahead(4, 5.5), ahead(5, 7), _dispatch(6, -1.0), ahead(7, 8)]
+    groups = group_runs(taken, most=16, spread=1, window=0.005)
+    # 1-3 lie within 5 ms; 4 would stretch that group to 5.5 ms, so it starts one of its own;
+    # a run already due (6) neither joins nor is joined by runs not yet due.
+    assert [[item.execution_id for item in group] for group in groups] == [[1, 2, 3], [4, 5], [6], [7]]
+    assert eta_of(groups[0]) == base + timedelta(milliseconds=5)  # never before any row's due time
+    assert eta_of(groups[2]) is None
+    # Without a window, only one instant shares a message (a herd's), as before.
+    assert [len(group) for group in group_runs(taken, most=16, spread=1)] == [1] * 7
+    # Another priority never shares a message.
+    mixed = [ahead(1, 0), ahead(2, 1, priority=5)]
+    assert [len(group) for group in group_runs(mixed, most=16, spread=1, window=0.005)] == [1, 1]

@@ -464,6 +464,7 @@ TMS = {
     "MONITOR_MIN_PENDING": env.int("TMS_MONITOR_MIN_PENDING", default=8),
     "MONITOR_TOPUP_INTERVAL": env.float("TMS_MONITOR_TOPUP_INTERVAL", default=0.1),
     "MONITOR_LOOKAHEAD": env.float("TMS_MONITOR_LOOKAHEAD", default=0.1),
+    "DISPATCH_WINDOW": env.float("TMS_DISPATCH_WINDOW", default=0.005),
     "FAIR_WEIGHT": env.int("TMS_FAIR_WEIGHT", default=1),
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
     "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
