@@ -99,3 +99,19 @@ def test_tms_bench_lists_and_prune_scenarios(tmp_path, capsys):
     # Every task keeps its latest run only: 100 tasks' latest finished runs and the unfinished ones stay.
     assert 2500 < prune["executions"] < 3000 and prune["extra"]["archive_files"] >= 3
     assert prune["lateness_ms"] and prune["extra"]["lateness_without_pruning_ms"]
+
+
+def test_tms_bench_workflows_runs_every_chain_to_its_last_step(tmp_path, capsys):
+    # The chains' roots are made due only once every step's task exists: with a fixed lead, a
+    # loaded machine still created the later steps when the first ended, and those chains
+    # stopped there (2,369 of 5,000 steps ran, and the bench waited out its timeout).
+    out = tmp_path / "bench.json"
+    call_command(
+        "tms_bench", "--scenario", "workflows", "--workflow-runs", "12", "--workflow-steps", "3",
+        "--json", str(out),
+    )  # fmt: skip
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["scenario"] == "workflows"
+    assert row["executions"] == 36  # every step of every chain, once
+    assert row["extra"]["workflow_runs"] == 12 and row["extra"]["steps"] == 3
+    assert row["extra"]["seconds"] > 0 and row["extra"]["independent_seconds"] > 0

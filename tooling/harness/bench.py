@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Max
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
@@ -37,6 +37,7 @@ from tasks_api.services import task_bulk_create
 from tasks_app.models import Task
 from tasks_app.quotas import owner_quota_set
 from tms_core.clock import db_now
+from tms_core.conf import tms_settings
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import (
     ROOT,
@@ -116,6 +117,27 @@ FAIR_USER = "tms-bench-fair"
 
 #: What a load scenario creates once the platform is up: the task specs and their first due time.
 Plan = Callable[[], tuple[list[dict[str, Any]], datetime]]
+
+
+def _bring_forward(task_ids: list[Any], *, seconds: float) -> datetime:
+    """Make the one-shot tasks ``task_ids`` (and their SCHEDULED runs) due ``seconds`` from now,
+    in one transaction; the monitor, which sleeps at most ``TMS_MONITOR_MAX_SLEEP`` and is woken by
+    the NOTIFY, sees the new time. The harness's own write: no product path moves a one-shot's
+    run earlier without replacing it, and a replaced run would not be the one measured."""
+    from executions.notify import notify_due
+
+    due = db_now() + timedelta(seconds=seconds)
+    ids = [str(task_id) for task_id in task_ids]
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Not next_run_at: the materialiser's cursor, past the one occurrence it created.
+        cursor.execute("UPDATE tasks_app_task SET start_at = %s WHERE id = ANY(%s::uuid[])", [due, ids])
+        cursor.execute(
+            "UPDATE executions_execution SET due_at = %s, scheduled_for = %s "
+            "WHERE status = 'SCHEDULED' AND task_id = ANY(%s::uuid[])",
+            [due, due, ids],
+        )
+        notify_due()
+    return due
 
 
 @dataclass
@@ -1091,8 +1113,14 @@ class Bench:
             return [{"runner": "noop", "start_at": due, "name": f"flat {i}"} for i in range(count)], due
 
         def chained() -> tuple[list[dict[str, Any]], datetime]:
-            due = db_now() + timedelta(seconds=lead)
+            # The roots are created first (each later step names the one before), due well
+            # after any creation could end, and brought forward once the last step's task
+            # exists: with a fixed lead, a loaded machine still created the later steps' tasks
+            # when the first steps ended, and those chains stopped there (nothing followed yet).
+            # Within the materialising horizon, so that each root's run exists at once.
+            parked = db_now() + timedelta(seconds=0.8 * tms_settings().MATERIALISE_HORIZON)
             previous: list[Any] = []
+            roots: list[Any] = []
             for step in range(steps):
                 created: list[Any] = []
                 for chunk in range(0, runs, 1000):
@@ -1100,12 +1128,13 @@ class Bench:
                         owner=self.owner,
                         specs=[
                             {"runner": "noop", "name": f"flow {i} step {step + 1}"}
-                            | ({"after": [{"task": str(previous[i].pk)}]} if step else {"start_at": due})
+                            | ({"after": [{"task": str(previous[i].pk)}]} if step else {"start_at": parked})
                             for i in range(chunk, min(runs, chunk + 1000))
                         ],
                     )
                 previous = created
-            return [], due
+                roots = roots or created
+            return [], _bring_forward([root.pk for root in roots], seconds=3.0)
 
         self.config.progress(f"workflows: {count} independent noop runs due at one instant {lead:.0f}s ahead")
         flat = self._run_load("workflows_independent", independent, count)
