@@ -192,6 +192,16 @@ def personal_team_on_user_created(sender: Any, instance: Any, created: bool, raw
         personal_team_of(instance)
 
 
+def team_for_new(user: Any, team: Team | None, *, permission: str, what: str) -> Team:
+    """The team a new object of ``user`` goes in (a task, limit, calendar, artifact, notification
+    channel or rule): ``team``, where ``user`` needs the editor role (or ``permission``), else
+    their personal team (where they are admin)."""
+    team = team if team is not None else personal_team_of(user)
+    if team.personal_of_id != user.pk:  # in their own personal team everyone is admin
+        require(user, team.pk, TeamRole.EDITOR, permission, what=what)
+    return team
+
+
 def team_resolve(user: Any, value: Any, *, field: str = "team") -> Team:
     """The team ``value`` names (a slug, or an id) among ``user``'s teams (any team for staff);
     InvalidInput on ``field`` otherwise, the same for a team that does not exist and one the user
