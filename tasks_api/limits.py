@@ -91,7 +91,8 @@ def _validate(limit: Limit) -> None:
 
 
 def _name_taken(*, team_id: int | None, name: str, exclude: int | None = None) -> bool:
-    same = Limit.objects.filter(name=name, team_id=team_id)
+    same = Limit.objects.filter(name=name)
+    same = same.filter(team__isnull=True) if team_id is None else same.filter(team_id=team_id)
     return same.exclude(pk=exclude).exists() if exclude is not None else same.exists()
 
 

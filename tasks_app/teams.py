@@ -111,6 +111,13 @@ def visible_teams(user: Any) -> QuerySet[Team]:
     return with_role(teams, user, "id")
 
 
+def teams_with_role(user: Any, role: str) -> QuerySet[Team]:
+    """The teams where ``user`` holds ``role`` or a higher one (what the back office offers in a
+    new object's team menu)."""
+    held = [name for name, rank in RANK.items() if rank >= RANK[TeamRole(role)]]
+    return Team.objects.filter(memberships__user_id=user.pk, memberships__role__in=held)
+
+
 def role_in(user: Any, team_id: Any) -> str | None:
     """``user``'s role in the team, or None when they are not a member (one indexed read: a role
     is never remembered, so a change applies to the very next request)."""
