@@ -290,10 +290,11 @@ class ChannelForm(ApiInputForm):
         the first choice, the personal team, is the API's default)."""
         super().__init__(*args, **kwargs)
         if teams is not None:
-            choices = [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in teams]
-            choices.sort(key=lambda choice: not choice[1].endswith("(personal)"))
+            ordered = sorted(teams, key=lambda team: not team.personal)
+            choices = [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in ordered]
+            # Not required: left out, it goes in the personal team (the API's default).
             self.fields["team"] = forms.ChoiceField(
-                choices=choices, help_text="Its members see it; its editors use it."
+                choices=choices, required=False, help_text="Its members see it; its editors change it."
             )
             self.layout = ("team", *type(self).layout)
 

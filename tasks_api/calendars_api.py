@@ -97,6 +97,9 @@ class CalendarSerializer(StrictInputMixin, serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "owner", "tasks", "created_at", "updated_at"]
+        # The name's uniqueness in the team is the service's check (a 400 on ``name``); DRF's own
+        # validator for the constraint would make ``team`` required.
+        validators: list = []
 
     def get_tasks(self, calendar: Calendar) -> int:
         return calendar.tasks.exclude(status="DELETED").count()

@@ -109,6 +109,9 @@ class LimitSerializer(StrictInputMixin, serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = ["id", "owner", "usage", "created_at", "updated_at"]
+        # The name's uniqueness in the team is the service's check (a 400 on ``name``); DRF's own
+        # validator for the constraint would make ``team`` required.
+        validators: list = []
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         instance.global_ = instance.team_id is None
