@@ -65,7 +65,8 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
 
 class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
     """A related object of one of the requesting user's teams only (another team's id reads as
-    unknown); that it is of the rule's own team is the service's check."""
+    unknown; any with the permission to change rules); that it is of the rule's own team is the
+    service's check."""
 
     def get_queryset(self) -> Any:
         request = self.context.get("request")
@@ -73,6 +74,10 @@ class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
         assert queryset is not None
         if request is None:
             return queryset.none()
+        if request.user.has_perm("notifications.change_rule"):
+            # Staff granted the permission edit any team's rule (the admin's rule); the service
+            # still holds the channel and the task to the rule's team.
+            return queryset
         return queryset.filter(team_id__in=member_team_ids(request.user))
 
 

@@ -265,7 +265,8 @@ def team_rename(*, team: Team, name: str) -> Team:
 
 def team_delete(*, team: Team) -> None:
     """Delete a shared team that holds no task (deleted tasks included: their history is the
-    team's). A personal team is never deleted (it goes with its user)."""
+    team's), and no limit, calendar, artifact, notification channel or rule. A personal team is
+    never deleted (it goes with its user)."""
     if team.personal:
         raise InvalidInput.on("team", "A personal team cannot be deleted.")
     with transaction.atomic():
@@ -277,6 +278,17 @@ def team_delete(*, team: Team) -> None:
                 f"The team still holds {held} task(s) (deleted ones keep their history here): "
                 "move or delete them first.",
             )
+        # What else a team owns (the notification app's through the relations it declares here).
+        owned = {
+            "limit(s)": locked.limits.count(),
+            "calendar(s)": locked.calendars.count(),
+            "artifact(s)": locked.artifacts.count(),
+            "notification channel(s)": locked.notification_channels.count(),
+            "notification rule(s)": locked.notification_rules.count(),
+        }
+        left = ", ".join(f"{count} {what}" for what, count in owned.items() if count)
+        if left:
+            raise InvalidInput.on("team", f"The team still holds {left}: delete them first.")
         _audit_team(locked, "delete", changes={"name": locked.name, "slug": locked.slug})
         locked.delete()
 
