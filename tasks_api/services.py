@@ -665,8 +665,6 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 merged["calendar_policy"] = ""  # a first calendar takes the default policy
             _calendar_settings(task.team_id, merged)
             changes["calendar"], changes["calendar_policy"] = merged["calendar"], merged["calendar_policy"] or ""
-        if "artifact" in changes:
-            artifact_check_team(team_id=task.team_id, artifact=changes["artifact"])
         sealed, plain = task.config, task_config(task)
         before = (task.runner, plain, list(task.secret_fields or []))
         snapshot_before = _snapshot(task, None)
@@ -795,10 +793,11 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], d
 
 
 def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[str, list[str]]:
-    """What keeps ``task`` in its team: a calendar, named limits or an artifact of its team (a
-    task uses its own team's only; global limits go anywhere) that the same request does not
-    replace (``replacing``: the fields it changes too), and notification rules of its team made
-    for this task (they would speak through the old team's channel about another team's task)."""
+    """What keeps ``task`` in its team: a calendar or named limits of its team (a task uses its
+    own team's only; global limits go anywhere) that the same request does not replace
+    (``replacing``: the fields it changes too), an artifact of its team (never replaced: a task's
+    artifact is fixed at creation), and notification rules of its team made for this task (they
+    would speak through the old team's channel about another team's task)."""
     errors: dict[str, list[str]] = {}
     if "calendar" not in replacing and task.calendar_id is not None:
         calendar = Calendar.objects.filter(pk=task.calendar_id).values_list("name", "team_id").first()
@@ -814,14 +813,11 @@ def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[s
                 f"The task uses limits of its current team ({', '.join(map(repr, names))}): give limits of the new "
                 "team (or global ones, or []) in the same request."
             ]
-    if (
-        "artifact" not in replacing
-        and task.artifact_id is not None
-        and not Artifact.objects.filter(pk=task.artifact_id, team_id=team.pk).exists()
-    ):
+    if task.artifact_id is not None and not Artifact.objects.filter(pk=task.artifact_id, team_id=team.pk).exists():
+        # A task's artifact is set when it is created and never changed.
         errors["artifact"] = [
-            "The task runs an artifact of its current team: upload it to the new team and give it (or null) "
-            "in the same request."
+            "The task runs an artifact of its current team, and a task's artifact does not change: upload the "
+            "artifact to the new team and create the task there."
         ]
     # The rules' app sits above this one: read through the relation it declares on tasks.
     rules = list(task.notification_rules.exclude(team_id=team.pk).values_list("pk", flat=True)[:10])
@@ -839,8 +835,8 @@ def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] 
 
     A task uses only its own team's calendars, limits and artifacts: a move is refused (400 on the
     field) while the task uses ones of its old team that ``replacing`` (the fields the same
-    request changes, applied after the move) does not replace, or while notification rules of the
-    old team are set for it (:func:`_move_refusals`).
+    request changes, applied after the move) does not replace, runs an artifact of its old team,
+    or has notification rules of the old team set for it (:func:`_move_refusals`).
 
     The task's row is locked FOR UPDATE, which waits for (and then blocks) every insert of one of
     its executions (they lock it FOR KEY SHARE and copy its team): no run is left in the old team.

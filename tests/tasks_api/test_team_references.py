@@ -139,12 +139,11 @@ def test_a_move_is_refused_while_the_task_runs_an_artifact_of_its_old_team(ops):
     task = task_create(owner=ann, runner="subprocess", config={"artifact": True}, artifact=_upload(ann))
     refused = _client(ann).patch(f"/api/v1/tasks/{task.pk}", {"team": team.slug}, format="json")
     assert refused.status_code == 400 and set(refused.json()["errors"]) == {"artifact"}, refused.content
+    assert Task.objects.get(pk=task.pk).team_id == ann.personal_team.pk
+    # A task of the team runs the team's copy.
     shared = _upload(ann, team)
-    moved = _client(ann).patch(
-        f"/api/v1/tasks/{task.pk}", {"team": team.slug, "artifact": str(shared.pk)}, format="json"
-    )
-    assert moved.status_code == 200, moved.content
-    assert Task.objects.get(pk=task.pk).artifact_id == shared.pk
+    there = task_create(owner=ann, team=team, runner="subprocess", config={"artifact": True}, artifact=shared)
+    assert there.artifact_id == shared.pk
 
 
 def test_a_rule_takes_a_channel_and_a_task_of_its_own_team_only(ops):
