@@ -104,3 +104,32 @@ def test_an_editor_adds_a_rule_from_a_task_page_of_the_team_and_a_viewer_cannot(
     )  # fmt: skip
     assert refused.status_code == 403
     assert Rule.objects.filter(task=task).count() == 1
+
+
+def test_the_admin_adds_in_the_team_given_and_refuses_an_owner_who_is_not_its_editor(ops, django_user_model):
+    from django.test import Client
+
+    from tasks_app.models import Calendar, Limit
+
+    boss = django_user_model.objects.create_superuser(username="boss", password="boss-password")
+    admin = Client()
+    admin.force_login(boss)
+    team, editor, viewer = ops["team"], ops["people"]["editor"], ops["people"]["viewer"]
+    channel = {"name": "mailbox", "kind": "email", "target": "ops@example.com", "failing_after": "3", "timezone": "UTC"}
+    refused = admin.post("/admin/notifications/channel/add/", {**channel, "owner": viewer.pk, "team": team.pk})
+    assert refused.status_code == 200 and "Your role in this team is viewer" in refused.content.decode()
+    made = admin.post("/admin/notifications/channel/add/", {**channel, "owner": editor.pk, "team": team.pk})
+    assert made.status_code == 302, made.content.decode()[:2000]
+    assert Channel.objects.get(name="mailbox").team_id == team.pk
+
+    limit = {"name": "api", "scope": "key", "max_concurrency": "2", "windows": "[]"}
+    refused = admin.post("/admin/tasks_app/limit/add/", {**limit, "owner": viewer.pk, "team": team.pk})
+    assert refused.status_code == 200 and not Limit.objects.filter(name="api").exists()
+    made = admin.post("/admin/tasks_app/limit/add/", {**limit, "owner": editor.pk, "team": team.pk})
+    assert made.status_code == 302, made.content.decode()[:2000]
+    assert Limit.objects.get(name="api").team_id == team.pk
+
+    calendar = {"name": "plant", "weekends_closed": "on", "weekend_days": "[6, 7]", "extra_dates": "[]"}
+    made = admin.post("/admin/tasks_app/calendar/add/", {**calendar, "owner": editor.pk})
+    assert made.status_code == 302, made.content.decode()[:2000]
+    assert Calendar.objects.get(name="plant").team_id == editor.personal_team.pk  # the default
