@@ -48,7 +48,8 @@ RANK = {TeamRole.VIEWER: 0, TeamRole.OPERATOR: 1, TeamRole.EDITOR: 2, TeamRole.A
 ROLE_DOES = {
     TeamRole.VIEWER: "read",
     TeamRole.OPERATOR: "run, pause, resume, cancel, retry, backfill, trigger and replay",
-    TeamRole.EDITOR: "create, change, move and delete tasks",
+    TeamRole.EDITOR: "create, change, move and delete tasks, and change the team's limits, calendars, artifacts and "
+    "notifications",
     TeamRole.ADMIN: "manage the team's members",
 }
 
