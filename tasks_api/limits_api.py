@@ -123,7 +123,7 @@ class LimitSerializer(StrictInputMixin, serializers.ModelSerializer):
         user = getattr(request, "user", None)
         if limit.team_id is None and not (user is not None and sees_all(user)):
             # A global limit's budgets are shared by every team: each user sees their teams' use only.
-            return limit_usage(limit=limit, team_ids=member_team_ids(user))
+            return limit_usage(limit=limit, team_ids=member_team_ids(user) if user is not None else [])
         return limit_usage(limit=limit)
 
 
