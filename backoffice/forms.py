@@ -282,8 +282,21 @@ class TimeInput(forms.TimeInput):
 class ChannelForm(ApiInputForm):
     """A notification channel: the fields of ``POST /api/v1/notification-channels``."""
 
-    layout = ("name", "kind", "target", "failing_after", "quiet_from", "quiet_to", "timezone")
+    layout: tuple[str, ...] = ("name", "kind", "target", "failing_after", "quiet_from", "quiet_to", "timezone")
     wide_fields = ("target",)
+
+    def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
+        """``teams``: on a new channel, the teams it may go in (those where the user is an editor;
+        the first choice, the personal team, is the API's default)."""
+        super().__init__(*args, **kwargs)
+        if teams is not None:
+            ordered = sorted(teams, key=lambda team: not team.personal)
+            choices = [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in ordered]
+            # Not required: left out, it goes in the personal team (the API's default).
+            self.fields["team"] = forms.ChoiceField(
+                choices=choices, required=False, help_text="Its members see it; its editors change it."
+            )
+            self.layout = ("team", *type(self).layout)
 
     name = forms.CharField(max_length=200)
     kind = forms.ChoiceField(choices=ChannelKind.choices)
@@ -337,20 +350,22 @@ RULE_TASK_CHOICES = 300
 
 class RuleForm(ApiInputForm):
     """A notification rule: the fields of ``POST /api/v1/notification-rules``. ``task`` empty is
-    the owner's default for every task without rules of its own; ``fixed_task`` (a task's page)
-    takes the task from the page instead of a menu."""
+    the team's default for every task of the team without rules of its own; ``fixed_task`` (a
+    task's page) takes the task from the page instead of a menu. The menus offer the channels and
+    tasks of ``team_ids`` (the teams where the user is an editor; a rule's own team when it is
+    edited); a new rule goes in its channel's team, whose task it must name (the service says so)."""
 
     def __init__(
-        self, *args: Any, owner: Any, fixed_task: Task | None = None, rule: Rule | None = None, **kwargs: Any
+        self, *args: Any, team_ids: Any, fixed_task: Task | None = None, rule: Rule | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.fixed_task = fixed_task
-        channels = Channel.objects.filter(owner=owner).order_by("name", "id")
-        self.channel_choices = [(str(c.pk), f"{c.name} ({c.kind})") for c in channels]
+        channels = Channel.objects.filter(team_id__in=team_ids).select_related("team").order_by("name", "id")
+        self.channel_choices = [(str(c.pk), f"{c.name} ({c.kind}, {c.team.slug})") for c in channels]
         self.fields["channel"] = forms.ChoiceField(choices=self.channel_choices)
         if fixed_task is None:
             tasks = (
-                Task.objects.filter(owner=owner)
+                Task.objects.filter(team_id__in=team_ids)
                 .exclude(status=TaskStatus.DELETED)
                 .order_by("-created_at")
                 .only("id", "name")[:RULE_TASK_CHOICES]
@@ -370,7 +385,7 @@ class RuleForm(ApiInputForm):
             )
 
     def has_channels(self) -> bool:
-        """Whether the owner has a channel to send through (the menu is empty otherwise)."""
+        """Whether there is a channel to send through (the menu is empty otherwise)."""
         return bool(self.channel_choices)
 
     @classmethod

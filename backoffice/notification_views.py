@@ -4,8 +4,10 @@ the notifications page (rules from a task's page too), and the delivery log.
 Every write validates with the API's serializer (the same rules and messages as
 ``/api/v1/notification-channels`` and ``/notification-rules``) and calls the same service
 (:mod:`notifications.services`); errors land on the form's fields. Who may act follows the API:
-a user creates their own channels and rules and changes their own; staff change another owner's
-only with the model permission (:func:`tms_core.roles.may_act_for`).
+channels and rules belong to teams; a member sees their teams' (staff see all), an editor of the
+team creates, changes, tests and deletes them; staff change another team's only with the model
+permission (:func:`tasks_app.teams.may`). The buttons show what the role allows, and each POST
+checks it again.
 """
 
 from __future__ import annotations
@@ -26,50 +28,57 @@ from backoffice.forms import ChannelForm, RuleForm
 from backoffice.keyset import BadCursor, keyset_page
 from backoffice.rules import may_act_on, rule_rows, rule_words
 from backoffice.scope import task_or_404
-from backoffice.views import task_context
+from backoffice.views import task_context, team_switch
 from notifications import services
 from notifications.models import Channel, ChannelKind, Delivery, DeliveryStatus, Rule
 from notifications.serializers import ChannelSerializer, RuleSerializer
 from notifications.services import channel_send_test
+from tasks_app import teams
+from tasks_app.models import TeamRole
 from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
-from tms_core.roles import may_act_for
 
 #: Rows of the delivery log per page (keyset pages on the id, newest first: backoffice.keyset).
 LOG_PAGE = 50
 
 
 def visible_channels(user: Any) -> QuerySet[Channel]:
-    """The owner's channels (all for staff), as in the API."""
-    return Channel.objects.all() if user.is_staff else Channel.objects.filter(owner=user)
+    """The channels of the user's teams (all for staff), as in the API, each with the user's role
+    in its team (``caller_role``)."""
+    return teams.with_role(teams.scope_to_teams(Channel.objects.all(), user), user)
 
 
 def visible_rules(user: Any) -> QuerySet[Rule]:
-    return Rule.objects.all() if user.is_staff else Rule.objects.filter(owner=user)
+    """The rules of the user's teams (all for staff), each with ``caller_role``."""
+    return teams.with_role(teams.scope_to_teams(Rule.objects.all(), user), user)
 
 
 def _to_change(user: Any, queryset: QuerySet, pk: int, verb: str = "change") -> Any:
-    """The channel or rule ``user`` acts on: 404 if they may not see it, 403 if only look at it."""
+    """The channel or rule ``user`` acts on: 404 if they may not see it, 403 if their role in its
+    team is below editor (and they lack the model permission)."""
     obj = get_object_or_404(queryset, pk=pk)
     if not may_act_on(user, obj, verb):
-        raise PermissionDenied("You may look at this but not change it.")
+        held = getattr(obj, "caller_role", None)
+        if held is None:
+            raise PermissionDenied("You may look at this but not change it.")
+        raise PermissionDenied(
+            f"Your role in this team is {held}: to change its notification channels and rules you need editor "
+            "or higher."
+        )
     return obj
 
 
-class _AsOwner:
-    """The serializer context's request for validating as ``owner`` (the rule's channel and task
-    must be the owner's: staff editing another owner's rule validate as that owner)."""
-
-    def __init__(self, owner: Any) -> None:
-        self.user = owner
+def _context(request: HttpRequest) -> dict[str, Any]:
+    return {"request": request}
 
 
-def _context(request: HttpRequest, owner: Any) -> dict[str, Any]:
-    return {"request": request if owner.pk == request_user(request).pk else _AsOwner(owner)}
+def _editor_team_ids(user: Any) -> Any:
+    return teams.teams_with_role(user, TeamRole.EDITOR).values("pk")
 
 
 def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
-    channels = visible_channels(request.user).select_related("owner").order_by("name", "id")
+    channels, team, _ = team_switch(request, visible_channels(request.user))
+    channels = channels.select_related("owner", "team").order_by("name", "id")
     log = Delivery.objects.filter(channel__in=channels).select_related("channel", "task").order_by("-id")
     channel = request.GET.get("channel")
     if channel and channel.isdigit():
@@ -82,8 +91,12 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
     except BadCursor as exc:
         messages.error(request, str(exc))
         page = keyset_page(log, column=None, descending=True, cursor=None, size=LOG_PAGE)
-    rules = visible_rules(request.user).select_related("channel", "task", "owner").order_by("task_id", "id")
+    rules = visible_rules(request.user)
+    if team:
+        rules = rules.filter(team__slug=team)
+    rules = rules.select_related("channel", "task", "owner", "team").order_by("task_id", "id")
     user = request_user(request)
+    editor_teams = teams.teams_with_role(user, TeamRole.EDITOR).order_by("slug")
     return {
         "channels": [
             {
@@ -94,13 +107,17 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
             for c in channels
         ],
         "rules": rule_rows(rules[:500], request.user),
-        "channel_form": forms.get("channel_form") or ChannelForm(initial={"timezone": "UTC"}),
-        "rule_form": forms.get("rule_form") or RuleForm(owner=user, initial={"enabled": True}),
-        "has_own_channels": Channel.objects.filter(owner=user).exists(),
+        "channel_form": forms.get("channel_form") or ChannelForm(initial={"timezone": "UTC"}, teams=editor_teams),
+        "rule_form": forms.get("rule_form") or RuleForm(team_ids=_editor_team_ids(user), initial={"enabled": True}),
+        "has_own_channels": Channel.objects.filter(team__in=editor_teams).exists(),
+        "team": team,
+        "teams": teams.visible_teams(request.user),
         "deliveries": page.rows,
         "page": page,
         "descending": True,
-        "keep": urlencode({key: value for key, value in (("status", status), ("channel", channel)) if value}),
+        "keep": urlencode(
+            {key: value for key, value in (("status", status), ("channel", channel), ("team", team)) if value}
+        ),
         "statuses": DeliveryStatus.values,
         "status": status or "",
         "channel": channel or "",
@@ -130,19 +147,25 @@ def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | No
     the form) when refused."""
     if not form.is_valid():
         return None
-    owner = channel.owner if channel else request_user(request)
+    user = request_user(request)
     serializer = ChannelSerializer(
-        channel, data=form.api_input(), partial=channel is not None, context=_context(request, owner)
+        channel, data=form.api_input(), partial=channel is not None, context=_context(request)
     )
     if channel is None:
-        return _saved(form, serializer, lambda data: services.channel_create(owner=owner, data=data))
+
+        def create(data: dict[str, Any]) -> Channel:
+            data = dict(data)
+            team = data.pop("team", None)
+            return services.channel_create(owner=user, data=data, team=team)
+
+        return _saved(form, serializer, create)
     return _saved(form, serializer, lambda data: services.channel_update(channel=channel, data=data))
 
 
 @login_required
 @require_POST
 def channel_create_view(request: HttpRequest) -> HttpResponse:
-    form = ChannelForm(request.POST)
+    form = ChannelForm(request.POST, teams=teams.teams_with_role(request_user(request), TeamRole.EDITOR))
     channel = _save_channel(request, form, None)
     if channel is None:
         return render(request, "backoffice/notifications.html", page_context(request, channel_form=form), status=400)
@@ -174,13 +197,14 @@ def channel_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("backoffice:notifications")
 
 
-def _save_rule(request: HttpRequest, form: RuleForm, rule: Rule | None, owner: Any) -> Rule | None:
-    """As :func:`_save_channel`, for a rule of ``owner``."""
+def _save_rule(request: HttpRequest, form: RuleForm, rule: Rule | None) -> Rule | None:
+    """As :func:`_save_channel`, for a rule (a new one goes in its channel's team)."""
     if not form.is_valid():
         return None
-    serializer = RuleSerializer(rule, data=form.api_input(), context=_context(request, owner))
+    serializer = RuleSerializer(rule, data=form.api_input(), context=_context(request))
+    user = request_user(request)
     if rule is None:
-        return _saved(form, serializer, lambda data: services.rule_create(owner=owner, data=data))
+        return _saved(form, serializer, lambda data: services.rule_create(owner=user, data=data))
     return _saved(form, serializer, lambda data: services.rule_update(rule=rule, data=data))
 
 
@@ -197,10 +221,11 @@ def _back(request: HttpRequest) -> HttpResponse:
 def rule_create_view(request: HttpRequest) -> HttpResponse:
     user = request_user(request)
     fixed = task_or_404(request.user, request.POST["from_task"]) if request.POST.get("from_task") else None
-    if fixed is not None and fixed.owner_id != user.pk:
-        raise PermissionDenied("A rule is added by the task's owner.")
-    form = RuleForm(request.POST, owner=user, fixed_task=fixed)
-    rule = _save_rule(request, form, None, user)
+    if fixed is not None:
+        teams.require(user, fixed.team_id, TeamRole.EDITOR, "notifications.add_rule", what="this task's rules")
+    team_ids = [fixed.team_id] if fixed is not None else _editor_team_ids(user)
+    form = RuleForm(request.POST, team_ids=team_ids, fixed_task=fixed)
+    rule = _save_rule(request, form, None)
     if rule is None:
         if fixed is not None:
             context = task_context(request, fixed, rule_form=form)
@@ -214,8 +239,8 @@ def rule_create_view(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def rule_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
     rule = _to_change(request.user, visible_rules(request.user).select_related("owner"), pk)
-    form = RuleForm(request.POST or None, owner=rule.owner, initial=RuleForm.initial_for(rule), rule=rule)
-    if request.method == "POST" and _save_rule(request, form, rule, rule.owner) is not None:
+    form = RuleForm(request.POST or None, team_ids=[rule.team_id], initial=RuleForm.initial_for(rule), rule=rule)
+    if request.method == "POST" and _save_rule(request, form, rule) is not None:
         messages.success(request, f"Rule saved: to {rule.channel.name} when {rule_words(rule)}.")
         return _back(request)
     from_task = request.POST.get("from_task") or request.GET.get("from_task", "")
@@ -235,10 +260,8 @@ def rule_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def channel_test_view(request: HttpRequest, pk: int) -> HttpResponse:
-    channel = get_object_or_404(visible_channels(request.user), pk=pk)
-    if not may_act_for(request.user, channel.owner_id, "notifications.change_channel"):
-        # Staff read every channel but send on another owner's behalf only with the permission (as the API).
-        raise PermissionDenied("You may read another owner's channels but not send through them.")
+    # A test sends through the channel: its team's editors (staff only with the permission, as the API).
+    channel = _to_change(request.user, visible_channels(request.user), pk)
     try:
         delivery = channel_send_test(channel=channel)
     except SERVICE_ERRORS as exc:

@@ -9,15 +9,16 @@ from django.db.models import Q
 
 from backoffice.forms import RULE_DURATIONS, RULE_EVENTS
 from notifications.models import Channel, Rule
+from tasks_app import teams
+from tasks_app.models import TeamRole
 from tms_core.durations import format_duration
-from tms_core.roles import may_act_for
 
 
 def task_rules(task: Any) -> tuple[list[Rule], bool]:
-    """The rules that speak for ``task`` and whether they are its owner's defaults."""
-    # One query for both: the task's own rules and its owner's defaults, then the own ones if any.
+    """The rules that speak for ``task`` and whether they are its team's defaults."""
+    # One query for both: the task's own rules and its team's defaults, then the own ones if any.
     rules = list(
-        Rule.objects.filter(Q(task=task) | Q(owner_id=task.owner_id, task__isnull=True))
+        Rule.objects.filter(Q(task=task) | Q(task__isnull=True), team_id=task.team_id)
         .select_related("channel")
         .order_by("id")
     )
@@ -26,9 +27,14 @@ def task_rules(task: Any) -> tuple[list[Rule], bool]:
 
 
 def may_act_on(user: Any, obj: Channel | Rule, verb: str) -> bool:
-    """Whether ``user`` may ``verb`` (change, delete) a channel or rule (:func:`may_act_for`)."""
+    """Whether ``user`` may ``verb`` (change, delete; sending a test is a change) a channel or
+    rule: the editor role in its team, or the model permission (:func:`tasks_app.teams.may`).
+    Reads ``caller_role`` when the list annotated it (:func:`tasks_app.teams.with_role`)."""
     model = "channel" if isinstance(obj, Channel) else "rule"
-    return may_act_for(user, obj.owner_id, f"notifications.{verb}_{model}")
+    permission = f"notifications.{verb}_{model}"
+    if hasattr(obj, "caller_role"):
+        return teams.includes(obj.caller_role, TeamRole.EDITOR) or bool(user.has_perm(permission))
+    return teams.may(user, obj.team_id, TeamRole.EDITOR, permission)
 
 
 def rule_words(rule: Rule) -> str:

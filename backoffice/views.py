@@ -69,10 +69,10 @@ from tasks_api.services import (
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_api.workflows import follower_words, task_neighbours
 from tasks_app.masking import mask_config
-from tasks_app.models import AuditEntry, TaskHook, TaskStatus
+from tasks_app.models import AuditEntry, TaskHook, TaskStatus, TeamRole
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
-from tasks_app.teams import team_resolve, visible_teams, with_role
+from tasks_app.teams import may, team_resolve, visible_teams, with_role
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
@@ -133,7 +133,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     tasks = with_state(visible_tasks(request.user).select_related("owner"))
     query = request.GET.get("q", "").strip().replace("\x00", "")
     status = request.GET.get("status", "")
-    tasks, team, bad_team = _team_switch(request, tasks)
+    tasks, team, bad_team = team_switch(request, tasks)
     if query:
         tasks = tasks.filter(Q(name__icontains=query) | Q(runner=query))
     if status in TaskStatus.values:
@@ -241,9 +241,10 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
     except SERVICE_ERRORS:
         fire_times = []
     rules, default_rules = task_rules(task)
-    owner_here = task.owner_id == request_user(request).pk
+    # A rule for this task is added by an editor of its team, over the team's channels.
+    editor_here = may(request.user, task.team_id, TeamRole.EDITOR, "notifications.add_rule")
     upstream, downstream = task_neighbours(task)
-    rule_form = forms.get("rule_form") or (RuleForm(owner=task.owner, fixed_task=task) if owner_here else None)
+    rule_form = forms.get("rule_form") or (RuleForm(team_ids=[task.team_id], fixed_task=task) if editor_here else None)
     return {
         "task": task,
         "state": task_state(task),
@@ -254,7 +255,6 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "resume": resume_preview(task),
         "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
-        # A rule for this task is added by its owner, over the owner's channels.
         "rule_form": rule_form,
         "has_channels": rule_form is not None and rule_form.has_channels(),
         "schedule": schedule_words(task),
@@ -632,7 +632,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     ``execution_due_idx``): no count of the table, so a page costs the same at any size.
     """
     executions = visible_executions(request.user).select_related("task")
-    executions, team, bad_team = _team_switch(request, executions)
+    executions, team, bad_team = team_switch(request, executions)
     status = request.GET.get("status", "")
     time_field, descending = "scheduled_for", True
     if status == ExecutionStatus.SCHEDULED:
@@ -666,7 +666,7 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/execution_list.html", context, status=400 if bad_team else 200)
 
 
-def _team_switch(request: HttpRequest, rows: QuerySet) -> tuple[QuerySet, str, bool]:
+def team_switch(request: HttpRequest, rows: QuerySet) -> tuple[QuerySet, str, bool]:
     """The team switcher of the lists (``?team=<slug>``): ``rows`` of that one of the user's
     teams; a team that is not theirs is said so (and the list is not narrowed)."""
     value = request.GET.get("team", "").strip().replace("\x00", "")

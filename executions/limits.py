@@ -341,32 +341,32 @@ def limits_release(*, execution_id: int) -> dict[int, int]:
 # --- what the API shows ----------------------------------------------------------------------
 
 
-def limit_usage(*, limit: Limit, owner_id: int | None = None) -> list[dict[str, Any]]:
+def limit_usage(*, limit: Limit, team_ids: Any = None) -> list[dict[str, Any]]:
     """Current use of each bucket of a limit: its key, the live slots held, the runs waiting and
     the starts logged in each rate window (database clock).
 
-    With ``owner_id`` (an owner reading a global limit, whose buckets other owners share): that
-    owner's use only, in the buckets where their runs hold a slot or wait; another owner's bucket
-    keys (their target hosts), slots and waiting runs never show. Starts are logged per bucket,
-    not per owner, so a window's ``starts`` is None there."""
+    With ``team_ids`` (the ids of a user's teams, a list or a subquery: a user reading a global
+    limit, whose buckets every team shares): those teams' use only, in the buckets where their
+    runs hold a slot or wait; another team's bucket keys (its target hosts), slots and waiting runs
+    never show. Starts are logged per bucket, not per team, so a window's ``starts`` is None there."""
     now = clock()
     usage = []
     for bucket in LimitBucket.objects.filter(limit=limit).order_by("key"):
         slots = _live_slots(bucket.pk, now)
         waiting = Execution.objects.filter(status=S.SCHEDULED, waiting_on=bucket.pk)
-        if owner_id is not None:
-            slots = slots.filter(execution__task__owner_id=owner_id)
-            waiting = waiting.filter(task__owner_id=owner_id)
+        if team_ids is not None:
+            slots = slots.filter(execution__team_id__in=team_ids)
+            waiting = waiting.filter(team_id__in=team_ids)
         held = slots.count() if limit.max_concurrency is not None else 0
         waits = waiting.count()
-        if owner_id is not None and not held and not waits:
+        if team_ids is not None and not held and not waits:
             continue
         windows = [
             {
                 "count": int(w["count"]),
                 "seconds": float(w["seconds"]),
                 "starts": None
-                if owner_id is not None
+                if team_ids is not None
                 else LimitStart.objects.filter(
                     bucket=bucket, at__gt=now - timedelta(seconds=float(w["seconds"]))
                 ).count(),

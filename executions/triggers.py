@@ -54,6 +54,7 @@ NAME = "tms_status_changed"
 _NEW = (
     *("id", "task_id", "owner_id", "status", "attempt", "due_at", "started_at", "finished_at", "error"),
     "workflow_run",  # the outbox's part for workflow steps (notifications.triggers)
+    "team_id",  # the outbox's part: a team's rules speak for the team's runs
 )
 _OLD = ("status", "attempt", "due_at", "started_at")
 

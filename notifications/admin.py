@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -23,6 +24,11 @@ class ServiceForm(forms.ModelForm):
 
     service_fields: tuple[str, ...] = ()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "team" in self.fields:
+            self.fields["team"].required = False  # the services' default
+
     def _post_clean(self) -> None:
         if self.errors:
             return
@@ -32,6 +38,8 @@ class ServiceForm(forms.ModelForm):
                 self.instance = self.save_through_services(data)
         except SERVICE_ERRORS as exc:
             add_service_errors(self, exc)
+        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
+            self.add_error("team" if "team" in self.fields else None, str(exc))
 
     def save_through_services(self, data: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -42,7 +50,11 @@ class ChannelForm(ServiceForm):
 
     class Meta:
         model = Channel
-        fields = ["owner", *services.CHANNEL_FIELDS]
+        fields = ["owner", "team", *services.CHANNEL_FIELDS]
+        help_texts = {
+            "owner": "Who creates it (its e-mails count against this user's rate).",
+            "team": "Its team (default: the owner's personal team); the owner must be an editor there.",
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -52,7 +64,8 @@ class ChannelForm(ServiceForm):
 
     def save_through_services(self, data: dict[str, Any]) -> Channel:
         if self.instance._state.adding:
-            return services.channel_create(owner=self.cleaned_data["owner"], data=data)
+            team = self.cleaned_data.get("team")
+            return services.channel_create(owner=self.cleaned_data["owner"], data=data, team=team)
         return services.channel_update(channel=self.instance, data=data)
 
 
@@ -61,11 +74,16 @@ class RuleForm(ServiceForm):
 
     class Meta:
         model = Rule
-        fields = ["owner", *services.RULE_FIELDS]
+        fields = ["owner", "team", *services.RULE_FIELDS]
+        help_texts = {
+            "team": "Its team (default: its channel's team); the owner must be an editor there, and the channel and "
+            "the task must be of the team.",
+        }
 
     def save_through_services(self, data: dict[str, Any]) -> Rule:
         if self.instance._state.adding:
-            return services.rule_create(owner=self.cleaned_data["owner"], data=data)
+            team = self.cleaned_data.get("team")
+            return services.rule_create(owner=self.cleaned_data["owner"], data=data, team=team)
         return services.rule_update(rule=self.instance, data=data)
 
 
@@ -77,10 +95,11 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 @admin.register(Channel)
 class ChannelAdmin(ServiceSavedAdmin):
     form = ChannelForm
-    list_display = ["name", "kind", "shown_target", "owner", "state", "failing_since", "failed_attempts"]
-    list_filter = ["kind", "state"]
+    list_display = ["name", "kind", "shown_target", "team", "owner", "state", "failing_since", "failed_attempts"]
+    list_filter = ["kind", "state", ("team", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["team", "owner"]
     # Not the target: it is encrypted at rest (and a Slack URL is a credential staff never see).
-    search_fields = ["name", "owner__username"]
+    search_fields = ["name", "owner__username", "team__slug"]
     # Pick the owner by name (a raw id box asked for a number).
     autocomplete_fields = ["owner"]
     actions = ["send_test"]
@@ -90,7 +109,8 @@ class ChannelAdmin(ServiceSavedAdmin):
         # default (it read "<django.db.models.expressions.DatabaseDefault object at 0x...>").
         if obj is None:
             return []
-        return ["state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at"]
+        # A channel stays in its team (its rules and the team's tasks use it).
+        return ["team", "state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at"]
 
     @admin.display(description="target")
     def shown_target(self, obj: Channel) -> str:
@@ -121,16 +141,18 @@ class ChannelAdmin(ServiceSavedAdmin):
 class RuleAdmin(ServiceSavedAdmin):
     form = RuleForm
     list_display = [
-        "id", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip", "digest_every",
+        "id", "team", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip",
+        "digest_every",
     ]  # fmt: skip
-    list_filter = ["enabled"]
-    # Picked by name; the services refuse a task or channel of another owner than the rule's, on its field.
+    list_filter = ["enabled", ("team", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["team", "owner", "channel"]
+    # Picked by name; the services refuse a task or channel of another team than the rule's, on its field.
     autocomplete_fields = ["owner", "task", "channel"]
     # Durations in the API's syntax ("1h", "2m"): Django's own field wanted "01:00:00".
     formfield_overrides = {models.DurationField: {"form_class": DurationFormField}}
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [] if obj is None else ["created_at"]
+        return [] if obj is None else ["team", "created_at"]
 
     def delete_model(self, request: HttpRequest, obj: Rule) -> None:
         services.rule_delete(rule=obj)

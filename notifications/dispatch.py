@@ -72,11 +72,12 @@ def delivery_key(channel_id: int, source: str, rule_id: int | None) -> str:
 
 
 def effective_rules(task: Task) -> list[Rule]:
-    """The enabled rules of ``task``: its own if it has any, else its owner's defaults."""
-    own = list(Rule.objects.filter(enabled=True, task=task).select_related("channel"))
+    """The enabled rules of ``task``: its own if it has any, else its team's defaults. Only rules
+    of the task's team count (a rule left from before a move would speak to the old team)."""
+    own = list(Rule.objects.filter(enabled=True, task=task, team_id=task.team_id).select_related("channel"))
     if own:
         return own
-    return list(Rule.objects.filter(enabled=True, task__isnull=True, owner_id=task.owner_id).select_related("channel"))
+    return list(Rule.objects.filter(enabled=True, task__isnull=True, team_id=task.team_id).select_related("channel"))
 
 
 def quiet_until(channel: Channel, now: datetime) -> datetime | None:
@@ -520,8 +521,8 @@ def queue_test(channel: Channel) -> tuple[Delivery, str]:
 
 
 def _default_scope(rule: Rule) -> QuerySet:
-    """The tasks an owner-wide rule speaks for: the owner's tasks without enabled rules of their own."""
-    return Task.objects.filter(owner_id=rule.owner_id).exclude(notification_rules__enabled=True)
+    """The tasks a team-wide rule speaks for: the team's tasks without enabled rules of their own."""
+    return Task.objects.filter(team_id=rule.team_id).exclude(notification_rules__enabled=True)
 
 
 def check_long_runs() -> int:

@@ -37,9 +37,12 @@ MAX_FAILING_AFTER = 100
 
 
 class Channel(models.Model):
-    """Where an owner's notifications go, defined once and used by any number of rules."""
+    """Where a team's notifications go, defined once and used by any number of its rules."""
 
+    #: Who created it (its e-mails and test messages count against this user's rates).
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_channels")
+    #: The team it belongs to: its members see it, its editors change it, its rules use it.
+    team = models.ForeignKey("tasks_app.Team", on_delete=models.PROTECT, related_name="notification_channels")
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=ChannelKind.choices)
     #: The URL (webhook, slack) or e-mail address (email) messages go to. Encrypted at rest: a
@@ -89,10 +92,16 @@ class Channel(models.Model):
 
 
 class Rule(models.Model):
-    """What to notify about, for one task or (``task`` null) as the owner's default for every task
-    that has no rule of its own."""
+    """What to notify about, for one task of the team or (``task`` null) as the team's default
+    for every task of the team that has no rule of its own."""
 
+    #: Who created it.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_rules")
+    #: The team it belongs to: it speaks for this team's tasks, through this team's channels. No
+    #: index of its own: rule_team_default_idx serves the outbox triggers' look-up.
+    team = models.ForeignKey(
+        "tasks_app.Team", on_delete=models.PROTECT, related_name="notification_rules", db_index=False
+    )
     task = models.ForeignKey(
         "tasks_app.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="notification_rules"
     )
@@ -121,9 +130,9 @@ class Rule(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            # The outbox triggers' look-ups: a task's rules, and an owner's defaults.
+            # The outbox triggers' look-ups: a task's rules, and a team's defaults.
             models.Index(fields=["task"], condition=Q(enabled=True), name="rule_task_idx"),
-            models.Index(fields=["owner"], condition=Q(enabled=True, task__isnull=True), name="rule_owner_default_idx"),
+            models.Index(fields=["team"], condition=Q(enabled=True, task__isnull=True), name="rule_team_default_idx"),
         ]
 
     def __str__(self) -> str:

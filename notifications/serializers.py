@@ -8,6 +8,8 @@ from rest_framework import serializers
 
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from tasks_app.models import Task, TaskStatus
+from tasks_app.team_scope import TeamRefField, team_field
+from tasks_app.teams import member_team_ids
 from tms_core.api.base import ClockTimeField, StrictInputMixin
 from tms_core.durations import DurationField
 
@@ -34,6 +36,7 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     ``target`` is shown masked (a Slack URL as its host; a webhook URL without its password or
     secret-named query values); sending the masked value back keeps the stored one."""
 
+    team = team_field("the channel")
     kind = serializers.ChoiceField(choices=ChannelKind.choices)
     target = serializers.CharField(max_length=500)
     quiet_from = ClockTimeField(
@@ -51,7 +54,7 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     class Meta:
         model = Channel
         fields = [
-            "id", "name", "kind", "target", "secret", "quiet_from", "quiet_to", "timezone", "failing_after",
+            "id", "team", "name", "kind", "target", "secret", "quiet_from", "quiet_to", "timezone", "failing_after",
             "state", "failed_attempts", "failures_since", "last_error", "failing_since", "created_at",
         ]  # fmt: skip
         read_only_fields = [
@@ -61,7 +64,9 @@ class ChannelSerializer(NoReadOnlyInput, serializers.ModelSerializer):
 
 
 class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
-    """A related object of the requesting user only (another owner's id reads as unknown)."""
+    """A related object of one of the requesting user's teams only (another team's id reads as
+    unknown; any with the permission to change rules); that it is of the rule's own team is the
+    service's check."""
 
     def get_queryset(self) -> Any:
         request = self.context.get("request")
@@ -69,12 +74,22 @@ class OwnPrimaryKeyField(serializers.PrimaryKeyRelatedField):
         assert queryset is not None
         if request is None:
             return queryset.none()
-        return queryset.filter(owner=request.user)
+        if request.user.has_perm("notifications.change_rule"):
+            # Staff granted the permission edit any team's rule (the admin's rule); the service
+            # still holds the channel and the task to the rule's team.
+            return queryset
+        return queryset.filter(team_id__in=member_team_ids(request.user))
 
 
 class RuleSerializer(NoReadOnlyInput, serializers.ModelSerializer):
-    """A rule: ``task`` null makes it the owner's default for every task without rules of its own."""
+    """A rule: ``task`` null makes it the team's default for every task of the team without rules
+    of its own."""
 
+    team = TeamRefField(
+        required=False,
+        help_text="The team it belongs to, by slug or id (default: its channel's team; you need the editor role "
+        "there). Its channel and task must be of the team; it speaks for the team's tasks only.",
+    )
     task = OwnPrimaryKeyField(
         queryset=Task.objects.exclude(status=TaskStatus.DELETED), allow_null=True, required=False, default=None
     )
@@ -88,7 +103,7 @@ class RuleSerializer(NoReadOnlyInput, serializers.ModelSerializer):
     class Meta:
         model = Rule
         fields = [
-            "id", "task", "channel", "enabled", "on_failure", "on_retry", "on_recovery", "on_skip",
+            "id", "team", "task", "channel", "enabled", "on_failure", "on_retry", "on_recovery", "on_skip",
             "late_after", "running_longer_than", "no_success_within", "digest_every", "created_at",
         ]  # fmt: skip
         read_only_fields = ["id", "created_at"]

@@ -1,8 +1,10 @@
 """Channel and rule writes, and "send a test". The API, the admin and the back office call these.
 
 Business rules live here: a target fit for the channel's kind (an http(s) URL the private-address
-guard lets through, or an e-mail address), a rule only over the owner's own channel and task,
-at least one event per rule. Bad input raises :class:`tms_core.errors.InvalidInput`.
+guard lets through, or an e-mail address), a rule only over a channel and a task of the rule's
+own team, at least one event per rule. Channels and rules belong to teams: a create needs the
+editor role in the team it names (default: the creator's personal team; for a rule, its
+channel's team). Bad input raises :class:`tms_core.errors.InvalidInput`.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from notifications.models import (
 from runners.netguard import literal_ip, normalise_host
 from tasks_app.audit import audit_diff, audit_record
 from tasks_app.masking import MASK
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import Task, TaskStatus, Team
 from tasks_app.quotas import rate_take
 from tasks_app.schedules import ScheduleError, validate_timezone
 from tasks_app.secrets import SecretsUnavailable, text_rotate
+from tasks_app.teams import team_for_new
 from tms_core.errors import InvalidInput, QuotaExceeded
 
 CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone", "failing_after")
@@ -151,9 +154,12 @@ def _check_channel(values: Mapping[str, Any]) -> None:
         raise InvalidInput(errors)
 
 
-def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
-    """Create a channel of ``owner``; a webhook channel gets a fresh signing secret (the caller
-    hands it to the owner once; it is stored encrypted and shown masked from then on)."""
+def channel_create(*, owner: User, data: Mapping[str, Any], team: Team | None = None) -> Channel:
+    """Create a channel of ``team`` (default: ``owner``'s personal team; ``owner`` needs the
+    editor role in it, else PermissionDenied), recorded as created by ``owner``. A webhook
+    channel gets a fresh signing secret (the caller hands it out once; it is stored encrypted
+    and shown masked from then on)."""
+    team = team_for_new(owner, team, permission="notifications.add_channel", what="this team's notification channels")
     values = {
         "timezone": "UTC",
         "failing_after": DEFAULT_FAILING_AFTER,
@@ -162,7 +168,7 @@ def channel_create(*, owner: User, data: Mapping[str, Any]) -> Channel:
     _check_channel(values)
     secret = secrets.token_hex(32) if values["kind"] == ChannelKind.WEBHOOK else ""
     with transaction.atomic():
-        channel = Channel.objects.create(owner=owner, secret=secret, **values)
+        channel = Channel.objects.create(owner=owner, team=team, secret=secret, **values)
         _audit("create", channel, _channel_snapshot(channel))
     return channel
 
@@ -241,15 +247,15 @@ def channel_send_test(*, channel: Channel) -> Delivery:
     return delivery
 
 
-def _check_rule(owner: User, values: dict[str, Any]) -> None:
+def _check_rule(team_id: int, values: dict[str, Any]) -> None:
     errors: dict[str, list[str]] = {}
     channel = values.get("channel")
-    if not isinstance(channel, Channel) or channel.owner_id != owner.pk:
-        errors["channel"] = ["No such channel of yours."]
+    if not isinstance(channel, Channel) or channel.team_id != team_id:
+        errors["channel"] = ["No such channel in the rule's team."]
     task = values.get("task")
-    foreign = not isinstance(task, Task) or task.owner_id != owner.pk or task.status == TaskStatus.DELETED
+    foreign = not isinstance(task, Task) or task.team_id != team_id or task.status == TaskStatus.DELETED
     if task is not None and foreign:
-        errors["task"] = ["No such task of yours."]
+        errors["task"] = ["No such task in the rule's team."]
     for name in EVENT_DURATIONS:
         value = values.get(name)
         if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
@@ -266,12 +272,19 @@ def _check_rule(owner: User, values: dict[str, Any]) -> None:
         raise InvalidInput(errors)
 
 
-def rule_create(*, owner: User, data: Mapping[str, Any]) -> Rule:
-    """Create a rule for one of ``owner``'s tasks, or (no task) an owner-wide default."""
+def rule_create(*, owner: User, data: Mapping[str, Any], team: Team | None = None) -> Rule:
+    """Create a rule of ``team`` for one of the team's tasks, or (no task) a default for every task
+    of the team without rules of its own; recorded as created by ``owner``, who needs the editor
+    role in the team (else PermissionDenied). ``team`` defaults to the channel's team (the
+    creator's personal team without a channel); the channel and the task must be of the team."""
     values = {k: data[k] for k in RULE_FIELDS if k in data}
-    _check_rule(owner, values)
+    channel = values.get("channel")
+    if team is None and isinstance(channel, Channel):
+        team = channel.team
+    team = team_for_new(owner, team, permission="notifications.add_rule", what="this team's notification rules")
+    _check_rule(team.pk, values)
     with transaction.atomic():
-        rule = Rule.objects.create(owner=owner, **values)
+        rule = Rule.objects.create(owner=owner, team=team, **values)
         _audit("create", rule, _rule_snapshot(rule))
     return rule
 
@@ -279,7 +292,7 @@ def rule_create(*, owner: User, data: Mapping[str, Any]) -> Rule:
 def rule_update(*, rule: Rule, data: Mapping[str, Any]) -> Rule:
     """Change a rule. Its storm state is kept (a failing task stays known as failing)."""
     values = {k: getattr(rule, k) for k in RULE_FIELDS} | {k: data[k] for k in RULE_FIELDS if k in data}
-    _check_rule(rule.owner, values)
+    _check_rule(rule.team_id, values)
     before = _rule_snapshot(rule)
     with transaction.atomic():
         for key, value in values.items():

@@ -54,6 +54,7 @@ from tasks_app.quotas import owner_limits, owner_quota_set
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
+from tms_core.errors import InvalidInput
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 
 if TYPE_CHECKING:
@@ -538,18 +539,21 @@ class OwnerQuotaAdmin(admin.ModelAdmin):
 
 #: What the limit services take. Not the form's ``Meta.fields``: the admin's form subclass lists
 #: the page's read-only fields there too (``use``).
-_LIMIT_FIELDS = ("owner", "name", "scope", "key", "max_concurrency", "windows")
+_LIMIT_FIELDS = ("owner", "team", "name", "scope", "key", "max_concurrency", "windows")
 
 
 class LimitAdminForm(forms.ModelForm):
     """Saves through the limit services while it is validated, so their refusals (a window that
-    cannot be met, no window and no cap, a duplicate name) are errors on the form's fields."""
+    cannot be met, no window and no cap, a duplicate name, an owner who is not an editor of the
+    team) are errors on the form's fields."""
 
     class Meta:
         model = Limit
         fields = list(_LIMIT_FIELDS)
         help_texts = {
-            "owner": "Empty: a global limit, which any owner's task may reference.",
+            "owner": "Who defines it. Empty (and no team): a global limit, which any team's task may reference.",
+            "team": "The team whose tasks may reference it (default: the owner's personal team). The owner must be "
+            "an editor there.",
             "windows": '[{"count": 10, "seconds": 1}, {"count": 1000, "seconds": 3600}]',
         }
 
@@ -560,12 +564,17 @@ class LimitAdminForm(forms.ModelForm):
         try:
             with transaction.atomic():
                 if self.instance._state.adding:
+                    if data["owner"] is None and data["team"] is not None:
+                        raise InvalidInput.on("owner", "A limit of a team is defined by one of its editors.")
                     self.instance = limit_create(**data)
                 else:
-                    changes = {name: data[name] for name in self.changed_data if name in data and name != "owner"}
+                    fixed = ("owner", "team")
+                    changes = {name: data[name] for name in self.changed_data if name in data and name not in fixed}
                     self.instance = limit_update(limit=self.instance, changes=changes)
         except SERVICE_ERRORS as exc:
             add_service_errors(self, exc)
+        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
+            self.add_error("team", str(exc))
 
 
 @admin.register(Limit)
@@ -573,9 +582,10 @@ class LimitAdmin(admin.ModelAdmin):
     """Named limits and their current use; every change goes through :mod:`tasks_api.limits`."""
 
     form = LimitAdminForm
-    list_display = ("name", "owner", "scope", "max_concurrency", "windows", "use")
-    list_filter = ("scope",)
-    search_fields = ("name", "owner__username")
+    list_display = ("name", "team", "owner", "scope", "max_concurrency", "windows", "use")
+    list_filter = ("scope", ("team", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("name", "owner__username", "team__slug")
+    list_select_related = ("owner", "team")
     raw_id_fields = ("owner",)
     readonly_fields = ("use",)
 
@@ -595,7 +605,7 @@ class LimitAdmin(admin.ModelAdmin):
         return " | ".join(parts) or "not used yet"
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["use", "owner"] if obj is not None else ["use"]
+        return ["use", "owner", "team"] if obj is not None else ["use"]
 
     def save_model(self, request: HttpRequest, obj: Limit, form: Any, change: bool) -> None:
         """Nothing to do: the form saved the limit through the services when it was validated."""
@@ -621,11 +631,18 @@ class CalendarAdminForm(forms.ModelForm):
 
     class Meta:
         model = Calendar
-        fields = ["owner", *CALENDAR_FIELDS]
+        fields = ["owner", "team", *CALENDAR_FIELDS]
         help_texts = {
+            "team": "The team whose tasks may use it (default: the owner's personal team). The owner must be an "
+            "editor there.",
             "weekend_days": "ISO weekdays, 1 Monday ... 7 Sunday: [6, 7]",
             "extra_dates": '[{"start": "2027-12-24", "end": "2027-12-31", "label": "shutdown"}]',
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "team" in self.fields:
+            self.fields["team"].required = False  # the service's default: the owner's personal team
 
     def _post_clean(self) -> None:
         if self.errors:
@@ -635,7 +652,7 @@ class CalendarAdminForm(forms.ModelForm):
             with transaction.atomic():
                 if self.instance._state.adding:
                     owner = self.cleaned_data.get("owner") or request_user(self.request)
-                    self.instance = calendar_create(owner=owner, **data)
+                    self.instance = calendar_create(owner=owner, team=self.cleaned_data.get("team"), **data)
                 else:
                     changes = {name: data[name] for name in self.changed_data if name in data}
                     self.instance = calendar_update(
@@ -643,6 +660,8 @@ class CalendarAdminForm(forms.ModelForm):
                     )
         except SERVICE_ERRORS as exc:
             add_service_errors(self, exc)
+        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
+            self.add_error("team", str(exc))
 
 
 @admin.register(Calendar)
@@ -650,11 +669,11 @@ class CalendarAdmin(admin.ModelAdmin):
     """Business calendars; every change goes through :mod:`tasks_api.calendars`."""
 
     form = CalendarAdminForm
-    list_display = ("name", "owner", "country", "subdivision", "weekends_closed", "tasks_using")
-    list_filter = ("country", "weekends_closed")
-    search_fields = ("name", "owner__username")
+    list_display = ("name", "team", "owner", "country", "subdivision", "weekends_closed", "tasks_using")
+    list_filter = ("country", "weekends_closed", ("team", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("name", "owner__username", "team__slug")
     raw_id_fields = ("owner",)
-    list_select_related = ("owner",)
+    list_select_related = ("owner", "team")
 
     @admin.display(description="Tasks using it")
     def tasks_using(self, calendar: Calendar) -> int:
@@ -667,7 +686,7 @@ class CalendarAdmin(admin.ModelAdmin):
         return form
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["owner"] if obj is not None else []
+        return ["owner", "team"] if obj is not None else []
 
     def save_model(self, request: HttpRequest, obj: Calendar, form: Any, change: bool) -> None:
         """Nothing to do: the form saved the calendar through the services when it was validated."""

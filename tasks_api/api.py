@@ -64,6 +64,7 @@ from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
+from tasks_app.teams import personal_team_of
 from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
@@ -224,7 +225,7 @@ class TaskViewSet(
         user = request_user(request)
         with transaction.atomic():  # a move and the other changes, or neither
             if team is not None:
-                task = task_move(task=task, team=team, user=user)
+                task = task_move(task=task, team=team, user=user, replacing=set(changes))
             if changes or team is None:
                 task = task_update(task=task, actor=actor_for(user), changes=changes)
         return Response(TaskSerializer(task).data)
@@ -434,7 +435,7 @@ class SchedulePreviewView(ApiViewMixin, APIView):
         responses={200: PreviewSerializer, **error_responses(400)},
     )
     def post(self, request: Request) -> Response:
-        serializer = SchedulePreviewSerializer(data=request.data)
+        serializer = SchedulePreviewSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
@@ -450,7 +451,8 @@ class SchedulePreviewView(ApiViewMixin, APIView):
             times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
         except ScheduleError as exc:
             raise ValidationError({"schedule": [str(exc)]}) from None
-        calendar = calendar_resolve(owner_id=request_user(request).pk, calendar=data["calendar"])
+        team = data.get("team") or personal_team_of(request_user(request))
+        calendar = calendar_resolve(team_id=team.pk, calendar=data["calendar"])
         if calendar is not None:
             times = calendar_marks(
                 times,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -22,7 +23,8 @@ from tasks_app.artifacts import (
     artifact_upload_receive,
 )
 from tasks_app.models import Artifact, ArtifactStatus
-from tms_core.api.base import OwnerScopedMixin, StrictInputMixin
+from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, team_field
+from tms_core.api.base import StrictInputMixin
 from tms_core.api.schema import error_response, error_responses
 from tms_core.auth import request_user
 
@@ -32,9 +34,13 @@ REJECTED = error_response(
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
+    team = serializers.IntegerField(source="team_id", read_only=True, help_text="The id of the team it belongs to.")
+
     class Meta:
         model = Artifact
-        fields = ["id", "name", "sha256", "size", "created_at", "status", "rejection_reason", "upload_expires_at"]
+        fields = [
+            "id", "name", "team", "sha256", "size", "created_at", "status", "rejection_reason", "upload_expires_at",
+        ]  # fmt: skip
         read_only_fields = fields
 
 
@@ -44,6 +50,7 @@ class UploadBeginSerializer(StrictInputMixin, serializers.Serializer):
     sha256 = serializers.RegexField(
         r"^[0-9a-fA-F]{64}$", help_text="SHA-256 of the content: the upload is REJECTED unless it matches."
     )
+    team = team_field("the artifact")
 
     def validate_size(self, value: int) -> int:
         limit = settings.TMS_ARTIFACT_MAX_BYTES
@@ -74,27 +81,34 @@ UploadTicketSerializer = inline_serializer(
 class ArtifactUploadSerializer(serializers.Serializer):
     file = serializers.FileField()
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    team = team_field("the artifact")
 
 
 class ArtifactViewSet(
-    OwnerScopedMixin,
+    TeamOwnedMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Uploaded artifacts: stored with their SHA-256, verified before every run."""
+    """Uploaded artifacts of the requesting user's teams: stored with their SHA-256, verified
+    before every run. Members read them; editors upload and delete them."""
 
     queryset = Artifact.objects.all()
     serializer_class = ArtifactSerializer
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(parameters=[OpenApiParameter("team", OpenApiTypes.STR, description=TEAM_FILTER_HELP)])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
     @extend_schema(request={"multipart/form-data": ArtifactUploadSerializer}, responses={201: ArtifactSerializer})
     def create(self, request: Request) -> Response:
-        upload = ArtifactUploadSerializer(data=request.data)
+        upload = ArtifactUploadSerializer(data=request.data, context={"request": request})
         upload.is_valid(raise_exception=True)
-        artifact = artifact_create(owner=request_user(request), upload=upload.validated_data["file"],
-                                   name=upload.validated_data["name"])  # fmt: skip
+        given = upload.validated_data
+        artifact = artifact_create(owner=request_user(request), upload=given["file"], name=given["name"],
+                                   team=given.get("team"))  # fmt: skip
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=UploadBeginSerializer, responses={201: UploadTicketSerializer})
@@ -102,7 +116,7 @@ class ArtifactViewSet(
     def uploads(self, request: Request) -> Response:
         """Start a signed upload: an UPLOADING artifact and a short-lived URL to send the bytes to
         (``PUT`` to TMS, or an S3 presigned ``POST`` when S3 storage is configured)."""
-        given = UploadBeginSerializer(data=request.data)
+        given = UploadBeginSerializer(data=request.data, context={"request": request})
         given.is_valid(raise_exception=True)
         ticket = artifact_upload_begin(owner=request_user(request), **given.validated_data)
         upload = {"method": ticket.method, "url": ticket.url, "fields": ticket.fields, "expires_at": ticket.expires_at}

@@ -1,8 +1,9 @@
 """Business calendars: the services that define them, and re-plan the tasks that use them.
 
-An owner defines calendars for their own tasks (``POST /api/v1/calendars``); a task names one
-with a policy (:class:`~tasks_app.models.CalendarPolicy`). What a calendar closes, and where a
-fire time on a closed day goes, is :mod:`tasks_app.calendars`; the materialiser applies it.
+A team's editors define calendars for the team's tasks (``POST /api/v1/calendars``); a task
+names one of its own team's with a policy (:class:`~tasks_app.models.CalendarPolicy`). What a
+calendar closes, and where a fire time on a closed day goes, is :mod:`tasks_app.calendars`; the
+materialiser applies it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from executions.models import ExecutionStatus
 from tasks_api.services import task_replan
 from tasks_app.audit import audit_diff, audit_record
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
-from tasks_app.models import Calendar, Task, TaskStatus
+from tasks_app.models import Calendar, Task, TaskStatus, Team
+from tasks_app.teams import team_for_new
 from tms_core.errors import ConflictError, InvalidInput
 
 #: What a calendar's create, update and audit entries show.
@@ -118,6 +120,7 @@ def _validate(calendar: Calendar) -> None:
 def calendar_create(
     *,
     owner: User,
+    team: Team | None = None,
     name: str,
     country: str = "",
     subdivision: str = "",
@@ -125,10 +128,14 @@ def calendar_create(
     weekend_days: Any = None,
     extra_dates: Any = None,
 ) -> Calendar:
-    """Define a business calendar for ``owner``'s tasks. A duplicate name is an error on
-    ``name``, an unknown country or subdivision on its field. Audited."""
+    """Define a business calendar for the tasks of ``team`` (default: ``owner``'s personal team;
+    ``owner`` needs the editor role in it, else PermissionDenied), recorded as defined by ``owner``.
+    A duplicate name in the team is an error on ``name``, an unknown country or subdivision on
+    its field. Audited."""
+    team = team_for_new(owner, team, permission="tasks_app.add_calendar", what="this team's calendars")
     calendar = Calendar(
         owner=owner,
+        team=team,
         name=name,
         country=country,
         subdivision=subdivision,
@@ -137,7 +144,7 @@ def calendar_create(
         extra_dates=calendar_clean_extra(extra_dates),
     )
     _validate(calendar)
-    if Calendar.objects.filter(owner=owner, name=name).exists():
+    if Calendar.objects.filter(team=team, name=name).exists():
         raise InvalidInput.on("name", f"A calendar named {name!r} exists already.")
     try:
         with transaction.atomic():
@@ -172,7 +179,7 @@ def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: st
         _validate(locked)
         if (
             "name" in changes
-            and Calendar.objects.filter(owner_id=locked.owner_id, name=locked.name).exclude(pk=locked.pk).exists()
+            and Calendar.objects.filter(team_id=locked.team_id, name=locked.name).exclude(pk=locked.pk).exists()
         ):
             raise InvalidInput.on("name", f"A calendar named {locked.name!r} exists already.")
         locked.save()

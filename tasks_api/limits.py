@@ -1,8 +1,9 @@
 """Named limits: the services that define them and attach them to tasks.
 
-An owner defines limits for their own tasks; staff define global ones (no owner) that any
-owner's task may reference by name. A task names its limits; an owner's own limit of that name
-wins over a global one. The enforcement is in :mod:`executions.limits`.
+A team's editors define limits for the team's tasks; staff define global ones (no team) that any
+team's task may reference by name. A task names its limits; a limit of the task's team of that
+name wins over a global one, and a limit of another team is never found. The enforcement is in
+:mod:`executions.limits`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from tasks_app.models import (
     Limit,
     LimitScope,
     Task,
+    Team,
     claims_exclusive,
 )
+from tasks_app.teams import member_team_ids, sees_all, team_for_new
 from tms_core.errors import InvalidInput
 
 #: What an audit entry shows of a limit.
@@ -87,25 +90,31 @@ def _validate(limit: Limit) -> None:
         raise InvalidInput(errors)
 
 
-def _name_taken(*, owner_id: int | None, name: str, exclude: int | None = None) -> bool:
-    same = Limit.objects.filter(name=name, owner_id=owner_id)
+def _name_taken(*, team_id: int | None, name: str, exclude: int | None = None) -> bool:
+    same = Limit.objects.filter(name=name)
+    same = same.filter(team__isnull=True) if team_id is None else same.filter(team_id=team_id)
     return same.exclude(pk=exclude).exists() if exclude is not None else same.exists()
 
 
 def limit_create(
     *,
     owner: User | None,
+    team: Team | None = None,
     name: str,
     scope: str = LimitScope.KEY,
     key: str = "",
     max_concurrency: int | None = None,
     windows: Any = None,
 ) -> Limit:
-    """Define a named limit for ``owner``'s tasks, or a global one (``owner=None``: staff only,
-    checked by the caller). Audited. A duplicate name (per owner; among global limits) is an
-    error on ``name``."""
+    """Define a named limit for the tasks of ``team`` (default: ``owner``'s personal team; ``owner``
+    needs the editor role in it, else PermissionDenied), or a global one (``owner=None``: staff
+    only, checked by the caller). ``owner`` is recorded as who defined it. Audited. A duplicate
+    name (per team; among global limits) is an error on ``name``."""
+    if owner is not None:
+        team = team_for_new(owner, team, permission="tasks_app.add_limit", what="this team's limits")
     limit = Limit(
         owner=owner,
+        team=team if owner is not None else None,
         name=name,
         scope=scope,
         key=key,
@@ -114,7 +123,7 @@ def limit_create(
     )
     _validate(limit)
     owner_id = owner.pk if owner is not None else None
-    if _name_taken(owner_id=owner_id, name=name):
+    if _name_taken(team_id=limit.team_id, name=name):
         raise InvalidInput.on("name", f"A limit named {name!r} exists already.")
     try:
         with transaction.atomic():
@@ -144,7 +153,7 @@ def limit_update(*, limit: Limit, changes: Mapping[str, Any]) -> Limit:
         for name, value in changes.items():
             setattr(locked, name, limit_clean_windows(value) if name == "windows" else value)
         _validate(locked)
-        if "name" in changes and _name_taken(owner_id=locked.owner_id, name=locked.name, exclude=locked.pk):
+        if "name" in changes and _name_taken(team_id=locked.team_id, name=locked.name, exclude=locked.pk):
             raise InvalidInput.on("name", f"A limit named {locked.name!r} exists already.")
         if "scope" in changes or "key" in changes:
             locked.buckets.all().delete()  # budgets are re-made per the new scope at the next claims
@@ -176,15 +185,16 @@ def limit_delete(*, limit: Limit) -> None:
 
 
 def limits_visible(*, user: User) -> Any:
-    """The limits a user may read: their own and the global ones (staff: all)."""
-    if user.is_staff:
+    """The limits a user may read: their teams' and the global ones (staff: all)."""
+    if sees_all(user):
         return Limit.objects.all()
-    return Limit.objects.filter(Q(owner=user) | Q(owner__isnull=True))
+    return Limit.objects.filter(Q(team_id__in=member_team_ids(user)) | Q(team__isnull=True))
 
 
-def limits_resolve(*, owner_id: int, names: Iterable[str], field: str = "limits") -> list[Limit]:
-    """The limits a task of ``owner_id`` means by ``names``: the owner's own of that name, else
-    the global one. An unknown name, a repeated one or too many are errors on ``field``."""
+def limits_resolve(*, team_id: int, names: Iterable[str], field: str = "limits") -> list[Limit]:
+    """The limits a task of team ``team_id`` means by ``names``: the team's own of that name,
+    else the global one. An unknown name (a limit of another team included: it is not found), a
+    repeated one or too many are errors on ``field``."""
     names = list(names)
     if not names:
         return []  # most tasks: no query (a bulk create asked once per task)
@@ -193,12 +203,14 @@ def limits_resolve(*, owner_id: int, names: Iterable[str], field: str = "limits"
     if len(set(names)) != len(names):
         raise InvalidInput.on(field, "A limit is named twice.")
     found: dict[str, Limit] = {}
-    for limit in Limit.objects.filter(Q(owner_id=owner_id) | Q(owner__isnull=True), name__in=names):
-        if limit.name not in found or limit.owner_id is not None:
+    for limit in Limit.objects.filter(Q(team_id=team_id) | Q(team__isnull=True), name__in=names):
+        if limit.name not in found or limit.team_id is not None:
             found[limit.name] = limit
     unknown = [name for name in names if name not in found]
     if unknown:
-        raise InvalidInput.on(field, f"No limit named {', '.join(map(repr, unknown))}.")
+        raise InvalidInput.on(
+            field, f"No limit named {', '.join(map(repr, unknown))} in the task's team, nor a global one."
+        )
     return [found[name] for name in names]
 
 

@@ -25,6 +25,7 @@ from tasks_api.serializers import (
 )
 from tasks_app.models import CalendarPolicy
 from tasks_app.schedules import CRON_HELP
+from tasks_app.team_scope import TeamRefField
 from tms_core.api.base import (
     BoundedDateTimeField,
     OffsetDateTimeField,
@@ -84,7 +85,11 @@ class SchedulePreviewSerializer(StrictInputMixin, serializers.Serializer):
         allow_null=True,
         default=None,
         max_length=100,
-        help_text="Name of one of your business calendars: each fire time says whether it is skipped or moved.",
+        help_text="Name of a business calendar of `team`: each fire time says whether it is skipped or moved.",
+    )
+    team = TeamRefField(
+        required=False,
+        help_text="The team whose calendar `calendar` names, by slug or id (default: your personal team).",
     )
     calendar_policy = serializers.ChoiceField(
         choices=CalendarPolicy.choices, required=False, allow_blank=True, default="", help_text=CALENDAR_POLICY_HELP

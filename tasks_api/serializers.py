@@ -37,7 +37,6 @@ from tasks_app.models import (
     OverlapPolicy,
     Task,
     TaskStatus,
-    Team,
     default_catch_up_limit,
     default_misfire_grace,
     default_timeout,
@@ -53,7 +52,8 @@ from tasks_app.schedules import (
     wall_time_to_utc,
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
-from tasks_app.teams import team_resolve
+from tasks_app.team_scope import TeamRefField
+from tasks_app.teams import member_team_ids
 from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
@@ -168,14 +168,15 @@ def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
 
 
 class OwnArtifactField(serializers.PrimaryKeyRelatedField):
-    """An artifact by id: your own (another's id is "does not exist"); any with the permission to
-    change anyone's tasks (superusers), not for read-only support staff."""
+    """An artifact by id: one of your teams' (another team's id is "does not exist"); any with
+    the permission to change anyone's tasks (superusers), not for read-only support staff. That
+    it is of the task's own team is the service's check (:func:`tasks_api.services.artifact_check_team`)."""
 
     def get_queryset(self) -> QuerySet[Artifact]:
         queryset = Artifact.objects.all()
         request = self.context.get("request")
         if request is not None and not request.user.has_perm("tasks_app.change_task"):
-            return queryset.filter(owner=request.user)
+            return queryset.filter(team_id__in=member_team_ids(request.user))
         return queryset
 
 
@@ -241,28 +242,6 @@ AFTER_HELP = (
 )
 
 
-@extend_schema_field({"oneOf": [{"type": "string", "maxLength": 60}, {"type": "integer"}]})
-class TeamRefField(serializers.Field):
-    """A team by slug or id, among the caller's teams (:func:`tasks_app.teams.team_resolve`):
-    one they are not in reads as one that does not exist."""
-
-    default_error_messages = {"invalid": "The slug or id of one of your teams."}
-
-    def to_internal_value(self, data: Any) -> Team:
-        if isinstance(data, bool) or not isinstance(data, str | int) or len(str(data)) > 60:
-            self.fail("invalid")
-        request = self.context.get("request")
-        if request is None:  # pragma: no cover - the views always pass the request
-            self.fail("invalid")
-        try:
-            return team_resolve(request.user, data)
-        except InvalidInput as exc:
-            raise serializers.ValidationError(exc.errors["team"]) from None
-
-    def to_representation(self, value: Any) -> Any:
-        return getattr(value, "pk", value)
-
-
 TEAM_HELP = (
     "The team it belongs to, by slug or id (default: your personal team). You need the editor role there; "
     "changing it moves the task and its runs, and needs editor in both teams."
@@ -298,7 +277,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         required=False,
         allow_null=True,
         default=None,
-        help_text="An uploaded artifact (POST /api/v1/artifacts) that a subprocess task runs.",
+        help_text="An uploaded artifact (POST /api/v1/artifacts) of the task's team that a subprocess task runs.",
     )
     start_at = LocalDateTimeField(
         required=False,
@@ -342,8 +321,8 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         allow_null=True,
         default=None,
         max_length=100,
-        help_text="Name of one of your business calendars (POST /api/v1/calendars): fire times on its closed days "
-        "are skipped or moved per calendar_policy. null: none.",
+        help_text="Name of a business calendar of the task's team (POST /api/v1/calendars): fire times on its "
+        "closed days are skipped or moved per calendar_policy. null: none.",
     )
     calendar_policy = serializers.ChoiceField(
         choices=CalendarPolicy.choices,
@@ -425,8 +404,8 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         required=False,
         max_length=MAX_LIMITS_PER_TASK,
         help_text=(
-            "Names of named limits (GET /api/v1/limits) its runs are subject to: the owner's own of that name, "
-            "else a global one. A run that would exceed one waits, and says why "
+            "Names of named limits (GET /api/v1/limits) its runs are subject to: the task's team's own of that "
+            "name, else a global one. A run that would exceed one waits, and says why "
             "(`waiting: limit api.example.com 10/s`)."
         ),
     )

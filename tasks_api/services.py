@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +38,7 @@ from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_v
 from tasks_app.fields import AUDITED_COLUMNS, UPDATABLE_FIELDS
 from tasks_app.models import (
     MIN_MISFIRE_GRACE,
+    Artifact,
     AuditAction,
     Calendar,
     CalendarPolicy,
@@ -61,7 +62,7 @@ from tasks_app.secrets import (
     config_seal,
     config_unmask_kept,
 )
-from tasks_app.teams import personal_team_of, require
+from tasks_app.teams import require, team_for_new
 from tasks_app.versions import NOT_VERSIONED, version_record, version_record_many, version_snapshot
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
@@ -164,31 +165,40 @@ def task_check_rules(settings: Mapping[str, Any]) -> None:
         raise InvalidInput(errors)
 
 
-def calendar_resolve(*, owner_id: int, calendar: Any) -> Calendar | None:
-    """The owner's calendar named ``calendar`` (a name, or a Calendar already chosen: checked to
-    be the owner's). Another owner's calendar is reported exactly as a missing one (on
-    ``calendar``), so that its existence does not leak."""
+def calendar_resolve(*, team_id: int, calendar: Any) -> Calendar | None:
+    """The calendar of team ``team_id`` named ``calendar`` (a name, or a Calendar already chosen:
+    checked to be the team's). A calendar of another team is reported exactly as a missing one (on
+    ``calendar``): a task uses its own team's calendars only, and another team's do not leak."""
     if calendar in (None, ""):
         return None
     if isinstance(calendar, Calendar):
-        if calendar.owner_id == owner_id:
+        if calendar.team_id == team_id:
             return calendar
         calendar = calendar.name
-    found = Calendar.objects.filter(owner_id=owner_id, name=calendar).first()
+    found = Calendar.objects.filter(team_id=team_id, name=calendar).first()
     if found is None:
-        raise InvalidInput.on("calendar", f"You have no calendar named {calendar!r} (GET /api/v1/calendars).")
+        raise InvalidInput.on(
+            "calendar", f"The task's team has no calendar named {calendar!r} (GET /api/v1/calendars?team=...)."
+        )
     return found
 
 
-def _calendar_settings(owner_id: int, spec: dict[str, Any]) -> None:
-    """Resolve a spec's ``calendar`` (a name) to the owner's calendar and give it its default
+def _calendar_settings(team_id: int, spec: dict[str, Any]) -> None:
+    """Resolve a spec's ``calendar`` (a name) to the team's calendar and give it its default
     policy (skip); a policy without a calendar is left for :func:`task_check_rules` to report."""
     if "calendar" in spec:
-        spec["calendar"] = calendar_resolve(owner_id=owner_id, calendar=spec["calendar"])
+        spec["calendar"] = calendar_resolve(team_id=team_id, calendar=spec["calendar"])
     if spec.get("calendar") is not None and not spec.get("calendar_policy"):
         spec["calendar_policy"] = CalendarPolicy.SKIP
     elif spec.get("calendar") is None and "calendar_policy" in spec and spec["calendar_policy"] is None:
         spec["calendar_policy"] = CalendarPolicy.NONE
+
+
+def artifact_check_team(*, team_id: int, artifact: Any) -> None:
+    """A task runs only an artifact of its own team: another team's is an error on ``artifact``
+    (the serializers already hide those of teams the caller is not in)."""
+    if artifact is not None and getattr(artifact, "team_id", team_id) != team_id:
+        raise InvalidInput.on("artifact", "This artifact belongs to another team: upload it to the task's team.")
 
 
 def _check_rules(task: Task) -> None:
@@ -369,18 +379,17 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     followed: list[list[After]] = []  # each task's ``after``
     resolved: dict[tuple[str, ...], list[Any]] = {}  # a batch names the same limits again and again
     builder = _TaskRows()
-    team = team if team is not None else personal_team_of(owner)
-    if team.personal_of_id != owner.pk:  # in their own personal team everyone is admin
-        require(owner, team.pk, TeamRole.EDITOR, "tasks_app.add_task", what="this team's tasks")
+    team = team_for_new(owner, team, permission="tasks_app.add_task", what="this team's tasks")
     for index, spec in enumerate(specs):
         try:
             spec = dict(spec)
             names = tuple(spec.pop("limits", None) or ())
             chosen = resolved.get(names)
             if chosen is None:
-                chosen = resolved[names] = limits_resolve(owner_id=owner.pk, names=names)
+                chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
             after = after_resolve(owner_id=owner.pk, entries=spec.pop("after", None))
-            _calendar_settings(owner.pk, spec)
+            _calendar_settings(team.pk, spec)
+            artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
             task = _build_task(rows=builder, owner=owner, team=team, now=now, **spec)
             task.has_limits = bool(chosen)
             if after:
@@ -654,14 +663,14 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 merged["calendar_policy"] = CalendarPolicy.NONE  # no calendar: no policy
             if "calendar" in changes and "calendar_policy" not in changes and task.calendar_id is None:
                 merged["calendar_policy"] = ""  # a first calendar takes the default policy
-            _calendar_settings(task.owner_id, merged)
+            _calendar_settings(task.team_id, merged)
             changes["calendar"], changes["calendar_policy"] = merged["calendar"], merged["calendar_policy"] or ""
         sealed, plain = task.config, task_config(task)
         before = (task.runner, plain, list(task.secret_fields or []))
         snapshot_before = _snapshot(task, None)
         limits_changed = False
         if new_limits is not None:
-            chosen = limits_resolve(owner_id=task.owner_id, names=new_limits)
+            chosen = limits_resolve(team_id=task.team_id, names=new_limits)
             old_names = task_limit_names(task)
             if sorted(limit.name for limit in chosen) != old_names:
                 task_set_limits(task=task, limits=chosen)
@@ -783,9 +792,51 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], d
     version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(after), changed=list(diff))
 
 
-def task_move(*, task: Task, team: Team, user: User) -> Task:
+def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[str, list[str]]:
+    """What keeps ``task`` in its team: a calendar or named limits of its team (a task uses its
+    own team's only; global limits go anywhere) that the same request does not replace
+    (``replacing``: the fields it changes too), an artifact of its team (never replaced: a task's
+    artifact is fixed at creation), and notification rules of its team made for this task (they
+    would speak through the old team's channel about another team's task)."""
+    errors: dict[str, list[str]] = {}
+    if "calendar" not in replacing and task.calendar_id is not None:
+        calendar = Calendar.objects.filter(pk=task.calendar_id).values_list("name", "team_id").first()
+        if calendar is not None and calendar[1] != team.pk:
+            errors["calendar"] = [
+                f"The task uses calendar {calendar[0]!r} of its current team: give a calendar of the new team "
+                "(or null) in the same request."
+            ]
+    if "limits" not in replacing and task.has_limits:
+        names = sorted(task.limits.exclude(team__isnull=True).exclude(team_id=team.pk).values_list("name", flat=True))
+        if names:
+            errors["limits"] = [
+                f"The task uses limits of its current team ({', '.join(map(repr, names))}): give limits of the new "
+                "team (or global ones, or []) in the same request."
+            ]
+    if task.artifact_id is not None and not Artifact.objects.filter(pk=task.artifact_id, team_id=team.pk).exists():
+        # A task's artifact is set when it is created and never changed.
+        errors["artifact"] = [
+            "The task runs an artifact of its current team, and a task's artifact does not change: upload the "
+            "artifact to the new team and create the task there."
+        ]
+    # The rules' app sits above this one: read through the relation it declares on tasks.
+    rules = list(task.notification_rules.exclude(team_id=team.pk).values_list("pk", flat=True)[:10])
+    if rules:
+        errors["team"] = [
+            f"Notification rules of the current team are set for this task (ids {', '.join(map(str, rules))}): "
+            "delete them first (and make new ones in the new team)."
+        ]
+    return errors
+
+
+def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] = ()) -> Task:
     """Move ``task`` (and its executions, past and future) to ``team``: ``user`` needs the editor
     role in both teams (PermissionDenied otherwise). Audited as an update of ``team``.
+
+    A task uses only its own team's calendars, limits and artifacts: a move is refused (400 on the
+    field) while the task uses ones of its old team that ``replacing`` (the fields the same
+    request changes, applied after the move) does not replace, runs an artifact of its old team,
+    or has notification rules of the old team set for it (:func:`_move_refusals`).
 
     The task's row is locked FOR UPDATE, which waits for (and then blocks) every insert of one of
     its executions (they lock it FOR KEY SHARE and copy its team): no run is left in the old team.
@@ -796,6 +847,9 @@ def task_move(*, task: Task, team: Team, user: User) -> Task:
         task = _lock(task.pk)
         if task.team_id == team.pk:
             return task
+        refusals = _move_refusals(task, team, replacing)
+        if refusals:
+            raise InvalidInput(refusals)
         before = Team.objects.filter(pk=task.team_id).values_list("slug", flat=True).first()
         Task.objects.filter(pk=task.pk).update(team=team, updated_at=timezone.now())
         Execution.objects.filter(task_id=task.pk).update(team_id=team.pk)

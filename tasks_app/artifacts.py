@@ -24,8 +24,9 @@ from django.db import transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
-from tasks_app.models import Artifact, ArtifactStatus, Task, TaskStatus, artifact_upload_to
+from tasks_app.models import Artifact, ArtifactStatus, Task, TaskStatus, Team, artifact_upload_to
 from tasks_app.quotas import quota_check_artifact
+from tasks_app.teams import team_for_new
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
@@ -44,10 +45,16 @@ def _digest(chunks: Iterable[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Artifact:
-    """Store an uploaded binary or script and record its SHA-256 and size. Raises
-    :class:`InvalidInput` on ``file`` when it is empty, larger than ``TMS_ARTIFACT_MAX_BYTES``
-    or beyond the owner's artifact quota (``TMS_QUOTA_ARTIFACT_BYTES``)."""
+def _team(owner: User, team: Team | None) -> Team:
+    return team_for_new(owner, team, permission="tasks_app.add_artifact", what="this team's artifacts")
+
+
+def artifact_create(*, owner: User, upload: UploadedFile, name: str = "", team: Team | None = None) -> Artifact:
+    """Store an uploaded binary or script and record its SHA-256 and size, in ``team`` (default:
+    ``owner``'s personal team; ``owner`` needs the editor role in it, else PermissionDenied): the
+    team's tasks may run it. Raises :class:`InvalidInput` on ``file`` when it is empty, larger
+    than ``TMS_ARTIFACT_MAX_BYTES`` or beyond the owner's artifact quota (``TMS_QUOTA_ARTIFACT_BYTES``)."""
+    team = _team(owner, team)
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:
         raise InvalidInput.on("file", f"Artifacts may be at most {limit} bytes.")
@@ -55,7 +62,9 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Art
     if size == 0:
         raise InvalidInput.on("file", "The file is empty.")
     upload.seek(0)
-    artifact = Artifact(owner=owner, name=name or os.path.basename(upload.name or "artifact"), sha256=sha256, size=size)
+    artifact = Artifact(
+        owner=owner, team=team, name=name or os.path.basename(upload.name or "artifact"), sha256=sha256, size=size
+    )
     with transaction.atomic():
         # Under the owner's quota lock: two concurrent uploads cannot both take the last bytes.
         quota_check_artifact(owner=owner, size=size)
@@ -100,14 +109,17 @@ def _s3_client_and_bucket() -> tuple[Any, str] | None:
     return connection.meta.client, bucket
 
 
-def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any) -> UploadTicket:
+def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any, team: Team | None = None) -> UploadTicket:
     """Record an UPLOADING artifact with its declared size and SHA-256, and sign where to send it.
+    It goes in ``team`` (default: ``owner``'s personal team; editor role needed), as
+    :func:`artifact_create`.
 
     The URL lives ``TMS_ARTIFACT_UPLOAD_TTL`` seconds. With S3 storage it is a presigned POST
     limited to exactly ``size`` bytes at the artifact's key (verified by
     :func:`artifact_upload_complete`); otherwise a single-use TMS URL the bytes are PUT to (verified
     as they arrive, :func:`artifact_upload_receive`).
     """
+    team = _team(owner, team)
     errors: dict[str, list[str]] = {}
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     name = str(name or "").strip()
@@ -123,7 +135,13 @@ def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any) -> 
     ttl = tms_settings().ARTIFACT_UPLOAD_TTL
     expires_at = timezone.now() + timedelta(seconds=ttl)
     artifact = Artifact(
-        owner=owner, name=name, sha256=digest, size=size, status=ArtifactStatus.UPLOADING, upload_expires_at=expires_at
+        owner=owner,
+        team=team,
+        name=name,
+        sha256=digest,
+        size=size,
+        status=ArtifactStatus.UPLOADING,
+        upload_expires_at=expires_at,
     )
     s3 = _s3_client_and_bucket()
     with transaction.atomic():

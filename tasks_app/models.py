@@ -68,7 +68,11 @@ class Artifact(models.Model):
     API (local files by default, S3 through django-storages by setting)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    #: Who uploaded it. The team decides who sees and uses it (:mod:`tasks_app.teams`).
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_artifacts")
+    #: The team it belongs to: its members see it, its editors upload and delete, and only the
+    #: team's tasks may run it.
+    team = models.ForeignKey("Team", on_delete=models.PROTECT, related_name="artifacts")
     name = models.CharField(max_length=200)
     file = models.FileField(upload_to=artifact_upload_to, max_length=500)
     sha256 = models.CharField(max_length=64, help_text="Checksum of the content, checked before every run.")
@@ -137,8 +141,9 @@ MAX_LIMITS_PER_TASK = 10
 class Limit(models.Model):
     """A named limit on when runs may start, shared by every task that references it: at most
     ``max_concurrency`` runs holding a slot at once, and at most ``count`` starts in any
-    ``seconds``-long window for each of ``windows``. Owned by a user (their tasks may reference
-    it), or global (no owner: defined by staff, any owner's task may reference it).
+    ``seconds``-long window for each of ``windows``. Belongs to a team (the team's tasks may
+    reference it), or is global (no team, no owner: defined by staff, any team's task may
+    reference it).
 
     ``scope`` says how runs are grouped into budgets: one for all (``key``), one per runner
     alias (``runner``) or one per target host (``host``). Enforced at claim time through
@@ -150,7 +155,17 @@ class Limit(models.Model):
         blank=True,
         on_delete=models.CASCADE,
         related_name="tms_limits",
-        help_text="Empty: a global limit (staff), any owner's task may reference it.",
+        help_text="Who defined it (empty for a global limit).",
+    )
+    #: The team whose tasks may reference it; null: a global limit (staff), for every team's tasks.
+    team = models.ForeignKey(
+        "Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="limits",
+        db_index=False,  # limit_unique_name_per_team leads with it
+        help_text="Empty: a global limit (staff), any team's task may reference it.",
     )
     name = models.CharField(max_length=100)
     scope = models.CharField(max_length=8, choices=LimitScope.choices, default=LimitScope.KEY)
@@ -171,9 +186,9 @@ class Limit(models.Model):
         ordering = ["name", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["owner", "name"], condition=Q(owner__isnull=False), name="limit_unique_name_per_owner"
+                fields=["team", "name"], condition=Q(team__isnull=False), name="limit_unique_name_per_team"
             ),
-            models.UniqueConstraint(fields=["name"], condition=Q(owner__isnull=True), name="limit_unique_global_name"),
+            models.UniqueConstraint(fields=["name"], condition=Q(team__isnull=True), name="limit_unique_global_name"),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gte=1), name="limit_cap_positive"
             ),
@@ -197,7 +212,7 @@ def default_weekend_days() -> list[int]:
 
 
 class Calendar(models.Model):
-    """A reusable business calendar, owned like a task: the public holidays of a country (and
+    """A reusable business calendar, of a team like a task: the public holidays of a country (and
     optionally one of its subdivisions) from the ``holidays`` package, extra closed dates and
     date ranges with a label each, and optionally weekends.
 
@@ -206,9 +221,12 @@ class Calendar(models.Model):
     re-plans the tasks that use it; it cannot be deleted while a task (not deleted) uses it.
     """
 
+    #: Who defined it. The team decides who sees and uses it (:mod:`tasks_app.teams`).
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_calendars", db_index=False
     )
+    #: The team whose tasks may use it. No index of its own: calendar_unique_name_per_team leads with it.
+    team = models.ForeignKey("Team", on_delete=models.PROTECT, related_name="calendars", db_index=False)
     name = models.CharField(max_length=100)
     country = models.CharField(
         max_length=3, blank=True, help_text="ISO 3166 code of the country whose public holidays close (empty: none)."
@@ -226,7 +244,7 @@ class Calendar(models.Model):
 
     class Meta:
         ordering = ["name", "id"]
-        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="calendar_unique_name_per_owner")]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="calendar_unique_name_per_team")]
 
     def __str__(self) -> str:
         return self.name

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
-from tasks_app.models import TeamRole
-from tasks_app.teams import require, scope_to_teams
+from tasks_app.models import Team, TeamRole
+from tasks_app.teams import require, scope_to_teams, team_resolve
 from tms_core.api.base import OwnerScopedMixin
+from tms_core.errors import InvalidInput
 
 
 class TeamScopedMixin(OwnerScopedMixin):
@@ -53,6 +56,66 @@ class TeamScopedMixin(OwnerScopedMixin):
             f"{meta.app_label}.{verb}_{meta.model_name}",
             what=what,
         )
+
+
+class TeamOwnedMixin(TeamScopedMixin):
+    """Views over what a team owns besides tasks: named limits, calendars, artifacts, notification
+    channels and rules. Members read them; writing needs the editor role in the object's team (or
+    the model's permission); a non-member gets 404. The list takes ``?team=`` (400 on ``team`` for
+    a team the caller is not in). A create goes in the team given (editor there), by default the
+    caller's personal team: the services decide (:func:`tasks_app.teams.team_for_new`). An object
+    never changes team (:func:`refuse_team_change`)."""
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()
+        value = self.request.query_params.get("team") if getattr(self, "action", None) == "list" else None
+        filterset = getattr(self, "filterset_class", None)
+        # A view whose filter set has ``team`` filters there (and documents it).
+        if value is not None and "team" not in getattr(filterset, "base_filters", ()):
+            queryset = filter_by_team(queryset, self.request, value, self.team_field)
+        return queryset
+
+
+@extend_schema_field({"oneOf": [{"type": "string", "maxLength": 60}, {"type": "integer"}]})
+class TeamRefField(serializers.Field):
+    """A team by slug or id, among the caller's teams (:func:`tasks_app.teams.team_resolve`):
+    one they are not in reads as one that does not exist. Shown as the team's id."""
+
+    default_error_messages = {"invalid": "The slug or id of one of your teams."}
+
+    def to_internal_value(self, data: Any) -> Team:
+        if isinstance(data, bool) or not isinstance(data, str | int) or len(str(data)) > 60:
+            self.fail("invalid")
+        request = self.context.get("request")
+        if request is None:  # pragma: no cover - the views always pass the request
+            self.fail("invalid")
+        try:
+            return team_resolve(request.user, data)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.errors["team"]) from None
+
+    def get_attribute(self, instance: Any) -> Any:
+        # The id column: no query for the team's row.
+        return getattr(instance, f"{self.source}_id", None)
+
+    def to_representation(self, value: Any) -> Any:
+        return getattr(value, "pk", value)
+
+
+def team_field(what: str) -> TeamRefField:
+    """The ``team`` field of a serializer of team-owned objects: written once, at creation."""
+    return TeamRefField(
+        required=False,
+        help_text=f"The team {what} belongs to, by slug or id (default: your personal team; you need the editor "
+        "role there). Members of the team see it; it cannot move to another team.",
+    )
+
+
+def refuse_team_change(data: dict[str, Any], what: str) -> None:
+    """A PATCH naming ``team``: a 400 on it, since objects other than tasks stay in their team
+    (a task of the old team might use them)."""
+    if "team" in data:
+        raise InvalidInput.on("team", f"{what} stays in its team: create it again in the other team.")
 
 
 TEAM_FILTER_HELP = "Only those of this team (its slug or id); one you are not a member of is a 400 on `team`."

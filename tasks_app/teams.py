@@ -48,7 +48,8 @@ RANK = {TeamRole.VIEWER: 0, TeamRole.OPERATOR: 1, TeamRole.EDITOR: 2, TeamRole.A
 ROLE_DOES = {
     TeamRole.VIEWER: "read",
     TeamRole.OPERATOR: "run, pause, resume, cancel, retry, backfill, trigger and replay",
-    TeamRole.EDITOR: "create, change, move and delete tasks",
+    TeamRole.EDITOR: "create, change, move and delete tasks, and change the team's limits, calendars, artifacts and "
+    "notifications",
     TeamRole.ADMIN: "manage the team's members",
 }
 
@@ -109,6 +110,13 @@ def visible_teams(user: Any) -> QuerySet[Team]:
     """The teams ``user`` is a member of (every team for staff), each with ``caller_role``."""
     teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
     return with_role(teams, user, "id")
+
+
+def teams_with_role(user: Any, role: str) -> QuerySet[Team]:
+    """The teams where ``user`` holds ``role`` or a higher one (what the back office offers in a
+    new object's team menu)."""
+    held = [name for name, rank in RANK.items() if rank >= RANK[TeamRole(role)]]
+    return Team.objects.filter(memberships__user_id=user.pk, memberships__role__in=held)
 
 
 def role_in(user: Any, team_id: Any) -> str | None:
@@ -192,6 +200,16 @@ def personal_team_on_user_created(sender: Any, instance: Any, created: bool, raw
         personal_team_of(instance)
 
 
+def team_for_new(user: Any, team: Team | None, *, permission: str, what: str) -> Team:
+    """The team a new object of ``user`` goes in (a task, limit, calendar, artifact, notification
+    channel or rule): ``team``, where ``user`` needs the editor role (or ``permission``), else
+    their personal team (where they are admin)."""
+    team = team if team is not None else personal_team_of(user)
+    if team.personal_of_id != user.pk:  # in their own personal team everyone is admin
+        require(user, team.pk, TeamRole.EDITOR, permission, what=what)
+    return team
+
+
 def team_resolve(user: Any, value: Any, *, field: str = "team") -> Team:
     """The team ``value`` names (a slug, or an id) among ``user``'s teams (any team for staff);
     InvalidInput on ``field`` otherwise, the same for a team that does not exist and one the user
@@ -248,7 +266,8 @@ def team_rename(*, team: Team, name: str) -> Team:
 
 def team_delete(*, team: Team) -> None:
     """Delete a shared team that holds no task (deleted tasks included: their history is the
-    team's). A personal team is never deleted (it goes with its user)."""
+    team's), and no limit, calendar, artifact, notification channel or rule. A personal team is
+    never deleted (it goes with its user)."""
     if team.personal:
         raise InvalidInput.on("team", "A personal team cannot be deleted.")
     with transaction.atomic():
@@ -260,6 +279,17 @@ def team_delete(*, team: Team) -> None:
                 f"The team still holds {held} task(s) (deleted ones keep their history here): "
                 "move or delete them first.",
             )
+        # What else a team owns (the notification app's through the relations it declares here).
+        owned = {
+            "limit(s)": locked.limits.count(),
+            "calendar(s)": locked.calendars.count(),
+            "artifact(s)": locked.artifacts.count(),
+            "notification channel(s)": locked.notification_channels.count(),
+            "notification rule(s)": locked.notification_rules.count(),
+        }
+        left = ", ".join(f"{count} {what}" for what, count in owned.items() if count)
+        if left:
+            raise InvalidInput.on("team", f"The team still holds {left}: delete them first.")
         _audit_team(locked, "delete", changes={"name": locked.name, "slug": locked.slug})
         locked.delete()
 

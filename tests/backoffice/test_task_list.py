@@ -100,7 +100,9 @@ def test_the_delivery_log_pages_by_the_same_keyset(alice_client, user):
     from notifications.models import Channel, Delivery, DeliveryStatus
     from tests.backoffice.helpers import walk_pages
 
-    channel = Channel.objects.create(owner=user, name="hook", kind="webhook", target="https://example.invalid/h")
+    channel = Channel.objects.create(
+        owner=user, team=user.personal_team, name="hook", kind="webhook", target="https://example.invalid/h"
+    )
     for n in range(LOG_PAGE + 9):
         status = DeliveryStatus.FAILED if n % 2 else DeliveryStatus.DELIVERED
         Delivery.objects.create(channel=channel, event="failure", status=status, payload={}, idempotency_key=f"k{n}")

@@ -31,7 +31,7 @@ def _send_all() -> list[str]:
 
 
 def _failing(task, channel) -> Delivery:
-    rule = Rule.objects.create(owner=task.owner, channel=channel, task=task, on_failure=True)
+    rule = Rule.objects.create(owner=task.owner, team_id=task.team_id, channel=channel, task=task, on_failure=True)
     delivery = dispatch.notify(rule, task, "failing", f"src:{task.pk}", execution_id=1, attempt=1)
     assert isinstance(delivery, Delivery)
     return delivery
