@@ -114,8 +114,8 @@ def team_quota_set(*, team: Team, **limits: int | None) -> TeamQuota:
     ``max_artifact_bytes``; None: back to the default, 0: no limit) and its ``fair_weight`` (its
     share of the workers when more is due than they can start; 1 to 1000, None: the default
     ``TMS_FAIR_WEIGHT``). Fields not given keep their values. :class:`InvalidInput` (per field)
-    on a bad value, and nothing is changed. Audited (``quota.update``) when something changed.
-    For operators (the admin, the API's ``PATCH /teams/{id}/quota``) and tooling."""
+    on a bad value, and nothing is changed. Audited (``quota.update``, for staff, as team changes
+    are) when something changed. For operators (the admin, the API's ``PATCH /teams/{id}/quota``) and tooling."""
     errors = quota_check_values(limits)
     if errors:
         raise InvalidInput(errors)
@@ -134,7 +134,7 @@ def team_quota_set(*, team: Team, **limits: int | None) -> TeamQuota:
                 action="quota.update",
                 object_type="team",
                 object_id=team.pk,
-                owner=team.personal_of_id,
+                owner=None,  # as the teams' own entries: for staff
                 changes=changes,
                 detail=f"quota of team {team.slug}",
             )

@@ -195,7 +195,7 @@ def test_the_pick_of_a_herd_reads_the_team_index_a_few_rows_per_level():
             execution="executions_execution", quota="tasks_app_teamquota", due_by="statement_timestamp()"
         )
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"limit": 8, "weight": 1})
-        (plan,), = cursor.fetchone()
+        ((plan,),) = cursor.fetchone()
 
     def nodes(node):
         yield node
