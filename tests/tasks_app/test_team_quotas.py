@@ -243,6 +243,46 @@ def test_a_bad_quota_change_is_a_400_on_its_field(django_user_model, ops, body, 
     assert not TeamQuota.objects.filter(team=ops).exists()
 
 
+# --- the command -------------------------------------------------------------------------------------
+
+
+def test_the_command_sets_a_team_s_quota_and_user_means_the_personal_team(user, ops):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("tms_quota", "--team", "ops", "--max-tasks", "5", "--fair-weight", "3", stdout=out)
+    assert (team_limits(ops.pk).max_tasks, team_limits(ops.pk).fair_weight) == (5, 3)
+    assert "max_tasks: 5 (in force: 5)" in out.getvalue()
+    call_command("tms_quota", "--user", user.username, "--max-executions-per-hour", "0", stdout=StringIO())
+    assert owner_limits(user).max_executions_per_hour == 0
+    call_command("tms_quota", "--team", str(ops.pk), "--max-tasks", "default", stdout=StringIO())
+    assert TeamQuota.objects.get(team=ops).max_tasks is None
+    entry = AuditEntry.objects.filter(action="quota.update").order_by("id").first()
+    assert entry.source == "command:tms_quota"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--team", "nope"], "--team: no team 'nope'"),
+        (["--user", "nobody"], "--user: no user 'nobody'"),
+        (["--team", "ops", "--max-tasks", "many"], "--max-tasks: 'many' is not a whole number"),
+        (["--team", "ops", "--fair-weight", "0"], "--fair-weight: Must be between 1 and 1000"),
+    ],
+)
+def test_the_command_refuses_bad_input_and_changes_nothing(ops, args, message):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError) as refused:
+        call_command("tms_quota", *args, stdout=StringIO())
+    assert message in str(refused.value)
+    assert not TeamQuota.objects.filter(team=ops).exists()
+
+
 # --- an existing install -----------------------------------------------------------------------------
 
 BEFORE = [("tasks_app", "0028_task_team_not_null"), ("executions", "0027_steps_published_sequence")]
