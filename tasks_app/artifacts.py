@@ -47,7 +47,7 @@ def _digest(chunks: Iterable[bytes]) -> tuple[str, int]:
 def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Artifact:
     """Store an uploaded binary or script and record its SHA-256 and size. Raises
     :class:`InvalidInput` on ``file`` when it is empty, larger than ``TMS_ARTIFACT_MAX_BYTES``
-    or beyond the owner's artifact quota (``TMS_QUOTA_ARTIFACT_BYTES``)."""
+    or beyond the artifact quota of the owner's personal team (``TMS_QUOTA_ARTIFACT_BYTES``)."""
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:
         raise InvalidInput.on("file", f"Artifacts may be at most {limit} bytes.")
@@ -57,7 +57,7 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "") -> Art
     upload.seek(0)
     artifact = Artifact(owner=owner, name=name or os.path.basename(upload.name or "artifact"), sha256=sha256, size=size)
     with transaction.atomic():
-        # Under the owner's quota lock: two concurrent uploads cannot both take the last bytes.
+        # Under the team's quota lock: two concurrent uploads cannot both take the last bytes.
         quota_check_artifact(owner=owner, size=size)
         artifact.file.save(os.path.basename(upload.name or "artifact"), upload, save=False)
         artifact.save()
