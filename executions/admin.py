@@ -293,7 +293,7 @@ class ExecutionAdmin(ReadOnlyAdmin):
     @admin.action(description="Replay selected executions (finished ones)", permissions=["operate"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         """The API's replay (:func:`executions_replay_by_user`), once per owner of the selection:
-        each owner's all or nothing, against that owner's quota, one audit entry each."""
+        each owner's all or nothing, against the quotas of their tasks' teams, one audit entry each."""
         actor = actor_for(request_user(request))
         by_owner: dict[int, list[int]] = {}
         for pk, owner_id in queryset.order_by("pk").values_list("pk", "owner_id")[: ACTION_MAX + 1]:

@@ -1,11 +1,12 @@
-"""Fair share between owners: which due runs the monitor publishes next, and how many.
+"""Fair share between teams: which due runs the monitor publishes next, and how many.
 
 The broker queue is first in, first out within a priority, so fairness has to be decided before
-a run is published: once one owner's herd of 10,000 is in the queue, another owner's single run
+a run is published: once one team's herd of 10,000 is in the queue, another team's single run
 waits behind all of it. The monitor therefore keeps the queue shallow (:class:`Pacer`: about
 ``TMS_MONITOR_QUEUE_SECONDS`` of work published and not yet started, at the rate the workers
-start runs) and fills it by :func:`pick_fair` (weighted round-robin between owners, priority then
-due order within an owner). The policy is stated in docs/when-a-run-may-start.md.
+start runs) and fills it by :func:`pick_fair` (weighted round-robin between teams, priority then
+due order within a team). Two users of one team share that team's one share. The policy is
+stated in docs/when-a-run-may-start.md.
 """
 
 from __future__ import annotations
@@ -23,51 +24,51 @@ from django.db.models.functions import Now
 
 from executions import transitions
 from executions.models import Execution, ExecutionStatus
-from tasks_app.models import OwnerQuota
+from tasks_app.models import TeamQuota
 from tms_core.clock import db_now
 from tms_core.conf import TmsSettings, tms_settings
 
-#: The fair order of the due SCHEDULED runs, set-based: each owner's runs are numbered (their
+#: The fair order of the due SCHEDULED runs, set-based: each team's runs are numbered (their
 #: ``turn``: priority first, then due time) and a turn is worth ``turn / weight``, so over any
-#: stretch an owner of weight 3 gets three runs for one of an owner of weight 1 (the steady state
-#: of deficit round-robin with a quantum of ``weight`` runs). Ties go to the heavier owner, then
-#: the higher priority, the earlier due time, the lower id. No owner can be given more than
-#: ``limit`` runs, so only each owner's first ``limit`` turns are read.
+#: stretch a team of weight 3 gets three runs for one of a team of weight 1 (the steady state
+#: of deficit round-robin with a quantum of ``weight`` runs). Ties go to the heavier team, then
+#: the higher priority, the earlier due time, the lower id. No team can be given more than
+#: ``limit`` runs, so only each team's first ``limit`` turns are read.
 #:
-#: On PostgreSQL that read is a few index probes per owner, whatever the backlog: the (owner,
-#: priority) levels that have runs waiting come from a skip scan of ``execution_fair_idx`` (one
-#: probe each; nothing at all when no run is due), then each level's next due runs from the same
-#: index (``owner_id, priority`` equal, ``due_at`` up to now, in due order). Numbering every due
-#: row joined to its task, as the first version did, read and sorted the whole backlog at every
-#: top-up: 22 ms a pick with 10,000 runs of one owner due (10 picks a second while the queue is
-#: held back), against 0.9 ms.
+#: On PostgreSQL that read is a few index probes per team, whatever the backlog: the (team,
+#: priority) levels that have runs waiting come from a skip scan of ``execution_team_fair_idx``
+#: (one probe each; nothing at all when no run is due), then each level's next due runs from the
+#: same index (``team_id, priority`` equal, ``due_at`` up to now, in due order). Numbering every
+#: due row joined to its task, as the first version did, read and sorted the whole backlog at
+#: every top-up: 22 ms a pick with 10,000 runs of one owner due (10 picks a second while the
+#: queue is held back), against 0.9 ms.
 _FAIR_PG_SQL = """
 WITH RECURSIVE levels AS (
-    (SELECT e.owner_id, e.priority FROM {execution} e
+    (SELECT e.team_id, e.priority FROM {execution} e
      WHERE e.status = 'SCHEDULED'
        AND EXISTS (SELECT 1 FROM {execution} d WHERE d.status = 'SCHEDULED' AND d.due_at <= {due_by})
-     ORDER BY e.owner_id, e.priority LIMIT 1)
+     ORDER BY e.team_id, e.priority LIMIT 1)
     UNION ALL
-    SELECT n.owner_id, n.priority FROM levels l
+    SELECT n.team_id, n.priority FROM levels l
     CROSS JOIN LATERAL (
-        SELECT e.owner_id, e.priority FROM {execution} e
-        WHERE e.status = 'SCHEDULED' AND (e.owner_id, e.priority) > (l.owner_id, l.priority)
-        ORDER BY e.owner_id, e.priority LIMIT 1
+        SELECT e.team_id, e.priority FROM {execution} e
+        WHERE e.status = 'SCHEDULED' AND (e.team_id, e.priority) > (l.team_id, l.priority)
+        ORDER BY e.team_id, e.priority LIMIT 1
     ) n
 ), turns AS (
-    SELECT l.owner_id, r.id, l.priority, r.due_at,
-           row_number() OVER (PARTITION BY l.owner_id ORDER BY l.priority DESC, r.due_at, r.id) AS turn
+    SELECT l.team_id, r.id, l.priority, r.due_at,
+           row_number() OVER (PARTITION BY l.team_id ORDER BY l.priority DESC, r.due_at, r.id) AS turn
     FROM levels l
     CROSS JOIN LATERAL (
         SELECT e.id, e.due_at FROM {execution} e
-        WHERE e.owner_id = l.owner_id AND e.priority = l.priority AND e.status = 'SCHEDULED'
+        WHERE e.team_id = l.team_id AND e.priority = l.priority AND e.status = 'SCHEDULED'
           AND e.due_at <= {due_by}
         ORDER BY e.due_at, e.id LIMIT %(limit)s
     ) r
 )
 SELECT d.id
 FROM turns d
-LEFT JOIN {quota} q ON q.user_id = d.owner_id
+LEFT JOIN {quota} q ON q.team_id = d.team_id
 WHERE d.turn <= %(limit)s
 ORDER BY d.turn::float8 / COALESCE(q.fair_weight, %(weight)s), COALESCE(q.fair_weight, %(weight)s) DESC,
          d.priority DESC, d.due_at, d.id
@@ -77,14 +78,14 @@ LIMIT %(limit)s
 #: The same order for the embedded SQLite default (no LATERAL): every due row numbered.
 _FAIR_SQL = """
 WITH due AS (
-    SELECT e.id, e.priority, e.due_at, e.owner_id,
-           row_number() OVER (PARTITION BY e.owner_id ORDER BY e.priority DESC, e.due_at, e.id) AS turn
+    SELECT e.id, e.priority, e.due_at, e.team_id,
+           row_number() OVER (PARTITION BY e.team_id ORDER BY e.priority DESC, e.due_at, e.id) AS turn
     FROM {execution} e
     WHERE e.status = 'SCHEDULED' AND e.due_at <= %(now)s
 )
 SELECT d.id
 FROM due d
-LEFT JOIN {quota} q ON q.user_id = d.owner_id
+LEFT JOIN {quota} q ON q.team_id = d.team_id
 WHERE d.turn <= %(limit)s
 ORDER BY d.turn * 1.0 / COALESCE(q.fair_weight, %(weight)s), COALESCE(q.fair_weight, %(weight)s) DESC,
          d.priority DESC, d.due_at, d.id
@@ -101,7 +102,7 @@ def pick_fair(*, limit: int, default_weight: int | None = None, ahead: float = 0
     weight = default_weight if default_weight is not None else tms_settings().FAIR_WEIGHT
     names = {
         "execution": connection.ops.quote_name(Execution._meta.db_table),
-        "quota": connection.ops.quote_name(OwnerQuota._meta.db_table),
+        "quota": connection.ops.quote_name(TeamQuota._meta.db_table),
     }
     params: dict[str, Any] = {"limit": limit, "weight": weight}
     if connection.vendor == "postgresql":

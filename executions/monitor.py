@@ -12,7 +12,7 @@ passes it sleeps until the next due time, a Postgres ``NOTIFY``, or ``MONITOR_MA
 
 Fair share (:mod:`executions.fairness`): when more is due than the workers start, the monitor
 publishes only enough to keep about ``MONITOR_QUEUE_SECONDS`` of work queued, chosen by weighted
-round-robin between owners, and tops the queue up every ``MONITOR_TOPUP_INTERVAL``.
+round-robin between teams, and tops the queue up every ``MONITOR_TOPUP_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class Monitor:
         self.publish_many = publish_many
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
         self.listener = DueListener()
-        #: Fair share (executions.fairness): keeps the queue shallow and fills it owner by owner;
+        #: Fair share (executions.fairness): keeps the queue shallow and fills it team by team;
         #: None when TMS_MONITOR_QUEUE_SECONDS is 0 (everything due is published at once).
         self.pacer = fairness.Pacer(self.conf) if self.conf.MONITOR_QUEUE_SECONDS > 0 else None
         self.stats = MonitorStats()

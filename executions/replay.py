@@ -9,6 +9,7 @@ them or none.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +23,7 @@ from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
-from tasks_app.quotas import quota_charge_executions
+from tasks_app.quotas import quota_charge_executions_of
 from tasks_app.run_config import config_override, input_check
 from tasks_app.run_input import check_input
 from tasks_app.secrets import config_masked
@@ -124,9 +125,10 @@ def executions_replay_by_user(
     ``dry_run`` checks all of it, the quota included (the same refusals), and creates and counts
     nothing.
 
-    All or nothing: the new runs count against the owner's hourly quota of executions created on
-    request (:class:`QuotaExceeded`, or :class:`InvalidInput` when they never fit, before
-    anything is created), and one audit entry names the count and the selection.
+    All or nothing: the new runs count against the hourly quota of executions created on request
+    of their tasks' teams, each team its own runs (:class:`QuotaExceeded`, or
+    :class:`InvalidInput` when they never fit, before anything is created), and one audit entry
+    names the count and the selection.
 
     ``visible`` is where the executions are looked for (the caller's teams', from
     :func:`replay_select`'s checks); by default the owner's own."""
@@ -140,7 +142,7 @@ def executions_replay_by_user(
     rows = list(
         (visible if visible is not None else Execution.objects.filter(owner_id=owner_id))
         .filter(pk__in=ids)
-        .only("pk", "status", "task_id", "finished_at")
+        .only("pk", "status", "task_id", "team_id", "finished_at")
         .order_by("finished_at", "id")
     )
     by_id = {row.pk: row for row in rows}
@@ -166,11 +168,12 @@ def executions_replay_by_user(
             if lost:
                 dropped[str(task.pk)] = lost
     order = [row.pk for row in rows]
+    per_team = Counter(row.team_id for row in rows)  # each run counts against the team of its task
     if dry_run and rows:
         # Would the runs fit the quota now? Charged and rolled back: the same refusal (429, or 400
         # when they never fit) as the replay itself would meet, and nothing counted.
         with transaction.atomic():
-            quota_charge_executions(owner_id=owner_id, count=len(rows))
+            quota_charge_executions_of(per_team)
             transaction.set_rollback(True)
     if dry_run or not rows:
         return ReplayReport(dry_run=dry_run, replayed=order, dropped_secrets=dropped)
@@ -178,7 +181,7 @@ def executions_replay_by_user(
         transitions.Replay(row.pk, run_input=run_input, config_override=overrides.get(row.task_id)) for row in rows
     ]
     with transaction.atomic():
-        quota_charge_executions(owner_id=owner_id, count=len(replays))
+        quota_charge_executions_of(per_team)
         created = transitions.executions_replay(replays=replays, actor=actor)
         if not all(created):  # the transaction, quota charge included, is rolled back
             raise ConflictError("A task of the selection was deleted meanwhile: nothing was replayed.")

@@ -123,13 +123,14 @@ def execution_retry_by_user(*, execution: Execution, actor: str) -> Execution:
     (``retry_of`` = the old one, attempt = its attempt + 1); the old execution stays as it was.
 
     Raises :class:`ConflictError` when it is not FAILED or CANCELLED, was already retried, or
-    its task was deleted, and :class:`QuotaExceeded` when the owner's hourly execution quota is
+    its task was deleted, and :class:`QuotaExceeded` when the hourly execution quota of the task's team is
     used up (the retry counts against it).
     """
-    owner_id = Task.objects.filter(pk=execution.task_id).values_list("owner_id", flat=True).first()
+    # The team of the task (the execution's copy of it follows the task when it moves).
+    team_id = Task.objects.filter(pk=execution.task_id).values_list("team_id", flat=True).first()
     with transaction.atomic():
-        if owner_id is not None:
-            quota_charge_executions(owner_id=owner_id, count=1)
+        if team_id is not None:
+            quota_charge_executions(team_id=team_id, count=1)
         new_id = transitions.execution_retry(execution_id=execution.pk, actor=actor)
         if new_id is None:
             transaction.set_rollback(True)  # nothing created: nothing counted
@@ -160,7 +161,7 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
     Idempotent: occurrences that already exist are not created again. Raises
     :class:`ConflictError` for a paused task and :class:`InvalidInput` (on ``until``) when
     ``until`` is further ahead than ``TMS_MATERIALISE_MAX_AHEAD`` or would create more than
-    ``TMS_MATERIALISE_MAX`` executions. The executions it creates count against the owner's
+    ``TMS_MATERIALISE_MAX`` executions. The executions it creates count against the team's
     hourly quota of executions created on request (:class:`QuotaExceeded`, 429, when they do not
     fit: nothing is created).
     """
@@ -183,9 +184,9 @@ def executions_materialise(*, task: Task, until: datetime) -> list[int]:
                 )
     with transaction.atomic():
         ids = materialise_task(task_id=task.pk, until=until)
-        # Created on request, like run now and backfill: against the owner's hourly quota (over
+        # Created on request, like run now and backfill: against the team's hourly quota (over
         # it, this transaction, executions included, is rolled back).
-        quota_charge_executions(owner_id=task.owner_id, count=len(ids), field="until")
+        quota_charge_executions(team_id=task.team_id, count=len(ids), field="until")
         if ids:
             audit_record(
                 action=AuditAction.MATERIALISE,

@@ -546,14 +546,14 @@ def _start(
         )
     rate = runner.launch_rate()
     if rate is not None:
-        # The runner's send rate, per owner across every worker: counted in PostgreSQL (runners
+        # The runner's send rate, per team across every worker: counted in PostgreSQL (runners
         # never touch the database). Over it, the launch waits, still RUNNING without a run id and
         # without a lease, until a poll message resumes it (_resume starts it again): no attempt
         # is used up and no worker is held.
-        wait = rate_take(owner_id=task.owner_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
+        wait = rate_take(team_id=task.team_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
         if wait:
             logger.info(
-                "execution %s: runner %s allows %s launches per %gs per owner; deferred %.1fs",
+                "execution %s: runner %s allows %s launches per %gs per team; deferred %.1fs",
                 execution.pk,
                 task.runner,
                 rate[0],

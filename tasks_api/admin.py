@@ -49,8 +49,8 @@ from tasks_api.states import task_next_run, task_state, with_state
 from tasks_api.workflows import Neighbour, task_after_entries, task_neighbours
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
-from tasks_app.models import AuditEntry, Calendar, Limit, OwnerQuota, Task, TaskHook, TaskStatus, TaskVersion
-from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.models import AuditEntry, Calendar, Limit, Task, TaskHook, TaskStatus, TaskVersion, TeamQuota
+from tasks_app.quotas import QUOTA_FIELDS, team_limits, team_quota_set
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
@@ -498,18 +498,35 @@ class AuditEntryAdmin(_ReadOnlyAdmin):
     ]
 
 
-@admin.register(OwnerQuota)
-class OwnerQuotaAdmin(admin.ModelAdmin):
-    """Per-owner limits; an empty field means the TMS_QUOTA_* default. Superusers change them
-    (through :func:`tasks_app.quotas.owner_quota_set`), staff may look."""
+@admin.register(TeamQuota)
+class TeamQuotaAdmin(admin.ModelAdmin):
+    """Per-team limits; an empty field means the TMS_QUOTA_* default. Staff with the permission
+    ``tasks_app.change_teamquota`` (superusers) change them, through
+    :func:`tasks_app.quotas.team_quota_set`; other staff may look. A user's quota before teams is
+    their personal team's: search by username."""
 
-    list_display = ("user", "max_tasks", "max_executions_per_hour", "max_artifact_bytes", "fair_weight", "effective")
-    search_fields = ("user__username",)
-    autocomplete_fields = ("user",)
+    list_display = (
+        "team",
+        "personal_of",
+        "max_tasks",
+        "max_executions_per_hour",
+        "max_artifact_bytes",
+        "fair_weight",
+        "effective",
+    )
+    search_fields = ("team__slug", "team__name", "team__personal_of__username")
+    # The team's id (teams have no admin page of their own to search in).
+    raw_id_fields = ("team",)
+    list_select_related = ("team__personal_of",)
+
+    @admin.display(description="Personal team of")
+    def personal_of(self, quota: TeamQuota) -> str:
+        user = quota.team.personal_of
+        return user.get_username() if user is not None else "-"
 
     @admin.display(description="In force (0: no limit)")
-    def effective(self, quota: OwnerQuota) -> str:
-        limits = owner_limits(quota.user)
+    def effective(self, quota: TeamQuota) -> str:
+        limits = team_limits(quota.team_id)
         return (
             f"{limits.max_tasks} tasks, {limits.max_executions_per_hour} runs/hour on request, "
             f"{limits.max_artifact_bytes} artifact bytes, fair-share weight {limits.fair_weight}"
@@ -519,22 +536,16 @@ class OwnerQuotaAdmin(admin.ModelAdmin):
         return bool(request.user.is_staff)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_superuser)
+        return bool(request.user.is_staff and request.user.has_perm("tasks_app.change_teamquota"))
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
+        return bool(request.user.is_staff and request.user.has_perm("tasks_app.change_teamquota"))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_superuser)
+        return bool(request.user.is_staff and request.user.has_perm("tasks_app.change_teamquota"))
 
-    def save_model(self, request: HttpRequest, obj: OwnerQuota, form: Any, change: bool) -> None:
-        owner_quota_set(
-            owner=obj.user,
-            max_tasks=obj.max_tasks,
-            max_executions_per_hour=obj.max_executions_per_hour,
-            max_artifact_bytes=obj.max_artifact_bytes,
-            fair_weight=obj.fair_weight,
-        )
+    def save_model(self, request: HttpRequest, obj: TeamQuota, form: Any, change: bool) -> None:
+        team_quota_set(team=obj.team, **{name: getattr(obj, name) for name in QUOTA_FIELDS})
 
 
 #: What the limit services take. Not the form's ``Meta.fields``: the admin's form subclass lists

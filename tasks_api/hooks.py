@@ -3,7 +3,7 @@
 A trigger URL (:class:`tasks_app.models.TaskHook`) lets an outside system start a run of one
 task without a user's token, proving itself with the URL's own secret (:mod:`tasks_app.hooks`).
 A run it starts goes through :func:`tasks_api.services.task_trigger`, as ``POST
-/api/v1/tasks/{id}/trigger`` does, so the owner's quota, ``trigger_debounce`` and the
+/api/v1/tasks/{id}/trigger`` does, so the team's quota, ``trigger_debounce`` and the
 ``Idempotency-Key`` header behave the same; the audit log names the trigger URL as who acted.
 """
 

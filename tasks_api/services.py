@@ -366,8 +366,8 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
 
     Every spec is validated before anything is written: one bad spec fails the whole call with
     its errors keyed by position (``{"3": {"interval": [...]}}``, :class:`InvalidInput`) and
-    writes nothing. The owner's task quota is checked once for the whole batch (under the
-    owner's quota lock, so concurrent creates take turns); the tasks, their audit entries and
+    writes nothing. The team's task quota is checked once for the whole batch (under the
+    team's quota lock, so concurrent creates take turns); the tasks, their audit entries and
     their executions are each one INSERT of column arrays, and the monitor is notified once.
 
     The tasks returned carry what the API shows of a new task (its state, when it next runs,
@@ -420,7 +420,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
             task.status = TaskStatus.COMPLETED
     ids: list[int] = []
     with transaction.atomic():
-        quota_check_tasks(owner=owner, adding=len(tasks))
+        quota_check_tasks(team_id=team.pk, adding=len(tasks))
         # The writes below go to PostgreSQL in one round trip (the last one carries the others).
         with sent_together():
             _insert_tasks(tasks)
@@ -831,7 +831,9 @@ def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[s
 
 def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] = ()) -> Task:
     """Move ``task`` (and its executions, past and future) to ``team``: ``user`` needs the editor
-    role in both teams (PermissionDenied otherwise). Audited as an update of ``team``.
+    role in both teams (PermissionDenied otherwise). Audited as an update of ``team``. A task
+    not deleted counts against ``team``'s task quota from then on: :class:`InvalidInput` when
+    the team holds as many as its quota allows.
 
     A task uses only its own team's calendars, limits and artifacts: a move is refused (400 on the
     field) while the task uses ones of its old team that ``replacing`` (the fields the same
@@ -850,6 +852,8 @@ def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] 
         refusals = _move_refusals(task, team, replacing)
         if refusals:
             raise InvalidInput(refusals)
+        if task.status != TaskStatus.DELETED:
+            quota_check_tasks(team_id=team.pk, adding=1)
         before = Team.objects.filter(pk=task.team_id).values_list("slug", flat=True).first()
         Task.objects.filter(pk=task.pk).update(team=team, updated_at=timezone.now())
         Execution.objects.filter(task_id=task.pk).update(team_id=team.pk)
@@ -925,7 +929,7 @@ def task_check_input(*, task: Task, run_input: dict[str, Any] | None) -> None:
 def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = None) -> Trigger:
     """Run a task now, once, outside its schedule (whatever its status, unless deleted): a new
     execution due now, given ``run_input`` (checked by :func:`task_check_input`: 400 on
-    ``input``). It counts against the owner's hourly execution quota
+    ``input``). It counts against the hourly execution quota of the task's team
     (:class:`~tms_core.errors.QuotaExceeded` when used up).
 
     With ``trigger_debounce`` the run is due that long from now instead, and a trigger while a
@@ -939,7 +943,7 @@ def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = N
         with transaction.atomic():
             if task.trigger_debounce is not None:
                 # FOR NO KEY UPDATE: debounced triggers of the task take turns, while the inserts
-                # of executions (FOR KEY SHARE of the task, after the owner's quota lock, as a
+                # of executions (FOR KEY SHARE of the task, after the team's quota lock, as a
                 # backfill takes them) are not blocked: a full lock here, before the quota's,
                 # could deadlock with them.
                 task = _lock(task.pk, no_key=True)
@@ -953,8 +957,8 @@ def task_trigger(*, task: Task, actor: str, run_input: dict[str, Any] | None = N
                     )
                     return Trigger(waiting, joined=True, debounced=True)
                 # None waiting, or it was taken since it was read: this trigger's run is a new one.
-            # Counted (under the owner's quota lock) in the transaction that creates it.
-            quota_charge_executions(owner_id=task.owner_id, count=1)
+            # Counted (under the team's quota lock) in the transaction that creates it.
+            quota_charge_executions(team_id=task.team_id, count=1)
             new_id = transitions.execution_trigger(
                 task_id=task.pk,
                 actor=actor,
@@ -1047,7 +1051,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
     execution each, all due now. They are claimed under the task's overlap policy like any other
     run. At most ``TMS_BACKFILL_MAX`` fire times per call (a wider range is :class:`InvalidInput`);
     ``end`` must not be in the future. Fire times already run, running or waiting are counted in
-    ``existing`` and not created again. The executions created count against the owner's hourly
+    ``existing`` and not created again. The executions created count against the team's hourly
     execution quota: all of them fit, or none is created (:class:`~tms_core.errors.QuotaExceeded`).
     """
     backfill_max = tms_settings().BACKFILL_MAX
@@ -1087,7 +1091,7 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         if when not in existing
     ]
     with transaction.atomic():
-        quota_charge_executions(owner_id=task.owner_id, count=len(rows), field="end")
+        quota_charge_executions(team_id=task.team_id, count=len(rows), field="end")
         ids = executions_create(
             rows=rows,
             actor=actor,

@@ -53,7 +53,7 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "", team: 
     """Store an uploaded binary or script and record its SHA-256 and size, in ``team`` (default:
     ``owner``'s personal team; ``owner`` needs the editor role in it, else PermissionDenied): the
     team's tasks may run it. Raises :class:`InvalidInput` on ``file`` when it is empty, larger
-    than ``TMS_ARTIFACT_MAX_BYTES`` or beyond the owner's artifact quota (``TMS_QUOTA_ARTIFACT_BYTES``)."""
+    than ``TMS_ARTIFACT_MAX_BYTES`` or beyond the team's artifact quota (``TMS_QUOTA_ARTIFACT_BYTES``)."""
     team = _team(owner, team)
     limit = settings.TMS_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:
@@ -66,8 +66,8 @@ def artifact_create(*, owner: User, upload: UploadedFile, name: str = "", team: 
         owner=owner, team=team, name=name or os.path.basename(upload.name or "artifact"), sha256=sha256, size=size
     )
     with transaction.atomic():
-        # Under the owner's quota lock: two concurrent uploads cannot both take the last bytes.
-        quota_check_artifact(owner=owner, size=size)
+        # Under the team's quota lock: two concurrent uploads cannot both take the last bytes.
+        quota_check_artifact(team_id=team.pk, size=size)
         artifact.file.save(os.path.basename(upload.name or "artifact"), upload, save=False)
         artifact.save()
     return artifact
@@ -146,7 +146,7 @@ def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any, tea
     s3 = _s3_client_and_bucket()
     with transaction.atomic():
         # The multipart path's quota check, under the same lock: the declared size is held from now.
-        quota_check_artifact(owner=owner, size=size, field="size")
+        quota_check_artifact(team_id=team.pk, size=size, field="size")
         if s3 is not None:
             artifact.file.name = artifact_upload_to(artifact, name)
         artifact.save()

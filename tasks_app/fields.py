@@ -74,7 +74,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     # (audited as its id) and changed only by tasks_api.services.task_move (editor in both teams,
     # its own audit entry), never by a partial update's setattr.
     TaskField("team", OTHER, updatable=False),
-    _state("owner", shown=False),  # who created it (its quotas are theirs)
+    _state("owner", shown=False),  # who created it (its quotas are its team's)
     _state("has_limits", shown=False),  # whether ``limits`` names any: routes claims to the check
     _state("has_after", shown=False),  # whether ``after`` names any: read only then
     _state("next_run_at"),  # the materialisation cursor (the API's ``next_occurrence_at``)

@@ -688,26 +688,27 @@ class AuditEntry(models.Model):
         return f"{self.actor_name} {self.action} {self.object_type} {self.object_id}"
 
 
-class OwnerQuota(models.Model):
-    """An owner's limits, where an operator set them; an empty field (or no row) means the
-    default from the ``TMS_QUOTA_*`` settings, and 0 means no limit.
+class TeamQuota(models.Model):
+    """A team's limits, where an operator set them; an empty field (or no row) means the default
+    from the ``TMS_QUOTA_*`` settings, and 0 means no limit. Everything a quota counts is the
+    team's: its tasks, the runs started on request of its tasks, its artifact bytes, and its share
+    of the workers (``fair_weight``) against other teams.
 
-    The row is also what serialises an owner's quota-checked writes: each check locks it
+    The row is also what serialises a team's quota-checked writes: each check locks it
     (``SELECT ... FOR UPDATE``) before it counts and writes, so two concurrent requests can never
-    both pass the last free unit (see :mod:`tasks_app.quotas`). A row is created for an owner at
-    their first checked write, with every limit empty.
+    both pass the last free unit (see :mod:`tasks_app.quotas`). A row is created for a team at
+    its first checked write, with every limit empty. Before teams the row was per user
+    (``OwnerQuota``); migration 0032 moved each user's row to their personal team.
     """
 
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE, related_name="tms_quota"
-    )
+    team = models.OneToOneField(Team, primary_key=True, on_delete=models.CASCADE, related_name="quota")
     max_tasks = models.PositiveIntegerField(
         null=True, blank=True, help_text="Tasks (not deleted). Empty: TMS_QUOTA_MAX_TASKS; 0: no limit."
     )
     max_executions_per_hour = models.PositiveIntegerField(
         null=True,
         blank=True,
-        help_text="Executions created on request (run now, backfill, retry) per rolling hour. "
+        help_text="Executions created on request (run now, backfill, retry, replay) per rolling hour. "
         "Empty: TMS_QUOTA_EXECUTIONS_PER_HOUR; 0: no limit.",
     )
     max_artifact_bytes = models.PositiveBigIntegerField(
@@ -716,37 +717,37 @@ class OwnerQuota(models.Model):
     fair_weight = models.PositiveSmallIntegerField(
         null=True,
         blank=True,
-        # The same bounds as tasks_app.quotas.owner_quota_set checks, so the admin form names the field.
+        # The same bounds as tasks_app.quotas.team_quota_set checks, so the admin form names the field.
         validators=[MinValueValidator(1), MaxValueValidator(1000)],
-        help_text="Share of the workers when more is due than they can start, relative to other owners "
-        "(weighted round-robin: weight 3 starts three runs for one of a weight-1 owner). "
+        help_text="Share of the workers when more is due than they can start, relative to other teams "
+        "(weighted round-robin: weight 3 starts three runs for one of a weight-1 team). "
         "Empty: TMS_FAIR_WEIGHT (1). At least 1.",
     )
 
     class Meta:
-        verbose_name = "owner quota"
+        verbose_name = "team quota"
 
     def __str__(self) -> str:
-        return f"quota of user {self.user_id}"
+        return f"quota of team {self.team_id}"
 
 
 class QuotaUse(models.Model):
-    """One use counted against a rolling-window limit: executions created on request, or
-    messages a runner with a send rate sent. Rows older than their window are deleted by the
-    next check of the same owner and kind (under the owner's quota lock), so the table stays small.
+    """One use counted against a rolling-window limit of a team: executions created on request,
+    or messages a runner with a send rate sent. Rows older than their window are deleted by the
+    next check of the same team and kind (under the team's quota lock), so the table stays small.
     """
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+", db_index=False)
     #: ``executions``, or ``send:<runner alias>``.
     kind = models.CharField(max_length=80)
     amount = models.PositiveIntegerField()
     at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        indexes = [models.Index(fields=["owner", "kind", "at"], name="quota_use_owner_kind_at_idx")]
+        indexes = [models.Index(fields=["team", "kind", "at"], name="quota_use_team_kind_at_idx")]
 
     def __str__(self) -> str:
-        return f"{self.amount} {self.kind} of user {self.owner_id} at {self.at}"
+        return f"{self.amount} {self.kind} of team {self.team_id} at {self.at}"
 
 
 class TaskVersion(models.Model):

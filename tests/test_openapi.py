@@ -92,6 +92,8 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/api/v1/teams/{id}/members/{username}"),
         ("PATCH", "/api/v1/teams/{id}/members/{username}"),
         ("DELETE", "/api/v1/teams/{id}/members/{username}"),
+        ("GET", "/api/v1/teams/{id}/quota"),
+        ("PATCH", "/api/v1/teams/{id}/quota"),
         ("GET", "/api/v1/artifacts"),
         ("POST", "/api/v1/artifacts"),
         ("GET", "/api/v1/artifacts/{id}"),

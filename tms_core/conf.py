@@ -55,7 +55,7 @@ class TmsSettings:
     #: message, claim and commit each (at 1,000 runs/s one run per message took 1 ms of worker
     #: CPU each, more than the two cores had). 0: only runs due at one instant share a message.
     DISPATCH_WINDOW: float = 0.005
-    #: An owner's weight in the fair share when their OwnerQuota sets none.
+    #: A team's weight in the fair share when its TeamQuota sets none.
     FAIR_WEIGHT: int = 1
     #: Seconds between worker heartbeats, and between the lease extensions that the process
     #: working on an execution makes (a keeper thread: see executions.worker_services).
@@ -136,12 +136,12 @@ class TmsSettings:
     MAX_CONFIG_BYTES: int = 65536
     #: Most fire times one backfill request may create.
     BACKFILL_MAX: int = 500
-    #: Default per-owner quotas (an operator overrides them per user: tasks_app.models.OwnerQuota);
-    #: 0 means no limit. Tasks an owner may have (not deleted) ...
+    #: Default per-team quotas (an operator overrides them per team: tasks_app.models.TeamQuota);
+    #: 0 means no limit. Tasks a team may have (not deleted) ...
     QUOTA_MAX_TASKS: int = 1000
-    #: ... executions an owner may create on request (run now, backfill, retry) per rolling hour ...
+    #: ... executions a team's tasks may be given on request (run now, backfill, retry) per rolling hour ...
     QUOTA_EXECUTIONS_PER_HOUR: int = 1000
-    #: ... and bytes of uploaded artifacts an owner may keep.
+    #: ... and bytes of uploaded artifacts a team may keep.
     QUOTA_ARTIFACT_BYTES: int = 1024**3
 
     #: Seconds between beat-run notification dispatches (outbox -> deliveries -> senders).

@@ -94,18 +94,18 @@ def executions_take_due(
     return _take(base, states.TAKE, limit=limit, actor=actor, detail="")
 
 
-def executions_take_steps(ids: Collection[int], *, owners: Collection[int], actor: str) -> list[Dispatch]:
+def executions_take_steps(ids: Collection[int], *, teams: Collection[int], actor: str) -> list[Dispatch]:
     """In the caller's transaction (the one that ends their upstreams and creates them): move the
-    workflow steps ``ids`` (of runs of ``owners``) to PENDING for the ending worker to publish when
-    it commits. See :func:`executions.transitions.follow.publishing_steps`.
+    workflow steps ``ids`` (runs of the tasks of ``teams``) to PENDING for the ending worker to
+    publish when it commits. See :func:`executions.transitions.follow.publishing_steps`.
 
-    Not when another owner's run is due and waiting: fair share between owners is the monitor's
+    Not when another team's run is due and waiting: fair share between teams is the monitor's
     (:mod:`executions.fairness`), and the steps then wait their turn with the rest. A step may go
-    ahead of its own owner's waiting runs (a workflow run under way is finished first), of
+    ahead of its own team's waiting runs (a workflow run under way is finished first), of
     fewer than :data:`STEPS_AHEAD_OF_AT_MOST` (so that the check is one bounded read of the due
-    index, and exact: another owner's run due later than that many of the steps' owners' is
+    index, and exact: another team's run due later than that many of the steps' teams' is
     behind a backlog the steps leave to the monitor too). Nor when :data:`STEPS_QUEUED_AT_MOST`
-    runs or more are published and not started: that bounds how long a run of another owner that
+    runs or more are published and not started: that bounds how long a run of another team that
     comes due meanwhile waits behind the steps already sent, as the monitor's pacer bounds it.
     The check and the take are one statement (the rows are this transaction's own: no other
     monitor or worker can see them, nothing to skip or lock).
@@ -124,7 +124,7 @@ def executions_take_steps(ids: Collection[int], *, owners: Collection[int], acto
             pg_array(chosen),
             STEPS_AHEAD_OF_AT_MOST,
             STEPS_AHEAD_OF_AT_MOST,
-            pg_array(sorted(owners)),
+            pg_array(sorted(teams)),
             S.PENDING,
             STEPS_QUEUED_AT_MOST,
             STEPS_QUEUED_AT_MOST,
@@ -149,16 +149,16 @@ def executions_take_steps(ids: Collection[int], *, owners: Collection[int], acto
 
 #: Whether workflow steps may go out at once (:func:`executions_take_steps`), as the take's
 #: condition (PostgreSQL runs these uncorrelated subqueries once for the statement): fewer due
-#: runs waiting than the bound and none of another owner among them, fewer queued than the bound.
+#: runs waiting than the bound and none of another team among them, fewer queued than the bound.
 _STEPS_MAY_GO = (
-    f"(NOT EXISTS (SELECT 1 FROM (SELECT owner_id FROM {EXECUTIONS} WHERE status = %s"  # noqa: S608 - our table
+    f"(NOT EXISTS (SELECT 1 FROM (SELECT team_id FROM {EXECUTIONS} WHERE status = %s"  # noqa: S608 - our table
     " AND due_at <= statement_timestamp() AND NOT (id = ANY(%s::bigint[])) ORDER BY due_at LIMIT %s) AS ahead"
-    " HAVING count(*) >= %s OR bool_or(NOT (owner_id = ANY(%s::integer[]))))"
+    " HAVING count(*) >= %s OR bool_or(NOT (team_id = ANY(%s::integer[]))))"
     f" AND (SELECT count(*) FROM (SELECT 1 FROM {EXECUTIONS} WHERE status = %s LIMIT %s) AS queued) < %s)"
 )
 
 
-#: Of how many due runs of their own owners a worker's workflow steps may go ahead.
+#: Of how many due runs of their own teams a worker's workflow steps may go ahead.
 STEPS_AHEAD_OF_AT_MOST = 4096
 #: With this many runs published and not started, workflow steps wait for the monitor.
 STEPS_QUEUED_AT_MOST = 1024

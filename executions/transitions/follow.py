@@ -169,8 +169,8 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
         by_on[wanted[key][1]] += 1
     if created:
         publish = _step_publisher.get()
-        owners = {owner for _, owner in made.values()}
-        taken = executions_take_steps(created, owners=owners, actor=WORKFLOW_ACTOR) if publish is not None else []
+        teams = {team for _, team in made.values()}
+        taken = executions_take_steps(created, teams=teams, actor=WORKFLOW_ACTOR) if publish is not None else []
         if publish is not None and taken:
             transaction.on_commit(partial(publish, taken))  # published once the end is committed
         if len(taken) < len(created):
@@ -190,7 +190,7 @@ def publishing_steps(publish: StepPublisher) -> Iterator[None]:
     transaction and handed to ``publish`` once it commits, instead of waiting SCHEDULED for the
     monitor: a worker wraps its message handling in it. A chain's next step then costs no monitor
     pass, no fair-share hold and no extra commit; the steps a chunk's ends create go out together,
-    as a herd's runs do. Only while no other owner's run is due and waiting, and the queue is not
+    as a herd's runs do. Only while no other team's run is due and waiting, and the queue is not
     deep (:func:`~executions.transitions.dispatch.executions_take_steps`): fair share is the
     monitor's.
 
@@ -289,7 +289,7 @@ def _create_steps(
     wanted: Mapping[tuple[uuid.UUID, int], tuple[Mapping[uuid.UUID, Any], str]],
 ) -> dict[tuple[uuid.UUID, int], tuple[int, int]]:
     """Create the steps ``wanted`` (follower, workflow run) unless they exist, for ACTIVE tasks
-    only; return the created ones' ``(id, owner id)``. On PostgreSQL in one statement, a step it
+    only; return the created ones' ``(id, team id)``. On PostgreSQL in one statement, a step it
     could not insert (another run of its task at that very microsecond) then alone."""
     made: dict[tuple[uuid.UUID, int], tuple[int, int]] = {}
     rest = list(wanted)
@@ -307,14 +307,14 @@ def _create_steps(
             _STEPS_SQL.format(columns=_COLUMNS),
             params,
             Event("", S.SCHEDULED, WORKFLOW_ACTOR),
-            returning="id, attempt, task_id, workflow_run, owner_id, upstream",
-            select="SELECT id, task_id, workflow_run, owner_id FROM done",
+            returning="id, attempt, task_id, workflow_run, team_id, upstream",
+            select="SELECT id, task_id, workflow_run, team_id FROM done",
             detail_sql=_STEP_DETAIL_SQL,
         )
-        for execution_id, task_id, workflow_run, owner_id in rows:
+        for execution_id, task_id, workflow_run, team_id in rows:
             made[(task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)), workflow_run)] = (
                 int(execution_id),
-                int(owner_id),
+                int(team_id),
             )
         rest = [key for key in keys if key not in made]
     for follower, workflow_run in rest:
@@ -326,7 +326,7 @@ def _create_steps(
 
 def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.UUID, Any]) -> tuple[int, int] | None:
     """Insert ``follower``'s run of ``workflow_run`` (SCHEDULED, due now) unless it exists; an
-    ACTIVE task only (a paused or deleted one does not run). Returns its id and owner id, or None."""
+    ACTIVE task only (a paused or deleted one does not run). Returns its id and team id, or None."""
     ids = _upstream_ids(arrived)
     given = _step_input(arrived)
     json_field = Execution._meta.get_field("input")
@@ -350,7 +350,7 @@ def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.U
         params += [task_pk, TaskStatus.ACTIVE]
         statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
         rows = with_events(
-            statement, params, Event("", S.SCHEDULED, WORKFLOW_ACTOR, detail), returning="id, attempt, owner_id"
+            statement, params, Event("", S.SCHEDULED, WORKFLOW_ACTOR, detail), returning="id, attempt, team_id"
         )
         if rows:
             return int(rows[0][0]), int(rows[0][2])

@@ -1,6 +1,7 @@
-"""Fair share between owners (executions.fairness): the selection order, the pacing of the
-monitor, the owner weight setting, and on the running system a herd that does not starve
-another owner's runs."""
+"""Fair share between teams (executions.fairness): the selection order, the pacing of the
+monitor, the team weight setting, and on the running system a herd that does not starve
+another team's runs. Each user works in their personal team unless a test makes a shared one, so
+"an owner" below is a personal team."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -18,8 +20,9 @@ from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
 from tasks_api.services import task_bulk_create
-from tasks_app.models import OwnerQuota
-from tasks_app.quotas import owner_limits, owner_quota_set
+from tasks_app.models import Membership, TeamQuota, TeamRole
+from tasks_app.quotas import owner_limits, owner_quota_set, team_limits, team_quota_set
+from tasks_app.teams import personal_team_of, team_create
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_worker_ready
@@ -28,9 +31,11 @@ from tms_core.conf import tms_settings
 from tms_core.errors import InvalidInput
 
 
-def _due(owner, count: int, *, priority: int = 5, late: float = 60.0) -> list[int]:
-    """``count`` due SCHEDULED executions of one task of ``owner``, oldest first."""
-    task = TaskFactory(owner=owner, misfire_grace=timedelta(hours=1), priority=priority)
+def _due(owner, count: int, *, priority: int = 5, late: float = 60.0, team=None) -> list[int]:
+    """``count`` due SCHEDULED executions of one task of ``owner`` (in ``team``, by default the
+    owner's personal team), oldest first."""
+    team = team if team is not None else personal_team_of(owner)
+    task = TaskFactory(owner=owner, team=team, misfire_grace=timedelta(hours=1), priority=priority)
     now = timezone.now()
     return [
         ExecutionFactory(task=task, scheduled_for=now - timedelta(seconds=late - index / 10)).pk
@@ -91,11 +96,11 @@ def test_only_due_scheduled_rows_are_picked():
 
 def _fair_reference(*, limit: int, default_weight: int) -> list[int]:
     """The fair order computed in Python from every row: the definition ``pick_fair``'s index
-    reads (only each owner's first turns) must agree with."""
+    reads (only each team's first turns) must agree with."""
     now = db_now()
-    weights = dict(OwnerQuota.objects.filter(fair_weight__isnull=False).values_list("user_id", "fair_weight"))
+    weights = dict(TeamQuota.objects.filter(fair_weight__isnull=False).values_list("team_id", "fair_weight"))
     rows = Execution.objects.filter(status=S.SCHEDULED, due_at__lte=now).values_list(
-        "id", "owner_id", "priority", "due_at"
+        "id", "team_id", "priority", "due_at"
     )
     by_owner: dict[int, list[tuple[int, int, object]]] = {}
     for pk, owner_id, priority, due_at in rows:
@@ -135,6 +140,107 @@ def test_the_pick_agrees_with_the_order_computed_from_every_row(seed):
             assert fairness.pick_fair(limit=limit, default_weight=weight) == _fair_reference(
                 limit=limit, default_weight=weight
             )
+
+
+# --- teams share the workers, not users -----------------------------------------------------------
+
+
+def _shared_team(*users, name: str):
+    """A shared team of ``users`` (the first its admin, the others editors)."""
+    team = team_create(creator=users[0], name=name)
+    for user in users[1:]:
+        Membership.objects.create(team=team, user=user, role=TeamRole.EDITOR)
+    return team
+
+
+def _herd(owner, team, count: int) -> list[int]:
+    """``count`` runs of one task of ``owner`` in ``team``, due a minute ago (one INSERT)."""
+    task = TaskFactory(owner=owner, team=team, misfire_grace=timedelta(hours=1))
+    start = timezone.now() - timedelta(seconds=60)
+    return transitions.executions_create(
+        rows=[
+            transitions.NewExecution(task.pk, start + timedelta(milliseconds=index), task.priority)
+            for index in range(count)
+        ],
+        actor="test",
+    )
+
+
+@pytest.mark.django_db
+def test_another_team_s_single_run_goes_out_in_the_first_pick_beside_a_herd_of_2000():
+    ann, ben = UserFactory(), UserFactory()
+    herd_team = _shared_team(ann, name="Herd")
+    herd = _herd(ann, herd_team, 2_000)
+    (single,) = _due(ben, 1, late=1)  # due after every run of the herd
+    assert Execution.objects.filter(status=S.SCHEDULED).count() == 2_001
+    # The monitor's first look after an idle spell: its floor of messages, fairly.
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.5, MONITOR_MIN_PENDING=4, DISPATCH_BATCH=1)
+    publisher = FlakyPublisher()
+    monitor = Monitor(conf=conf, batch=100, publish=publisher)
+    sent, _ = monitor.dispatch_once(housekeeping=False)
+    assert sent == 4 and publisher.ids == [herd[0], single, herd[1], herd[2]]
+    assert Execution.objects.get(pk=single).status == S.PENDING
+
+
+@pytest.mark.django_db
+def test_the_pick_of_a_herd_reads_the_team_index_a_few_rows_per_level():
+    if connection.vendor != "postgresql":
+        pytest.skip("the index-driven pick is PostgreSQL's")
+    ann, ben = UserFactory(), UserFactory()
+    _herd(ann, _shared_team(ann, name="Herd"), 2_000)
+    _due(ben, 3)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE executions_execution")
+        sql = fairness._FAIR_PG_SQL.format(
+            execution="executions_execution", quota="tasks_app_teamquota", due_by="statement_timestamp()"
+        )
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"limit": 8, "weight": 1})
+        ((plan,),) = cursor.fetchone()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    scans = [node for node in nodes(plan["Plan"]) if node.get("Relation Name") == "executions_execution"]
+    # "Is anything due at all" stops at its first row, whichever way the planner reads it (here
+    # every row is due); every other read is of the team index.
+    probe = [node for node in scans if node.get("Subplan Name", "").startswith("InitPlan")]
+    assert all(node["Actual Rows"] <= 1 for node in probe), probe
+    levels = [node for node in scans if node not in probe]
+    assert levels and {node.get("Index Name") for node in levels} == {"execution_team_fair_idx"}, levels
+    # Each level's runs: at most the pick's limit read, not the herd.
+    assert max(node["Actual Rows"] for node in levels) <= 8
+
+
+@pytest.mark.django_db
+def test_team_weights_three_to_one_give_three_to_one_shares():
+    ann, ben, cat, dan = (UserFactory() for _ in range(4))
+    heavy, light = _shared_team(ann, ben, name="Heavy"), _shared_team(cat, dan, name="Light")
+    team_quota_set(team=heavy, fair_weight=3)
+    a = _due(ann, 30, team=heavy) + _due(ben, 30, team=heavy)
+    _due(cat, 30, team=light)
+    _due(dan, 30, team=light)
+    picked = fairness.pick_fair(limit=40)
+    assert sum(1 for pk in picked if pk in a) == 30  # 30 : 10
+    assert _owners_of(picked[:8], a) == "AAABAAAB"
+    # A user's own weight (their personal team's) does not weigh in the shared team.
+    owner_quota_set(owner=cat, fair_weight=1000)
+    assert sum(1 for pk in fairness.pick_fair(limit=40) if pk in a) == 30
+
+
+@pytest.mark.django_db
+def test_two_users_of_one_team_share_one_share():
+    ann, ben, cat = UserFactory(), UserFactory(), UserFactory()
+    team = _shared_team(ann, ben, name="Together")
+    together = _due(ann, 10, team=team, late=120) + _due(ben, 10, team=team, late=119)
+    alone = _due(cat, 10, late=60)
+    picked = fairness.pick_fair(limit=12)
+    # Six each: the team's two users alternate with cat, they do not get a turn each.
+    assert sum(1 for pk in picked if pk in together) == 6 and sum(1 for pk in picked if pk in alone) == 6
+    assert _owners_of(picked, together) == "ABABABABABAB"
+    # Within the team, one order: priority, then due time, whoever created the run.
+    assert [pk for pk in picked if pk in together] == together[:6]
 
 
 # --- pacing in the monitor -----------------------------------------------------------------------
@@ -259,7 +365,7 @@ def test_the_pacer_counts_the_workflow_steps_workers_published_beside_it(monkeyp
     assert (pacer.room(), pacer.target) == (150, 200)
 
 
-# --- the owner weight ----------------------------------------------------------------------------
+# --- the team weight -----------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -269,7 +375,7 @@ def test_a_weight_out_of_bounds_is_refused_on_the_field(weight):
     with pytest.raises(InvalidInput) as refused:
         owner_quota_set(owner=user, fair_weight=weight)
     assert set(refused.value.errors) == {"fair_weight"}
-    assert not OwnerQuota.objects.filter(pk=user.pk).exists()
+    assert not TeamQuota.objects.filter(team__personal_of=user).exists()
 
 
 @pytest.mark.django_db
@@ -281,6 +387,18 @@ def test_the_weight_defaults_to_the_setting_and_can_be_set_back_to_it(settings):
     owner_quota_set(owner=user, fair_weight=None)
     settings.TMS = {**settings.TMS, "FAIR_WEIGHT": 2}
     assert owner_limits(user).fair_weight == 2
+
+
+@pytest.mark.django_db
+def test_a_team_s_weight_is_set_on_the_team_and_the_user_form_sets_the_personal_team_s():
+    ann = UserFactory()
+    team = _shared_team(ann, name="Ops")
+    team_quota_set(team=team, fair_weight=5)
+    assert team_limits(team.pk).fair_weight == 5
+    assert owner_limits(ann).fair_weight == 1  # her personal team's, not the shared team's
+    owner_quota_set(owner=ann, fair_weight=2)
+    assert TeamQuota.objects.get(team=personal_team_of(ann)).fair_weight == 2
+    assert team_limits(team.pk).fair_weight == 5
 
 
 # --- the running system --------------------------------------------------------------------------

@@ -109,8 +109,8 @@ SCRIPT = textwrap.dedent(
     print("misfire", status(stale), list(SkippedOccurrence.objects.values_list("reason", flat=True)), events(stale))
     print("times", all(e.at is not None for e in ExecutionEvent.objects.all()))
 
-    # The monitor's fair pick (the portable form): the owner is copied onto every row, and two
-    # owners' due runs alternate however far behind one of them is.
+    # The monitor's fair pick (the portable form): the team is copied onto every row, and two
+    # teams' due runs alternate however far behind one of them is.
     from executions import fairness
     other = get_user_model().objects.create_user("other")
     herd = Task.objects.create(owner=user, team=user.personal_team, name="herd", runner="noop", start_at=now)
@@ -118,8 +118,12 @@ SCRIPT = textwrap.dedent(
     Execution.objects.filter(status="SCHEDULED").update(status="CANCELLED")
     mine = [new(herd, timedelta(seconds=30 - i)) for i in range(4)]
     theirs = [new(few, timedelta(seconds=5 - i)) for i in range(2)]
-    owners = dict(Execution.objects.filter(pk__in=mine + theirs).values_list("pk", "owner_id"))
-    print("owner", {owners[pk] for pk in mine} == {user.pk}, {owners[pk] for pk in theirs} == {other.pk})
+    teams = dict(Execution.objects.filter(pk__in=mine + theirs).values_list("pk", "team_id"))
+    print(
+        "owner",
+        {teams[pk] for pk in mine} == {user.personal_team.pk},
+        {teams[pk] for pk in theirs} == {other.personal_team.pk},
+    )
     print("fair", "".join("A" if pk in mine else "B" for pk in fairness.pick_fair(limit=5)))
 
     # The monitor's outlook (its idle pass): the next due run's wait, and what is in flight.

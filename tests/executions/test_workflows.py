@@ -331,11 +331,12 @@ def test_a_step_goes_through_its_task_s_start_rules(user):
 # --- steps published by the worker that ended their upstream --------------------------------------
 
 
-def _published_steps(user, *, upstreams: int = 1):
-    """End ``upstreams`` runs of a followed task inside ``publishing_steps``; return the steps
-    created and what the publisher was handed (after the end's commit)."""
-    a = task_create(owner=user, runner="noop")
-    b = task_create(owner=user, runner="noop", after=_after((a, "success")))
+def _published_steps(user, *, upstreams: int = 1, team=None):
+    """End ``upstreams`` runs of a followed task (of ``user``, in ``team``: by default their
+    personal team) inside ``publishing_steps``; return the steps created and what the publisher
+    was handed (after the end's commit)."""
+    a = task_create(owner=user, runner="noop", team=team)
+    b = task_create(owner=user, runner="noop", after=_after((a, "success")), team=team)
     roots = [Execution.objects.get(task=a).pk]
     roots += [transitions.execution_trigger(task_id=a.pk, actor="u") for _ in range(upstreams - 1)]
     for pk in roots:
@@ -365,7 +366,7 @@ def test_a_worker_publishes_the_steps_its_ends_create_once_committed(user, djang
         ]
 
 
-def test_steps_wait_for_the_monitor_while_another_owner_s_run_is_due(user, django_capture_on_commit_callbacks):
+def test_steps_wait_for_the_monitor_while_another_team_s_run_is_due(user, django_capture_on_commit_callbacks):
     from tests.factories import UserFactory
 
     _, b, roots, handed = _published_steps(user)
@@ -377,7 +378,40 @@ def test_steps_wait_for_the_monitor_while_another_owner_s_run_is_due(user, djang
     assert step.status == S.SCHEDULED and handed == []
 
 
-def test_steps_wait_for_the_monitor_while_their_own_owner_has_many_runs_due(
+def test_steps_go_out_while_a_run_of_another_user_of_their_team_is_due(user, django_capture_on_commit_callbacks):
+    # Fair share is between teams: a teammate's run waiting is the team's own backlog.
+    from tasks_app.models import Membership, TeamRole
+    from tasks_app.teams import team_create
+    from tests.factories import UserFactory
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the embedded default leaves steps to its monitor")
+    team = team_create(creator=user, name="Pipelines")
+    mate = UserFactory()
+    Membership.objects.create(team=team, user=mate, role=TeamRole.EDITOR)
+    _, b, roots, handed = _published_steps(user, team=team)
+    waiting = task_create(owner=mate, runner="noop", team=team)  # due now, SCHEDULED
+    assert Execution.objects.get(task=waiting).status == S.SCHEDULED
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        assert _succeed(roots[0])
+    (step,) = _steps(b)
+    assert step.status == S.PENDING and [item.execution_id for item in handed[0]] == [step.pk]
+
+
+def test_steps_wait_for_the_monitor_while_their_user_s_run_in_another_team_is_due(
+    user, django_capture_on_commit_callbacks
+):
+    # The same user, another team: that team's turn is the monitor's to give.
+    from tasks_app.teams import team_create
+
+    _, b, roots, handed = _published_steps(user)
+    task_create(owner=user, runner="noop", team=team_create(creator=user, name="Elsewhere"))
+    with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
+        assert _succeed(roots[0])
+    assert _steps(b)[0].status == S.SCHEDULED and handed == []
+
+
+def test_steps_wait_for_the_monitor_while_their_own_team_has_many_runs_due(
     user, monkeypatch, django_capture_on_commit_callbacks
 ):
     from executions.transitions import dispatch

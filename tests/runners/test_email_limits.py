@@ -93,7 +93,7 @@ def test_the_send_rate_holds_on_real_sends_and_defers_the_rest(mailbox, email_ru
 
     assert sorted(outcomes) == ["deferred", "deferred", "finished", "finished"]
     assert len(box.messages) == 2
-    assert QuotaUse.objects.filter(owner=user, kind="send:email").count() == 2
+    assert QuotaUse.objects.filter(team=task.team_id, kind="send:email").count() == 2
     deferred = Execution.objects.filter(task=task, status=ExecutionStatus.RUNNING)
     assert deferred.count() == 2
     for execution in deferred:
@@ -102,7 +102,7 @@ def test_the_send_rate_holds_on_real_sends_and_defers_the_rest(mailbox, email_ru
         assert execution.next_poll_at > timezone.now() + timedelta(seconds=50)
 
     # A minute later the window has room again: the resumed launch sends.
-    QuotaUse.objects.filter(owner=user).update(at=timezone.now() - timedelta(seconds=61))
+    QuotaUse.objects.filter(team=task.team_id).update(at=timezone.now() - timedelta(seconds=61))
     first = deferred.first()
     assert worker_services.execution_resume(execution_id=first.pk, attempt=1, worker_id="worker-2") == "finished"
     assert len(box.messages) == 3

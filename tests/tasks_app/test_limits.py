@@ -1,6 +1,7 @@
-"""Limits and quotas (issue 15, finding 5): config and request size, per-owner quotas of tasks,
-executions created on request and artifact bytes, the backfill bound, and runners' minimum
-intervals. Each against the real PostgreSQL, through the API where users meet it."""
+"""Limits and quotas (issue 15, finding 5; per team since issue 30): config and request size,
+per-team quotas of tasks, executions created on request and artifact bytes, the backfill bound,
+and runners' minimum intervals. Each against the real PostgreSQL, through the API where users
+meet it. A user alone in their personal team sees exactly the per-user quotas of before."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from rest_framework.authtoken.models import Token
 
 from executions.models import Execution
 from tasks_api.services import task_create
-from tasks_app.models import ApiIdempotencyKey, Artifact, OwnerQuota, QuotaUse, Task
+from tasks_app.models import ApiIdempotencyKey, Artifact, QuotaUse, Task, TeamQuota
 from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap
+from tasks_app.teams import personal_team_of
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput
 
@@ -136,7 +138,7 @@ def test_run_now_and_retry_count_against_the_hourly_quota_with_retry_after(api_c
     Execution.objects.filter(pk=failed.pk).update(status="FAILED")
     assert api_client.post(f"/api/v1/executions/{failed.pk}/retry").status_code == 429
     # Once the window moves past the uses, it fits again.
-    QuotaUse.objects.filter(owner=user).update(at=timezone.now() - timedelta(hours=1, seconds=1))
+    QuotaUse.objects.filter(team=personal_team_of(user)).update(at=timezone.now() - timedelta(hours=1, seconds=1))
     assert api_client.post(f"/api/v1/executions/{failed.pk}/retry").status_code == 201, "quota frees after an hour"
 
 
@@ -222,9 +224,9 @@ def test_the_artifact_quota_is_a_400_on_file(api_client, user, settings, tmp_pat
     assert sum(Artifact.objects.filter(owner=user).values_list("size", flat=True)) == 100
 
 
-def test_an_owner_quota_row_left_empty_means_the_defaults(user, tms):
+def test_a_quota_row_left_empty_means_the_defaults(user, tms):
     tms(QUOTA_MAX_TASKS=7, QUOTA_EXECUTIONS_PER_HOUR=8, QUOTA_ARTIFACT_BYTES=9)
-    OwnerQuota.objects.create(user=user)
+    TeamQuota.objects.create(team=personal_team_of(user))
     limits = owner_limits(user)
     assert (limits.max_tasks, limits.max_executions_per_hour, limits.max_artifact_bytes) == (7, 8, 9)
     with pytest.raises(InvalidInput):
@@ -283,29 +285,55 @@ def test_min_interval_is_configured_per_runner_alias(api_client, settings):
 # --- the admin -------------------------------------------------------------------------------
 
 
-def test_superusers_set_owner_quotas_in_the_admin_and_staff_only_look(admin_client, client, user, django_user_model):
+def test_superusers_set_team_quotas_in_the_admin_and_staff_only_look(admin_client, client, user, django_user_model):
+    team = personal_team_of(user)
     response = admin_client.post(
-        "/admin/tasks_app/ownerquota/add/",
-        {"user": user.pk, "max_tasks": "5", "max_executions_per_hour": "", "max_artifact_bytes": "0"},
+        "/admin/tasks_app/teamquota/add/",
+        {"team": team.pk, "max_tasks": "5", "max_executions_per_hour": "", "max_artifact_bytes": "0"},
     )
     assert response.status_code == 302, response.content[:500]
-    quota = OwnerQuota.objects.get(pk=user.pk)
+    quota = TeamQuota.objects.get(pk=team.pk)
     assert (quota.max_tasks, quota.max_executions_per_hour, quota.max_artifact_bytes) == (5, None, 0)
     assert owner_limits(user).max_artifact_bytes == 0  # 0: no limit
+    # The list is searched by a user's name (their personal team's quota).
+    listed = admin_client.get("/admin/tasks_app/teamquota/", {"q": user.username})
+    assert listed.status_code == 200 and user.username.encode() in listed.content
 
     staff = django_user_model.objects.create_user(username="support", password="x", is_staff=True)
     client.force_login(staff)
-    assert client.get("/admin/tasks_app/ownerquota/").status_code == 200
-    change = client.post(f"/admin/tasks_app/ownerquota/{user.pk}/change/", {"user": user.pk, "max_tasks": "9999"})
+    assert client.get("/admin/tasks_app/teamquota/").status_code == 200
+    change = client.post(f"/admin/tasks_app/teamquota/{team.pk}/change/", {"team": team.pk, "max_tasks": "9999"})
     assert change.status_code == 403
-    assert OwnerQuota.objects.get(pk=user.pk).max_tasks == 5
+    assert TeamQuota.objects.get(pk=team.pk).max_tasks == 5
+
+
+def test_staff_granted_the_permission_change_a_team_quota_in_the_admin(client, user, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    team = personal_team_of(user)
+    operator = django_user_model.objects.create_user(username="quotas", password="x", is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="change_teamquota"))
+    client.force_login(operator)
+    response = client.post(
+        "/admin/tasks_app/teamquota/add/",
+        {
+            "team": team.pk,
+            "max_tasks": "4",
+            "max_executions_per_hour": "",
+            "max_artifact_bytes": "",
+            "fair_weight": "2",
+        },
+    )
+    assert response.status_code == 302, response.content[:500]
+    assert (owner_limits(user).max_tasks, owner_limits(user).fair_weight) == (4, 2)
 
 
 def test_uses_past_the_longest_window_are_expired_by_the_beat_job(user):
     from tasks_app.tasks import expire_quota_uses
 
-    QuotaUse.objects.create(owner=user, kind="executions", amount=3)
-    old = QuotaUse.objects.create(owner=user, kind="send:email", amount=1)
+    team = personal_team_of(user)
+    QuotaUse.objects.create(team=team, kind="executions", amount=3)
+    old = QuotaUse.objects.create(team=team, kind="send:email", amount=1)
     QuotaUse.objects.filter(pk=old.pk).update(at=timezone.now() - timedelta(hours=1, minutes=1))
     assert expire_quota_uses() == 1
     assert list(QuotaUse.objects.values_list("kind", flat=True)) == ["executions"]

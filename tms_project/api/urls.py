@@ -18,6 +18,7 @@ from tasks_api.audit_api import AuditEntryViewSet
 from tasks_api.calendars_api import CalendarViewSet
 from tasks_api.hooks_api import TaskTriggerUrlView
 from tasks_api.limits_api import LimitViewSet
+from tasks_api.quota_api import TeamQuotaView
 from tasks_api.versions_api import TaskVersionListView
 
 router = SimpleRouter()
@@ -51,6 +52,7 @@ urlpatterns = [
         TeamMemberView.as_view(),
         name="team-member",
     ),
+    re_path(r"^teams/(?P<id>[0-9]{1,9})/quota/?$", TeamQuotaView.as_view(), name="team-quota"),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),
