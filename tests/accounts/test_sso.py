@@ -313,7 +313,7 @@ def test_sso_off_shows_no_button_and_its_endpoints_are_404(settings, live_server
         ({"client_id": "tms", "client_secret": "s"}, "needs TMS_OIDC_ISSUER"),
         (
             {"client_id": "tms", "client_secret": "s", "issuer": "https://idp", "groups": {"ops": "admin"}},
-            "group 'ops' maps to 'admin', which is not a role (roles: staff, superuser)",
+            "group 'ops' maps to 'admin', which is not a role (roles: staff, superuser, or team:<slug>:<role>",
         ),
         (
             {"client_id": "tms", "client_secret": "s", "issuer": "idp.example.com"},
