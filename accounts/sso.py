@@ -61,7 +61,7 @@ def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Ma
     * A team a group grants gets the user as a member with the highest role granted
       (:func:`team_roles_for_groups`), added or changed; a membership SSO manages whose team no
       group grants any more is removed.
-    * A membership added by hand (``Membership.sso`` False: the API, the back office, the admin,
+    * A membership added by hand (``Membership.sso`` False: the API, the back office, a command,
       the user's personal team) is never added to, changed or removed: the provider manages what it
       granted, people what they granted.
     * A team that does not exist is not created: the grant is skipped with a warning (logger

@@ -275,8 +275,8 @@ class Team(models.Model):
 
 
 class Membership(models.Model):
-    """``user`` belongs to ``team`` with ``role``: added by hand (the API, the back office, the
-    admin), or by single sign-on (``sso``): see :func:`accounts.sso.sync_team_memberships`."""
+    """``user`` belongs to ``team`` with ``role``: added by hand (the API, the back office), or by
+    single sign-on (``sso``): see :func:`accounts.sso.sync_team_memberships`."""
 
     id = models.BigAutoField(primary_key=True)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
