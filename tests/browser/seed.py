@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from django.contrib.auth import get_user_model
+
 from executions.models import SkippedOccurrence
 from notifications import services as notification_services
 from notifications.models import Delivery
-from django.contrib.auth import get_user_model
-
 from tasks_api.services import task_create, task_pause
 from tasks_app.teams import member_set, team_create
 from tests.backoffice.helpers import run
