@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,8 +12,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import OidcIdentity
-from accounts.roles import STAFF, SUPERUSER
+from accounts.roles import STAFF, SUPERUSER, TeamGrant, parse_role
+from tasks_app.audit import audit_context, current_context
+from tasks_app.models import Membership, Team
+from tasks_app.teams import member_remove, member_set
 from tms_core.roles import ensure_support_group
+
+logger = logging.getLogger(__name__)
 
 
 class SsoRefused(Exception):
@@ -30,8 +36,72 @@ def claim_groups(claims: Mapping[str, Any], groups_claim: str) -> list[str]:
 
 
 def roles_for_groups(groups: list[str], group_roles: Mapping[str, str]) -> set[str]:
-    """The roles ``TMS_OIDC_GROUPS`` grants to a member of ``groups``."""
-    return {group_roles[group] for group in groups if group in group_roles}
+    """The flag roles (staff, superuser) ``TMS_OIDC_GROUPS`` grants to a member of ``groups``."""
+    return {group_roles[group] for group in groups if group_roles.get(group) in (STAFF, SUPERUSER)}
+
+
+def team_roles_for_groups(groups: list[str], group_roles: Mapping[str, str]) -> dict[str, str]:
+    """The team roles ``TMS_OIDC_GROUPS`` grants to a member of ``groups``: team slug -> role, the
+    highest when several of the groups map to one team (``ops=team:ops:operator`` and
+    ``ops-leads=team:ops:admin``: a member of both is admin)."""
+    best: dict[str, TeamGrant] = {}
+    for group in groups:
+        if group not in group_roles:
+            continue
+        grant = parse_role(group_roles[group])  # checked at start-up: cannot raise here
+        if isinstance(grant, TeamGrant) and (grant.slug not in best or grant.rank > best[grant.slug].rank):
+            best[grant.slug] = grant
+    return {slug: grant.role for slug, grant in best.items()}
+
+
+def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Mapping[str, str]) -> dict[str, str]:
+    """Bring ``user``'s single sign-on memberships in step with their groups; returns what they
+    hold now by SSO (team slug -> role).
+
+    * A team a group grants gets the user as a member with the highest role granted
+      (:func:`team_roles_for_groups`), added or changed; a membership SSO manages whose team no
+      group grants any more is removed.
+    * A membership added by hand (``Membership.sso`` False: the API, the back office, a command,
+      the user's personal team) is never added to, changed or removed: the provider manages what it
+      granted, people what they granted.
+    * A team that does not exist is not created: the grant is skipped with a warning (logger
+      ``accounts.sso``) and the sign-in goes on. A team has a name and admins that people choose,
+      and the slug in the setting is checked only for its shape, so a typo would otherwise make a
+      team nobody asked for. A personal team is skipped the same way (it has one member).
+    * The last-admin rule does not stop a removal or a demotion here (:func:`tasks_app.teams.member_set`).
+
+    Every change goes through :func:`~tasks_app.teams.member_set` /
+    :func:`~tasks_app.teams.member_remove`, audited with the source ``sso`` and the user as actor.
+    Teams are changed in id order, so two sign-ins at once lock them in the same order.
+    """
+    wanted = team_roles_for_groups(groups, group_roles)
+    found = {team.slug: team for team in Team.objects.filter(slug__in=list(wanted))}
+    for slug in sorted(wanted):
+        team = found.get(slug)
+        if team is None or team.personal:
+            why = "there is no team with that slug (create it first)" if team is None else "it is a personal team"
+            logger.warning(
+                "single sign-on: %s's groups grant %s of team %r, which is skipped: %s.",
+                user.get_username(),
+                wanted[slug],
+                slug,
+                why,
+            )
+            found.pop(slug, None)
+    held = {m.team_id: m for m in Membership.objects.filter(user_id=user.pk, sso=True).select_related("team")}
+    changes: dict[int, tuple[Team, str | None]] = {pk: (m.team, None) for pk, m in held.items()}
+    for slug, team in found.items():
+        changes[team.pk] = (team, wanted[slug])
+    context = current_context()
+    username = user.get_username()
+    with audit_context(source="sso", actor=user, remote_addr=context.remote_addr if context is not None else None):
+        for pk in sorted(changes):
+            team, role = changes[pk]
+            if role is None:
+                member_remove(team=team, username=username, sso=True)
+            elif pk not in held or held[pk].role != role:
+                member_set(team=team, username=username, role=role, sso=True)
+    return dict(Membership.objects.filter(user_id=user.pk, sso=True).values_list("team__slug", "role"))
 
 
 def _username(claims: Mapping[str, Any], username_claim: str) -> str:
@@ -56,9 +126,10 @@ def oidc_user_sync(
     after ``username_claim`` (else the e-mail, else the subject) and gets no usable password. When
     ``group_roles`` is set, the staff and superuser flags (and, for staff, the read-only support
     group) follow the groups claim at each sign-in (a user who left the group loses them); when it
-    is empty they are left as an operator set them. Raises :class:`SsoRefused` when the username is
-    taken by another account: an operator links that account by adding an
-    :class:`~accounts.models.OidcIdentity` to it in the admin.
+    is empty they are left as an operator set them. With it set, the user's team memberships that
+    single sign-on manages follow the groups too (:func:`sync_team_memberships`). Raises
+    :class:`SsoRefused` when the username is taken by another account: an operator links that
+    account by adding an :class:`~accounts.models.OidcIdentity` to it in the admin.
     """
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject or not issuer:
@@ -113,6 +184,8 @@ def oidc_user_sync(
             support = ensure_support_group()
             if support is not None:
                 (user.groups.add if STAFF in roles else user.groups.remove)(support)
+        if group_roles:
+            sync_team_memberships(user, groups, group_roles)
         identity.last_login_at = timezone.now()
         identity.groups = groups
         identity.save(update_fields=["last_login_at", "groups"])

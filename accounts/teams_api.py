@@ -79,7 +79,14 @@ class MemberSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["username", "role", "created_at"]
+        fields = ["username", "role", "sso", "created_at"]
+        read_only_fields = ["sso"]
+        extra_kwargs = {
+            "sso": {
+                "help_text": "Granted by single sign-on (TMS_OIDC_GROUPS): each sign-in of the user sets or "
+                "removes it from the provider's groups. Changing the role here takes it over (false from then on)."
+            }
+        }
 
 
 class MemberSetSerializer(StrictInputMixin, serializers.Serializer):

@@ -293,7 +293,8 @@ class Team(models.Model):
 
 
 class Membership(models.Model):
-    """``user`` belongs to ``team`` with ``role``."""
+    """``user`` belongs to ``team`` with ``role``: added by hand (the API, the back office), or by
+    single sign-on (``sso``): see :func:`accounts.sso.sync_team_memberships`."""
 
     id = models.BigAutoField(primary_key=True)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
@@ -301,6 +302,14 @@ class Membership(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tms_memberships", db_index=False
     )
     role = models.CharField(max_length=16, choices=TeamRole.choices)
+    #: Granted by the identity provider's groups (``TMS_OIDC_GROUPS`` ``team:<slug>:<role>``): each
+    #: sign-in adds, changes and removes these memberships, and never one added by hand (False). A
+    #: role changed by hand takes the membership over (False from then on).
+    sso = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Managed by single sign-on: each sign-in sets or removes it from the provider's groups.",
+    )
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:

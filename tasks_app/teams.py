@@ -305,9 +305,18 @@ def _admins_left(team: Team, *, without: int) -> int:
     return Membership.objects.filter(team=team, role=TeamRole.ADMIN).exclude(user_id=without).count()
 
 
-def member_set(*, team: Team, username: Any, role: str) -> Membership:
+def member_set(*, team: Team, username: Any, role: str, sso: bool = False) -> Membership:
     """Add ``username`` to ``team`` with ``role``, or change their role. The last admin cannot be
-    demoted (the team would have nobody to manage it); a personal team has no other members."""
+    demoted (the team would have nobody to manage it); a personal team has no other members.
+
+    By hand (``sso`` False: the API, the back office), a membership single sign-on manages is taken
+    over: it is the hand's from then on, and sign-ins leave it alone. With ``sso`` (the sign-in's
+    sync, :func:`accounts.sso.sync_team_memberships`), a new membership is marked as SSO's, a
+    membership added by hand is left exactly as it is, and the last-admin rule does not hold: the
+    provider's groups are the truth for what they granted, and a role the provider took away must
+    go even when it leaves the team without an admin (staff with ``tasks_app.change_team`` can then
+    name one, and the next sign-in of someone still in the admins' group restores one).
+    """
     if role not in TeamRole.values:
         raise InvalidInput.on("role", f"One of: {', '.join(TeamRole.values)}.")
     user = _user_named(username)
@@ -318,29 +327,65 @@ def member_set(*, team: Team, username: Any, role: str) -> Membership:
         # both see another admin left.
         Team.objects.select_for_update().filter(pk=team.pk).first()
         membership = Membership.objects.filter(team=team, user=user).first()
-        if membership is not None and membership.role == role:
+        if sso and membership is not None and not membership.sso:
+            return membership  # added by hand: never the sync's to change
+        if membership is not None and membership.role == role and membership.sso == sso:
             return membership
-        if membership is not None and membership.role == TeamRole.ADMIN and not _admins_left(team, without=user.pk):
+        if (
+            not sso
+            and membership is not None
+            and membership.role == TeamRole.ADMIN
+            and role != TeamRole.ADMIN
+            and not _admins_left(team, without=user.pk)
+        ):
             raise InvalidInput.on("role", "This is the team's last admin: make another member admin first.")
         before = membership.role if membership is not None else None
+        changes: dict[str, Any] = {"username": user.get_username(), "role": {"from": before, "to": role}}
         if membership is None:
-            membership = Membership.objects.create(team=team, user=user, role=role)
+            membership = Membership.objects.create(team=team, user=user, role=role, sso=sso)
         else:
-            membership.role = role
-            membership.save(update_fields=["role"])
-        _audit_team(team, "member", changes={"username": user.get_username(), "role": {"from": before, "to": role}})
+            if membership.sso != sso:
+                changes["sso"] = {"from": membership.sso, "to": sso}
+            membership.role, membership.sso = role, sso
+            membership.save(update_fields=["role", "sso"])
+        if sso:
+            changes["sso"] = True
+        _audit_team(team, "member", changes=changes, detail=_sso_detail(team, sso, before, role))
     return membership
 
 
-def member_remove(*, team: Team, username: Any) -> None:
-    """Remove ``username`` from ``team``; never its last admin."""
+def _sso_detail(team: Team, sso: bool, before: str | None, after: str | None) -> str:
+    if not sso:
+        return ""
+    if before == TeamRole.ADMIN and after != TeamRole.ADMIN and not _admins_left_now(team):
+        return "single sign-on: the provider's groups no longer grant admin; the team has no admin now"
+    return "single sign-on: from the provider's groups"
+
+
+def _admins_left_now(team: Team) -> bool:
+    return Membership.objects.filter(team=team, role=TeamRole.ADMIN).exists()
+
+
+def member_remove(*, team: Team, username: Any, sso: bool = False) -> None:
+    """Remove ``username`` from ``team``; never its last admin.
+
+    With ``sso`` (the sign-in's sync), only a membership single sign-on manages is removed (one
+    added by hand stays, and this is a no-op), and the last-admin rule does not hold (see
+    :func:`member_set`)."""
     user = get_user_model().objects.filter(username=str(username)).first()
     with transaction.atomic():
         Team.objects.select_for_update().filter(pk=team.pk).first()
         membership = Membership.objects.filter(team=team, user=user).first() if user is not None else None
         if membership is None:
+            if sso:
+                return
             raise InvalidInput.on("username", f"{username!r} is not a member of this team.")
-        if membership.role == TeamRole.ADMIN and not _admins_left(team, without=membership.user_id):
+        if sso and not membership.sso:
+            return  # added by hand: never the sync's to remove
+        if not sso and membership.role == TeamRole.ADMIN and not _admins_left(team, without=membership.user_id):
             raise InvalidInput.on("username", "This is the team's last admin: make another member admin first.")
         membership.delete()
-        _audit_team(team, "member", changes={"username": str(username), "role": {"from": membership.role, "to": None}})
+        changes: dict[str, Any] = {"username": str(username), "role": {"from": membership.role, "to": None}}
+        if sso:
+            changes["sso"] = True
+        _audit_team(team, "member", changes=changes, detail=_sso_detail(team, sso, membership.role, None))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from accounts.roles import ROLES
+from accounts.roles import RoleError, parse_role
 
 #: mozilla-django-oidc's name of each endpoint, and its variable.
 ENDPOINT_VARIABLES = {
@@ -38,6 +38,31 @@ def _http_url(name: str, value: str) -> str:
     return value
 
 
+def parse_groups(text: str) -> dict[str, str]:
+    """``TMS_OIDC_GROUPS`` (``group=role,group=role``) as a dict; :class:`OidcConfigError` for a pair
+    without ``=`` or a group given twice (a dict would keep one of the two silently). The roles are
+    checked by :func:`build_oidc_settings`. A group name may hold ``:`` and ``/`` (Dex's
+    ``org:team``, Keycloak's full paths), not ``,`` or ``=``."""
+    groups: dict[str, str] = {}
+    for pair in text.split(","):
+        if not pair.strip():
+            continue  # a trailing comma
+        group, sep, role = pair.partition("=")
+        group, role = group.strip(), role.strip()
+        if not sep or not group or not role:
+            raise OidcConfigError(
+                f"TMS_OIDC_GROUPS: {pair.strip()!r} is not group=role "
+                "(e.g. TMS_OIDC_GROUPS=ops=team:ops:operator,tms-support=staff)."
+            )
+        if group in groups:
+            raise OidcConfigError(
+                f"TMS_OIDC_GROUPS: group {group!r} is given twice: a group maps to one role "
+                "(a member of several groups gets each group's role)."
+            )
+        groups[group] = role
+    return groups
+
+
 def build_oidc_settings(
     *,
     client_id: str = "",
@@ -49,7 +74,7 @@ def build_oidc_settings(
     scopes: str = "openid email profile",
     username_claim: str = "preferred_username",
     groups_claim: str = "groups",
-    groups: Mapping[str, str] | None = None,
+    groups: Mapping[str, str] | str | None = None,
     renew_seconds: int = 900,
     local_login: bool = True,
     sign_algo: str = "RS256",
@@ -59,13 +84,14 @@ def build_oidc_settings(
 ) -> dict[str, Any]:
     """Django settings for SSO: ``{"TMS_OIDC": {...}, "OIDC_...": ...}``.
 
+    ``groups`` is ``TMS_OIDC_GROUPS``, as its text or as a dict (group -> role).
     ``endpoints`` maps the keys of :data:`ENDPOINT_VARIABLES` to explicit URLs; with ``issuer``
     set, the ones left out are discovered. Raises :class:`OidcConfigError` for a value it cannot use.
     """
     endpoints = {key: _http_url(ENDPOINT_VARIABLES[key], url) for key, url in (endpoints or {}).items() if url}
     issuer = _http_url("TMS_OIDC_ISSUER", issuer).rstrip("/")
     end_session_endpoint = _http_url("TMS_OIDC_END_SESSION_ENDPOINT", end_session_endpoint)
-    groups = dict(groups or {})
+    groups = parse_groups(groups) if isinstance(groups, str) else dict(groups or {})
     client_id = client_id.strip()
     if not client_id:
         given = [
@@ -94,11 +120,12 @@ def build_oidc_settings(
     if not username_claim.strip():
         raise OidcConfigError("TMS_OIDC_USERNAME_CLAIM must name a claim (e.g. preferred_username).")
     for group, role in groups.items():
-        if role not in ROLES:
-            raise OidcConfigError(
-                f"TMS_OIDC_GROUPS: group {group!r} maps to {role!r}, which is not a role "
-                f"(roles: {', '.join(sorted(ROLES))})."
-            )
+        if not str(group).strip():
+            raise OidcConfigError(f"TMS_OIDC_GROUPS: a pair has no group before '=' (its role is {role!r}).")
+        try:
+            parse_role(str(role))
+        except RoleError as exc:
+            raise OidcConfigError(f"TMS_OIDC_GROUPS: group {group!r} maps to {exc}.") from None
     if groups and not groups_claim.strip():
         raise OidcConfigError("TMS_OIDC_GROUPS_CLAIM must name a claim when TMS_OIDC_GROUPS is set.")
     if not 60 <= renew_seconds <= 86400:

@@ -5,6 +5,7 @@ TMS web server: redirects to the provider and back, the provider's form, its tok
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,7 +24,12 @@ from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from accounts.models import OidcIdentity
 from accounts.oidc import OidcBackend
+from accounts.roles import TEAM_ROLES
+from accounts.sso import team_roles_for_groups
 from accounts.tokens import token_create
+from tasks_app.models import AuditEntry, Membership, Team, TeamRole
+from tasks_app.teams import member_remove, member_set, team_create
+from tms_core.errors import InvalidInput
 from tms_core.roles import SUPPORT_GROUP
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 
@@ -57,8 +63,7 @@ def sso_settings(provider: str, **overrides) -> dict:
         client_secret="tms-test-secret",
         issuer=provider,
         provider_name="Mock IdP",
-        groups=GROUPS,
-        **overrides,
+        **{"groups": GROUPS, **overrides},
     )
 
 
@@ -313,7 +318,7 @@ def test_sso_off_shows_no_button_and_its_endpoints_are_404(settings, live_server
         ({"client_id": "tms", "client_secret": "s"}, "needs TMS_OIDC_ISSUER"),
         (
             {"client_id": "tms", "client_secret": "s", "issuer": "https://idp", "groups": {"ops": "admin"}},
-            "group 'ops' maps to 'admin', which is not a role (roles: staff, superuser)",
+            "group 'ops' maps to 'admin', which is not a role (roles: staff, superuser, or team:<slug>:<role>",
         ),
         (
             {"client_id": "tms", "client_secret": "s", "issuer": "idp.example.com"},
@@ -343,12 +348,20 @@ def test_explicit_endpoints_need_no_issuer_and_off_by_default():
     assert built["TMS_OIDC"]["ENABLED"] and built["OIDC_OP_TOKEN_ENDPOINT"] == "https://idp/token"
 
 
-def test_the_settings_module_refuses_an_unknown_role_at_start_up():
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ("ops=owner", "'owner', which is not a role"),
+        ("ops=team:ops:owner", "whose team role 'owner' is not one of viewer, operator, editor, admin"),
+        ("ops=team:ops:viewer,leads", "TMS_OIDC_GROUPS: 'leads' is not group=role"),
+    ],
+)
+def test_the_settings_module_refuses_an_unknown_role_at_start_up(groups, message):
     env = {
         "TMS_OIDC_CLIENT_ID": "tms",
         "TMS_OIDC_CLIENT_SECRET": "s",
         "TMS_OIDC_ISSUER": "https://idp.example.com",
-        "TMS_OIDC_GROUPS": "ops=owner",
+        "TMS_OIDC_GROUPS": groups,
     }
     result = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
@@ -359,7 +372,7 @@ def test_the_settings_module_refuses_an_unknown_role_at_start_up():
         cwd=Path(__file__).resolve().parents[2],
     )
     assert result.returncode != 0
-    assert "ImproperlyConfigured" in result.stderr and "'owner', which is not a role" in result.stderr
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
 def test_an_unreachable_provider_fails_the_sign_in_with_a_message_not_a_500(settings, live_server):
@@ -388,3 +401,193 @@ def test_an_id_token_for_another_client_or_from_another_issuer_is_refused(settin
 
     with pytest.raises(SuspiciousOperation, match=refusal):
         OidcBackend().verify_token("header.payload.signature", nonce="n")
+
+
+# --- Team roles from the provider's groups (TMS_OIDC_GROUPS team:<slug>:<role>) ----------------
+
+TEAM_GROUPS = {
+    **GROUPS,
+    "ops": "team:ops:operator",
+    "ops-leads": "team:ops:admin",
+    "data": "team:data:viewer",
+    "ghost": "team:ghost:viewer",
+}
+
+
+@pytest.fixture
+def sso_teams(settings, provider, django_user_model):
+    """SSO with team grants; teams "ops" and "data" exist (made by olga, their admin), "ghost" does not."""
+    for name, value in sso_settings(provider, groups=TEAM_GROUPS).items():
+        setattr(settings, name, value)
+    olga = django_user_model.objects.create_user("olga")
+    return {
+        "provider": provider,
+        "ops": team_create(creator=olga, name="Ops", slug="ops"),
+        "data": team_create(creator=olga, name="Data", slug="data"),
+    }
+
+
+def sso_roles(username: str) -> dict[str, tuple[str, bool]]:
+    """team slug -> (role, sso) of the user's memberships, their personal team left out."""
+    return {
+        slug: (role, sso)
+        for slug, role, sso in Membership.objects.filter(user__username=username, team__personal_of=None).values_list(
+            "team__slug", "role", "sso"
+        )
+    }
+
+
+def test_groups_give_team_roles_the_highest_wins_and_the_back_office_shows_the_team(sso_teams, live_server, caplog):
+    provider, ops = sso_teams["provider"], sso_teams["ops"]
+    set_claims(provider, "sub-pat", preferred_username="pat", groups=["ops", "ops-leads", "data", "ghost", "other"])
+    browser = requests.Session()
+
+    with caplog.at_level("WARNING", logger="accounts.sso"):
+        home = sign_in(browser, live_server.url, "sub-pat")
+
+    assert home.status_code == 200
+    # ops and ops-leads both map to ops: the higher role, admin, wins.
+    assert sso_roles("pat") == {"ops": ("admin", True), "data": ("viewer", True)}
+    # A team that does not exist is not made: the grant is skipped, with a warning, and the sign-in goes on.
+    assert not Team.objects.filter(slug="ghost").exists()
+    assert "grant viewer of team 'ghost', which is skipped: there is no team with that slug" in caplog.text
+    # Each change is audited as coming from single sign-on, by the user.
+    entries = AuditEntry.objects.filter(action="team.member", source="sso").order_by("object_id")
+    assert [(e.object_id, e.actor_name, e.changes["role"]["to"], e.changes["sso"]) for e in entries] == [
+        (str(ops.pk), "pat", "admin", True),
+        (str(sso_teams["data"].pk), "pat", "viewer", True),
+    ]
+    # The back office shows the teams to the user, with their role, and lets the admin manage ops.
+    teams = browser.get(f"{live_server.url}/ui/teams/", timeout=10).text
+    assert f'id="team-{ops.pk}"' in teams and f'id="team-{sso_teams["data"].pk}"' in teams
+    page = browser.get(f"{live_server.url}/ui/teams/{ops.pk}/", timeout=10)
+    assert page.status_code == 200 and "your role: admin" in page.text and 'id="add-member-form"' in page.text
+    assert 'id="member-pat"' in page.text and ">SSO</span>" in page.text
+    # The API says which memberships single sign-on manages.
+    _, key = token_create(user=get_user_model().objects.get(username="pat"), name="t", scopes=["read"], expires_at=None)
+    members = requests.get(
+        f"{live_server.url}/api/v1/teams/{ops.pk}/members", headers={"Authorization": f"Bearer {key}"}, timeout=10
+    ).json()["results"]
+    assert {(m["username"], m["role"], m["sso"]) for m in members} == {("olga", "admin", False), ("pat", "admin", True)}
+
+
+def test_a_later_login_follows_the_groups_and_never_touches_hand_added_memberships(sso_teams, live_server):
+    provider, ops, data = sso_teams["provider"], sso_teams["ops"], sso_teams["data"]
+    set_claims(provider, "sub-quinn", preferred_username="quinn", groups=["ops-leads", "data"])
+    sign_in(requests.Session(), live_server.url, "sub-quinn")
+    assert sso_roles("quinn") == {"ops": ("admin", True), "data": ("viewer", True)}
+    # Added by hand (the API's service) to a team no group maps to.
+    infra = team_create(creator=get_user_model().objects.get(username="olga"), name="Infra", slug="infra")
+    member_set(team=infra, username="quinn", role="editor")
+
+    # Moved from ops-leads to ops at the provider, and out of data.
+    set_claims(provider, "sub-quinn", preferred_username="quinn", groups=["ops"])
+    assert sign_in(requests.Session(), live_server.url, "sub-quinn").status_code == 200
+
+    assert sso_roles("quinn") == {"ops": ("operator", True), "infra": ("editor", False)}
+    removed = AuditEntry.objects.filter(action="team.member", source="sso", object_id=str(data.pk)).latest("id")
+    assert removed.changes == {"username": "quinn", "role": {"from": "viewer", "to": None}, "sso": True}
+    # Out of every mapped group: only what was added by hand is left (and the personal team).
+    set_claims(provider, "sub-quinn", preferred_username="quinn", groups=[])
+    sign_in(requests.Session(), live_server.url, "sub-quinn")
+    assert sso_roles("quinn") == {"infra": ("editor", False)}
+    assert Membership.objects.filter(user__username="quinn", team__personal_of__username="quinn").exists()
+    assert Membership.objects.filter(team=ops, user__username="olga", role="admin").exists()
+
+
+def test_a_hand_added_membership_in_a_mapped_team_stays_as_it_is_and_a_role_set_by_hand_takes_one_over(
+    sso_teams, live_server
+):
+    provider, ops, data = sso_teams["provider"], sso_teams["ops"], sso_teams["data"]
+    set_claims(provider, "sub-rita", preferred_username="rita", groups=["ops"])
+    sign_in(requests.Session(), live_server.url, "sub-rita")
+    member_set(team=data, username="rita", role="editor")  # by hand, in a team the group "data" maps to
+    # Changed by hand in the back office's service: no longer the sync's.
+    member_set(team=ops, username="rita", role="editor")
+    assert sso_roles("rita") == {"ops": ("editor", False), "data": ("editor", False)}
+
+    set_claims(provider, "sub-rita", preferred_username="rita", groups=["data"])  # data grants viewer; ops gone
+    sign_in(requests.Session(), live_server.url, "sub-rita")
+
+    assert sso_roles("rita") == {"ops": ("editor", False), "data": ("editor", False)}
+
+
+def test_the_last_admin_rule_does_not_keep_a_role_the_provider_took_away(sso_teams, live_server):
+    provider, ops = sso_teams["provider"], sso_teams["ops"]
+    set_claims(provider, "sub-sam", preferred_username="sam", groups=["ops-leads"])
+    sign_in(requests.Session(), live_server.url, "sub-sam")
+    member_remove(team=ops, username="olga")  # sam is now ops' only admin
+    with pytest.raises(InvalidInput) as refused:
+        member_set(team=ops, username="sam", role="viewer")  # by hand: refused, as always
+    assert "last admin" in refused.value.errors["role"][0]
+
+    set_claims(provider, "sub-sam", preferred_username="sam", groups=["ops"])
+    sign_in(requests.Session(), live_server.url, "sub-sam")
+
+    assert sso_roles("sam") == {"ops": ("operator", True)}
+    assert not Membership.objects.filter(team=ops, role="admin").exists()
+    entry = AuditEntry.objects.filter(action="team.member", source="sso").latest("id")
+    assert "the team has no admin now" in entry.detail
+    # Out of both groups: removed too, last member or not.
+    set_claims(provider, "sub-sam", preferred_username="sam", groups=[])
+    sign_in(requests.Session(), live_server.url, "sub-sam")
+    assert sso_roles("sam") == {}
+
+
+def test_a_personal_team_is_never_granted(sso_teams, live_server, django_user_model, settings, caplog):
+    olga = django_user_model.objects.get(username="olga")
+    groups = {**TEAM_GROUPS, "olgas": f"team:{olga.personal_team.slug}:viewer"}
+    for name, value in sso_settings(sso_teams["provider"], groups=groups).items():
+        setattr(settings, name, value)
+    set_claims(sso_teams["provider"], "sub-tom", preferred_username="tom", groups=["olgas"])
+    with caplog.at_level("WARNING", logger="accounts.sso"):
+        assert sign_in(requests.Session(), live_server.url, "sub-tom").status_code == 200
+    assert sso_roles("tom") == {} and "it is a personal team" in caplog.text
+
+
+def test_without_a_mapping_sso_leaves_memberships_alone(sso_teams, live_server, settings):
+    provider = sso_teams["provider"]
+    set_claims(provider, "sub-uma", preferred_username="uma", groups=["ops"])
+    sign_in(requests.Session(), live_server.url, "sub-uma")
+    settings.TMS_OIDC = {**settings.TMS_OIDC, "GROUPS": {}}
+    set_claims(provider, "sub-uma", preferred_username="uma", groups=[])
+    sign_in(requests.Session(), live_server.url, "sub-uma")
+    assert sso_roles("uma") == {"ops": ("operator", True)}
+
+
+def test_team_roles_of_the_setting_are_those_of_the_model():
+    assert list(TEAM_ROLES) == list(TeamRole.values)
+    assert team_roles_for_groups(["b", "a", "c"], {"a": "team:x:editor", "b": "team:x:viewer", "c": "staff"}) == {
+        "x": "editor"
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("ops=team:ops:owner", "group 'ops' maps to 'team:ops:owner', whose team role 'owner' is not one of viewer"),
+        ("ops=team:ops", "'team:ops', which is not team:<slug>:<role>"),
+        ("ops=team:o.ps:viewer", "whose team slug 'o.ps' is not letters, digits"),
+        ("ops=team::viewer", "whose team slug '' is not"),
+        ("ops", "'ops' is not group=role"),
+        ("=staff", "'=staff' is not group=role"),
+        ("ops=staff,ops=team:ops:admin", "group 'ops' is given twice"),
+    ],
+)
+def test_a_malformed_team_grant_is_refused(value, message):
+    with pytest.raises(OidcConfigError, match=re.escape(message)):
+        build_oidc_settings(client_id="tms", client_secret="s", issuer="https://idp", groups=value)
+
+
+def test_the_setting_text_is_read_with_team_grants():
+    built = build_oidc_settings(
+        client_id="tms",
+        client_secret="s",
+        issuer="https://idp",
+        groups=" ops = team:ops:operator, ops-leads=team:ops:admin ,tms-support=staff,",
+    )
+    assert built["TMS_OIDC"]["GROUPS"] == {
+        "ops": "team:ops:operator",
+        "ops-leads": "team:ops:admin",
+        "tms-support": "staff",
+    }

@@ -1,14 +1,18 @@
 """Data the browser tests look at: tasks with runs of every outcome, a skipped occurrence, a paused
-task without a name, a notification channel with a rule and deliveries, a workflow run."""
+task without a name, a notification channel with a rule and deliveries, a workflow run, a shared
+team with members."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from django.contrib.auth import get_user_model
+
 from executions.models import SkippedOccurrence
 from notifications import services as notification_services
 from notifications.models import Delivery
 from tasks_api.services import task_create, task_pause
+from tasks_app.teams import member_set, team_create
 from tests.backoffice.helpers import run
 
 
@@ -49,7 +53,12 @@ def seed(owner) -> dict[str, object]:
     for name, on in (("load rows", "success"), ("check rows", "failure")):
         task_create(owner=owner, runner="noop", name=name, after=[{"task": str(extract.pk), "on": on}])
     workflow_root = run(extract)
+    # A shared team: the owner its admin, a member added by hand and one single sign-on granted.
+    team = team_create(creator=owner, name="Platform", slug="platform")
+    for username, role, sso in (("priya", "operator", True), ("ben", "viewer", False)):
+        get_user_model().objects.create_user(username)
+        member_set(team=team, username=username, role=role, sso=sso)
     return {
         "task": task, "ok": ok, "failed": failed, "paused": paused, "sleep": sleep, "channel": channel,
-        "workflow_root": workflow_root,
+        "workflow_root": workflow_root, "team": team,
     }  # fmt: skip

@@ -2,7 +2,7 @@
 violation anywhere (the login page, the dashboard, the task list with its form open, a task page
 with its occurrences, rules and a "why" answer, the task edit form, the execution lists, an
 execution page, a workflow run page, the notifications page with its forms, the API tokens page with its form and with a
-new key shown, and the not-found page)."""
+new key shown, the teams page and a team's page with their forms, and the not-found page)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("workflow run", f"/ui/workflow-runs/{data['workflow_root'].pk}/"),
         ("notifications", "/ui/notifications/"),
         ("api tokens", "/ui/tokens/"),
+        ("teams", "/ui/teams/"),
+        ("team page", f"/ui/teams/{data['team'].pk}/"),
         ("not found", "/ui/no-such-page/"),
     ]
     rule = data["task"].notification_rules.get()
@@ -63,6 +65,8 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         "task page": ["#add-rule summary"],
         "notifications": ["#new-channel summary", "#new-rule summary"],
         "api tokens": ["#new-token summary"],
+        "teams": ["#new-team summary"],
+        "team page": ["#add-member summary", "#rename summary"],
     }
     for name, path in pages:
 

@@ -14,9 +14,10 @@ from rest_framework.test import APIClient
 
 from executions.models import Execution, ExecutionStatus
 from tasks_api.services import task_create
-from tasks_app.models import AuditEntry, Task, TaskStatus, TeamRole
+from tasks_app.models import AuditEntry, Membership, Task, TaskStatus, Team, TeamRole
 from tasks_app.teams import member_set, team_create
 from tests.factories import ExecutionFactory
+from tms_core.roles import ensure_support_group
 
 ROLES = ["viewer", "operator", "editor", "admin", "outsider", "staff"]
 RANK = {"viewer": 0, "operator": 1, "editor": 2, "admin": 3}
@@ -63,7 +64,9 @@ def team_world(db):
         people[role] = users.create_user(f"ops-{role}")
         member_set(team=team, username=f"ops-{role}", role=role)
     people["outsider"] = users.create_user("outsider")
+    # Read-only support, as tms_create_user --staff and single sign-on's staff role make them.
     people["staff"] = users.create_user("support", is_staff=True)
+    people["staff"].groups.add(ensure_support_group())
     task = task_create(
         owner=admin,
         team=team,
@@ -251,3 +254,120 @@ def test_runs_created_later_carry_the_tasks_team(team_world):
         team_world["team"].pk
     }
     assert Task.objects.get(pk=task.pk).status == TaskStatus.ACTIVE
+
+
+# -- The pages each role reads, and the buttons it gets ------------------------------------------
+
+#: page -> (the least role that reads it ("viewer": any member), the path); staff read every page
+#: a viewer reads, a non-member gets 404. The lists answer 200 to everyone: whether they hold the
+#: team's rows is checked below.
+PAGE_READS = {
+    "task page": ("viewer", lambda w: f"/ui/tasks/{w['task'].pk}/"),
+    "task edit page": ("editor", lambda w: f"/ui/tasks/{w['task'].pk}/edit/"),
+    "execution page (waiting)": ("viewer", lambda w: f"/ui/executions/{w['waiting'].pk}/"),
+    "execution page (failed)": ("viewer", lambda w: f"/ui/executions/{w['failed'].pk}/"),
+    "team page": ("viewer", lambda w: f"/ui/teams/{w['team'].pk}/"),
+}
+
+#: page -> {button id: the least role that sees it}.
+PAGE_BUTTONS = {
+    "task page": {
+        "pause": "operator",
+        "run-now": "operator",
+        "backfill-form": "operator",
+        "edit": "editor",
+        "delete": "editor",
+    },
+    "execution page (waiting)": {"cancel": "operator"},
+    "execution page (failed)": {"retry": "operator"},
+    "team page": {"add-member-form": "admin", "rename-form": "admin", "delete-team": "admin"},
+}
+
+
+def allowed(role: str, least: str) -> bool:
+    """Whether ``role`` may do what needs ``least`` (staff: read only, by default)."""
+    return role in RANK and RANK[role] >= RANK[least]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_reads_the_pages_its_role_allows_and_sees_only_its_buttons(client, team_world, role):
+    client.force_login(team_world["people"][role])
+    reads = {page: outcome(client.get(path(team_world)).status_code) for page, (_, path) in PAGE_READS.items()}
+    assert reads == {page: expected(role, least) for page, (least, _) in PAGE_READS.items()}
+    shown = {}
+    for page, buttons in PAGE_BUTTONS.items():
+        if role == "outsider":
+            continue
+        html = client.get(PAGE_READS[page][1](team_world)).content.decode()
+        shown[page] = {button for button in buttons if f'id="{button}"' in html}
+    want = {
+        page: {button for button, least in buttons.items() if allowed(role, least)}
+        for page, buttons in PAGE_BUTTONS.items()
+        if role != "outsider"
+    }
+    assert shown == want
+    # The lists hold the team's task and runs for members and staff, nothing of it for anyone else.
+    task, team = team_world["task"], team_world["team"]
+    tasks = client.get("/ui/tasks/").content.decode()
+    runs = client.get("/ui/executions/").content.decode()
+    teams = client.get("/ui/teams/").content.decode()
+    member = role != "outsider"
+    assert (f"/ui/tasks/{task.pk}/" in tasks, f"/ui/executions/{team_world['failed'].pk}/" in runs) == (member, member)
+    assert (f'id="team-{team.pk}"' in teams) == member
+
+
+#: team action -> the least role that may do it.
+TEAM_POSTS = {"add or change a member": "admin", "rename": "admin", "delete": "admin", "remove a member": "admin"}
+
+
+def team_post(client, action: str, world: dict) -> int:
+    team = world["team"]
+    calls = {
+        "add or change a member": lambda: client.post(
+            f"/ui/teams/{team.pk}/members/", {"username": "ops-viewer", "role": "viewer"}
+        ),
+        "rename": lambda: client.post(f"/ui/teams/{team.pk}/rename/", {"name": "Ops"}),
+        # The team holds a task: an admin is told so on the page (a redirect), the others refused.
+        "delete": lambda: client.post(f"/ui/teams/{team.pk}/delete/"),
+        "remove a member": lambda: client.post(f"/ui/teams/{team.pk}/members/ops-extra/remove/"),
+    }
+    return calls[action]().status_code
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_changes_a_team_only_as_admin(client, team_world, role):
+    get_user_model().objects.create_user("ops-extra")
+    member_set(team=team_world["team"], username="ops-extra", role=TeamRole.VIEWER)
+    client.force_login(team_world["people"][role])
+    got = {action: outcome(team_post(client, action, team_world)) for action in TEAM_POSTS}
+    assert got == {action: expected(role, least) for action, least in TEAM_POSTS.items()}
+    kept = Membership.objects.filter(team=team_world["team"], user__username="ops-extra").exists()
+    assert kept == (role != "admin")
+    assert Team.objects.filter(pk=team_world["team"].pk).exists()  # it holds a task: never deleted
+
+
+ADMIN_PAGES = {
+    "task list": lambda w: "/admin/tasks_app/task/",
+    "task": lambda w: f"/admin/tasks_app/task/{w['task'].pk}/change/",
+    "execution list": lambda w: "/admin/executions/execution/",
+    "execution": lambda w: f"/admin/executions/execution/{w['failed'].pk}/change/",
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_admin_lets_in_staff_only_and_read_only(client, team_world, role):
+    """A team role gives nothing in the admin (it is for staff): every member, admin included, is
+    sent to the admin's login page. Support staff read every task and run there and save nothing."""
+    client.force_login(team_world["people"][role])
+    for name, path in ADMIN_PAGES.items():
+        answer = client.get(path(team_world))
+        if role != "staff":
+            assert answer.status_code == 302 and answer["Location"].startswith("/admin/login/"), (name, role)
+            continue
+        assert answer.status_code == 200, name
+        assert 'name="_save"' not in answer.content.decode(), name
+    if role == "staff":
+        name_before = Task.objects.get(pk=team_world["task"].pk).name
+        refused = client.post(ADMIN_PAGES["task"](team_world), {"name": "changed in the admin"})
+        assert refused.status_code == 403
+        assert Task.objects.get(pk=team_world["task"].pk).name == name_before

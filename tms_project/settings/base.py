@@ -638,7 +638,7 @@ TMS_DASHBOARD_REFRESH = env.float("TMS_DASHBOARD_REFRESH", default=5.0)
 
 # --- Single sign-on (OpenID Connect, mozilla-django-oidc) ---------------------------------------
 # Off unless TMS_OIDC_CLIENT_ID is set. docs/sso.md has a worked example; tms_project/oidc_config.py
-# checks the values (an unknown role in TMS_OIDC_GROUPS stops start-up). Sets TMS_OIDC (read by
+# checks the values (an unknown role or a malformed pair in TMS_OIDC_GROUPS stops start-up). Sets TMS_OIDC (read by
 # accounts.oidc) and mozilla-django-oidc's OIDC_* settings.
 # https://mozilla-django-oidc.readthedocs.io/en/stable/settings.html
 try:
@@ -659,8 +659,9 @@ try:
             scopes=env.str("TMS_OIDC_SCOPES", default="openid email profile"),
             username_claim=env.str("TMS_OIDC_USERNAME_CLAIM", default="preferred_username"),
             groups_claim=env.str("TMS_OIDC_GROUPS_CLAIM", default="groups"),
-            # "group=role,group=role": TMS_OIDC_GROUPS=tms-admins=superuser,tms-support=staff
-            groups=env.dict("TMS_OIDC_GROUPS", default={}),
+            # "group=role,group=role": TMS_OIDC_GROUPS=tms-admins=superuser,ops=team:ops:operator
+            # (read by oidc_config.parse_groups: a malformed pair is a clear error, not a ValueError).
+            groups=env.str("TMS_OIDC_GROUPS", default=""),
             renew_seconds=env.int("TMS_OIDC_RENEW_SECONDS", default=900),
             local_login=env.bool("TMS_OIDC_LOCAL_LOGIN", default=True),
             sign_algo=env.str("TMS_OIDC_SIGN_ALGO", default="RS256"),
