@@ -387,7 +387,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
             chosen = resolved.get(names)
             if chosen is None:
                 chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
-            after = after_resolve(owner_id=owner.pk, entries=spec.pop("after", None))
+            after = after_resolve(team_id=team.pk, entries=spec.pop("after", None))
             _calendar_settings(team.pk, spec)
             artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
             task = _build_task(rows=builder, owner=owner, team=team, now=now, **spec)
@@ -679,9 +679,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
         after_changed = False
         if new_after is not None:
             old_after = task_after_entries(task)
-            if task_set_after(
-                task=task, after=after_resolve(owner_id=task.owner_id, entries=new_after, task_id=task.pk)
-            ):
+            if task_set_after(task=task, after=after_resolve(team_id=task.team_id, entries=new_after, task_id=task.pk)):
                 after_changed = True
                 snapshot_before["after"] = old_after
         kept = None  # no config sent: every stored secret is kept
@@ -796,8 +794,9 @@ def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[s
     """What keeps ``task`` in its team: a calendar or named limits of its team (a task uses its
     own team's only; global limits go anywhere) that the same request does not replace
     (``replacing``: the fields it changes too), an artifact of its team (never replaced: a task's
-    artifact is fixed at creation), and notification rules of its team made for this task (they
-    would speak through the old team's channel about another team's task)."""
+    artifact is fixed at creation), notification rules of its team made for this task (they
+    would speak through the old team's channel about another team's task), and ``after`` links
+    to or from tasks of its team (a workflow runs within one team: links never cross teams)."""
     errors: dict[str, list[str]] = {}
     if "calendar" not in replacing and task.calendar_id is not None:
         calendar = Calendar.objects.filter(pk=task.calendar_id).values_list("name", "team_id").first()
@@ -819,13 +818,33 @@ def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[s
             "The task runs an artifact of its current team, and a task's artifact does not change: upload the "
             "artifact to the new team and create the task there."
         ]
+    # A workflow runs within one team: the tasks it follows and the tasks that follow it move
+    # with it or not at all (its own ``after`` may be replaced in the same request).
+    if "after" not in replacing and task.has_after:
+        upstreams = TaskDependency.objects.filter(task_id=task.pk).exclude(upstream__team_id=team.pk)
+        if upstreams.exists():
+            errors["after"] = [
+                "The task follows tasks of its current team: give an after of the new team's tasks (or []) "
+                "in the same request."
+            ]
+    followers = sorted(
+        str(pk)
+        for pk in TaskDependency.objects.filter(upstream_id=task.pk)
+        .exclude(task__status=TaskStatus.DELETED)
+        .exclude(task__team_id=team.pk)
+        .values_list("task_id", flat=True)[:10]
+    )
+    if followers:
+        errors.setdefault("team", []).append(
+            f"Tasks of the current team follow this task ({', '.join(followers)}): change their after first."
+        )
     # The rules' app sits above this one: read through the relation it declares on tasks.
     rules = list(task.notification_rules.exclude(team_id=team.pk).values_list("pk", flat=True)[:10])
     if rules:
-        errors["team"] = [
+        errors.setdefault("team", []).append(
             f"Notification rules of the current team are set for this task (ids {', '.join(map(str, rules))}): "
             "delete them first (and make new ones in the new team)."
-        ]
+        )
     return errors
 
 

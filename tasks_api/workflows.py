@@ -3,8 +3,9 @@
 A task may follow others: ``after = [{"task": "<id>", "on": "success" | "failure" |
 "completion"}]``. When a run of an upstream ends that way, the engine creates the follower's run
 in the transaction that records the end (:mod:`executions.transitions.follow`); this module only
-decides which links a task may have. Every upstream is a task of the same owner, not deleted, and
-the links never form a cycle (a task that would, even through others, is refused with 400 on
+decides which links a task may have. Every upstream is a task of the same team, not deleted (a
+workflow runs within one team, as its runs are that team's to see and operate), and the links
+never form a cycle (a task that would, even through others, is refused with 400 on
 ``after``).
 """
 
@@ -21,7 +22,7 @@ from django.db.models import Q
 from tasks_app.models import MAX_AFTER, DependencyOn, Task, TaskDependency, TaskStatus
 from tms_core.errors import InvalidInput
 
-#: Namespace of the transaction-level advisory lock (two-key form) under which an owner's links
+#: Namespace of the transaction-level advisory lock (two-key form) under which a team's links
 #: are changed, so that two concurrent updates cannot each add half of a cycle.
 AFTER_LOCK_NAMESPACE = 0x7A5D
 
@@ -71,29 +72,30 @@ def after_parse(entries: Any) -> list[After]:
     return parsed
 
 
-def after_resolve(*, owner_id: int, entries: Any, task_id: uuid.UUID | None = None) -> list[After]:
-    """Check ``entries`` for a task of ``owner_id`` (``task_id``: the task being changed, None for
-    a new one): each upstream exists, is the owner's and is not deleted; the task does not follow
-    itself, nor anything that follows it. Every refusal is an :class:`InvalidInput` on ``after``.
+def after_resolve(*, team_id: int, entries: Any, task_id: uuid.UUID | None = None) -> list[After]:
+    """Check ``entries`` for a task of team ``team_id`` (``task_id``: the task being changed, None
+    for a new one): each upstream exists, is of the team and is not deleted; the task does not
+    follow itself, nor anything that follows it. Every refusal is an :class:`InvalidInput` on
+    ``after``.
 
-    Call it in the transaction that writes the links: on PostgreSQL it takes the owner's
-    advisory lock, so concurrent changes of one owner's links take turns and the cycle check
-    sees the links as they will be."""
+    Call it in the transaction that writes the links: on PostgreSQL it takes the team's advisory
+    lock, so concurrent changes of one team's links take turns and the cycle check sees the links
+    as they will be (links never cross teams, so no cycle can pass through another team's)."""
     after = after_parse(entries)
     if not after:
         return []
     wanted = {link.upstream_id for link in after}
     if task_id is not None and task_id in wanted:
         raise InvalidInput.on("after", "A task cannot follow itself.")
-    _lock_owner(owner_id)
+    _lock_team(team_id)
     found = set(
-        Task.objects.filter(pk__in=wanted, owner_id=owner_id)
+        Task.objects.filter(pk__in=wanted, team_id=team_id)
         .exclude(status=TaskStatus.DELETED)
         .values_list("pk", flat=True)
     )
     missing = sorted(str(pk) for pk in wanted - found)
-    if missing:  # another owner's task is as unknown as one that does not exist
-        raise InvalidInput.on("after", f"No task {', '.join(missing)} (of yours, not deleted) to follow.")
+    if missing:  # another team's task is as unknown as one that does not exist
+        raise InvalidInput.on("after", f"No task {', '.join(missing)} (of this task's team, not deleted) to follow.")
     if task_id is not None:
         loop = _path_to(task_id, wanted)
         if loop:
@@ -101,10 +103,10 @@ def after_resolve(*, owner_id: int, entries: Any, task_id: uuid.UUID | None = No
     return after
 
 
-def _lock_owner(owner_id: int) -> None:
+def _lock_team(team_id: int) -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AFTER_LOCK_NAMESPACE, owner_id])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AFTER_LOCK_NAMESPACE, team_id])
 
 
 def _path_to(task_id: uuid.UUID, starts: Iterable[uuid.UUID]) -> list[uuid.UUID]:

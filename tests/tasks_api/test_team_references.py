@@ -206,3 +206,44 @@ def test_a_teams_default_rule_fires_for_a_task_another_member_created(ops):
     assert list(Delivery.objects.values_list("task_id", "channel_id", "event")) == [
         (bens_in_team.pk, channel.pk, "failing")
     ]
+
+
+def test_a_task_follows_tasks_of_its_own_team_whoever_made_them_and_moves_only_with_its_workflow(ops):
+    ann, ben, team = ops["ann"], ops["ben"], ops["team"]
+    ann_client, ben_client = _client(ann), _client(ben)
+    # Ben's task in the shared team, and one in his personal team.
+    shared = ben_client.post("/api/v1/tasks", {"runner": "noop", "team": team.slug, "interval": "1h"}, format="json")
+    own = ben_client.post("/api/v1/tasks", {"runner": "noop", "interval": "1h"}, format="json")
+    assert shared.status_code == own.status_code == 201
+    shared_id, own_id = shared.json()["id"], own.json()["id"]
+
+    # Ann's task in the team may follow Ben's task of the team (before teams, only her own tasks)...
+    follower = ann_client.post(
+        "/api/v1/tasks", {"runner": "noop", "team": team.slug, "after": [{"task": shared_id}]}, format="json"
+    )
+    assert follower.status_code == 201, follower.content
+    follower_id = follower.json()["id"]
+    # ... but not a task of another team, said as for one that does not exist, and nothing is made.
+    count = Task.objects.count()
+    crossing = ann_client.post(
+        "/api/v1/tasks", {"runner": "noop", "team": team.slug, "after": [{"task": own_id}]}, format="json"
+    )
+    assert crossing.status_code == 400 and "after" in crossing.json()["errors"], crossing.content
+    assert Task.objects.count() == count
+    changed = ann_client.patch(f"/api/v1/tasks/{follower_id}", {"after": [{"task": own_id}]}, format="json")
+    assert changed.status_code == 400 and "after" in changed.json()["errors"]
+    assert ann_client.get(f"/api/v1/tasks/{follower_id}").json()["after"] == [{"task": shared_id, "on": "success"}]
+
+    # The upstream does not leave the team while a task of the team follows it (400 on team) ...
+    personal = Task.objects.get(pk=own_id).team.slug
+    moved = ben_client.patch(f"/api/v1/tasks/{shared_id}", {"team": personal}, format="json")
+    assert moved.status_code == 400 and follower_id in " ".join(moved.json()["errors"]["team"]), moved.content
+    # ... nor the follower with links to its old team's tasks, unless the request replaces them.
+    moved = ann_client.patch(f"/api/v1/tasks/{follower_id}", {"team": ann.username}, format="json")
+    assert moved.status_code == 400 and "after" in moved.json()["errors"], moved.content
+    assert Task.objects.get(pk=follower_id).team_id == team.pk
+    moved = ann_client.patch(f"/api/v1/tasks/{follower_id}", {"team": ann.username, "after": []}, format="json")
+    assert moved.status_code == 200, moved.content
+    assert Task.objects.get(pk=follower_id).team.slug == ann.username
+    # Nothing follows the upstream now: it moves.
+    assert ben_client.patch(f"/api/v1/tasks/{shared_id}", {"team": personal}, format="json").status_code == 200
