@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 
 from executions.api import UtcDateTimeFilter
-from tasks_app.models import AuditEntry
+from tasks_app.models import AuditEntry, Task
+from tasks_app.team_scope import TEAM_FILTER_HELP, filter_by_team
+from tasks_app.teams import scope_to_teams, sees_all
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 
@@ -55,17 +57,25 @@ class AuditFilter(StrictFilterSet):
     object_type = filters.CharFilter(help_text="Only entries about this kind of object: task, execution, ...")
     since = UtcDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Only entries at or after this.")
     until = UtcDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Only entries before this.")
+    team = filters.CharFilter(
+        method="filter_team", help_text="Only entries about tasks of this team. " + TEAM_FILTER_HELP
+    )
+
+    def filter_team(self, queryset: QuerySet[AuditEntry], name: str, value: str) -> QuerySet[AuditEntry]:
+        tasks = filter_by_team(Task.objects.all(), self.request, value)
+        return queryset.filter(task_id__in=tasks.values("pk"))
 
     class Meta:
         model = AuditEntry
-        fields = ["task", "user", "action", "object_type", "since", "until"]
+        fields = ["task", "user", "action", "object_type", "since", "until", "team"]
 
 
 @extend_schema_view(
     list=extend_schema(
         summary="The audit log",
         description=(
-            "Every user action on your objects (staff: everyone's): create, update (with a diff, secrets "
+            "Every user action on your objects and on the tasks of your teams, whoever acted (staff: "
+            "everyone's): create, update (with a diff, secrets "
             "masked), delete, pause, resume, trigger, backfill, materialise, cancel, retry; who, when, from where "
             "(`api`, `admin`, `backoffice`, `command:<name>`) and the client address. Newest first; follow "
             "`next` to page."
@@ -84,6 +94,17 @@ class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     filter_backends = [DjangoFilterBackend]
     filterset_class = AuditFilter
     lookup_value_regex = r"[0-9]{1,18}"
+
+    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
+        """The entries about the caller's own objects, and about every task of their teams (and
+        its runs) whoever acted or owned it: a team's members read the history of what they share."""
+        user = self.request.user
+        if getattr(self, "swagger_fake_view", False):
+            return queryset.none()
+        if sees_all(user):
+            return super().owner_scope(queryset, owner_field)
+        team_tasks = scope_to_teams(Task.objects.all(), user).values("pk")
+        return queryset.filter(Q(owner=user) | Q(task_id__in=team_tasks))
 
     def keyset_segments(self, queryset: QuerySet[AuditEntry], state: dict[str, Any]) -> list[Segment]:
         """The entries, newest first by id (KeysetPagination)."""

@@ -247,3 +247,25 @@ def test_a_task_follows_tasks_of_its_own_team_whoever_made_them_and_moves_only_w
     assert Task.objects.get(pk=follower_id).team.slug == ann.username
     # Nothing follows the upstream now: it moves.
     assert ben_client.patch(f"/api/v1/tasks/{shared_id}", {"team": personal}, format="json").status_code == 200
+
+
+def test_the_audit_log_shows_a_team_s_task_history_to_its_members_whoever_acted(ops):
+    ann, ben, team = ops["ann"], ops["ben"], ops["team"]
+    outsider = get_user_model().objects.create_user("cid")
+    made = _client(ann).post("/api/v1/tasks", {"runner": "noop", "team": team.slug, "interval": "1h"}, format="json")
+    assert made.status_code == 201
+    task_id = made.json()["id"]
+    assert _client(ann).patch(f"/api/v1/tasks/{task_id}", {"name": "nightly"}, format="json").status_code == 200
+    _client(ann).post("/api/v1/tasks", {"runner": "noop", "interval": "1h"}, format="json")  # ann's own task
+
+    # Ben, her teammate, reads the shared task's history (Ann created and changed it) ...
+    entries = _client(ben).get("/api/v1/audit").json()["results"]
+    assert {(e["action"], e["task_id"]) for e in entries} >= {("create", task_id), ("update", task_id)}
+    # ... and not Ann's personal task's; with ?team= only the team's.
+    assert {e["task_id"] for e in entries if e["object_type"] == "task"} == {task_id}
+    team_only = _client(ann).get(f"/api/v1/audit?team={team.slug}").json()["results"]
+    assert {e["task_id"] for e in team_only} == {task_id}
+    # Someone outside the team reads none of it, and naming the team is a 400 on team.
+    assert [e for e in _client(outsider).get("/api/v1/audit").json()["results"] if e["task_id"] == task_id] == []
+    refused = _client(outsider).get(f"/api/v1/audit?team={team.slug}")
+    assert refused.status_code == 400 and "team" in refused.json()["errors"]
