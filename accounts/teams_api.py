@@ -30,6 +30,7 @@ from tasks_app.teams import (
 )
 from tms_core.api.base import ApiViewMixin, StrictInputMixin
 from tms_core.api.keyset import KeysetPagination, Segment
+from tms_core.api.schema import error_responses
 from tms_core.auth import request_user
 
 ROLE_HELP = (
@@ -140,6 +141,7 @@ class _TeamScoped(ApiViewMixin):
         description="Admins only. 400 for a personal team, and for a team that still holds tasks (deleted ones "
         "included: their history is the team's).",
         parameters=[TEAM_ID],
+        responses={204: None, **error_responses(400)},
     ),
 )
 class TeamViewSet(
@@ -235,7 +237,7 @@ class TeamMemberListView(_TeamScoped, generics.ListAPIView):
         summary="Remove a member",
         description="Admins only (or the member themselves). 400 when it is the team's last admin.",
         parameters=[TEAM_ID, USERNAME],
-        responses={204: None},
+        responses={204: None, **error_responses(400)},
     ),
 )
 class TeamMemberView(_TeamScoped, generics.GenericAPIView):

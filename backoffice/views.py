@@ -72,7 +72,7 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus, TeamRole
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
-from tasks_app.teams import may, team_resolve, visible_teams, with_role
+from tasks_app.teams import includes, may, team_resolve, visible_teams, with_role
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
@@ -242,7 +242,12 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         fire_times = []
     rules, default_rules = task_rules(task)
     # A rule for this task is added by an editor of its team, over the team's channels.
-    editor_here = may(request.user, task.team_id, TeamRole.EDITOR, "notifications.add_rule")
+    # The page's task carries the caller's role (with_role, read with the task): no query more.
+    editor_here = (
+        includes(task.caller_role, TeamRole.EDITOR) or request.user.has_perm("notifications.add_rule")
+        if hasattr(task, "caller_role")
+        else may(request.user, task.team_id, TeamRole.EDITOR, "notifications.add_rule")
+    )
     upstream, downstream = task_neighbours(task)
     rule_form = forms.get("rule_form") or (RuleForm(team_ids=[task.team_id], fixed_task=task) if editor_here else None)
     return {
