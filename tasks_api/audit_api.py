@@ -11,9 +11,10 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 
 from executions.api import UtcDateTimeFilter
-from tasks_app.models import AuditEntry
+from tasks_app.models import AuditEntry, Task
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
+from tms_core.auth import token_team_id
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -84,6 +85,15 @@ class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     filter_backends = [DjangoFilterBackend]
     filterset_class = AuditFilter
     lookup_value_regex = r"[0-9]{1,18}"
+
+    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
+        queryset = super().owner_scope(queryset, owner_field)
+        restricted = token_team_id(self.request.user)
+        if restricted is None:
+            return queryset
+        # A token scoped to one team reads the entries of that team's tasks only: the others (its
+        # user's other teams, their tokens, channels) are no business of a key for one team.
+        return queryset.filter(task_id__in=Task.objects.filter(team_id=restricted).values("pk"))
 
     def keyset_segments(self, queryset: QuerySet[AuditEntry], state: dict[str, Any]) -> list[Segment]:
         """The entries, newest first by id (KeysetPagination)."""
