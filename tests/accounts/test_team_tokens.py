@@ -179,3 +179,18 @@ def test_a_scoped_token_reads_the_audit_entries_of_its_teams_tasks_only(world):
     assert {entry["task_id"] for entry in everything} >= {world["tasks"]["ops"], world["tasks"]["mine"]}
     entries = scoped.get("/api/v1/audit").json()["results"]
     assert entries and {entry["task_id"] for entry in entries} == {world["tasks"]["ops"]}
+
+
+def test_a_superusers_team_scoped_token_neither_makes_nor_changes_a_global_limit(world, django_user_model):
+    """A global limit belongs to no team: a key scoped to one team may not define or change one,
+    whatever its user may do otherwise."""
+    root = django_user_model.objects.create_superuser("root", password="pw")
+    root_client = client_for(root)
+    body = {"name": "shared", "max_concurrency": 5, "is_global": True}
+    made = root_client.post("/api/v1/limits", body, format="json")
+    assert made.status_code == 201, made.content
+    scoped = bearer(make_token(root_client, team="root")["key"])
+    refused = scoped.post("/api/v1/limits", {**body, "name": "other"}, format="json")
+    assert refused.status_code == 403
+    changed = scoped.patch(f"/api/v1/limits/{made.json()['id']}", {"max_concurrency": 1}, format="json")
+    assert changed.status_code == 403
