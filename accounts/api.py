@@ -4,6 +4,10 @@ Each user sees and revokes their own tokens only (staff included: a token is per
 lists everyone's for revocation). The key is in the answer to the POST that creates the token,
 and never again. A request authenticated by a personal access token may not create another one:
 a leaked key must not be able to outlive its own expiry.
+
+A token may name one ``team`` of its user's (a member at creation: 400 on ``team`` otherwise);
+requests with it see and act in that team only (:mod:`tasks_app.teams`). A request with a
+team-scoped token lists and revokes only the tokens scoped to that same team.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -21,10 +25,40 @@ from rest_framework.response import Response
 
 from accounts.models import AccessToken, TokenScope
 from accounts.tokens import normalise_scopes, token_create, token_revoke
+from tasks_app.models import Team
+from tasks_app.teams import team_resolve
 from tms_core.api.base import ApiViewMixin, BoundedDateTimeField, StrictInputMixin
-from tms_core.auth import request_user
+from tms_core.auth import request_user, token_team_id
 from tms_core.conf import tms_settings
 from tms_core.durations import DurationField, format_duration
+from tms_core.errors import InvalidInput
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "string", "maxLength": 60}, {"type": "integer", "minimum": 1}], "nullable": True}
+)
+class TokenTeamField(serializers.Field):
+    """The team a token is scoped to: given as a slug or an id of a team its user is a member of
+    (staff too: a token never reaches a team its user is not in); shown as the team's id."""
+
+    default_error_messages = {"invalid": "The slug or id of a team you are a member of."}
+
+    def to_internal_value(self, data: Any) -> Team:
+        if isinstance(data, bool) or not isinstance(data, str | int) or len(str(data)) > 60:
+            self.fail("invalid")
+        user = self.context.get("user")
+        if user is None:
+            request = self.context.get("request")
+            user = request.user if request is not None else None
+        if user is None:  # pragma: no cover - the views always pass the user or the request
+            self.fail("invalid")
+        try:
+            return team_resolve(user, data, members_only=True)
+        except InvalidInput as exc:
+            raise serializers.ValidationError(exc.errors["team"]) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return getattr(value, "pk", value)
 
 
 class AccessTokenSerializer(StrictInputMixin, serializers.ModelSerializer):
@@ -51,13 +85,19 @@ class AccessTokenSerializer(StrictInputMixin, serializers.ModelSerializer):
         min_value=timedelta(minutes=1),
         help_text='Instead of expires_at: "30d", "12h".',
     )
+    team = TokenTeamField(
+        required=False,
+        allow_null=True,
+        help_text="Scope the token to one of your teams (its slug or id): requests with it see and act in "
+        "that team only, with your role there. Null or absent: all your teams. Shown as the team's id.",
+    )
     prefix = serializers.CharField(read_only=True, help_text="The start of the key, to recognise it.")
     active = serializers.SerializerMethodField(help_text="Neither revoked nor expired.")
 
     class Meta:
         model = AccessToken
         fields = [
-            "id", "name", "scopes", "prefix", "expires_at", "expires_in", "created_at", "last_used_at",
+            "id", "name", "scopes", "team", "prefix", "expires_at", "expires_in", "created_at", "last_used_at",
             "revoked_at", "active",
         ]  # fmt: skip
         read_only_fields = ["id", "created_at", "last_used_at", "revoked_at"]
@@ -127,7 +167,9 @@ class AccessTokenViewSet(
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
             return AccessToken.objects.none()
-        return AccessToken.objects.filter(user=request_user(self.request))
+        tokens = AccessToken.objects.filter(user=request_user(self.request))
+        restricted = token_team_id(self.request.user)
+        return tokens if restricted is None else tokens.filter(team_id=restricted)
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         if isinstance(request.auth, AccessToken):
@@ -138,7 +180,11 @@ class AccessTokenViewSet(
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         token, key = token_create(
-            user=request_user(request), name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"]
+            user=request_user(request),
+            name=data["name"],
+            scopes=data["scopes"],
+            expires_at=data["expires_at"],
+            team=data.get("team"),
         )
         token.key = key  # type: ignore[attr-defined]  # shown in this answer only
         return Response(NewAccessTokenSerializer(token).data, status=status.HTTP_201_CREATED)

@@ -3,6 +3,10 @@
 One class reads ``Authorization: Bearer <key>`` (or ``Token <key>``): a key that starts with
 ``tms_pat_`` is a personal access token (:mod:`accounts.tokens`); any other key is looked up as
 a DRF key, as before, so the keys that exist keep working until they are deleted.
+
+A token scoped to one team marks the request's user object with that team
+(:func:`tms_core.auth.restrict_to_team`): the team rule (:mod:`tasks_app.teams`), which every API
+view, service and page asks, then sees that team only.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from rest_framework import exceptions
 
 from accounts.tokens import TokenRefused, is_access_token_key, token_authenticate
 from tms_core.api.auth import TokenAuthentication
+from tms_core.auth import restrict_to_team
 
 
 class AccessTokenAuthentication(TokenAuthentication):
@@ -25,4 +30,6 @@ class AccessTokenAuthentication(TokenAuthentication):
             token = token_authenticate(key)
         except TokenRefused as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from None
-        return token.user, token
+        user = token.user  # loaded for this request alone: the mark goes with it
+        restrict_to_team(user, token.team_id)
+        return user, token

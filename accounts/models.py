@@ -1,12 +1,17 @@
-"""Personal access tokens: many per user, each named, scoped, expiring and revocable.
+"""Personal access tokens: many per user, each named, scoped, expiring and revocable; and the
+service accounts that hold tokens for a team.
 
 The key is shown once, when the token is created; the database keeps only its SHA-256 digest
-and a public ``lookup`` (part of the key) to find the row by. See :mod:`accounts.tokens`.
+and a public ``lookup`` (part of the key) to find the row by. See :mod:`accounts.tokens` and
+:mod:`accounts.service_accounts`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Now
 
@@ -30,6 +35,16 @@ class AccessToken(models.Model):
     digest = models.CharField(max_length=64, editable=False)
     #: Sorted names of :class:`TokenScope`.
     scopes = models.JSONField(default=list)
+    #: The one team the token sees and acts in (None: every team of its user). Deleting the team
+    #: deletes its tokens: cleared, the column would widen the token to all its user's teams.
+    team = models.ForeignKey(
+        "tasks_app.Team",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="access_tokens",
+        help_text="The one team this token sees and acts in; empty: every team of its user.",
+    )
     created_at = models.DateTimeField(db_default=Now())
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never (only where the operator allows).")
     #: Updated at most once a minute (a write per request would cost more than the request).
@@ -77,3 +92,44 @@ class OidcIdentity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} at {self.issuer}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Whatever writes the link (the admin, a shell, a script), a service account never gets one:
+        # single sign-on would otherwise open a session as it.
+        self.clean()
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        if self.user_id is not None and ServiceAccount.objects.filter(user_id=self.user_id).exists():
+            raise ValidationError({"user": "A service account cannot sign in, single sign-on included."})
+
+
+class ServiceAccount(models.Model):
+    """A team's identity for machines (CI, deploy scripts): a user row that cannot sign in, a
+    member of its one team with a role below admin, and the access tokens it holds, each scoped
+    to that team. Made and deleted by the team's admins (:mod:`accounts.service_accounts`).
+
+    The user row is kept when the account is deleted (made inactive, its tokens revoked, its
+    membership gone): the tasks it created and the audit log still name it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="service_account")
+    team = models.ForeignKey("tasks_app.Team", on_delete=models.CASCADE, related_name="service_accounts")
+    name = models.CharField(max_length=100, help_text="What it is for, e.g. 'deploy-ci'.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "name"], condition=models.Q(deleted_at__isnull=True), name="service_account_team_name"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.user.get_username()})"

@@ -22,6 +22,7 @@ from tasks_app.models import Membership, Team, TeamRole
 from tasks_app.teams import (
     member_remove,
     member_set,
+    people,
     require,
     team_create,
     team_delete,
@@ -212,7 +213,8 @@ class TeamMemberListView(_TeamScoped, generics.ListAPIView):
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
             return Membership.objects.none()
-        return Membership.objects.filter(team=self.team()).select_related("user")
+        # People only: the team's service accounts are listed at /teams/{id}/service-accounts.
+        return people(Membership.objects.filter(team=self.team())).select_related("user")
 
     def post(self, request: Request, id: str) -> Response:
         team = self.team()
@@ -249,7 +251,7 @@ class TeamMemberView(_TeamScoped, generics.GenericAPIView):
 
     def membership(self, team: Team) -> Membership:
         return get_object_or_404(
-            Membership.objects.select_related("user"), team=team, user__username=self.kwargs["username"]
+            people(Membership.objects.select_related("user")), team=team, user__username=self.kwargs["username"]
         )
 
     def get(self, request: Request, id: str, username: str) -> Response:

@@ -23,6 +23,8 @@ from django.utils import timezone
 
 from accounts.models import AccessToken, TokenScope
 from tasks_app.audit import audit_record
+from tasks_app.models import Membership, Team
+from tms_core.errors import InvalidInput
 
 #: What every key starts with.
 KEY_PREFIX = "tms_pat_"
@@ -53,13 +55,17 @@ def normalise_scopes(scopes: Iterable[str]) -> list[str]:
 
 
 def token_create(
-    *, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None
+    *, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None, team: Team | None = None
 ) -> tuple[AccessToken, str]:
     """Create a token for ``user``; return it and its key, which nothing can show again.
 
-    The caller has checked the name, scopes and expiry (:class:`accounts.api.AccessTokenSerializer`
-    does, against the operator's limits).
+    ``team``: the one team the token sees and acts in (None: all of its user's teams). The
+    caller has checked the name, scopes and expiry (:class:`accounts.api.AccessTokenSerializer`
+    does, against the operator's limits); ``user`` must be a member of ``team`` (checked here
+    too, so no caller can scope a token to a team its user is not in).
     """
+    if team is not None and not Membership.objects.filter(team=team, user_id=user.pk).exists():
+        raise InvalidInput.on("team", "The token's user is not a member of this team.")
     for _ in range(3):  # a lookup collision (2**-48 per pair) is retried with a fresh key
         lookup = secrets.token_hex(_LOOKUP_BYTES)
         key = f"{KEY_PREFIX}{lookup}_{secrets.token_urlsafe(32)}"
@@ -72,6 +78,7 @@ def token_create(
                     digest=_digest(key),
                     scopes=normalise_scopes(scopes),
                     expires_at=expires_at,
+                    team=team,
                 )
                 token.refresh_from_db(fields=["created_at"])
                 audit_record(
@@ -84,6 +91,7 @@ def token_create(
                         "scopes": {"from": None, "to": token.scopes},
                         "expires_at": {"from": None, "to": expires_at.isoformat() if expires_at else None},
                         "prefix": {"from": None, "to": token.prefix},
+                        "team": {"from": None, "to": team.slug if team is not None else None},
                     },
                 )
                 return token, key
@@ -132,6 +140,13 @@ def token_authenticate(key: str) -> AccessToken:
         raise TokenRefused(f"This token expired at {token.expires_at:%Y-%m-%dT%H:%M:%SZ}.")
     if not token.user.is_active:
         raise TokenRefused("User inactive or deleted.")
+    if (
+        token.team_id is not None
+        and not Membership.objects.filter(team_id=token.team_id, user_id=token.user_id).exists()
+    ):
+        # Checked on every request, not only at creation: a member removed from the team (or a
+        # deleted service account) must not keep a key that still names it.
+        raise TokenRefused("This token's user is no longer a member of the token's team.")
     if token.last_used_at is None or token.last_used_at <= now - _TOUCH_EVERY:
         # Conditional, so concurrent requests write it once; never inside the request's own
         # transaction (ATOMIC_REQUESTS is off), so a request that fails still counts as a use.

@@ -418,9 +418,11 @@ class RuleForm(ApiInputForm):
 
 
 class AccessTokenForm(ApiInputForm):
-    """A personal access token: the fields of ``POST /api/v1/tokens``."""
+    """A personal access token: the fields of ``POST /api/v1/tokens``. ``teams``: the choices of
+    the team scope (the user's teams, by slug); without them the form has no team field (a
+    service account's token is always its team's)."""
 
-    layout = ("name", "scopes", "expires_in")
+    layout: tuple[str, ...] = ("name", "scopes", "team", "expires_in")
 
     name = forms.CharField(max_length=100, help_text="What it is for, e.g. CI deploys.")
     scopes = forms.ChoiceField(
@@ -434,6 +436,21 @@ class AccessTokenForm(ApiInputForm):
         choices=[("7d", "7 days"), ("30d", "30 days"), ("90d", "90 days"), ("365d", "a year")],
         initial="90d",
     )
+    team = forms.ChoiceField(
+        label="Team",
+        required=False,
+        help_text="Scope the token to one of your teams: it sees and acts in that team only.",
+    )
+
+    def __init__(self, *args: Any, teams: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if teams is None:
+            del self.fields["team"]
+            self.layout = tuple(name for name in self.layout if name != "team")
+        else:
+            field = self.fields["team"]
+            assert isinstance(field, forms.ChoiceField)
+            field.choices = [("", "All your teams"), *((team.slug, team.name) for team in teams)]
 
     def payload(self, names: Any = None) -> dict[str, Any]:
         data = super().payload(names)

@@ -3,6 +3,11 @@
 Every write calls the services the API calls (:mod:`tasks_app.teams`), with the same rules: a team
 the user is not in answers 404, a change by a member who is not an admin 403, and the services'
 refusals (a taken slug, the last admin, a personal team's one member) are shown on the form.
+
+A team's page lists its service accounts too (its members see them); its admins make and delete
+them there, and each account's page (admins only, as its tokens are in the API) creates and
+revokes its tokens, through :mod:`accounts.service_accounts`. A new key is rendered into the
+answer to the POST that made it, and stored nowhere.
 """
 
 from __future__ import annotations
@@ -12,23 +17,38 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.api import AccessTokenSerializer
+from accounts.models import AccessToken, ServiceAccount
+from accounts.service_accounts import (
+    ROLE_CHOICES,
+    live_accounts,
+    service_account_create,
+    service_account_delete,
+    service_account_token_create,
+)
+from accounts.tokens import token_revoke
+from backoffice.forms import AccessTokenForm
 from tasks_app.models import Membership, Team, TeamRole
 from tasks_app.teams import (
+    SERVICE_ACCOUNT,
     includes,
     member_remove,
     member_set,
+    people,
     require,
     team_create,
     team_delete,
     team_rename,
     visible_teams,
 )
-from tms_core.form_errors import SERVICE_ERRORS, add_service_errors, exception_messages
+from tms_core.auth import request_user
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 
 class TeamForm(forms.Form):
@@ -45,6 +65,15 @@ class RenameForm(forms.Form):
     name = forms.CharField(max_length=100)
 
 
+class ServiceAccountForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. deploy-ci.")
+    role = forms.ChoiceField(
+        choices=ROLE_CHOICES,
+        initial=TeamRole.OPERATOR,
+        help_text="Its role in this team (never admin).",
+    )
+
+
 def _team(request: HttpRequest, pk: int) -> Team:
     return get_object_or_404(visible_teams(request.user), pk=pk)
 
@@ -54,7 +83,9 @@ def _admin(request: HttpRequest, team: Team) -> None:
 
 
 def _teams_context(request: HttpRequest, form: TeamForm) -> dict[str, Any]:
-    teams = visible_teams(request.user).annotate(member_count=Count("memberships")).order_by("slug")
+    # People only: a team's service accounts are on its own page, not counted as members.
+    humans = Count("memberships", filter=Q(**{f"memberships__user__{SERVICE_ACCOUNT}__isnull": True}))
+    teams = visible_teams(request.user).annotate(member_count=humans).order_by("slug")
     return {"teams": teams, "form": form}
 
 
@@ -80,16 +111,24 @@ def team_create_view(request: HttpRequest) -> HttpResponse:
 
 
 def _team_context(request: HttpRequest, team: Team, **forms_: Any) -> dict[str, Any]:
-    members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    members = people(Membership.objects.filter(team=team)).select_related("user").order_by("user__username")
     return {
         "team": team,
         "members": members,
         "roles": TeamRole.choices,
-        "can_manage": includes(getattr(team, "caller_role", None), TeamRole.ADMIN)
-        or request.user.has_perm("tasks_app.change_team"),
+        "can_manage": _can_manage(request, team),
         "member_form": forms_.get("member_form") or MemberForm(),
         "rename_form": forms_.get("rename_form") or RenameForm(initial={"name": team.name}),
+        "service_accounts": live_accounts(team),
+        "account_form": forms_.get("account_form") or ServiceAccountForm(),
     }
+
+
+def _can_manage(request: HttpRequest, team: Team) -> bool:
+    """Whether the page shows the admin's buttons (the POSTs check again, by :func:`_admin`)."""
+    return includes(getattr(team, "caller_role", None), TeamRole.ADMIN) or request.user.has_perm(
+        "tasks_app.change_team"
+    )
 
 
 @login_required
@@ -161,3 +200,91 @@ def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("backoffice:team", pk=team.pk)
     messages.success(request, f"Team {team.name} deleted.")
     return redirect("backoffice:teams")
+
+
+# -- Service accounts ----------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
+    team = _team(request, pk)
+    _admin(request, team)
+    form = ServiceAccountForm(request.POST)
+    if form.is_valid():
+        try:
+            account = service_account_create(team=team, creator=request_user(request), **form.cleaned_data)
+        except SERVICE_ERRORS as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Service account {account.name} created: give it a token below.")
+            return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
+    return render(request, "backoffice/team.html", _team_context(request, team, account_form=form), status=400)
+
+
+def _account(request: HttpRequest, pk: int, account: int) -> tuple[Team, ServiceAccount]:
+    """The team (404 unless the user sees it), the user's admin role in it (403), its live account (404)."""
+    team = _team(request, pk)
+    _admin(request, team)
+    return team, get_object_or_404(live_accounts(team), pk=account)
+
+
+def _account_page(team: Team, account: ServiceAccount, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
+    now = timezone.now()
+    rows = [
+        {
+            "token": token,
+            "state": "revoked"
+            if token.revoked_at is not None
+            else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
+        }
+        for token in AccessToken.objects.filter(user_id=account.user_id).order_by("-id")
+    ]
+    return {"team": team, "account": account, "rows": rows, "form": form, **extra}
+
+
+@login_required
+@require_GET
+def service_account_page(request: HttpRequest, pk: int, account: int) -> HttpResponse:
+    team, found = _account(request, pk, account)
+    return render(request, "backoffice/service_account.html", _account_page(team, found, AccessTokenForm()))
+
+
+@login_required
+@require_POST
+def service_account_delete_view(request: HttpRequest, pk: int, account: int) -> HttpResponse:
+    team, found = _account(request, pk, account)
+    service_account_delete(account=found, actor=request_user(request))
+    messages.success(request, f"Service account {found.name} deleted: its tokens stopped working.")
+    return redirect("backoffice:team", pk=team.pk)
+
+
+@login_required
+@require_POST
+def service_account_token_create_view(request: HttpRequest, pk: int, account: int) -> HttpResponse:
+    team, found = _account(request, pk, account)
+    form = AccessTokenForm(request.POST)
+    if form.is_valid():
+        # The API's serializer: the same rules and messages as POST .../service-accounts/{id}/tokens.
+        serializer = AccessTokenSerializer(data=form.payload(), context={"user": request_user(request)})
+        if serializer.is_valid():
+            data = serializer.validated_data
+            token, key = service_account_token_create(
+                account=found, name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"]
+            )
+            context = _account_page(team, found, AccessTokenForm(), new_token=token, new_key=key)
+            return render(request, "backoffice/service_account.html", context, status=201)
+        add_errors(form, serializer.errors, field_map={"expires_at": "expires_in"})
+    return render(request, "backoffice/service_account.html", _account_page(team, found, form), status=400)
+
+
+@login_required
+@require_POST
+def service_account_token_revoke_view(request: HttpRequest, pk: int, account: int, token: int) -> HttpResponse:
+    team, found = _account(request, pk, account)
+    row = get_object_or_404(AccessToken, pk=token, user_id=found.user_id)
+    if token_revoke(token=row):
+        messages.success(request, f"Token {row.name} revoked: it stops working now.")
+    else:
+        messages.info(request, f"Token {row.name} was already revoked.")
+    return redirect("backoffice:service-account", pk=team.pk, account=found.pk)

@@ -4,6 +4,8 @@ Creating validates with the API's serializer (``POST /api/v1/tokens``: the same 
 messages) and calls the same service (:mod:`accounts.tokens`). The new key is in the answer to
 that POST only, rendered into the page rather than passed through the session's messages, so it
 is stored nowhere. Tokens are personal: staff see their own here too (the admin lists everyone's).
+A token may be scoped to one of the user's teams (the teams they are a member of, as the API
+allows): the list shows each token's team.
 """
 
 from __future__ import annotations
@@ -21,13 +23,24 @@ from accounts.api import AccessTokenSerializer
 from accounts.models import AccessToken
 from accounts.tokens import token_create, token_revoke
 from backoffice.forms import AccessTokenForm
+from tasks_app.models import Team
+from tasks_app.teams import member_team_ids
 from tms_core.auth import request_user
 from tms_core.form_errors import add_errors
 
 
+def _teams(request: HttpRequest) -> Any:
+    """The teams a token may be scoped to: those the user is a member of (staff too)."""
+    return Team.objects.filter(pk__in=member_team_ids(request_user(request))).order_by("slug")
+
+
+def _form(request: HttpRequest, data: Any = None) -> AccessTokenForm:
+    return AccessTokenForm(data, teams=_teams(request))
+
+
 def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
     now = timezone.now()
-    tokens = AccessToken.objects.filter(user=request_user(request)).order_by("-id")
+    tokens = AccessToken.objects.filter(user=request_user(request)).select_related("team").order_by("-id")
     rows = [
         {
             "token": token,
@@ -43,21 +56,25 @@ def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str
 @login_required
 @require_GET
 def tokens_page(request: HttpRequest) -> HttpResponse:
-    return render(request, "backoffice/tokens.html", _page(request, AccessTokenForm()))
+    return render(request, "backoffice/tokens.html", _page(request, _form(request)))
 
 
 @login_required
 @require_POST
 def token_create_view(request: HttpRequest) -> HttpResponse:
-    form = AccessTokenForm(request.POST)
+    form = _form(request, request.POST)
     if form.is_valid():
-        serializer = AccessTokenSerializer(data=form.payload())
+        serializer = AccessTokenSerializer(data=form.payload(), context={"user": request_user(request)})
         if serializer.is_valid():
             data = serializer.validated_data
             token, key = token_create(
-                user=request_user(request), name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"]
+                user=request_user(request),
+                name=data["name"],
+                scopes=data["scopes"],
+                expires_at=data["expires_at"],
+                team=data.get("team"),
             )
-            context = _page(request, AccessTokenForm(), new_token=token, new_key=key)
+            context = _page(request, _form(request), new_token=token, new_key=key)
             return render(request, "backoffice/tokens.html", context, status=201)
         add_errors(form, serializer.errors, field_map={"expires_at": "expires_in"})
     return render(request, "backoffice/tokens.html", _page(request, form), status=400)

@@ -49,6 +49,27 @@ urlpatterns = [
     ),
     path("ui/teams/<int:pk>/rename/", team_views.team_rename_view, name="team-rename"),
     path("ui/teams/<int:pk>/delete/", team_views.team_delete_view, name="team-delete"),
+    path("ui/teams/<int:pk>/service-accounts/", team_views.service_account_create_view, name="service-account-create"),
+    path(
+        "ui/teams/<int:pk>/service-accounts/<int:account>/",
+        team_views.service_account_page,
+        name="service-account",
+    ),
+    path(
+        "ui/teams/<int:pk>/service-accounts/<int:account>/delete/",
+        team_views.service_account_delete_view,
+        name="service-account-delete",
+    ),
+    path(
+        "ui/teams/<int:pk>/service-accounts/<int:account>/tokens/",
+        team_views.service_account_token_create_view,
+        name="service-account-token-create",
+    ),
+    path(
+        "ui/teams/<int:pk>/service-accounts/<int:account>/tokens/<int:token>/revoke/",
+        team_views.service_account_token_revoke_view,
+        name="service-account-token-revoke",
+    ),
     path("ui/tokens/", token_views.tokens_page, name="tokens"),
     path("ui/tokens/new/", token_views.token_create_view, name="token-create"),
     path("ui/tokens/<int:pk>/revoke/", token_views.token_revoke_view, name="token-revoke"),

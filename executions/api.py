@@ -11,7 +11,7 @@ from django.utils.dateparse import parse_datetime
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import generics, mixins, permissions, status, viewsets
+from rest_framework import generics, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import OrderingFilter
@@ -38,7 +38,7 @@ from executions.services import execution_cancel_by_user, execution_retry_by_use
 from tasks_app.models import Task, TaskStatus
 from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tasks_app.teams import scope_to_teams
-from tms_core.api.base import ApiViewMixin, StrictFilterSet
+from tms_core.api.base import ApiViewMixin, IsSupportStaff, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
@@ -354,7 +354,7 @@ class WorkerViewSet(ApiViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMix
 
     queryset = Worker.objects.all()
     serializer_class = WorkerSerializer
-    permission_classes = [permissions.IsAdminUser]
+    permission_classes = [IsSupportStaff]  # staff, not through a team-scoped token
     lookup_value_regex = r"[^/]+"
     filterset_class = WorkerFilter
     filter_backends = FILTER_BACKENDS

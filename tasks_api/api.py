@@ -64,7 +64,7 @@ from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
-from tasks_app.teams import personal_team_of
+from tasks_app.teams import default_team_of
 from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
@@ -451,7 +451,7 @@ class SchedulePreviewView(ApiViewMixin, APIView):
             times = schedule_preview(schedule, count=data["count"], max_runs=data["max_runs"])
         except ScheduleError as exc:
             raise ValidationError({"schedule": [str(exc)]}) from None
-        team = data.get("team") or personal_team_of(request_user(request))
+        team = data.get("team") or default_team_of(request_user(request))
         calendar = calendar_resolve(team_id=team.pk, calendar=data["calendar"])
         if calendar is not None:
             times = calendar_marks(

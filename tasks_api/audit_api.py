@@ -16,6 +16,7 @@ from tasks_app.team_scope import TEAM_FILTER_HELP, filter_by_team
 from tasks_app.teams import scope_to_teams, sees_all
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
+from tms_core.auth import token_team_id
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -102,8 +103,12 @@ class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         if getattr(self, "swagger_fake_view", False):
             return queryset.none()
         if sees_all(user):
-            return super().owner_scope(queryset, owner_field)
+            return queryset
         team_tasks = scope_to_teams(Task.objects.all(), user).values("pk")
+        if token_team_id(user) is not None:
+            # A token scoped to one team reads the entries of that team's tasks only: the others (its
+            # user's other teams, their tokens, channels) are no business of a key for one team.
+            return queryset.filter(task_id__in=team_tasks)
         return queryset.filter(Q(owner=user) | Q(task_id__in=team_tasks))
 
     def keyset_segments(self, queryset: QuerySet[AuditEntry], state: dict[str, Any]) -> list[Segment]:

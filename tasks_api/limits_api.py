@@ -147,7 +147,7 @@ class LimitViewSet(TeamOwnedMixin, viewsets.ModelViewSet):
     def check_object_permissions(self, request: Any, obj: Any) -> None:
         if request.method not in ("GET", "HEAD", "OPTIONS") and obj.team_id is None:
             verb = "delete" if request.method == "DELETE" else "change"
-            if not (request.user.is_staff and may_act_for(request.user, None, f"tasks_app.{verb}_limit")):
+            if not (sees_all(request.user) and may_act_for(request.user, None, f"tasks_app.{verb}_limit")):
                 # Staff are read-only support unless given the permission (superusers have it).
                 raise PermissionDenied("Only staff may change a global limit.")
             return
@@ -158,7 +158,7 @@ class LimitViewSet(TeamOwnedMixin, viewsets.ModelViewSet):
         user = request_user(self.request)
         is_global = data.pop("global_", False)
         team = data.pop("team", None)
-        if is_global and not (user.is_staff and user.has_perm("tasks_app.add_limit")):
+        if is_global and not (sees_all(user) and user.has_perm("tasks_app.add_limit")):
             raise PermissionDenied("Only staff may define a global limit.")
         if is_global and team is not None:
             raise InvalidInput.on("team", "A global limit belongs to no team: give team or global, not both.")

@@ -22,7 +22,12 @@ role is too low, 403 with a message naming the role needed.
 Every user has a personal team (:func:`personal_team_of`), made with the user
 (:func:`personal_team_on_user_created`) and by migration for users that existed before teams:
 alone in it, as its admin, each user sees and does exactly what they did when tasks belonged to
-users.
+users. Service accounts (:mod:`accounts.service_accounts`) have none: they belong to one team.
+
+**A team-scoped access token** narrows all of this to its one team
+(:func:`tms_core.auth.restrict_to_team` marks the request's user object): the user is a member of
+that team only, staff included (their see-all goes), and a model permission acts only there. It
+never raises a role: the user's role in that team still decides.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from django.utils.text import slugify
 
 from tasks_app.audit import audit_record
 from tasks_app.models import Membership, Task, Team, TeamRole
+from tms_core.auth import sees_everything, token_team_id
 from tms_core.errors import InvalidInput
 
 #: Each role's rank: a role includes every role of a lower rank.
@@ -54,14 +60,29 @@ ROLE_DOES = {
 }
 
 
+def _memberships(user: Any) -> QuerySet[Membership]:
+    """``user``'s memberships: all of them, or the one of the team their token is scoped to."""
+    memberships = Membership.objects.filter(user_id=user.pk)
+    restricted = token_team_id(user)
+    return memberships if restricted is None else memberships.filter(team_id=restricted)
+
+
 def member_team_ids(user: Any) -> QuerySet[Membership, Any]:
-    """The ids of the teams ``user`` is a member of, as a subquery (``team_id__in=...``)."""
-    return Membership.objects.filter(user_id=user.pk).order_by().values("team_id")
+    """The ids of the teams ``user`` is a member of, as a subquery (``team_id__in=...``); only the
+    token's team for a request with a team-scoped token."""
+    return _memberships(user).order_by().values("team_id")
 
 
 def sees_all(user: Any) -> bool:
-    """Staff see every team's objects (read-only unless granted permissions)."""
-    return bool(user.is_staff)
+    """Staff see every team's objects (read-only unless granted permissions); not through a
+    team-scoped token (:func:`tms_core.auth.sees_everything`)."""
+    return sees_everything(user)
+
+
+def outside_token_team(user: Any, team_id: Any) -> bool:
+    """Whether ``user``'s request has a team-scoped token and ``team_id`` is another team."""
+    restricted = token_team_id(user)
+    return restricted is not None and (team_id is None or int(team_id) != restricted)
 
 
 class _MemberOf(Expression):
@@ -116,13 +137,14 @@ def teams_with_role(user: Any, role: str) -> QuerySet[Team]:
     """The teams where ``user`` holds ``role`` or a higher one (what the back office offers in a
     new object's team menu)."""
     held = [name for name, rank in RANK.items() if rank >= RANK[TeamRole(role)]]
-    return Team.objects.filter(memberships__user_id=user.pk, memberships__role__in=held)
+    # Through the memberships the token allows (a team-scoped token: its team only).
+    return Team.objects.filter(pk__in=_memberships(user).filter(role__in=held).values("team_id"))
 
 
 def role_in(user: Any, team_id: Any) -> str | None:
     """``user``'s role in the team, or None when they are not a member (one indexed read: a role
     is never remembered, so a change applies to the very next request)."""
-    if team_id is None or not getattr(user, "is_authenticated", False):
+    if team_id is None or not getattr(user, "is_authenticated", False) or outside_token_team(user, team_id):
         return None
     return Membership.objects.filter(user_id=user.pk, team_id=team_id).values_list("role", flat=True).first()
 
@@ -130,7 +152,7 @@ def role_in(user: Any, team_id: Any) -> str | None:
 def with_role(queryset: QuerySet, user: Any, team_field: str = "team_id") -> QuerySet:
     """``queryset`` with ``caller_role``: ``user``'s role in each row's team (None: not a member),
     read in the same query (a page that shows one task and its buttons reads the role for free)."""
-    role = Membership.objects.filter(team_id=OuterRef(team_field), user_id=user.pk).values("role")[:1]
+    role = _memberships(user).filter(team_id=OuterRef(team_field)).values("role")[:1]
     return queryset.annotate(caller_role=Subquery(role))
 
 
@@ -146,7 +168,10 @@ def has_role(user: Any, team_id: Any, role: str) -> bool:
 
 def may(user: Any, team_id: Any, role: str, permission: str) -> bool:
     """Whether ``user`` may do what needs ``role`` on an object of the team: by their role, or
-    anywhere they see with ``permission`` (superusers, and staff an operator granted it)."""
+    anywhere they see with ``permission`` (superusers, and staff an operator granted it). Through
+    a team-scoped token, nothing outside its team (a permission does not reach past the scope)."""
+    if outside_token_team(user, team_id):
+        return False
     return has_role(user, team_id, role) or bool(user.has_perm(permission))
 
 
@@ -171,15 +196,44 @@ def _free_slug(base: str, fallback: str) -> str:
     return f"{slug[:40]}-{fallback}"
 
 
+#: Set (True) on a user object before its first save to make it without a personal team: a
+#: service account (:mod:`accounts.service_accounts`) belongs to its one team only.
+NO_PERSONAL_TEAM = "tms_no_personal_team"
+
+#: The reverse name of ``accounts.ServiceAccount.user``. The team rule asks it by name (an ORM
+#: lookup, not an import: accounts sits above tasks_app) to keep service accounts out of the
+#: places meant for people: personal teams, the member lists and the member services.
+SERVICE_ACCOUNT = "service_account"
+
+
+def is_service_account(user: Any) -> bool:
+    """Whether ``user`` is a team's service account (one query; a flag set before the first save
+    answers without one)."""
+    if getattr(user, NO_PERSONAL_TEAM, False):
+        return True
+    if user.pk is None:
+        return False
+    return get_user_model().objects.filter(pk=user.pk, **{f"{SERVICE_ACCOUNT}__isnull": False}).exists()
+
+
+def people(queryset: QuerySet[Membership]) -> QuerySet[Membership]:
+    """``queryset`` of memberships without those of service accounts (listed on their own)."""
+    return queryset.filter(**{f"user__{SERVICE_ACCOUNT}__isnull": True})
+
+
 def personal_team_of(user: Any) -> Team:
     """``user``'s personal team, made (with the user as its admin) if they have none yet.
 
     Safe to call at any time and from two places at once: the one-to-one on ``personal_of``
-    decides, and the loser reads the winner's team.
+    decides, and the loser reads the winner's team. A service account has none and gets none: its
+    own team stands in for it (what counts per user, a channel's send rate, a quota of before
+    teams, counts there).
     """
     team = Team.objects.filter(personal_of_id=user.pk).first()
     if team is not None:
         return team
+    if is_service_account(user):
+        return Team.objects.get(service_accounts__user_id=user.pk)  # accounts.ServiceAccount.team
     try:
         with transaction.atomic():
             team = Team.objects.create(
@@ -196,25 +250,37 @@ def personal_team_of(user: Any) -> Team:
 def personal_team_on_user_created(sender: Any, instance: Any, created: bool, raw: bool = False, **kwargs: Any) -> None:
     """post_save receiver of the user model: a new user gets their personal team at once, whatever
     made them (``tms_create_user``, single sign-on, the admin, ``createsuperuser``)."""
-    if created and not raw:
+    if created and not raw and not getattr(instance, NO_PERSONAL_TEAM, False):
         personal_team_of(instance)
+
+
+def default_team_of(user: Any) -> Team:
+    """Where a create that names no team puts its object: the team of the request's team-scoped
+    token, otherwise ``user``'s personal team."""
+    restricted = token_team_id(user)
+    if restricted is not None:
+        return Team.objects.get(pk=restricted)
+    return personal_team_of(user)
 
 
 def team_for_new(user: Any, team: Team | None, *, permission: str, what: str) -> Team:
     """The team a new object of ``user`` goes in (a task, limit, calendar, artifact, notification
     channel or rule): ``team``, where ``user`` needs the editor role (or ``permission``), else
-    their personal team (where they are admin)."""
-    team = team if team is not None else personal_team_of(user)
+    their default team (:func:`default_team_of`: a team-scoped token's team, or their personal
+    team, where they are admin)."""
+    team = team if team is not None else default_team_of(user)
     if team.personal_of_id != user.pk:  # in their own personal team everyone is admin
         require(user, team.pk, TeamRole.EDITOR, permission, what=what)
     return team
 
 
-def team_resolve(user: Any, value: Any, *, field: str = "team") -> Team:
-    """The team ``value`` names (a slug, or an id) among ``user``'s teams (any team for staff);
-    InvalidInput on ``field`` otherwise, the same for a team that does not exist and one the user
-    is not in (so the answer tells nothing about other teams)."""
-    teams = Team.objects.all() if sees_all(user) else Team.objects.filter(pk__in=member_team_ids(user))
+def team_resolve(user: Any, value: Any, *, field: str = "team", members_only: bool = False) -> Team:
+    """The team ``value`` names (a slug, or an id) among ``user``'s teams (any team for staff,
+    unless ``members_only``; only its team through a team-scoped token); InvalidInput on ``field``
+    otherwise, the same for a team that does not exist and one the user is not in (so the answer
+    tells nothing about other teams)."""
+    everyone = sees_all(user) and not members_only
+    teams = Team.objects.all() if everyone else Team.objects.filter(pk__in=member_team_ids(user))
     text = str(value).strip()
     found = None
     if text.isdigit() and len(text) <= 9:
@@ -222,7 +288,10 @@ def team_resolve(user: Any, value: Any, *, field: str = "team") -> Team:
     if found is None and text:
         found = teams.filter(slug=text).first()
     if found is None:
-        raise InvalidInput.on(field, f"No team {text!r} of yours: give the slug or id of a team you are a member of.")
+        scoped = " (this token may use its own team only)" if token_team_id(user) is not None else ""
+        raise InvalidInput.on(
+            field, f"No team {text!r} of yours: give the slug or id of a team you are a member of{scoped}."
+        )
     return found
 
 
@@ -233,7 +302,12 @@ def _audit_team(team: Team, action: str, *, changes: dict[str, Any] | None = Non
 
 
 def team_create(*, creator: Any, name: str, slug: str = "") -> Team:
-    """A shared team with ``creator`` as its admin. ``slug`` defaults to one made from ``name``."""
+    """A shared team with ``creator`` as its admin. ``slug`` defaults to one made from ``name``.
+
+    Not through a team-scoped token (nor by a service account): the new team would lie outside
+    the token's one team, a way out of its scope (PermissionDenied, 403)."""
+    if token_team_id(creator) is not None or is_service_account(creator):
+        raise PermissionDenied("A token scoped to one team, or a service account, cannot create teams.")
     name = name.strip()
     if not name:
         raise InvalidInput.on("name", "A team needs a name.")
@@ -290,6 +364,12 @@ def team_delete(*, team: Team) -> None:
         left = ", ".join(f"{count} {what}" for what, count in owned.items() if count)
         if left:
             raise InvalidInput.on("team", f"The team still holds {left}: delete them first.")
+        robots = Membership.objects.filter(team=locked).count() - people(Membership.objects.filter(team=locked)).count()
+        if robots:
+            raise InvalidInput.on(
+                "team",
+                f"The team still has {robots} service account(s): delete them first (that revokes their tokens).",
+            )
         _audit_team(locked, "delete", changes={"name": locked.name, "slug": locked.slug})
         locked.delete()
 
@@ -298,6 +378,11 @@ def _user_named(username: Any) -> Any:
     user = get_user_model().objects.filter(username=str(username)).first()
     if user is None or not user.is_active:
         raise InvalidInput.on("username", f"No active user {username!r}.")
+    if is_service_account(user):
+        raise InvalidInput.on(
+            "username",
+            f"{username!r} is a service account: it belongs to its own team only, with the role it was made with.",
+        )
     return user
 
 
@@ -382,6 +467,8 @@ def member_remove(*, team: Team, username: Any, sso: bool = False) -> None:
             raise InvalidInput.on("username", f"{username!r} is not a member of this team.")
         if sso and not membership.sso:
             return  # added by hand: never the sync's to remove
+        if is_service_account(membership.user):
+            raise InvalidInput.on("username", f"{username!r} is a service account: delete the service account instead.")
         if not sso and membership.role == TeamRole.ADMIN and not _admins_left(team, without=membership.user_id):
             raise InvalidInput.on("username", "This is the team's last admin: make another member admin first.")
         membership.delete()

@@ -25,6 +25,7 @@ from rest_framework.test import APIClient
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
+from accounts.service_accounts import service_account_create, service_account_token_create
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
 from tasks_api.calendars import calendar_create
@@ -94,6 +95,14 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("DELETE", "/api/v1/teams/{id}/members/{username}"),
         ("GET", "/api/v1/teams/{id}/quota"),
         ("PATCH", "/api/v1/teams/{id}/quota"),
+        ("GET", "/api/v1/teams/{id}/service-accounts"),
+        ("POST", "/api/v1/teams/{id}/service-accounts"),
+        ("GET", "/api/v1/teams/{id}/service-accounts/{sa_id}"),
+        ("DELETE", "/api/v1/teams/{id}/service-accounts/{sa_id}"),
+        ("GET", "/api/v1/teams/{id}/service-accounts/{sa_id}/tokens"),
+        ("POST", "/api/v1/teams/{id}/service-accounts/{sa_id}/tokens"),
+        ("GET", "/api/v1/teams/{id}/service-accounts/{sa_id}/tokens/{token_id}"),
+        ("DELETE", "/api/v1/teams/{id}/service-accounts/{sa_id}/tokens/{token_id}"),
         ("GET", "/api/v1/artifacts"),
         ("POST", "/api/v1/artifacts"),
         ("GET", "/api/v1/artifacts/{id}"),
@@ -225,7 +234,7 @@ def test_docs_and_their_scripts_are_served_by_gunicorn_with_debug_off():
 TOKEN = "5c8e0c3a9f1b4e2d8a7b6c5d4e3f2a1b0c9d8e7f"
 STAFF_TOKEN = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
 #: Ids that exist while an operation is tested, filled by ``schemathesis_data``.
-KNOWN: dict[str, list] = {"tasks": [], "executions": [], "calendars": [], "teams": []}
+KNOWN: dict[str, list] = {"tasks": [], "executions": [], "calendars": [], "teams": [], "accounts": [], "tokens": []}
 
 
 # Loaded at collection time from the WSGI app (schema generation needs no database). The lazy
@@ -259,6 +268,8 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
         name, kind = "id", "calendars"
     elif "id" in path_parameters and path.startswith("/api/v1/teams"):
         name, kind = "id", "teams"
+        if "sa_id" in path_parameters:  # the shared team's service account (and its token)
+            return st.one_of(st.just(path_parameters), st.just({**path_parameters, **_known_account(path_parameters)}))
     else:
         return st.just(path_parameters)
     if not _valid_id(kind, path_parameters[name]):
@@ -267,6 +278,18 @@ def known_ids(context, path_parameters):  # type: ignore[no-untyped-def]
         return st.just(path_parameters)
     known = st.sampled_from(KNOWN[kind] or [path_parameters[name]]).map(lambda i: {**path_parameters, name: i})
     return st.one_of(st.just(path_parameters), known)
+
+
+def _known_account(path_parameters: dict) -> dict:
+    """The ids of the seeded service account, its team and its token, for the parameters a path has
+    (all of them valid, or the case as generated: a negative case stays negative)."""
+    if not (KNOWN["accounts"] and all(_valid_id("teams", value) for value in path_parameters.values())):
+        return {}
+    team, account = KNOWN["accounts"][0]
+    known = {"id": team, "sa_id": account}
+    if "token_id" in path_parameters:
+        known["token_id"] = KNOWN["tokens"][0]
+    return known
 
 
 def _valid_id(kind: str, value: object) -> bool:
@@ -314,8 +337,15 @@ def schemathesis_data(db, user, other_user, staff_user, settings, tmp_path):
     shared = team_create(creator=user, name="Shared")
     member_set(team=shared, username=other_user.username, role="viewer")
     KNOWN["teams"] = [user.personal_team.pk, other_user.personal_team.pk, shared.pk]
+    # In a team of its own: a team with a service account is not deleted (a 400, as for one with
+    # tasks), and the shared team's DELETE should stay a 204.
+    robots = team_create(creator=user, name="Robots")
+    account = service_account_create(team=robots, name="ci", role="operator", creator=user)
+    token, _ = service_account_token_create(account=account, name="ci", scopes=["read"], expires_at=None)
+    KNOWN["accounts"], KNOWN["tokens"] = [(robots.pk, account.pk)], [token.pk]
     yield
     KNOWN["tasks"], KNOWN["executions"], KNOWN["calendars"], KNOWN["teams"] = [], [], [], []
+    KNOWN["accounts"], KNOWN["tokens"] = [], []
     request_started.connect(close_old_connections)
     request_finished.connect(close_old_connections)
 

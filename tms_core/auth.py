@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.models import AbstractBaseUser, User
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
@@ -25,3 +27,27 @@ def request_user(request: HttpRequest | Request) -> User:
 def actor_for(user: AbstractBaseUser) -> str:
     """How a user appears in execution events (``ExecutionEvent.actor``) and audit entries."""
     return f"user:{user.get_username()}"
+
+
+#: The attribute :func:`restrict_to_team` sets on a request's user object: the id of the one team a
+#: team-scoped access token may see and act in. Only ever on the in-memory object of one request
+#: (never a column, never saved), so a session or another token of the same user is not narrowed.
+TOKEN_TEAM_ATTR = "tms_token_team_id"  # noqa: S105 - an attribute name, not a secret
+
+
+def restrict_to_team(user: Any, team_id: int | None) -> None:
+    """Narrow everything ``user`` (this request's object) sees and does to the team ``team_id``
+    (None: no restriction). The authentication calls it for a team-scoped access token; the team
+    rule (:mod:`tasks_app.teams`) and :func:`sees_everything` honour it."""
+    setattr(user, TOKEN_TEAM_ATTR, team_id)
+
+
+def token_team_id(user: Any) -> int | None:
+    """The one team ``user``'s request is restricted to by its token, or None (no restriction)."""
+    return getattr(user, TOKEN_TEAM_ATTR, None)
+
+
+def sees_everything(user: Any) -> bool:
+    """Staff see every owner's and every team's objects (read-only support), except through a
+    team-scoped token: that token narrows staff to its team like anyone else."""
+    return bool(getattr(user, "is_staff", False)) and token_team_id(user) is None

@@ -2,7 +2,8 @@
 violation anywhere (the login page, the dashboard, the task list with its form open, a task page
 with its occurrences, rules and a "why" answer, the task edit form, the execution lists, an
 execution page, a workflow run page, the notifications page with its forms, the API tokens page with its form and with a
-new key shown, the teams page and a team's page with their forms, and the not-found page)."""
+new key shown, the teams page and a team's page with their forms (members and service accounts), a service account's
+page with its token form, and the not-found page)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from accounts.service_accounts import service_account_create
 from tasks_app.models import Task
 from tests.browser.axe import BLOCKING, axe_run, axe_version, describe, impact_counts
 from tests.browser.conftest import log_in
@@ -54,6 +56,9 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("team page", f"/ui/teams/{data['team'].pk}/"),
         ("not found", "/ui/no-such-page/"),
     ]
+    # The shared team's page then lists a service account, whose own page has its token form.
+    account = service_account_create(team=data["team"], name="deploy-ci", role="operator", creator=admin_user)
+    pages += [("service account", f"/ui/teams/{data['team'].pk}/service-accounts/{account.pk}/")]
     rule = data["task"].notification_rules.get()
     pages += [
         ("channel edit", f"/ui/notifications/channels/{data['channel'].pk}/edit/"),
@@ -66,7 +71,8 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         "notifications": ["#new-channel summary", "#new-rule summary"],
         "api tokens": ["#new-token summary"],
         "teams": ["#new-team summary"],
-        "team page": ["#add-member summary", "#rename summary"],
+        "team page": ["#add-member summary", "#rename summary", "#add-service-account summary"],
+        "service account": ["#new-token summary"],
     }
     for name, path in pages:
 

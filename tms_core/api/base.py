@@ -14,9 +14,10 @@ from django_filters import rest_framework as filters
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.permissions import SAFE_METHODS
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
+from tms_core.auth import sees_everything
 from tms_core.roles import may_act_for
 
 # The mixins below are only ever combined with DRF's GenericAPIView and Serializer (they come first
@@ -46,6 +47,16 @@ class ApiViewMixin(_ViewBase):
         bad = sorted({key for key, values in params if "\x00" in key or any("\x00" in v for v in values)})
         if bad:
             raise ValidationError({key.replace("\x00", "\\x00"): ["Null characters are not allowed."] for key in bad})
+
+
+class IsSupportStaff(BasePermission):
+    """Staff, as DRF's ``IsAdminUser``, but not through a token scoped to one team: such a key
+    sees its team, not the platform's (workers, every owner's objects)."""
+
+    message = "Staff only, and not with a token scoped to one team."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return bool(request.user and sees_everything(request.user))
 
 
 class OwnerScopedMixin(ApiViewMixin):
@@ -96,7 +107,7 @@ class OwnerScopedMixin(ApiViewMixin):
         user = self.request.user
         if getattr(self, "swagger_fake_view", False):
             return queryset.none()
-        if user.is_staff:
+        if sees_everything(user):  # staff, unless a team-scoped token narrows them
             return queryset
         return queryset.filter(**{owner_field: user})
 

@@ -2,6 +2,12 @@ from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from accounts.api import AccessTokenViewSet
+from accounts.service_accounts_api import (
+    ServiceAccountListView,
+    ServiceAccountTokenListView,
+    ServiceAccountTokenView,
+    ServiceAccountView,
+)
 from accounts.teams_api import TeamMemberListView, TeamMemberView, TeamViewSet
 from executions.api import (
     ExecutionViewSet,
@@ -53,6 +59,24 @@ urlpatterns = [
         name="team-member",
     ),
     re_path(r"^teams/(?P<id>[0-9]{1,9})/quota/?$", TeamQuotaView.as_view(), name="team-quota"),
+    re_path(
+        r"^teams/(?P<id>[0-9]{1,9})/service-accounts/?$", ServiceAccountListView.as_view(), name="team-service-accounts"
+    ),
+    re_path(
+        r"^teams/(?P<id>[0-9]{1,9})/service-accounts/(?P<sa_id>[0-9]{1,18})/?$",
+        ServiceAccountView.as_view(),
+        name="team-service-account",
+    ),
+    re_path(
+        r"^teams/(?P<id>[0-9]{1,9})/service-accounts/(?P<sa_id>[0-9]{1,18})/tokens/?$",
+        ServiceAccountTokenListView.as_view(),
+        name="team-service-account-tokens",
+    ),
+    re_path(
+        r"^teams/(?P<id>[0-9]{1,9})/service-accounts/(?P<sa_id>[0-9]{1,18})/tokens/(?P<token_id>[0-9]{1,18})/?$",
+        ServiceAccountTokenView.as_view(),
+        name="team-service-account-token",
+    ),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),

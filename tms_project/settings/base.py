@@ -137,6 +137,8 @@ MIDDLEWARE = [
 # installed, so forwarded headers, which a client can forge, are never trusted): behind a proxy
 # every client shares the proxy's address and the lockout is effectively per username.
 AUTHENTICATION_BACKENDS = [
+    # A service account (accounts/service_accounts.py) never signs in with a password, whatever it is.
+    "accounts.service_accounts.ServiceAccountLoginGate",
     # With SSO on and TMS_OIDC_LOCAL_LOGIN=false, refuses every password login made through a page.
     "accounts.oidc.LocalLoginGate",
     # Single sign-on (docs/sso.md): answers only the OIDC callback, and only with SSO on (axes
@@ -341,6 +343,9 @@ SPECTACULAR_SETTINGS = {
         "OccurrenceStateEnum": "tasks_api.selectors.OccurrenceState",
         "TaskStateEnum": "tasks_api.states.TaskState",
         "SkipReasonEnum": "executions.models.SkipReason",
+        # Two sets of roles: a member may hold any, a service account never admin.
+        "TeamRoleEnum": "tasks_app.models.TeamRole",
+        "ServiceAccountRoleEnum": "accounts.service_accounts.ROLE_CHOICES",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
+from tasks_app.teams import is_service_account
 from tms_core.roles import SUPPORT_GROUP, ensure_support_group
 
 
@@ -38,6 +39,14 @@ class Command(BaseCommand):
         username = options["username"].strip()
         if not username:
             raise CommandError("The username may not be empty.")
+        existing_user = users.objects.filter(**{users.USERNAME_FIELD: username}).first()
+        if existing_user is not None and is_service_account(existing_user):
+            # An account key (all powers, never expires) or a password would bypass everything a
+            # service account is: tokens scoped to its team, made and revoked by the team's admins.
+            raise CommandError(
+                f"{username!r} is a service account: give it tokens through its team "
+                "(/api/v1/teams/<id>/service-accounts/<id>/tokens or the team's page)."
+            )
         if options["password"] is not None:
             # Django's password validators (AUTH_PASSWORD_VALIDATORS), as the admin's forms apply
             # them: a usage error, and nothing created or changed.
