@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from executions.triggers import ROLLUP, SQLITE, Dialect, StatusPart, literal
+from executions.triggers import ROLLUP, ROLLUP_BY_OWNER, SQLITE, Dialect, StatusPart, literal
 from notifications.models import Outbox, OutboxKind, Rule
 from tasks_app.models import Task
 
@@ -95,8 +95,9 @@ OUTBOX_PART = StatusPart("outbox", _OUTBOX_TARGETS, _outbox)
 #: Every part of the execution table's status trigger, in the order they write.
 STATUS_PARTS = (ROLLUP, OUTBOX_PART)
 
-#: The same when rules belonged to users (notifications 0007-0011): what going back installs.
-STATUS_PARTS_BY_OWNER = (ROLLUP, StatusPart("outbox", _OUTBOX_TARGETS, lambda d: _outbox(d, "owner_id")))
+#: The same when rules belonged to users (notifications 0007-0011): what going back installs. The
+#: rollup is then by owner too: going back past 0012 goes back past executions 0029 first.
+STATUS_PARTS_BY_OWNER = (ROLLUP_BY_OWNER, StatusPart("outbox", _OUTBOX_TARGETS, lambda d: _outbox(d, "owner_id")))
 
 
 def postgresql_skipped(column: str = "team_id") -> str:
