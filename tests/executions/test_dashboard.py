@@ -23,7 +23,7 @@ from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
 from executions.rollup import CARRY_MINUTE, COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
 from tasks_app.models import Membership, Task
-from tasks_app.teams import personal_team_of
+from tasks_app.teams import member_remove, member_set, personal_team_of, team_create
 from tests.factories import TaskFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -272,17 +272,101 @@ def test_the_expected_figures_are_not_trivial(scene, staff_user):
 
 
 def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries, django_assert_max_num_queries):
-    for user in (staff_user, scene["alice"]):
+    alice = scene["alice"]
+    # A member's teams are read inside the statements that need them (no query of their own); a
+    # team named is one of theirs, resolved by the page before.
+    for user, team in (
+        (staff_user, None),
+        (alice, None),
+        (alice, alice.personal_team),
+        (staff_user, alice.personal_team),
+    ):
         # A cold cache reads the settled hours and the minutes before the first whole one too.
         with django_assert_max_num_queries(11):
-            dashboard_snapshot(user=user)
+            dashboard_snapshot(user=user, team=team)
         # Then only the live tail (the same statement that read the whole day before): unless the
         # window moved on a minute in between, when the minutes before the first hour are read again.
         with django_assert_max_num_queries(10):
-            dashboard_snapshot(user=user)
+            dashboard_snapshot(user=user, team=team)
     now = timezone.now()
     with django_assert_num_queries(8):  # no clock read
         dashboard_snapshot(user=staff_user, now=now)
+
+
+def test_a_member_sees_the_runs_of_a_teammates_tasks_and_a_team_narrows_them(staff_user):
+    """Carol's task is in the team "ops", where Dave is a viewer: Dave's dashboard counts its runs
+    (it counted only tasks one made, before the rollups were kept by team) beside his own task's;
+    Erin, in neither team, sees nothing of them; ``team`` narrows to one team, for staff too."""
+    carol, dave, erin = (UserFactory(username=name) for name in ("carol", "dave", "erin"))
+    ops = team_create(creator=carol, name="Ops")
+    member_set(team=ops, username="dave", role="viewer")
+    shared = TaskFactory(owner=carol, team=ops, runner="noop", name="shared", misfire_grace=GRACE)
+    own = TaskFactory(owner=dave, runner="sleep", name="dave's", misfire_grace=GRACE)
+    ledger = Ledger()
+    ledger.succeed(ledger.start(shared, late=2, ran_for=1))
+    ledger.fail(ledger.fail(ledger.start(shared, late=0.3, ran_for=3), retry=True))
+    ledger.fail(ledger.start(own, ran_for=0.5))
+    ledger.start(shared)  # RUNNING
+    transitions.executions_create(
+        rows=[transitions.NewExecution(shared.pk, timezone.now() + timedelta(minutes=9), 5)], actor="test"
+    )
+    SkippedOccurrence.objects.create(task=shared, scheduled_for=timezone.now(), reason="overlap")
+    views = {
+        "dave": (dave, None, {ops.pk, dave.personal_team.pk}),
+        "dave in ops": (dave, ops, {ops.pk}),
+        "dave in his own": (dave, dave.personal_team, {dave.personal_team.pk}),
+        "carol": (carol, None, {ops.pk, carol.personal_team.pk}),
+        "erin": (erin, None, {erin.personal_team.pk}),
+        "staff in ops": (staff_user, ops, {ops.pk}),
+    }
+    seen = {}
+    for label, (user, team, team_ids) in views.items():
+        snap = dashboard_snapshot(user=user, team=team)
+        expected = _expected(ledger, team_ids)
+        assert snap.runs_last_hour == expected["runs"], label
+        assert {k: getattr(snap, k) for k in ("running_now", "due_backlog", "pending_depth")} == _live(team_ids)
+        shown = {p.minute: p.counts for p in snap.runs_per_minute if p.total}
+        assert shown == {m: {o: c.get(o, 0) for o in OUTCOMES} for m, c in expected["per_minute"].items()}, label
+        failing = [(t.task_id, t.failures, t.runs) for t in snap.top_failing_tasks]
+        assert failing == sorted(
+            [(task, n, expected["task_runs"][task]) for task, n in expected["failures"].items() if n],
+            key=lambda row: (-row[1], row[0]),
+        ), label
+        assert _figures(snap) == _figures(dashboard_snapshot(user=user, team=team, now=snap.now)), label
+        seen[label] = (
+            snap.runs_last_hour,
+            snap.skipped_by_reason,
+            snap.upcoming_count,
+            [d.runner for d in snap.duration_by_runner],
+        )
+    assert seen["dave"] == (
+        {"SUCCEEDED": 1, "FAILED": 2, "CANCELLED": 0, "RETRIED": 1},
+        {"overlap": 1},
+        1,
+        ["noop", "sleep"],
+    )
+    assert seen["dave in ops"] == seen["carol"] == seen["staff in ops"]
+    assert seen["dave in ops"][0] == {"SUCCEEDED": 1, "FAILED": 1, "CANCELLED": 0, "RETRIED": 1}
+    assert seen["dave in his own"] == ({"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 0, "RETRIED": 0}, {}, 0, ["sleep"])
+    assert seen["erin"] == (dict.fromkeys(OUTCOMES, 0), {}, 0, [])
+
+
+def test_the_kept_settled_hours_follow_a_change_of_membership():
+    """What a render keeps of the settled hours is named by the teams it counts, not by the user:
+    a member added to a team sees its history at the next render, and one removed no longer does."""
+    carol, erin = UserFactory(username="carol"), UserFactory(username="erin")
+    ops = team_create(creator=carol, name="Ops")
+    minute = floor_minute(timezone.now() - timedelta(hours=3))
+    RunRollup.objects.create(minute=minute, team_id=ops.pk, runner="noop", shard=0, succeeded=4)
+
+    def total(user) -> int:
+        return sum(p.total for p in dashboard_snapshot(user=user).runs_per_minute)
+
+    assert (total(carol), total(erin)) == (4, 0)  # both kept
+    member_set(team=ops, username="erin", role="viewer")
+    assert total(erin) == 4
+    member_remove(team=ops, username="erin")
+    assert total(erin) == 0
 
 
 def test_snapshot_of_an_empty_platform(staff_user):
