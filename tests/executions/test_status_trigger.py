@@ -12,11 +12,12 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from executions import transitions
+from executions import transitions, triggers
 from executions.models import Execution, RunRollup, TaskRollup
 from executions.models import ExecutionStatus as S
 from executions.triggers import NAME
 from notifications import services
+from notifications import triggers as notify
 from notifications.models import Outbox
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 
@@ -159,3 +160,15 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
     assert results == {"w:a": set(first), "w:b": set(second)}
     assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 16
     assert TaskRollup.objects.get(task=task).attempts == 16
+
+
+def test_executions_own_migrations_install_the_parts_notifications_installs():
+    """A migration of executions that changes its rollup part (0029) installs the trigger with the
+    parts the apps above registered when Django started, without importing them: the same parts,
+    in the same order, as notifications' migrations install; going back, the same with the
+    rollup by owner."""
+    assert triggers.status_parts() == notify.STATUS_PARTS
+    assert triggers.status_parts(triggers.ROLLUP_BY_OWNER) == (triggers.ROLLUP_BY_OWNER, notify.OUTBOX_PART)
+    assert notify.STATUS_PARTS_BY_OWNER[0] is triggers.ROLLUP_BY_OWNER
+    assert "owner_id" not in " ".join(triggers.ROLLUP.statements(triggers.POSTGRESQL))
+    assert "r.team_id" in triggers.postgresql_install(triggers.status_parts())
