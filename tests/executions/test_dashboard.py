@@ -22,6 +22,7 @@ from executions.models import Execution, ExecutionEvent, RunRollup, SkippedOccur
 from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
 from executions.rollup import CARRY_MINUTE, COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
+from tasks_api.services import task_move
 from tasks_app.models import Membership, Task
 from tasks_app.teams import member_remove, member_set, personal_team_of, team_create
 from tests.factories import TaskFactory, UserFactory
@@ -349,6 +350,20 @@ def test_a_member_sees_the_runs_of_a_teammates_tasks_and_a_team_narrows_them(sta
     assert seen["dave in ops"][0] == {"SUCCEEDED": 1, "FAILED": 1, "CANCELLED": 0, "RETRIED": 1}
     assert seen["dave in his own"] == ({"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 0, "RETRIED": 0}, {}, 0, ["sleep"])
     assert seen["erin"] == (dict.fromkeys(OUTCOMES, 0), {}, 0, [])
+
+
+def test_a_moved_tasks_failing_hours_go_with_it():
+    """A task moved to another team takes its hours of "failing most" along, as its runs: the old
+    team's dashboard no longer names it (its members may not see it now), the new team's does."""
+    carol = UserFactory(username="carol")
+    ops = team_create(creator=carol, name="Ops")
+    task = TaskFactory(owner=carol, runner="noop", name="flaky", misfire_grace=GRACE)
+    ledger = Ledger()
+    ledger.fail(ledger.start(task, ran_for=1))
+    assert [t.name for t in dashboard_snapshot(user=carol, team=carol.personal_team).top_failing_tasks] == ["flaky"]
+    task_move(task=task, team=ops, user=carol)
+    assert dashboard_snapshot(user=carol, team=carol.personal_team).top_failing_tasks == []
+    assert [(t.name, t.failures) for t in dashboard_snapshot(user=carol, team=ops).top_failing_tasks] == [("flaky", 1)]
 
 
 def test_the_kept_settled_hours_follow_a_change_of_membership():
