@@ -88,9 +88,9 @@ def uninstall(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("executions", "0028_execution_team_fair_idx"),
-        # The trigger installed here carries notifications' outbox part in its by-team form; and
-        # going back past 0012 (which installs the outbox by owner beside the rollup by owner)
-        # goes back past this one first.
+        # After every migration of notifications that installs the trigger (with the rollup by
+        # owner, as it was until this one): the one installed here is the last. Going back past
+        # 0012 (the outbox by owner) goes back past this one first.
         ("notifications", "0012_channel_rule_team_not_null"),
     ]
 

@@ -169,6 +169,7 @@ def test_executions_own_migrations_install_the_parts_notifications_installs():
     rollup by owner."""
     assert triggers.status_parts() == notify.STATUS_PARTS
     assert triggers.status_parts(triggers.ROLLUP_BY_OWNER) == (triggers.ROLLUP_BY_OWNER, notify.OUTBOX_PART)
-    assert notify.STATUS_PARTS_BY_OWNER[0] is triggers.ROLLUP_BY_OWNER
+    # notifications' migrations all run before executions 0029: they install the rollup by owner.
+    assert notify.STATUS_PARTS_BY_OWNER[0] is notify.MIGRATIONS_STATUS_PARTS[0] is triggers.ROLLUP_BY_OWNER
     assert "owner_id" not in " ".join(triggers.ROLLUP.statements(triggers.POSTGRESQL))
     assert "r.team_id" in triggers.postgresql_install(triggers.status_parts())
