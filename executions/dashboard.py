@@ -51,7 +51,7 @@ from executions.models import (
 )
 from executions.rollup import Teams, floor_hour, floor_minute, rollup_series, rollup_series_settled
 from tasks_app.models import Task, TaskStatus, Team
-from tasks_app.teams import scope_to_teams, sees_all
+from tasks_app.teams import member_team_ids, scope_to_teams, sees_all
 from tms_core.clock import db_now
 
 #: The outcomes a run is counted under, in display order.
@@ -210,13 +210,13 @@ class _Scope:
     def of(cls, user: Any, team: Team | None) -> _Scope:
         if team is not None:
             return cls(user, Teams(ids=(team.pk,)))
-        return cls(user, None if sees_all(user) else Teams(member_of=user.pk))
+        return cls(user, None if sees_all(user) else Teams(members=member_team_ids(user)))
 
     def rows(self, queryset: QuerySet, field: str = "team_id") -> QuerySet:
         """``queryset`` narrowed to these teams' rows; ``field`` holds a row's team id."""
         if self.teams is None:
             return queryset
-        if self.teams.member_of is None:
+        if self.teams.members is None:
             return queryset.filter(**{f"{field}__in": self.teams.ids})
         return scope_to_teams(queryset, self.user, field)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.core.cache import caches
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from executions.histogram import BUCKETS, EDGES
@@ -34,7 +35,7 @@ from executions.models import (
     RunRollup,
     TaskRollup,
 )
-from tasks_app.models import Membership, Task
+from tasks_app.models import Task
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 
@@ -52,31 +53,37 @@ def floor_hour(when: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Teams:
-    """Whose rollup rows a read sums: the teams ``ids``, or the teams of which the user
-    ``member_of`` is a member (looked up by the statement itself, as
-    :func:`tasks_app.teams.scope_to_teams` does for the ORM). Where a read takes ``None``
-    instead, every team's rows (staff)."""
+    """Whose rollup rows a read sums: the teams ``ids``, or the teams ``members`` names (a query
+    of team ids: :func:`tasks_app.teams.member_team_ids`, the teams a user is a member of, which
+    the statement reads itself, as :func:`tasks_app.teams.scope_to_teams` does for the ORM).
+    Where a read takes ``None`` instead, every team's rows (staff)."""
 
     ids: tuple[int, ...] = ()
-    member_of: int | None = None
+    members: QuerySet | None = None
+
+    def _members_sql(self) -> tuple[str, list[Any]]:
+        assert self.members is not None
+        sql, params = self.members.query.sql_with_params()
+        return sql, list(params)
 
     def where(self, column: str = "team_id") -> tuple[str, list[Any]]:
         """The SQL test that ``column`` holds one of these teams, and its parameters."""
-        if self.member_of is not None:
-            members = f"SELECT team_id FROM {Membership._meta.db_table} WHERE user_id = %s"  # noqa: S608 - our name
+        if self.members is not None:
+            members, params = self._members_sql()
             # PostgreSQL: an array computed once before the scan (an InitPlan), as scope_to_teams.
             test = f"= ANY(ARRAY({members}))" if connection.vendor == "postgresql" else f"IN ({members})"
-            return f"{column} {test}", [self.member_of]
+            return f"{column} {test}", params
         if not self.ids:
             return "1 = 0", []
         return f"{column} IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
 
-    def member_ids_sql(self) -> tuple[str, list[Any]]:
-        """An expression giving the ids of ``member_of``'s teams as text ('3,8'; NULL for none)."""
-        members = Membership._meta.db_table
-        if connection.vendor == "postgresql":
-            return f"(SELECT string_agg(team_id::text, ',') FROM {members} WHERE user_id = %s)", [self.member_of]  # noqa: S608
-        return f"(SELECT group_concat(team_id, ',') FROM {members} WHERE user_id = %s)", [self.member_of]  # noqa: S608
+    def members_text_sql(self) -> tuple[str, list[Any]]:
+        """An expression giving the ids of the ``members`` teams as text ('3,8'; NULL for none)."""
+        members, params = self._members_sql()
+        aggregate = (
+            "string_agg(m.team_id::text, ',')" if connection.vendor == "postgresql" else "group_concat(m.team_id, ',')"
+        )
+        return f"(SELECT {aggregate} FROM ({members}) m)", params  # noqa: S608 - compiled by Django
 
 
 def _scope_key(teams: Teams | None) -> str:
@@ -190,7 +197,7 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
     """:func:`rollup_series`, with the settled part of the window (up to the last whole hour that
     ended :data:`SETTLE` before ``now``, the database's time) kept between calls in the
     ``dashboard`` cache, per set of teams (``None``: all teams) and :class:`RollupEpoch`. The
-    teams of a member (``Teams.member_of``) are read by the same statement as the live tail, so
+    teams of a member (``Teams.members``) are read by the same statement as the live tail, so
     the figures kept are named by the teams they count: a membership that changes is seen at
     once, and members of the same teams share them.
 
@@ -209,7 +216,7 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
     where, params = _window(end, until, teams)
     nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) - 1))
     members, members_params = (
-        teams.member_ids_sql() if teams is not None and teams.member_of is not None else ("NULL", [])
+        teams.members_text_sql() if teams is not None and teams.members is not None else ("NULL", [])
     )
     epoch_sql = (
         f"SELECT 2, NULL, {members}, "  # noqa: S608
@@ -220,7 +227,7 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
         rows = cursor.fetchall()
     epoch, member_ids = next((row[3], row[2]) for row in rows if row[0] == 2)
     tail = _series_rows(row for row in rows if row[0] != 2)
-    if teams is not None and teams.member_of is not None:
+    if teams is not None and teams.members is not None:
         # From here on the teams the tail counted, by id: what is kept is named by them.
         teams = Teams(ids=tuple(sorted(int(pk) for pk in (member_ids or "").split(",") if pk)))
     cache = caches[CACHE_ALIAS]
