@@ -21,6 +21,7 @@ from django.db import migrations, models
 
 from executions import triggers
 
+
 def _merge(cursor, model, key: str) -> None:
     """Add up the rows of RunRollup (the historical ``model``) that share (minute, ``key`` = 0,
     runner, shard) into the one with the lowest id, and delete the others: rows of different
