@@ -61,15 +61,15 @@ class Teams:
     ids: tuple[int, ...] = ()
     members: QuerySet | None = None
 
-    def _members_sql(self) -> tuple[str, list[Any]]:
-        assert self.members is not None
-        sql, params = self.members.query.sql_with_params()
+    @staticmethod
+    def _sql(members: QuerySet) -> tuple[str, list[Any]]:
+        sql, params = members.query.sql_with_params()
         return sql, list(params)
 
     def where(self, column: str = "team_id") -> tuple[str, list[Any]]:
         """The SQL test that ``column`` holds one of these teams, and its parameters."""
         if self.members is not None:
-            members, params = self._members_sql()
+            members, params = self._sql(self.members)
             # PostgreSQL: an array computed once before the scan (an InitPlan), as scope_to_teams.
             test = f"= ANY(ARRAY({members}))" if connection.vendor == "postgresql" else f"IN ({members})"
             return f"{column} {test}", params
@@ -77,9 +77,11 @@ class Teams:
             return "1 = 0", []
         return f"{column} IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
 
-    def members_text_sql(self) -> tuple[str, list[Any]]:
-        """An expression giving the ids of the ``members`` teams as text ('3,8'; NULL for none)."""
-        members, params = self._members_sql()
+    @classmethod
+    def members_text_sql(cls, members_query: QuerySet) -> tuple[str, list[Any]]:
+        """An expression giving the ids of the teams ``members_query`` names as text ('3,8'; NULL
+        for none)."""
+        members, params = cls._sql(members_query)
         aggregate = (
             "string_agg(m.team_id::text, ',')" if connection.vendor == "postgresql" else "group_concat(m.team_id, ',')"
         )
@@ -216,7 +218,7 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
     where, params = _window(end, until, teams)
     nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) - 1))
     members, members_params = (
-        teams.members_text_sql() if teams is not None and teams.members is not None else ("NULL", [])
+        Teams.members_text_sql(teams.members) if teams is not None and teams.members is not None else ("NULL", [])
     )
     epoch_sql = (
         f"SELECT 2, NULL, {members}, "  # noqa: S608
