@@ -1,22 +1,27 @@
 """The dashboard at ``/``: what runs, what fails, what is late, at a glance.
 
 Its numbers come from :func:`executions.dashboard.dashboard_snapshot` (a per-minute rollup and
-the partial indexes of live states, a fixed number of queries whatever the table sizes); this
-module only lays them out and draws the charts (:mod:`backoffice.charts`). The page refreshes
+the partial indexes of live states, a fixed number of queries whatever the table sizes), for the
+user's teams or the one the switcher names (``?team=``); this module only lays them out and
+draws the charts (:mod:`backoffice.charts`). The page refreshes
 its body in place every ``TMS_DASHBOARD_REFRESH`` seconds from :func:`dashboard_fragment`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 
 from backoffice import charts
+from backoffice.views import switched_team
 from executions.dashboard import OUTCOMES, DashboardSnapshot, dashboard_snapshot, lateness_point
+from tasks_app.models import Team
+from tasks_app.teams import visible_teams
 
 #: Spans the per-minute charts can show (the snapshot holds the last 24 h), the default first:
 #: minutes shown, minutes per bar, the span in words. A day is drawn in 5-minute bars: 1,440
@@ -55,14 +60,31 @@ def dashboard_context(snapshot: DashboardSnapshot, window: str = "24h") -> dict[
     }
 
 
+def _switch(team: Team | None) -> dict[str, Any]:
+    """What the page needs of the team switcher: the team shown (its slug, "" for all the user's
+    teams) and the query string that keeps it in the page's links."""
+    slug = team.slug if team is not None else ""
+    return {"team": slug, "team_query": f"&{urlencode({'team': slug})}" if slug else ""}
+
+
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    snapshot = dashboard_snapshot(user=request.user)
-    return render(request, "backoffice/dashboard.html", dashboard_context(snapshot, chart_window(request)))
+    """The figures of the user's teams (staff: everyone's); ``?team=`` narrows them to one of
+    those teams, as the lists' switcher does (a team not theirs: said so, 400, not narrowed)."""
+    team, bad = switched_team(request)
+    snapshot = dashboard_snapshot(user=request.user, team=team)
+    context = dashboard_context(snapshot, chart_window(request)) | _switch(team)
+    context["teams"] = visible_teams(request.user)
+    return render(request, "backoffice/dashboard.html", context, status=400 if bad else 200)
 
 
 @login_required
 def dashboard_fragment(request: HttpRequest) -> HttpResponse:
-    """The dashboard's body alone, for the in-place refresh."""
-    snapshot = dashboard_snapshot(user=request.user)
-    return render(request, "backoffice/_dashboard_body.html", dashboard_context(snapshot, chart_window(request)))
+    """The dashboard's body alone, for the in-place refresh (``?team=`` as the page's; a team
+    not the user's is a 400 with the reason, which the page shows as a failed refresh)."""
+    team, bad = switched_team(request, say=False)
+    if bad:
+        return HttpResponseBadRequest("No such team of yours.", content_type="text/plain")
+    snapshot = dashboard_snapshot(user=request.user, team=team)
+    context = dashboard_context(snapshot, chart_window(request)) | _switch(team)
+    return render(request, "backoffice/_dashboard_body.html", context)

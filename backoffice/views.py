@@ -69,7 +69,7 @@ from tasks_api.services import (
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_api.workflows import follower_words, task_neighbours
 from tasks_app.masking import mask_config
-from tasks_app.models import AuditEntry, TaskHook, TaskStatus, TeamRole
+from tasks_app.models import AuditEntry, TaskHook, TaskStatus, Team, TeamRole
 from tasks_app.schedule_words import schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
 from tasks_app.teams import includes, may, team_resolve, visible_teams, with_role
@@ -671,16 +671,26 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/execution_list.html", context, status=400 if bad_team else 200)
 
 
+def switched_team(request: HttpRequest, *, say: bool = True) -> tuple[Team | None, bool]:
+    """The team the switcher names (``?team=<slug>``, or an id) among the user's teams (any team
+    for staff): (None, False) when it names none; (None, True) when it names one that is not
+    theirs, which is said in a message (unless ``say`` is False)."""
+    value = request.GET.get("team", "").strip().replace("\x00", "")
+    if not value:
+        return None, False
+    try:
+        return team_resolve(request.user, value), False
+    except InvalidInput as exc:
+        if say:
+            for message in exception_messages(exc):
+                messages.error(request, message)
+        return None, True
+
+
 def team_switch(request: HttpRequest, rows: QuerySet) -> tuple[QuerySet, str, bool]:
     """The team switcher of the lists (``?team=<slug>``): ``rows`` of that one of the user's
     teams; a team that is not theirs is said so (and the list is not narrowed)."""
-    value = request.GET.get("team", "").strip().replace("\x00", "")
-    if not value:
-        return rows, "", False
-    try:
-        team = team_resolve(request.user, value)
-    except InvalidInput as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-        return rows, "", True
+    team, bad = switched_team(request)
+    if team is None:
+        return rows, "", bad
     return rows.filter(team_id=team.pk), team.slug, False

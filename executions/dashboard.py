@@ -3,8 +3,9 @@
 :func:`dashboard_snapshot` is the whole contract with the pages: frozen dataclasses of plain
 values. Aggregates over time come from the rollup (:mod:`executions.rollup`); counts of live
 states come from the execution table's partial indexes (SCHEDULED by due time, PENDING,
-RUNNING), so no view scans the executions. Staff see everything; anyone else only their own
-tasks' numbers, as in the API.
+RUNNING), so no view scans the executions. A user sees the figures of the teams they are a member
+of (every task of those teams, whoever made it), staff everything, as in the API; a team named
+(the page's switcher) narrows them to that team's. Workers are the platform's, counted for all.
 
 Definitions (times are the database's, UTC):
 
@@ -48,8 +49,9 @@ from executions.models import (
     Worker,
     WorkerStatus,
 )
-from executions.rollup import floor_hour, floor_minute, rollup_series, rollup_series_settled
-from tasks_app.models import Task, TaskStatus
+from executions.rollup import Teams, floor_hour, floor_minute, rollup_series, rollup_series_settled
+from tasks_app.models import Task, TaskStatus, Team
+from tasks_app.teams import member_team_ids, scope_to_teams, sees_all
 from tms_core.clock import db_now
 
 #: The outcomes a run is counted under, in display order.
@@ -195,8 +197,34 @@ def lateness_point(point: MinutePoint) -> LatenessPoint:
     return LatenessPoint(point.minute, started, percentile(point.lateness, 0.5), percentile(point.lateness, 0.99))
 
 
-def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSnapshot:
-    """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's).
+@dataclass(frozen=True)
+class _Scope:
+    """Whose figures: ``teams`` None for every team's (staff); else the rollup's
+    :class:`~executions.rollup.Teams`, and ``user`` whose teams they are when ``teams`` names
+    none itself (the ORM's reads go through :func:`tasks_app.teams.scope_to_teams` then)."""
+
+    user: Any
+    teams: Teams | None
+
+    @classmethod
+    def of(cls, user: Any, team: Team | None) -> _Scope:
+        if team is not None:
+            return cls(user, Teams(ids=(team.pk,)))
+        return cls(user, None if sees_all(user) else Teams(members=member_team_ids(user)))
+
+    def rows(self, queryset: QuerySet, field: str = "team_id") -> QuerySet:
+        """``queryset`` narrowed to these teams' rows; ``field`` holds a row's team id."""
+        if self.teams is None:
+            return queryset
+        if self.teams.members is None:
+            return queryset.filter(**{f"{field}__in": self.teams.ids})
+        return scope_to_teams(queryset, self.user, field)
+
+
+def dashboard_snapshot(*, user: Any, team: Team | None = None, now: datetime | None = None) -> DashboardSnapshot:
+    """Everything the dashboard shows, as seen by ``user``, at ``now`` (default: the database's):
+    the figures of the teams ``user`` is a member of (staff: of every team), or of ``team`` alone,
+    which must be one of theirs (the caller resolves it: :func:`tasks_app.teams.team_resolve`).
 
     Nine queries at most (one to read the database clock when ``now`` is not given): the rollup by
     (minute, runner), the tasks failing most, the live counts, skipped occurrences by reason, the
@@ -210,12 +238,12 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
     # ``now`` given (a test, a report of a past moment) is read whole.
     settled = now is None
     now = now or db_now()
-    owner_id = None if user.is_staff else user.pk
-    live = _live_counts(owner_id, now)
-    by_minute, durations, last_hour = _from_rollup(owner_id, now, settled=settled)
+    scope = _Scope.of(user, team)
+    live = _live_counts(scope, now)
+    by_minute, durations, last_hour = _from_rollup(scope, now, settled=settled)
     succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
-    upcoming = _upcoming(owner_id, now)
-    from_schedules, exact = _upcoming_from_schedules(owner_id, now)
+    upcoming = _upcoming(scope, now)
+    from_schedules, exact = _upcoming_from_schedules(scope, now)
     return DashboardSnapshot(
         now=now,
         runs_last_hour=last_hour,
@@ -226,30 +254,26 @@ def dashboard_snapshot(*, user: Any, now: datetime | None = None) -> DashboardSn
         pending_depth=live["pending"],
         workers_alive=live["alive"],
         workers_dead=live["dead"],
-        skipped_by_reason=_skipped_by_reason(owner_id, now),
+        skipped_by_reason=_skipped_by_reason(scope, now),
         last_minute=floor_minute(now),
         by_minute=by_minute,
         duration_by_runner=durations,
-        top_failing_tasks=_top_failing(owner_id, now),
+        top_failing_tasks=_top_failing(scope, now),
         upcoming=upcoming,
         upcoming_count=live["upcoming_executions"] + from_schedules,
         upcoming_exact=exact,
     )
 
 
-def _owned(queryset: QuerySet, owner_id: int | None, field: str) -> QuerySet:
-    return queryset if owner_id is None else queryset.filter(**{field: owner_id})
-
-
 def _from_rollup(
-    owner_id: int | None, now: datetime, *, settled: bool = False
+    scope: _Scope, now: datetime, *, settled: bool = False
 ) -> tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], list[RunnerDuration], dict[str, int]]:
     last = floor_minute(now)
     first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
     if settled:
-        series = rollup_series_settled(since=first, until=last, owner_id=owner_id, now=now)
+        series = rollup_series_settled(since=first, until=last, teams=scope.teams, now=now)
     else:
-        series = rollup_series(since=first, until=last, owner_id=owner_id)
+        series = rollup_series(since=first, until=last, teams=scope.teams)
     hour_start = last - timedelta(minutes=59)
     last_hour = [sum(column) for column in zip(*(
         outcomes for minute, (outcomes, _) in series.by_minute.items() if minute >= hour_start
@@ -262,14 +286,14 @@ def _from_rollup(
     return series.by_minute, durations, dict(zip(OUTCOMES, last_hour, strict=True))
 
 
-def _top_failing(owner_id: int | None, now: datetime) -> list[FailingTask]:
+def _top_failing(scope: _Scope, now: datetime) -> list[FailingTask]:
     """The tasks with the most failed attempts over the last 24 hourly buckets, in one query:
     the top ten from the hours that had failures (a partial index), then each one's failures
     and attempts summed over the window on the (task, hour) key."""
     since = floor_hour(now) - timedelta(hours=23)
     window = TaskRollup.objects.filter(hour__gte=since, hour__lte=now)
     top = (
-        _owned(window.filter(failures__gt=0), owner_id, "owner_id")
+        scope.rows(window.filter(failures__gt=0))
         .order_by()
         .values("task_id")
         .annotate(failed=Sum("failures"))
@@ -296,10 +320,10 @@ def _count_sql(queryset: QuerySet) -> tuple[str, tuple]:
     return f"(SELECT COUNT(*) FROM ({sql}) AS counted)", params  # noqa: S608 - compiled by Django
 
 
-def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
+def _live_counts(scope: _Scope, now: datetime) -> dict[str, int]:
     """Counts of live states in one query, each a subquery on its own partial index."""
-    # An execution carries its task's owner: no join to the tasks.
-    executions = _owned(Execution.objects.all(), owner_id, "owner_id")
+    # An execution carries its task's team: no join to the tasks.
+    executions = scope.rows(Execution.objects.all())
     in_an_hour = now + timedelta(hours=1)
     held = executions.filter(status=ExecutionStatus.SCHEDULED).exclude(waiting="")
     parts = {
@@ -326,25 +350,19 @@ def _live_counts(owner_id: int | None, now: datetime) -> dict[str, int]:
         return dict(zip(parts, cursor.fetchone(), strict=True))
 
 
-def _skipped_by_reason(owner_id: int | None, now: datetime) -> dict[str, int]:
+def _skipped_by_reason(scope: _Scope, now: datetime) -> dict[str, int]:
     skipped = SkippedOccurrence.objects.filter(recorded_at__gt=now - timedelta(hours=24), recorded_at__lte=now)
     # Counting ``reason`` (in the index with recorded_at) lets staff's count read the index only.
-    rows = _owned(skipped, owner_id, "task__owner_id").order_by().values("reason").annotate(n=Count("reason"))
+    rows = scope.rows(skipped, "task__team_id").order_by().values("reason").annotate(n=Count("reason"))
     return {row["reason"]: row["n"] for row in sorted(rows, key=lambda row: row["reason"])}
 
 
-def _upcoming(owner_id: int | None, now: datetime) -> list[UpcomingRun]:
+def _upcoming(scope: _Scope, now: datetime) -> list[UpcomingRun]:
     in_an_hour = now + timedelta(hours=1)
-    executions = _owned(
-        Execution.objects.filter(status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour),
-        owner_id,
-        "owner_id",
+    executions = scope.rows(
+        Execution.objects.filter(status=ExecutionStatus.SCHEDULED, due_at__gt=now, due_at__lte=in_an_hour)
     )
-    tasks = _owned(
-        Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
-        owner_id,
-        "owner_id",
-    )
+    tasks = scope.rows(Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour))
     runs = [
         UpcomingRun(str(task_id), name, due_at, execution_id)
         for execution_id, task_id, name, due_at in executions.order_by("due_at", "id").values_list(
@@ -380,19 +398,15 @@ def _fire_times_within(task: Task, until: datetime, most: int) -> list[datetime]
     return times
 
 
-def _upcoming_from_schedules(owner_id: int | None, now: datetime) -> tuple[int, bool]:
+def _upcoming_from_schedules(scope: _Scope, now: datetime) -> tuple[int, bool]:
     """Fire times within the hour not materialised yet, and whether the count is exact, in two
     queries: each interval task's from its cursor, computed in SQL (on PostgreSQL); each other
     task's (cron, one-shot) expanded here. Bounded to the :data:`UPCOMING_TASKS_COUNTED` tasks
     with the earliest cursors, and :data:`UPCOMING_CRON_EXPANDED` other tasks among them."""
     in_an_hour = now + timedelta(hours=1)
-    due = _owned(
-        Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour),
-        owner_id,
-        "owner_id",
-    )
+    due = scope.rows(Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour))
     if connection.vendor == "postgresql":
-        interval_runs, tasks, others = _interval_runs_sql(owner_id, now, in_an_hour)
+        interval_runs, tasks, others = _interval_runs_sql(scope.teams, now, in_an_hour)
     else:  # the embedded SQLite default: few tasks, counted here
         interval_runs = tasks = others = 0
         for task in due.order_by("next_run_at")[: UPCOMING_TASKS_COUNTED + 1]:
@@ -409,17 +423,17 @@ def _upcoming_from_schedules(owner_id: int | None, now: datetime) -> tuple[int, 
     return count, tasks <= UPCOMING_TASKS_COUNTED and others <= UPCOMING_CRON_EXPANDED
 
 
-def _interval_runs_sql(owner_id: int | None, now: datetime, until: datetime) -> tuple[int, int, int]:
-    """Over the :data:`UPCOMING_TASKS_COUNTED` + 1 active tasks with the earliest cursors within
-    ``(now, until]``: the interval tasks' fire times up to ``until`` (end_at and max_runs
-    respected), how many tasks, how many without an interval."""
-    owner = "" if owner_id is None else "AND owner_id = %(owner)s"
+def _interval_runs_sql(teams: Teams | None, now: datetime, until: datetime) -> tuple[int, int, int]:
+    """Over the :data:`UPCOMING_TASKS_COUNTED` + 1 active tasks of ``teams`` (None: all) with the
+    earliest cursors within ``(now, until]``: the interval tasks' fire times up to ``until``
+    (end_at and max_runs respected), how many tasks, how many without an interval."""
+    team, team_params = teams.where("team_id") if teams is not None else ("TRUE", [])
     sql = f"""
         WITH t AS (
-            SELECT interval, next_run_at, LEAST(%(until)s, end_at) AS last, max_runs - runs_materialised AS left_runs
+            SELECT interval, next_run_at, LEAST(%s, end_at) AS last, max_runs - runs_materialised AS left_runs
             FROM {Task._meta.db_table}
-            WHERE status = 'ACTIVE' AND next_run_at > %(now)s AND next_run_at <= %(until)s {owner}
-            ORDER BY next_run_at LIMIT %(limit)s
+            WHERE status = 'ACTIVE' AND next_run_at > %s AND next_run_at <= %s AND {team}
+            ORDER BY next_run_at LIMIT %s
         )
         SELECT
             COALESCE(SUM(LEAST(
@@ -431,6 +445,6 @@ def _interval_runs_sql(owner_id: int | None, now: datetime, until: datetime) -> 
         FROM t
     """  # noqa: S608 - the table name is the model's; values are parameters
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"now": now, "until": until, "owner": owner_id, "limit": UPCOMING_TASKS_COUNTED + 1})
+        cursor.execute(sql, [until, now, until, *team_params, UPCOMING_TASKS_COUNTED + 1])
         runs, tasks, others = cursor.fetchone()
     return int(runs), int(tasks), int(others)

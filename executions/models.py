@@ -107,8 +107,8 @@ class Execution(models.Model):
     #: freed slot releases that bucket's waiters; null otherwise. No foreign key: it is a hint.
     waiting_on = models.BigIntegerField(null=True, blank=True)
     #: Its task's owner, copied when it is created (a task never changes owner): the runs of a
-    #: user's own tasks (replay's default, the rollups, the held-runs index) without a join.
-    #: No foreign key, like ``RunRollup.owner_id``: nothing to check per insert.
+    #: user's own tasks (replay's default, the held-runs index) without a join.
+    #: No foreign key, like ``RunRollup.team_id``: nothing to check per insert.
     owner_id = models.IntegerField()
     #: Not a column: whether a task followed this run's task when a worker's batch claim loaded it
     #: (``executions.transitions.executions_claim_loaded``), a hint for how its end is written.
@@ -343,7 +343,7 @@ OUTCOME_COLUMNS = {"SUCCEEDED": "succeeded", "FAILED": "failed", "CANCELLED": "c
 
 
 class RunRollup(models.Model):
-    """Finished attempts per (minute, owner, runner, shard): counts by outcome and histograms of
+    """Finished attempts per (minute, team, runner, shard): counts by outcome and histograms of
     lateness and duration. The dashboard reads aggregates here, never from the executions.
 
     Written only by a database trigger on the execution table (migration 0006), in the same
@@ -360,8 +360,10 @@ class RunRollup(models.Model):
     """
 
     minute = models.DateTimeField()
-    #: The task's owner (no foreign key: history outlives users; nothing to check per finish).
-    owner_id = models.IntegerField()
+    #: The execution's team (its task's when it ended): a team's members see its figures. No
+    #: foreign key: history outlives teams, and nothing to check per finish. Rows from before
+    #: teams are their task owner's personal team's (migration 0029).
+    team_id = models.IntegerField()
     runner = models.CharField(max_length=64)
     shard = models.SmallIntegerField()
     succeeded = models.PositiveIntegerField(default=0, db_default=0)
@@ -371,13 +373,13 @@ class RunRollup(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["minute", "owner_id", "runner", "shard"], name="runrollup_unique_key"),
+            models.UniqueConstraint(fields=["minute", "team_id", "runner", "shard"], name="runrollup_unique_key"),
         ]
         # The shard rows still to be folded (see executions.rollup.rollup_compact): a few minutes' worth.
         indexes = [models.Index(fields=["minute"], condition=Q(shard__gt=0), name="runrollup_unfolded_idx")]
 
     def __str__(self) -> str:
-        return f"{self.minute:%Y-%m-%d %H:%M} owner {self.owner_id} {self.runner} #{self.shard}"
+        return f"{self.minute:%Y-%m-%d %H:%M} team {self.team_id} {self.runner} #{self.shard}"
 
 
 for _column in (*LATENESS_COLUMNS, *DURATION_COLUMNS):
@@ -410,7 +412,9 @@ class TaskRollup(models.Model):
     task = models.ForeignKey(
         "tasks_app.Task", on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
-    owner_id = models.IntegerField()
+    #: The task's team (the execution's, when it ended; moved with the task,
+    #: :func:`tasks_api.services.task_move`). No foreign key, as :attr:`RunRollup.team_id`.
+    team_id = models.IntegerField()
     attempts = models.PositiveIntegerField(default=0, db_default=0)
     failures = models.PositiveIntegerField(default=0, db_default=0)
 
@@ -420,7 +424,7 @@ class TaskRollup(models.Model):
             # Only hours with failures: "failing most" reads these, not every task's every hour.
             # Covering (PostgreSQL): the top ten are picked by an index-only scan.
             models.Index(
-                fields=["hour", "owner_id"],
+                fields=["hour", "team_id"],
                 include=["task", "failures"],
                 condition=Q(failures__gt=0),
                 name="taskrollup_failing_idx",

@@ -12,6 +12,7 @@ when some process brings it to an end.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 from django.core.cache import caches
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 
 from executions.histogram import BUCKETS, EDGES
@@ -50,8 +52,54 @@ def floor_hour(when: datetime) -> datetime:
 
 
 @dataclass(frozen=True)
+class Teams:
+    """Whose rollup rows a read sums: the teams ``ids``, or the teams ``members`` names (a query
+    of team ids: :func:`tasks_app.teams.member_team_ids`, the teams a user is a member of, which
+    the statement reads itself, as :func:`tasks_app.teams.scope_to_teams` does for the ORM).
+    Where a read takes ``None`` instead, every team's rows (staff)."""
+
+    ids: tuple[int, ...] = ()
+    members: QuerySet | None = None
+
+    @staticmethod
+    def _sql(members: QuerySet) -> tuple[str, list[Any]]:
+        sql, params = members.query.sql_with_params()
+        return sql, list(params)
+
+    def where(self, column: str = "team_id") -> tuple[str, list[Any]]:
+        """The SQL test that ``column`` holds one of these teams, and its parameters."""
+        if self.members is not None:
+            members, params = self._sql(self.members)
+            # PostgreSQL: an array computed once before the scan (an InitPlan), as scope_to_teams.
+            test = f"= ANY(ARRAY({members}))" if connection.vendor == "postgresql" else f"IN ({members})"
+            return f"{column} {test}", params
+        if not self.ids:
+            return "1 = 0", []
+        return f"{column} IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
+
+    @classmethod
+    def members_text_sql(cls, members_query: QuerySet) -> tuple[str, list[Any]]:
+        """An expression giving the ids of the teams ``members_query`` names as text ('3,8'; NULL
+        for none)."""
+        members, params = cls._sql(members_query)
+        aggregate = (
+            "string_agg(m.team_id::text, ',')" if connection.vendor == "postgresql" else "group_concat(m.team_id, ',')"
+        )
+        return f"(SELECT {aggregate} FROM ({members}) m)", params  # noqa: S608 - compiled by Django
+
+
+def _scope_key(teams: Teams | None) -> str:
+    """The cache's name for the rows ``teams`` reads: 'all', or the team ids (a digest of them
+    when many). Never a user: the figures kept are a set of teams', whoever asks for them."""
+    if teams is None:
+        return "all"
+    text = ",".join(str(pk) for pk in sorted(set(teams.ids)))
+    return f"t{text}" if len(text) <= 100 else "h" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
 class RollupSeries:
-    """Rollup counters over a window, summed over owners and shards: per minute, the runs by
+    """Rollup counters over a window, summed over teams and shards: per minute, the runs by
     outcome (in :data:`OUTCOME_COLUMNS` order) and the lateness histogram; per runner, the
     duration histogram."""
 
@@ -103,17 +151,23 @@ def _series_rows(rows: Iterable[Sequence[Any]]) -> RollupSeries:
     return RollupSeries(by_minute, by_runner)
 
 
-def _window(since: datetime, until: datetime, owner_id: int | None) -> tuple[str, list[Any]]:
+def _window(since: datetime, until: datetime, teams: Teams | None, *, before: bool = False) -> tuple[str, list[Any]]:
+    """The test of a window of minutes (``since`` to ``until``, or to just ``before`` it) and of
+    ``teams`` (None: every team), and its parameters."""
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
-    where = "minute >= %s AND minute <= %s" + ("" if owner_id is None else " AND owner_id = %s")
-    return where, [prep(since, connection), prep(until, connection)] + ([] if owner_id is None else [owner_id])
+    where = "minute >= %s AND minute " + ("<" if before else "<=") + " %s"
+    params = [prep(since, connection), prep(until, connection)]
+    if teams is not None:
+        test, more = teams.where()
+        where, params = f"{where} AND {test}", params + more
+    return where, params
 
 
-def rollup_series(*, since: datetime, until: datetime, owner_id: int | None) -> RollupSeries:
-    """Read the window ``since <= minute <= until`` (``owner_id`` narrows it to one owner) in one
+def rollup_series(*, since: datetime, until: datetime, teams: Teams | None) -> RollupSeries:
+    """Read the window ``since <= minute <= until`` of ``teams`` (None: every team's) in one
     statement: one row per minute and one per runner, summed by the database, so the work in
     Python stays at one small row per minute whatever the volume."""
-    where, params = _window(since, until, owner_id)
+    where, params = _window(since, until, teams)
     with connection.cursor() as cursor:
         cursor.execute(_series_sql(where), params + params)
         return _series_rows(cursor.fetchall())
@@ -141,10 +195,13 @@ def _bump_epoch(cursor: Any) -> None:
     )
 
 
-def rollup_series_settled(*, since: datetime, until: datetime, owner_id: int | None, now: datetime) -> RollupSeries:
+def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | None, now: datetime) -> RollupSeries:
     """:func:`rollup_series`, with the settled part of the window (up to the last whole hour that
     ended :data:`SETTLE` before ``now``, the database's time) kept between calls in the
-    ``dashboard`` cache, per owner (``None``: all owners) and :class:`RollupEpoch`.
+    ``dashboard`` cache, per set of teams (``None``: all teams) and :class:`RollupEpoch`. The
+    teams of a member (``Teams.members``) are read by the same statement as the live tail, so
+    the figures kept are named by the teams they count: a membership that changes is seen at
+    once, and members of the same teams share them.
 
     Each call reads from the database, in one statement, the live tail (the minutes from that
     hour on: at most about an hour) with the epoch. The settled part is kept whole for the
@@ -157,26 +214,33 @@ def rollup_series_settled(*, since: datetime, until: datetime, owner_id: int | N
     first = floor_hour(since) if since == floor_hour(since) else floor_hour(since) + _HOUR
     end = floor_hour(min(until + _MINUTE, now - SETTLE))
     if end <= first:
-        return rollup_series(since=since, until=until, owner_id=owner_id)
-    where, params = _window(end, until, owner_id)
+        return rollup_series(since=since, until=until, teams=teams)
+    where, params = _window(end, until, teams)
     nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) - 1))
+    members, members_params = (
+        Teams.members_text_sql(teams.members) if teams is not None and teams.members is not None else ("NULL", [])
+    )
     epoch_sql = (
-        f"SELECT 2, NULL, NULL, COALESCE((SELECT epoch FROM {RollupEpoch._meta.db_table} WHERE id = 1), 0), {nulls}"  # noqa: S608
+        f"SELECT 2, NULL, {members}, "  # noqa: S608
+        f"COALESCE((SELECT epoch FROM {RollupEpoch._meta.db_table} WHERE id = 1), 0), {nulls}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(f"{_series_sql(where)} UNION ALL {epoch_sql}", params + params)
+        cursor.execute(f"{_series_sql(where)} UNION ALL {epoch_sql}", params + params + members_params)
         rows = cursor.fetchall()
-    epoch = next(row[3] for row in rows if row[0] == 2)
+    epoch, member_ids = next((row[3], row[2]) for row in rows if row[0] == 2)
     tail = _series_rows(row for row in rows if row[0] != 2)
+    if teams is not None and teams.members is not None:
+        # From here on the teams the tail counted, by id: what is kept is named by them.
+        teams = Teams(ids=tuple(sorted(int(pk) for pk in (member_ids or "").split(",") if pk)))
     cache = caches[CACHE_ALIAS]
-    scope = "all" if owner_id is None else str(owner_id)
+    scope = _scope_key(teams)
     # One entry per scope, overwritten as the window moves: what it holds is named in its value.
     stamp = (epoch, since, end)
     kept = cache.get(f"rollup:{scope}")
     if kept is not None and kept[0] == stamp:
         settled = kept[1]
     else:
-        settled = _settled_part(since, first, end, owner_id, epoch, scope)
+        settled = _settled_part(since, first, end, teams, epoch, scope)
         cache.set(f"rollup:{scope}", (stamp, settled))
     by_minute = settled.by_minute | tail.by_minute
     return RollupSeries(by_minute, _add_runners(settled.duration_by_runner, tail.duration_by_runner))
@@ -192,7 +256,7 @@ def _add_runners(*parts: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...
 
 
 def _settled_part(
-    since: datetime, first: datetime, end: datetime, owner_id: int | None, epoch: int, scope: str
+    since: datetime, first: datetime, end: datetime, teams: Teams | None, epoch: int, scope: str
 ) -> RollupSeries:
     """The window's minutes before ``end``: those before the first whole hour ``first`` read
     here, the whole hours from the cache (one entry per hour, scope and epoch; the missing ones
@@ -203,11 +267,11 @@ def _settled_part(
     hours = cache.get_many(list(keys))
     missing = [hour for key, hour in keys.items() if key not in hours]
     if missing:
-        read = _settled_hours(missing[0], missing[-1] + _HOUR, owner_id)
+        read = _settled_hours(missing[0], missing[-1] + _HOUR, teams)
         fresh = {key: read.get(hour, ({}, {})) for key, hour in keys.items() if key not in hours}
         cache.set_many(fresh)
         hours |= fresh
-    head = rollup_series(since=since, until=first - _MINUTE, owner_id=owner_id) if since < first else None
+    head = rollup_series(since=since, until=first - _MINUTE, teams=teams) if since < first else None
     by_minute = dict(head.by_minute) if head else {}
     for minutes, _ in hours.values():
         by_minute.update(minutes)
@@ -216,17 +280,15 @@ def _settled_part(
 
 
 def _settled_hours(
-    since: datetime, before: datetime, owner_id: int | None
+    since: datetime, before: datetime, teams: Teams | None
 ) -> dict[datetime, tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], dict[str, tuple[int, ...]]]]:
     """The hours in ``[since, before)`` as :func:`rollup_series_settled` keeps them: per hour,
     its minutes (outcomes, lateness) and its durations by runner; one statement grouped by
-    minute and runner, summed per hour here (a cold cache only: once an hour per owner after)."""
+    minute and runner, summed per hour here (a cold cache only: once an hour per set of teams after)."""
     outcomes, lateness = len(OUTCOME_COLUMNS), len(LATENESS_COLUMNS)
     table = RunRollup._meta.db_table
     sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
-    prep = RunRollup._meta.get_field("minute").get_db_prep_value
-    where = "minute >= %s AND minute < %s" + ("" if owner_id is None else " AND owner_id = %s")
-    params = [prep(since, connection), prep(before, connection)] + ([] if owner_id is None else [owner_id])
+    where, params = _window(since, before, teams, before=True)
     result: dict[datetime, tuple[dict, dict]] = {}
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT minute, runner, {sums} FROM {table} WHERE {where} GROUP BY minute, runner", params)  # noqa: S608
@@ -263,9 +325,9 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
     cutoff = prep(floor_minute(db_now() - timedelta(seconds=older_than)), connection)
     upsert = (
-        f"INSERT INTO {table} (minute, owner_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
-        "SELECT minute, owner_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY minute, owner_id, runner "
-        f"ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {add}"
+        f"INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
+        "SELECT minute, team_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY minute, team_id, runner "
+        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
     )
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -282,7 +344,7 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
         return cursor.rowcount
 
 
-#: The minute of the carry rows: what minutes past the retention counted, one row per owner and
+#: The minute of the carry rows: what minutes past the retention counted, one row per team and
 #: runner, so all-time totals (the counters at /metrics) never go back when minutes are pruned.
 #: No window the dashboard reads reaches it.
 CARRY_MINUTE = datetime(1970, 1, 1, tzinfo=UTC)
@@ -302,9 +364,9 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
     cutoff = prep(now - timedelta(seconds=conf.ROLLUP_RETENTION), connection)
     carry = prep(CARRY_MINUTE, connection)
     upsert = (
-        f"INSERT INTO {table} (minute, owner_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
-        "SELECT %s, owner_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY owner_id, runner "
-        f"ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {add}"
+        f"INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
+        "SELECT %s, team_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY team_id, runner "
+        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
     )
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -333,8 +395,9 @@ def rollup_rebuild(*, since: datetime) -> int:
     the rollup for a million executions it inserted directly. It sees what the rows say now:
     executions in a terminal state, by ``finished_at``; attempts that failed and were retried
     left no row of their own, so ``retried`` stays as the trigger counted it (zero for minutes
-    it never saw), and a task's hours count final failures only. ``since`` is taken to the
-    start of its hour. Scans the executions finished since then: an operator's tool, never
+    it never saw), and a task's hours count final failures only. Each run counts in its
+    execution's team as it is now (a task moved since: in its new team). ``since`` is taken to
+    the start of its hour. Scans the executions finished since then: an operator's tool, never
     part of a page view. Returns the number of executions counted.
     """
     since = floor_hour(since)
@@ -360,7 +423,7 @@ def rollup_rebuild(*, since: datetime) -> int:
         " WHERE e.finished_at >= %(since)s AND e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND NOT e.superseded"
     )
     retried_keep = (
-        f"SELECT minute, owner_id, runner, shard, retried FROM {runs} WHERE minute >= date_trunc('minute', %(since)s)"  # noqa: S608
+        f"SELECT minute, team_id, runner, shard, retried FROM {runs} WHERE minute >= date_trunc('minute', %(since)s)"  # noqa: S608
     )
     with transaction.atomic(), connection.cursor() as cursor:
         # Keep the retried counts the trigger made (no other record of them survives).
@@ -369,19 +432,19 @@ def rollup_rebuild(*, since: datetime) -> int:
         cursor.execute(f"DELETE FROM {tasks} WHERE hour >= date_trunc('hour', %(since)s)", {"since": since})  # noqa: S608
         columns = ", ".join(COUNTER_COLUMNS)
         cursor.execute(
-            f"INSERT INTO {runs} (minute, owner_id, runner, shard, {columns}) "
-            f"SELECT date_trunc('minute', e.finished_at, 'UTC'), t.owner_id, t.runner, (e.id %% {ROLLUP_SHARDS}),"
+            f"INSERT INTO {runs} (minute, team_id, runner, shard, {columns}) "
+            f"SELECT date_trunc('minute', e.finished_at, 'UTC'), e.team_id, t.runner, (e.id %% {ROLLUP_SHARDS}),"
             f" {', '.join(counters)} {finished} GROUP BY 1, 2, 3, 4",
             {"since": since},
         )
         cursor.execute(
-            f"INSERT INTO {runs} AS r (minute, owner_id, runner, shard, retried) "  # noqa: S608
-            "SELECT minute, owner_id, runner, shard, retried FROM tms_rollup_retried WHERE retried > 0 "
-            "ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET retried = EXCLUDED.retried"
+            f"INSERT INTO {runs} AS r (minute, team_id, runner, shard, retried) "  # noqa: S608
+            "SELECT minute, team_id, runner, shard, retried FROM tms_rollup_retried WHERE retried > 0 "
+            "ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET retried = EXCLUDED.retried"
         )
         cursor.execute(
-            f"INSERT INTO {tasks} (hour, task_id, owner_id, attempts, failures) "
-            "SELECT date_trunc('hour', e.finished_at, 'UTC'), e.task_id, t.owner_id, count(*),"
+            f"INSERT INTO {tasks} (hour, task_id, team_id, attempts, failures) "
+            "SELECT date_trunc('hour', e.finished_at, 'UTC'), e.task_id, e.team_id, count(*),"
             f" count(*) FILTER (WHERE e.status = 'FAILED') {finished} GROUP BY 1, 2, 3",
             {"since": since},
         )

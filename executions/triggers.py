@@ -22,6 +22,9 @@ The parts come from the apps that listen, this one's (:data:`ROLLUP`, the per-mi
 counts of finished attempts) and those of apps above it (notifications' outbox): this module
 knows none of them but its own, and the app highest in the layers that contributes a part
 installs the trigger from all of them (notifications.triggers, notifications' migration 0007).
+A migration of this app that changes its own part installs the trigger again with the parts the
+apps above registered when Django started (:func:`register_part`, :func:`status_parts`; migration
+0029), still without importing them.
 Status names come from :class:`~executions.models.ExecutionStatus`, never typed here. The SQL is
 built from this module when a migration installs it: a change here needs a new migration that
 installs it again (the install statements replace what is there).
@@ -132,13 +135,16 @@ def _add_on_conflict(table: str, columns: Iterable[str]) -> str:
     return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
 
 
-def _rollup(d: Dialect) -> list[str]:
+def _rollup(d: Dialect, key: str = "team_id") -> list[str]:
     """The rollup's two upserts (executions.rollup reads them back). Counted: an execution
     reaching a terminal status, and a failed attempt going back to SCHEDULED for its retry (its
     outcome RETRIED); lateness and duration only of an attempt that ran (left RUNNING: a retry
     cancelled while SCHEDULED still carries the previous attempt's start). An attempt lands in
     the minute of the statement that ends it (its ``finished_at`` is set by that statement):
-    the dashboard keeps minutes :data:`executions.rollup.SETTLE` old between renders on that."""
+    the dashboard keeps minutes :data:`executions.rollup.SETTLE` old between renders on that.
+
+    ``key``: the execution's column the rows are kept by, and the rollups' own, ``team_id``;
+    ``owner_id`` builds the form from before teams (migration 0029 installs it going back)."""
     retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
     counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
     ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {d.now} ELSE coalesce(c.finished_at, {d.now}) END"
@@ -158,22 +164,51 @@ def _rollup(d: Dialect) -> list[str]:
     runs, tasks, task = RunRollup._meta.db_table, TaskRollup._meta.db_table, Task._meta.db_table
     shard = f"(r.id % {ROLLUP_SHARDS})" + ("::smallint" if d.postgresql else "")
     failed = among("r.outcome", (S.FAILED, "RETRIED"))
-    # The owner is the execution's (copied from its task, which never changes owner); the runner
-    # is the task's. Each upsert in its key's order (see the module's docstring).
+    # The team is the execution's own column (its task's, copied when it was made or moved): no
+    # lookup per row; the runner is the task's. Each upsert in its key's order (see the module's
+    # docstring).
     return [
-        f"INSERT INTO {runs} (minute, owner_id, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
-        f" SELECT {d.truncate('minute', 'r.ended')}, r.owner_id, t.runner, {shard}, {', '.join(counters)}"
+        f"INSERT INTO {runs} (minute, {key}, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
+        f" SELECT {d.truncate('minute', 'r.ended')}, r.{key}, t.runner, {shard}, {', '.join(counters)}"
         f" FROM {rows} JOIN {task} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
-        f" ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {_add_on_conflict(runs, targets)}",
-        f"INSERT INTO {tasks} (hour, task_id, owner_id, attempts, failures)"  # noqa: S608 - our names
-        f" SELECT {d.truncate('hour', 'r.ended')}, r.task_id, r.owner_id, count(*), sum({d.flag(failed)})"
+        f" ON CONFLICT (minute, {key}, runner, shard) DO UPDATE SET {_add_on_conflict(runs, targets)}",
+        f"INSERT INTO {tasks} (hour, task_id, {key}, attempts, failures)"  # noqa: S608 - our names
+        f" SELECT {d.truncate('hour', 'r.ended')}, r.task_id, r.{key}, count(*), sum({d.flag(failed)})"
         f" FROM {rows} GROUP BY 1, 2, 3 ORDER BY 2, 1"
         f" ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(tasks, ('attempts', 'failures'))}",
     ]
 
 
-#: This app's part: the per-minute and per-task rollups of finished attempts.
-ROLLUP = StatusPart("rollup", frozenset({*TERMINAL_STATUSES, S.SCHEDULED}), _rollup)
+_ROLLUP_TARGETS = frozenset({*TERMINAL_STATUSES, S.SCHEDULED})
+
+#: This app's part: the per-minute and per-task rollups of finished attempts, by team.
+ROLLUP = StatusPart("rollup", _ROLLUP_TARGETS, _rollup)
+
+#: The same when the rollups were kept by the tasks' owners (before migration 0029): what going
+#: back past it installs.
+ROLLUP_BY_OWNER = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, "owner_id"))
+
+
+#: The parts of the apps above this one (notifications' outbox), each registered by its app when
+#: Django starts (its ``AppConfig.ready``), in the order they write after this app's own.
+_ABOVE: list[StatusPart] = []
+
+
+def register_part(part: StatusPart) -> None:
+    """Have this app's migrations install ``part`` beside the rollup when they install the status
+    trigger again (call from ``AppConfig.ready``; registering a part of the same name again
+    replaces it)."""
+    for i, known in enumerate(_ABOVE):
+        if known.name == part.name:
+            _ABOVE[i] = part
+            return
+    _ABOVE.append(part)
+
+
+def status_parts(rollup: StatusPart = ROLLUP) -> tuple[StatusPart, ...]:
+    """Every part of the status trigger: ``rollup`` (this app's, by default the current one), then
+    the parts the apps above registered."""
+    return (rollup, *_ABOVE)
 
 
 def _statements(parts: Sequence[StatusPart], d: Dialect, changed: str) -> list[str]:

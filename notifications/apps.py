@@ -16,6 +16,8 @@ class NotificationsConfig(AppConfig):
 
         post_migrate.connect(register_periodic_tasks, sender=self)
         register_rotation("notification channel(s)", rotate_channel_secrets)
+        # What executions' own migrations install beside their rollup when they change it.
+        status.register_part(triggers.OUTBOX_PART)
         register(
             self,
             SqliteTriggers(

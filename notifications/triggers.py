@@ -4,7 +4,8 @@ Execution events (a final failure, a success, a failed attempt going back for it
 for late rules) are this app's part of the execution table's one status trigger
 (executions.triggers), which executions runs without knowing this app: the dependency points
 down, from here to executions. Since this app is the highest that contributes a part, its
-migration 0007 installs the trigger from :data:`STATUS_PARTS`. Skipped occurrences have a
+migration 0007 installs the trigger from its parts (:data:`MIGRATIONS_STATUS_PARTS`), and
+registers its own part for executions' later migrations (notifications/apps.py). Skipped occurrences have a
 row-level ``AFTER INSERT`` trigger of their own on the skipped-occurrence table (PostgreSQL:
 migration 0001; SQLite: :data:`SQLITE_SKIPPED`).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from executions.triggers import ROLLUP, SQLITE, Dialect, StatusPart, literal
+from executions.triggers import ROLLUP, ROLLUP_BY_OWNER, SQLITE, Dialect, StatusPart, literal
 from notifications.models import Outbox, OutboxKind, Rule
 from tasks_app.models import Task
 
@@ -92,11 +93,19 @@ _OUTBOX_TARGETS = frozenset({S.SUCCEEDED, S.FAILED, S.SCHEDULED, S.RUNNING})
 #: This app's part of the status trigger.
 OUTBOX_PART = StatusPart("outbox", _OUTBOX_TARGETS, _outbox)
 
-#: Every part of the execution table's status trigger, in the order they write.
+#: Every part of the execution table's status trigger, in the order they write (what SQLite
+#: installs after each migrate: notifications/apps.py).
 STATUS_PARTS = (ROLLUP, OUTBOX_PART)
 
-#: The same when rules belonged to users (notifications 0007-0011): what going back installs.
-STATUS_PARTS_BY_OWNER = (ROLLUP, StatusPart("outbox", _OUTBOX_TARGETS, lambda d: _outbox(d, "owner_id")))
+#: What this app's migrations (0007-0012) install on PostgreSQL: the rollup by owner, as it was
+#: until executions 0029 kept it by team. 0029 depends on them and installs the trigger again,
+#: by team, so no state between writes to rollup columns that are not there yet (executions 0025
+#: updates every execution, which fires the trigger).
+MIGRATIONS_STATUS_PARTS = (ROLLUP_BY_OWNER, OUTBOX_PART)
+
+#: The same when rules belonged to users (notifications 0007-0011): what going back past 0012
+#: installs (going back past 0012 goes back past executions 0029 first).
+STATUS_PARTS_BY_OWNER = (ROLLUP_BY_OWNER, StatusPart("outbox", _OUTBOX_TARGETS, lambda d: _outbox(d, "owner_id")))
 
 
 def postgresql_skipped(column: str = "team_id") -> str:

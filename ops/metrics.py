@@ -9,7 +9,7 @@ skipped occurrences by reason, the opted-in tasks). They are the same whichever 
 * ``tms_executions_total{runner,outcome}`` (counter): finished attempts by outcome
   (succeeded, failed, cancelled, retried), from the rollup the execution table's trigger keeps.
   The rollup keeps minutes for ``TMS_ROLLUP_RETENTION``; older minutes are folded into one
-  carry row per owner and runner (:func:`executions.rollup.rollup_prune`), so totals never go
+  carry row per team and runner (:func:`executions.rollup.rollup_prune`), so totals never go
   back.
 * ``tms_execution_lateness_seconds{runner}`` and ``tms_execution_duration_seconds{runner}``
   (histograms; buckets: :data:`executions.histogram.EDGES`): start minus due, end minus start,

@@ -26,6 +26,7 @@ from executions.models import (
     ExecutionStatus,
     SkippedOccurrence,
     SkipReason,
+    TaskRollup,
 )
 from executions.notify import notify_due
 from executions.runs import CancelReport
@@ -849,10 +850,11 @@ def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[s
 
 
 def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] = ()) -> Task:
-    """Move ``task`` (and its executions, past and future) to ``team``: ``user`` needs the editor
-    role in both teams (PermissionDenied otherwise). Audited as an update of ``team``. A task
-    not deleted counts against ``team``'s task quota from then on: :class:`InvalidInput` when
-    the team holds as many as its quota allows.
+    """Move ``task`` (its executions, past and future, and its hours of the dashboard's tasks
+    failing most) to ``team``: ``user`` needs the editor role in both teams (PermissionDenied
+    otherwise). Audited as an update of ``team``. A task not deleted counts against ``team``'s
+    task quota from then on: :class:`InvalidInput` when the team holds as many as its quota
+    allows.
 
     A task uses only its own team's calendars, limits and artifacts: a move is refused (400 on the
     field) while the task uses ones of its old team that ``replacing`` (the fields the same
@@ -876,6 +878,9 @@ def task_move(*, task: Task, team: Team, user: User, replacing: Collection[str] 
         before = Team.objects.filter(pk=task.team_id).values_list("slug", flat=True).first()
         Task.objects.filter(pk=task.pk).update(team=team, updated_at=timezone.now())
         Execution.objects.filter(task_id=task.pk).update(team_id=team.pk)
+        # Its hours of the dashboard's "failing most" go with it, as its runs do; the per-minute
+        # figures (by team and runner, not by task) keep counting its past runs in the old team.
+        TaskRollup.objects.filter(task_id=task.pk).update(team_id=team.pk)
         task.team = team
         _audit_task(task, AuditAction.UPDATE, changes={"team": {"from": before, "to": team.slug}}, detail="moved")
     return task

@@ -13,7 +13,7 @@ import importlib
 from django.db import migrations
 
 from executions import triggers
-from notifications.triggers import STATUS_PARTS
+from notifications.triggers import MIGRATIONS_STATUS_PARTS
 
 _rollup = importlib.import_module("executions.migrations.0006_rollup")
 _outbox = importlib.import_module("notifications.migrations.0001_initial")
@@ -28,7 +28,7 @@ def install(apps, schema_editor):
         " DROP FUNCTION IF EXISTS tms_notify_execution();",
         params=None,
     )
-    schema_editor.execute(triggers.postgresql_install(STATUS_PARTS), params=None)
+    schema_editor.execute(triggers.postgresql_install(MIGRATIONS_STATUS_PARTS), params=None)
 
 
 def uninstall(apps, schema_editor):

@@ -6,14 +6,14 @@
 from django.db import migrations, models
 
 from executions import triggers
-from notifications.triggers import STATUS_PARTS
+from notifications.triggers import MIGRATIONS_STATUS_PARTS
 
 
 def install(apps, schema_editor):
     # The status trigger again, with its part for workflow steps (SQLite's is installed after
     # each migrate: notifications/apps.py).
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(STATUS_PARTS), params=None)
+        schema_editor.execute(triggers.postgresql_install(MIGRATIONS_STATUS_PARTS), params=None)
 
 
 class Migration(migrations.Migration):

@@ -13,7 +13,7 @@ from notifications import triggers as notify
 def install(apps, schema_editor):
     # SQLite's are installed after each migrate (notifications/apps.py).
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(notify.STATUS_PARTS), params=None)
+        schema_editor.execute(triggers.postgresql_install(notify.MIGRATIONS_STATUS_PARTS), params=None)
         schema_editor.execute(notify.postgresql_skipped(), params=None)
 
 

@@ -357,7 +357,11 @@ def test_the_dashboard_page_counts_runs_that_finish_after_it_kept_the_settled_ho
 
     # Hours of history, settled, and kept by the first render.
     RunRollup.objects.create(
-        minute=floor_minute(db_now() - timedelta(hours=6)), owner_id=user.pk, runner="noop", shard=0, succeeded=9
+        minute=floor_minute(db_now() - timedelta(hours=6)),
+        team_id=user.personal_team.pk,
+        runner="noop",
+        shard=0,
+        succeeded=9,
     )
     first = alice_client.get("/")
     assert re.search(r'id="tile-runs">0<', first.content.decode())  # none in the last hour

@@ -74,10 +74,11 @@ def test_a_wrong_password_is_refused_on_the_form(client, user):
 
 
 def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_max_num_queries):
-    # The session, the user, and the snapshot's 9 (11 with a cold cache: executions.dashboard).
-    with django_assert_max_num_queries(13):
+    # The session, the user, the teams of the switcher, and the snapshot's 9 (11 with a cold
+    # cache: executions.dashboard).
+    with django_assert_max_num_queries(14):
         alice_client.get("/")
-    with django_assert_max_num_queries(12):  # the settled hours kept (12: the window moved a minute)
+    with django_assert_max_num_queries(13):  # the settled hours kept (13: the window moved a minute)
         page = alice_client.get("/")
     html = page.content.decode()
     assert page.status_code == 200

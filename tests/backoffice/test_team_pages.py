@@ -1,7 +1,10 @@
 """The back office's teams (issue 30): the teams page, a team's members page (admins manage them
-through the API's services) and the team switcher of the task and execution lists."""
+through the API's services) and the team switcher of the task and execution lists and of the
+dashboard."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -9,6 +12,7 @@ from django.contrib.auth import get_user_model
 from tasks_api.services import task_create
 from tasks_app.models import Membership, Team
 from tasks_app.teams import member_set, team_create
+from tests.backoffice.helpers import run
 from tests.factories import ExecutionFactory
 
 
@@ -77,3 +81,46 @@ def test_the_switcher_narrows_the_task_and_execution_lists_to_one_team(alice_cli
     assert [row["execution"].task_id for row in runs.context["rows"]] == [shared.pk]
     refused = alice_client.get("/ui/tasks/", {"team": "nope"})
     assert refused.status_code == 400 and "No team" in refused.content.decode()
+
+
+def _runs_tile(page) -> int:
+    match = re.search(r'id="tile-runs">(\d+)<', page.content.decode())
+    assert match, page.content[:300]
+    return int(match.group(1))
+
+
+def test_the_dashboard_shows_a_teams_runs_to_its_members_and_the_switcher_narrows_it(client, user, ops):
+    """Alice makes a task in "ops" and one in her personal team. Bob, a viewer in ops, sees the
+    ops task's runs on his dashboard (before teams it counted only tasks one made); Eve, in no
+    team of Alice's, sees none; ?team= narrows to one of one's teams, and another is a 400."""
+    shared = task_create(owner=user, team=ops, runner="noop", name="shared one")
+    own = task_create(owner=user, runner="noop", name="own one")
+    run(shared)
+    run(shared, outcome="fail")
+    run(own)
+    bob = get_user_model().objects.get(username="bob")
+    client.force_login(bob)
+    page = client.get("/")
+    assert page.status_code == 200 and _runs_tile(page) == 2
+    assert [t.name for t in page.context["s"].top_failing_tasks] == ["shared one"]
+    assert 'id="team-switch"' in page.content.decode() and page.context["team"] == ""
+    assert _runs_tile(client.get("/", {"team": "ops"})) == 2
+    # Alice's personal team is not Bob's: said so, a 400, and the figures stay his teams'.
+    refused = client.get("/", {"team": user.personal_team.slug})
+    assert refused.status_code == 400 and "No team" in refused.content.decode() and _runs_tile(refused) == 2
+    live = client.get("/ui/dashboard/live", {"team": "ops", "window": "1h"})
+    assert live.status_code == 200 and _runs_tile(live) == 2
+    assert "window=24h&amp;team=ops" in live.content.decode()  # the span links keep the team
+    assert client.get("/ui/dashboard/live", {"team": user.personal_team.slug}).status_code == 400
+
+    client.force_login(get_user_model().objects.create_user("eve"))
+    assert _runs_tile(client.get("/")) == 0
+    assert client.get("/", {"team": "ops"}).status_code == 400
+
+    client.force_login(user)
+    assert _runs_tile(client.get("/")) == 3
+    narrowed = client.get("/", {"team": "ops"})
+    assert _runs_tile(narrowed) == 2 and narrowed.context["team"] == "ops"
+    assert 'data-refresh-url="/ui/dashboard/live?window=24h&amp;team=ops"' in narrowed.content.decode()
+    mine = client.get("/", {"team": user.personal_team.slug})
+    assert _runs_tile(mine) == 1 and [t.name for t in mine.context["s"].top_failing_tasks] == []

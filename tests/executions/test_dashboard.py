@@ -22,7 +22,9 @@ from executions.models import Execution, ExecutionEvent, RunRollup, SkippedOccur
 from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
 from executions.rollup import CARRY_MINUTE, COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
-from tasks_app.models import Task
+from tasks_api.services import task_move
+from tasks_app.models import Membership, Task
+from tasks_app.teams import member_remove, member_set, personal_team_of, team_create
 from tests.factories import TaskFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -85,11 +87,12 @@ class Ledger:
         return self._claim(execution.pk, execution.attempt + 1, 0)
 
 
-def _expected(ledger: Ledger, owner_id: int | None) -> dict:
-    """What the execution table (and the retries the ledger saw) says the snapshot must show."""
+def _expected(ledger: Ledger, team_ids: set[int] | None) -> dict:
+    """What the execution table (and the retries the ledger saw) says the snapshot must show of
+    the runs of the tasks of ``team_ids`` (None: every team)."""
     finished = Execution.objects.filter(status__in=(S.SUCCEEDED, S.FAILED, S.CANCELLED), superseded=False)
-    if owner_id is not None:
-        finished = finished.filter(task__owner_id=owner_id)
+    if team_ids is not None:
+        finished = finished.filter(task__team_id__in=team_ids)
     # A cancelled execution's last attempt ran if it was cancelled while RUNNING.
     cancelled_running = set(
         ExecutionEvent.objects.filter(to_status=S.CANCELLED, from_status=S.RUNNING).values_list(
@@ -109,7 +112,7 @@ def _expected(ledger: Ledger, owner_id: int | None) -> dict:
     ended += [
         {**attempt, "outcome": "RETRIED"}
         for attempt in ledger.retried
-        if owner_id is None or attempt["task"].owner_id == owner_id
+        if team_ids is None or attempt["task"].team_id in team_ids
     ]
     by_outcome = Counter(row["outcome"] for row in ended)
     lateness: dict[datetime, list[int]] = defaultdict(lambda: [0] * BUCKETS)
@@ -134,16 +137,20 @@ def _expected(ledger: Ledger, owner_id: int | None) -> dict:
     }
 
 
-def _live(owner_id: int | None) -> dict:
+def _live(team_ids: set[int] | None) -> dict:
     executions = Execution.objects.all()
-    if owner_id is not None:
-        executions = executions.filter(task__owner_id=owner_id)
+    if team_ids is not None:
+        executions = executions.filter(task__team_id__in=team_ids)
     now = timezone.now()
     return {
         "running_now": executions.filter(status=S.RUNNING).count(),
         "due_backlog": executions.filter(Q(due_at__lte=now) | ~Q(waiting=""), status=S.SCHEDULED).count(),
         "pending_depth": executions.filter(status=S.PENDING).count(),
     }
+
+
+def _teams_of(user) -> set[int]:
+    return set(Membership.objects.filter(user=user).values_list("team_id", flat=True))
 
 
 @pytest.fixture
@@ -208,8 +215,8 @@ def scene():
 @pytest.mark.parametrize("viewer", ["staff", "alice", "bob"])
 def test_snapshot_equals_the_execution_table(scene, viewer, staff_user):
     user = staff_user if viewer == "staff" else scene[viewer]
-    owner_id = None if viewer == "staff" else user.pk
-    expected = _expected(scene["ledger"], owner_id)
+    team_ids = None if viewer == "staff" else _teams_of(user)
+    expected = _expected(scene["ledger"], team_ids)
 
     snap = dashboard_snapshot(user=user)
 
@@ -217,7 +224,7 @@ def test_snapshot_equals_the_execution_table(scene, viewer, staff_user):
     assert sum(expected["runs"].values()) > 0
     done = expected["runs"]["SUCCEEDED"] + expected["runs"]["FAILED"]
     assert snap.success_rate == pytest.approx(expected["runs"]["SUCCEEDED"] / done)
-    assert {k: getattr(snap, k) for k in ("running_now", "due_backlog", "pending_depth")} == _live(owner_id)
+    assert {k: getattr(snap, k) for k in ("running_now", "due_backlog", "pending_depth")} == _live(team_ids)
     assert (snap.workers_alive, snap.workers_dead) == (2, 1)
 
     assert len(snap.runs_per_minute) == 1440
@@ -266,17 +273,115 @@ def test_the_expected_figures_are_not_trivial(scene, staff_user):
 
 
 def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries, django_assert_max_num_queries):
-    for user in (staff_user, scene["alice"]):
+    alice = scene["alice"]
+    # A member's teams are read inside the statements that need them (no query of their own); a
+    # team named is one of theirs, resolved by the page before.
+    for user, team in (
+        (staff_user, None),
+        (alice, None),
+        (alice, alice.personal_team),
+        (staff_user, alice.personal_team),
+    ):
         # A cold cache reads the settled hours and the minutes before the first whole one too.
         with django_assert_max_num_queries(11):
-            dashboard_snapshot(user=user)
+            dashboard_snapshot(user=user, team=team)
         # Then only the live tail (the same statement that read the whole day before): unless the
         # window moved on a minute in between, when the minutes before the first hour are read again.
         with django_assert_max_num_queries(10):
-            dashboard_snapshot(user=user)
+            dashboard_snapshot(user=user, team=team)
     now = timezone.now()
     with django_assert_num_queries(8):  # no clock read
         dashboard_snapshot(user=staff_user, now=now)
+
+
+def test_a_member_sees_the_runs_of_a_teammates_tasks_and_a_team_narrows_them(staff_user):
+    """Carol's task is in the team "ops", where Dave is a viewer: Dave's dashboard counts its runs
+    (it counted only tasks one made, before the rollups were kept by team) beside his own task's;
+    Erin, in neither team, sees nothing of them; ``team`` narrows to one team, for staff too."""
+    carol, dave, erin = (UserFactory(username=name) for name in ("carol", "dave", "erin"))
+    ops = team_create(creator=carol, name="Ops")
+    member_set(team=ops, username="dave", role="viewer")
+    shared = TaskFactory(owner=carol, team=ops, runner="noop", name="shared", misfire_grace=GRACE)
+    own = TaskFactory(owner=dave, runner="sleep", name="dave's", misfire_grace=GRACE)
+    ledger = Ledger()
+    ledger.succeed(ledger.start(shared, late=2, ran_for=1))
+    ledger.fail(ledger.fail(ledger.start(shared, late=0.3, ran_for=3), retry=True))
+    ledger.fail(ledger.start(own, ran_for=0.5))
+    ledger.start(shared)  # RUNNING
+    transitions.executions_create(
+        rows=[transitions.NewExecution(shared.pk, timezone.now() + timedelta(minutes=9), 5)], actor="test"
+    )
+    SkippedOccurrence.objects.create(task=shared, scheduled_for=timezone.now(), reason="overlap")
+    views = {
+        "dave": (dave, None, {ops.pk, dave.personal_team.pk}),
+        "dave in ops": (dave, ops, {ops.pk}),
+        "dave in his own": (dave, dave.personal_team, {dave.personal_team.pk}),
+        "carol": (carol, None, {ops.pk, carol.personal_team.pk}),
+        "erin": (erin, None, {erin.personal_team.pk}),
+        "staff in ops": (staff_user, ops, {ops.pk}),
+    }
+    seen = {}
+    for label, (user, team, team_ids) in views.items():
+        snap = dashboard_snapshot(user=user, team=team)
+        expected = _expected(ledger, team_ids)
+        assert snap.runs_last_hour == expected["runs"], label
+        assert {k: getattr(snap, k) for k in ("running_now", "due_backlog", "pending_depth")} == _live(team_ids)
+        shown = {p.minute: p.counts for p in snap.runs_per_minute if p.total}
+        assert shown == {m: {o: c.get(o, 0) for o in OUTCOMES} for m, c in expected["per_minute"].items()}, label
+        failing = [(t.task_id, t.failures, t.runs) for t in snap.top_failing_tasks]
+        assert failing == sorted(
+            [(task, n, expected["task_runs"][task]) for task, n in expected["failures"].items() if n],
+            key=lambda row: (-row[1], row[0]),
+        ), label
+        assert _figures(snap) == _figures(dashboard_snapshot(user=user, team=team, now=snap.now)), label
+        seen[label] = (
+            snap.runs_last_hour,
+            snap.skipped_by_reason,
+            snap.upcoming_count,
+            [d.runner for d in snap.duration_by_runner],
+        )
+    assert seen["dave"] == (
+        {"SUCCEEDED": 1, "FAILED": 2, "CANCELLED": 0, "RETRIED": 1},
+        {"overlap": 1},
+        1,
+        ["noop", "sleep"],
+    )
+    assert seen["dave in ops"] == seen["carol"] == seen["staff in ops"]
+    assert seen["dave in ops"][0] == {"SUCCEEDED": 1, "FAILED": 1, "CANCELLED": 0, "RETRIED": 1}
+    assert seen["dave in his own"] == ({"SUCCEEDED": 0, "FAILED": 1, "CANCELLED": 0, "RETRIED": 0}, {}, 0, ["sleep"])
+    assert seen["erin"] == (dict.fromkeys(OUTCOMES, 0), {}, 0, [])
+
+
+def test_a_moved_tasks_failing_hours_go_with_it():
+    """A task moved to another team takes its hours of "failing most" along, as its runs: the old
+    team's dashboard no longer names it (its members may not see it now), the new team's does."""
+    carol = UserFactory(username="carol")
+    ops = team_create(creator=carol, name="Ops")
+    task = TaskFactory(owner=carol, runner="noop", name="flaky", misfire_grace=GRACE)
+    ledger = Ledger()
+    ledger.fail(ledger.start(task, ran_for=1))
+    assert [t.name for t in dashboard_snapshot(user=carol, team=carol.personal_team).top_failing_tasks] == ["flaky"]
+    task_move(task=task, team=ops, user=carol)
+    assert dashboard_snapshot(user=carol, team=carol.personal_team).top_failing_tasks == []
+    assert [(t.name, t.failures) for t in dashboard_snapshot(user=carol, team=ops).top_failing_tasks] == [("flaky", 1)]
+
+
+def test_the_kept_settled_hours_follow_a_change_of_membership():
+    """What a render keeps of the settled hours is named by the teams it counts, not by the user:
+    a member added to a team sees its history at the next render, and one removed no longer does."""
+    carol, erin = UserFactory(username="carol"), UserFactory(username="erin")
+    ops = team_create(creator=carol, name="Ops")
+    minute = floor_minute(timezone.now() - timedelta(hours=3))
+    RunRollup.objects.create(minute=minute, team_id=ops.pk, runner="noop", shard=0, succeeded=4)
+
+    def total(user) -> int:
+        return sum(p.total for p in dashboard_snapshot(user=user).runs_per_minute)
+
+    assert (total(carol), total(erin)) == (4, 0)  # both kept
+    member_set(team=ops, username="erin", role="viewer")
+    assert total(erin) == 4
+    member_remove(team=ops, username="erin")
+    assert total(erin) == 0
 
 
 def test_snapshot_of_an_empty_platform(staff_user):
@@ -317,7 +422,7 @@ def test_a_herd_of_finishes_spreads_over_shards_folded_once_the_minute_is_past(s
     ledger = Ledger()
     for _ in range(16):
         ledger.succeed(ledger.start(task))
-    rows = RunRollup.objects.filter(owner_id=task.owner_id)
+    rows = RunRollup.objects.filter(team_id=task.team_id)
     assert rows.aggregate(n=Sum("succeeded"))["n"] == 16
     assert rows.values("shard").distinct().count() == 8  # consecutive ids: every shard once or more
     before = dashboard_snapshot(user=staff_user)
@@ -351,9 +456,9 @@ def test_prune_keeps_the_retention_and_beat_runs_it(settings):
     now = timezone.now().replace(second=0, microsecond=0)
     for age in (0, 59, 61, 121):
         RunRollup.objects.create(
-            minute=now - timedelta(minutes=age), owner_id=task.owner_id, runner="noop", shard=0, succeeded=age + 1
+            minute=now - timedelta(minutes=age), team_id=task.team_id, runner="noop", shard=0, succeeded=age + 1
         )
-        TaskRollup.objects.create(hour=now - timedelta(minutes=age), task=task, owner_id=task.owner_id)
+        TaskRollup.objects.create(hour=now - timedelta(minutes=age), task=task, team_id=task.team_id)
     assert rollup_prune(now=now) == (2, 1)
     assert RunRollup.objects.exclude(minute=CARRY_MINUTE).count() == 2
     # The pruned minutes live on in one carry row, so all-time totals (/metrics) never go back.
@@ -455,11 +560,18 @@ def test_the_embedded_sqlite_default_keeps_the_rollup_too(tmp_path: Path):
 # --- settled hours kept between renders (executions.rollup.rollup_series_settled) ----------------
 
 
-def _history(owner_id: int, *, hours_ago: float, runs: int, runner: str = "noop") -> RunRollup:
-    """Rollup rows as the trigger left them for runs that ended ``hours_ago`` (a settled hour)."""
+def _history(user, *, hours_ago: float, runs: int, runner: str = "noop") -> RunRollup:
+    """Rollup rows of ``user``'s personal team as the trigger left them for runs that ended
+    ``hours_ago`` (a settled hour)."""
     minute = floor_minute(timezone.now() - timedelta(hours=hours_ago))
     return RunRollup.objects.create(
-        minute=minute, owner_id=owner_id, runner=runner, shard=0, succeeded=runs, lateness_03=runs, duration_05=runs
+        minute=minute,
+        team_id=personal_team_of(user).pk,
+        runner=runner,
+        shard=0,
+        succeeded=runs,
+        lateness_03=runs,
+        duration_05=runs,
     )
 
 
@@ -475,8 +587,8 @@ def _uncached(user, snap):
 def test_a_cached_render_after_new_runs_finish_equals_an_uncached_one(staff_user):
     alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
     for hours_ago, runs in ((3, 4), (10.5, 7), (22, 2)):
-        _history(alice.pk, hours_ago=hours_ago, runs=runs)
-        _history(bob.pk, hours_ago=hours_ago, runs=runs + 1, runner="http")
+        _history(alice, hours_ago=hours_ago, runs=runs)
+        _history(bob, hours_ago=hours_ago, runs=runs + 1, runner="http")
     first = {user: dashboard_snapshot(user=user) for user in (staff_user, alice, bob)}  # fills the cache
     assert sum(p.total for p in first[staff_user].runs_per_minute) == 13 + 16
     # New runs finish (the live tail) after the settled hours were kept.
@@ -499,7 +611,7 @@ def test_the_settled_hours_are_read_once_then_kept(staff_user):
     """The cache is used: a settled row changed behind the rollup's back (no process does that:
     this is only to see where the figure comes from) is not read again, whereas an uncached read
     sees it."""
-    row = _history(staff_user.pk, hours_ago=5, runs=3)
+    row = _history(staff_user, hours_ago=5, runs=3)
     assert dashboard_snapshot(user=staff_user).runs_last_hour["SUCCEEDED"] == 0
     RunRollup.objects.filter(pk=row.pk).update(succeeded=30)
     cached = dashboard_snapshot(user=staff_user)
@@ -510,7 +622,7 @@ def test_the_settled_hours_are_read_once_then_kept(staff_user):
 def test_a_rebuild_is_seen_by_the_next_cached_render(staff_user):
     """A rebuild recounts settled minutes: the rollup's epoch moves in its transaction, so no
     render serves what was kept from before it."""
-    _history(staff_user.pk, hours_ago=3, runs=5)  # counted by no execution: a rebuild drops it
+    _history(staff_user, hours_ago=3, runs=5)  # counted by no execution: a rebuild drops it
     ledger = Ledger()
     ledger.succeed(ledger.start(TaskFactory(owner=staff_user, misfire_grace=GRACE), ran_for=1))
     before = dashboard_snapshot(user=staff_user)
@@ -523,8 +635,8 @@ def test_a_rebuild_is_seen_by_the_next_cached_render(staff_user):
 
 def test_a_prune_is_seen_by_the_next_cached_render(staff_user, settings):
     settings.TMS = {**settings.TMS, "ROLLUP_RETENTION": 2 * 3600.0}
-    _history(staff_user.pk, hours_ago=3, runs=5)  # inside the day's window, past the retention
-    _history(staff_user.pk, hours_ago=1.5, runs=2)
+    _history(staff_user, hours_ago=3, runs=5)  # inside the day's window, past the retention
+    _history(staff_user, hours_ago=1.5, runs=2)
     assert sum(p.total for p in dashboard_snapshot(user=staff_user).runs_per_minute) == 7
     assert rollup_prune() == (1, 0)
     after = dashboard_snapshot(user=staff_user)

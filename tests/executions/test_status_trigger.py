@@ -12,11 +12,12 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from executions import transitions
+from executions import transitions, triggers
 from executions.models import Execution, RunRollup, TaskRollup
 from executions.models import ExecutionStatus as S
 from executions.triggers import NAME
 from notifications import services
+from notifications import triggers as notify
 from notifications.models import Outbox
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 
@@ -59,14 +60,14 @@ def test_one_statement_of_several_changes_counts_and_notifies_each_as_one_change
     assert _succeed(ids, "w:1") == set(ids)
     assert transitions.execution_succeed(execution_id=one[0], attempt=1, worker_id="w:1", output="", max_chars=10)
 
-    rollup = RunRollup.objects.filter(owner_id=owner.pk)
+    rollup = RunRollup.objects.filter(team_id=quiet.team_id)
     assert sum(row.succeeded for row in rollup) == 6
     assert sum(row.failed + row.cancelled + row.retried for row in rollup) == 0
     # Each ran 0.3 s late (bucket [0.25, 0.5)) and took under 10 ms... or a little more: counted once.
     assert sum(row.lateness_05 for row in rollup) == 6
     assert sum(sum(getattr(row, f"duration_{i:02d}") for i in range(21)) for row in rollup) == 6
     assert {(row.shard, row.runner) for row in rollup} == {(pk % 8, "noop") for pk in [*ids, *one]}
-    hours = {row.task_id: (row.attempts, row.failures) for row in TaskRollup.objects.filter(owner_id=owner.pk)}
+    hours = {row.task_id: (row.attempts, row.failures) for row in TaskRollup.objects.filter(team_id=quiet.team_id)}
     assert hours == {quiet.pk: (3, 0), watched.pk: (3, 0)}
     # The watched task's three successes, in execution order; nothing for the task without rules.
     assert [(o.kind, o.execution_id, o.attempt) for o in Outbox.objects.order_by("id")] == [
@@ -115,7 +116,7 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
     minute = timezone.now().replace(second=0, microsecond=0)
     for at in (minute, minute + timedelta(minutes=1)):  # whichever minute the successes land in
         for shard in range(8):
-            RunRollup.objects.create(minute=at, owner_id=owner.pk, runner="noop", shard=shard)
+            RunRollup.objects.create(minute=at, team_id=task.team_id, runner="noop", shard=shard)
 
     results: dict[str, object] = {}
 
@@ -132,7 +133,7 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
         with holder.cursor() as cursor:
             cursor.execute("BEGIN")
             table = RunRollup._meta.db_table
-            cursor.execute(f"SELECT id FROM {table} WHERE owner_id = %s FOR UPDATE", [owner.pk])  # noqa: S608
+            cursor.execute(f"SELECT id FROM {table} WHERE team_id = %s FOR UPDATE", [task.team_id])  # noqa: S608
             threads = [
                 threading.Thread(target=succeed, args=("w:a", first)),
                 threading.Thread(target=succeed, args=("w:b", second)),
@@ -157,5 +158,18 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
     for thread in threads:
         thread.join(30)
     assert results == {"w:a": set(first), "w:b": set(second)}
-    assert sum(row.succeeded for row in RunRollup.objects.filter(owner_id=owner.pk)) == 16
+    assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 16
     assert TaskRollup.objects.get(task=task).attempts == 16
+
+
+def test_executions_own_migrations_install_the_parts_notifications_installs():
+    """A migration of executions that changes its rollup part (0029) installs the trigger with the
+    parts the apps above registered when Django started, without importing them: the same parts,
+    in the same order, as notifications' migrations install; going back, the same with the
+    rollup by owner."""
+    assert triggers.status_parts() == notify.STATUS_PARTS
+    assert triggers.status_parts(triggers.ROLLUP_BY_OWNER) == (triggers.ROLLUP_BY_OWNER, notify.OUTBOX_PART)
+    # notifications' migrations all run before executions 0029: they install the rollup by owner.
+    assert notify.STATUS_PARTS_BY_OWNER[0] is notify.MIGRATIONS_STATUS_PARTS[0] is triggers.ROLLUP_BY_OWNER
+    assert "owner_id" not in " ".join(triggers.ROLLUP.statements(triggers.POSTGRESQL))
+    assert "r.team_id" in triggers.postgresql_install(triggers.status_parts())

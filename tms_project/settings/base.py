@@ -256,9 +256,9 @@ LOGGING = logging_from_env("json")
 # https://django-environ.readthedocs.io/en/latest/types.html#environ-env-cache-url
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 # The dashboard keeps the rollup's settled hours between renders (executions.rollup): in each
-# process's own memory, so a render reads them without a round trip. Keys carry the owner, the
-# hour and the rollup's epoch, so several processes each holding their own copy stay correct.
-# Per owner (staff: all owners) a day is 24 entries; an entry is one hour's per-minute counts.
+# process's own memory, so a render reads them without a round trip. Keys carry the set of teams,
+# the hour and the rollup's epoch, so several processes each holding their own copy stay correct.
+# Per set of teams (staff: all teams) a day is 24 entries; an entry is one hour's per-minute counts.
 CACHES["dashboard"] = {
     "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
     "LOCATION": "tms-dashboard",

@@ -86,8 +86,11 @@ _CLEANUP = (
     """DELETE FROM tasks_app_task_limits WHERE task_id IN (
         SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_archiveindex WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
-    """DELETE FROM executions_runrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
-    """DELETE FROM executions_taskrollup WHERE owner_id IN (SELECT id FROM auth_user WHERE username = %s)""",
+    # The rollups are kept by team: the bench user's tasks are in its personal team.
+    """DELETE FROM executions_runrollup WHERE team_id IN (
+        SELECT t.id FROM tasks_app_team t JOIN auth_user u ON u.id = t.personal_of_id WHERE u.username = %s)""",
+    """DELETE FROM executions_taskrollup WHERE team_id IN (
+        SELECT t.id FROM tasks_app_team t JOIN auth_user u ON u.id = t.personal_of_id WHERE u.username = %s)""",
     """DELETE FROM executions_skippedoccurrence WHERE task_id IN (
         SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_executionevent WHERE execution_id IN (
