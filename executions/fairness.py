@@ -38,10 +38,7 @@ from tms_core.conf import TmsSettings, tms_settings
 #: On PostgreSQL that read is a few index probes per team, whatever the backlog: the (team,
 #: priority) levels that have runs waiting come from a skip scan of ``execution_team_fair_idx``
 #: (one probe each; nothing at all when no run is due), then each level's next due runs from the
-#: same index (``team_id, priority`` equal, ``due_at`` up to now, in due order; the ORDER BY names
-#: the index's columns, equal ones included, so that no statistics can make the due index look
-#: cheaper: when one team held most due rows, the planner once read a small team's few runs
-#: through the due index, passing over the whole herd). Numbering every
+#: same index (``team_id, priority`` equal, ``due_at`` up to now, in due order). Numbering every
 #: due row joined to its task, as the first version did, read and sorted the whole backlog at
 #: every top-up: 22 ms a pick with 10,000 runs of one owner due (10 picks a second while the
 #: queue is held back), against 0.9 ms.
@@ -66,7 +63,7 @@ WITH RECURSIVE levels AS (
         SELECT e.id, e.due_at FROM {execution} e
         WHERE e.team_id = l.team_id AND e.priority = l.priority AND e.status = 'SCHEDULED'
           AND e.due_at <= {due_by}
-        ORDER BY e.team_id, e.priority, e.due_at, e.id LIMIT %(limit)s
+        ORDER BY e.due_at, e.id LIMIT %(limit)s
     ) r
 )
 SELECT d.id
