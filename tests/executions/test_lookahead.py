@@ -9,6 +9,8 @@ delivery (p50 33-43 ms at 40 runs/s on a loaded 2-core machine; 4 ms with it: do
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from datetime import timedelta
 
 import pytest
@@ -17,8 +19,14 @@ from django.utils import timezone
 from executions.messages import eta_of, group_runs
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
+from executions.monitor import Monitor
 from executions.transitions import Dispatch
+from tests.executions.test_dispatch_batches import ManyPublisher
+from tests.executions.test_monitor import FlakyPublisher
+from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -52,6 +60,34 @@ def test_runs_are_taken_ahead_and_start_on_time_each_once(api_client):
         taken_ahead += take.at < execution.due_at
     # Taken before due: all of them unless the machine stalled for most of the lookahead.
     assert taken_ahead >= 1
+
+
+@pytest.mark.django_db
+def test_a_pass_wakes_at_half_the_lookahead_and_takes_a_whole_lookahead_of_runs():
+    """At a steady rate each pass took one run: the loop woke as soon as the next run was within
+    the lookahead, so that run was the only one there (1,729 passes for 2,470 runs at 123 runs/s).
+    It now wakes when the next run is due within half the lookahead and takes all those due within
+    the whole: fewer, fuller passes, each run still published ahead of its time."""
+    single, many = FlakyPublisher(), ManyPublisher()
+    conf = dataclasses.replace(tms_settings(), MONITOR_QUEUE_SECONDS=0.0, MONITOR_LOOKAHEAD=0.8)
+    monitor = Monitor(conf=conf, publish=single, publish_many=many)
+    task = TaskFactory(misfire_grace=timedelta(hours=1))
+    now = db_now()
+    first = ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=2.0))
+    second = ExecutionFactory(task=task, scheduled_for=now + timedelta(seconds=2.3))
+
+    sent, wait = monitor.dispatch_once(housekeeping=False)
+    assert sent == 0
+    # Due in 2.0 s (less the moments since): wake 0.4 s before it, not 0.8 s (a wait of 1.2 s).
+    assert wait is not None and 1.3 < wait <= 1.6, wait
+    time.sleep(wait)
+    sent, _ = monitor.dispatch_once(housekeeping=False)
+    # One pass takes both: the second is due within the lookahead of the wake-up (2.3 <= 1.6 + 0.8).
+    assert sent == 2
+    statuses = dict(Execution.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "status"))
+    assert statuses == {first.pk: S.PENDING, second.pk: S.PENDING}
+    # Both ahead of their time.
+    assert db_now() < Execution.objects.get(pk=first.pk).due_at
 
 
 def _dispatch(number: int, due_in: float | None) -> Dispatch:
