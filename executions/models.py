@@ -329,9 +329,9 @@ class Worker(models.Model):
         return self.id
 
 
-#: Shards per (minute, owner, runner) rollup row: concurrent finishes of one minute spread over
-#: this many rows (by execution id) instead of queueing on one row lock. Frozen in the rollup
-#: triggers (migration 0006).
+#: Shards per (minute, team, runner) rollup row: concurrent finishes of one minute spread over
+#: this many rows (by the writing transaction's id; by execution id before migration 0030)
+#: instead of queueing on one row lock. Frozen in the rollup triggers (migration 0006).
 ROLLUP_SHARDS = 8
 
 #: The histogram columns of :class:`RunRollup`, bucket by bucket (see :mod:`executions.histogram`).

@@ -135,7 +135,7 @@ def _add_on_conflict(table: str, columns: Iterable[str]) -> str:
     return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
 
 
-def _rollup(d: Dialect, key: str = "team_id") -> list[str]:
+def _rollup(d: Dialect, key: str = "team_id", *, shard_by_row: bool = False) -> list[str]:
     """The rollup's two upserts (executions.rollup reads them back). Counted: an execution
     reaching a terminal status, and a failed attempt going back to SCHEDULED for its retry (its
     outcome RETRIED); lateness and duration only of an attempt that ran (left RUNNING: a retry
@@ -144,7 +144,14 @@ def _rollup(d: Dialect, key: str = "team_id") -> list[str]:
     the dashboard keeps minutes :data:`executions.rollup.SETTLE` old between renders on that.
 
     ``key``: the execution's column the rows are kept by, and the rollups' own, ``team_id``;
-    ``owner_id`` builds the form from before teams (migration 0029 installs it going back)."""
+    ``owner_id`` builds the form from before teams (migration 0029 installs it going back).
+
+    The shard of a minute's row is the writing transaction's (its id, on PostgreSQL): all the
+    runs one transaction ends go in one row, and concurrent transactions (whose ids follow each
+    other) in different ones. With a shard per run (``shard_by_row``, until migration 0030; still
+    SQLite's, where one process writes) a statement that ended a chunk of runs took every shard
+    row of its minute, and a worker that ends workflow steps holds them to the commit of the
+    transaction that also creates the next steps: the other workers' ends queued behind it."""
     retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
     counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
     ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {d.now} ELSE coalesce(c.finished_at, {d.now}) END"
@@ -162,7 +169,12 @@ def _rollup(d: Dialect, key: str = "team_id") -> list[str]:
         counters += [f"sum({d.flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
     targets = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
     runs, tasks, task = RunRollup._meta.db_table, TaskRollup._meta.db_table, Task._meta.db_table
-    shard = f"(r.id % {ROLLUP_SHARDS})" + ("::smallint" if d.postgresql else "")
+    if not d.postgresql:
+        shard = f"(r.id % {ROLLUP_SHARDS})"
+    elif shard_by_row:
+        shard = f"(r.id % {ROLLUP_SHARDS})::smallint"
+    else:
+        shard = f"(txid_current() % {ROLLUP_SHARDS})::smallint"
     failed = among("r.outcome", (S.FAILED, "RETRIED"))
     # The team is the execution's own column (its task's, copied when it was made or moved): no
     # lookup per row; the runner is the task's. Each upsert in its key's order (see the module's
@@ -184,9 +196,12 @@ _ROLLUP_TARGETS = frozenset({*TERMINAL_STATUSES, S.SCHEDULED})
 #: This app's part: the per-minute and per-task rollups of finished attempts, by team.
 ROLLUP = StatusPart("rollup", _ROLLUP_TARGETS, _rollup)
 
+#: The same with a shard per run (before migration 0030): what going back past it installs.
+ROLLUP_BY_ROW = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, shard_by_row=True))
+
 #: The same when the rollups were kept by the tasks' owners (before migration 0029): what going
 #: back past it installs.
-ROLLUP_BY_OWNER = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, "owner_id"))
+ROLLUP_BY_OWNER = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, "owner_id", shard_by_row=True))
 
 
 #: The parts of the apps above this one (notifications' outbox), each registered by its app when

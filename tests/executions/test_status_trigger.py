@@ -9,7 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from executions import transitions, triggers
@@ -66,7 +66,8 @@ def test_one_statement_of_several_changes_counts_and_notifies_each_as_one_change
     # Each ran 0.3 s late (bucket [0.25, 0.5)) and took under 10 ms... or a little more: counted once.
     assert sum(row.lateness_05 for row in rollup) == 6
     assert sum(sum(getattr(row, f"duration_{i:02d}") for i in range(21)) for row in rollup) == 6
-    assert {(row.shard, row.runner) for row in rollup} == {(pk % 8, "noop") for pk in [*ids, *one]}
+    # One transaction (the test's) wrote them all: one row, in the transaction's shard.
+    assert [(row.runner, row.succeeded) for row in rollup] == [("noop", 6)]
     hours = {row.task_id: (row.attempts, row.failures) for row in TaskRollup.objects.filter(team_id=quiet.team_id)}
     assert hours == {quiet.pk: (3, 0), watched.pk: (3, 0)}
     # The watched task's three successes, in execution order; nothing for the task without rules.
@@ -160,6 +161,50 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
     assert results == {"w:a": set(first), "w:b": set(second)}
     assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 16
     assert TaskRollup.objects.get(task=task).attempts == 16
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_that_ends_runs_holds_one_rollup_row_and_others_do_not_wait_for_it():
+    """A worker's end of a chunk of workflow steps is a transaction of several statements (the
+    ends, then the steps that follow them, then the commit). With a shard per run, its ends took
+    every shard row of the minute (sixteen runs' ids cover the eight) and held them to its
+    commit, so each other worker's end, whatever its run, waited for it: in the workflows
+    benchmark the pool processes' ends took turns (pg_stat_activity: waits on a transaction id,
+    inside the trigger). The shard is now the transaction's: its ends write one row, and an end
+    in a transaction of another shard goes through at once."""
+    task = TaskFactory(runner="noop")
+    # Another task of the team (a task's hour is a row of its own, which these do not share).
+    held, other = _running(task, 16, "w:a"), _running(TaskFactory(owner=task.owner, runner="noop"), 1, "w:b")
+    table, execution = RunRollup._meta.db_table, Execution._meta.db_table
+    holder = connections.create_connection("default")
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(
+                f"UPDATE {execution} SET status = %s, finished_at = now() WHERE id = ANY(%s)",  # noqa: S608
+                [S.SUCCEEDED, held],
+            )
+            cursor.execute("SELECT txid_current() %% %s", [triggers.ROLLUP_SHARDS])
+            (shard,) = cursor.fetchone()
+            cursor.execute(f"SELECT shard, succeeded FROM {table} WHERE team_id = %s", [task.team_id])  # noqa: S608
+            assert cursor.fetchall() == [(shard, 16)]
+            # The other worker's end, in a transaction of another shard (one in eight has the
+            # holder's: then a later one is taken); it would wait up to lock_timeout for the holder.
+            for _ in range(3 * triggers.ROLLUP_SHARDS):
+                with transaction.atomic(), connection.cursor() as mine:
+                    mine.execute("SET LOCAL lock_timeout = '3s'")
+                    mine.execute("SELECT txid_current() %% %s", [triggers.ROLLUP_SHARDS])
+                    if mine.fetchone()[0] == shard:
+                        continue
+                    assert _succeed(other, "w:b") == set(other)
+                    break
+            else:
+                pytest.fail("no transaction of another shard than the holder's")
+            cursor.execute("COMMIT")
+    finally:
+        holder.close()
+    assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 17
+    assert RunRollup.objects.filter(team_id=task.team_id).count() == 2
 
 
 def test_executions_own_migrations_install_the_parts_notifications_installs():
