@@ -74,6 +74,26 @@ def test_a_figure_is_marked_worse_only_beyond_the_noise_measured_now_or_then():
     assert "sustained_75: lateness p95 (ms)" not in found
 
 
+def test_celery_s_own_figures_are_printed_for_reference_and_never_marked():
+    """Celery's ETA tasks run at the sustained rate, half the burst rate of the same run: when
+    TMS's burst got faster, Celery's lateness at the higher rate was flagged as TMS's regression
+    (four "worse" figures in every run since)."""
+    from tooling.harness.compare import Figure, compare, headline
+
+    rows = [
+        {"scenario": "sustained", "lateness_ms": {"p50": 3.0}, "extra": {"celery_eta_lateness_ms": {"p50": 4453.0}}}
+    ]
+    now = headline(rows)
+    assert now["sustained: Celery ETA lateness p50 (ms)"].better == "reference"
+    recorded = {
+        "sustained: Celery ETA lateness p50 (ms)": Figure(1.8, 0.1, "lower"),
+        "sustained: lateness p50 (ms)": Figure(3.0, 0.1, "lower"),
+    }
+    lines, worse = compare(now, recorded)
+    assert worse == []
+    assert "| sustained: Celery ETA lateness p50 (ms) | 1.8 | 4,453 | +247289% | - | reference |" in "\n".join(lines)
+
+
 def test_the_noise_is_half_the_range_of_a_figure_over_the_slices_of_its_run():
     from tooling.harness.bench import noise, slices
 
