@@ -8,7 +8,7 @@ FLOWER_PORT ?= 5555
 # prometheus_client multiprocess folder of `make run` (emptied at each start; tms_core/metrics.py)
 METRICS_DIR ?= var/metrics
 
-.PHONY: run test bench install services browser axe sandbox prometheus lint docs format migrate clean
+.PHONY: run test bench install services browser axe sandbox prometheus pgbouncer patroni haproxy lint docs format migrate clean ha-broker ha-pgbouncer ha-db ha-haproxy
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,14 @@ migrate: install
 
 ## Start web (API + admin), worker, beat, monitor and Flower; Ctrl-C stops them all (tooling/run_platform.py:
 ## honcho, once no earlier make run of this checkout is found still running). The back office
-## links Flower where this starts it (TMS_FLOWER_URL from FLOWER_PORT, unless TMS_FLOWER_URL is set).
+## links Flower where this starts it (TMS_FLOWER_URL from FLOWER_PORT, unless TMS_FLOWER_URL is set),
+## and trigger, upload and callback URLs point at PORT (TMS_PUBLIC_URL, unless it is set).
 run: migrate
 	$(BIN)/python manage.py tms_demo --port $(PORT) --flower-port $(FLOWER_PORT)
 	PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) $(BIN)/python -c 'from tms_core.metrics import clean_multiproc_dir; clean_multiproc_dir()'
 	PATH="$(abspath $(BIN)):$$PATH" PORT=$(PORT) FLOWER_PORT=$(FLOWER_PORT) DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
 		TMS_FLOWER_URL="$${TMS_FLOWER_URL:-http://127.0.0.1:$(FLOWER_PORT)}" PROMETHEUS_MULTIPROC_DIR=$(METRICS_DIR) \
+		TMS_PUBLIC_URL="$${TMS_PUBLIC_URL:-http://127.0.0.1:$(PORT)}" \
 		$(BIN)/python -m tooling.run_platform --procfile tms_project/Procfile --app-root . start
 
 ## Lint, check (or start) PostgreSQL and RabbitMQ, then run the whole suite against them: most of it
@@ -40,7 +42,7 @@ run: migrate
 ## and monitor processes), then tests/outages alone, since they restart the services every other
 ## test uses. Both parts run; either failing fails the target.
 TEST_WORKERS ?= 2
-test: install lint services browser axe sandbox prometheus
+test: install lint services browser axe sandbox prometheus pgbouncer patroni haproxy
 	@status=0; \
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --ignore=tests/outages || status=$$?; \
 	$(BIN)/pytest tests/outages || status=$$?; \
@@ -49,7 +51,8 @@ test: install lint services browser axe sandbox prometheus
 ## The main benchmark scenarios (tms_bench: burst, herd of 1,000, sustained load at half and 75 % of
 ## the burst rate beside Celery's own ETA tasks, create) in under 10 minutes on the configured
 ## PostgreSQL and RabbitMQ, each headline figure printed beside the one recorded in BENCH_BASELINE
-## and marked when worse by more than the noise the run measured. `make bench RECORD=1` records
+## and marked when worse by more than the noise the run measured (on another machine than the
+## record's, only the ratios to bare Celery; the rest for reference). `make bench RECORD=1` records
 ## this run's figures there instead (do it on purpose, when a change and its figures are accepted).
 ## Never part of make test: timings are figures to read, not assertions.
 BENCH_BASELINE ?= docs/bench-baseline.json
@@ -124,6 +127,27 @@ sandbox: install
 		$$sudo $(BIN)/python manage.py tms_sandbox_setup || { echo "$$need" >&2; exit 1; }; \
 	fi
 
+## PgBouncer for the tests of TMS behind a transaction-pooling pooler (tests/ha/test_pgbouncer.py,
+## tooling/harness/pgbouncer.py, which starts a private one on a free port): Debian's package,
+## installed as root (or with sudo) when missing; otherwise stop and say what to install. The
+## package's own service (port 6432) is stopped and disabled: the tests never use it.
+PGBOUNCER_BIN ?= /usr/sbin/pgbouncer
+pgbouncer:
+	@if [ -x "$(PGBOUNCER_BIN)" ]; then exit 0; fi; \
+	need="The PgBouncer tests need Debian's pgbouncer: install it with 'apt-get install -y pgbouncer' (as root), then run make test again."; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else echo "$$need" >&2; exit 1; fi; \
+	echo "Installing pgbouncer for the PgBouncer tests..."; \
+	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q pgbouncer >/dev/null \
+		|| { echo "Installing pgbouncer failed. $$need" >&2; exit 1; }; \
+	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now pgbouncer >/dev/null 2>&1 || true; \
+	else \
+		$$sudo service pgbouncer stop >/dev/null 2>&1 || true; \
+	fi; \
+	[ -x "$(PGBOUNCER_BIN)" ] || { echo "$$need" >&2; exit 1; }
+
 ## Prometheus and promtool for the metrics checks (tests/ops/test_prometheus.py), from Debian's
 ## package `prometheus` at a pinned version, unpacked into $(PROMETHEUS_DIR), not installed: installing
 ## it would start a Prometheus service on port 9090. apt-get download needs Debian's package lists
@@ -150,6 +174,70 @@ prometheus:
 
 services:
 	bash tests/ensure_services.sh
+
+## A private three-node RabbitMQ cluster of the installed rabbitmq-server (tooling/harness/rabbit_cluster.py)
+## to try TMS on: AMQP on 127.0.0.1:56721-56723, data under /tmp/tms-ha-rabbit-*, no plugins; never
+## the shared node on 5672. It prints the CELERY_BROKER_URL failover list to give TMS's processes,
+## takes `stop N`, `kill N`, `start N` and `status` from the terminal, and Ctrl-C (or `quit`)
+## stops every node and deletes its folder. The tests of tests/ha start their own, on free ports.
+ha-broker: install
+	$(BIN)/python -m tooling.harness.rabbit_cluster
+
+## A private PgBouncer (transaction pooling, a free port) in front of the local PostgreSQL, for a
+## person to try TMS behind it: prints the settings to export; Ctrl-C stops it.
+ha-pgbouncer: install pgbouncer
+	$(BIN)/python -m tooling.harness.pgbouncer
+
+## Patroni and etcd for the PostgreSQL failover tests (tests/ha, tooling/harness/pg_cluster.py), from
+## Debian's packages, installed as root (or with sudo) when missing; otherwise stop and say what to
+## install. The tests start their own etcd and Patroni on private ports: the etcd service the package
+## may start on the default port 2379 is stopped (and its boot-time start disabled).
+PATRONI ?= /usr/bin/patroni
+ETCD ?= /usr/bin/etcd
+patroni:
+	@if [ -x "$(PATRONI)" ] && [ -x "$(ETCD)" ]; then exit 0; fi; \
+	need="The PostgreSQL failover tests need Patroni and etcd: install Debian's packages with 'apt-get install -y patroni etcd-server etcd-client' (as root), stop the etcd service it starts ('service etcd stop'), then run make test again."; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else echo "$$need" >&2; exit 1; fi; \
+	echo "Installing patroni, etcd-server and etcd-client for the PostgreSQL failover tests..."; \
+	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q patroni etcd-server etcd-client >/dev/null \
+		|| { echo "Installing patroni and etcd failed. $$need" >&2; exit 1; }; \
+	$$sudo service etcd stop >/dev/null 2>&1 || true; \
+	if command -v systemctl >/dev/null 2>&1; then $$sudo systemctl disable --now etcd patroni >/dev/null 2>&1 || true; fi; \
+	[ -x "$(PATRONI)" ] && [ -x "$(ETCD)" ] || { echo "$$need" >&2; exit 1; }
+
+## A private Patroni-managed PostgreSQL pair (etcd, two PostgreSQL 15 nodes on free ports, under a
+## /tmp/tms-ha-pg-* folder) for a person to try: prints its DATABASE_URL, takes kill / switchover /
+## status / quit.
+ha-db: install patroni
+	$(BIN)/python -m tooling.harness.pg_cluster
+
+## HAProxy for the PostgreSQL failover test through one address (tests/ha/test_haproxy_failover.py,
+## tooling/harness/haproxy.py, which runs docker/haproxy/haproxy.cfg on free ports): Debian's
+## package, installed as root (or with sudo) when missing; otherwise stop and say what to install.
+## The package's own service (/etc/haproxy) is stopped and disabled: the tests never use it.
+HAPROXY ?= /usr/sbin/haproxy
+haproxy:
+	@if [ -x "$(HAPROXY)" ]; then exit 0; fi; \
+	need="The HAProxy failover test needs Debian's haproxy: install it with 'apt-get install -y haproxy' (as root), then run make test again."; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else echo "$$need" >&2; exit 1; fi; \
+	echo "Installing haproxy for the HAProxy failover test..."; \
+	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q haproxy >/dev/null \
+		|| { echo "Installing haproxy failed. $$need" >&2; exit 1; }; \
+	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now haproxy >/dev/null 2>&1 || true; \
+	else \
+		$$sudo service haproxy stop >/dev/null 2>&1 || true; \
+	fi; \
+	[ -x "$(HAPROXY)" ] || { echo "$$need" >&2; exit 1; }
+
+## The private Patroni pair of ha-db with HAProxy in front of it (docker/haproxy/haproxy.cfg on a
+## free port): prints the single-host DATABASE_URL, takes kill / switchover / status / quit.
+ha-haproxy: install patroni haproxy
+	$(BIN)/python -m tooling.harness.haproxy
 
 ## ruff (style and common bugs), mypy (types, with the Django and DRF plugins; configured in
 ## pyproject.toml) and the documentation site built strictly (a broken link or anchor, or a page

@@ -5,6 +5,9 @@ lists everyone's for revocation). The key is in the answer to the POST that crea
 and never again. A request authenticated by a personal access token may not create another one:
 a leaked key must not be able to outlive its own expiry.
 
+What a token made that outlives it (trigger URLs, memberships below admin: a token cannot grant
+the admin role) is listed at ``/tokens/{id}/made`` and removed by ``POST /tokens/{id}/made/revoke``.
+
 A token may name one ``team`` of its user's (a member at creation: 400 on ``team`` otherwise);
 requests with it see and act in that team only (:mod:`tasks_app.teams`). A request with a
 team-scoped token lists and revokes only the tokens scoped to that same team.
@@ -19,12 +22,13 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.models import AccessToken, TokenScope
-from accounts.tokens import normalise_scopes, token_create, token_revoke
+from accounts.tokens import normalise_scopes, token_create, token_made, token_made_revoke, token_revoke
 from tasks_app.models import Team
 from tasks_app.teams import team_resolve
 from tms_core.api.base import ApiViewMixin, BoundedDateTimeField, StrictInputMixin
@@ -140,6 +144,32 @@ class NewAccessTokenSerializer(AccessTokenSerializer):
         fields = [*AccessTokenSerializer.Meta.fields, "key"]
 
 
+class MadeTriggerUrlSerializer(serializers.Serializer):
+    task = serializers.UUIDField(source="task_id", help_text="The task whose trigger URL the token made or rotated.")
+    made_at = serializers.DateTimeField(source="created_at")
+    rotated_at = serializers.DateTimeField(allow_null=True)
+
+
+class MadeMembershipSerializer(serializers.Serializer):
+    team = serializers.IntegerField(source="team_id")
+    team_slug = serializers.CharField(source="team.slug")
+    username = serializers.CharField(source="user.username")
+    role = serializers.CharField()
+
+
+class TokenMadeSerializer(serializers.Serializer):
+    """What a token made that outlives it and is still its own."""
+
+    trigger_urls = MadeTriggerUrlSerializer(many=True)
+    memberships = MadeMembershipSerializer(many=True)
+
+
+class TokenMadeRevokedSerializer(serializers.Serializer):
+    trigger_urls = serializers.IntegerField(help_text="Trigger URLs deleted.")
+    memberships = serializers.IntegerField(help_text="Memberships removed.")
+    kept = serializers.ListField(child=serializers.CharField(), help_text="What a rule kept, and why.")
+
+
 @extend_schema_view(
     list=extend_schema(summary="List your personal access tokens", description="Revoked and expired ones too."),
     retrieve=extend_schema(summary="Get one of your personal access tokens"),
@@ -191,3 +221,25 @@ class AccessTokenViewSet(
 
     def perform_destroy(self, instance: AccessToken) -> None:
         token_revoke(token=instance)
+
+    @extend_schema(
+        summary="What a token made that outlives it",
+        description="The trigger URLs it made (or last rotated) and the team memberships it granted (or last "
+        "changed), as long as they exist and nobody changed them since. Revoking the token leaves them: "
+        "`POST .../made/revoke` removes them.",
+        responses={200: TokenMadeSerializer},
+    )
+    @action(detail=True, methods=["get"], url_path="made")
+    def made(self, request: Request, pk: str | None = None) -> Response:
+        return Response(TokenMadeSerializer(token_made(token=self.get_object())).data)
+
+    @extend_schema(
+        summary="Remove what a token made",
+        description="Deletes the trigger URLs it made and removes the memberships it granted (audited); a "
+        "membership a rule keeps (the team's last admin) is named in `kept`.",
+        request=None,
+        responses={200: TokenMadeRevokedSerializer},
+    )
+    @action(detail=True, methods=["post"], url_path="made/revoke")
+    def made_revoke(self, request: Request, pk: str | None = None) -> Response:
+        return Response(TokenMadeRevokedSerializer(token_made_revoke(token=self.get_object())).data)

@@ -68,6 +68,24 @@ class AccessToken(models.Model):
         return TokenScope.WRITE in self.scopes
 
 
+class AccountKey(models.Model):
+    """A user's account key (``tms_create_user``'s; the older DRF key, ``Authorization: Token``):
+    all of the user's powers, no expiry, one per user. Only the SHA-256 of the key is stored
+    (:mod:`accounts.account_keys`); the key is shown once, when it is made. Keys that existed in
+    DRF's ``authtoken_token`` table were hashed into this one by migration 0004, so the clients
+    holding them keep working."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE, related_name="account_key"
+    )
+    #: SHA-256 of the key, hex. Keys carry 160 random bits (or 256): a fast hash is enough.
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"account key of user {self.user_id}"
+
+
 class OidcIdentity(models.Model):
     """A user's account at an OpenID Connect provider: single sign-on finds the user by it.
 

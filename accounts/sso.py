@@ -6,17 +6,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import OidcIdentity
-from accounts.roles import STAFF, SUPERUSER, TeamGrant, parse_role
+from accounts.roles import STAFF, SUPERUSER, RoleError, TeamGrant, parse_role
+from accounts.support_group import ensure_support_group
 from tasks_app.audit import audit_context, current_context
 from tasks_app.models import Membership, Team
 from tasks_app.teams import member_remove, member_set
-from tms_core.roles import ensure_support_group
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,22 @@ def team_roles_for_groups(groups: list[str], group_roles: Mapping[str, str]) -> 
     return {slug: grant.role for slug, grant in best.items()}
 
 
+def mapped_team_slugs() -> frozenset[str]:
+    """The team slugs ``TMS_OIDC_GROUPS`` names (lower case), read from the settings at each call
+    (so a test's settings count): only a team an administrator made may hold one
+    (:func:`tasks_app.teams.reserved_slug`)."""
+    config = getattr(settings, "TMS_OIDC", {}) or {}
+    slugs = set()
+    for role in (config.get("GROUPS") or {}).values():
+        try:
+            grant = parse_role(role)
+        except RoleError:  # start-up refuses these; nothing to reserve
+            continue
+        if isinstance(grant, TeamGrant):
+            slugs.add(grant.slug.lower())
+    return frozenset(slugs)
+
+
 def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Mapping[str, str]) -> dict[str, str]:
     """Bring ``user``'s single sign-on memberships in step with their groups; returns what they
     hold now by SSO (team slug -> role).
@@ -68,6 +85,10 @@ def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Ma
       ``accounts.sso``) and the sign-in goes on. A team has a name and admins that people choose,
       and the slug in the setting is checked only for its shape, so a typo would otherwise make a
       team nobody asked for. A personal team is skipped the same way (it has one member).
+    * Only a team an administrator made (``Team.managed``: staff created it, or
+      ``tms_team_managed`` marked it) receives grants. A team any user made under a mapped slug is
+      skipped with a warning: otherwise whoever made it first would collect the group's members
+      and, as its admin, see and manage them.
     * The last-admin rule does not stop a removal or a demotion here (:func:`tasks_app.teams.member_set`).
 
     Every change goes through :func:`~tasks_app.teams.member_set` /
@@ -78,8 +99,16 @@ def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Ma
     found = {team.slug: team for team in Team.objects.filter(slug__in=list(wanted))}
     for slug in sorted(wanted):
         team = found.get(slug)
-        if team is None or team.personal:
-            why = "there is no team with that slug (create it first)" if team is None else "it is a personal team"
+        if team is None or team.personal or not team.managed:
+            if team is None:
+                why = "there is no team with that slug (create it first)"
+            elif team.personal:
+                why = "it is a personal team"
+            else:
+                why = (
+                    "the team was not made by an administrator (a user's team under a mapped slug gets no group "
+                    "members; an administrator who vouches for it runs `manage.py tms_team_managed <slug>`)"
+                )
             logger.warning(
                 "single sign-on: %s's groups grant %s of team %r, which is skipped: %s.",
                 user.get_username(),

@@ -7,6 +7,14 @@ scanners and log filters recognise a leaked key, and lets the API tell these key
 older per-user DRF keys, which keep working until they are deleted.
 
 Every change is audited (``token.create``, ``token.revoke``) in the transaction that makes it.
+
+What a token may make that outlives it: a task's trigger URL secret (``POST /tasks/{id}/hook``)
+and a team membership below admin (the admin role cannot be granted through a token:
+:func:`tasks_app.teams.member_set`). It cannot make another token, nor an account key. Each
+such credential records the token (``created_by_token``); :func:`token_made` lists those it still
+holds, and :func:`token_made_revoke` removes them. Revoking a token does not remove them by
+itself: a trigger URL a CI job made is often meant to stay, so the owner decides (the API's
+``/tokens/{id}/made`` and the back office's token page show them beside the revoked token).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
@@ -22,8 +31,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import AccessToken, TokenScope
+from tasks_api.hooks import task_hook_delete
 from tasks_app.audit import audit_record
-from tasks_app.models import Membership, Team
+from tasks_app.models import Membership, TaskHook, Team
+from tasks_app.teams import member_remove
 from tms_core.errors import InvalidInput
 
 #: What every key starts with.
@@ -153,3 +164,56 @@ def token_authenticate(key: str) -> AccessToken:
         AccessToken.objects.filter(pk=token.pk).exclude(last_used_at__gt=now - _TOUCH_EVERY).update(last_used_at=now)
         token.last_used_at = now
     return token
+
+
+@dataclass(frozen=True)
+class TokenMade:
+    """The credentials a token made that are still its own (each later change by someone else
+    makes them theirs)."""
+
+    trigger_urls: list[TaskHook] = field(default_factory=list)
+    memberships: list[Membership] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.trigger_urls) + len(self.memberships)
+
+
+def token_made(*, token: AccessToken) -> TokenMade:
+    """The trigger URLs and memberships ``token`` made (or last changed) that exist still."""
+    return TokenMade(
+        trigger_urls=list(TaskHook.objects.filter(created_by_token=token.pk).select_related("task").order_by("pk")),
+        memberships=list(
+            Membership.objects.filter(created_by_token=token.pk).select_related("team", "user").order_by("pk")
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TokenMadeRevoked:
+    """What :func:`token_made_revoke` removed, and what it left with the reason."""
+
+    trigger_urls: int
+    memberships: int
+    kept: list[str]
+
+
+def token_made_revoke(*, token: AccessToken) -> TokenMadeRevoked:
+    """Remove what ``token`` made: delete its trigger URLs (their requests answer 404 from then on)
+    and remove the memberships it granted, through the services the API uses (audited). A
+    membership whose removal a rule refuses (the team's last admin) is kept and named in ``kept``."""
+    made = token_made(token=token)
+    hooks = sum(1 for hook in made.trigger_urls if task_hook_delete(task=hook.task))
+    removed, kept = 0, []
+    for membership in made.memberships:
+        try:
+            member_remove(team=membership.team, username=membership.user.get_username())
+            removed += 1
+        except InvalidInput as exc:
+            kept.append(f"{membership.user.get_username()} in {membership.team.slug}: {_first_message(exc)}")
+    return TokenMadeRevoked(trigger_urls=hooks, memberships=removed, kept=kept)
+
+
+def _first_message(exc: InvalidInput) -> str:
+    for messages in exc.errors.values():
+        return str(messages[0] if isinstance(messages, list) else messages)
+    return str(exc)

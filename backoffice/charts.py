@@ -28,12 +28,31 @@ def _centred_note(x: float, y: float, text: str) -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle">{escape(text)}</text>'
 
 
-def _svg(width: int, height: int, body: list[str], label: str) -> SafeString:
+def _svg(
+    width: int, height: int, body: list[str], label: str, *, axis: Sequence[str] = (), axis_w: int = 0
+) -> SafeString:
+    """The chart's frame and SVG. ``axis``: the y-axis labels of a wide chart, drawn in an SVG of
+    their own over the plot's left margin (``axis_w`` units wide, the plot's scale), which stays
+    in place while the plot scrolls under it on a phone (``position: sticky`` in the stylesheet):
+    in the plot itself they scrolled away with its earliest minutes, leaving bars without a scale.
+    """
     # A frame the stylesheet sizes on a phone (wide charts keep a readable scale and scroll).
     frame = "wide" if width > 600 else "narrow"
-    return mark_safe(  # noqa: S308 - every piece of text in body was escaped where it was made
-        f'<div class="chart-frame {frame}" tabindex="0"><svg viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg></div>'
+    plot = (
+        f'<svg class="chart-plot" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
+        f'xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg>'
+    )
+    if axis:
+        # Its share of the canvas is the plot's margin's share of the plot, so both scale alike; its
+        # card-coloured ground (shown where the plot scrolls) hides the bars scrolled beneath it. The
+        # plot's image describes the chart.
+        plot += (
+            f'<svg class="chart-y-axis" viewBox="0 0 {axis_w} {height}" style="width: {100 * axis_w / width:.4f}%" '
+            f'aria-hidden="true" xmlns="http://www.w3.org/2000/svg"><rect class="ground" width="{axis_w}" '
+            f'height="{height}" fill="#fff"/>{"".join(axis)}</svg>'
+        )
+    return mark_safe(  # noqa: S308 - every piece of text in body and axis was escaped where it was made
+        f'<div class="chart-frame {frame}" tabindex="0"><div class="chart-canvas">{plot}</div></div>'
     )
 
 
@@ -96,16 +115,18 @@ def runs_per_minute(
     """Stacked bars: runs that ended in each minute (or each bin of ``per_minutes``; a point's
     ``span`` says how many it holds), by outcome (bottom to top in ``outcomes``), over the last
     ``span``."""
-    x0, top, bottom = 40, 8, height - 22
+    # The left margin holds "25000" at a phone's label size (the y axis is cut at its left edge there).
+    x0, top, bottom = 56, 8, height - 22
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
     totals = [sum(p.counts.values()) for p in points]
     peak = _nice_max(max(totals, default=0))
     body = [f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafbfc"/>']
+    axis = []
     for fraction in (0, 0.5, 1):
         y = bottom - plot_h * fraction
         body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
-        body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * fraction:g}</text>')
+        axis.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * fraction:g}</text>')
     if points:
         body += _time_axis([p.minute for p in points], x0, plot_w, bottom)
     bar_w = plot_w / n
@@ -130,7 +151,8 @@ def runs_per_minute(
         body.append(f"<g>{''.join(parts)}</g>")
     if not any(totals):
         body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, f"No runs ended in the last {span}"))
-    return _svg(width, height, body, f"Runs per {per_words(per_minutes)} over the last {span}, stacked by outcome")
+    label = f"Runs per {per_words(per_minutes)} over the last {span}, stacked by outcome"
+    return _svg(width, height, body, label, axis=axis, axis_w=x0)
 
 
 #: Log-scale bounds for seconds: 1 ms to 1 day.
@@ -173,17 +195,18 @@ def lateness_per_minute(
 ) -> SafeString:
     """p50 and p99 lateness (seconds, log scale) per minute (or per bin of ``per_minutes``) over
     the last ``span``; gaps where nothing started."""
-    x0, top, bottom = 46, 8, height - 22
+    x0, top, bottom = 60, 8, height - 22  # "100ms" whole at a phone's label size
     plot_w, plot_h = width - x0 - 6, bottom - top
     n = max(len(points), 1)
     values = [v for p in points for v in (p.p50, p.p99) if v is not None]
     lo, hi = _log_range(values)
     body = [f'<rect x="{x0}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafbfc"/>']
+    axis = []
     for tick, label in _LOG_TICKS:
         if lo <= tick <= hi:
             y = _log_y(tick, lo, hi, top, plot_h)
             body.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + plot_w}" y2="{y:.1f}" stroke="{_GRID}"/>')
-            body.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+            axis.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     if points:
         body += _time_axis([p.minute for p in points], x0, plot_w, bottom)
     step = plot_w / n
@@ -212,7 +235,8 @@ def lateness_per_minute(
                 )
     if not values:
         body.append(_centred_note(x0 + plot_w / 2, top + plot_h / 2, f"No runs started in the last {span}"))
-    return _svg(width, height, body, f"Lateness p50 and p99 per {per_words(per_minutes)} over the last {span}")
+    label = f"Lateness p50 and p99 per {per_words(per_minutes)} over the last {span}"
+    return _svg(width, height, body, label, axis=axis, axis_w=x0)
 
 
 def _bucket_words(value: float | None) -> str:
@@ -223,6 +247,26 @@ def _bucket_words(value: float | None) -> str:
     if high is None:
         return f"at least {short_duration(low)}"
     return f"between {short_duration(low)} and {short_duration(high)}"
+
+
+#: The widest a chart's text is drawn, in SVG units per character: the phone's label size (14
+#: units, backoffice.css) times a wide sans-serif's advance (DejaVu's digits are 0.64 em, its "m" 0.97).
+_CHAR_W = 10.0
+
+
+def _spaced_labels(ticks: Sequence[tuple[float, str]], gap: float = 6.0) -> list[tuple[float, str]]:
+    """The centred labels of ``ticks`` (x, text) that do not overlap, from the left: a label too
+    close to the last one kept is left out (its grid line stays). On a range of days, the log
+    axis's nine decades are 28 units apart and "100ms" is about 45 wide: all drawn, they ran into
+    each other."""
+    kept: list[tuple[float, str]] = []
+    for x, label in ticks:
+        if kept:
+            last_x, last = kept[-1]
+            if x - last_x < (len(last) + len(label)) * _CHAR_W / 2 + gap:
+                continue
+        kept.append((x, label))
+    return kept
 
 
 def duration_by_runner(rows: Sequence[RunnerDuration], *, width: int = 460) -> SafeString:
@@ -240,11 +284,11 @@ def duration_by_runner(rows: Sequence[RunnerDuration], *, width: int = 460) -> S
         return plot_w * (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
 
     body = []
-    for tick, label in _LOG_TICKS:
-        if lo <= tick <= hi:
-            x = x0 + x_of(tick)
-            body.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 18}" stroke="{_GRID}"/>')
-            body.append(f'<text x="{x:.1f}" y="{height - 5}" text-anchor="middle">{label}</text>')
+    ticks = [(x0 + x_of(tick), label) for tick, label in _LOG_TICKS if lo <= tick <= hi]
+    for x, _ in ticks:
+        body.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 18}" stroke="{_GRID}"/>')
+    for x, label in _spaced_labels(ticks):
+        body.append(f'<text x="{x:.1f}" y="{height - 5}" text-anchor="middle">{label}</text>')
     for index, row in enumerate(rows):
         y = index * row_h + 4
         runner = escape(row.runner)

@@ -13,12 +13,29 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
+from django.db.models import Q
+from django.urls import reverse
+from django.utils.html import format_html
 
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
 from tasks_api.services import task_config_masked
-from tasks_app.models import CalendarPolicy, DstFold, DstGap, MisfirePolicy, OverlapPolicy, Task, TaskStatus
+from tasks_app.models import (
+    MAX_AFTER,
+    CalendarPolicy,
+    DependencyOn,
+    DstFold,
+    DstGap,
+    Limit,
+    MisfirePolicy,
+    OverlapPolicy,
+    Task,
+    TaskStatus,
+    Team,
+    TeamRole,
+)
 from tasks_app.schedules import CRON_FIELDS_HELP
+from tasks_app.teams import teams_with_role
 from tms_core.durations import format_duration
 
 #: Wall-clock input to the second (``<input type=datetime-local step=1>``).
@@ -112,13 +129,36 @@ def runner_choices() -> list[tuple[str, str]]:
     return [(alias, alias) for alias in runner_aliases()]
 
 
+#: Rows of a task form's "runs after" pickers beyond the task's own entries (a person adds more by
+#: saving and editing again; the API takes up to MAX_AFTER).
+AFTER_BLANK_ROWS = 2
+#: ``on`` of an ``after`` entry in words.
+AFTER_ON_WORDS = [
+    (DependencyOn.SUCCESS, "succeeded"),
+    (DependencyOn.FAILURE, "failed for good"),
+    (DependencyOn.COMPLETION, "ended, either way"),
+]
+#: Task names offered as suggestions in the "runs after" pickers (newest first).
+AFTER_SUGGESTIONS = 300
+
+
+def team_label(team: Team) -> str:
+    return f"{team.name} (personal)" if team.personal else team.name
+
+
 class TaskForm(ApiInputForm):
-    """Create or change a task: the fields of ``POST /api/v1/tasks`` an operator sets most."""
+    """Create or change a task: the fields of ``POST /api/v1/tasks`` an operator sets most.
+
+    ``user`` decides the choices: the team menu offers the teams where they are an editor (the
+    API's rule for a create and for a move, :func:`tasks_app.teams.teams_with_role`), the named
+    limits those of these teams and the global ones. ``task`` (an edit) adds its own team and
+    its ``after`` entries. The tasks it runs after are typed by name (suggested from the teams'
+    tasks) or id, each with ``on``; :meth:`after_entries` turns them into the API's ``after``."""
 
     local_times = ("start_at", "end_at")
-    json_fields = ("config",)
+    json_fields = ("config", "input_schema")
     wall_times_to_api = True
-    layout = ("name", "runner", "config", "start_at", "timezone", "interval", "cron", "end_at", "max_runs")
+    layout = ("name", "team", "runner", "config", "start_at", "timezone", "interval", "cron", "end_at", "max_runs")
     more_layout = (
         "max_attempts",
         "retry_backoff",
@@ -131,11 +171,20 @@ class TaskForm(ApiInputForm):
         "calendar",
         "calendar_policy",
         "trigger_debounce",
+        "limits",
+        "input_schema",
     )
-    wide_fields = ("config",)
+    wide_fields = ("config", "input_schema")
+    #: Fields whose changes an edit does not send as they are (the team moves the task; ``after``
+    #: is built from its rows by :meth:`after_entries`).
+    composed = ("team", "after")
 
     name = forms.CharField(
         required=False, max_length=200, label="Name (optional)", help_text="Empty: the task is shown by its id."
+    )
+    team = forms.ChoiceField(
+        required=False,
+        help_text="Its members see it and act by their role. Only teams where you are an editor are offered.",
     )
     runner = forms.ChoiceField(choices=runner_choices)
     config = forms.CharField(
@@ -179,28 +228,159 @@ class TaskForm(ApiInputForm):
         label="Clock set back",
         help_text="Cron: wall times shown twice run at their first, second or both occurrences.",
     )
-    calendar = forms.CharField(
-        required=False,
-        max_length=100,
-        label="Business calendar",
-        help_text="Name of one of your calendars (/api/v1/calendars). Empty: none.",
-    )
+    calendar = forms.CharField(required=False, max_length=100, label="Business calendar")
     calendar_policy = forms.ChoiceField(
         choices=CalendarPolicy.choices,
         required=False,
         label="On a closed day",
         help_text="Skip the run, or move it to the next or previous business day (default skip).",
     )
+    limits = forms.MultipleChoiceField(
+        required=False,
+        label="Named limits",
+        widget=forms.SelectMultiple(attrs={"size": 4}),
+    )
+    input_schema = forms.CharField(
+        required=False,
+        label="Input schema",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+        help_text='A JSON Schema that a run\'s input must satisfy, e.g. {"type": "object", "required": ["date"]}. '
+        "Empty: any JSON object.",
+    )
+    #: Where the errors of ``after`` as a whole land (the API's field); the rows are the pickers.
+    after = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, user: Any, task: Task | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.task = task
+        editor_teams = list(teams_with_role(user, TeamRole.EDITOR).order_by("slug"))
+        teams = sorted(editor_teams, key=lambda team: (not team.personal, team.name.lower()))
+        if task is not None and task.team not in teams:
+            teams.insert(0, task.team)  # staff acting by permission: the task's own team stays a choice
+        self.team_choices = teams
+        field = self.fields["team"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(team.slug, team_label(team)) for team in teams]
+        if task is None and teams:
+            field.initial = next((team.slug for team in teams if team.personal_of_id == user.pk), teams[0].slug)
+        # Limits and task names of the teams offered (the task's own on an edit), and the global limits.
+        team_ids = [task.team_id] if task is not None else [team.pk for team in teams]
+        self._limit_choices(team_ids)
+        self.calendar_help()
+        self.after_suggestions = _task_names(team_ids, without=task)
+        #: The edited task's entries: (text shown, upstream id, on).
+        self.initial_after: list[tuple[str, str, str]] = []
+        if task is not None and task.has_after:
+            from tasks_api.workflows import task_neighbours
+
+            upstream, _ = task_neighbours(task)
+            self.initial_after = [(str(n.task), str(n.task.pk), n.on) for n in upstream]
+        rows = len(self.initial_after) + AFTER_BLANK_ROWS
+        if self.is_bound:
+            posted = [key for key in self.data if key.startswith("after_task_")]
+            rows = max(rows, len(posted))
+        self.after_rows = min(max(rows, 3), MAX_AFTER)
+        for index in range(self.after_rows):
+            text, on = "", str(DependencyOn.SUCCESS)
+            if index < len(self.initial_after):
+                text, _, on = self.initial_after[index]
+            self.fields[f"after_task_{index}"] = forms.CharField(
+                required=False,
+                max_length=200,
+                label=f"Runs after task {index + 1}",
+                initial=text,
+                widget=forms.TextInput(attrs={"list": "after-task-names", "autocomplete": "off"}),
+            )
+            self.fields[f"after_on_{index}"] = forms.ChoiceField(
+                choices=AFTER_ON_WORDS, label=f"when task {index + 1} has", initial=on, required=False
+            )
+
+    def _limit_choices(self, team_ids: list[int]) -> None:
+        limits = (
+            Limit.objects.filter(Q(team_id__in=team_ids) | Q(team__isnull=True))
+            .select_related("team")
+            .order_by("name", "team__slug")
+        )
+        where: dict[str, list[str]] = {}
+        for limit in limits:
+            where.setdefault(limit.name, []).append(limit.team.slug if limit.team is not None else "global")
+        field = self.fields["limits"]
+        assert isinstance(field, forms.MultipleChoiceField)
+        initial = list(self.initial.get("limits") or [])
+        for name in initial:  # a limit the task uses stays listed
+            where.setdefault(name, ["in use"])
+        field.choices = [(name, f"{name} ({', '.join(places)})") for name, places in where.items()]
+        field.help_text = format_html(
+            'Its runs wait while one is exhausted. Hold Ctrl to choose several. <a href="{}">Named limits</a>{}',
+            reverse("backoffice:limits"),
+            "" if where else ": none yet in these teams.",
+        )
+
+    def calendar_help(self) -> None:
+        self.fields["calendar"].help_text = format_html(
+            'Name of one of the team\'s <a href="{}">business calendars</a>. Empty: none.',
+            reverse("backoffice:calendars"),
+        )
+
+    def after_grid(self) -> list[tuple[forms.BoundField, forms.BoundField]]:
+        """The "runs after" pickers: (task, on) per row."""
+        return [(self[f"after_task_{i}"], self[f"after_on_{i}"]) for i in range(self.after_rows)]
+
+    def after_entries(self, team_id: int) -> list[dict[str, str]] | None:
+        """The API's ``after`` from the rows: each typed name is the task of that name in the team
+        ``team_id`` (or an id as it is, for the service to check); None, with the error on
+        ``after``, when a name names no task or several. A row left as the edit showed it keeps
+        its task, so two upstreams of one name stay apart."""
+        entries: list[dict[str, str]] = []
+        named: dict[str, int] = {}
+        for index in range(self.after_rows):
+            text = (self.cleaned_data.get(f"after_task_{index}") or "").strip()
+            on = self.cleaned_data.get(f"after_on_{index}") or DependencyOn.SUCCESS
+            if not text:
+                continue
+            if index < len(self.initial_after) and text == self.initial_after[index][0]:
+                entries.append({"task": self.initial_after[index][1], "on": on})
+                continue
+            named[text] = len(entries)
+            entries.append({"task": text, "on": on})
+        if not named:
+            return entries
+        found: dict[str, list[str]] = {}
+        rows = (
+            Task.objects.filter(team_id=team_id, name__in=list(named))
+            .exclude(status=TaskStatus.DELETED)
+            .values_list("name", "pk")
+        )
+        for name, pk in rows:
+            found.setdefault(name, []).append(str(pk))
+        problems = []
+        for text, position in named.items():
+            ids = found.get(text, [])
+            if len(ids) == 1:
+                entries[position]["task"] = ids[0]
+            elif len(ids) > 1:
+                problems.append(f"{len(ids)} tasks of the team are named {text!r}: type the id of the one you mean.")
+            elif not _looks_like_id(text):
+                problems.append(f"No task named {text!r} in the task's team.")
+        if problems:
+            self.add_error("after", problems)
+            return None
+        return entries
+
+    def team_slug(self) -> str:
+        return str(self.cleaned_data.get("team") or "")
 
     @classmethod
     def initial_for(cls, task: Task) -> dict[str, Any]:
         """The form's text for an existing task (what :meth:`changes` compares against)."""
+        from tasks_api.limits import task_limit_names
 
         def seconds(value: Any) -> str:
             return "" if value is None else f"{value.total_seconds():g}s"
 
         return {
             "name": task.name,
+            "team": task.team.slug,
             "runner": task.runner,
             # Secrets masked: sending the mask back keeps them (tasks_app.secrets).
             "config": json.dumps(task_config_masked(task), indent=2, sort_keys=True),
@@ -221,18 +401,40 @@ class TaskForm(ApiInputForm):
             "calendar": task.calendar.name if task.calendar_id and task.calendar else "",
             "calendar_policy": task.calendar_policy,
             "trigger_debounce": seconds(task.trigger_debounce),
+            "limits": task_limit_names(task) if task.has_limits else [],
+            "input_schema": "" if task.input_schema is None else json.dumps(task.input_schema, indent=2),
         }
+
+    def payload(self, names: Any = None) -> dict[str, Any]:
+        """A create's API input: the fields filled, without the pickers' rows (``after`` is
+        added by the view from :meth:`after_entries`)."""
+        data = super().payload(names)
+        for name in list(data):
+            if name.startswith(("after_task_", "after_on_")) or name == "after":
+                del data[name]
+        if not data.get("limits"):
+            data.pop("limits", None)
+        return data
 
     def changes(self) -> dict[str, Any]:
         """For an edit: the API input of the fields whose text the person changed, cleared ones as
-        null. Untouched fields are not sent, so a time shown to the second is never cut to it."""
-        changed = {}
+        null. Untouched fields are not sent, so a time shown to the second is never cut to it.
+        ``team`` and ``after`` are the view's (a move, and the rows' entries)."""
+        changed: dict[str, Any] = {}
         for name in self.fields:
+            if name in self.composed or name.startswith(("after_task_", "after_on_")):
+                continue
+            if name == "limits":
+                chosen = sorted(self.cleaned_data.get("limits") or [])
+                if chosen != sorted(self.initial.get("limits") or []):
+                    changed[name] = chosen
+                continue
             before = str(self.initial.get(name, "") or "")
             after = str(self.data.get(name, "") or "")
-            if name == "config":
+            if name in self.json_fields:
+                empty = "{}" if name == "config" else "null"
                 try:
-                    unchanged = json.loads(before or "{}") == json.loads(after or "{}")
+                    unchanged = json.loads(before or empty) == json.loads(after or empty)
                 except ValueError:
                     unchanged = False
                 if unchanged:
@@ -248,6 +450,42 @@ class TaskForm(ApiInputForm):
                 )
             changed[name] = value
         return changed
+
+    def after_changed(self, entries: list[dict[str, str]]) -> bool:
+        """Whether ``entries`` differ from the edited task's ``after`` (order does not matter). A
+        POST without the pickers (a form that did not show them) changes nothing."""
+        if not any(key.startswith("after_task_") for key in self.data):
+            return False
+        before = {(pk, on) for _, pk, on in self.initial_after}
+        return before != {(entry["task"], entry["on"]) for entry in entries}
+
+
+def _task_names(team_ids: list[int], *, without: Task | None) -> list[str]:
+    """The newest task names of the teams (at most :data:`AFTER_SUGGESTIONS`), in one query: the
+    newest of each team read from its index (task_team_live_idx) and merged, so that a team of
+    100,000 tasks costs a few hundred rows, never a sort of all of them."""
+    if not team_ids:
+        return []
+    parts = []
+    for team_id in team_ids:
+        rows = Task.objects.filter(team_id=team_id).exclude(status=TaskStatus.DELETED).exclude(name="")
+        if without is not None:
+            rows = rows.exclude(pk=without.pk)
+        parts.append(rows.order_by("-created_at", "-id").values_list("name", "created_at")[:AFTER_SUGGESTIONS])
+    merged = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
+    if len(parts) > 1:
+        merged = merged.order_by("-created_at")[:AFTER_SUGGESTIONS]
+    return [name for name, _ in merged]
+
+
+def _looks_like_id(text: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 class BackfillForm(ApiInputForm):

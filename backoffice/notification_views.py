@@ -18,7 +18,6 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -36,6 +35,7 @@ from notifications.services import channel_send_test
 from tasks_app import teams
 from tasks_app.models import TeamRole
 from tms_core.auth import request_user
+from tms_core.errors import RoleRequired
 from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
 
 #: Rows of the delivery log per page (keyset pages on the id, newest first: backoffice.keyset).
@@ -60,10 +60,12 @@ def _to_change(user: Any, queryset: QuerySet, pk: int, verb: str = "change") -> 
     if not may_act_on(user, obj, verb):
         held = getattr(obj, "caller_role", None)
         if held is None:
-            raise PermissionDenied("You may look at this but not change it.")
-        raise PermissionDenied(
+            raise RoleRequired("You may look at this but not change it.", role=TeamRole.EDITOR, held=None)
+        raise RoleRequired(
             f"Your role in this team is {held}: to change its notification channels and rules you need editor "
-            "or higher."
+            "or higher.",
+            role=TeamRole.EDITOR,
+            held=held,
         )
     return obj
 

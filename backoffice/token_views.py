@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.api import AccessTokenSerializer
 from accounts.models import AccessToken
-from accounts.tokens import token_create, token_revoke
+from accounts.tokens import token_create, token_made, token_made_revoke, token_revoke
 from backoffice.forms import AccessTokenForm
 from tasks_app.models import Team
 from tasks_app.teams import member_team_ids
@@ -47,6 +47,8 @@ def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str
             "state": "revoked"
             if token.revoked_at is not None
             else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
+            # What it made that outlives it (trigger URLs, memberships), to remove with a click.
+            "made": token_made(token=token),
         }
         for token in tokens
     ]
@@ -88,4 +90,19 @@ def token_revoke_view(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(request, f"Token {token.name} revoked: it stops working now.")
     else:
         messages.info(request, f"Token {token.name} was already revoked.")
+    return redirect("backoffice:tokens")
+
+
+@login_required
+@require_POST
+def token_made_revoke_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """Remove what one of the user's tokens made (:func:`accounts.tokens.token_made_revoke`)."""
+    token = get_object_or_404(AccessToken, pk=pk, user=request_user(request))
+    done = token_made_revoke(token=token)
+    messages.success(
+        request,
+        f"Removed what token {token.name} made: {done.trigger_urls} trigger URL(s), {done.memberships} membership(s).",
+    )
+    for kept in done.kept:
+        messages.warning(request, f"Kept {kept}")
     return redirect("backoffice:tokens")

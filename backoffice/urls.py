@@ -2,7 +2,18 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from accounts.oidc import LogoutView
-from backoffice import dashboard_views, notification_views, team_views, token_views, views
+from backoffice import (
+    calendar_views,
+    dashboard_views,
+    limit_views,
+    notification_views,
+    run_views,
+    team_views,
+    token_views,
+    version_views,
+    views,
+    workflow_views,
+)
 
 app_name = "backoffice"
 
@@ -21,12 +32,23 @@ urlpatterns = [
     path("ui/tasks/<uuid:pk>/edit/", views.task_edit, name="task-edit"),
     path("ui/tasks/<uuid:pk>/pause/", views.task_pause_view, name="task-pause"),
     path("ui/tasks/<uuid:pk>/resume/", views.task_resume_view, name="task-resume"),
-    path("ui/tasks/<uuid:pk>/run/", views.task_trigger_view, name="task-trigger"),
+    path("ui/tasks/<uuid:pk>/run/", run_views.task_trigger_view, name="task-trigger"),
     path("ui/tasks/<uuid:pk>/backfill/", views.task_backfill_view, name="task-backfill"),
     path("ui/tasks/<uuid:pk>/delete/", views.task_delete_view, name="task-delete"),
+    path("ui/tasks/<uuid:pk>/move/", views.task_move_view, name="task-move"),
     path("ui/tasks/<uuid:pk>/trigger-url/", views.task_hook_view, name="task-trigger-url"),
+    path("ui/tasks/<uuid:pk>/workflow/", workflow_views.workflow_detail, name="workflow"),
+    path("ui/tasks/<uuid:pk>/versions/", version_views.task_versions, name="task-versions"),
+    path("ui/tasks/<uuid:pk>/versions/<int:number>/", version_views.task_version_detail, name="task-version"),
+    path(
+        "ui/tasks/<uuid:pk>/versions/<int:number>/restore/",
+        version_views.task_version_restore_view,
+        name="task-version-restore",
+    ),
     path("ui/executions/", views.execution_list, name="executions"),
+    path("ui/executions/replay/", run_views.executions_replay_view, name="executions-replay"),
     path("ui/executions/<int:pk>/", views.execution_detail, name="execution"),
+    path("ui/executions/<int:pk>/replay/", run_views.execution_replay_view, name="execution-replay"),
     path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),
     path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
     path("ui/workflow-runs/<int:pk>/", views.workflow_run_detail, name="workflow-run"),
@@ -70,7 +92,16 @@ urlpatterns = [
         team_views.service_account_token_revoke_view,
         name="service-account-token-revoke",
     ),
+    path("ui/limits/", limit_views.limits_page, name="limits"),
+    path("ui/limits/new/", limit_views.limit_create_view, name="limit-create"),
+    path("ui/limits/<int:pk>/edit/", limit_views.limit_edit_view, name="limit-edit"),
+    path("ui/limits/<int:pk>/delete/", limit_views.limit_delete_view, name="limit-delete"),
+    path("ui/calendars/", calendar_views.calendars_page, name="calendars"),
+    path("ui/calendars/new/", calendar_views.calendar_create_view, name="calendar-create"),
+    path("ui/calendars/<int:pk>/", calendar_views.calendar_page, name="calendar"),
+    path("ui/calendars/<int:pk>/delete/", calendar_views.calendar_delete_view, name="calendar-delete"),
     path("ui/tokens/", token_views.tokens_page, name="tokens"),
     path("ui/tokens/new/", token_views.token_create_view, name="token-create"),
     path("ui/tokens/<int:pk>/revoke/", token_views.token_revoke_view, name="token-revoke"),
+    path("ui/tokens/<int:pk>/made/revoke/", token_views.token_made_revoke_view, name="token-made-revoke"),
 ]

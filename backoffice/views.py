@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -35,7 +36,8 @@ from backoffice.scope import (
     visible_tasks,
 )
 from backoffice.workflow_graph import state_word, workflow_graph
-from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
+from backoffice.workflow_views import workflow_root_of
+from executions.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Execution, ExecutionStatus
 from executions.runs import run_spec
 from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
@@ -60,19 +62,26 @@ from tasks_api.services import (
     task_config_masked,
     task_create,
     task_delete,
+    task_move,
     task_pause,
     task_resume,
-    task_trigger,
     task_update,
-    trigger_words,
 )
 from tasks_api.states import task_next_run, task_state, with_state
 from tasks_api.workflows import follower_words, task_neighbours
 from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus, Team, TeamRole
-from tasks_app.schedule_words import schedule_words, short_duration
+from tasks_app.schedule_words import runs_only_after, schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
-from tasks_app.teams import includes, may, team_resolve, visible_teams, with_role
+from tasks_app.teams import (
+    default_team_of,
+    includes,
+    may,
+    team_resolve,
+    teams_with_role,
+    visible_teams,
+    with_role,
+)
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
@@ -115,22 +124,15 @@ def pretty_json(value: Any) -> str:
 @require_http_methods(["GET", "POST"])
 def task_list(request: HttpRequest) -> HttpResponse:
     """Tasks the user may see (searchable, by status) and the "New task" form."""
-    form = TaskForm(request.POST or None, initial={"timezone": "UTC", "runner": "noop"})
+    form = TaskForm(request.POST or None, initial={"timezone": "UTC", "runner": "noop"}, user=request.user)
     if request.method == "POST" and form.is_valid():
-        serializer = TaskCreateSerializer(data=form.payload(), context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            try:
-                task = task_create(owner=request_user(request), **serializer.validated_data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                messages.success(request, f"Task {task} created.")
-                return redirect("backoffice:task", pk=task.pk)
+        task = _create_from_form(request, form)
+        if task is not None:
+            messages.success(request, f"Task {task} created in team {task.team.name}.")
+            return redirect("backoffice:task", pk=task.pk)
     # with_state: what each task is doing and when it next runs (its earliest waiting run, else
     # the materialisation cursor), as the task page and the API say; the cursor alone ran ahead.
-    tasks = with_state(visible_tasks(request.user).select_related("owner"))
+    tasks = with_state(visible_tasks(request.user).select_related("owner", "team"))
     query = request.GET.get("q", "").strip().replace("\x00", "")
     status = request.GET.get("status", "")
     tasks, team, bad_team = team_switch(request, tasks)
@@ -163,6 +165,40 @@ def task_list(request: HttpRequest) -> HttpResponse:
         "statuses": [s for s in TaskStatus.values if s != TaskStatus.DELETED],
     }
     return render(request, "backoffice/task_list.html", context, status=code)
+
+
+def _form_team(request: HttpRequest, form: TaskForm, default: Team) -> Team | None:
+    """The team the form's menu names (``default`` when it names none); None, with the error on
+    ``team``, when it is not one of the user's."""
+    slug = form.team_slug()
+    if not slug or slug == default.slug:
+        return default
+    try:
+        return team_resolve(request.user, slug)
+    except InvalidInput as exc:
+        add_service_errors(form, exc)
+        return None
+
+
+def _create_from_form(request: HttpRequest, form: TaskForm) -> Any:
+    """The task the "New task" form describes, made by the API's serializer and service (its
+    ``after`` rows read in the chosen team); None, with the errors on the form, when refused."""
+    team = _form_team(request, form, default_team_of(request_user(request)))
+    after = form.after_entries(team.pk) if team is not None else None
+    if team is None or after is None:
+        return None
+    payload = form.payload()
+    if after:
+        payload["after"] = after
+    serializer = TaskCreateSerializer(data=payload, context={"request": request})
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors)
+        return None
+    try:
+        return task_create(owner=request_user(request), **serializer.validated_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
 
 
 #: Rows of the task page's occurrence timeline: its default window holds at most this many fire
@@ -237,7 +273,10 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
     occurrences, window_form = _occurrences(request, task)
     why, why_form = _why(request, task)
     try:
-        fire_times = task_preview(task=task, count=NEXT_FIRE_TIMES) if task.status != TaskStatus.COMPLETED else []
+        # A paused task has no next fire times: they pass without runs until it is resumed (the
+        # page says "No runs while paused"; listing them beside it contradicted it).
+        listed = task.status not in (TaskStatus.COMPLETED, TaskStatus.PAUSED)
+        fire_times = task_preview(task=task, count=NEXT_FIRE_TIMES) if listed else []
     except SERVICE_ERRORS:
         fire_times = []
     rules, default_rules = task_rules(task)
@@ -249,6 +288,13 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         else may(request.user, task.team_id, TeamRole.EDITOR, "notifications.add_rule")
     )
     upstream, downstream = task_neighbours(task)
+    abilities = task_abilities(request.user, task)
+    # "Move to team": the other teams where the user is an editor (the move needs editor in both).
+    move_teams = (
+        teams_with_role(request.user, TeamRole.EDITOR).exclude(pk=task.team_id).order_by("slug")
+        if abilities["can_change"]
+        else []
+    )
     rule_form = forms.get("rule_form") or (RuleForm(team_ids=[task.team_id], fixed_task=task) if editor_here else None)
     return {
         "task": task,
@@ -257,6 +303,7 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "upstream": upstream,
         "downstream": downstream,
         "follower_words": follower_words(task, upstream),
+        "workflow_root": workflow_root_of(task) if upstream or downstream else None,
         "resume": resume_preview(task),
         "rules": rule_rows(rules, request.user),
         "default_rules": default_rules,
@@ -276,8 +323,9 @@ def task_context(request: HttpRequest, task: Any, **forms: Any) -> dict[str, Any
         "backfill_form": forms.get("backfill_form") or BackfillForm(zone=task.timezone),
         "settings_rows": _settings_rows(task),
         "hook": (hook := _hook_of(task)),
-        "hook_url": hook_url(hook) if hook is not None else "",
-        **task_abilities(request.user, task),
+        "hook_url": hook_url(hook, request=request) if hook is not None else "",
+        "move_teams": move_teams,
+        **abilities,
     }
 
 
@@ -332,9 +380,12 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
         ("Time zone", task.timezone),
         *([("Daylight saving", _dst_text(task))] if task.cron else []),
         *([("Business calendar", f"{task.calendar.name}: {task.calendar_policy}")] if task.calendar_id else []),
-        ("Start", task.start_at),
-        ("End", task.end_at or "\u2013"),
-        ("Max runs", task.max_runs or "\u2013"),
+        # A workflow step without a schedule of its own: its start_at (its creation) means nothing.
+        *(
+            [("Schedule", "none of its own: it runs after the tasks it follows (see Workflow)")]
+            if runs_only_after(task)
+            else [("Start", task.start_at), ("End", task.end_at or "\u2013"), ("Max runs", task.max_runs or "\u2013")]
+        ),
         ("Attempts", task.max_attempts),
         (
             "Retry backoff",
@@ -345,6 +396,7 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
         ("Misfire", f"{task.misfire_policy} (grace {short_duration(_seconds(task.misfire_grace))})"),
         ("Overlap", task.overlap_policy),
         ("Version", task.version),
+        ("Team", task.team.name),
         ("Owner", task.owner.get_username()),
     ]
 
@@ -353,7 +405,7 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
 def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
     # The task with its state columns and owner in the one query that finds it (they were two more).
     tasks = with_role(visible_tasks(request.user), request.user)
-    task = get_object_or_404(with_state(tasks.select_related("owner", "hook")), pk=pk)
+    task = get_object_or_404(with_state(tasks.select_related("owner", "hook", "team")), pk=pk)
     return render(request, "backoffice/task_detail.html", task_context(request, task))
 
 
@@ -388,21 +440,6 @@ def task_resume_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_operate(request.user, pk)
     preview = resume_preview(task)
     return _task_action(request, pk, task_resume, f"Resumed. {preview.words}" if preview else "Resumed.")
-
-
-@login_required
-@require_POST
-def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
-    task = task_to_operate(request.user, pk)
-    try:
-        trigger = task_trigger(task=task, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-        return redirect("backoffice:task", pk=task.pk)
-    words = trigger_words(trigger)
-    messages.success(request, words[0].upper() + words[1:] + ".")
-    return redirect("backoffice:execution", pk=trigger.execution.pk)
 
 
 @login_required
@@ -452,11 +489,9 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
             except SERVICE_ERRORS as exc:
                 add_service_errors(form, exc)
             else:
-                messages.success(
-                    request,
-                    f"Backfill: {len(report.execution_ids)} execution(s) created, due now; "
-                    f"{report.existing} fire time(s) already had one.",
-                )
+                # A range with no fire time says so, not "0 execution(s) created" as if it had some.
+                notify = messages.success if report.fire_times else messages.warning
+                notify(request, f"Backfill: {report.detail}")
                 return redirect("backoffice:task", pk=task.pk)
     context = task_context(request, task, backfill_form=form)
     return render(request, "backoffice/task_detail.html", context, status=400)
@@ -468,25 +503,76 @@ def task_edit(request: HttpRequest, pk: Any) -> HttpResponse:
     """Change a task: only the fields whose text changed are sent to the update service."""
     task = task_to_change(request.user, pk)
     initial = TaskForm.initial_for(task)
-    form = TaskForm(request.POST or None, initial=initial, zone=task.timezone)
+    form = TaskForm(request.POST or None, initial=initial, zone=task.timezone, user=request.user, task=task)
     if request.method == "POST" and form.is_valid():
-        changes = form.changes()
-        serializer = TaskUpdateSerializer(task, data=changes, context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        elif changes:
-            try:
-                task_update(task=task, actor=actor_for(request_user(request)), changes=serializer.validated_data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
+        saved = _update_from_form(request, task, form)
+        if saved is not None:
+            if saved:
+                messages.success(request, f"Saved: {', '.join(sorted(saved))}.")
             else:
-                messages.success(request, f"Saved: {', '.join(sorted(changes))}.")
-                return redirect("backoffice:task", pk=task.pk)
-        else:
-            messages.info(request, "Nothing changed.")
+                messages.info(request, "Nothing changed.")
             return redirect("backoffice:task", pk=task.pk)
     code = 400 if request.method == "POST" else 200
     return render(request, "backoffice/task_edit.html", {"task": task, "form": form}, status=code)
+
+
+def _update_from_form(request: HttpRequest, task: Any, form: TaskForm) -> list[str] | None:
+    """Apply an edit as the API's PATCH does (a team change is a move, then the other changes,
+    in one transaction): the names of the fields changed; None, with the errors on the form,
+    when refused."""
+    changes = form.changes()
+    target = _form_team(request, form, task.team)
+    if target is None:
+        return None
+    if target.pk != task.team_id:
+        changes["team"] = target.slug
+    entries = form.after_entries(target.pk)
+    if entries is None:
+        return None
+    if form.after_changed(entries):
+        changes["after"] = entries
+    if not changes:
+        return []
+    serializer = TaskUpdateSerializer(task, data=changes, context={"request": request})
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors)
+        return None
+    validated = dict(serializer.validated_data)
+    team = validated.pop("team", None)
+    user = request_user(request)
+    try:
+        with transaction.atomic():  # a move and the other changes, or neither
+            if team is not None:
+                task = task_move(task=task, team=team, user=user, replacing=set(validated))
+            if validated:
+                task_update(task=task, actor=actor_for(user), changes=validated)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+    return sorted(changes)
+
+
+@login_required
+@require_POST
+def task_move_view(request: HttpRequest, pk: Any) -> HttpResponse:
+    """Move the task to another team (``team``: its slug), by the API's service: editor in both
+    teams; what keeps it in its team (its calendar, limits, followers, ...) is said in messages."""
+    task = task_to_change(request.user, pk)
+    try:
+        team = team_resolve(request.user, request.POST.get("team", ""))
+        if team.pk == task.team_id:
+            messages.info(request, f"{task} is in team {team.name} already.")
+            return redirect("backoffice:task", pk=task.pk)
+        task_move(task=task, team=team, user=request_user(request))
+    except SERVICE_ERRORS as exc:
+        messages.error(request, f"{task} was not moved:")
+        for message in exception_messages(exc):
+            messages.error(request, message)
+        return redirect("backoffice:task", pk=task.pk)
+    messages.success(
+        request, f"Moved {task} to team {team.name}: its runs, past and waiting, moved with it; its members see it now."
+    )
+    return redirect("backoffice:task", pk=task.pk)
 
 
 # --- executions ---------------------------------------------------------------------------------
@@ -530,7 +616,10 @@ def live_output(execution: Execution) -> str | None:
 
 
 def flower_task_url(message_id: str) -> str:
-    """Flower's page of the Celery task that carried the execution (its message id)."""
+    """Flower's page of the Celery task that carried the execution (its message id), without a
+    trailing slash (Flower's route is ``/task/(.+)``: a slash becomes part of the id, a 404);
+    empty for a run never sent to Celery. Its context name is ``flower_task_url``: ``flower_url``
+    is the top bar's link to Flower's home (context_processors.py), which it must not shadow."""
     return f"{settings.TMS_FLOWER_URL}/task/{message_id}" if message_id else ""
 
 
@@ -553,9 +642,10 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
             None if execution.config_override is None else pretty_json(masked_run_config(execution.config_override))
         ),
         "idempotency_key": idempotency_key(execution.pk, execution.attempt),
-        "flower_url": flower_task_url(execution.message_id),
+        "flower_task_url": flower_task_url(execution.message_id),
         "can_cancel": may_act and execution.status in ACTIVE_STATUSES,
         "can_retry": may_act and execution.status in RETRYABLE_STATUSES and not after,
+        "can_replay": may_act and execution.status in TERMINAL_STATUSES,
         "active": execution.status in ACTIVE_STATUSES,
     }
 
@@ -592,7 +682,15 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "graph": workflow_graph(run),
             "steps": steps,
             "links": sorted(
-                ({"link": link, "upstream": names[link.upstream], "task": names[link.task]} for link in run.links),
+                (
+                    {
+                        "link": link,
+                        "upstream": names[link.upstream],
+                        "task": names[link.task],
+                        "words": run.link_words(link),
+                    }
+                    for link in run.links
+                ),
                 key=lambda row: (run.steps[row["link"].task].depth, row["task"].lower(), row["upstream"].lower()),
             ),
         },
@@ -650,11 +748,21 @@ def execution_list(request: HttpRequest) -> HttpResponse:
     else:
         status = ""
         executions = executions.exclude(status=ExecutionStatus.SCHEDULED)
+    # ?workflow_run=<root id>: the runs of one workflow run, as the API's filter of that name.
+    workflow_run = request.GET.get("workflow_run", "").strip()
+    bad_workflow_run = bool(workflow_run) and not (workflow_run.isdigit() and 0 < int(workflow_run) < 2**63)
+    if bad_workflow_run:
+        messages.error(request, f"workflow_run: {workflow_run[:40]!r} is not an execution id (a whole number).")
+        workflow_run = ""
+    elif workflow_run:
+        executions = executions.filter(workflow_run=int(workflow_run))
+    kept = (("status", status), ("team", team), ("workflow_run", workflow_run))
     context: dict[str, Any] = {
         "status": status,
         "team": team,
         "teams": visible_teams(request.user),
-        "keep": urlencode({key: value for key, value in (("status", status), ("team", team)) if value}),
+        "keep": urlencode({key: value for key, value in kept if value}),
+        "workflow_run": workflow_run,
         "statuses": ExecutionStatus.values,
         "descending": descending,
         "waiting_runs": status == ExecutionStatus.SCHEDULED,
@@ -667,8 +775,20 @@ def execution_list(request: HttpRequest) -> HttpResponse:
         messages.error(request, str(exc))
         context.update(page=None, rows=[])
         return render(request, "backoffice/execution_list.html", context, status=400)
-    context.update(page=page, rows=[run_row(execution) for execution in page.rows])
-    return render(request, "backoffice/execution_list.html", context, status=400 if bad_team else 200)
+    rows = [run_row(execution) for execution in page.rows]
+    finished = [row for row in rows if row["execution"].status in TERMINAL_STATUSES]
+    if finished:
+        # Replay is an operator's act in each run's team (the service checks it again): a box
+        # only where it would be allowed, so a viewer sees none.
+        anywhere = request.user.has_perm("executions.change_execution")
+        operated = (
+            set() if anywhere else set(teams_with_role(request.user, TeamRole.OPERATOR).values_list("pk", flat=True))
+        )
+        for row in finished:
+            row["replayable"] = anywhere or row["execution"].team_id in operated
+    context.update(page=page, rows=rows, can_replay=any(row.get("replayable") for row in rows))
+    bad = bad_team or bad_workflow_run
+    return render(request, "backoffice/execution_list.html", context, status=400 if bad else 200)
 
 
 def switched_team(request: HttpRequest, *, say: bool = True) -> tuple[Team | None, bool]:

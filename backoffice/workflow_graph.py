@@ -12,11 +12,14 @@ stay reachable by keyboard and screen readers; the page lists the steps in a tab
 
 from __future__ import annotations
 
+import uuid
+
 from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from executions.workflow_runs import SKIPPED, WAITING, Link, Step, WorkflowRun
+from tasks_app.models import Task
 
 #: Per state: (stroke, fill, text ink, sign, word). Inks are the stylesheet's badge inks (AA contrast).
 STATE_STYLE: dict[str, tuple[str, str, str, str, str]] = {
@@ -68,7 +71,7 @@ def _edge(link: Link, run: WorkflowRun, at: dict[object, tuple[float, float]]) -
         x2 = x1 + 4
     bend = max((x2 - x1) / 2, 20)
     upstream, follower = run.steps[link.upstream].task, run.steps[link.task].task
-    taken = {True: "taken", False: "not taken", None: "not yet"}[link.taken]
+    taken = run.link_words(link)
     title = f"{follower} runs after {upstream} on {link.on} ({taken})"
     stroke, dash = ("#3d4558", "") if link.taken else ("#9aa0ad", ' stroke-dasharray="5 4"')
     mid_x, mid_y = (x1 + x2) / 2, (y1 + y2) / 2
@@ -116,7 +119,7 @@ def workflow_graph(run: WorkflowRun) -> SafeString:
         counts[word] = counts.get(word, 0) + 1
     summary = ", ".join(f"{count} {word}" for word, count in sorted(counts.items()))
     desc = (
-        f"Workflow run {run.id} is {run.state}: {len(run.steps)} steps ({summary}). "
+        f"Workflow run {run.id} is {run.state_words}: {len(run.steps)} steps ({summary}). "
         "Each box is a step with its state; each arrow goes from a step to one that runs after it."
     )
     body = [
@@ -129,6 +132,89 @@ def workflow_graph(run: WorkflowRun) -> SafeString:
     ]
     return mark_safe(  # noqa: S308 - every piece of text in body was escaped where it was made
         # Scrolled within its card (by keyboard too) when wider than it, on a phone as anywhere.
+        '<div class="workflow-frame" tabindex="0">'
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" role="group" aria-labelledby="wf-graph-title" '
+        f'aria-describedby="wf-graph-desc" xmlns="http://www.w3.org/2000/svg" id="workflow-graph">'
+        f"{''.join(body)}</svg></div>"
+    )
+
+
+def link_depths(task_ids: list[uuid.UUID], links: list[tuple[uuid.UUID, uuid.UUID, str]]) -> dict[uuid.UUID, int]:
+    """Each task's depth in a workflow: the longest chain of links from its root (no cycles)."""
+    depth = dict.fromkeys(task_ids, 0)
+    for _ in range(len(task_ids)):
+        changed = False
+        for follower, upstream, _on in links:
+            if upstream in depth and follower in depth and depth[upstream] + 1 > depth[follower]:
+                depth[follower], changed = depth[upstream] + 1, True
+        if not changed:
+            break
+    return depth
+
+
+def workflow_shape_graph(
+    root: Task, tasks: dict[uuid.UUID, Task], links: list[tuple[uuid.UUID, uuid.UUID, str]]
+) -> SafeString:
+    """The SVG of a workflow itself (not one of its runs): a box per task, linked to its page, in
+    a column per depth, an arrow per link labelled with its ``on``; drawn as :func:`workflow_graph`."""
+    depth = link_depths(list(tasks), links)
+    columns: dict[int, list[Task]] = {}
+    for task in sorted(tasks.values(), key=lambda t: (depth[t.pk], str(t).lower(), str(t.pk))):
+        columns.setdefault(depth[task.pk], []).append(task)
+    at = {
+        task.pk: (MARGIN + level * (NODE_W + GAP_X), MARGIN + row * (NODE_H + GAP_Y))
+        for level, column in columns.items()
+        for row, task in enumerate(column)
+    }
+    width = int(max((x for x, _ in at.values()), default=MARGIN) + NODE_W + MARGIN)
+    height = int(max((y for _, y in at.values()), default=MARGIN) + NODE_H + MARGIN)
+    edges = []
+    for follower, upstream, on in links:
+        if follower not in at or upstream not in at:
+            continue
+        (left, top), (right, bottom) = at[upstream], at[follower]
+        x1, y1, x2, y2 = left + NODE_W, top + NODE_H / 2, right - 4, bottom + NODE_H / 2
+        bend = max((x2 - x1) / 2, 20)
+        title = f"{tasks[follower]} runs after {tasks[upstream]} on {on}"
+        edges.append(
+            f'<g class="wf-edge" data-from="{upstream}" data-to="{follower}"><title>{escape(title)}</title>'
+            f'<path d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}" '
+            'fill="none" stroke="#3d4558" stroke-width="1.6" marker-end="url(#wf-arrow)"/>'
+            f'<text x="{(x1 + x2) / 2:.1f}" y="{(y1 + y2) / 2 - 4:.1f}" text-anchor="middle" fill="#4a5163" '
+            f'stroke="#fff" stroke-width="3" paint-order="stroke">{escape(on)}</text></g>'
+        )
+    nodes = []
+    for task in tasks.values():
+        x, y = at[task.pk]
+        name = str(task)
+        shown = name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 1] + "\u2026"
+        status = task.get_status_display().lower() if task.status != "ACTIVE" else "active"
+        role = "root" if task.pk == root.pk else f"step {depth[task.pk]}"
+        words = f"{role}, {status}"
+        stroke, fill, ink = (
+            ("#2f7fd3", "#e2eefc", "#1f63ad") if task.pk == root.pk else ("#5e6578", "#f5f6f8", "#3d4558")
+        )
+        nodes.append(
+            f'<a href="{reverse("backoffice:task", args=[task.pk])}" class="wf-node" data-task="{task.pk}">'
+            f"<title>{escape(name)}: {escape(words)}</title>"
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="7" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="2"/>'
+            f'<text x="{x + 10:.1f}" y="{y + 22:.1f}" fill="#1d2330" font-weight="600">{escape(shown)}</text>'
+            f'<text x="{x + 10:.1f}" y="{y + 42:.1f}" fill="{ink}">{escape(words)}</text></a>'
+        )
+    desc = (
+        f"Workflow of {root}: {len(tasks)} tasks, {len(edges)} links. Each box is a task; each arrow goes from "
+        "a task to one that runs after it, labelled with the end it follows (success, failure, completion)."
+    )
+    body = [
+        f'<title id="wf-graph-title">Tasks of the workflow of {escape(str(root))}</title>',
+        f'<desc id="wf-graph-desc">{escape(desc)}</desc>',
+        '<defs><marker id="wf-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#3d4558"/></marker></defs>',
+        *edges,
+        *nodes,
+    ]
+    return mark_safe(  # noqa: S308 - every piece of text in body was escaped where it was made
         '<div class="workflow-frame" tabindex="0">'
         f'<svg viewBox="0 0 {width} {height}" width="{width}" role="group" aria-labelledby="wf-graph-title" '
         f'aria-describedby="wf-graph-desc" xmlns="http://www.w3.org/2000/svg" id="workflow-graph">'

@@ -303,8 +303,13 @@ class ExecutionAdmin(ReadOnlyAdmin):
             return
         for owner_id, ids in sorted(by_owner.items()):
             try:
+                # No config here: the action reruns what the runs did (an editor changes a task).
                 report = executions_replay_by_user(
-                    owner_id=owner_id, execution_ids=ids, actor=actor, selection={"executions": ids, "via": "admin"}
+                    user=request_user(request),
+                    owner_id=owner_id,
+                    execution_ids=ids,
+                    actor=actor,
+                    selection={"executions": ids, "via": "admin"},
                 )
             except SERVICE_ERRORS as exc:
                 self.message_user(request, f"Owner {owner_id}: nothing replayed: {error_text(exc)}", messages.WARNING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from django import forms
 from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 from django.utils.dateparse import parse_datetime
@@ -137,6 +138,12 @@ class UtcDateTimeFilter(filters.IsoDateTimeFilter):
         return super().filter(qs, value.astimezone(UTC) if value is not None else None)
 
 
+class WholeNumberFilter(filters.NumberFilter):
+    """A number filter that takes whole numbers only (``1.5`` or ``x`` is a 400 on the filter)."""
+
+    field_class = forms.IntegerField
+
+
 class ExecutionFilter(StrictFilterSet):
     task = filters.UUIDFilter(field_name="task_id", help_text="Only executions of this task.")
     status = filters.ChoiceFilter(choices=ExecutionStatus.choices, help_text="Only executions in this status.")
@@ -148,10 +155,16 @@ class ExecutionFilter(StrictFilterSet):
         field_name="scheduled_for", lookup_expr="lt", help_text="Only executions scheduled before this time."
     )
     team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
+    workflow_run = WholeNumberFilter(
+        field_name="workflow_run",
+        min_value=1,
+        max_value=2**63 - 1,  # a bigint: a larger value is a 400, not a database error
+        help_text="Only the runs of this workflow run (the id of its root execution): the root and its steps.",
+    )
 
     class Meta:
         model = Execution
-        fields = ["task", "status", "origin", "scheduled_after", "scheduled_before", "team"]
+        fields = ["task", "status", "origin", "scheduled_after", "scheduled_before", "team", "workflow_run"]
 
     def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
         return filter_by_team(queryset, self.request, value)
@@ -244,6 +257,8 @@ class ExecutionViewSet(
             "(400 beyond: narrow the selection). All or nothing: the new runs count against your hourly quota "
             "of executions created on request (429, nothing created). `dry_run` checks it all, the quota "
             "included, and creates and counts nothing. "
+            "Replaying needs the operator role in each task's team; a `config` changes what the runs do and "
+            "needs the editor role there (403 naming the role, nothing created): an operator gives `input` only. "
             "404 for a task that is not yours."
         ),
         request=ReplaySerializer,
@@ -262,7 +277,12 @@ class ExecutionViewSet(
         task_ids = data["tasks"] if "tasks" in data else [data["task"]]
         statuses = data.get("status") or REPLAY_STATUSES
         ids = replay_select(
-            user=user, task_ids=task_ids, statuses=statuses, since=data.get("since"), until=data.get("until")
+            user=user,
+            task_ids=task_ids,
+            statuses=statuses,
+            since=data.get("since"),
+            until=data.get("until"),
+            changes_config=data["config"] is not None,
         )
         selection = {
             "tasks": [str(task_id) for task_id in task_ids],
@@ -270,6 +290,7 @@ class ExecutionViewSet(
             **{key: data[key].isoformat() for key in ("since", "until") if key in data},
         }
         report = executions_replay_by_user(
+            user=user,
             owner_id=user.pk,
             execution_ids=ids,
             actor=actor_for(user),
@@ -335,7 +356,7 @@ class TaskExecutionListView(ExecutionKeysetMixin, TeamScopedMixin, generics.List
         return super().get_queryset().filter(task=task)
 
 
-class WorkerFilter(filters.FilterSet):
+class WorkerFilter(StrictFilterSet):
     status = filters.ChoiceFilter(choices=WorkerStatus.choices, help_text="Only workers in this state.")
 
     class Meta:

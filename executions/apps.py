@@ -1,8 +1,6 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
-from tms_core.sqlite_triggers import SqliteTriggers, register
-
 
 class ExecutionsConfig(AppConfig):
     name = "executions"
@@ -11,23 +9,10 @@ class ExecutionsConfig(AppConfig):
         from executions.periodic import register_periodic_tasks
 
         post_migrate.connect(register_periodic_tasks, sender=self)
+        from executions.models import Execution
+        from tasks_app.audit_scope import register_team_object
+
+        # A replay across tasks is recorded on its first run, with no task: its team reads it.
+        register_team_object("execution", Execution)
         # The rollup is a part of the status trigger, which notifications installs
         # (executions/triggers.py).
-        from executions import task_guard, task_version
-
-        register(
-            self,
-            SqliteTriggers(
-                migration=("executions", "0016_execution_task_without_fk_constraint"),
-                install=lambda: [task_guard.sqlite_install()],
-                uninstall=[task_guard.SQLITE_UNINSTALL],
-            ),
-        )
-        register(
-            self,
-            SqliteTriggers(
-                migration=("executions", "0023_execution_task_version"),
-                install=lambda: [task_version.sqlite_install()],
-                uninstall=[task_version.SQLITE_UNINSTALL],
-            ),
-        )

@@ -9,12 +9,12 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from executions.callbacks import TOKEN_HEADER, CallbackRefused, callback_verify
 from executions.reports import execution_report
 from tms_core.api.base import StrictInputMixin
+from tms_core.api.throttling import SimpleRateThrottle
 
 
 class CallbackSerializer(StrictInputMixin, serializers.Serializer):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core import signing
 
 from tms_core.conf import tms_settings
+from tms_core.public_url import public_url
 
 _SALT = "tms.executions.callback"
 #: Where a job puts its token (``Authorization: Bearer <token>`` is accepted as well).
@@ -47,8 +47,11 @@ def callback_token(*, execution_id: int, attempt: int, timeout: timedelta | floa
 
 
 def callback_url(*, execution_id: int) -> str:
-    """The URL the job of any attempt of this execution POSTs its reports to (with its token)."""
-    return f"{settings.TMS_PUBLIC_URL}/api/v1/executions/{execution_id}/callback"
+    """The URL the job of any attempt of this execution POSTs its reports to (with its token).
+
+    Built by a worker, with no request to say where the site is: ``TMS_PUBLIC_URL``, or
+    :data:`tms_core.public_url.FALLBACK` when it is unset."""
+    return f"{public_url()}/api/v1/executions/{execution_id}/callback"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ Definitions (times are the database's, UTC):
   tasks failing most are counted over the last 24 hourly buckets;
 * lateness = ``started_at - due_at`` of the attempt; duration = end - ``started_at``;
   percentiles are estimated from fixed log-spaced buckets, interpolated linearly within the
-  bucket that holds them (see :func:`executions.histogram.percentile`);
+  bucket that holds them, and clamped to the smallest and largest value observed (kept per
+  rollup row), so no p99 exceeds the longest run (see :func:`executions.histogram.percentile`);
 * ``upcoming`` lists the next runs due within the hour, from the schedules: materialised
   SCHEDULED executions and, beyond the materialisation horizon, each active task's fire times
   from its cursor on (the tasks with the earliest cursors, each expanded up to the list's
@@ -31,7 +32,7 @@ Definitions (times are the database's, UTC):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 
-from executions.histogram import percentile
+from executions.histogram import NO_EXTREMES, Extremes, percentile, widen
 from executions.models import (
     OUTCOME_COLUMNS,
     Execution,
@@ -74,6 +75,8 @@ class MinutePoint:
     lateness: tuple[int, ...] = ()
     #: Minutes the point covers from ``minute`` on (a point of a binned chart covers several).
     span: int = 1
+    #: The smallest and largest lateness of those runs, which bound its percentiles.
+    lateness_extremes: Extremes = NO_EXTREMES
 
     @property
     def total(self) -> int:
@@ -143,6 +146,8 @@ class DashboardSnapshot:
     upcoming_count: int
     #: False when ``upcoming_count`` is a lower bound (more tasks or cron tasks than counted).
     upcoming_exact: bool = True
+    #: The smallest and largest lateness of each minute of ``by_minute`` (bounds of its percentiles).
+    lateness_extremes: dict[datetime, Extremes] = field(default_factory=dict)
 
     @cached_property
     def runs_per_minute(self) -> list[MinutePoint]:
@@ -167,9 +172,14 @@ class DashboardSnapshot:
         # One pass over the minutes with runs, each to its bin (walking all 1,440 minutes of a day
         # and looking each one up: a day in 5-minute bins 4.4 -> 2.8 ms, loaded machine).
         bins: dict[int, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        extremes: dict[int, Extremes] = {}
         for minute, row in self.by_minute.items():
             if first <= minute <= self.last_minute:
-                bins.setdefault((minute - origin) // width, []).append(row)
+                index = (minute - origin) // width
+                bins.setdefault(index, []).append(row)
+                extremes[index] = widen(
+                    extremes.get(index, NO_EXTREMES), self.lateness_extremes.get(minute, NO_EXTREMES)
+                )
         result = []
         start, index = origin, 0
         while start <= self.last_minute:
@@ -179,22 +189,27 @@ class DashboardSnapshot:
             if not rows:
                 result.append(MinutePoint(begin, dict.fromkeys(OUTCOMES, 0), (), span))
             elif len(rows) == 1:
-                result.append(MinutePoint(begin, dict(zip(OUTCOMES, rows[0][0], strict=True)), rows[0][1], span))
+                counts = dict(zip(OUTCOMES, rows[0][0], strict=True))
+                result.append(MinutePoint(begin, counts, rows[0][1], span, extremes[index]))
             else:
                 counts = dict(zip(OUTCOMES, map(sum, zip(*(row[0] for row in rows), strict=True)), strict=True))
                 lateness = tuple(map(sum, zip(*(row[1] for row in rows), strict=True)))
-                result.append(MinutePoint(begin, counts, lateness, span))
+                result.append(MinutePoint(begin, counts, lateness, span, extremes[index]))
             index += 1
             start += width
         return result
 
 
 def lateness_point(point: MinutePoint) -> LatenessPoint:
-    """The lateness percentiles of ``point`` (a minute or a bin of minutes), from its histogram."""
+    """The lateness percentiles of ``point`` (a minute or a bin of minutes), from its histogram,
+    clamped to the lateness its runs had."""
     started = sum(point.lateness)
     if not started:
         return LatenessPoint(point.minute, 0, None, None)
-    return LatenessPoint(point.minute, started, percentile(point.lateness, 0.5), percentile(point.lateness, 0.99))
+    bounds = point.lateness_extremes
+    return LatenessPoint(
+        point.minute, started, percentile(point.lateness, 0.5, bounds), percentile(point.lateness, 0.99, bounds)
+    )
 
 
 @dataclass(frozen=True)
@@ -240,7 +255,7 @@ def dashboard_snapshot(*, user: Any, team: Team | None = None, now: datetime | N
     now = now or db_now()
     scope = _Scope.of(user, team)
     live = _live_counts(scope, now)
-    by_minute, durations, last_hour = _from_rollup(scope, now, settled=settled)
+    by_minute, late_extremes, durations, last_hour = _from_rollup(scope, now, settled=settled)
     succeeded, failed = last_hour["SUCCEEDED"], last_hour["FAILED"]
     upcoming = _upcoming(scope, now)
     from_schedules, exact = _upcoming_from_schedules(scope, now)
@@ -262,12 +277,18 @@ def dashboard_snapshot(*, user: Any, team: Team | None = None, now: datetime | N
         upcoming=upcoming,
         upcoming_count=live["upcoming_executions"] + from_schedules,
         upcoming_exact=exact,
+        lateness_extremes=late_extremes,
     )
 
 
 def _from_rollup(
     scope: _Scope, now: datetime, *, settled: bool = False
-) -> tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], list[RunnerDuration], dict[str, int]]:
+) -> tuple[
+    dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]],
+    dict[datetime, Extremes],
+    list[RunnerDuration],
+    dict[str, int],
+]:
     last = floor_minute(now)
     first = last - timedelta(minutes=MINUTES_PER_DAY - 1)
     if settled:
@@ -278,12 +299,14 @@ def _from_rollup(
     last_hour = [sum(column) for column in zip(*(
         outcomes for minute, (outcomes, _) in series.by_minute.items() if minute >= hour_start
     ), strict=True)] or [0] * len(OUTCOMES)  # fmt: skip
-    durations = [
-        RunnerDuration(runner, sum(counts), percentile(counts, 0.5), percentile(counts, 0.99))
-        for runner, counts in sorted(series.duration_by_runner.items())
-        if sum(counts)
-    ]
-    return series.by_minute, durations, dict(zip(OUTCOMES, last_hour, strict=True))
+    durations = []
+    for runner, counts in sorted(series.duration_by_runner.items()):
+        if sum(counts):
+            bounds = series.duration_extremes.get(runner, NO_EXTREMES)
+            durations.append(
+                RunnerDuration(runner, sum(counts), percentile(counts, 0.5, bounds), percentile(counts, 0.99, bounds))
+            )
+    return series.by_minute, series.lateness_extremes, durations, dict(zip(OUTCOMES, last_hour, strict=True))
 
 
 def _top_failing(scope: _Scope, now: datetime) -> list[FailingTask]:
@@ -400,21 +423,12 @@ def _fire_times_within(task: Task, until: datetime, most: int) -> list[datetime]
 
 def _upcoming_from_schedules(scope: _Scope, now: datetime) -> tuple[int, bool]:
     """Fire times within the hour not materialised yet, and whether the count is exact, in two
-    queries: each interval task's from its cursor, computed in SQL (on PostgreSQL); each other
+    queries: each interval task's from its cursor, computed in SQL; each other
     task's (cron, one-shot) expanded here. Bounded to the :data:`UPCOMING_TASKS_COUNTED` tasks
     with the earliest cursors, and :data:`UPCOMING_CRON_EXPANDED` other tasks among them."""
     in_an_hour = now + timedelta(hours=1)
     due = scope.rows(Task.objects.filter(status=TaskStatus.ACTIVE, next_run_at__gt=now, next_run_at__lte=in_an_hour))
-    if connection.vendor == "postgresql":
-        interval_runs, tasks, others = _interval_runs_sql(scope.teams, now, in_an_hour)
-    else:  # the embedded SQLite default: few tasks, counted here
-        interval_runs = tasks = others = 0
-        for task in due.order_by("next_run_at")[: UPCOMING_TASKS_COUNTED + 1]:
-            tasks += 1
-            if task.interval is None:
-                others += 1
-            elif tasks <= UPCOMING_TASKS_COUNTED:
-                interval_runs += len(_fire_times_within(task, in_an_hour, 10**6))
+    interval_runs, tasks, others = _interval_runs_sql(scope.teams, now, in_an_hour)
     # Read only when there are such tasks: finding none walks every task due within the hour.
     expanded = (
         list(due.filter(interval__isnull=True).order_by("next_run_at", "id")[:UPCOMING_CRON_EXPANDED]) if others else []

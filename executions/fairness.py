@@ -25,7 +25,6 @@ from django.db.models.functions import Now
 from executions import transitions
 from executions.models import Execution, ExecutionStatus
 from tasks_app.models import TeamQuota
-from tms_core.clock import db_now
 from tms_core.conf import TmsSettings, tms_settings
 
 #: The fair order of the due SCHEDULED runs, set-based: each team's runs are numbered (their
@@ -42,7 +41,7 @@ from tms_core.conf import TmsSettings, tms_settings
 #: due row joined to its task, as the first version did, read and sorted the whole backlog at
 #: every top-up: 22 ms a pick with 10,000 runs of one owner due (10 picks a second while the
 #: queue is held back), against 0.9 ms.
-_FAIR_PG_SQL = """
+_FAIR_SQL = """
 WITH RECURSIVE levels AS (
     (SELECT e.team_id, e.priority FROM {execution} e
      WHERE e.status = 'SCHEDULED'
@@ -75,26 +74,9 @@ ORDER BY d.turn::float8 / COALESCE(q.fair_weight, %(weight)s), COALESCE(q.fair_w
 LIMIT %(limit)s
 """
 
-#: The same order for the embedded SQLite default (no LATERAL): every due row numbered.
-_FAIR_SQL = """
-WITH due AS (
-    SELECT e.id, e.priority, e.due_at, e.team_id,
-           row_number() OVER (PARTITION BY e.team_id ORDER BY e.priority DESC, e.due_at, e.id) AS turn
-    FROM {execution} e
-    WHERE e.status = 'SCHEDULED' AND e.due_at <= %(now)s
-)
-SELECT d.id
-FROM due d
-LEFT JOIN {quota} q ON q.team_id = d.team_id
-WHERE d.turn <= %(limit)s
-ORDER BY d.turn * 1.0 / COALESCE(q.fair_weight, %(weight)s), COALESCE(q.fair_weight, %(weight)s) DESC,
-         d.priority DESC, d.due_at, d.id
-LIMIT %(limit)s
-"""
-
 
 def pick_fair(*, limit: int, default_weight: int | None = None, ahead: float = 0.0) -> list[int]:
-    """The ids of the next ``limit`` due SCHEDULED executions in fair order (see ``_FAIR_PG_SQL``).
+    """The ids of the next ``limit`` due SCHEDULED executions in fair order (see ``_FAIR_SQL``).
     Reads without locking: the take that follows locks and re-checks each row. ``ahead``: rows
     due within that many seconds count as due (the monitor's lookahead)."""
     if limit <= 0:
@@ -105,16 +87,10 @@ def pick_fair(*, limit: int, default_weight: int | None = None, ahead: float = 0
         "quota": connection.ops.quote_name(TeamQuota._meta.db_table),
     }
     params: dict[str, Any] = {"limit": limit, "weight": weight}
-    if connection.vendor == "postgresql":
-        # Each statement's own clock, as the take's: a fixed instant read before would age.
-        due_by = "statement_timestamp() + make_interval(secs => %(ahead)s)" if ahead else "statement_timestamp()"
-        sql = _FAIR_PG_SQL.format(**names, due_by=due_by)
-        params["ahead"] = ahead
-    else:
-        sql = _FAIR_SQL.format(**names)
-        params["now"] = Execution._meta.get_field("due_at").get_db_prep_value(
-            db_now() + timedelta(seconds=ahead), connection
-        )
+    # Each statement's own clock, as the take's: a fixed instant read before would age.
+    due_by = "statement_timestamp() + make_interval(secs => %(ahead)s)" if ahead else "statement_timestamp()"
+    sql = _FAIR_SQL.format(**names, due_by=due_by)
+    params["ahead"] = ahead
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()]
@@ -144,9 +120,7 @@ def published_unstarted(*, cap: int, older_than: float) -> int:
 def steps_published() -> int:
     """How many workflow steps workers have published themselves, ever (the sequence
     ``executions_take_steps`` counts them on): read by each look of a pacer, as they are queued
-    beside what the monitors publish. 0 on the embedded default (the monitor publishes them)."""
-    if connection.vendor != "postgresql":
-        return 0
+    beside what the monitors publish."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {transitions.STEPS_PUBLISHED}")  # noqa: S608 - our name
         return int(cursor.fetchone()[0])

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import worker_shutting_down
+from celery.signals import worker_shutdown, worker_shutting_down
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
@@ -106,9 +106,10 @@ def _held_by_pool(worker_id: str) -> list[str]:
     )
 
 
-def worker_hand_back(*, worker_id: str, grace: float, poll: float = 0.1) -> int:
-    """Graceful shutdown of a worker node: let runs end for ``grace`` seconds, then stop the pool
-    processes still holding a lease and hand their executions back at once.
+def worker_hand_back(*, worker_id: str, grace: float, stopped: threading.Event, poll: float = 0.1) -> int:
+    """Graceful shutdown of a worker node: let runs end for ``grace`` seconds, then, until the
+    pool has stopped (``stopped``), stop every pool process holding a lease and hand its
+    executions back at once.
 
     Runs shorter than the grace end normally (their outcome recorded). A longer one is given to
     another worker without waiting for its lease to run out: its pool process is killed first
@@ -117,13 +118,29 @@ def worker_hand_back(*, worker_id: str, grace: float, poll: float = 0.1) -> int:
     pass publishes a resume, and the next worker resumes the same attempt with the same
     idempotency key (the runner adopts the run it already launched). The message the killed
     process held goes back to the queue (``task_reject_on_worker_lost``) and finds the execution
-    taken. Returns how many executions were handed back.
+    taken.
+
+    The leases are looked at until the pool has stopped, not only when the shutdown begins: a
+    pool process may claim a run after it (a message it had been handed as the shutdown began, or
+    the next runs of a message of several), and that run must be bounded by the grace too. A look
+    at the start alone found nothing held, returned, and let such a run keep its lease on the
+    stopping worker for as long as it lasted (the stop with it). Returns how many executions were
+    handed back.
     """
-    deadline = time.monotonic() + grace
-    owners = _held_by_pool(worker_id)
-    while owners and time.monotonic() < deadline:
-        time.sleep(poll)
-        owners = _held_by_pool(worker_id)
+    if stopped.wait(grace):
+        return 0  # the pool stopped within the grace: every run ended on this worker
+    handed = 0
+    done: set[str] = set()  # owners stopped already (their rows keep the owner until handed back)
+    while True:
+        handed += _stop_holders(worker_id, grace, done)
+        if stopped.wait(poll):
+            return handed
+
+
+def _stop_holders(worker_id: str, grace: float, done: set[str]) -> int:
+    """Kill the pool processes of this node holding a lease now (but those in ``done``), end their
+    leases, and add them to ``done``."""
+    owners = [owner for owner in _held_by_pool(worker_id) if owner not in done]
     # Only prefork pool processes can be stopped apart from the node (threads and solo pools run
     # in the node itself, which then exits after its work, as Celery's warm shutdown does).
     pids = {pid for owner in owners if (pid := lease_owner_pid(owner)) is not None and pid != os.getpid()}
@@ -142,7 +159,9 @@ def worker_hand_back(*, worker_id: str, grace: float, poll: float = 0.1) -> int:
     stop_by = time.monotonic() + 5
     while any(_alive(pid) for pid in pids) and time.monotonic() < stop_by:
         time.sleep(0.02)
-    return transitions.executions_expire_leases(owners=[o for o in owners if lease_owner_pid(o) in pids])
+    stopped = [owner for owner in owners if lease_owner_pid(owner) in pids]
+    done.update(stopped)
+    return transitions.executions_expire_leases(owners=stopped)
 
 
 def worker_stopped(*, worker_id: str) -> None:
@@ -184,7 +203,10 @@ class HeartbeatStep(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
         self._shutting_down = threading.Event()
+        #: Set once Celery has stopped the worker, its pool included: no run can start any more.
+        self._pool_stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hand_back: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
         self.worker_id = node_id()
@@ -198,18 +220,31 @@ class HeartbeatStep(bootsteps.StartStopStep):
         # SIGTERM (a warm shutdown): Celery stops consuming and waits for the running tasks; this
         # thread bounds that wait for long runs by handing them back (worker_hand_back).
         worker_shutting_down.connect(self._on_shutting_down, weak=False)
-        # Not a daemon: the process waits for the hand-back to be written before it exits.
-        threading.Thread(target=self._hand_back_on_shutdown, args=(conf,), name="tms-shutdown").start()
+        worker_shutdown.connect(self._on_pool_stopped, weak=False)
+        # A daemon, which _on_pool_stopped waits for: a cold shutdown (no worker_shutdown signal)
+        # must not be kept alive by it.
+        self._hand_back = threading.Thread(
+            target=self._hand_back_on_shutdown, args=(conf,), name="tms-shutdown", daemon=True
+        )
+        self._hand_back.start()
         logger.info("worker %s registered; heartbeat every %ss", self.worker_id, conf.HEARTBEAT_INTERVAL)
 
     def _on_shutting_down(self, **kwargs: Any) -> None:
         # Runs inside the signal handler: only wake the thread.
         self._shutting_down.set()
 
+    def _on_pool_stopped(self, **kwargs: Any) -> None:
+        # Celery has stopped the worker (sent once its pool has stopped): the hand-back ends; the
+        # process waits for a hand-back being written before it exits.
+        self._shutting_down.set()
+        self._pool_stopped.set()
+        if self._hand_back is not None:
+            self._hand_back.join(timeout=8)
+
     def _hand_back_on_shutdown(self, conf: Any) -> None:
         self._shutting_down.wait()
         try:
-            handed = worker_hand_back(worker_id=self.worker_id, grace=conf.SHUTDOWN_GRACE)
+            handed = worker_hand_back(worker_id=self.worker_id, grace=conf.SHUTDOWN_GRACE, stopped=self._pool_stopped)
             if handed:
                 logger.warning("worker %s handed back %d execution(s) on shutdown", self.worker_id, handed)
         except DatabaseError:

@@ -48,8 +48,6 @@ SLOT_RECHECK_SECONDS = 30.0
 def clock() -> datetime:
     """The database clock now (``clock_timestamp()``, not the transaction's start): taken after
     the bucket locks, so every claim of a bucket sees a later time than the one before it."""
-    if connection.vendor != "postgresql":
-        return db_now()
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]

@@ -24,11 +24,21 @@ from django.db import connection, transaction
 from executions import transitions
 from executions.models import SkippedOccurrence, SkipReason
 from executions.notify import notify_due
+from tasks_app.audit import audit_record_many
 from tasks_app.calendars import CalendarRules, calendar_place, lookahead
-from tasks_app.models import Calendar, CalendarPolicy, MisfirePolicy, Task, TaskStatus, claims_exclusive
+from tasks_app.models import (
+    AuditAction,
+    Calendar,
+    CalendarPolicy,
+    MisfirePolicy,
+    Task,
+    TaskStatus,
+    claims_exclusive,
+    status_for_cursor,
+)
 from tasks_app.schedules import MAX_WALK, Schedule, jitter_for
 from tms_core import metrics
-from tms_core.clock import db_now
+from tms_core.clock import db_now, local_words
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -68,6 +78,8 @@ class DueTask(NamedTuple):
     calendar_policy: str = ""
     #: Its version (``Task.version``), which its executions record.
     version: int = 1
+    #: Whether it follows other tasks: then the end of its own schedule does not complete it.
+    has_after: bool = False
 
 
 _DUE_COLUMNS = ("id", *DueTask._fields[1:])
@@ -268,11 +280,13 @@ def _apply_calendar(task: Plannable, plan: Plan, rules: CalendarRules, *, now: d
             and row.scheduled_for >= now - task.misfire_grace  # a catch-up the misfire policy kept runs
         ):
             detail = (
-                f"{place.reason} ({where}); {policy} {place.run_at.isoformat()} had already passed when it was planned"
+                f"{place.reason} ({where}); {policy} {local_words(place.run_at, task.timezone)} had already passed "
+                "when it was planned"
             )
             skipped.append(_calendar_skip(task, row.scheduled_for, SkipReason.HOLIDAY, detail))
         else:
-            detail = f"moved to {place.run_at.isoformat()} ({policy}): {place.reason} ({where})"
+            # Calendar notes are read on pages that show local time: the task's, to the second.
+            detail = f"moved to {local_words(place.run_at, task.timezone)} ({policy}): {place.reason} ({where})"
             moved.append((_moved_row(task, row, place.run_at), detail))
     taken = {row.scheduled_for for row in kept}
     for row, detail in moved:
@@ -431,6 +445,9 @@ class _Batch:
         self.cursor_times: list[str] = []
         self.cursor_runs: list[str] = []
         self.cursor_status: list[str] = []
+        #: The tasks this batch completes (every task a pass plans is ACTIVE), with their owners:
+        #: a change of a task's status is in its audit log, the system's as much as a user's.
+        self.completed: list[tuple[str, int]] = []
         self.skipped: list[SkippedOccurrence] = []
         #: Executions a business calendar moved: few, inserted with their ``moved_from``.
         self.moved: list[transitions.NewExecution] = []
@@ -445,7 +462,8 @@ class _Batch:
         return text
 
     def add(self, task: Plannable, times: Sequence[datetime], nxt: datetime | None, runs: int) -> None:
-        """Add ``task``'s executions at ``times`` and its cursor (``nxt``; None completes it)."""
+        """Add ``task``'s executions at ``times`` and its cursor (``nxt``; None completes it,
+        unless it follows other tasks: :func:`~tasks_app.models.status_for_cursor`)."""
         pk = str(task.pk)
         if times:
             iso = self.iso
@@ -472,7 +490,10 @@ class _Batch:
         self.cursor_ids.append(pk)
         self.cursor_times.append("NULL" if nxt is None else self.iso(nxt))
         self.cursor_runs.append(str(runs))
-        self.cursor_status.append(TaskStatus.ACTIVE if nxt is not None else TaskStatus.COMPLETED)
+        status = status_for_cursor(next_run_at=nxt, has_after=task.has_after)
+        self.cursor_status.append(status)
+        if status == TaskStatus.COMPLETED:
+            self.completed.append((pk, task.owner_id))
 
     def add_plan(self, task: Plannable, plan: Plan) -> None:
         times = [row.scheduled_for for row in plan.rows if row.moved_from is None]
@@ -487,8 +508,6 @@ class _Batch:
     def _insert(self) -> list[int]:
         if not self.task_ids:
             return []
-        if connection.vendor != "postgresql":
-            return transitions.executions_create(rows=self._rows(), actor=ACTOR)
         return transitions.executions_create_arrays(
             task_ids=_array(self.task_ids),
             scheduled_for=_array(self.times),
@@ -501,33 +520,25 @@ class _Batch:
             actor=ACTOR,
         )
 
-    def _rows(self) -> list[transitions.NewExecution]:
-        return [
-            transitions.NewExecution(
-                task_id=uuid.UUID(pk),
-                scheduled_for=datetime.fromisoformat(when),
-                priority=int(priority),
-                due_at=None if due == when else datetime.fromisoformat(due),
-                exclusive=exclusive == "t",
-            )
-            for pk, when, due, priority, exclusive in zip(
-                self.task_ids, self.times, self.dues, self.priorities, self.exclusive, strict=True
-            )
-        ]
+    def audit_completed(self) -> None:
+        """Record in the audit log each task this batch completes (one INSERT, none if none)."""
+        audit_record_many(
+            [
+                {
+                    "action": AuditAction.MATERIALISE,
+                    "object_type": "task",
+                    "object_id": pk,
+                    "owner": owner,
+                    "task_id": pk,
+                    "changes": {"status": {"from": TaskStatus.ACTIVE, "to": TaskStatus.COMPLETED}},
+                    "detail": "completed: its schedule has no further occurrence",
+                }
+                for pk, owner in self.completed
+            ]
+        )
 
     def move_cursors(self) -> None:
         """Write each task's cursor, run count and status, and end any pause, in one statement."""
-        if connection.vendor != "postgresql":
-            for pk, when, runs, status in zip(
-                self.cursor_ids, self.cursor_times, self.cursor_runs, self.cursor_status, strict=True
-            ):
-                Task.objects.filter(pk=pk).update(
-                    next_run_at=None if when == "NULL" else datetime.fromisoformat(when),
-                    runs_materialised=int(runs),
-                    status=status,
-                    paused_at=None,
-                )
-            return
         with connection.cursor() as cursor:
             # The rows to update were read by this batch's lock moments ago, so their pages are in
             # shared buffers. At the default random_page_cost (4, a disk read per probe) the
@@ -617,6 +628,7 @@ def _apply(tasks: Sequence[Plannable], *, now: datetime, until: datetime) -> lis
     ids = batch.insert()
     skipped_record(batch.skipped)
     batch.move_cursors()
+    batch.audit_completed()
     if ids:
         notify_due()
     return ids
@@ -646,9 +658,8 @@ def _commit_without_waiting_for_disk() -> None:
     only after its own (synchronous) commit, and flushing that commit's WAL flushes this
     batch's, which precedes it.
     """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
 
 
 def _batch(*, now: datetime, until: datetime, size: int) -> tuple[int, bool]:
@@ -663,14 +674,6 @@ def _batch(*, now: datetime, until: datetime, size: int) -> tuple[int, bool]:
 
 def _lock_due(*, until: datetime, size: int) -> list[DueTask]:
     """Lock up to ``size`` due tasks no other pass holds, earliest cursor first."""
-    if connection.vendor != "postgresql":
-        return [
-            DueTask._make(row)
-            for row in Task.objects.select_for_update(skip_locked=True)
-            .filter(status=TaskStatus.ACTIVE, next_run_at__isnull=False, next_run_at__lte=until)
-            .order_by("next_run_at")
-            .values_list(*_DUE_COLUMNS)[:size]
-        ]
     # The ORM's values_list costs more per row than the planning; the id is read as text, as it
     # is written back.
     with connection.cursor() as cursor:
@@ -708,7 +711,7 @@ def materialise_due(*, horizon: float | None = None, batch: int | None = None, t
     The first batch runs here. If it was full (a backlog: a cold start, a long outage), the rest
     is drained by ``threads`` threads with a connection each (``MATERIALISE_THREADS``): their
     batches never meet (SKIP LOCKED), and one plans in Python while another waits on the
-    database. Inside a caller's transaction, and on SQLite, the pass stays on one connection.
+    database. Inside a caller's transaction the pass stays on one connection.
     """
     started = time.perf_counter()
     try:
@@ -728,8 +731,8 @@ def _materialise_due(*, horizon: float | None, batch: int | None, threads: int |
     now = db_now()
     until = now + timedelta(seconds=horizon)
     created, full = _batch(now=now, until=until, size=size)
-    # Threads need row locks to share the work (SKIP LOCKED): PostgreSQL only, not SQLite.
-    parallel = threads > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block
+    # Threads share the work through row locks (SKIP LOCKED), each on a connection of its own.
+    parallel = threads > 1 and not connection.in_atomic_block
     if full and parallel:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="materialise") as pool:
             drains = [pool.submit(_drain_in_thread, now=now, until=until, size=size) for _ in range(threads)]

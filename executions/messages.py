@@ -13,6 +13,7 @@ from django.utils import timezone
 from kombu import Producer
 
 from executions import transitions
+from tms_core.conf import tms_settings
 
 #: Sends one taken row as a message of a Celery task through a producer; raises a broker error
 #: if it could not be sent (confirmed).
@@ -27,7 +28,11 @@ def eta_of(items: list[transitions.Dispatch]) -> datetime | None:
     """The ETA of a message holding ``items``: the latest due time among them when it is still to
     come (a run taken within the monitor's lookahead), else None (start at once). The worker
     holds a message with an ETA until then; its claim is made on time, and PostgreSQL, not the
-    message, still says whether the run may start."""
+    message, still says whether the run may start. None always on quorum queues
+    (TMS_QUEUE_TYPE): a worker consuming one has no global QoS, and Celery's holding of an ETA
+    message is unsafe there (it warns per message); the monitor takes no run early there."""
+    if tms_settings().QUEUE_TYPE == "quorum":
+        return None
     due = max((item.due_at for item in items if item.due_at is not None), default=None)
     return due if due is not None and due > timezone.now() else None
 

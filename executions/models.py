@@ -181,6 +181,10 @@ class Execution(models.Model):
             ),
         ]
         indexes = [
+            # The runs of one workflow run (the execution list's ?workflow_run=): steps only.
+            models.Index(
+                fields=["workflow_run"], condition=Q(workflow_run__isnull=False), name="execution_workflow_run_idx"
+            ),
             # The monitor's due query: only SCHEDULED rows, by due time.
             models.Index(fields=["due_at"], condition=Q(status="SCHEDULED"), name="execution_due_idx"),
             models.Index(fields=["enqueued_at"], condition=Q(status="PENDING"), name="execution_pending_idx"),
@@ -340,6 +344,11 @@ DURATION_COLUMNS = tuple(f"duration_{i:02d}" for i in range(BUCKETS))
 #: Outcome columns of :class:`RunRollup`: the three terminal statuses, and attempts that failed
 #: and were scheduled again (RUNNING -> SCHEDULED).
 OUTCOME_COLUMNS = {"SUCCEEDED": "succeeded", "FAILED": "failed", "CANCELLED": "cancelled", "RETRIED": "retried"}
+#: The extremes kept beside each histogram of :class:`RunRollup` (seconds; NULL when the row's
+#: histogram is empty): the smallest of a row's values in each ``*_min``, the largest in each
+#: ``*_max``. A percentile read off the buckets is clamped to them (executions.histogram.percentile).
+MIN_COLUMNS = ("lateness_min", "duration_min")
+MAX_COLUMNS = ("lateness_max", "duration_max")
 
 
 class RunRollup(models.Model):
@@ -356,7 +365,9 @@ class RunRollup(models.Model):
     * lateness: ``started_at - due_at`` of the attempt (how long after it was due a worker
       started it: jitter and retry backoff are part of ``due_at``, not lateness);
     * duration: end - ``started_at`` (a run resumed after its worker died includes the gap);
-    * an execution cancelled before it started counts as cancelled, in neither histogram.
+    * an execution cancelled before it started counts as cancelled, in neither histogram;
+    * ``lateness_min``/``lateness_max``, ``duration_min``/``duration_max``: the extremes of the
+      values counted in each histogram (NULL for none), which bound its percentiles.
     """
 
     minute = models.DateTimeField()
@@ -384,6 +395,8 @@ class RunRollup(models.Model):
 
 for _column in (*LATENESS_COLUMNS, *DURATION_COLUMNS):
     RunRollup.add_to_class(_column, models.PositiveIntegerField(default=0, db_default=0))
+for _column in (*MIN_COLUMNS, *MAX_COLUMNS):
+    RunRollup.add_to_class(_column, models.FloatField(null=True, blank=True))
 
 
 class RollupEpoch(models.Model):

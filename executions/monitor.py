@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp.exceptions import AMQPError, ChannelError
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from kombu import Producer
 from kombu.exceptions import KombuError
@@ -40,10 +41,43 @@ from executions.publishing import Confirms, confirmed_batches
 from tms_core import metrics
 from tms_core.conf import TmsSettings, tms_settings
 from tms_core.logcontext import log_context
+from tms_core.queue_type import queue_type_mismatch
 
 logger = logging.getLogger(__name__)
 
-_BROKER_ERRORS = (KombuError, KombuOperationalError, ConnectionError, OSError, TimeoutError)
+#: What a pass takes for the broker failing, not the monitor: the batch in hand goes back to
+#: SCHEDULED and the loop retries. AMQP's own errors are among them: a channel error (404
+#: NOT_FOUND for a queue whose home node of a cluster is down, 406 for a refused declare) and a
+#: connection closed by the broker (ConnectionForced: a node stopping) are not OSErrors, and
+#: ended the monitor with its batch PENDING and no message (issue 45).
+_BROKER_ERRORS = (KombuError, KombuOperationalError, ConnectionError, OSError, TimeoutError, AMQPError)
+
+#: The longest wait between passes that failed on a channel error: the broker answers, the queue
+#: is what is missing (its home node is down), and a declare to see whether it is back costs one
+#: round trip. Runs resume within this long of the node's return, not the 30 s backoff's.
+CHANNEL_ERROR_RETRY_MAX = 2.0
+
+#: The waits before the retries of a pass that failed on the database, then the longest one. A
+#: PostgreSQL failover (Patroni promoting the standby, libpq's multi-host URL finding it) takes 2-4
+#: s; the 1, 2 and 4 s backoff of the broker errors added about 3 s to the resume time after it.
+#: A connection attempt to a server that is down (refused, or a standby refused by
+#: ``target_session_attrs=read-write``) costs a few milliseconds, so the first retry is at once
+#: and the next ones at most a second apart, however long the database is away.
+DATABASE_ERROR_RETRY = (0.0, 0.1, 0.25, 0.5)
+DATABASE_ERROR_RETRY_MAX = 1.0
+
+#: A PENDING row still PENDING this many seconds (plus three broker heartbeats) after a look found
+#: the execution queue without a ready message, and PENDING since before that look, has no
+#: message: a message in the queue would have been counted, and one delivered to a worker would
+#: have been claimed since. A live worker holds a message unclaimed only for its ETA (within the
+#: lookahead) or about a second of a grouped message's wait (prefetch 1); a paused or dead one
+#: until RabbitMQ closes its connection, three heartbeats at most (settings: 15 s), and the
+#: message then goes back to the queue. Such rows are published again at once, not after
+#: PENDING_REPUBLISH_AFTER, and the pacer never holds the queue back for them for long. They come
+#: from a monitor killed between its commit and its publish, and from messages a cluster confirmed
+#: into a queue whose home node was down. A false positive costs a duplicate message, which the
+#: worker's conditional claim refuses.
+UNCARRIED_AFTER = 5.0
 
 #: Seconds between the monitor's ``close_old_connections`` (``CONN_MAX_AGE``, and with
 #: ``CONN_HEALTH_CHECKS`` a ``SELECT 1`` on the next query). Not every pass: a pass whose statement
@@ -140,8 +174,9 @@ class Monitor:
         self.conf = conf or tms_settings()
         self.batch = batch or self.conf.MONITOR_BATCH
         #: Runs due within this many seconds are taken and published now, with their due time as
-        #: the message's ETA (TMS_MONITOR_LOOKAHEAD).
-        self.ahead = self.conf.MONITOR_LOOKAHEAD
+        #: the message's ETA (TMS_MONITOR_LOOKAHEAD; 0 on quorum queues, whose consumers cannot
+        #: hold an ETA message: TMS_QUEUE_TYPE).
+        self.ahead = self.conf.lookahead
         #: A pass takes every run due within the lookahead, but the loop wakes for the next one
         #: only once it is due within half of it: at a steady rate each pass then takes half a
         #: lookahead's runs, still each ahead of its time, where waking at the lookahead's edge
@@ -157,6 +192,9 @@ class Monitor:
         self.pacer = fairness.Pacer(self.conf) if self.conf.MONITOR_QUEUE_SECONDS > 0 else None
         self.stats = MonitorStats()
         self.backlog = Backlog()
+        #: When (monotonic) housekeeping looks found the execution queue without a ready message,
+        #: oldest first, for :meth:`_uncarried_for`; emptied when a look gets no answer.
+        self._empty_looks: deque[float] = deque()
         #: The last pass published due runs or held some back: the next one goes straight to its
         #: takes (the outlook would only say that work is there; a herd's top-ups come ten a
         #: second). Polls and republished runs do not count: they seldom come in a run.
@@ -170,6 +208,9 @@ class Monitor:
         from executions.tasks import poll_execution, run_execution, run_executions
 
         self._run_task = run_execution
+        #: Seconds a look that found the queue empty must age before rows PENDING since are taken as
+        #: carried by no message (UNCARRIED_AFTER, beyond the broker heartbeat's bound).
+        self.uncarried_after = UNCARRIED_AFTER + 3 * float(run_execution.app.conf.broker_heartbeat or 0)
         self._runs_task = run_executions
         self._poll_task = poll_execution
 
@@ -258,9 +299,28 @@ class Monitor:
             # Take nothing while the broker is unreachable: it would only have to be undone.
             pooled.connection.ensure_connection(max_retries=1)
             with confirmed_batches(pooled) as (producer, confirms):
+                self._declare_queue(producer)
                 sent, next_due = self._dispatch(producer, confirms, housekeeping=housekeeping)
         self._busy = self.stats.published > published or self.stats.held_back > held_back
         return sent, next_due
+
+    def _declare_queue(self, producer: Producer) -> None:
+        """Declare the execution queue (as Celery does, with its arguments) before taking
+        anything, on the pass's channel. Celery declares it once per connection; on a cluster
+        whose node holding the queue went down while this connection (to another node) lived on,
+        publishes were then confirmed and dropped. The declare is refused instead (404: its home
+        node is down) and the pass takes nothing: the runs stay SCHEDULED until the queue is back."""
+        app = self._run_task.app
+        queue = app.amqp.queues[app.conf.task_default_queue]
+        try:
+            queue(producer.channel).queue_declare()
+        except ChannelError as exc:
+            # A queue declared with another type (TMS_QUEUE_TYPE changed under an existing queue)
+            # is refused for good: stop with what to do, not a retry every 2 s for ever.
+            mismatch = queue_type_mismatch(exc, self.conf.QUEUE_TYPE)
+            if mismatch is not None:
+                raise mismatch from exc
+            raise
 
     def _dispatch(self, producer: Producer, confirms: Confirms, *, housekeeping: bool) -> tuple[int, float | None]:
         sent, next_due = 0, None
@@ -306,11 +366,11 @@ class Monitor:
                 break
         if housekeeping and not self._stop_requested:
             self._observe_queue(producer)
-            stale = transitions.executions_take_stale_pending(
-                limit=self.batch,
-                older_than=round(self.backlog.republish_after(self.conf.PENDING_REPUBLISH_AFTER)),
-                actor=self.actor,
-            )
+            older_than = float(round(self.backlog.republish_after(self.conf.PENDING_REPUBLISH_AFTER)))
+            uncarried = self._uncarried_for()
+            if uncarried is not None and uncarried < older_than:
+                older_than = round(uncarried, 1)
+            stale = transitions.executions_take_stale_pending(limit=self.batch, older_than=older_than, actor=self.actor)
             self._publish(stale, self._run_task, producer, confirms)
             polls = transitions.executions_take_polls(
                 limit=self.batch, in_flight_for=self.conf.PENDING_REPUBLISH_AFTER, actor=self.actor
@@ -339,9 +399,26 @@ class Monitor:
         except Exception as exc:  # noqa: BLE001 - a hint only: a missing queue, a closed channel
             logger.debug("queue depth of %s unknown (%s)", queue, exc)
             self.backlog = Backlog()
+            self._empty_looks.clear()
             return
+        now = time.monotonic()
+        if depth == 0:
+            self._empty_looks.append(now)
         # The queue counts messages, so the drain rate is in messages too.
         self.backlog.observe(depth=depth, published=self.stats.messages, now=time.monotonic())
+
+    def _uncarried_for(self) -> float | None:
+        """Seconds since the latest look that found the queue without a ready message and is at
+        least :attr:`uncarried_after` old (None: no such look). PENDING rows enqueued before it and
+        still PENDING have no message (:data:`UNCARRIED_AFTER`)."""
+        now = time.monotonic()
+        found = None
+        while self._empty_looks and now - self._empty_looks[0] >= self.uncarried_after:
+            found = self._empty_looks.popleft()
+        if found is None:
+            return None
+        self._empty_looks.appendleft(found)  # still the latest such look until a later one ages
+        return now - found
 
     def _time_due_query(
         self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
@@ -378,6 +455,14 @@ class Monitor:
                 failures += 1
                 self.stats.errors += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                if isinstance(exc, ChannelError):
+                    delay = min(delay, CHANNEL_ERROR_RETRY_MAX)
+                elif isinstance(exc, DatabaseError):
+                    delay = (
+                        DATABASE_ERROR_RETRY[failures - 1]
+                        if failures <= len(DATABASE_ERROR_RETRY)
+                        else DATABASE_ERROR_RETRY_MAX
+                    )
                 logger.warning("monitor pass failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
                 connection.close()
                 self._sleep(delay)

@@ -9,55 +9,69 @@ import time
 
 import psycopg2
 import psycopg2.extensions
-from django.db import connection, connections
+from django.db import connections
 
+from tms_core.conf import tms_settings
 from tms_core.together import execute_soon
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "tms_due"
 
+#: The waits before connecting the LISTEN connection again after a failed attempt, then the
+#: longest one: a PostgreSQL failover takes 2-4 s, and a refused connection costs milliseconds.
+RECONNECT_DELAYS = (0.1, 0.25, 0.5)
+RECONNECT_DELAY_MAX = 1.0
+
 
 def notify_due() -> None:
     """Tell the monitors that new work may be due. Delivered when the current transaction commits
     (so inside :func:`tms_core.together.sent_together` it may go with the next statement)."""
-    if connection.vendor == "postgresql":
-        execute_soon(f"NOTIFY {CHANNEL}")
+    execute_soon(f"NOTIFY {CHANNEL}")
 
 
 class DueListener:
     """A dedicated autocommit connection that LISTENs for :data:`CHANNEL`.
 
-    On a backend without LISTEN (SQLite) :meth:`wait` simply sleeps for the timeout.
+    It connects to ``TMS_LISTEN_DATABASE_URL`` when set (PostgreSQL itself, past a pooler: a
+    LISTEN sent through PgBouncer in transaction pooling mode stays on the server connection that
+    ran it, and this client would hear nothing), else with the default database's settings.
     """
 
     def __init__(self, alias: str = "default") -> None:
         self.alias = alias
         self._conn: psycopg2.extensions.connection | None = None
-
-    @property
-    def supported(self) -> bool:
-        return connections[self.alias].vendor == "postgresql"
+        #: Its connection was lost and is not made again yet: what it missed is not known.
+        self._lost = False
 
     def _connect(self) -> psycopg2.extensions.connection:
         params = connections[self.alias].get_connection_params()
-        conn = psycopg2.connect(**params)
+        direct = tms_settings().LISTEN_DATABASE_URL
+        if direct:
+            conn = psycopg2.connect(direct, connect_timeout=params.get("connect_timeout", 5))
+        else:
+            conn = psycopg2.connect(**params)
         conn.set_isolation_level(psycopg2.extensions.ISOLATION_LEVEL_AUTOCOMMIT)
         with conn.cursor() as cursor:
             cursor.execute(f"LISTEN {CHANNEL}")
         return conn
 
     def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds; True if a notification arrived."""
+        """Block up to ``timeout`` seconds; True if a notification arrived, or if the LISTEN
+        connection was lost and is made again (a notification sent meanwhile went to nobody: the
+        caller looks at once)."""
         if timeout <= 0:
             return False
-        if not self.supported:
-            time.sleep(timeout)
-            return False
+        deadline = time.monotonic() + timeout
+        if self._conn is None or self._conn.closed:
+            if not self._reconnect(deadline):
+                return False
+            if self._lost:
+                self._lost = False
+                return True
+        assert self._conn is not None
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._connect()
-            ready, _, _ = select.select([self._conn], [], [], timeout)
+            ready, _, _ = select.select([self._conn], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 return False
             self._conn.poll()
@@ -65,10 +79,36 @@ class DueListener:
             self._conn.notifies.clear()
             return heard
         except psycopg2.Error as exc:
-            logger.warning("LISTEN connection failed (%s); sleeping instead", exc)
+            # Its backend ended (a failover, a restart, a terminated session): connect again at
+            # once, not after the rest of the sleep (up to TMS_MONITOR_MAX_SLEEP).
+            logger.warning("LISTEN connection lost (%s); connecting again", exc)
             self.close()
-            time.sleep(timeout)
+            self._lost = True
+            if self._reconnect(deadline):
+                self._lost = False
+                logger.info("LISTEN connection made again")
+                return True
             return False
+
+    def _reconnect(self, deadline: float) -> bool:
+        """Connect and LISTEN, retrying after :data:`RECONNECT_DELAYS` (then every
+        :data:`RECONNECT_DELAY_MAX` s) until ``deadline``; whether it is connected."""
+        failures = 0
+        while True:
+            try:
+                self._conn = self._connect()
+                return True
+            except psycopg2.Error as exc:
+                self.close()
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                delay = delay if failures < len(RECONNECT_DELAYS) else RECONNECT_DELAY_MAX
+                failures += 1
+                left = deadline - time.monotonic()
+                if left <= delay:
+                    logger.warning("LISTEN connection failed (%s); sleeping instead", exc)
+                    time.sleep(max(0.0, left))
+                    return False
+                time.sleep(delay)
 
     def close(self) -> None:
         if self._conn is not None:

@@ -22,12 +22,13 @@ from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
+from tasks_app.masking import ENV_NAMES, environment_changes
 from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
 from tasks_app.quotas import quota_charge_executions_of
 from tasks_app.run_config import config_override, input_check
 from tasks_app.run_input import check_input
-from tasks_app.secrets import config_masked
-from tasks_app.teams import require, scope_to_teams
+from tasks_app.secrets import config_masked, config_open
+from tasks_app.teams import require, require_config_change, scope_to_teams
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 #: The most executions one replay request may run again.
@@ -61,13 +62,17 @@ def replay_select(
     statuses: Sequence[str],
     since: datetime | None,
     until: datetime | None,
+    changes_config: bool = False,
 ) -> list[int]:
     """The ids of the finished executions of ``task_ids`` with one of ``statuses``, that
     finished at or after ``since`` and before ``until``, oldest end first. Raises
     :class:`GoneError` (404) for a task ``user`` does not see (not one of their teams'),
     PermissionDenied (403) for one of a team where they are less than an operator, :class:`InvalidInput` on
     ``status`` for a status that is not a finished one, on ``until`` when it is not after
-    ``since``, and when more than :data:`MAX_REPLAY` match (nothing is replayed then)."""
+    ``since``, and when more than :data:`MAX_REPLAY` match (nothing is replayed then).
+    ``changes_config``: the replay gives the runs a ``config``, which needs the editor role in
+    each task's team (:func:`tasks_app.teams.require_config_change`; 403 naming it), whether or
+    not the selection matches anything."""
     if not task_ids:
         raise InvalidInput.on("task", "Name the task (or tasks) whose executions to replay.")
     if len(set(task_ids)) > MAX_REPLAY_TASKS:
@@ -79,6 +84,8 @@ def replay_select(
         raise GoneError(f"No task {missing[0]} (of yours).")
     for team_id in sorted(set(teams.values())):
         require(user, team_id, TeamRole.OPERATOR, "executions.change_execution", what="these executions")
+        if changes_config:
+            require_config_change(user, team_id, what="these runs")
     unfinished = sorted(set(statuses) - TERMINAL_STATUSES)
     if unfinished:
         raise InvalidInput.on(
@@ -105,6 +112,7 @@ def replay_select(
 
 def executions_replay_by_user(
     *,
+    user: Any,
     owner_id: int,
     execution_ids: Sequence[int],
     actor: str,
@@ -131,7 +139,12 @@ def executions_replay_by_user(
     names the count and the selection.
 
     ``visible`` is where the executions are looked for (the caller's teams', from
-    :func:`replay_select`'s checks); by default the owner's own."""
+    :func:`replay_select`'s checks); by default the owner's own.
+
+    Running them again is an operator's act (the caller's checks, :func:`replay_select`); a
+    ``config`` changes what they do, an editor's act: PermissionDenied (403) naming the role unless
+    ``user`` is an editor in every team of the selection (:func:`tasks_app.teams.require_config_change`),
+    checked before the config is, and nothing is replayed."""
     if run_input is not None:
         check_input(run_input, None)  # its shape and size, whatever the selection holds
     if config is not None and not isinstance(config, dict):
@@ -155,6 +168,9 @@ def executions_replay_by_user(
                 "non_field_errors", f"Execution {row.pk} is {row.status}: only finished executions are replayed."
             )
     tasks = Task.objects.in_bulk({row.task_id for row in rows})
+    if config is not None:
+        for team_id in sorted({task.team_id for task in tasks.values()}):
+            require_config_change(user, team_id, what="these runs")
     for task in tasks.values():
         if task.status == TaskStatus.DELETED:
             raise InvalidInput.on("task", f"Task {task.pk} is deleted: its executions are not run again.")
@@ -196,6 +212,14 @@ def executions_replay_by_user(
             changes["input"] = "replaced"
         if config is not None:
             changes["config"] = {str(task_id): config_masked("", sealed) for task_id, sealed in overrides.items()}
+            # The override's environment values read masked: name the variables it sets.
+            env_names = {
+                str(task_id): names
+                for task_id, sealed in overrides.items()
+                if (names := environment_changes(config_open(tasks[task_id].config), config_open(sealed)))
+            }
+            if env_names:
+                changes[ENV_NAMES] = env_names
         only_task = next(iter(tasks)) if len(tasks) == 1 else None
         audit_record(
             action=AuditAction.REPLAY,
@@ -208,3 +232,30 @@ def executions_replay_by_user(
         )
     notify_due()
     return ReplayReport(dry_run=False, replayed=order, created=new_ids, dropped_secrets=dropped)
+
+
+def executions_replay_picked(
+    *, user: Any, execution_ids: Sequence[int], actor: str, run_input: dict[str, Any] | None = None
+) -> ReplayReport:
+    """Replay the executions ``user`` picked by id (the back office's execution page and list):
+    the operator role in each of their tasks' teams, as :func:`replay_select` asks of a
+    selection (PermissionDenied naming it, nothing replayed), then
+    :func:`executions_replay_by_user` among the executions ``user`` sees (another team's id is
+    "no execution"). ``run_input`` only: a config is an editor's change and is never given here."""
+    ids = list(dict.fromkeys(execution_ids))
+    if not ids:
+        raise InvalidInput.on("executions", "Select the executions to replay.")
+    if len(ids) > MAX_REPLAY:
+        raise InvalidInput.on("executions", f"At most {MAX_REPLAY} executions a replay; {len(ids)} selected.")
+    visible = scope_to_teams(Execution.objects.all(), user)
+    for team_id in sorted(set(visible.filter(pk__in=ids).values_list("team_id", flat=True))):
+        require(user, team_id, TeamRole.OPERATOR, "executions.change_execution", what="these executions")
+    return executions_replay_by_user(
+        user=user,
+        owner_id=user.pk,
+        execution_ids=ids,
+        actor=actor,
+        run_input=run_input,
+        selection={"executions": ids},
+        visible=visible,
+    )

@@ -25,6 +25,7 @@ counts of runs that were pruned stay as they were.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg2
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import connection, transaction
@@ -51,7 +53,7 @@ ARCHIVE_STORAGE = "tms_archive"
 ARCHIVE_FOLDER = "executions"
 #: Tasks whose candidates are ranked in one query.
 TASK_CHUNK = 500
-#: Session-level advisory lock held by a pruning run, so two runs never race over one batch.
+#: Advisory lock a pruning run holds (:func:`_pruning_lock`), so two runs never race over one batch.
 ADVISORY_KEY = 0x746D735F7072756E  # "tms_prun"
 FINAL_STATUSES = (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
 
@@ -258,15 +260,28 @@ def archive_remove_orphans() -> int:
     return removed
 
 
-def _try_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_KEY])
-        return bool(cursor.fetchone()[0])
+@contextlib.contextmanager
+def _pruning_lock() -> Iterator[bool]:
+    """Try to take the pruning lock for the whole run; yield whether it was taken.
 
-
-def _unlock() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_KEY])
+    The lock spans many transactions (each batch commits), yet it is a transaction-level lock,
+    held by a transaction of a connection of its own that stays open until the run ends: behind
+    PgBouncer in transaction pooling mode a session-level lock would be taken on one server
+    connection and released (or not) on another, and stay behind on the first for whoever gets
+    it next. An open transaction keeps its server connection, and its end (commit, rollback,
+    the client gone) always releases the lock. It is idle in a READ COMMITTED transaction with
+    no statement running, so it holds no snapshot back from VACUUM.
+    """
+    holder = psycopg2.connect(**connection.get_connection_params())
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_KEY])
+            taken = bool(cursor.fetchone()[0])
+        yield taken
+    finally:
+        with contextlib.suppress(psycopg2.Error):
+            holder.rollback()
+        holder.close()
 
 
 def retention_prune(
@@ -284,46 +299,72 @@ def retention_prune(
     ``before`` narrows the run to executions that ended before it; ``task_id`` to one task;
     ``batch`` overrides ``TMS_RETENTION_BATCH``; ``dry_run`` only counts what would go.
     ``max_seconds`` stops between batches once that long has passed (beat's runs stay short;
-    the next run goes on where this one stopped). PostgreSQL only.
+    the next run goes on where this one stopped).
     """
-    if connection.vendor != "postgresql":
-        raise NotImplementedError("pruning runs on PostgreSQL")
     size = batch or tms_settings().RETENTION_BATCH
     now = now or db_now()
     report = PruneReport(dry_run=dry_run)
     started = time.monotonic()
-    if not dry_run and not _try_lock():
-        report.busy = True
-        return report
-    try:
-        if not dry_run:
+    if dry_run:
+        try:
+            return _prune(report, size=size, now=now, before=before, task_id=task_id, dry_run=True)
+        finally:
+            report.seconds = time.monotonic() - started
+    with _pruning_lock() as taken:
+        if not taken:
+            report.busy = True
+            return report
+        try:
             report.orphans_removed = archive_remove_orphans()
-        pending: list[tuple[int, uuid.UUID]] = []
-        owners: dict[uuid.UUID, int] = {}
-        for rows in prune_candidates(now=now, before=before, task_id=task_id):
-            if dry_run:
-                for _, task in rows:
-                    report.per_task[task] = report.per_task.get(task, 0) + 1
-                report.executions += len(rows)
-                continue
-            tasks = {task for _, task in rows} - owners.keys()
-            owners.update(Task.objects.filter(id__in=tasks).values_list("id", "owner_id"))
-            pending += rows
-            while len(pending) >= size:
-                _archive_batch([i for i, _ in pending[:size]], owners, report)
-                pending = pending[size:]
-                if progress is not None:
-                    progress(report)
-                if max_seconds is not None and time.monotonic() - started > max_seconds:
-                    report.stopped_early = True
-                    return report
-        if pending:
-            _archive_batch([i for i, _ in pending], owners, report)
-        return report
-    finally:
-        report.seconds = time.monotonic() - started
-        if not dry_run:
-            _unlock()
+            return _prune(
+                report,
+                size=size,
+                now=now,
+                before=before,
+                task_id=task_id,
+                max_seconds=max_seconds,
+                started=started,
+                progress=progress,
+            )
+        finally:
+            report.seconds = time.monotonic() - started
+
+
+def _prune(
+    report: PruneReport,
+    *,
+    size: int,
+    now: datetime,
+    before: datetime | None,
+    task_id: uuid.UUID | None,
+    dry_run: bool = False,
+    max_seconds: float | None = None,
+    started: float = 0.0,
+    progress: Callable[[PruneReport], None] | None = None,
+) -> PruneReport:
+    """:func:`retention_prune`'s batches, under its lock unless ``dry_run``."""
+    pending: list[tuple[int, uuid.UUID]] = []
+    owners: dict[uuid.UUID, int] = {}
+    for rows in prune_candidates(now=now, before=before, task_id=task_id):
+        if dry_run:
+            for _, task in rows:
+                report.per_task[task] = report.per_task.get(task, 0) + 1
+            report.executions += len(rows)
+            continue
+        tasks = {task for _, task in rows} - owners.keys()
+        owners.update(Task.objects.filter(id__in=tasks).values_list("id", "owner_id"))
+        pending += rows
+        while len(pending) >= size:
+            _archive_batch([i for i, _ in pending[:size]], owners, report)
+            pending = pending[size:]
+            if progress is not None:
+                progress(report)
+            if max_seconds is not None and time.monotonic() - started > max_seconds:
+                report.stopped_early = True
+                return report
+    if pending:
+        _archive_batch([i for i, _ in pending], owners, report)
+    return report
 
 
 def archive_read(entry: ArchiveIndex) -> Iterator[bytes]:

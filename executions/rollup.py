@@ -15,19 +15,20 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import caches
 from django.db import connection, transaction
 from django.db.models import QuerySet
-from django.utils.dateparse import parse_datetime
 
-from executions.histogram import BUCKETS, EDGES
+from executions.histogram import BUCKETS, EDGES, Extremes, widen
 from executions.models import (
     DURATION_COLUMNS,
     LATENESS_COLUMNS,
+    MAX_COLUMNS,
+    MIN_COLUMNS,
     OUTCOME_COLUMNS,
     ROLLUP_SHARDS,
     Execution,
@@ -35,12 +36,31 @@ from executions.models import (
     RunRollup,
     TaskRollup,
 )
+from executions.triggers import extreme
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 
 #: Every counter column of RunRollup, in a fixed order.
 COUNTER_COLUMNS: tuple[str, ...] = (*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS)
+#: Every column of RunRollup that rows are merged by: the counters (added), then the extremes
+#: (the smallest of the ``*_min``, the largest of the ``*_max``).
+MERGED_COLUMNS: tuple[str, ...] = (*COUNTER_COLUMNS, *MIN_COLUMNS, *MAX_COLUMNS)
+
+
+def _merged_aggregates() -> str:
+    """The aggregates of :data:`MERGED_COLUMNS` over rows merged into one, in that order."""
+    return ", ".join(
+        [f"SUM({c})" for c in COUNTER_COLUMNS] + [f"MIN({c})" for c in MIN_COLUMNS] + [f"MAX({c})" for c in MAX_COLUMNS]
+    )
+
+
+def _merged_set(table: str) -> str:
+    """An upsert's SET merging the new values of :data:`MERGED_COLUMNS` into ``table``'s row."""
+    added = [f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS]
+    widened = [f"{c} = {extreme('min', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MIN_COLUMNS]
+    widened += [f"{c} = {extreme('max', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MAX_COLUMNS]
+    return ", ".join(added + widened)
 
 
 def floor_minute(when: datetime) -> datetime:
@@ -70,9 +90,8 @@ class Teams:
         """The SQL test that ``column`` holds one of these teams, and its parameters."""
         if self.members is not None:
             members, params = self._sql(self.members)
-            # PostgreSQL: an array computed once before the scan (an InitPlan), as scope_to_teams.
-            test = f"= ANY(ARRAY({members}))" if connection.vendor == "postgresql" else f"IN ({members})"
-            return f"{column} {test}", params
+            # An array computed once before the scan (an InitPlan), as scope_to_teams.
+            return f"{column} = ANY(ARRAY({members}))", params
         if not self.ids:
             return "1 = 0", []
         return f"{column} IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
@@ -82,10 +101,7 @@ class Teams:
         """An expression giving the ids of the teams ``members_query`` names as text ('3,8'; NULL
         for none)."""
         members, params = cls._sql(members_query)
-        aggregate = (
-            "string_agg(m.team_id::text, ',')" if connection.vendor == "postgresql" else "group_concat(m.team_id, ',')"
-        )
-        return f"(SELECT {aggregate} FROM ({members}) m)", params  # noqa: S608 - compiled by Django
+        return f"(SELECT string_agg(m.team_id::text, ',') FROM ({members}) m)", params  # noqa: S608 - compiled by Django
 
 
 def _scope_key(teams: Teams | None) -> str:
@@ -101,20 +117,13 @@ def _scope_key(teams: Teams | None) -> str:
 class RollupSeries:
     """Rollup counters over a window, summed over teams and shards: per minute, the runs by
     outcome (in :data:`OUTCOME_COLUMNS` order) and the lateness histogram; per runner, the
-    duration histogram."""
+    duration histogram; and the extremes of each histogram's values (the smallest and largest
+    observed, (None, None) where no row of it kept them), which bound its percentiles."""
 
     by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]]
     duration_by_runner: dict[str, tuple[int, ...]]
-
-
-def _as_utc(value: datetime | str) -> datetime:
-    # PostgreSQL hands back aware datetimes; SQLite the text Django stored (UTC).
-    if isinstance(value, str):
-        parsed = parse_datetime(value)
-        if parsed is None:
-            raise ValueError(f"not a date-time: {value!r}")
-        value = parsed
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    lateness_extremes: dict[datetime, Extremes] = field(default_factory=dict)
+    duration_extremes: dict[str, Extremes] = field(default_factory=dict)
 
 
 def _series_sql(where: str) -> str:
@@ -125,13 +134,14 @@ def _series_sql(where: str) -> str:
     # Each grouping sums only the columns it is read for (outcomes and lateness by minute, duration
     # by runner): a GROUPING SETS over every column summed all of them twice, 45 sums per row and
     # set, most of the statement's CPU at a day of 1,000,000 runs.
-    per_minute = ", ".join(f"SUM({c})" for c in outcomes + lateness)
+    # The last two columns: the extremes of the histogram the row sums.
+    per_minute = ", ".join([f"SUM({c})" for c in outcomes + lateness] + ["MIN(lateness_min)", "MAX(lateness_max)"])
     per_runner = ", ".join(f"SUM({c})" for c in durations)
     by_minute_sql = f"SELECT 1, minute, NULL, {per_minute} FROM {table} WHERE {where} GROUP BY minute"  # noqa: S608
     pad = ", ".join(["NULL"] * (len(outcomes) + len(lateness) - len(durations)))
     by_runner_sql = (
-        f"SELECT 0, NULL, runner, {per_runner}{', ' + pad if pad else ''} FROM {table} "  # noqa: S608
-        f"WHERE {where} GROUP BY runner"
+        f"SELECT 0, NULL, runner, {per_runner}{', ' + pad if pad else ''}, MIN(duration_min), MAX(duration_max) "  # noqa: S608
+        f"FROM {table} WHERE {where} GROUP BY runner"
     )
     return f"{by_minute_sql} UNION ALL {by_runner_sql}"
 
@@ -142,13 +152,18 @@ def _series_rows(rows: Iterable[Sequence[Any]]) -> RollupSeries:
     split, width = 3 + outcomes, 3 + outcomes + lateness
     by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     by_runner: dict[str, tuple[int, ...]] = {}
+    late: dict[datetime, Extremes] = {}
+    took: dict[str, Extremes] = {}
     for row in rows:
         if row[0]:
             # SUM of an integer column is a bigint: Python ints already, no conversion per value.
-            by_minute[_as_utc(row[1])] = (tuple(row[3:split]), tuple(row[split:width]))
+            minute = row[1]  # aware (UTC): the connection's time zone
+            by_minute[minute] = (tuple(row[3:split]), tuple(row[split:width]))
+            late[minute] = (row[width], row[width + 1])
         else:
             by_runner[row[2]] = tuple(row[3 : 3 + durations])
-    return RollupSeries(by_minute, by_runner)
+            took[row[2]] = (row[width], row[width + 1])
+    return RollupSeries(by_minute, by_runner, late, took)
 
 
 def _window(since: datetime, until: datetime, teams: Teams | None, *, before: bool = False) -> tuple[str, list[Any]]:
@@ -216,7 +231,7 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
     if end <= first:
         return rollup_series(since=since, until=until, teams=teams)
     where, params = _window(end, until, teams)
-    nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) - 1))
+    nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) + 2 - 1))
     members, members_params = (
         Teams.members_text_sql(teams.members) if teams is not None and teams.members is not None else ("NULL", [])
     )
@@ -235,15 +250,20 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
     cache = caches[CACHE_ALIAS]
     scope = _scope_key(teams)
     # One entry per scope, overwritten as the window moves: what it holds is named in its value.
+    # ("rollup2": the series kept the extremes from executions 0031 on; an older entry is not one.)
     stamp = (epoch, since, end)
-    kept = cache.get(f"rollup:{scope}")
+    kept = cache.get(f"rollup2:{scope}")
     if kept is not None and kept[0] == stamp:
         settled = kept[1]
     else:
         settled = _settled_part(since, first, end, teams, epoch, scope)
-        cache.set(f"rollup:{scope}", (stamp, settled))
-    by_minute = settled.by_minute | tail.by_minute
-    return RollupSeries(by_minute, _add_runners(settled.duration_by_runner, tail.duration_by_runner))
+        cache.set(f"rollup2:{scope}", (stamp, settled))
+    return RollupSeries(
+        settled.by_minute | tail.by_minute,
+        _add_runners(settled.duration_by_runner, tail.duration_by_runner),
+        settled.lateness_extremes | tail.lateness_extremes,
+        _widen_runners(settled.duration_extremes, tail.duration_extremes),
+    )
 
 
 def _add_runners(*parts: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -255,6 +275,15 @@ def _add_runners(*parts: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...
     return total
 
 
+def _widen_runners(*parts: dict[str, Extremes]) -> dict[str, Extremes]:
+    total: dict[str, Extremes] = {}
+    for part in parts:
+        for runner, extremes in part.items():
+            have = total.get(runner)
+            total[runner] = extremes if have is None else widen(have, extremes)
+    return total
+
+
 def _settled_part(
     since: datetime, first: datetime, end: datetime, teams: Teams | None, epoch: int, scope: str
 ) -> RollupSeries:
@@ -263,41 +292,59 @@ def _settled_part(
     read in one statement and kept)."""
     cache = caches[CACHE_ALIAS]
     starts = [first + n * _HOUR for n in range((end - first) // _HOUR)]
-    keys = {f"rollup:{epoch}:{scope}:{hour:%Y%m%d%H}": hour for hour in starts}
+    keys = {f"rollup2:{epoch}:{scope}:{hour:%Y%m%d%H}": hour for hour in starts}
     hours = cache.get_many(list(keys))
     missing = [hour for key, hour in keys.items() if key not in hours]
     if missing:
         read = _settled_hours(missing[0], missing[-1] + _HOUR, teams)
-        fresh = {key: read.get(hour, ({}, {})) for key, hour in keys.items() if key not in hours}
+        fresh = {key: read.get(hour, RollupSeries({}, {})) for key, hour in keys.items() if key not in hours}
         cache.set_many(fresh)
         hours |= fresh
     head = rollup_series(since=since, until=first - _MINUTE, teams=teams) if since < first else None
-    by_minute = dict(head.by_minute) if head else {}
-    for minutes, _ in hours.values():
-        by_minute.update(minutes)
-    runners = [runners for _, runners in hours.values()]
-    return RollupSeries(by_minute, _add_runners(*([head.duration_by_runner] if head else []), *runners))
+    parts = ([head] if head else []) + list(hours.values())
+    by_minute: dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    late: dict[datetime, Extremes] = {}
+    for part in parts:
+        by_minute.update(part.by_minute)
+        late.update(part.lateness_extremes)
+    return RollupSeries(
+        by_minute,
+        _add_runners(*(part.duration_by_runner for part in parts)),
+        late,
+        _widen_runners(*(part.duration_extremes for part in parts)),
+    )
 
 
-def _settled_hours(
-    since: datetime, before: datetime, teams: Teams | None
-) -> dict[datetime, tuple[dict[datetime, tuple[tuple[int, ...], tuple[int, ...]]], dict[str, tuple[int, ...]]]]:
+def _settled_hours(since: datetime, before: datetime, teams: Teams | None) -> dict[datetime, RollupSeries]:
     """The hours in ``[since, before)`` as :func:`rollup_series_settled` keeps them: per hour,
-    its minutes (outcomes, lateness) and its durations by runner; one statement grouped by
-    minute and runner, summed per hour here (a cold cache only: once an hour per set of teams after)."""
+    its minutes (outcomes, lateness) and its durations by runner, with their extremes; one
+    statement grouped by minute and runner, summed per hour here (a cold cache only: once an
+    hour per set of teams after)."""
     outcomes, lateness = len(OUTCOME_COLUMNS), len(LATENESS_COLUMNS)
+    counters = len(COUNTER_COLUMNS)
     table = RunRollup._meta.db_table
-    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
     where, params = _window(since, before, teams, before=True)
-    result: dict[datetime, tuple[dict, dict]] = {}
+    result: dict[datetime, RollupSeries] = {}
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT minute, runner, {sums} FROM {table} WHERE {where} GROUP BY minute, runner", params)  # noqa: S608
+        cursor.execute(
+            f"SELECT minute, runner, {_merged_aggregates()} FROM {table} WHERE {where} GROUP BY minute, runner",  # noqa: S608
+            params,
+        )
         for row in cursor.fetchall():
-            minute = _as_utc(row[0])
-            minutes, runners = result.setdefault(floor_hour(minute), ({}, {}))
+            minute = row[0]
+            hour = result.setdefault(floor_hour(minute), RollupSeries({}, {}, {}, {}))
+            minutes, runners = hour.by_minute, hour.duration_by_runner
             counts = tuple(row[2 : 2 + outcomes])
             late = tuple(row[2 + outcomes : 2 + outcomes + lateness])
-            took = tuple(row[2 + outcomes + lateness :])
+            took = tuple(row[2 + outcomes + lateness : 2 + counters])
+            # MERGED_COLUMNS order: lateness_min, duration_min, lateness_max, duration_max.
+            late_min, took_min, late_max, took_max = row[2 + counters : 2 + counters + 4]
+            hour.lateness_extremes[minute] = widen(
+                hour.lateness_extremes.get(minute, (None, None)), (late_min, late_max)
+            )
+            hour.duration_extremes[row[1]] = widen(
+                hour.duration_extremes.get(row[1], (None, None)), (took_min, took_max)
+            )
             have = minutes.get(minute)
             minutes[minute] = (
                 (counts, late)
@@ -316,12 +363,13 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
     they only multiply what the dashboard reads (by up to ``ROLLUP_SHARDS``). On PostgreSQL the
     fold is one statement (``DELETE … RETURNING`` feeding an upsert), so a finish counted
     concurrently into a folded shard is never lost: it lands in a new row, folded next time.
+    Counters are added, the extremes kept (the smallest minimum, the largest maximum).
     Returns the number of shard rows folded. Beat runs it every minute.
     """
     table = RunRollup._meta.db_table
-    columns = ", ".join(COUNTER_COLUMNS)
-    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
-    add = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS)
+    columns = ", ".join(MERGED_COLUMNS)
+    sums = _merged_aggregates()
+    add = _merged_set(table)
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
     cutoff = prep(floor_minute(db_now() - timedelta(seconds=older_than)), connection)
     upsert = (
@@ -330,18 +378,13 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
         f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                f"WITH folded AS (DELETE FROM {table} WHERE shard > 0 AND minute < %s RETURNING *), "  # noqa: S608
-                f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
-                "SELECT count(*) FROM folded",
-                [cutoff],
-            )
-            return cursor.fetchone()[0]
-        # SQLite: one writer at a time, so the two statements see the same rows.
-        cursor.execute(upsert.format(sums=sums, source=table, where="shard > 0 AND minute < %s"), [cutoff])
-        cursor.execute(f"DELETE FROM {table} WHERE shard > 0 AND minute < %s", [cutoff])  # noqa: S608
-        return cursor.rowcount
+        cursor.execute(
+            f"WITH folded AS (DELETE FROM {table} WHERE shard > 0 AND minute < %s RETURNING *), "  # noqa: S608
+            f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
+            "SELECT count(*) FROM folded",
+            [cutoff],
+        )
+        return cursor.fetchone()[0]
 
 
 #: The minute of the carry rows: what minutes past the retention counted, one row per team and
@@ -357,9 +400,9 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
     conf = tms_settings()
     now = now or db_now()
     table = RunRollup._meta.db_table
-    columns = ", ".join(COUNTER_COLUMNS)
-    sums = ", ".join(f"SUM({c})" for c in COUNTER_COLUMNS)
-    add = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS)
+    columns = ", ".join(MERGED_COLUMNS)
+    sums = _merged_aggregates()
+    add = _merged_set(table)
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
     cutoff = prep(now - timedelta(seconds=conf.ROLLUP_RETENTION), connection)
     carry = prep(CARRY_MINUTE, connection)
@@ -369,19 +412,13 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
         f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                f"WITH folded AS (DELETE FROM {table} WHERE minute > %s AND minute < %s RETURNING *), "  # noqa: S608
-                f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
-                "SELECT count(*) FROM folded",
-                [carry, cutoff, carry],
-            )
-            minutes = cursor.fetchone()[0]
-        else:
-            old = "minute > %s AND minute < %s"
-            cursor.execute(upsert.format(sums=sums, source=table, where=old), [carry, carry, cutoff])
-            cursor.execute(f"DELETE FROM {table} WHERE {old}", [carry, cutoff])  # noqa: S608
-            minutes = cursor.rowcount
+        cursor.execute(
+            f"WITH folded AS (DELETE FROM {table} WHERE minute > %s AND minute < %s RETURNING *), "  # noqa: S608
+            f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
+            "SELECT count(*) FROM folded",
+            [carry, cutoff, carry],
+        )
+        minutes = cursor.fetchone()[0]
         if minutes:  # the carry rows and the folded minutes changed: settled figures kept elsewhere go
             _bump_epoch(cursor)
     hours, _ = TaskRollup.objects.filter(hour__lt=now - timedelta(seconds=conf.TASK_ROLLUP_RETENTION)).delete()
@@ -389,7 +426,7 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
 
 
 def rollup_rebuild(*, since: datetime) -> int:
-    """Recount the rollup from ``since`` on from the execution table, in one transaction (PostgreSQL).
+    """Recount the rollup from ``since`` on from the execution table, in one transaction.
 
     For a fresh install over existing history, or after a restore; also how the benchmark fills
     the rollup for a million executions it inserted directly. It sees what the rows say now:
@@ -401,8 +438,6 @@ def rollup_rebuild(*, since: datetime) -> int:
     part of a page view. Returns the number of executions counted.
     """
     since = floor_hour(since)
-    if connection.vendor != "postgresql":
-        raise NotImplementedError("rollup_rebuild runs on PostgreSQL; the embedded default counts from install on")
     execution, task = Execution._meta.db_table, Task._meta.db_table
     runs, tasks = RunRollup._meta.db_table, TaskRollup._meta.db_table
     edges = "'{" + ",".join(repr(e) for e in EDGES) + "}'::float8[]"
@@ -418,6 +453,14 @@ def rollup_rebuild(*, since: datetime) -> int:
     ):
         bucket = f"width_bucket(extract(epoch FROM {expression})::float8, {edges})"
         counters += [f"count(*) FILTER (WHERE {ran} AND {bucket} = {i}) AS {prefix}_{i:02d}" for i in range(BUCKETS)]
+    # The extremes, in MERGED_COLUMNS order: lateness_min, duration_min, lateness_max, duration_max.
+    for function, expression in (
+        ("min", "e.started_at - e.due_at"),
+        ("min", "e.finished_at - e.started_at"),
+        ("max", "e.started_at - e.due_at"),
+        ("max", "e.finished_at - e.started_at"),
+    ):
+        counters.append(f"{function}(extract(epoch FROM {expression})::float8) FILTER (WHERE {ran})")
     finished = (
         f"FROM {execution} e JOIN {task} t ON t.id = e.task_id"
         " WHERE e.finished_at >= %(since)s AND e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND NOT e.superseded"
@@ -430,7 +473,7 @@ def rollup_rebuild(*, since: datetime) -> int:
         cursor.execute(f"CREATE TEMP TABLE tms_rollup_retried ON COMMIT DROP AS {retried_keep}", {"since": since})
         cursor.execute(f"DELETE FROM {runs} WHERE minute >= date_trunc('minute', %(since)s)", {"since": since})  # noqa: S608
         cursor.execute(f"DELETE FROM {tasks} WHERE hour >= date_trunc('hour', %(since)s)", {"since": since})  # noqa: S608
-        columns = ", ".join(COUNTER_COLUMNS)
+        columns = ", ".join(MERGED_COLUMNS)
         cursor.execute(
             f"INSERT INTO {runs} (minute, team_id, runner, shard, {columns}) "
             f"SELECT date_trunc('minute', e.finished_at, 'UTC'), e.team_id, t.runner, (e.id %% {ROLLUP_SHARDS}),"

@@ -31,7 +31,8 @@ from runners.base import RunHandle, RunResult, RunSpec, RunState
 from runners.registry import UnknownRunner, get_runner
 from tasks_app.artifacts import artifact_local_path
 from tasks_app.models import Task
-from tasks_app.run_input import config_filled, input_schema_problem
+from tasks_app.run_config import config_for_run
+from tasks_app.run_input import input_schema_problem
 from tasks_app.secrets import config_open, redact, secret_values
 from tms_core.conf import tms_settings
 
@@ -67,11 +68,26 @@ def task_for_run(execution: Execution, task: Task) -> Task:
     return seen
 
 
-def run_config(execution: Execution, task: Task) -> Any:
+def run_config(execution: Execution, task: Task, *, starting: bool = False) -> Any:
     """The config (plain: secrets decrypted) the runner gets for this run: the task's, or the
-    run's own (a replay's), with the task's ``input_fills`` set from the run's ``input``."""
+    run's own (a replay's), with the task's ``input_fills`` set from the run's ``input``; when
+    those send the run elsewhere, without the config's secrets (:func:`config_for_run`)."""
     stored = execution.config_override if execution.config_override is not None else task.config
-    return config_filled(config_open(stored), execution.input, task.input_fills)
+    config, dropped = config_for_run(
+        runner=task.runner,
+        config=config_open(stored),
+        secret_fields=task.secret_fields or [],
+        run_input=execution.input,
+        fills=task.input_fills,
+    )
+    if dropped and starting:
+        logger.warning(
+            "execution %s: its input sends the run elsewhere (input_fills), so the config's secrets %s are "
+            "left out of it",
+            execution.pk,
+            ", ".join(dropped),
+        )
+    return config
 
 
 def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend: bool = False) -> RunSpec:
@@ -90,7 +106,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         attempt=execution.attempt,
         task_id=str(task.pk),
         # Secrets are decrypted here, in the worker's memory, for the runner alone.
-        config=get_runner(task.runner).validate_config(run_config(execution, task)),
+        config=get_runner(task.runner).validate_config(run_config(execution, task, starting=starting)),
         timeout=task.timeout.total_seconds(),
         callback_url=callback_url(execution_id=execution.pk),
         token_minter=partial(
@@ -103,11 +119,12 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
     )
 
 
-def persist(write: Callable[[], T]) -> T:
+def persist(write: Callable[[], T], *, doing: str = "recording an outcome") -> T:
     """Run a final write, retrying through a database outage for up to half a lease.
 
     A run's outcome is recorded or the message is not acknowledged: if the database stays away
     longer the error propagates, the lease runs out and another worker resumes the attempt.
+    ``doing`` names the write in the log.
     """
     deadline = time.monotonic() + tms_settings().WORKER_TIMEOUT / 2
     delay = 0.2
@@ -117,7 +134,7 @@ def persist(write: Callable[[], T]) -> T:
         except (OperationalError, InterfaceError):
             if time.monotonic() + delay > deadline:
                 raise
-            logger.warning("database unavailable while recording an outcome; retrying in %.1fs", delay)
+            logger.warning("database unavailable while %s; retrying in %.1fs", doing, delay)
             connection.close()
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -291,7 +291,8 @@ class ReplaySerializer(StrictInputMixin, serializers.Serializer):
         help_text="A partial runner config laid over each task's config for the new runs only (mappings merge, "
         "other values replace), validated by the runner as a change of the task's config would be. A secret "
         "sent as its mask keeps the task's value; when it sends the runs elsewhere (another URL, host, "
-        "command ...) the task's secrets it does not send again are left out.",
+        "command ...) the task's secrets it does not send again are left out. It changes what the runs do: "
+        "it needs the editor role in each task's team (an operator may replay, and give `input`, without it).",
     )
     dry_run = serializers.BooleanField(
         required=False, default=False, help_text="Check everything and say what would be replayed; create nothing."

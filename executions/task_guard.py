@@ -1,9 +1,7 @@
 """The guard that replaces the execution -> task foreign key on deletion: a task that still has
-executions cannot be deleted (see ``Execution.task`` and migration 0016, which installs it on
-PostgreSQL; on SQLite :mod:`executions.apps` installs :func:`sqlite_install` after every migrate,
-as :mod:`tms_core.sqlite_triggers` explains).
+executions cannot be deleted (see ``Execution.task`` and migration 0016, which installs it).
 
-The SQL is built here, once, for both databases; the table names are the models' own.
+The table names are the models' own.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ EXECUTION = "executions_execution"  # Execution._meta.db_table (migrations must 
 TASK = "tasks_app_task"
 MESSAGE = "task still has executions"
 
-POSTGRESQL_INSTALL = f"""
+INSTALL = f"""
 CREATE FUNCTION tms_task_deleted_without_executions() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id) THEN
@@ -25,22 +23,7 @@ $$;
 CREATE CONSTRAINT TRIGGER tms_task_deleted_without_executions AFTER DELETE ON {TASK}
 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tms_task_deleted_without_executions();
 """  # noqa: S608 - our names
-POSTGRESQL_UNINSTALL = f"""
+UNINSTALL = f"""
 DROP TRIGGER IF EXISTS tms_task_deleted_without_executions ON {TASK};
 DROP FUNCTION IF EXISTS tms_task_deleted_without_executions();
 """
-
-
-def sqlite_install() -> str:
-    """SQLite (the embedded default): one writer at a time and no deferred triggers; the check
-    runs as the task's row is deleted, after Django has deleted its executions."""
-    return f"""
-CREATE TRIGGER tms_task_deleted_without_executions BEFORE DELETE ON {TASK}
-FOR EACH ROW WHEN EXISTS (SELECT 1 FROM {EXECUTION} WHERE task_id = OLD.id)
-BEGIN
-    SELECT RAISE(ABORT, 'FOREIGN KEY constraint failed: {MESSAGE}');
-END;
-"""  # noqa: S608 - our names
-
-
-SQLITE_UNINSTALL = "DROP TRIGGER IF EXISTS tms_task_deleted_without_executions;"

@@ -12,8 +12,7 @@ test machine (20,000 rows into a bare copy of the table: 95-110 ms without, 257-
 The trigger runs only for rows inserted without a ``task_version`` (``WHEN``), so a hot INSERT
 (the materialiser's) can name the column itself, from the task rows it holds, and skip it.
 
-Migration 0022 installs it on PostgreSQL; on SQLite :mod:`executions.apps` installs
-:func:`sqlite_install` after every migrate, as :mod:`tms_core.sqlite_triggers` explains.
+Migration 0023 installs it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 EXECUTION = "executions_execution"  # Execution._meta.db_table (migrations must not import models)
 TASK = "tasks_app_task"
 
-POSTGRESQL_INSTALL = f"""
+INSTALL = f"""
 CREATE FUNCTION tms_execution_task_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     SELECT version INTO NEW.task_version FROM {TASK} WHERE id = NEW.task_id;
@@ -31,21 +30,7 @@ $$;
 CREATE TRIGGER tms_execution_task_version BEFORE INSERT ON {EXECUTION}
 FOR EACH ROW WHEN (NEW.task_version IS NULL) EXECUTE FUNCTION tms_execution_task_version();
 """  # noqa: S608 - our names
-POSTGRESQL_UNINSTALL = f"""
+UNINSTALL = f"""
 DROP TRIGGER IF EXISTS tms_execution_task_version ON {EXECUTION};
 DROP FUNCTION IF EXISTS tms_execution_task_version();
 """
-
-
-def sqlite_install() -> str:
-    """SQLite has no BEFORE trigger that sets the new row: the row is updated right after."""
-    return f"""
-CREATE TRIGGER tms_execution_task_version AFTER INSERT ON {EXECUTION}
-FOR EACH ROW WHEN NEW.task_version IS NULL
-BEGIN
-    UPDATE {EXECUTION} SET task_version = (SELECT version FROM {TASK} WHERE id = NEW.task_id) WHERE id = NEW.id;
-END;
-"""  # noqa: S608 - our names
-
-
-SQLITE_UNINSTALL = "DROP TRIGGER IF EXISTS tms_execution_task_version;"

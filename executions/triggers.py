@@ -9,9 +9,7 @@ superseded rows excepted: those never ran), and each *part* writes from that rel
 set-based statement. PostgreSQL refuses a column list (``UPDATE OF status``) beside transition
 tables, so it is called after every UPDATE of the table: a statement that leaves no row in a
 status some part may write for (the monitor's take) returns after a look at its new rows; one
-that changes no status joins its rows, finds none, and writes nothing. SQLite (the embedded
-default of ``make run``) has no statement-level triggers: there the same parts run from a
-row-level ``AFTER UPDATE OF status`` trigger, ``changed`` being that one row.
+that changes no status joins its rows, finds none, and writes nothing.
 
 A part writes its rows in a stable order (its rows' key, or the execution id): two statements
 that end runs at the same time then lock the rows they share (a minute's rollup row) in the same
@@ -39,6 +37,8 @@ from executions.histogram import EDGES
 from executions.models import (
     DURATION_COLUMNS,
     LATENESS_COLUMNS,
+    MAX_COLUMNS,
+    MIN_COLUMNS,
     OUTCOME_COLUMNS,
     ROLLUP_SHARDS,
     TERMINAL_STATUSES,
@@ -72,70 +72,67 @@ def among(expression: str, values: Iterable[str]) -> str:
     return f"{expression} IN ({', '.join(literal(v) for v in sorted(values))})"
 
 
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between PostgreSQL and SQLite in the parts' SQL. Times on SQLite are Django's
-    UTC text ('YYYY-MM-DD HH:MM:SS.ffffff'), which julianday() reads; durations are integer
-    microseconds there, intervals on PostgreSQL."""
-
-    postgresql: bool
-
-    @property
-    def now(self) -> str:
-        return "statement_timestamp()" if self.postgresql else "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-
-    def seconds(self, later: str, earlier: str) -> str:
-        if self.postgresql:
-            return f"extract(epoch FROM {later} - {earlier})::float8"
-        return f"((julianday({later}) - julianday({earlier})) * 86400.0)"
-
-    def exceeds(self, later: str, earlier: str, duration: str) -> str:
-        """``later - earlier > duration`` for a duration column."""
-        if self.postgresql:
-            return f"({later} - {earlier}) > {duration}"
-        return f"((julianday({later}) - julianday({earlier})) * 86400000000.0) > {duration}"
-
-    def bucket(self, seconds: str) -> str:
-        """The histogram bucket (executions.histogram) of ``seconds``."""
-        if self.postgresql:
-            return f"width_bucket({seconds}, '{{{','.join(repr(e) for e in EDGES)}}}'::float8[])"
-        cases = " ".join(f"WHEN {seconds} < {edge!r} THEN {i}" for i, edge in enumerate(EDGES))
-        return f"CASE {cases} ELSE {len(EDGES)} END"
-
-    def truncate(self, unit: str, when: str) -> str:
-        """``when`` down to its ``unit`` ('minute' or 'hour'), in UTC."""
-        if self.postgresql:
-            return f"date_trunc({literal(unit)}, {when}, 'UTC')"
-        return f"strftime({literal('%Y-%m-%d %H:%M:00' if unit == 'minute' else '%Y-%m-%d %H:00:00')}, {when})"
-
-    def flag(self, test: str) -> str:
-        """1 if ``test`` holds, else 0."""
-        return f"({test})::int" if self.postgresql else f"({test})"
-
-    def left(self, text: str, chars: int) -> str:
-        return f"left({text}, {chars})" if self.postgresql else f"substr({text}, 1, {chars})"
+#: When a status part's rows are written (the statement's time, as ``now()`` is the transaction's).
+NOW = "statement_timestamp()"
 
 
-POSTGRESQL, SQLITE = Dialect(postgresql=True), Dialect(postgresql=False)
+def seconds(later: str, earlier: str) -> str:
+    """The seconds from ``earlier`` to ``later`` (two timestamps), as a float."""
+    return f"extract(epoch FROM {later} - {earlier})::float8"
+
+
+def exceeds(later: str, earlier: str, duration: str) -> str:
+    """``later - earlier > duration`` for a duration (interval) column."""
+    return f"({later} - {earlier}) > {duration}"
+
+
+def bucket(seconds: str) -> str:
+    """The histogram bucket (executions.histogram) of ``seconds``."""
+    return f"width_bucket({seconds}, '{{{','.join(repr(e) for e in EDGES)}}}'::float8[])"
+
+
+def truncate(unit: str, when: str) -> str:
+    """``when`` down to its ``unit`` ('minute' or 'hour'), in UTC."""
+    return f"date_trunc({literal(unit)}, {when}, 'UTC')"
+
+
+def flag(test: str) -> str:
+    """1 if ``test`` holds, else 0."""
+    return f"({test})::int"
+
+
+def extreme(function: str, a: str, b: str) -> str:
+    """The smaller (``function`` 'min') or larger ('max') of ``a`` and ``b``, either NULL for
+    none (LEAST and GREATEST skip NULLs)."""
+    return f"{'least' if function == 'min' else 'greatest'}({a}, {b})"
 
 
 @dataclass(frozen=True)
 class StatusPart:
-    """What one listener writes for the rows of ``changed``: ``statements(dialect)`` gives its
-    INSERTs, each reading ``changed`` where it says ``{changed}`` and writing in a stable order.
+    """What one listener writes for the rows of ``changed``: ``statements()`` gives its INSERTs,
+    each reading ``changed`` where it says ``{changed}`` and writing in a stable order.
     ``targets``: the new statuses it may write anything for (a statement that moves no row to one
     of any part's targets, the monitor's take, returns before the join)."""
 
     name: str
     targets: frozenset[str]
-    statements: Callable[[Dialect], Sequence[str]]
+    statements: Callable[[], Sequence[str]]
 
 
 def _add_on_conflict(table: str, columns: Iterable[str]) -> str:
     return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
 
 
-def _rollup(d: Dialect, key: str = "team_id", *, shard_by_row: bool = False) -> list[str]:
+def _widen_on_conflict(table: str) -> str:
+    """The upsert's SET of the extremes columns: the row's and the new values' smallest and largest."""
+    return ", ".join(
+        f"{c} = {extreme(function, f'{table}.{c}', f'EXCLUDED.{c}')}"
+        for function, columns in (("min", MIN_COLUMNS), ("max", MAX_COLUMNS))
+        for c in columns
+    )
+
+
+def _rollup() -> list[str]:
     """The rollup's two upserts (executions.rollup reads them back). Counted: an execution
     reaching a terminal status, and a failed attempt going back to SCHEDULED for its retry (its
     outcome RETRIED); lateness and duration only of an attempt that ran (left RUNNING: a retry
@@ -143,65 +140,60 @@ def _rollup(d: Dialect, key: str = "team_id", *, shard_by_row: bool = False) -> 
     the minute of the statement that ends it (its ``finished_at`` is set by that statement):
     the dashboard keeps minutes :data:`executions.rollup.SETTLE` old between renders on that.
 
-    ``key``: the execution's column the rows are kept by, and the rollups' own, ``team_id``;
-    ``owner_id`` builds the form from before teams (migration 0029 installs it going back).
+    The rows are kept by the execution's team (``team_id``, since migration 0029). The shard of a
+    minute's row is the writing transaction's (its id, since migration 0030): all the runs one
+    transaction ends go in one row, and concurrent transactions (whose ids follow each other) in
+    different ones. With a shard per run, as before, a statement that ended a chunk of runs took
+    every shard row of its minute, and a worker that ends workflow steps held them to the commit
+    of the transaction that also creates the next steps: the other workers' ends queued behind it.
 
-    The shard of a minute's row is the writing transaction's (its id, on PostgreSQL): all the
-    runs one transaction ends go in one row, and concurrent transactions (whose ids follow each
-    other) in different ones. With a shard per run (``shard_by_row``, until migration 0030; still
-    SQLite's, where one process writes) a statement that ended a chunk of runs took every shard
-    row of its minute, and a worker that ends workflow steps holds them to the commit of the
-    transaction that also creates the next steps: the other workers' ends queued behind it."""
+    Each row also keeps its smallest and largest lateness and duration (the columns of
+    ``MIN_COLUMNS`` and ``MAX_COLUMNS``, since migration 0031), which bound the percentiles read
+    off its histograms. The earlier forms, which going back through those migrations installs,
+    are frozen in migration 0029."""
     retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
     counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
-    ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {d.now} ELSE coalesce(c.finished_at, {d.now}) END"
+    ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {NOW} ELSE coalesce(c.finished_at, {NOW}) END"
     outcome = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {literal('RETRIED')} ELSE c.status END"
     ran = f"c.old_status = {literal(S.RUNNING)} AND c.old_started_at IS NOT NULL"
-    late = d.bucket(d.seconds("c.old_started_at", "c.old_due_at"))
-    took = d.bucket(d.seconds("c.ended", "c.old_started_at"))
-    # Two steps: the buckets need the end time.
+    late_s = seconds("c.old_started_at", "c.old_due_at")
+    took_s = seconds("c.ended", "c.old_started_at")
+    # Three steps: the buckets need the end time, and the seconds are kept for the extremes.
     rows = (
-        f"(SELECT c.*, CASE WHEN {ran} THEN {late} ELSE -1 END AS late, CASE WHEN {ran} THEN {took} ELSE -1 END AS took"  # noqa: S608
-        f" FROM (SELECT c.*, {ended} AS ended, {outcome} AS outcome FROM {{changed}} c WHERE {counted}) c) r"
+        f"(SELECT s.*, CASE WHEN s.late_s IS NULL THEN -1 ELSE {bucket('s.late_s')} END AS late,"  # noqa: S608
+        f" CASE WHEN s.took_s IS NULL THEN -1 ELSE {bucket('s.took_s')} END AS took"
+        f" FROM (SELECT c.*, CASE WHEN {ran} THEN {late_s} END AS late_s, CASE WHEN {ran} THEN {took_s} END AS took_s"
+        f" FROM (SELECT c.*, {ended} AS ended, {outcome} AS outcome FROM {{changed}} c WHERE {counted}) c) s) r"
     )
-    counters = [f"sum({d.flag(f'r.outcome = {literal(status)}')})" for status in OUTCOME_COLUMNS]
+    counters = [f"sum({flag(f'r.outcome = {literal(status)}')})" for status in OUTCOME_COLUMNS]
     for variable, columns in (("late", LATENESS_COLUMNS), ("took", DURATION_COLUMNS)):
-        counters += [f"sum({d.flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
-    targets = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
+        counters += [f"sum({flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
+    # The extremes, in MIN_COLUMNS then MAX_COLUMNS order (lateness, duration).
     runs, tasks, task = RunRollup._meta.db_table, TaskRollup._meta.db_table, Task._meta.db_table
-    if not d.postgresql:
-        shard = f"(r.id % {ROLLUP_SHARDS})"
-    elif shard_by_row:
-        shard = f"(r.id % {ROLLUP_SHARDS})::smallint"
-    else:
-        shard = f"(txid_current() % {ROLLUP_SHARDS})::smallint"
+    added = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
+    counters += ["min(r.late_s)", "min(r.took_s)", "max(r.late_s)", "max(r.took_s)"]
+    targets = [*added, *MIN_COLUMNS, *MAX_COLUMNS]
+    shard = f"(txid_current() % {ROLLUP_SHARDS})::smallint"
     failed = among("r.outcome", (S.FAILED, "RETRIED"))
     # The team is the execution's own column (its task's, copied when it was made or moved): no
     # lookup per row; the runner is the task's. Each upsert in its key's order (see the module's
     # docstring).
     return [
-        f"INSERT INTO {runs} (minute, {key}, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
-        f" SELECT {d.truncate('minute', 'r.ended')}, r.{key}, t.runner, {shard}, {', '.join(counters)}"
+        f"INSERT INTO {runs} (minute, team_id, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
+        f" SELECT {truncate('minute', 'r.ended')}, r.team_id, t.runner, {shard}, {', '.join(counters)}"
         f" FROM {rows} JOIN {task} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
-        f" ON CONFLICT (minute, {key}, runner, shard) DO UPDATE SET {_add_on_conflict(runs, targets)}",
-        f"INSERT INTO {tasks} (hour, task_id, {key}, attempts, failures)"  # noqa: S608 - our names
-        f" SELECT {d.truncate('hour', 'r.ended')}, r.task_id, r.{key}, count(*), sum({d.flag(failed)})"
+        f" ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {_add_on_conflict(runs, added)},"
+        f" {_widen_on_conflict(runs)}",
+        f"INSERT INTO {tasks} (hour, task_id, team_id, attempts, failures)"  # noqa: S608 - our names
+        f" SELECT {truncate('hour', 'r.ended')}, r.task_id, r.team_id, count(*), sum({flag(failed)})"
         f" FROM {rows} GROUP BY 1, 2, 3 ORDER BY 2, 1"
         f" ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(tasks, ('attempts', 'failures'))}",
     ]
 
 
-_ROLLUP_TARGETS = frozenset({*TERMINAL_STATUSES, S.SCHEDULED})
-
-#: This app's part: the per-minute and per-task rollups of finished attempts, by team.
-ROLLUP = StatusPart("rollup", _ROLLUP_TARGETS, _rollup)
-
-#: The same with a shard per run (before migration 0030): what going back past it installs.
-ROLLUP_BY_ROW = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, shard_by_row=True))
-
-#: The same when the rollups were kept by the tasks' owners (before migration 0029): what going
-#: back past it installs.
-ROLLUP_BY_OWNER = StatusPart("rollup", _ROLLUP_TARGETS, lambda d: _rollup(d, "owner_id", shard_by_row=True))
+#: This app's part: the per-minute and per-task rollups of finished attempts, by team, with the
+#: extremes of their histograms.
+ROLLUP = StatusPart("rollup", frozenset({*TERMINAL_STATUSES, S.SCHEDULED}), _rollup)
 
 
 #: The parts of the apps above this one (notifications' outbox), each registered by its app when
@@ -226,12 +218,12 @@ def status_parts(rollup: StatusPart = ROLLUP) -> tuple[StatusPart, ...]:
     return (rollup, *_ABOVE)
 
 
-def _statements(parts: Sequence[StatusPart], d: Dialect, changed: str) -> list[str]:
-    return [statement.replace("{changed}", changed) for part in parts for statement in part.statements(d)]
+def _statements(parts: Sequence[StatusPart], changed: str) -> list[str]:
+    return [statement.replace("{changed}", changed) for part in parts for statement in part.statements()]
 
 
-def postgresql_install(parts: Sequence[StatusPart]) -> str:
-    """The PostgreSQL function and statement-level trigger that run ``parts``: one statement,
+def install(parts: Sequence[StatusPart]) -> str:
+    """The function and statement-level trigger that run ``parts``: one statement,
     ``changed`` computed once and each part's INSERTs a data-modifying CTE of it (the last the
     main statement)."""
     columns = ", ".join([*(f"n.{c}" for c in _NEW), *(f"o.{c} AS old_{c}" for c in _OLD)])
@@ -239,7 +231,7 @@ def postgresql_install(parts: Sequence[StatusPart]) -> str:
         f"changed AS (SELECT {columns} FROM tms_new n JOIN tms_old o ON o.id = n.id"  # noqa: S608 - our names
         " WHERE o.status IS DISTINCT FROM n.status AND NOT n.superseded)"
     )
-    *ctes, main = _statements(parts, POSTGRESQL, "changed")
+    *ctes, main = _statements(parts, "changed")
     with_ = ", ".join([changed, *(f"part_{i} AS ({sql})" for i, sql in enumerate(ctes))])
     targets = among("status", {status for part in parts for status in part.targets})
     return f"""
@@ -259,20 +251,4 @@ FOR EACH STATEMENT EXECUTE FUNCTION {NAME}();
 """  # noqa: S608 - our names
 
 
-POSTGRESQL_UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME} ON {EXECUTION}; DROP FUNCTION IF EXISTS {NAME}();"
-
-
-def sqlite_install(parts: Sequence[StatusPart]) -> str:
-    """The same on SQLite: a row-level trigger whose ``changed`` is the updated row."""
-    columns = ", ".join([*(f"NEW.{c} AS {c}" for c in _NEW), *(f"OLD.{c} AS old_{c}" for c in _OLD)])
-    body = ";\n    ".join(_statements(parts, SQLITE, f"(SELECT {columns})"))
-    return f"""
-CREATE TRIGGER {NAME} AFTER UPDATE OF status ON {EXECUTION}
-FOR EACH ROW WHEN OLD.status IS NOT NEW.status AND NOT NEW.superseded
-BEGIN
-    {body};
-END;
-"""
-
-
-SQLITE_UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME};"
+UNINSTALL = f"DROP TRIGGER IF EXISTS {NAME} ON {EXECUTION}; DROP FUNCTION IF EXISTS {NAME}();"

@@ -116,6 +116,23 @@ class _LeaseKeeper:
         with self._lock:
             self._held.pop(execution_id, None)
 
+    def holds(self, execution_id: int) -> bool:
+        """Whether this process works on the execution now (a lease it keeps)."""
+        with self._lock:
+            return execution_id in self._held and self._pid == os.getpid()
+
+    def _forget(self, execution_id: int, lost: threading.Event) -> bool:
+        """Drop the hold whose extension lost, if it is still held (``lost`` names the hold): the
+        work may have ended meanwhile (its lease released, nothing lost), and this process may
+        already hold the execution again (its next poll, or a resume), which must stay held.
+        Returns whether the hold was still there."""
+        with self._lock:
+            held = self._held.get(execution_id)
+            if held is None or held[2] is not lost:
+                return False
+            del self._held[execution_id]
+            return True
+
     def _run(self) -> None:
         conf = tms_settings()
         while True:
@@ -136,8 +153,8 @@ class _LeaseKeeper:
                 execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
             ):
                 lost.set()
-                self.release(execution_id)
-                logger.warning("execution %s: lease lost to another worker", execution_id)
+                if self._forget(execution_id, lost):
+                    logger.warning("execution %s: lease lost to another worker", execution_id)
             elif slots:
                 # Its named-limit slots are leases too: they live exactly as long as this one.
                 limits.limits_extend_slots(execution_id=execution_id, seconds=conf.WORKER_TIMEOUT)
@@ -161,6 +178,15 @@ def keep_lease(*, execution_id: int, attempt: int, worker_id: str, slots: bool =
         _keeper.release(execution_id)
 
 
+#: Claims this process sent and got no answer to, by (execution id, attempt): the connection
+#: dropped (a PostgreSQL failover) after the statement was sent, so the claim may have committed,
+#: leased to this process. The next claim of one here takes it back first
+#: (:func:`transitions.execution_take_back`): a fenced claim would lose to it, and the run would
+#: wait, launched by nobody, for its lease to run out. An entry goes once a claim statement of
+#: that run is answered.
+_unanswered: set[tuple[int, int]] = set()
+
+
 def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     """Handle a ``run_execution`` message: claim, start the runner, record what it returns.
 
@@ -168,31 +194,59 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     :func:`transitions.execution_claim_exclusive`, which may skip or queue it instead, or cancel
     the previous run (whose external run is then stopped through its runner).
 
+    A claim that raised a lost-connection error may have committed with its answer lost: it is
+    sent again here through the outage (for up to half a lease, :func:`persist`), taking back this
+    process's own claim if it had committed (:data:`_unanswered`). If the database stays away
+    longer, the error ends the message (the Celery task retries it; in this process, the retry
+    takes the claim back too).
+
     Returns a short word for logs and tests: ``lost`` (the claim lost), ``skipped``, ``queued``,
     ``finished``, ``polling`` or ``deferred`` (the runner's launch rate is used up for the owner:
     the launch waits for a poll, see :func:`_start`).
     """
-    execution = transitions.execution_claim_loaded(
-        execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
-    )
-    if execution is None:
-        # Not claimable on the fast path: taken, cancelled, gone, or exclusive (overlap policy).
-        exclusive = transitions.execution_claim_exclusive(
-            execution_id=execution_id,
-            attempt=attempt,
-            worker_id=worker_id,
-            lease_seconds=tms_settings().WORKER_TIMEOUT,
+    claim = partial(_claim, execution_id=execution_id, attempt=attempt, worker_id=worker_id)
+    try:
+        exclusive = claim()
+    except RETRIED_DB_ERRORS as exc:
+        logger.warning(
+            "execution %s attempt %s: claim sent, answer lost (%s); claiming again", execution_id, attempt, exc
         )
-        if exclusive.cancelled:
-            _stop_cancelled_runs(exclusive.cancelled)
-        if exclusive.execution is None:
-            detail = exclusive.detail or (
-                "claim lost (already taken, cancelled or gone)" if exclusive.outcome == "lost" else ""
-            )
-            logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, detail)
-            return exclusive.outcome
-        execution = exclusive.execution
-    return _run_claimed(execution, worker_id)
+        connection.close()
+        exclusive = persist(claim, doing="claiming")
+    if exclusive.cancelled:
+        _stop_cancelled_runs(exclusive.cancelled)
+    if exclusive.execution is None:
+        detail = exclusive.detail or (
+            "claim lost (already taken, cancelled or gone)" if exclusive.outcome == "lost" else ""
+        )
+        logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, detail)
+        return exclusive.outcome
+    return _run_claimed(exclusive.execution, worker_id)
+
+
+def _claim(*, execution_id: int, attempt: int, worker_id: str) -> transitions.ExclusiveClaim:
+    """Claim the run: the fast claim, else under its task's start rules; first, if a claim of it
+    from this process went unanswered, take that claim back."""
+    key, lease = (execution_id, attempt), tms_settings().WORKER_TIMEOUT
+    ids: dict[str, Any] = {"execution_id": execution_id, "attempt": attempt, "worker_id": worker_id}
+    try:
+        if key in _unanswered and not _keeper.holds(execution_id):
+            taken = transitions.execution_take_back(**ids, lease_seconds=lease)
+            _unanswered.discard(key)
+            if taken is not None:
+                logger.warning("execution %s attempt %s: claim taken back (its answer was lost)", execution_id, attempt)
+                return transitions.ExclusiveClaim("claimed", taken)
+        execution = transitions.execution_claim_loaded(**ids, lease_seconds=lease)
+        if execution is not None:
+            _unanswered.discard(key)
+            return transitions.ExclusiveClaim("claimed", execution)
+        # Not claimable on the fast path: taken, cancelled, gone, or exclusive (overlap policy).
+        exclusive = transitions.execution_claim_exclusive(**ids, lease_seconds=lease)
+    except RETRIED_DB_ERRORS:
+        _unanswered.add(key)
+        raise
+    _unanswered.discard(key)
+    return exclusive
 
 
 def _run_claimed(
@@ -373,9 +427,17 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> tuple[list[str],
     one statement; a run the claim did not take goes the one-by-one way (:func:`_run_one`).
     Returns each run's word and the seconds the launches took (the claim and the recorded
     successes left out: see :class:`_LaunchPace`)."""
-    claimed = transitions.executions_claim_loaded(
-        items=chunk, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
-    )
+    try:
+        claimed = transitions.executions_claim_loaded(
+            items=chunk, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
+        )
+    except RETRIED_DB_ERRORS as exc:
+        # Sent, and no answer: the claims may have committed. Each run goes the one-by-one way,
+        # which claims again through the outage and takes back what this one took.
+        logger.warning("%d claim(s) sent, answer lost (%s); claiming one by one", len(chunk), exc)
+        _unanswered.update((execution_id, attempt) for execution_id, attempt in chunk)
+        connection.close()
+        claimed = {}
     # Every claimed run is leased from its claim until its outcome is written (a run waiting
     # behind a slow launch in the chunk keeps its lease).
     for held in claimed.values():

@@ -77,6 +77,43 @@ class WorkflowRun:
     state: str = RunState.RUNNING
     #: Failed steps nothing follows on failure (what made the run fail).
     unhandled: list[Execution] = field(default_factory=list)
+    #: Failed steps whose failure was followed: each with the tasks that follow it on failure.
+    handled: list[tuple[Execution, list[Task]]] = field(default_factory=list)
+
+    @property
+    def state_words(self) -> str:
+        """How the run stands, in words: its state, and for a run that succeeded though a step
+        failed, which failed and what handled it ("succeeded; extract failed, handled by alert")."""
+        if self.state != RunState.SUCCEEDED or not self.handled:
+            return self.state
+        return f"{self.state}; {self.handled_words}"
+
+    @property
+    def handled_words(self) -> str:
+        """The failed steps whose failure was followed, in words ("" if none)."""
+        return "; ".join(
+            f"{execution.task} failed, handled by {', '.join(str(task) for task in handlers)}"
+            for execution, handlers in self.handled
+        )
+
+    def link_words(self, link: Link) -> str:
+        """Whether ``link`` was followed, in words, as it stands with the rest of the run: "taken"
+        only when its step ran; an end that met it while the step will not run (a fan-in whose
+        other upstream failed) says so; "not yet" only while the run goes on."""
+        follower, upstream = self.steps[link.task], self.steps[link.upstream]
+        if link.taken:
+            if follower.execution is not None:
+                return "taken"
+            if follower.state == SKIPPED:
+                return f"met, but {follower.task} will not run" + (f" ({follower.note})" if follower.note else "")
+            return f"met; {follower.task} waits for the others"
+        if link.taken is False:
+            return "not taken"
+        if self.state == RunState.RUNNING:
+            return "not yet"
+        if upstream.execution is not None and upstream.execution.status == S.CANCELLED:
+            return f"not taken: {upstream.task} was cancelled"
+        return f"not taken: {upstream.task} did not run"
 
     @property
     def id(self) -> int:
@@ -198,6 +235,21 @@ def _standing(run: WorkflowRun) -> None:
     }
     ran = [step.execution for step in run.steps.values() if step.execution is not None]
     run.unhandled = sorted((e for e in ran if e.status == S.FAILED and e.task_id not in handled), key=lambda e: e.pk)
+    run.handled = [
+        (
+            e,
+            sorted(
+                (
+                    run.steps[link.task].task
+                    for link in run.links
+                    if link.upstream == e.task_id and link.on != DependencyOn.SUCCESS
+                ),
+                key=lambda task: str(task).lower(),
+            ),
+        )
+        for e in sorted(ran, key=lambda e: e.pk)
+        if e.status == S.FAILED and e.task_id in handled
+    ]
     if any(e.status in ACTIVE_STATUSES for e in ran):
         run.state = RunState.RUNNING
         return

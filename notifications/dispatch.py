@@ -340,11 +340,10 @@ def _apply(row: Outbox, task: Task, rule: Rule, run: WorkflowRun | None = None) 
 def dispatch_outbox(*, batch: int = 500) -> int:
     """Turn up to ``batch`` outbox rows into deliveries and delete them; the number of rows taken."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [OUTBOX_LOCK])
-                if not cursor.fetchone()[0]:
-                    return 0  # another dispatcher is evaluating; it takes these rows too
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [OUTBOX_LOCK])
+            if not cursor.fetchone()[0]:
+                return 0  # another dispatcher is evaluating; it takes these rows too
         rows = list(Outbox.objects.select_for_update(skip_locked=True).order_by("id")[:batch])
         tasks = {task.pk: task for task in Task.objects.filter(pk__in={row.task_id for row in rows})}
         rules: dict[Any, list[Rule]] = {}

@@ -18,6 +18,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 from kombu import Connection
 
+from tms_core.queue_type import queue_type_mismatch
+
 #: Seconds the broker check waits for a TCP connection and the AMQP handshake.
 BROKER_TIMEOUT = 3.0
 
@@ -76,7 +78,8 @@ def check_migrations(alias: str = "default") -> CheckResult:
 
 
 def check_queue(timeout: float = BROKER_TIMEOUT) -> CheckResult:
-    """The execution queues exist with the arguments the app declares (``x-max-priority``).
+    """The execution queues exist with the arguments the app declares (TMS_QUEUE_TYPE: a classic
+    queue with ``x-max-priority``, or a quorum queue).
 
     A queue declared with other arguments makes every worker's declare fail, so this declares
     each existing queue again with the app's arguments: RabbitMQ answers PRECONDITION_FAILED
@@ -104,11 +107,11 @@ def check_queue(timeout: float = BROKER_TIMEOUT) -> CheckResult:
                         queue=queue.name, durable=queue.durable, auto_delete=False, arguments=queue.queue_arguments
                     )
                 except Exception as exc:  # noqa: BLE001 - PRECONDITION_FAILED closes the channel
-                    return CheckResult(
-                        "queue",
-                        False,
-                        f"{queue.name}: arguments differ from {queue.queue_arguments}: {_first_line(exc)}",
-                    )
+                    detail = f"{queue.name}: arguments differ from {queue.queue_arguments}: {_first_line(exc)}"
+                    mismatch = queue_type_mismatch(exc, settings.TMS_QUEUE_TYPE)
+                    if mismatch is not None:
+                        detail += f". {mismatch}"  # names the setting and the way to migrate
+                    return CheckResult("queue", False, detail)
                 found.append(f"{queue.name} {queue.queue_arguments or {}}, {messages} ready, {consumers} consumers")
     except Exception as exc:  # noqa: BLE001 - any transport error means the broker is down
         return CheckResult("queue", False, f"broker unreachable: {_first_line(exc)}")
@@ -168,14 +171,12 @@ def check_monitor(*, lag: float | None = None) -> CheckResult:
         late = Execution.objects.filter(
             status=ExecutionStatus.SCHEDULED, due_at__lt=timezone.now() - timedelta(seconds=lag)
         ).count()
-        listeners = None
-        if conn.vendor == "postgresql":
-            with conn.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
-                    [f"LISTEN {CHANNEL}"],
-                )
-                (listeners,) = cursor.fetchone()
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+                [f"LISTEN {CHANNEL}"],
+            )
+            (listeners,) = cursor.fetchone()
     except DatabaseError as exc:
         return CheckResult("monitor", False, f"cannot read: {_first_line(exc)}")
     problems = []
@@ -185,8 +186,7 @@ def check_monitor(*, lag: float | None = None) -> CheckResult:
         problems.append(f"{late} executions overdue by more than {lag:.0f}s")
     if problems:
         return CheckResult("monitor", False, "; ".join(problems))
-    connected = f"{listeners} connected, " if listeners is not None else ""
-    return CheckResult("monitor", True, f"{connected}no execution overdue by more than {lag:.0f}s")
+    return CheckResult("monitor", True, f"{listeners} connected, no execution overdue by more than {lag:.0f}s")
 
 
 def check_workers() -> CheckResult:

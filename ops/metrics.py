@@ -75,6 +75,7 @@ from executions.models import (
 )
 from tasks_app.models import Task, TaskStatus
 from tms_core import metrics as process_metrics
+from tms_core.client_address import client_address
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -277,14 +278,15 @@ def _client_network_allowed(address: str, networks: tuple[str, ...]) -> bool:
 def metrics_access(request: HttpRequest) -> HttpResponse | None:
     """None when ``request`` may read the metrics, else the refusal.
 
-    The client address (``REMOTE_ADDR``: the peer, a proxy's when there is one) must be in
+    The client address (:func:`~tms_core.client_address.client_address`: the peer, or behind
+    ``TMS_TRUSTED_PROXIES`` the address they forwarded) must be in
     ``TMS_METRICS_ALLOWED_NETWORKS`` (403); with no networks configured, loopback when no token
     is set and any address when one is. With ``TMS_METRICS_TOKEN`` set, ``Authorization: Bearer
     <token>`` is required: missing, 401; wrong, 403.
     """
     conf = tms_settings()
     token, networks = conf.METRICS_TOKEN, conf.METRICS_ALLOWED_NETWORKS
-    if (networks or not token) and not _client_network_allowed(request.META.get("REMOTE_ADDR", ""), networks):
+    if (networks or not token) and not _client_network_allowed(client_address(request) or "", networks):
         return JsonResponse(
             {"type": "permission_denied", "detail": "Metrics are not served to this address."}, status=403
         )

@@ -8,7 +8,8 @@ check would otherwise turn into a 301 or a 400. ``/readyz`` answers anyone ready
 :class:`OutageMiddleware` turns a view's transient database error (the server restarting, a
 dropped connection) or broker error into a 503 with ``Retry-After``, in the API's error shape
 for API paths, instead of a 500: the request can be sent again, and nothing was half-done
-(every service write is one transaction).
+(every service write is one transaction). A queue RabbitMQ refuses to declare because it exists
+as the other type than ``TMS_QUEUE_TYPE`` is a 503 too, whose detail names the setting.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from kombu.exceptions import OperationalError as BrokerOperationalError
 
 from ops.checks import READINESS, run_checks
 from ops.metrics import metrics_access
+from tms_core.conf import tms_settings
+from tms_core.queue_type import queue_type_mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,13 @@ class OutageMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        mismatch = queue_type_mismatch(exception, tms_settings().QUEUE_TYPE)
+        if mismatch is not None:
+            # RabbitMQ refused to declare a queue the view publishes to (406: it exists as the
+            # other type than TMS_QUEUE_TYPE): no retry helps until an operator changes the setting
+            # or the queue, so the answer says which, as the workers and monitors do.
+            logger.error("broker refused a queue during %s %s: %s", request.method, request.path, mismatch)
+            return self._unavailable(request, f"The service is unavailable (broker): {mismatch}")
         if not isinstance(exception, OUTAGE_ERRORS):
             return None
         dependency = "broker" if isinstance(exception, BrokerOperationalError) else "database"
@@ -103,7 +113,10 @@ class OutageMiddleware:
             type(exception).__name__,
             str(exception).strip().splitlines()[0] if str(exception).strip() else "",
         )
-        detail = f"The service is temporarily unavailable ({dependency}); retry shortly."
+        return self._unavailable(request, f"The service is temporarily unavailable ({dependency}); retry shortly.")
+
+    @staticmethod
+    def _unavailable(request: HttpRequest, detail: str) -> HttpResponse:
         if _is_api(request):
             response: HttpResponse = JsonResponse({"type": "service_unavailable", "detail": detail}, status=503)
         else:

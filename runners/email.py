@@ -96,7 +96,8 @@ class EmailRunner(BaseRunner):
         "max_per_minute": 10,
     }
     config_serializer_class = EmailConfigSerializer
-    destination_config_fields = ("to", "cc", "bcc")
+    #: reply_to too: a reply quoting the message goes there.
+    destination_config_fields = ("to", "cc", "bcc", "reply_to")
     supports_cancel = False
     #: A mail per five minutes per task at most, unless TMS_RUNNERS sets MIN_INTERVAL.
     default_min_interval = 300.0

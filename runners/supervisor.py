@@ -155,12 +155,17 @@ def reap_user(uid: int) -> None:
     me, deadline = os.getpid(), time.monotonic() + REAP_SECONDS
     while True:
         waiting = False
-        for pid, parent, zombie in _user_processes(uid):
+        processes = _user_processes(uid)
+        users = {pid for pid, _, _ in processes}
+        for pid, parent, zombie in processes:
             if parent == me:
                 with contextlib.suppress(ChildProcessError):
-                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                        waiting = True
-            elif not zombie:
+                    # Reaped or not, look again: reaping a zombie parent hands its own zombie
+                    # children (read above with that parent) to the supervisor, its subreaper.
+                    os.waitpid(pid, os.WNOHANG)
+                    waiting = True
+            elif not zombie or parent in users:
+                # Alive, or a zombie whose parent (the run user's) has yet to end and be reaped.
                 waiting = True
         if not waiting or time.monotonic() > deadline:
             return

@@ -51,6 +51,7 @@ from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import AuditEntry, Calendar, Limit, Task, TaskHook, TaskStatus, TaskVersion, TeamQuota
 from tasks_app.quotas import QUOTA_FIELDS, team_limits, team_quota_set
+from tasks_app.schedule_words import runs_only_after
 from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
@@ -431,6 +432,8 @@ class TaskAdmin(admin.ModelAdmin):
             return format_html("cron {}<br><small>{}</small>", task.cron, task.timezone)
         if task.interval is not None:
             return f"every {task.interval.total_seconds():g} s"
+        if runs_only_after(task):
+            return "after other tasks"  # its page names them (runs after)
         return f"once at {task.start_at.strftime(DATETIME_DISPLAY)}"
 
     @admin.display(description="config")
@@ -515,7 +518,7 @@ class TeamQuotaAdmin(admin.ModelAdmin):
         "effective",
     )
     search_fields = ("team__slug", "team__name", "team__personal_of__username")
-    # The team's id (teams have no admin page of their own to search in).
+    # The team's id, with a look-up in the Teams admin (a personal team per user: too many for a menu).
     raw_id_fields = ("team",)
     list_select_related = ("team__personal_of",)
 

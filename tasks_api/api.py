@@ -9,8 +9,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -22,6 +21,7 @@ from rest_framework.views import APIView
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
+from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_api.selector_serializers import (
     OccurrencesQuerySerializer,
     OccurrenceWindowSerializer,
@@ -59,7 +59,6 @@ from tasks_api.services import (
 )
 from tasks_api.states import with_state
 from tasks_app.calendars import CalendarRules
-from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean, idempotent_create, request_fingerprint
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
@@ -70,40 +69,6 @@ from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
-
-IDEMPOTENCY_PARAMETER = OpenApiParameter(
-    HEADER,
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=False,
-    # Printable ASCII; a space neither first nor last, where HTTP would strip it.
-    pattern=r"^[!-~](?:[ -~]{0,253}[!-~])?$",
-    description=(
-        "Makes a retried create (or trigger) safe: a second request with the same key and body gets the first response "
-        "(with `Idempotent-Replayed: true`) and creates nothing; the same key with another body is a 422. "
-        "Keys are remembered for 24 hours; 1-255 printable ASCII characters, e.g. a UUID."
-    ),
-)
-REPLAYED_HEADER_PARAMETER = OpenApiParameter(
-    REPLAYED_HEADER,
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    response=[201, 200],
-    description="`true` when this is the stored response of an earlier request with the same Idempotency-Key.",
-)
-
-
-def idempotent_create_response(request: Request, create: Any) -> Response:
-    """Run ``create`` (returning status and body) under the request's Idempotency-Key, if any."""
-    key = idempotency_key_clean(request.headers.get(HEADER))
-    # Only a keyed request is compared with an earlier one: the others skip hashing their body.
-    fingerprint = (
-        request_fingerprint(method=request.method or "POST", path=request.path, body=request.data) if key else ""
-    )
-    stored = idempotent_create(owner=request_user(request), key=key, fingerprint=fingerprint, create=create)
-    headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
-    return Response(stored.body, status=stored.status, headers=headers)
-
 
 #: The orders the task list pages in (one at a time; ties by id the same way), and the column or
 #: annotation each reads: ``next_run_at`` is when the task next runs (the ``next_run`` annotation

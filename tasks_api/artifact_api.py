@@ -27,6 +27,7 @@ from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, team_field
 from tms_core.api.base import StrictInputMixin
 from tms_core.api.schema import error_response, error_responses
 from tms_core.auth import request_user
+from tms_core.public_url import public_url
 
 REJECTED = error_response(
     400, "The upload is REJECTED (its size or SHA-256 differ from the declaration): `detail` says why."
@@ -118,7 +119,7 @@ class ArtifactViewSet(
         (``PUT`` to TMS, or an S3 presigned ``POST`` when S3 storage is configured)."""
         given = UploadBeginSerializer(data=request.data, context={"request": request})
         given.is_valid(raise_exception=True)
-        ticket = artifact_upload_begin(owner=request_user(request), **given.validated_data)
+        ticket = artifact_upload_begin(owner=request_user(request), site=public_url(request), **given.validated_data)
         upload = {"method": ticket.method, "url": ticket.url, "fields": ticket.fields, "expires_at": ticket.expires_at}
         return Response(
             {"artifact": ArtifactSerializer(ticket.artifact).data, "upload": upload}, status=status.HTTP_201_CREATED

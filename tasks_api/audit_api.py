@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 
 from executions.api import UtcDateTimeFilter
+from tasks_app.audit_scope import audit_visible
 from tasks_app.models import AuditEntry, Task
 from tasks_app.team_scope import TEAM_FILTER_HELP, filter_by_team
-from tasks_app.teams import scope_to_teams, sees_all
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
-from tms_core.auth import token_team_id
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -75,8 +74,9 @@ class AuditFilter(StrictFilterSet):
     list=extend_schema(
         summary="The audit log",
         description=(
-            "Every user action on your objects and on the tasks of your teams, whoever acted (staff: "
-            "everyone's): create, update (with a diff, secrets "
+            "Every user action on the tasks, runs, limits, calendars and channels of your teams as they are now "
+            "(a member who left, or whose task moved away, no longer reads them), whoever acted, and on your own "
+            "tokens (staff: everyone's): create, update (with a diff, secrets "
             "masked), delete, pause, resume, trigger, backfill, materialise, cancel, retry; who, when, from where "
             "(`api`, `admin`, `backoffice`, `command:<name>`) and the client address. Newest first; follow "
             "`next` to page."
@@ -97,19 +97,12 @@ class AuditEntryViewSet(OwnerScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     lookup_value_regex = r"[0-9]{1,18}"
 
     def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
-        """The entries about the caller's own objects, and about every task of their teams (and
-        its runs) whoever acted or owned it: a team's members read the history of what they share."""
-        user = self.request.user
+        """The entries about the tasks (and runs, limits, calendars, channels) of the caller's teams
+        as they are now, whoever acted or created them, and about the caller's own account's
+        objects (tokens): the history follows the team, not the creator (tasks_app.audit_scope)."""
         if getattr(self, "swagger_fake_view", False):
             return queryset.none()
-        if sees_all(user):
-            return queryset
-        team_tasks = scope_to_teams(Task.objects.all(), user).values("pk")
-        if token_team_id(user) is not None:
-            # A token scoped to one team reads the entries of that team's tasks only: the others (its
-            # user's other teams, their tokens, channels) are no business of a key for one team.
-            return queryset.filter(task_id__in=team_tasks)
-        return queryset.filter(Q(owner=user) | Q(task_id__in=team_tasks))
+        return audit_visible(queryset, self.request.user)
 
     def keyset_segments(self, queryset: QuerySet[AuditEntry], state: dict[str, Any]) -> list[Segment]:
         """The entries, newest first by id (KeysetPagination)."""

@@ -16,28 +16,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
+from django.http import HttpRequest
 
 from tasks_api.services import _lock, task_check_input, task_trigger
-from tasks_app.audit import audit_context, audit_record
-from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret
-from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint
+from tasks_app.audit import acting_token, audit_context, audit_record
+from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret, hook_signature_remember
+from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint, trigger_url_scope
 from tasks_app.models import Task, TaskHook, TaskStatus
 from tasks_app.secrets import SecretsUnavailable, text_open, text_seal
 from tms_core.clock import db_now
 from tms_core.errors import ConflictError
+from tms_core.public_url import public_url
 
-#: The path of the inbound endpoint, below the site's root (``TMS_PUBLIC_URL``).
+#: The path of the inbound endpoint, below the site's root (:func:`tms_core.public_url.public_url`).
 PATH = "/hooks/v1/"
 #: The audit source of what a trigger URL does.
 SOURCE = "trigger-url"
 
 
-def hook_url(hook: TaskHook) -> str:
-    """Where the outside system sends its requests."""
-    return f"{settings.TMS_PUBLIC_URL}{PATH}{hook.pk}"
+def hook_url(hook: TaskHook, *, request: HttpRequest | None = None) -> str:
+    """Where the outside system sends its requests: below ``TMS_PUBLIC_URL``, or when that is unset
+    below the address ``request`` (the one showing the URL) reached."""
+    return f"{public_url(request)}{PATH}{hook.pk}"
 
 
 def hook_actor(hook_id: str) -> str:
@@ -52,7 +54,6 @@ class HookMade:
 
     hook: TaskHook
     secret: str
-    url: str
     rotated: bool
 
 
@@ -65,11 +66,15 @@ def task_hook_set(*, task: Task) -> HookMade:
         task = _lock(task.pk)
         hook = TaskHook.objects.select_for_update().filter(task=task).first()
         rotated = hook is not None
+        # The new secret is a credential of whoever made it: a token's, listed and undone with it.
+        token_id = acting_token()
         if hook is None:
-            hook = TaskHook.objects.create(id=hook_new_id(), task=task, secret=text_seal(secret))
+            hook = TaskHook.objects.create(
+                id=hook_new_id(), task=task, secret=text_seal(secret), created_by_token=token_id
+            )
         else:
-            hook.secret, hook.rotated_at = text_seal(secret), db_now()
-            hook.save(update_fields=["secret", "rotated_at"])
+            hook.secret, hook.rotated_at, hook.created_by_token = text_seal(secret), db_now(), token_id
+            hook.save(update_fields=["secret", "rotated_at", "created_by_token"])
         audit_record(
             action="trigger_url.rotate" if rotated else "trigger_url.create",
             object_type="task",
@@ -79,7 +84,7 @@ def task_hook_set(*, task: Task) -> HookMade:
             detail=f"{'secret rotated' if rotated else 'made'}: {hook_actor(hook.pk)}",
         )
     hook.refresh_from_db()
-    return HookMade(hook=hook, secret=secret, url=hook_url(hook), rotated=rotated)
+    return HookMade(hook=hook, secret=secret, rotated=rotated)
 
 
 def task_hook_delete(*, task: Task) -> bool:
@@ -138,7 +143,8 @@ def hook_fire(
 
     Raises :class:`HookNotFound` (unknown id, deleted task), :class:`HookRefused` (bad or missing
     signature, old timestamp, wrong bearer secret), :class:`ConflictError` (the task is paused:
-    pausing a task stops what others start, while its owner can still run it by hand) and what
+    pausing a task stops what others start, while its owner can still run it by hand; or
+    :class:`~tasks_app.hooks.HookReplayed`: this signed request was already accepted) and what
     :func:`task_trigger` raises (quota; :class:`InvalidInput` on ``input`` for a JSON body that
     the task's ``input_schema`` refuses). A body that is a JSON object becomes the run's input
     (:func:`body_input`). Nothing is written before the request is proven.
@@ -150,7 +156,8 @@ def hook_fire(
         secret = text_open(hook.secret)
     except SecretsUnavailable:
         raise HookRefused("This trigger URL's secret cannot be read (a key was removed): make a new one.") from None
-    hook_check(secret=secret, headers=headers, body=body, now=time.time())
+    now = time.time()
+    proof = hook_check(secret=secret, headers=headers, body=body, now=now)
     task = hook.task
     if task.status == TaskStatus.PAUSED:
         raise ConflictError("The task is paused: its trigger URL starts no run until it is resumed.")
@@ -177,7 +184,17 @@ def hook_fire(
         if idempotency_key
         else ""
     )
-    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr):
-        stored = idempotent_create(owner=task.owner, key=idempotency_key, fingerprint=fingerprint, create=create)
+    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr), transaction.atomic():
+        if proof == "signature":
+            # Remembered with the run it starts: a copy of this request sent again is a 409.
+            hook_signature_remember(hook_id=hook.pk, headers=headers, now=now)
+        # The trigger URL's own key namespace: its holder cannot replay or block the owner's.
+        stored = idempotent_create(
+            owner=task.owner,
+            key=idempotency_key,
+            fingerprint=fingerprint,
+            create=create,
+            scope=trigger_url_scope(hook.pk),
+        )
     TaskHook.objects.filter(pk=hook.pk).update(last_used_at=Now())
     return HookFired(response=stored)

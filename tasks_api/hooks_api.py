@@ -14,7 +14,6 @@ from rest_framework.parsers import BaseParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from tasks_api.hooks import HookNotFound, hook_fire, hook_url, task_hook_delete, task_hook_set
@@ -24,6 +23,8 @@ from tasks_app.models import Task, TaskHook, TaskStatus
 from tasks_app.team_scope import TeamScopedMixin
 from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
+from tms_core.api.throttling import SimpleRateThrottle
+from tms_core.client_address import client_address
 
 
 class TriggerUrlSerializer(serializers.Serializer):
@@ -34,7 +35,7 @@ class TriggerUrlSerializer(serializers.Serializer):
     last_used_at = serializers.DateTimeField(allow_null=True, help_text="When a request last started a run.")
 
     def get_url(self, hook: TaskHook) -> str:
-        return hook_url(hook)
+        return hook_url(hook, request=self.context.get("request"))
 
 
 class TriggerUrlMadeSerializer(TriggerUrlSerializer):
@@ -56,7 +57,7 @@ class TaskTriggerUrlView(TeamScopedMixin, generics.GenericAPIView):
 
     @extend_schema(summary="Get a task's trigger URL", description="Never shows the secret.")
     def get(self, request: Request, pk: str) -> Response:
-        return Response(TriggerUrlSerializer(self._hook(self.get_object())).data)
+        return Response(self.get_serializer(self._hook(self.get_object())).data)
 
     @extend_schema(
         summary="Make or rotate a task's trigger URL",
@@ -71,7 +72,7 @@ class TaskTriggerUrlView(TeamScopedMixin, generics.GenericAPIView):
     )
     def post(self, request: Request, pk: str) -> Response:
         made = task_hook_set(task=self.get_object())
-        body = {**TriggerUrlSerializer(made.hook).data, "secret": made.secret}
+        body = {**self.get_serializer(made.hook).data, "secret": made.secret}
         return Response(body, status=status.HTTP_200_OK if made.rotated else status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -136,9 +137,12 @@ class HookView(ApiViewMixin, APIView):
             f"Authenticated by the trigger URL's secret, not by a user: send `{TIMESTAMP_HEADER}` (Unix time in "
             f"seconds, within {TOLERANCE} s of the server's) and `{SIGNATURE_HEADER}` (hex HMAC-SHA256 of "
             '`"{timestamp}.{body}"` under the secret), or `Authorization: Bearer <secret>`. Starts a run as `POST '
-            "/api/v1/tasks/{id}/trigger` does (quota, `trigger_debounce`, `Idempotency-Key`): 202 with the run, "
-            "200 when it joined the debounced run. 401 when the request does not prove itself, 404 for an unknown "
-            "URL, 409 when the task is paused. The body is any content (at most `TMS_MAX_REQUEST_BYTES`), signed as "
+            "/api/v1/tasks/{id}/trigger` does (quota, `trigger_debounce`, `Idempotency-Key`, whose keys are the "
+            "trigger URL's own, apart from the owner's): 202 with the run, 200 when it joined the debounced run. "
+            "401 when the request does not prove itself, 404 for an unknown URL, 409 when the task is paused or "
+            "when this signed request was already received (`request_replayed`: each signed request starts at most "
+            "one run; sign again with the current time to start another). The body is any content (at most "
+            "`TMS_MAX_REQUEST_BYTES`), signed as "
             "bytes; when it is a JSON object it becomes the run's `input` (checked by the task's `input_schema`: "
             "400 on `input` when it does not satisfy it; filling the task's `input_fills`). Any other body starts "
             "a run without input."
@@ -173,7 +177,7 @@ class HookView(ApiViewMixin, APIView):
                 headers=request.headers,
                 body=request.body,
                 idempotency_key=key,
-                remote_addr=request.META.get("REMOTE_ADDR") or None,
+                remote_addr=client_address(request),
             )
         except HookNotFound:
             raise NotFound("No trigger URL has this id (it was never made, or was removed).") from None

@@ -47,8 +47,8 @@ class UsedSerializer(serializers.Serializer):
     tasks = serializers.IntegerField(help_text="Tasks not deleted.")
     executions_last_hour = serializers.IntegerField(help_text="Executions created on request in the last hour.")
     artifact_bytes = serializers.IntegerField(
-        help_text="Bytes of artifacts held: a personal team's are its user's (artifacts belong to users); "
-        "0 for a shared team."
+        help_text="Bytes of the team's artifacts held (all but rejected ones, whoever uploaded them): the count "
+        "the quota enforces."
     )
 
 

@@ -27,6 +27,33 @@ class RunnerAliasFieldExtension(OpenApiSerializerFieldExtension):
         return {"type": "string", "enum": runner_aliases()}
 
 
+class LocalDateTimeFieldExtension(OpenApiSerializerFieldExtension):
+    """:class:`tasks_api.serializers.LocalDateTimeField`: an instant with its offset, or a wall-clock
+    time without one (read in the task's ``timezone``). OpenAPI's ``date-time`` requires the
+    offset, so the wall-clock form is an alternative of its own: a client that validates its
+    requests can send what the field's description promises."""
+
+    target_class = "tasks_api.serializers.LocalDateTimeField"
+    match_subclasses = True
+    priority = 1  # before tms_core.api.schema.BoundedDateTimeFieldExtension, which matches this subclass too
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        if direction != "request":
+            return {"type": "string", "format": "date-time"}
+        alternatives = {
+            "oneOf": [
+                {"type": "string", "format": "date-time", "pattern": schema.BOUNDED_DATETIME_PATTERN},
+                {
+                    "type": "string",
+                    "pattern": schema.WALL_DATETIME_PATTERN,
+                    "description": "A wall-clock time in the task's `timezone` (no UTC offset).",
+                    "example": "2030-01-15T09:00:00",
+                },
+            ],
+        }
+        return schema.blank_allowed(self.target, alternatives)
+
+
 class RunnerConfigFieldExtension(OpenApiSerializerFieldExtension):
     """A runner config outside a per-runner variant: any of the runners' config schemas."""
 

@@ -162,6 +162,11 @@ class WhySerializer(serializers.Serializer):
     execution = WhyExecutionSerializer(allow_null=True)
     skipped = WhySkippedSerializer(allow_null=True)
     next_fire_times = serializers.ListField(child=serializers.DateTimeField())
+    next_notes = serializers.ListField(
+        child=serializers.CharField(allow_blank=True),
+        help_text="What the task's business calendar makes of each of `next_fire_times`, in the same order: "
+        '"" for an open day, else why it will not run or where it is moved.',
+    )
     dst = serializers.CharField(
         help_text="Which DST rule (dst_gap, dst_fold) decided the instant asked about or its fire time, in words; "
         "empty when the clock was not being changed."

@@ -726,6 +726,12 @@ class BackfillResultSerializer(serializers.Serializer):
     end = serializers.DateTimeField()
     execution_ids = serializers.ListField(child=serializers.IntegerField(), help_text="Executions created, due now.")
     existing = serializers.IntegerField(help_text="Fire times in the range that already had an execution.")
+    fire_times = serializers.IntegerField(
+        help_text="Fire times the range holds (created + existing); 0: the schedule has none between start and end."
+    )
+    detail = serializers.CharField(
+        help_text='What was done, in words; "No fire times between X and Y: nothing to backfill." for an empty range.'
+    )
 
 
 class TriggerSerializer(StrictInputMixin, serializers.Serializer):

@@ -37,6 +37,7 @@ from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_api.workflows import After, after_links, after_resolve, task_after_entries, task_set_after
 from tasks_app.audit import audit_diff, audit_record, audit_record_many, audit_values
 from tasks_app.fields import AUDITED_COLUMNS, UPDATABLE_FIELDS
+from tasks_app.masking import ENV_NAMES, environment_changed_names, environment_changes
 from tasks_app.models import (
     MIN_MISFIRE_GRACE,
     Artifact,
@@ -50,6 +51,7 @@ from tasks_app.models import (
     Team,
     TeamRole,
     claims_exclusive,
+    status_for_cursor,
 )
 from tasks_app.quotas import quota_charge_executions, quota_check_tasks
 from tasks_app.run_config import destination_moved, input_check, task_validate_runner
@@ -66,7 +68,7 @@ from tasks_app.secrets import (
 from tasks_app.teams import require, team_for_new
 from tasks_app.versions import NOT_VERSIONED, version_record, version_record_many, version_snapshot
 from tms_core.bulk import JsonText, insert_columns, json_encoder
-from tms_core.clock import db_now
+from tms_core.clock import db_now, local_words
 from tms_core.conf import tms_settings
 from tms_core.durations import format_duration
 from tms_core.errors import ConflictError, GoneError, InvalidInput
@@ -417,8 +419,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
         skipped += plan.skipped
         planned.append(len(plan.rows))
         task.next_run_at, task.runs_materialised = plan.next_run_at, plan.runs
-        if plan.next_run_at is None:
-            task.status = TaskStatus.COMPLETED
+        task.status = status_for_cursor(next_run_at=plan.next_run_at, has_after=task.has_after)
     ids: list[int] = []
     with transaction.atomic():
         quota_check_tasks(team_id=team.pk, adding=len(tasks))
@@ -640,7 +641,7 @@ def task_replan(*, task: Task, actor: str, reason: str, only_from: frozenset[str
     return len(superseded)
 
 
-def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
+def task_update(*, task: Task, actor: str, changes: Mapping[str, Any], detail: str = "") -> Task:
     """Apply a partial update (``changes`` validated by the API) to a task.
 
     A change to the schedule, the runner, its config or the priority replaces the task's future:
@@ -648,7 +649,7 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
     superseded, the materialisation cursor is reset from the new schedule, at the earliest of
     them or now (a one-shot task whose ``start_at`` changed starts from the new ``start_at``),
     and the task is materialised again. Running executions, retries of ones that already ran and
-    history are left alone.
+    history are left alone. ``detail``: what the change was (a restore of a version), audited.
     """
     unknown = set(changes) - UPDATABLE_FIELDS
     if unknown:
@@ -738,6 +739,11 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 since = task.start_at
             _forget_calendar_skips(task, since)
             _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+        if task.status == TaskStatus.COMPLETED and task.has_after:
+            # A task that follows others is not completed by its own schedule's end
+            # (status_for_cursor); one left COMPLETED (before that rule, or by the end of its
+            # schedule while it followed nothing) comes back with any change, after included.
+            task.status = TaskStatus.ACTIVE
         if changed & {"overlap_policy", "max_concurrency"}:
             # Claims read the policy and the cap from the task; the flag only routes them to the check.
             Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
@@ -746,6 +752,8 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
                 )
             )
         task.save()
+        if task.status != snapshot_before["status"]:
+            changed.add("status")  # audited with the rest (not versioned)
         if changed or limits_changed or after_changed:
             masked_before, masked_after = config_masked_pair(before, after)
             snapshot_after = {**_snapshot(task, None), "config": masked_after}
@@ -754,21 +762,37 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any]) -> Task:
             if after_changed:
                 snapshot_after["after"] = task_after_entries(task)
             diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
-            detail = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
-            _audit_task(task, AuditAction.UPDATE, changes=diff, detail=detail)
+            # Every value of an environment is masked: the names say what a change set (PYTHONWARNINGS ...).
+            env_names = environment_changes(before[1], after[1]) if "config" in changed else {}
+            dropped_words = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
+            _audit_task(
+                task,
+                AuditAction.UPDATE,
+                changes=diff | ({ENV_NAMES: env_names} if env_names else {}),
+                detail="; ".join(part for part in (detail, dropped_words) if part),
+            )
             # The version's config masks every secret alike (a diff names a changed one: ``changed``).
             snapshot_version = {**snapshot_after, "config": config_masked(*after)}
-            _new_version(task, before={**snapshot_before, "config": masked_before}, after=snapshot_version, diff=diff)
+            versioned = [name for name in diff if name not in NOT_VERSIONED]
+            if versioned:  # a change of status alone is no new version
+                _new_version(
+                    task,
+                    before={**snapshot_before, "config": masked_before},
+                    after=snapshot_version,
+                    changed=[*versioned, *environment_changed_names(env_names)],
+                )
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
     task.refresh_from_db()
     return task
 
 
-def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], diff: dict[str, Any]) -> None:
+def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], changed: list[str]) -> None:
     """Record a change of ``task`` (saved, locked) as its next version, before anything creates
     executions from it (they copy ``Task.version`` as they are inserted). A task older than
-    versions gets its settings before the change recorded first, as the version it was at."""
+    versions gets its settings before the change recorded first, as the version it was at.
+    ``changed``: the settings that differ, and each environment variable a config change added,
+    removed or gave another value (``config.env.NAME``: its value reads masked on both sides)."""
     # Limits as a create records them: their names when there are any, else no key (the audit's
     # snapshots name them only when they changed).
     names = task_limit_names(task) if task.has_limits else []
@@ -788,7 +812,7 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], d
         version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(before), changed=[])
     task.version += 1
     Task.objects.filter(pk=task.pk).update(version=task.version)
-    version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(after), changed=list(diff))
+    version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(after), changed=changed)
 
 
 def _move_refusals(task: Task, team: Team, replacing: Collection[str]) -> dict[str, list[str]]:
@@ -918,16 +942,18 @@ def task_pause(*, task: Task, actor: str) -> Task:
 def task_resume(*, task: Task, actor: str) -> Task:
     """Resume a paused task: it becomes ACTIVE and is materialised at once from its cursor; the
     materialiser applies the task's misfire policy to occurrences whose time passed while it was
-    paused (skip them, run the latest once, or run them all). Resuming a task that is not paused
-    changes nothing.
+    paused (skip them, run the latest once, or run them all). A COMPLETED task that follows
+    others (left so before :func:`~tasks_app.models.status_for_cursor` kept such tasks active)
+    becomes ACTIVE too. Resuming any other task changes nothing.
     """
     with transaction.atomic():
         task = _lock(task.pk)
-        if task.status != TaskStatus.PAUSED:
+        previous = task.status
+        if previous != TaskStatus.PAUSED and not (previous == TaskStatus.COMPLETED and task.has_after):
             return task
         task.status = TaskStatus.ACTIVE
         task.save(update_fields=["status", "updated_at"])
-        _audit_task(task, AuditAction.RESUME, changes={"status": {"from": TaskStatus.PAUSED, "to": TaskStatus.ACTIVE}})
+        _audit_task(task, AuditAction.RESUME, changes={"status": {"from": previous, "to": TaskStatus.ACTIVE}})
         materialise_task(task_id=task.pk)
     task.refresh_from_db()
     return task
@@ -1068,6 +1094,10 @@ class BackfillReport:
     execution_ids: list[int]
     #: Fire times in the range that already had an execution (run, running or waiting).
     existing: int
+    #: Fire times the range holds (created + existing): 0 says the schedule has none there.
+    fire_times: int = 0
+    #: What the backfill did, in words (the range in the task's time zone, to the second).
+    detail: str = ""
 
 
 def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> BackfillReport:
@@ -1075,8 +1105,10 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
     execution each, all due now. They are claimed under the task's overlap policy like any other
     run. At most ``TMS_BACKFILL_MAX`` fire times per call (a wider range is :class:`InvalidInput`);
     ``end`` must not be in the future. Fire times already run, running or waiting are counted in
-    ``existing`` and not created again. The executions created count against the team's hourly
-    execution quota: all of them fit, or none is created (:class:`~tms_core.errors.QuotaExceeded`).
+    ``existing`` and not created again; ``detail`` says what was done, and a range that holds
+    no fire time of the task says so ("No fire times between ... and ..."). The executions
+    created count against the team's hourly execution quota: all of them fit, or none is
+    created (:class:`~tms_core.errors.QuotaExceeded`).
     """
     backfill_max = tms_settings().BACKFILL_MAX
     now = db_now()
@@ -1134,4 +1166,12 @@ def task_backfill(*, task: Task, start: datetime, end: datetime, actor: str) -> 
         )
     if ids:
         notify_due()
-    return BackfillReport(task.pk, start, end, ids, len(times) - len(ids))
+    between = f"between {local_words(start, task.timezone)} and {local_words(end, task.timezone)}"
+    if not times:
+        detail = f"No fire times {between}: nothing to backfill."
+    else:
+        detail = (
+            f"{len(times)} fire time(s) {between}: {len(ids)} execution(s) created, due now; "
+            f"{len(times) - len(ids)} already had one."
+        )
+    return BackfillReport(task.pk, start, end, ids, len(times) - len(ids), len(times), detail)

@@ -57,6 +57,8 @@ class StateColumns(TypedDict):
     latest_status: str | None
     latest_due_status: str | None
     next_run: datetime | None
+    #: The database's time of the read: a run due before it and not started yet is due now.
+    read_at: datetime
 
 
 def with_state(queryset: QuerySet[Task]) -> QuerySet[WithAnnotations[Task, StateColumns]]:
@@ -77,13 +79,15 @@ def with_state(queryset: QuerySet[Task]) -> QuerySet[WithAnnotations[Task, State
             When(Q(status__in=(TaskStatus.PAUSED, TaskStatus.DELETED)), then=None),
             default=Coalesce(Least(Subquery(next_due), F("next_run_at")), Subquery(next_due), F("next_run_at")),
         ),
+        read_at=Now(),
     )
 
 
 def _annotated(task: Task) -> WithAnnotations[Task, StateColumns]:
     if not hasattr(task, "latest_status"):
-        fresh = with_state(Task.objects.filter(pk=task.pk)).values("latest_status", "latest_due_status", "next_run")
-        row = fresh.first() or {"latest_status": None, "latest_due_status": None, "next_run": None}
+        columns = ("latest_status", "latest_due_status", "next_run", "read_at")
+        fresh = with_state(Task.objects.filter(pk=task.pk)).values(*columns)
+        row = fresh.first() or {"latest_status": None, "latest_due_status": None, "next_run": None, "read_at": None}
         for name, value in row.items():
             setattr(task, name, value)
     # Either it came from with_state or the loop above set the same columns: the type cannot follow hasattr.
@@ -115,11 +119,20 @@ def task_next_run(task: Task) -> datetime | None:
     another day, or not at all), so its next run is read through the calendar: the annotation's
     cursor is a fire time, not yet placed (a screenshot showed "Next run: today 01:32" for a
     task whose runs today all move to Monday).
+
+    A run whose due time has passed and that has not started yet (the catch-up run a resume
+    creates, a run waiting for a worker or held back by a limit) is due now: its next run is the
+    time of the read, never a time already past ("Next run" right after a resume showed the
+    missed fire time the misfire policy ran).
     """
-    when = _annotated(task).next_run
-    if when is None or task.calendar_id is None or task.next_run_at is None or when < task.next_run_at:
-        return when  # an execution already created (and placed) comes first
-    return _placed_next_run(task)
+    annotated = _annotated(task)
+    when = annotated.next_run
+    if not (when is None or task.calendar_id is None or task.next_run_at is None or when < task.next_run_at):
+        when = _placed_next_run(task)
+    read_at = getattr(annotated, "read_at", None)
+    if when is not None and read_at is not None and when < read_at:
+        return read_at
+    return when
 
 
 #: Local days with fire times read, at most, to find a calendar task's next run (a year and more:

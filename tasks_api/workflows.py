@@ -20,6 +20,7 @@ from django.db import connection
 from django.db.models import Q
 
 from tasks_app.models import MAX_AFTER, DependencyOn, Task, TaskDependency, TaskStatus
+from tasks_app.schedule_words import AFTER_ENDS, runs_only_after
 from tms_core.errors import InvalidInput
 
 #: Namespace of the transaction-level advisory lock (two-key form) under which a team's links
@@ -99,14 +100,32 @@ def after_resolve(*, team_id: int, entries: Any, task_id: uuid.UUID | None = Non
     if task_id is not None:
         loop = _path_to(task_id, wanted)
         if loop:
-            raise InvalidInput.on("after", f"A cycle: {' -> '.join(map(str, [task_id, *loop]))}.")
+            raise InvalidInput.on("after", f"A cycle: {' -> '.join(_cycle_names([task_id, *loop]))}.")
     return after
 
 
+def _cycle_names(chain: Sequence[uuid.UUID]) -> list[str]:
+    """The tasks of a cycle as people know them: each by its name, quoted, with its id beside it
+    where two tasks of the chain share that name; by its id when it has none."""
+    names = dict(Task.objects.filter(pk__in=set(chain)).values_list("pk", "name"))
+    counts: dict[str, int] = {}
+    for pk in set(chain):
+        counts[names.get(pk, "")] = counts.get(names.get(pk, ""), 0) + 1
+    shown = []
+    for pk in chain:
+        name = names.get(pk, "")
+        if not name:
+            shown.append(str(pk))
+        elif counts[name] > 1:
+            shown.append(f"{name!r} ({pk})")
+        else:
+            shown.append(repr(name))
+    return shown
+
+
 def _lock_team(team_id: int) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AFTER_LOCK_NAMESPACE, team_id])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [AFTER_LOCK_NAMESPACE, team_id])
 
 
 def _path_to(task_id: uuid.UUID, starts: Iterable[uuid.UUID]) -> list[uuid.UUID]:
@@ -190,16 +209,11 @@ def task_neighbours(task: Task) -> tuple[list[Neighbour], list[Neighbour]]:
 def follower_words(task: Task, upstream: Sequence[Neighbour] | None = None) -> str:
     """Why a task with ``after`` and no schedule of its own has no next run, in words ("" for any
     other task)."""
-    if not task.has_after or task.interval is not None or task.cron or task.next_run_at is not None:
+    if not runs_only_after(task):
         return ""
     if upstream is None:
         upstream = task_neighbours(task)[0]
-    ends: dict[str, str] = {
-        DependencyOn.SUCCESS: "succeeds",
-        DependencyOn.FAILURE: "fails for good",
-        DependencyOn.COMPLETION: "ends",
-    }
-    parts = [f"{item.task} {ends.get(item.on, item.on)} (on {item.on})" for item in upstream]
+    parts = [f"{item.task} {AFTER_ENDS.get(item.on, item.on)} (on {item.on})" for item in upstream]
     if not parts:
         return "It has no schedule of its own and follows no task any more: nothing runs it but a run on request."
     joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -1,5 +1,4 @@
-from django.apps import AppConfig, apps
-from django.db.models.signals import post_migrate
+from django.apps import AppConfig
 
 
 class TasksAppConfig(AppConfig):
@@ -7,11 +6,6 @@ class TasksAppConfig(AppConfig):
     verbose_name = "Tasks"
 
     def ready(self) -> None:
-        from tms_core.roles import ensure_support_group_after_migrate
-
-        # After the executions app's migrations: its permissions exist by then (auth creates each
-        # app's permissions in its own post_migrate receiver, connected before this one).
-        post_migrate.connect(ensure_support_group_after_migrate, sender=apps.get_app_config("executions"))
         from django.conf import settings
         from django.db.models.signals import post_save
 

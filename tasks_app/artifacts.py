@@ -29,6 +29,7 @@ from tasks_app.quotas import quota_check_artifact
 from tasks_app.teams import team_for_new
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
+from tms_core.public_url import public_url
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +110,13 @@ def _s3_client_and_bucket() -> tuple[Any, str] | None:
     return connection.meta.client, bucket
 
 
-def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any, team: Team | None = None) -> UploadTicket:
+def artifact_upload_begin(
+    *, owner: User, name: str, size: Any, sha256: Any, team: Team | None = None, site: str = ""
+) -> UploadTicket:
     """Record an UPLOADING artifact with its declared size and SHA-256, and sign where to send it.
     It goes in ``team`` (default: ``owner``'s personal team; editor role needed), as
-    :func:`artifact_create`.
+    :func:`artifact_create`. ``site``: the root URL of TMS the caller was reached at
+    (:func:`tms_core.public_url.public_url` of its request); empty, that of no request.
 
     The URL lives ``TMS_ARTIFACT_UPLOAD_TTL`` seconds. With S3 storage it is a presigned POST
     limited to exactly ``size`` bytes at the artifact's key (verified by
@@ -161,7 +165,7 @@ def artifact_upload_begin(*, owner: User, name: str, size: Any, sha256: Any, tea
         )
         return UploadTicket(artifact, "POST", post["url"], dict(post["fields"]), expires_at)
     token = signing.dumps({"artifact": str(artifact.pk)}, salt=UPLOAD_SALT)
-    url = f"{settings.TMS_PUBLIC_URL}/api/v1/artifacts/uploads/{token}"
+    url = f"{site or public_url()}/api/v1/artifacts/uploads/{token}"
     return UploadTicket(artifact, "PUT", url, {}, expires_at)
 
 

@@ -7,8 +7,9 @@ passed through every call:
 
 * :class:`AuditContextMiddleware` sets it for every web request: the source is ``api`` (under
   ``/api/`` and the original ``/tasks`` API), ``admin`` (under ``/admin/``) or ``backoffice``,
-  the address is the client's (``REMOTE_ADDR``), and the actor is the request's user as it is
-  when the entry is written (so DRF's token authentication, which runs in the view, counts).
+  the address is the client's (:func:`tms_core.client_address.client_address`), and the actor
+  is the request's user as it is when the entry is written (so DRF's token authentication,
+  which runs in the view, counts).
 * :class:`AuditedCommand`, the base of management commands that act, sets ``command:<name>``
   with the operating-system user who ran it (:func:`audit_context` does the same for any code).
 * Without a context (the scheduler's own processes) the source is ``system``.
@@ -34,7 +35,9 @@ from django.core.management.base import BaseCommand
 from django.http import HttpRequest, HttpResponse
 
 from tasks_app.models import AuditEntry
+from tms_core.auth import acting_token_id
 from tms_core.bulk import insert_columns
+from tms_core.client_address import client_address
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,16 @@ _context: contextvars.ContextVar[AuditContext | None] = contextvars.ContextVar("
 
 def current_context() -> AuditContext | None:
     return _context.get()
+
+
+def acting_token() -> int | None:
+    """The personal access token the current actor acts through (None: a session, an account
+    key, a command, the system): services record what a token makes as its own."""
+    context = current_context()
+    if context is None:
+        return None
+    actor, _ = context.who()
+    return acting_token_id(actor) if actor is not None else None
 
 
 @contextlib.contextmanager
@@ -96,7 +109,7 @@ class AuditContextMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         context = AuditContext(
-            source=request_source(request.path), remote_addr=request.META.get("REMOTE_ADDR") or None, request=request
+            source=request_source(request.path), remote_addr=client_address(request), request=request
         )
         token = _context.set(context)
         try:

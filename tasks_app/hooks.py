@@ -4,7 +4,10 @@ The conventions are those of TMS's own outgoing webhooks (docs/notifications.md)
 the caller sends ``X-TMS-Timestamp`` (Unix time, whole seconds) and ``X-TMS-Signature``, the hex
 HMAC-SHA256 of ``"{timestamp}.{body}"`` under the trigger URL's secret. A timestamp further than
 :data:`TOLERANCE` seconds from the server's clock is refused, so a captured request cannot be
-replayed later; the signature is compared in constant time. A caller that cannot compute an HMAC
+replayed later; and within that window each signed request is remembered
+(:func:`hook_signature_remember`, in PostgreSQL) so that the same one sent again is refused
+(:class:`HookReplayed`, a 409) instead of starting another run. The signature is compared in
+constant time. A caller that cannot compute an HMAC
 (a SaaS form with a "secret header" field) may send ``Authorization: Bearer <secret>`` instead:
 weaker (the secret travels with each request, and a captured request can be replayed until the
 secret is rotated), which docs/triggers.md says.
@@ -16,6 +19,9 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+from tms_core.errors import ConflictError
 
 SIGNATURE_HEADER = "X-TMS-Signature"
 TIMESTAMP_HEADER = "X-TMS-Timestamp"
@@ -30,6 +36,12 @@ SECRET_PREFIX = "tms_hook_"  # noqa: S105 - a prefix, not a secret
 
 class HookRefused(Exception):
     """The request is not signed (or authorised) by the trigger URL's secret; the message says why."""
+
+
+class HookReplayed(ConflictError):
+    """This signed request was already accepted: a copy sent again (replayed) starts nothing."""
+
+    code = "request_replayed"
 
 
 def hook_new_id() -> str:
@@ -79,6 +91,47 @@ def hook_check(*, secret: str, headers: Mapping[str, str], body: bytes, now: flo
     if not hmac.compare_digest(hook_signature(secret, timestamp, body).encode(), given.encode()):
         raise HookRefused(f"{SIGNATURE_HEADER} does not match the body and timestamp under this trigger URL's secret.")
     return "signature"
+
+
+def hook_signature_remember(*, hook_id: str, headers: Mapping[str, str], now: float) -> None:
+    """Remember the signed request ``headers`` carry (checked by :func:`hook_check`) as accepted
+    by trigger URL ``hook_id``, until its timestamp leaves the tolerance; raise
+    :class:`HookReplayed` when it was already (a request can be accepted once). Call it in the
+    transaction that starts the run: if that fails and rolls back, the request was not accepted,
+    and the same request may be sent again. Two copies at once: the second waits on the unique
+    index for the first's transaction, then is refused if it committed. Also forgets this
+    trigger URL's requests whose timestamps have left the tolerance (``now``: the server's Unix
+    time, the clock :func:`hook_check` judged them by)."""
+    from django.db import IntegrityError, transaction
+
+    from tasks_app.models import TaskHookSignature
+
+    timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
+    signature = headers.get(SIGNATURE_HEADER, "").strip().lower().removeprefix("sha256=")
+    digest = hashlib.sha256(f"{timestamp}.{signature}".encode()).hexdigest()
+    TaskHookSignature.objects.filter(hook_id=hook_id, expires_at__lt=datetime.fromtimestamp(now, UTC)).delete()
+    try:
+        with transaction.atomic():
+            TaskHookSignature.objects.create(
+                hook_id=hook_id,
+                digest=digest,
+                expires_at=datetime.fromtimestamp(int(timestamp) + TOLERANCE, UTC),
+            )
+    except IntegrityError:
+        raise HookReplayed(
+            "This signed request was already received (the same timestamp and signature): it starts no other run. "
+            f"To start another, sign the request again with the current time in {TIMESTAMP_HEADER}."
+        ) from None
+
+
+def hook_signatures_expire() -> int:
+    """Forget the signed requests whose timestamps can no longer be accepted (with a margin of
+    the tolerance again, for a web clock ahead of the database's); returns how many."""
+    from tasks_app.models import TaskHookSignature
+    from tms_core.clock import db_now
+
+    deleted, _ = TaskHookSignature.objects.filter(expires_at__lt=db_now() - timedelta(seconds=TOLERANCE)).delete()
+    return deleted
 
 
 def rotate_hook_secrets(batch: int) -> tuple[int, int, list[str]]:

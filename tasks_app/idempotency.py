@@ -1,7 +1,7 @@
 """``Idempotency-Key`` for create requests: a retried POST gets the first response back.
 
 The key row is inserted in the same transaction that creates the task. A concurrent duplicate's
-insert waits on the unique (owner, key) index until the first transaction ends: if it committed,
+insert waits on the unique (owner, scope, key) index until the first transaction ends: if it committed,
 the duplicate replays its stored response; if it rolled back (the request failed), the duplicate
 goes ahead as the first. So two requests with one key never create two tasks. Only successful
 responses are stored; a failed request can be retried with the same key.
@@ -66,26 +66,34 @@ def idempotent_create(
     key: str | None,
     fingerprint: str,
     create: Callable[[], tuple[int, Any]],
+    scope: str = "",
 ) -> StoredResponse:
     """Run ``create`` (which returns the response's status and JSON body) at most once per key.
 
     With no key it just runs. With a key seen before (and not expired) it returns the stored
     response instead, or raises :class:`IdempotencyKeyReused` if the earlier request differed.
+    Keys are the owner's, in ``scope``: "" for the owner's own requests, :func:`trigger_url_scope`
+    for a trigger URL's (a trigger URL's holder and the owner never share a key).
     """
     if key is None:
         status, body = create()
         return StoredResponse(status, body)
     ttl = timedelta(seconds=tms_settings().IDEMPOTENCY_KEY_TTL)
     with transaction.atomic():
-        ApiIdempotencyKey.objects.filter(owner=owner, key=key, created_at__lt=db_now() - ttl).delete()
+        ApiIdempotencyKey.objects.filter(owner=owner, scope=scope, key=key, created_at__lt=db_now() - ttl).delete()
         try:
             with transaction.atomic():
                 record = ApiIdempotencyKey.objects.create(
-                    owner=owner, key=key, request_fingerprint=fingerprint, response_status=0, response_body=None
+                    owner=owner,
+                    scope=scope,
+                    key=key,
+                    request_fingerprint=fingerprint,
+                    response_status=0,
+                    response_body=None,
                 )
         except IntegrityError:
             # The first request with this key committed while we waited on the unique index.
-            stored = ApiIdempotencyKey.objects.get(owner=owner, key=key)
+            stored = ApiIdempotencyKey.objects.get(owner=owner, scope=scope, key=key)
             if stored.request_fingerprint != fingerprint:
                 raise IdempotencyKeyReused(
                     f"This {HEADER} was already used with a different request; use a new key."
@@ -95,6 +103,11 @@ def idempotent_create(
         record.response_status, record.response_body = status, body
         record.save(update_fields=["response_status", "response_body"])
     return StoredResponse(status, body)
+
+
+def trigger_url_scope(hook_id: str) -> str:
+    """The key namespace of trigger URL ``hook_id``'s requests (its own, apart from its owner's)."""
+    return f"trigger-url:{hook_id}"
 
 
 def idempotency_keys_expire() -> int:

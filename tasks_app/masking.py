@@ -115,3 +115,54 @@ def unmask_config(submitted: Any, stored: Any) -> Any:
     if isinstance(submitted, str) and isinstance(stored, str) and MASK in submitted and mask_url(stored) == submitted:
         return stored
     return submitted
+
+
+#: The key of an audit entry's ``changes`` naming the environment variables a change touched.
+ENV_NAMES = "env_names"
+
+
+def _environments(value: Any, path: tuple[str, ...] = ()) -> dict[str, dict[Any, Any]]:
+    """Each environment mapping of a config (``env``, ``environment``, ... at any depth), by its
+    dotted path."""
+    found: dict[str, dict[Any, Any]] = {}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = (*path, str(key))
+            if is_environment_key(key) and isinstance(item, dict):
+                found[".".join(here)] = item
+            else:
+                found.update(_environments(item, here))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found.update(_environments(item, (*path, str(index))))
+    return found
+
+
+def environment_changes(before: Any, after: Any) -> dict[str, dict[str, list[str]]]:
+    """The names of the variables each environment mapping of a config gained (``added``), lost
+    (``removed``) or got another value for (``changed``), by the mapping's path (``env``,
+    ``containers.0.env``): what a reviewer needs of a change whose values stay masked (a variable
+    like ``PYTHONWARNINGS`` says what was injected even when its value reads ``********``).
+    Give both configs in the clear (values are compared, never returned); a mapping with no
+    change, and an empty list, are left out."""
+    old, new = _environments(before), _environments(after)
+    changes: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(set(old) | set(new)):
+        was, now = old.get(path, {}), new.get(path, {})
+        names = {
+            "added": sorted(str(name) for name in now if name not in was),
+            "removed": sorted(str(name) for name in was if name not in now),
+            "changed": sorted(str(name) for name in now if name in was and now[name] != was[name]),
+        }
+        names = {kind: listed for kind, listed in names.items() if listed}
+        if names:
+            changes[path] = names
+    return changes
+
+
+def environment_changed_names(changes: dict[str, dict[str, list[str]]], prefix: str = "config") -> list[str]:
+    """:func:`environment_changes` as the dotted names of the variables (``config.env.BROWSER``),
+    for a task version's list of what changed."""
+    return sorted(
+        {f"{prefix}.{path}.{name}" for path, kinds in changes.items() for names in kinds.values() for name in names}
+    )

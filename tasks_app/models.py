@@ -19,8 +19,20 @@ from tms_core.conf import MAX_KEEP_FOR, MAX_KEEP_LAST, MIN_KEEP_FOR, tms_setting
 class TaskStatus(models.TextChoices):
     ACTIVE = "ACTIVE"  #: materialised and run per its schedule
     PAUSED = "PAUSED"  #: kept, but no new executions are created
-    COMPLETED = "COMPLETED"  #: its schedule has no further occurrence
+    COMPLETED = "COMPLETED"  #: its schedule has no further occurrence, and it follows no task
     DELETED = "DELETED"  #: removed by its owner; history is kept
+
+
+def status_for_cursor(*, next_run_at: object, has_after: bool) -> str:
+    """The status of an active task whose materialisation cursor is ``next_run_at``: ACTIVE while
+    its schedule has a further occurrence; once it has none, COMPLETED, unless the task follows
+    others (``has_after``): a workflow step runs after its upstreams' runs whatever its own
+    schedule says (it usually has none: created without one, its only "fire time" is its creation,
+    long past), so the end of its schedule does not end it. Every place that completes a task by
+    its cursor asks this (the materialiser and the create service)."""
+    if next_run_at is not None or has_after:
+        return TaskStatus.ACTIVE
+    return TaskStatus.COMPLETED
 
 
 class OverlapPolicy(models.TextChoices):
@@ -280,6 +292,11 @@ class Team(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_team"
     )
     created_at = models.DateTimeField(db_default=Now())
+    #: Made (or marked) by an administrator: staff created it, or ``tms_team_managed`` marked it.
+    #: Only such a team receives the members single sign-on's group mapping grants
+    #: (``TMS_OIDC_GROUPS`` ``team:<slug>:<role>``, :func:`accounts.sso.sync_team_memberships`):
+    #: a team any user made under a mapped slug would otherwise collect the group's members.
+    managed = models.BooleanField(db_default=False, default=False)
 
     class Meta:
         ordering = ["slug"]
@@ -312,11 +329,24 @@ class Membership(models.Model):
     )
     created_at = models.DateTimeField(db_default=Now())
 
+    #: The personal access token (``accounts.AccessToken`` id) that added the member or last set
+    #: their role by hand; None for a session, an account key, a command or single sign-on. No
+    #: foreign key: accounts sits above this app. Lets the token's owner list and undo what a
+    #: token granted (:func:`accounts.tokens.token_made`).
+    created_by_token = models.BigIntegerField(null=True, blank=True)
+
     class Meta:
         ordering = ["id"]
         constraints = [
             # Leads with the user: every scoped read asks "which teams is this user in?".
             models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_by_token"],
+                name="membership_by_token_idx",
+                condition=Q(created_by_token__isnull=False),
+            )
         ]
 
     def __str__(self) -> str:
@@ -527,8 +557,8 @@ class Task(models.Model):
             models.Index(
                 fields=["team", "-created_at", "-id"], condition=~Q(status="DELETED"), name="task_team_live_idx"
             ),
-            # The list's search: runner = q here, and name ILIKE '%q%' has a trigram index on UPPER(name), PostgreSQL
-            # only: migration 0017 (kept out of the model state so SQLite never sees it).
+            # The list's search: runner = q here, and name ILIKE '%q%' has a trigram index on UPPER(name):
+            # migration 0017 (outside the model state).
             models.Index(fields=["runner"], name="task_runner_idx"),
             models.Index(fields=["artifact"], condition=Q(artifact__isnull=False), name="task_artifact_idx"),
             models.Index(fields=["calendar"], condition=Q(calendar__isnull=False), name="task_calendar_idx"),
@@ -617,11 +647,15 @@ class ApiIdempotencyKey(models.Model):
     """The first response to a create request sent with an ``Idempotency-Key`` header.
 
     A retry with the same key and the same body gets this response back and creates nothing; the
-    unique (owner, key) constraint makes concurrent duplicates wait for the first one and then
-    replay it. Keys expire after ``TMS_IDEMPOTENCY_KEY_TTL`` seconds.
+    unique (owner, scope, key) constraint makes concurrent duplicates wait for the first one and
+    then replay it. Keys expire after ``TMS_IDEMPOTENCY_KEY_TTL`` seconds.
     """
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    #: Whose keys these are beside the owner: "" for the owner's own requests (the API), or
+    #: ``trigger-url:<id>`` for a trigger URL's, so that its holder can neither replay nor block
+    #: the owner's keys, nor the owner a trigger URL's.
+    scope = models.CharField(max_length=100, default="", blank=True, db_default="")
     key = models.CharField(max_length=255)
     #: sha256 of the request's method, path and body: the same key with another body is an error.
     request_fingerprint = models.CharField(max_length=64)
@@ -630,7 +664,9 @@ class ApiIdempotencyKey(models.Model):
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_unique_per_owner")]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "scope", "key"], name="idempotency_key_unique_per_owner_scope")
+        ]
         indexes = [models.Index(fields=["created_at"], name="idempotency_key_created_idx")]
 
     def __str__(self) -> str:
@@ -801,6 +837,35 @@ class TaskHook(models.Model):
     rotated_at = models.DateTimeField(null=True, blank=True)
     #: When a request last started (or joined) a run through it.
     last_used_at = models.DateTimeField(null=True, blank=True)
+    #: The personal access token (``accounts.AccessToken`` id) that made the hook or last rotated
+    #: its secret; None otherwise. No foreign key: accounts sits above this app.
+    created_by_token = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_by_token"], name="hook_by_token_idx", condition=Q(created_by_token__isnull=False)
+            )
+        ]
 
     def __str__(self) -> str:
         return f"hook {self.id} of {self.task_id}"
+
+
+class TaskHookSignature(models.Model):
+    """A signed request a trigger URL accepted, remembered while its timestamp could still be
+    accepted (``expires_at``: the timestamp plus :data:`tasks_app.hooks.TOLERANCE`), so that the
+    same request sent again (captured and replayed) is refused instead of starting another run.
+    The unique (hook, digest) constraint decides between two copies sent at once."""
+
+    hook = models.ForeignKey(TaskHook, on_delete=models.CASCADE, related_name="+")
+    #: sha256 of the request's timestamp and signature (the signature covers the body).
+    digest = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="hook_signature_seen_once")]
+        indexes = [models.Index(fields=["expires_at"], name="hook_signature_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.digest[:12]} ({self.hook_id})"

@@ -32,7 +32,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import Sum
 
 from tasks_app.audit import audit_record
 from tasks_app.models import Artifact, ArtifactStatus, QuotaUse, Task, TaskStatus, Team, TeamQuota
@@ -222,32 +222,31 @@ def quota_check_tasks(*, team_id: int, adding: int) -> None:
         )
 
 
-def quota_check_artifact_bytes(*, team_id: int, held: QuerySet[Artifact], size: int, field: str = "file") -> None:
-    """Inside the storing transaction: raise :class:`InvalidInput` on ``field`` unless the team may
-    keep ``size`` more bytes of artifacts, ``held`` being the team's artifacts (REJECTED ones are
-    left out here)."""
-    if _unlimited(team_id, "max_artifact_bytes", tms_settings().QUOTA_ARTIFACT_BYTES):
-        return
-    quota = _lock(team_id)
-    limit = _limit(quota.max_artifact_bytes, tms_settings().QUOTA_ARTIFACT_BYTES)
-    if not limit:
-        return
-    have = held.exclude(status=ArtifactStatus.REJECTED).aggregate(total=Sum("size"))["total"] or 0
-    if have + size > limit:
-        raise InvalidInput.on(
-            field,
-            f"quota: artifacts may take at most {limit} bytes; you keep {have} and this one has {size}. "
-            "Delete artifacts you no longer need, or ask an operator to raise your team's quota.",
-        )
+def team_artifact_bytes(team_id: int) -> int:
+    """Bytes of artifacts ``team_id`` holds: every artifact of the team but REJECTED ones, whoever
+    uploaded it. The one count of the quota: its check and its report (:func:`team_quota_use`)."""
+    held = Artifact.objects.filter(team_id=team_id).exclude(status=ArtifactStatus.REJECTED)
+    return held.aggregate(total=Sum("size"))["total"] or 0
 
 
 def quota_check_artifact(*, team_id: int, size: int, field: str = "file") -> None:
     """Inside the storing transaction: raise :class:`InvalidInput` on ``field`` unless the team
     may keep ``size`` more bytes of artifacts. Both ways in call it: a multipart upload before it
     stores the file, a signed upload when it is declared (its declared size is held from then on,
-    until it is REJECTED or deleted); what is counted is every artifact of the team but REJECTED
-    ones, whoever uploaded it."""
-    quota_check_artifact_bytes(team_id=team_id, held=Artifact.objects.filter(team_id=team_id), size=size, field=field)
+    until it is REJECTED or deleted); what is counted is :func:`team_artifact_bytes`."""
+    if _unlimited(team_id, "max_artifact_bytes", tms_settings().QUOTA_ARTIFACT_BYTES):
+        return
+    quota = _lock(team_id)
+    limit = _limit(quota.max_artifact_bytes, tms_settings().QUOTA_ARTIFACT_BYTES)
+    if not limit:
+        return
+    have = team_artifact_bytes(team_id)
+    if have + size > limit:
+        raise InvalidInput.on(
+            field,
+            f"quota: artifacts may take at most {limit} bytes; you keep {have} and this one has {size}. "
+            "Delete artifacts you no longer need, or ask an operator to raise your team's quota.",
+        )
 
 
 # --- rolling windows (429) -----------------------------------------------------------------------
@@ -335,8 +334,8 @@ class TeamQuotaUse:
     tasks: int
     #: Executions created on request over the last hour.
     executions_last_hour: int
-    #: Bytes of artifacts held (all but REJECTED ones): those of the personal team's user, as
-    #: artifacts belong to users (0 for a shared team).
+    #: Bytes of the team's artifacts held (all but REJECTED ones): :func:`team_artifact_bytes`,
+    #: the count the check enforces.
     artifact_bytes: int
 
 
@@ -346,11 +345,7 @@ def team_quota_use(team: Team) -> TeamQuotaUse:
     since = db_now() - timedelta(seconds=HOUR)
     uses = QuotaUse.objects.filter(team_id=team.pk, kind=EXECUTIONS, at__gt=since)
     executions = uses.aggregate(total=Sum("amount"))["total"] or 0
-    artifact_bytes = 0
-    if team.personal_of_id is not None:
-        held = Artifact.objects.filter(owner_id=team.personal_of_id).exclude(status=ArtifactStatus.REJECTED)
-        artifact_bytes = held.aggregate(total=Sum("size"))["total"] or 0
-    return TeamQuotaUse(tasks=tasks, executions_last_hour=executions, artifact_bytes=artifact_bytes)
+    return TeamQuotaUse(tasks=tasks, executions_last_hour=executions, artifact_bytes=team_artifact_bytes(team.pk))
 
 
 def quota_uses_expire() -> int:

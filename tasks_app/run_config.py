@@ -8,7 +8,7 @@ same size limit, reserved key, runner validation and secret rules, whoever asks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from rest_framework import serializers
@@ -113,13 +113,40 @@ def config_override(*, task: Task, override: dict[str, Any]) -> tuple[Any, list[
     return config_seal(task.runner, merged, [path for path in fields if _names(merged, path)]), dropped
 
 
+def config_for_run(
+    *, runner: str, config: Any, secret_fields: Iterable[str], run_input: Any, fills: Mapping[str, str] | None
+) -> tuple[Any, list[str]]:
+    """``config`` (plain) with the paths of ``fills`` set from ``run_input`` (:func:`config_filled`),
+    under the rule an update and a replay's override follow: when the filled values send the run
+    elsewhere (the runner's :meth:`~runners.base.BaseRunner.destination` changes: another URL,
+    command, function, image, recipients), every secret of ``config`` is left out of the filled
+    one. A task cannot be saved with such a fill while its config holds secrets
+    (:func:`tasks_app.run_input.check_input_fills`); this keeps a task saved before that rule, or a
+    replay's config, from sending its credentials where an input says. Answers the config and the
+    paths of the secrets dropped."""
+    filled = config_filled(config, run_input, fills)
+    if filled is config:
+        return config, []
+    fields = list(secret_fields)
+    if not destination_moved((runner, config, fields), (runner, filled), artifact=False):
+        return filled, []
+    return config_carry_secrets((runner, config, fields), (runner, filled, fields), kept=None, moved=True)
+
+
 def input_check(*, task: Task, run_input: dict[str, Any] | None) -> None:
     """Raise :class:`InvalidInput` on ``input`` unless ``run_input`` may be given to a run of
     ``task``: a bounded JSON object (or none) that satisfies the task's ``input_schema``, and
-    whose values, filled into the config (``input_fills``), leave a config the runner accepts."""
+    whose values, filled into the config (``input_fills``, :func:`config_for_run`), leave a
+    config the runner accepts."""
     check_input(run_input, task.input_schema)
     if run_input and task.input_fills:
-        filled = config_filled(config_open(task.config), run_input, task.input_fills)
+        filled, _dropped = config_for_run(
+            runner=task.runner,
+            config=config_open(task.config),
+            secret_fields=task.secret_fields or [],
+            run_input=run_input,
+            fills=task.input_fills,
+        )
         try:
             task_validate_runner(runner=task.runner, config=filled)
         except InvalidInput as exc:

@@ -8,7 +8,11 @@ input may fill (``input_fills``).
 * ``input_fills``: ``{"<config path>": "<input path>"}``, both dot-separated (a number indexes a
   list). At run time the runner gets the task's config with exactly those paths set from the
   run's input; a path whose input value is missing keeps the config's value. A fill path must name
-  something in the config and no secret (an input is shown, a secret never is).
+  something in the config and no secret (an input is shown, a secret never is), and while the
+  config holds a secret, nothing of where the run goes (the runner's
+  :attr:`~runners.base.BaseRunner.destination_config_fields`: a URL, a command, recipients ...):
+  the task's credentials never follow a run that an input pointed elsewhere. The engine enforces
+  the same at run time (:func:`tasks_app.run_config.config_for_run`) for tasks saved before.
 
 The engine applies the fills (:func:`config_filled`, in :func:`executions.runs.run_spec`), so
 runs of every origin get them: triggered, started by a trigger URL, a workflow's steps, replays.
@@ -24,6 +28,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
+from runners.registry import UnknownRunner, get_runner
 from tasks_app.secrets import has_reserved_key, parse_path, secret_paths
 from tms_core.errors import InvalidInput
 
@@ -98,6 +103,66 @@ def check_input(value: Any, schema: Mapping[str, Any] | None) -> None:
         raise InvalidInput({"input": [f"{error.message} (at {_where(error.absolute_path)})" for error in errors[:10]]})
 
 
+def _plain(error: Any) -> str:
+    """A schema error in plain words where its keyword has a usual phrasing (the message the
+    ``jsonschema`` library gives otherwise)."""
+    kind, rule = error.validator, error.validator_value
+    if kind == "type":
+        kinds = rule if isinstance(rule, list) else [rule]
+        return "Must be " + " or ".join(PLAIN_TYPES.get(str(name), str(name)) for name in kinds) + "."
+    words = {
+        "minimum": f"Must be at least {rule}.",
+        "maximum": f"Must be at most {rule}.",
+        "exclusiveMinimum": f"Must be more than {rule}.",
+        "exclusiveMaximum": f"Must be less than {rule}.",
+        "minLength": f"At least {rule} character(s).",
+        "maxLength": f"At most {rule} character(s).",
+        "pattern": f"Must match the pattern {rule}.",
+        "multipleOf": f"Must be a multiple of {rule}.",
+    }
+    if kind == "enum" and isinstance(rule, list):
+        return "Must be one of: " + ", ".join(_text(item) for item in rule) + "."
+    return words.get(str(kind), str(error.message[:1].upper() + error.message[1:]))
+
+
+#: JSON Schema's type names in words.
+PLAIN_TYPES = {
+    "string": "a text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def input_problems(value: Any, schema: Mapping[str, Any] | None) -> list[tuple[str | None, str]]:
+    """Why ``value`` does not satisfy ``schema``, by the validation :func:`check_input` runs, as
+    ``(property, words)`` pairs for a form that has a field per top-level property: ``property``
+    is the top-level key a problem is about (a required key that is missing included), None for
+    the input as a whole. Empty when it satisfies the schema (or there is none)."""
+    if schema is None:
+        return []
+    validator = validator_for(schema, default=Draft202012Validator)(schema)
+    instance = {} if value is None else value
+    problems: list[tuple[str | None, str]] = []
+    for error in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path)):
+        path = list(error.absolute_path)
+        if not path and error.validator == "required" and isinstance(error.instance, dict):
+            # One error per missing key, each seeing every key missing: each named once.
+            for name in error.validator_value:
+                if name not in error.instance and (str(name), "Required.") not in problems:
+                    problems.append((str(name), "Required."))
+            continue
+        if not path:
+            problems.append((None, _plain(error)))
+            continue
+        rest = ".".join(str(part) for part in path[1:])
+        problems.append((str(path[0]), _plain(error) + (f" (at {rest})" if rest else "")))
+    return problems
+
+
 def input_schema_problem(value: Any, schema: Mapping[str, Any]) -> str:
     """Why ``value`` (a run's input) does not satisfy ``schema``, in one line; "" if it does."""
     try:
@@ -127,6 +192,7 @@ def check_input_fills(*, fills: Any, runner: str, config: Any, secret_fields: It
     if len(fills) > MAX_FILLS:
         return [f"At most {MAX_FILLS} entries."]
     secret = set(secret_paths(runner, config, secret_fields))
+    destinations = _destination_fields(runner)
     problems = []
     for target, source in fills.items():
         if not target or len(target) > MAX_PATH_CHARS:
@@ -134,6 +200,16 @@ def check_input_fills(*, fills: Any, runner: str, config: Any, secret_fields: It
             continue
         if not isinstance(source, str) or not source or len(source) > MAX_PATH_CHARS:
             problems.append(f"{target!r}: its input path must be a text of 1 to {MAX_PATH_CHARS} characters.")
+            continue
+        if "" in source.split("."):
+            # parse_path(".") is two empty keys: no input has a value there, so it would fill nothing.
+            problems.append(
+                f"{target!r}: its input path {source!r} has an empty part: name a key of the input, "
+                'such as "date" or "payload.date" (the whole input cannot fill one value).'
+            )
+            continue
+        if "" in target.split("."):
+            problems.append(f'{target!r} has an empty part: name a value of config, such as "payload.date".')
             continue
         path = parse_path(target)
         try:
@@ -145,7 +221,31 @@ def check_input_fills(*, fills: Any, runner: str, config: Any, secret_fields: It
             hidden[: len(path)] == path for hidden in secret
         ):
             problems.append(f"{target!r} is (or holds) a secret: an input is shown, so it cannot fill one.")
+        elif secret and (destinations is None or path[0] in destinations):
+            problems.append(
+                f"{target!r} says where a run goes or what it runs ({_destination_text(runner, destinations)}): "
+                f"an input cannot fill it while the config holds secrets ({_paths_text(secret)}), which would "
+                "follow the run wherever the input sends it. Take the secrets out of config, or this fill."
+            )
     return problems
+
+
+def _destination_fields(runner: str) -> tuple[str, ...] | None:
+    """The config fields that say where a run of ``runner`` goes (None: all of its config)."""
+    try:
+        return get_runner(runner).destination_config_fields
+    except UnknownRunner:
+        return None
+
+
+def _destination_text(runner: str, destinations: tuple[str, ...] | None) -> str:
+    if destinations is None:
+        return f"any value of a {runner} config"
+    return f"{', '.join(destinations)} of a {runner} config"
+
+
+def _paths_text(paths: Iterable[Path]) -> str:
+    return ", ".join(sorted(".".join(str(part) for part in path) for path in paths))
 
 
 def config_filled(config: Any, run_input: Any, fills: Mapping[str, str] | None) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 from cron_descriptor import DescriptionTypeEnum, ExpressionDescriptor, Options
 
+from tasks_app.models import DependencyOn, TaskDependency, TaskStatus
 from tasks_app.schedules import ScheduleError, parse_cron
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
@@ -121,6 +122,38 @@ def schedule_description(*, cron: str, interval: timedelta | None, timezone: str
     return "Once"
 
 
+#: How an upstream's run must end for a follower to run (``after``'s ``on``), in words.
+AFTER_ENDS: dict[str, str] = {
+    DependencyOn.SUCCESS: "succeeds",
+    DependencyOn.FAILURE: "fails for good",
+    DependencyOn.COMPLETION: "ends",
+}
+
+
+def runs_only_after(task: Any) -> bool:
+    """Whether ``task`` runs only after other tasks (and on request): it follows some and has no
+    fire time of its own (no interval or cron, and no one-shot time still to come)."""
+    return bool(task.has_after) and task.interval is None and not task.cron and task.next_run_at is None
+
+
+def after_words(task: Any) -> str:
+    """What runs a task of :func:`runs_only_after`, in words: "After extract succeeds"; "After
+    transform succeeds and check succeeds (same workflow run)" for a fan-in. One query."""
+    links = (
+        TaskDependency.objects.filter(task_id=task.pk)
+        .exclude(upstream__status=TaskStatus.DELETED)
+        .values_list("upstream__name", "upstream_id", "on")
+    )
+    parts = sorted(f"{name or upstream} {AFTER_ENDS.get(on, on)}" for name, upstream, on in links)
+    if not parts:
+        return "On request only (it follows no task now)"
+    joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"After {joined}" + (" (same workflow run)" if len(parts) > 1 else "")
+
+
 def schedule_words(task: Any) -> str:
-    """How often ``task`` runs, in words (its zone named for cron schedules)."""
+    """How often ``task`` runs, in words (its zone named for cron schedules); for a workflow step
+    with no schedule of its own, after what it runs (:func:`after_words`), not "Once"."""
+    if runs_only_after(task):
+        return after_words(task)
     return schedule_description(cron=task.cron, interval=task.interval, timezone=task.timezone)

@@ -785,6 +785,49 @@ def dst_note(cron: str, timezone: str, when: datetime, *, gap: str = "", fold: s
     return ""
 
 
+#: The longest stretch between two fire times searched for a skipped DST gap (a yearly cron's).
+_GAP_SEARCH = timedelta(days=800)
+
+
+def dst_gap_skipped_note(
+    cron: str, timezone: str, after: datetime, before: datetime, *, gap: str = "", fold: str = ""
+) -> str:
+    """Under ``dst_gap`` skip, the wall times of ``cron`` that a spring-forward gap between the
+    fire times ``after`` and ``before`` swallowed, in words (empty: none, or another rule).
+
+    A preview lists fire times: a day whose only fire time fell in the gap simply has none, and
+    nothing said why (issue 44). The note goes on the fire time after the gap."""
+    parsed = parse_cron(cron)
+    if dst_rules(parsed, gap, fold)[0] != "skip" or not after < before or before - after > _GAP_SEARCH:
+        return ""
+    zone = ZoneInfo(timezone)
+    notes = []
+    cursor, offset = after, after.astimezone(zone).utcoffset()
+    while cursor < before and offset is not None:
+        step = min(cursor + timedelta(days=1), before)
+        later = step.astimezone(zone).utcoffset()
+        if later is not None and later > offset:
+            low, high = cursor, step  # the change lies in (low, high]: narrowed to the second
+            while high - low > timedelta(seconds=1):
+                middle = low + (high - low) / 2
+                low, high = (
+                    (low, middle) if (middle.astimezone(zone).utcoffset() or offset) > offset else (middle, high)
+                )
+            change = high.replace(microsecond=0)
+            skipped_from, skipped_to = (change + offset).replace(tzinfo=None), (change + later).replace(tzinfo=None)
+            walls = list(islice(parsed.walls(skipped_from, skipped_to), 3))
+            if walls:
+                times = ", ".join(f"{wall:%H:%M:%S}" for wall in walls) + (" ..." if len(walls) == 3 else "")
+                notes.append(
+                    f"dst_gap=skip: the clock skipped {skipped_from:%H:%M}-{skipped_to:%H:%M} on "
+                    f"{skipped_to:%Y-%m-%d}; {times} did not fire that day"
+                )
+        if later is not None:
+            offset = later
+        cursor = step
+    return "; ".join(notes)
+
+
 # --------------------------------------------------------------------------- schedules
 
 

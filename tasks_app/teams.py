@@ -7,8 +7,8 @@ office and the admin share.
 
   ============  ============================================================================
   viewer        read
-  operator      run now, pause, resume, cancel, retry, backfill, trigger, replay
-  editor        create, change, move between teams, delete
+  operator      run now, pause, resume, cancel, retry, backfill, trigger, replay (with ``input``)
+  editor        create, change, move between teams, delete; a run's own ``config`` (replay)
   admin         manage the team's members and its name
   ============  ============================================================================
 
@@ -33,19 +33,19 @@ never raises a role: the user's role in that team still decides.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import BooleanField, Expression, F, OuterRef, QuerySet, Subquery
 from django.utils.text import slugify
 
-from tasks_app.audit import audit_record
+from tasks_app.audit import acting_token, audit_record
 from tasks_app.models import Membership, Task, Team, TeamRole
 from tms_core.auth import sees_everything, token_team_id
-from tms_core.errors import InvalidInput
+from tms_core.errors import InvalidInput, RoleRequired
 
 #: Each role's rank: a role includes every role of a lower rank.
 RANK = {TeamRole.VIEWER: 0, TeamRole.OPERATOR: 1, TeamRole.EDITOR: 2, TeamRole.ADMIN: 3}
@@ -115,9 +115,7 @@ def scope_to_teams(queryset: QuerySet, user: Any, team_field: str = "team_id") -
     ``team_field`` names the column holding the team's id (``team_id`` on tasks and executions)."""
     if sees_all(user):
         return queryset
-    if connection.vendor == "postgresql":
-        return queryset.filter(_MemberOf(F(team_field), Subquery(member_team_ids(user))))
-    return queryset.filter(**{f"{team_field}__in": member_team_ids(user)})
+    return queryset.filter(_MemberOf(F(team_field), Subquery(member_team_ids(user))))
 
 
 def visible_tasks(user: Any) -> QuerySet[Task]:
@@ -176,22 +174,64 @@ def may(user: Any, team_id: Any, role: str, permission: str) -> bool:
 
 
 def require(user: Any, team_id: Any, role: str, permission: str, *, what: str = "this task") -> None:
-    """:func:`may`, or PermissionDenied (403) naming the role needed."""
+    """:func:`may`, or :class:`~tms_core.errors.RoleRequired` (a 403) naming the role needed."""
     if not may(user, team_id, role, permission):
         held = role_in(user, team_id)
         if held is None:
             message = f"You may look at {what} but not change it."
         else:
             message = f"Your role in this team is {held}: to {ROLE_DOES[TeamRole(role)]} you need {role} or higher."
-        raise PermissionDenied(message)
+        raise RoleRequired(message, role=role, held=held)
+
+
+def require_config_change(user: Any, team_id: Any, *, what: str = "these runs") -> None:
+    """:class:`~tms_core.errors.RoleRequired` (a 403) naming the role needed, unless ``user`` may change what a run of
+    the team's tasks does: its runner ``config`` (a task's, or a replay's override laid over it).
+
+    That is an editor's act wherever it happens (a task's change, a replay): an operator runs the
+    tasks as they are and may give a run its ``input`` only (which the task's editors bound with
+    ``input_schema`` and ``input_fills``). The model permission ``tasks_app.change_task`` stands
+    for the role, as for a task's change."""
+    if may(user, team_id, TeamRole.EDITOR, "tasks_app.change_task"):
+        return
+    held = role_in(user, team_id)
+    if held is None:
+        raise RoleRequired(
+            f"You may run {what} but not change what they do (`config`): that needs editor.",
+            role=TeamRole.EDITOR,
+            held=None,
+        )
+    raise RoleRequired(
+        f"Your role in this team is {held}: `config` changes what {what} do, which needs editor or higher "
+        "(an operator may give `input` only).",
+        role=TeamRole.EDITOR,
+        held=held,
+    )
 
 
 # -- Teams and members (the services the API, the back office and the commands call) -------------
 
 
+#: Returns the team slugs single sign-on's group mapping names (``TMS_OIDC_GROUPS``), lower case.
+#: accounts (above this module) registers the reader at start-up (:func:`register_reserved_slugs`).
+_reserved_slugs: Callable[[], frozenset[str]] = frozenset
+
+
+def register_reserved_slugs(reader: Callable[[], frozenset[str]]) -> None:
+    """Make ``reader`` the source of the slugs only administrators may give a team."""
+    global _reserved_slugs
+    _reserved_slugs = reader
+
+
+def reserved_slug(slug: str) -> bool:
+    """Whether ``slug`` is one the group mapping names (only an administrator's team may hold it)."""
+    return slug.lower() in _reserved_slugs()
+
+
 def _free_slug(base: str, fallback: str) -> str:
     slug = slugify(base)[:50].strip("-") or fallback
-    if not Team.objects.filter(slug=slug).exists():
+    # A personal team never takes a mapped slug: it would block the team the mapping means.
+    if not reserved_slug(slug) and not Team.objects.filter(slug=slug).exists():
         return slug
     return f"{slug[:40]}-{fallback}"
 
@@ -305,7 +345,13 @@ def team_create(*, creator: Any, name: str, slug: str = "") -> Team:
     """A shared team with ``creator`` as its admin. ``slug`` defaults to one made from ``name``.
 
     Not through a team-scoped token (nor by a service account): the new team would lie outside
-    the token's one team, a way out of its scope (PermissionDenied, 403)."""
+    the token's one team, a way out of its scope (PermissionDenied, 403).
+
+    A team staff create is *managed* (``Team.managed``): only such a team receives the members
+    single sign-on's group mapping grants. A slug the mapping names (:func:`reserved_slug`) is
+    refused to anyone else (400 on ``slug``), so nobody can squat it and collect the group's
+    members; when staff create it and a personal team holds it, the personal team moves to
+    another slug (a personal team's slug means nothing to the mapping)."""
     if token_team_id(creator) is not None or is_service_account(creator):
         raise PermissionDenied("A token scoped to one team, or a service account, cannot create teams.")
     name = name.strip()
@@ -315,13 +361,46 @@ def team_create(*, creator: Any, name: str, slug: str = "") -> Team:
     chosen = slug or slugify(name)[:60].strip("-")
     if not re.fullmatch(r"[-a-zA-Z0-9_]{1,60}", chosen):
         raise InvalidInput.on("slug" if slug else "name", "Give a slug of letters, digits, hyphens or underscores.")
+    managed = bool(sees_everything(creator))
+    if reserved_slug(chosen) and not managed:
+        raise InvalidInput.on(
+            "slug",
+            f"The slug {chosen!r} is named in the single sign-on group mapping (TMS_OIDC_GROUPS): only an "
+            "administrator can create that team.",
+        )
     try:
         with transaction.atomic():
-            team = Team.objects.create(name=name[:100], slug=chosen)
+            if managed and reserved_slug(chosen):
+                _free_personal_slug(chosen)
+            team = Team.objects.create(name=name[:100], slug=chosen, managed=managed)
             Membership.objects.create(team=team, user=creator, role=TeamRole.ADMIN)
-            _audit_team(team, "create", changes={"name": name, "slug": chosen})
+            _audit_team(team, "create", changes={"name": name, "slug": chosen, "managed": managed})
     except IntegrityError:
         raise InvalidInput.on("slug", f"The slug {chosen!r} is taken: choose another.") from None
+    return team
+
+
+def _free_personal_slug(slug: str) -> None:
+    """Move the personal team holding ``slug`` (if any) to another slug, audited."""
+    personal = Team.objects.select_for_update().filter(slug__iexact=slug, personal_of__isnull=False).first()
+    if personal is None:
+        return
+    moved = f"{slug[:40]}-user-{personal.personal_of_id}"
+    Team.objects.filter(pk=personal.pk).update(slug=moved)
+    _audit_team(personal, "update", changes={"slug": {"from": personal.slug, "to": moved}}, detail="mapped slug freed")
+
+
+def team_set_managed(*, team: Team, managed: bool) -> Team:
+    """Mark ``team`` as made by administrators (or not): only a managed team receives single
+    sign-on's group grants. For a team made before the flag existed, after checking who runs it
+    (``tms_team_managed``). A personal team cannot be managed (it has one member)."""
+    if team.personal:
+        raise InvalidInput.on("slug", f"{team.slug!r} is a personal team: it cannot receive group grants.")
+    with transaction.atomic():
+        won = Team.objects.filter(pk=team.pk).exclude(managed=managed).update(managed=managed)
+        if won:
+            _audit_team(team, "update", changes={"managed": {"from": not managed, "to": managed}})
+    team.managed = managed
     return team
 
 
@@ -394,6 +473,9 @@ def member_set(*, team: Team, username: Any, role: str, sso: bool = False) -> Me
     """Add ``username`` to ``team`` with ``role``, or change their role. The last admin cannot be
     demoted (the team would have nobody to manage it); a personal team has no other members.
 
+    Through a personal access token the admin role cannot be granted (PermissionDenied, 403), and
+    the membership records the token (``created_by_token``: :func:`accounts.tokens.token_made`).
+
     By hand (``sso`` False: the API, the back office), a membership single sign-on manages is taken
     over: it is the hand's from then on, and sign-ins leave it alone. With ``sso`` (the sign-in's
     sync, :func:`accounts.sso.sync_team_memberships`), a new membership is marked as SSO's, a
@@ -404,6 +486,14 @@ def member_set(*, team: Team, username: Any, role: str, sso: bool = False) -> Me
     """
     if role not in TeamRole.values:
         raise InvalidInput.on("role", f"One of: {', '.join(TeamRole.values)}.")
+    token_id = None if sso else acting_token()
+    if token_id is not None and role == TeamRole.ADMIN:
+        # An admin may add admins, who may add admins: through a token, a grant that outlives the
+        # token's expiry and revocation. Admins are made by someone signed in (or an account key).
+        raise PermissionDenied(
+            "A personal access token cannot grant the team admin role: sign in (the back office), or use your "
+            "account key."
+        )
     user = _user_named(username)
     if team.personal and user.pk != team.personal_of_id:
         raise InvalidInput.on("username", "A personal team has one member, its user: create a team to share tasks.")
@@ -427,12 +517,14 @@ def member_set(*, team: Team, username: Any, role: str, sso: bool = False) -> Me
         before = membership.role if membership is not None else None
         changes: dict[str, Any] = {"username": user.get_username(), "role": {"from": before, "to": role}}
         if membership is None:
-            membership = Membership.objects.create(team=team, user=user, role=role, sso=sso)
+            membership = Membership.objects.create(team=team, user=user, role=role, sso=sso, created_by_token=token_id)
         else:
             if membership.sso != sso:
                 changes["sso"] = {"from": membership.sso, "to": sso}
-            membership.role, membership.sso = role, sso
-            membership.save(update_fields=["role", "sso"])
+            # The role set now is the grant of whoever set it: a token's (listed and undone with
+            # it), or no token's.
+            membership.role, membership.sso, membership.created_by_token = role, sso, token_id
+            membership.save(update_fields=["role", "sso", "created_by_token"])
         if sso:
             changes["sso"] = True
         _audit_team(team, "member", changes=changes, detail=_sso_detail(team, sso, before, role))

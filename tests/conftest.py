@@ -91,14 +91,23 @@ def staff_user(django_user_model):
     return django_user_model.objects.create_user(username="root", password="root-password", is_staff=True)
 
 
+def account_key_for(user) -> str:
+    """``user``'s account key, the same at every call in a test: made from the user's id, stored
+    hashed as every account key is (:mod:`accounts.account_keys`), replacing any other key of theirs."""
+    from accounts.account_keys import account_key_digest
+    from accounts.models import AccountKey
+
+    key = f"{user.pk:08x}" + "0" * 32  # 40 hex characters, the shape of a real key
+    AccountKey.objects.update_or_create(user_id=user.pk, defaults={"digest": account_key_digest(key)})
+    return key
+
+
 def client_for(user):
-    """An API client authenticated as ``user`` with a real token, as API users are."""
-    from rest_framework.authtoken.models import Token
+    """An API client authenticated as ``user`` with a real account key, as API users are."""
     from rest_framework.test import APIClient
 
-    token, _ = Token.objects.get_or_create(user=user)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {account_key_for(user)}")
     return client
 
 

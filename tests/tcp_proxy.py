@@ -1,4 +1,5 @@
-"""A TCP proxy on 127.0.0.1 that a test can cut, to take a service away from one process only."""
+"""A TCP proxy on 127.0.0.1 that a test can cut, to take a service away from one process only, or
+make PostgreSQL's answer to one statement go missing (:meth:`TcpProxy.lose_next_answer`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._open = True
+        self._losing = threading.Event()
+        #: Answers dropped by :meth:`lose_next_answer`.
+        self.answers_lost = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -33,8 +37,8 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._answers, args=(upstream, client), daemon=True).start()
 
     @staticmethod
     def _pipe(source: socket.socket, sink: socket.socket) -> None:
@@ -43,6 +47,31 @@ class TcpProxy:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
+
+    def _answers(self, upstream: socket.socket, client: socket.socket) -> None:
+        """The server's side: passed on, unless an answer is to be lost (:meth:`lose_next_answer`)."""
+        dropped = b""
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                if not self._losing.is_set():
+                    client.sendall(data)
+                    continue
+                dropped += data
+                if _ready_for_query(dropped):
+                    self._losing.clear()
+                    self.answers_lost += 1
+                    self.cut()
+                    self.restore()
+                    return
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_WR)
+
+    def lose_next_answer(self) -> None:
+        """PostgreSQL's next answer is dropped, up to its ReadyForQuery (sent once the statement has
+        committed, in autocommit), and every connection is cut then: the client's statement
+        committed on the server and its connection dropped before the answer reached it, as in a
+        failover. Arm it just before the client sends the statement (no other traffic between)."""
+        self._losing.set()
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones, like a network partition."""
@@ -61,3 +90,14 @@ class TcpProxy:
     def close(self) -> None:
         self.cut()
         self.listener.close()
+
+
+def _ready_for_query(stream: bytes) -> bool:
+    """Whether PostgreSQL's message stream ``stream`` (from a message's start) holds a
+    ReadyForQuery (``Z``): each message is a type byte and a length that counts itself."""
+    offset = 0
+    while offset + 5 <= len(stream):
+        if stream[offset : offset + 1] == b"Z":
+            return True
+        offset += 1 + int.from_bytes(stream[offset + 1 : offset + 5], "big")
+    return False

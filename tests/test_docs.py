@@ -237,3 +237,132 @@ def test_every_repository_path_the_docs_name_exists():
         if not (ROOT / name).exists()
     }
     assert not missing, sorted(missing)
+
+
+# --- docs/api.md and docs/architecture.md against the code (issue 44) ---------------------------
+
+
+def _marked(text: str, name: str) -> str:
+    """The part of a page between ``<!-- name: ... -->`` and ``<!-- /name -->``."""
+    found = re.search(rf"<!-- {name}:[^>]*-->(.*?)<!-- /{name} -->", text, re.S)
+    assert found, f"no <!-- {name}: --> ... <!-- /{name} --> section"
+    return found.group(1)
+
+
+def _api_lists() -> dict[str, str]:
+    """Each list endpoint of the API (``/api/v1/...`` with its ids as ``{}``) -> ``cursor`` or
+    ``offset``, from its view's ``pagination_class``."""
+    from rest_framework import mixins
+
+    from tms_core.api.keyset import KeysetPagination
+    from tms_project.api import urls
+
+    found: dict[str, str] = {}
+    for pattern in urls.urlpatterns:
+        view = getattr(pattern.callback, "cls", None)
+        actions = getattr(pattern.callback, "actions", None)
+        if view is None:
+            continue
+        lists = actions.get("get") == "list" if actions else issubclass(view, mixins.ListModelMixin)
+        if not lists or view.pagination_class is None:
+            continue
+        route = re.sub(r"\(\?P<[^>]+>[^)]*\)", "{}", str(pattern.pattern)).strip("^$").removesuffix("/?")
+        found[f"/api/v1/{route}"] = "cursor" if issubclass(view.pagination_class, KeysetPagination) else "offset"
+    return found
+
+
+def test_the_paging_table_of_the_api_page_is_each_list_view_s_pagination():
+    """Issue 44: docs/api.md said only tasks, executions, deliveries and the audit log page by
+    cursor; the teams, members, service accounts, their tokens and task versions do too."""
+    section = _marked((DOCS / "api.md").read_text(), "paging")
+    documented: dict[str, str] = {}
+    for row in table_rows(section, "paged"):
+        kind = {"by cursor": "cursor", "by offset": "offset"}[row[0]]
+        for path in re.findall(r"`([^`]+)`", row[1]):
+            documented[re.sub(r"\{[^}]*\}", "{}", path)] = kind
+    code = _api_lists()
+    assert len(code) >= 18
+    assert documented == code
+
+
+def _tree_entry(folder: str, name: str) -> str:
+    """The text of one entry (``  models.py  ...`` and its continuation lines) of ``folder`` in
+    the module tree of docs/architecture.md."""
+    text = (DOCS / "architecture.md").read_text()
+    tree = text[text.index("## Where each piece lives") :]
+    lines = tree.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{folder}/"))
+    entry = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(f"  {name} "))
+    body = [lines[entry]]
+    for line in lines[entry + 1 :]:
+        if not line.startswith(" " * 21):  # the tree's continuation lines, under the description
+            break
+        body.append(line)
+    return " ".join(body)
+
+
+def _tree_sections() -> dict[str, str]:
+    """docs/architecture.md's module tree, cut at each top-level folder: folder -> its lines."""
+    text = (DOCS / "architecture.md").read_text()
+    tree = text[text.index("## Where each piece lives") :]
+    block = tree[tree.index("```\n") + 4 :]
+    sections: dict[str, str] = {}
+    folder = None
+    for line in block[: block.index("```")].splitlines():
+        if heading := re.match(r"([a-z_]+)/", line):
+            folder = heading.group(1)
+            sections[folder] = ""
+        if folder:
+            sections[folder] += line + "\n"
+    return sections
+
+
+def test_the_module_tree_is_the_code():
+    """Issue 47: the tree named 40 modules fewer than the packages held, and two packages not at
+    all. Every module of a ranked package is named in its package's part of the tree (by its name,
+    or by a folder of it that the tree names), and every ``name.py`` the tree names exists there."""
+    from tests.test_layering import PACKAGES
+
+    sections = _tree_sections()
+    unnamed, gone = [], []
+    for package in PACKAGES:
+        text = sections.get(package, "")
+        words = set(re.findall(r"\w+", text))
+        modules = [
+            path.relative_to(ROOT / package)
+            for path in (ROOT / package).rglob("*.py")
+            if "migrations" not in path.parts and path.name not in {"__init__.py", "apps.py"}
+        ]
+        unnamed += [
+            f"{package}/{module}"
+            for module in modules
+            if module.stem not in words and not any(folder in words for folder in module.parts[:-1])
+        ]
+        stems = {module.stem for module in modules}
+        named = set(re.findall(r"\b(\w+)\.py\b", text)) - {"manage"}  # `manage.py tms_prune`: the entry point
+        gone += [f"{package}/{name}.py" for name in sorted(named - stems)]
+    assert len(sections) >= len(PACKAGES)
+    assert unnamed == [], f"say in docs/architecture.md what these hold: {unnamed}"
+    assert gone == [], f"docs/architecture.md names modules that are not there: {gone}"
+
+
+@pytest.mark.parametrize("app", ["tasks_app", "executions"])
+def test_the_module_tree_names_every_model_of_the_app(app):
+    """Issue 44: the tree named 7 of tasks_app's 13 models."""
+    from django.apps import apps
+
+    models = {model.__name__ for model in apps.get_app_config(app).get_models()}
+    listed = set(re.findall(r"\b([A-Z][A-Za-z]+)\b", _tree_entry(app, "models.py")))
+    assert len(models) >= 7 and not models - listed, f"missing: {sorted(models - listed)}"
+
+
+def test_the_beat_row_names_every_periodic_job():
+    """Issue 44: the notification jobs were missing from the processes table."""
+    from executions.periodic import periodic_jobs
+    from notifications.periodic import periodic_jobs as notification_jobs
+
+    rows = table_rows((DOCS / "architecture.md").read_text(), "process")
+    (beat,) = [row for row in rows if row[0] == "beat" and "celery -A tms_project beat" in row[1]]
+    named = set(re.findall(r"`(tms\.[a-z_]+)`", beat[2]))
+    jobs = {task for task, _ in [*periodic_jobs().values(), *notification_jobs().values()]}
+    assert len(jobs) >= 10 and named == jobs

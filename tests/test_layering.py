@@ -3,14 +3,17 @@ package or a lower rank, and no module takes part in an import cycle.
 
 Read with ``ast`` (nothing is imported), so an import inside a function, under
 ``TYPE_CHECKING`` or through ``importlib.import_module("...")`` / ``import_string("...")`` with
-a literal counts as much as one at the top of a module. Dotted paths in settings (runner
-``BACKEND``s, DRF classes) are configuration read by the top, not imports, and are not checked
-here. docs/architecture.md's layer table is :data:`RANKS` (checked below).
+a literal counts as much as one at the top of a module. So does any other string literal that is
+a dotted path into a ranked package (``target_class = "tasks_api.serializers.X"``, a lazy model
+reference, a permission name): knowledge of a higher layer is a climb whether or not it is an
+``import``. Dotted paths in settings (runner ``BACKEND``s, DRF classes) are configuration read by
+the top, which may name anything. docs/architecture.md's layer table is :data:`RANKS` (checked below).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -26,7 +29,12 @@ RANKS: tuple[tuple[str, str], ...] = (
     ("tasks_app", "the task core the engine needs: Task model, schedules, secrets, quotas, audit log, artifacts"),
     ("executions", "the engine: Execution models, transitions, materialiser, monitor, worker services, Celery tasks"),
     ("tasks_api", "tasks as users see them: task services, REST API, serializers, selectors, admin, named limits"),
-    ("accounts", "who calls the API: personal access tokens, their authentication and scopes"),
+    (
+        "accounts",
+        "who calls the API and the pages: personal access tokens, their authentication and scopes; single sign-on "
+        "(OpenID Connect: `oidc.py`, `sso.py`, the groups' roles in `roles.py`); service accounts and their tokens; "
+        "the teams API (teams, members)",
+    ),
     ("notifications", "channels, rules, the outbox's dispatch"),
     ("ops", "health checks, metrics, the outage middleware, `manage.py tms_check`"),
     ("backoffice", "the operator pages"),
@@ -40,6 +48,8 @@ TEST_ONLY = frozenset({"pytest", "pytest_django", "factory", "hypothesis", "aios
 #: Not product code at all: nothing ranked may import it.
 ABOVE_ALL = frozenset({"tests"})
 _DYNAMIC = {"import_module", "import_string", "__import__"}
+#: A string that is nothing but a dotted path (``package.module.Name``, ``app_label.Model``).
+_DOTTED = re.compile(r"[a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def imports_of(source: str, module: str, *, is_package: bool = False) -> Iterator[tuple[int, str]]:
@@ -67,6 +77,25 @@ def imports_of(source: str, module: str, *, is_package: bool = False) -> Iterato
             first = node.args[0]
             if name in _DYNAMIC and isinstance(first, ast.Constant) and isinstance(first.value, str):
                 yield node.lineno, first.value
+
+
+def dotted_strings_of(source: str) -> Iterator[tuple[int, str]]:
+    """(line, name) of every string literal of ``source`` that names something of a ranked
+    package: what a module knows of another by name, without importing it. A dotted path, an app
+    label handed to ``get_app_config``/``get_model``, or an ``(app label, model)`` pair."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.fullmatch(node.value):
+            if node.value.split(".")[0] in RANK:
+                yield node.lineno, node.value
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in {"get_app_config", "get_model"}:
+            labels = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+            if labels and labels[0] in RANK:
+                yield node.lineno, ".".join(labels)
+        elif isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            label, model = node.elts
+            named = isinstance(label, ast.Constant) and label.value in RANK and isinstance(model, ast.Constant)
+            if named and isinstance(model.value, str) and model.value.isidentifier():
+                yield node.lineno, f"{label.value}.{model.value}"
 
 
 def _migration_dependencies(source: str) -> set[str]:
@@ -98,11 +127,8 @@ def violations_in(source: str, module: str, *, is_package: bool = False) -> list
         climbs = top in RANK and RANK[top] > RANK[own]
         return climbs and not (".migrations." in name and top in migration_deps)
 
-    return [
-        f"{module}:{line} -> {name}"
-        for line, name in imports_of(source, module, is_package=is_package)
-        if forbidden(name)
-    ]
+    named = {*imports_of(source, module, is_package=is_package), *dotted_strings_of(source)}
+    return [f"{module}:{line} -> {name}" for line, name in sorted(named) if forbidden(name)]
 
 
 def modules_under(root: Path, package: str) -> Iterator[tuple[Path, str]]:
@@ -252,6 +278,30 @@ def test_nothing_imports_tms_project_but_itself():
         ("executions.runs", "from notifications import dispatch", ["executions.runs:1 -> notifications.dispatch"]),
         ("notifications.dispatch", "from executions.models import Execution", []),
         ("backoffice.views", "from tasks_api.services import task_create", []),
+        # Names of a higher layer in strings: knowledge without an import.
+        (
+            "tms_core.api.schema",
+            'target_class = "tasks_api.serializers.LocalDateTimeField"',
+            ["tms_core.api.schema:1 -> tasks_api.serializers.LocalDateTimeField"],
+        ),
+        (
+            "tms_core.roles",
+            'VIEWS = [("executions", "execution")]\nP = "executions.view_execution"',
+            ["tms_core.roles:1 -> executions.execution", "tms_core.roles:2 -> executions.view_execution"],
+        ),
+        (
+            "tasks_app.apps",
+            'connect(f, sender=apps.get_app_config("executions"))',
+            ["tasks_app.apps:1 -> executions"],
+        ),
+        (
+            "tasks_app.models",
+            'models.ForeignKey("executions.Execution", on_delete=CASCADE)',
+            ["tasks_app.models:1 -> executions.Execution"],
+        ),
+        ("tasks_api.schema", 'target_class = "tasks_api.serializers.RunnerAliasField"', []),
+        ("executions.models", 'models.ForeignKey("tasks_app.Task", on_delete=CASCADE)', []),
+        ("tasks_app.models", '"""See executions.models for the runs."""\nhelp_text = "a path, e.g. a.b"', []),
     ],
 )
 def test_the_check_sees_each_kind_of_import(module, source, expected):

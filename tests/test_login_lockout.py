@@ -13,7 +13,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import F
 from django.test import Client, override_settings
-from rest_framework.authtoken.models import Token
+
+from tests.conftest import account_key_for
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +46,7 @@ def test_defaults_come_from_the_environment_with_sensible_values():
 
 @pytest.mark.parametrize("path", LOGINS)
 def test_wrong_passwords_lock_the_account_out_until_the_cool_off(path, staff):
-    token = Token.objects.create(user=staff)
+    token = account_key_for(staff)
     with override_settings(AXES_FAILURE_LIMIT=3, AXES_COOLOFF_TIME=timedelta(seconds=2)):
         statuses = [_login(path, "wrong")[0] for _ in range(3)]
         assert statuses[:2] == [200, 200]  # the form again, with its error
@@ -60,7 +61,7 @@ def test_wrong_passwords_lock_the_account_out_until_the_cool_off(path, staff):
         assert status == 302 and _logged_in(elsewhere)
 
         # API tokens are not passwords: the locked-out user's token keeps working.
-        api = Client(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Token {token.key}")
+        api = Client(REMOTE_ADDR="203.0.113.7", HTTP_AUTHORIZATION=f"Token {token}")
         assert api.get("/api/v1/tasks").status_code == 200
 
         AccessAttempt.objects.update(attempt_time=F("attempt_time") - timedelta(minutes=11))

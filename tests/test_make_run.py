@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import stat
 
 import pytest
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 
+from accounts.account_keys import account_key_digest
+from accounts.models import AccountKey
 from executions import periodic as execution_periodic
 from executions import tasks as execution_tasks
 from notifications import periodic as notification_periodic
@@ -80,8 +82,9 @@ def test_the_banner_is_written_to_var_and_says_so_in_its_first_line(settings, tm
     first = next(line for line in printed.splitlines() if line)
     assert str(banner) in first
     saved = banner.read_text()
-    token = Token.objects.get(user__username="admin").key
-    assert token in printed and token in saved and "http://127.0.0.1:8123/admin/" in saved
+    (token,) = re.findall(r"token:     ([0-9a-f]{40})\n", printed)
+    assert AccountKey.objects.get(user__username="admin").digest == account_key_digest(token)
+    assert token in saved and "http://127.0.0.1:8123/admin/" in saved
     assert stat.S_IMODE(banner.stat().st_mode) == 0o600
 
 
@@ -107,7 +110,7 @@ def _run_environment(*make_args: str, env: dict[str, str] | None = None) -> dict
     command = printed.replace("\\\n", " ")
     (line,) = [line for line in command.splitlines() if "tooling.run_platform --procfile" in line]
     line = line.split(" -m tooling.run_platform --procfile")[0].rsplit(maxsplit=1)[0] + " env"
-    base = {k: v for k, v in os.environ.items() if k != "TMS_FLOWER_URL"} | (env or {})
+    base = {k: v for k, v in os.environ.items() if k not in ("TMS_FLOWER_URL", "TMS_PUBLIC_URL")} | (env or {})
     shown = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True, env=base).stdout
     return dict(row.split("=", 1) for row in shown.splitlines() if "=" in row)
 
@@ -118,3 +121,12 @@ def test_make_run_links_flower_on_the_port_it_starts_it_on():
     # A Flower elsewhere (behind a proxy) is linked where the operator says.
     given = {"TMS_FLOWER_URL": "https://flower.example.org"}
     assert _run_environment("FLOWER_PORT=5999", env=given)["TMS_FLOWER_URL"] == "https://flower.example.org"
+
+
+def test_make_run_gives_the_public_url_of_the_port_it_serves_on():
+    """Issue 44: `make run PORT=8123` served on 8123 while trigger and callback URLs said 8000."""
+    assert _run_environment("PORT=8123")["TMS_PUBLIC_URL"] == "http://127.0.0.1:8123"
+    assert _run_environment()["TMS_PUBLIC_URL"] == "http://127.0.0.1:8000"
+    # A site published elsewhere (behind a proxy) keeps the URL the operator gives.
+    given = {"TMS_PUBLIC_URL": "https://tms.example.org"}
+    assert _run_environment("PORT=8123", env=given)["TMS_PUBLIC_URL"] == "https://tms.example.org"

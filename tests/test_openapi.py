@@ -20,11 +20,12 @@ from django.db import close_old_connections
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
+from accounts.account_keys import account_key_digest
+from accounts.models import AccountKey
 from accounts.service_accounts import service_account_create, service_account_token_create
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
@@ -71,6 +72,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/tasks/{id}/trigger"),
         ("GET", "/api/v1/tasks/{id}/trigger-url"),
         ("GET", "/api/v1/tasks/{task_id}/versions"),
+        ("POST", "/api/v1/tasks/{task_id}/versions/{number}/restore"),
         ("POST", "/api/v1/tasks/{id}/trigger-url"),
         ("DELETE", "/api/v1/tasks/{id}/trigger-url"),
         ("POST", "/api/v1/tasks/{id}/materialise"),
@@ -83,6 +85,8 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/api/v1/tokens"),
         ("GET", "/api/v1/tokens/{id}"),
         ("DELETE", "/api/v1/tokens/{id}"),
+        ("GET", "/api/v1/tokens/{id}/made"),
+        ("POST", "/api/v1/tokens/{id}/made/revoke"),
         ("GET", "/api/v1/teams"),
         ("POST", "/api/v1/teams"),
         ("GET", "/api/v1/teams/{id}"),
@@ -324,8 +328,8 @@ def schemathesis_data(db, user, other_user, staff_user, settings, tmp_path):
         for i, status in enumerate([S.SCHEDULED, S.PENDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED])
     ]
     executions.append(ExecutionFactory(task=tasks[2], status=S.FAILED))
-    Token.objects.create(user=user, key=TOKEN)
-    Token.objects.create(user=staff_user, key=STAFF_TOKEN)
+    AccountKey.objects.create(user=user, digest=account_key_digest(TOKEN))
+    AccountKey.objects.create(user=staff_user, digest=account_key_digest(STAFF_TOKEN))
     Worker.objects.create(id="host-a:10", hostname="host-a", pid=10)
     KNOWN["tasks"] = [str(task.pk) for task in tasks]
     KNOWN["executions"] = [execution.pk for execution in executions]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import sys
 
+import requests
+
 from tests.processes import LOG_DIR, ManagedProcess, process_env, wait_for
 
 
@@ -28,3 +30,44 @@ def start_web(name: str = "web", *, workers: int = 2, **env: str) -> tuple[Manag
         web.stop()
         raise
     return web, base
+
+
+def start_web_role(name: str = "web", *, workers: int = 1, wait: bool = True, **env: str) -> tuple[ManagedProcess, str]:
+    """Start the production web role, as ``docker/entrypoint.sh web`` does (gunicorn with
+    ``docker/gunicorn.conf.py``: its graceful timeout, worker recycling and logging), with the test
+    settings, on a free port of 127.0.0.1. Returns the process and its base URL once ``/readyz``
+    answers 200: the point at which a load balancer's health check would send it traffic.
+
+    ``workers`` is gunicorn's ``WEB_CONCURRENCY``; ``env`` overrides the process's environment;
+    ``wait=False`` returns at once (then :func:`wait_web_ready`)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gunicorn", "--config", "docker/gunicorn.conf.py", "tms_project.wsgi"]
+    role_env = {
+        "DJANGO_DEBUG": "false",
+        "TMS_WEB_HOST": "127.0.0.1",
+        "PORT": str(port),
+        "WEB_CONCURRENCY": str(workers),
+        "TMS_LOG_FORMAT": "plain",
+    }
+    web = ManagedProcess(name, argv, process_env(**role_env, **env), LOG_DIR)
+    base = f"http://127.0.0.1:{port}"
+    if wait:
+        wait_web_ready(web, base)
+    return web, base
+
+
+def wait_web_ready(web: ManagedProcess, base: str, timeout: float = 60) -> None:
+    """Wait until the web at ``base`` answers ``/readyz`` 200; stop it and fail if it does not."""
+
+    def ready() -> bool:
+        assert web.alive, f"{web.name} exited ({web.popen.returncode}):\n{web.log()[-3000:]}"
+        try:
+            return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+        except requests.RequestException:  # not listening yet, or its worker still booting
+            return False
+
+    try:
+        wait_for(ready, timeout=timeout, interval=0.1, what=f"{web.name} /readyz 200")
+    except AssertionError:
+        web.stop()
+        raise

@@ -51,3 +51,18 @@ def sees_everything(user: Any) -> bool:
     """Staff see every owner's and every team's objects (read-only support), except through a
     team-scoped token: that token narrows staff to its team like anyone else."""
     return bool(getattr(user, "is_staff", False)) and token_team_id(user) is None
+
+
+#: The attribute of a request's user object naming the personal access token the request came
+#: with (set by the authentication): what a token makes is recorded as the token's.
+TOKEN_ID_ATTR = "tms_access_token_id"  # noqa: S105 - an attribute name, not a secret
+
+
+def mark_token(user: Any, token_id: int | None) -> None:
+    """Record that ``user`` (this request's object) acts through the access token ``token_id``."""
+    setattr(user, TOKEN_ID_ATTR, token_id)
+
+
+def acting_token_id(user: Any) -> int | None:
+    """The access token ``user``'s request came with, or None (a session, an account key, a command)."""
+    return getattr(user, TOKEN_ID_ATTR, None)

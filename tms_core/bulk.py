@@ -134,23 +134,11 @@ def insert_columns(model: type[Model], columns: Mapping[str, Sequence[Any]]) -> 
     columns not given take their database defaults) in one statement, in the caller's
     transaction (inside :func:`tms_core.together.sent_together`, sent with the next statement).
     Values are the Python values of the fields (no expressions); a JSON column's may also be
-    :class:`JsonText`. Returns the rows written. On a database other than PostgreSQL the rows
-    go through ``bulk_create``."""
+    :class:`JsonText`. Returns the rows written."""
     names = list(columns)
     count = len(columns[names[0]]) if names else 0
     if not count:
         return 0
-    if connection.vendor != "postgresql":
-        fields = {field.attname: field for field in model._meta.concrete_fields}
-        values = {
-            name: [json.loads(value) if isinstance(value, JsonText) else value for value in column]
-            if isinstance(fields[name], JSONField)
-            else column
-            for name, column in columns.items()
-        }
-        rows = [model(**{name: values[name][index] for name in names}) for index in range(count)]
-        model._default_manager.bulk_create(rows, batch_size=1000)
-        return count
     statement, targets = _statement(model, tuple(names))
     # Inside tms_core.together.sent_together() it goes with the next statement (every row is
     # inserted or the statement fails: the count is known).

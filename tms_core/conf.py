@@ -16,6 +16,12 @@ MAX_KEEP_FOR = 3650 * 86400.0
 
 @dataclass(frozen=True)
 class TmsSettings:
+    #: ``transaction`` when the database connections go through PgBouncer in transaction pooling
+    #: mode (the settings then turn server-side cursors off and demand LISTEN_DATABASE_URL).
+    DATABASE_POOLER: str = "none"
+    #: A URL of the database on PostgreSQL itself, for the monitor's LISTEN connection (a session,
+    #: which a transaction-pooling pooler cannot give); empty: the default database's settings.
+    LISTEN_DATABASE_URL: str = ""
     #: Seconds ahead for which recurring tasks are turned into executions.
     MATERIALISE_HORIZON: float = 300.0
     #: Seconds between beat-run materialiser passes.
@@ -49,6 +55,11 @@ class TmsSettings:
     #: monitor's pass and the broker's delivery both coming after the due time (issue 33). 0: at
     #: the due time, never before.
     MONITOR_LOOKAHEAD: float = 0.1
+    #: RabbitMQ queue type of TMS's queues, classic or quorum (TMS_QUEUE_TYPE, read by the settings
+    #: that declare the queues). With quorum, no message carries an ETA: a worker consuming a
+    #: quorum queue has no global QoS to hold one with, so the lookahead is off (0) whatever
+    #: MONITOR_LOOKAHEAD says, and a run is published at its due time, never before.
+    QUEUE_TYPE: str = "classic"
     #: Runs taken ahead whose due times lie within this many seconds of each other share one
     #: message, whose ETA is the latest of them: the earlier ones start up to that much late,
     #: and a steady stream of runs is claimed, started and ended a few at a time instead of one
@@ -102,6 +113,9 @@ class TmsSettings:
     METRICS_ALLOWED_NETWORKS: tuple[str, ...] = ()
     #: Most tasks with ``expose_metrics`` that get a per-task series (the label cardinality bound).
     METRICS_MAX_TASKS: int = 100
+    #: Proxies (addresses or CIDR networks) in front of the web whose ``X-Forwarded-For`` is
+    #: believed, for the client address (:mod:`tms_core.client_address`). Empty: none, the peer is the client.
+    TRUSTED_PROXIES: tuple[str, ...] = ()
     #: Longest life of a callback token, in seconds, before its grace (a shorter task timeout
     #: shortens it); a job that reports for longer renews it with each heartbeat.
     CALLBACK_TOKEN_MAX_AGE: float = 3600.0
@@ -158,7 +172,17 @@ class TmsSettings:
     NOTIFY_BACKOFF: float = 5.0
     NOTIFY_BACKOFF_MAX: float = 3600.0
 
+    @property
+    def lookahead(self) -> float:
+        """Seconds ahead of its due time the monitor takes and publishes a run (with an ETA):
+        MONITOR_LOOKAHEAD on classic queues, 0 on quorum queues (see QUEUE_TYPE)."""
+        return 0.0 if self.QUEUE_TYPE == "quorum" else self.MONITOR_LOOKAHEAD
+
     def __post_init__(self) -> None:
+        if self.DATABASE_POOLER not in ("none", "transaction"):
+            raise ImproperlyConfigured("TMS_DATABASE_POOLER must be none or transaction (PgBouncer's pool_mode).")
+        if self.DATABASE_POOLER == "transaction" and not self.LISTEN_DATABASE_URL:
+            raise ImproperlyConfigured("TMS_DATABASE_POOLER=transaction needs TMS_LISTEN_DATABASE_URL.")
         if self.SUBPROCESS_SANDBOX not in ("auto", "bwrap", "user", "none"):
             raise ImproperlyConfigured("TMS_SUBPROCESS_SANDBOX must be one of auto, bwrap, user, none.")
         if not 1 <= self.SUBPROCESS_RUN_USERS <= 1000:
@@ -178,6 +202,8 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_MONITOR_TOPUP_INTERVAL must be between 0.01 and 5 (seconds).")
         if not 0 <= self.MONITOR_LOOKAHEAD <= 1:
             raise ImproperlyConfigured("TMS_MONITOR_LOOKAHEAD must be between 0 (off) and 1 (seconds).")
+        if self.QUEUE_TYPE not in ("classic", "quorum"):
+            raise ImproperlyConfigured("TMS_QUEUE_TYPE must be classic or quorum.")
         if not 0 <= self.DISPATCH_WINDOW <= 0.1:
             raise ImproperlyConfigured("TMS_DISPATCH_WINDOW must be between 0 (off) and 0.1 (seconds).")
         if not 1 <= self.FAIR_WEIGHT <= 1000:
@@ -202,6 +228,14 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_RETENTION_INTERVAL must be at least 60 (seconds).")
         object.__setattr__(self, "METRICS_ALLOWED_NETWORKS", tuple(self.METRICS_ALLOWED_NETWORKS))
         object.__setattr__(self, "SECRET_KEYS", tuple(self.SECRET_KEYS))
+        object.__setattr__(self, "TRUSTED_PROXIES", tuple(self.TRUSTED_PROXIES))
+        for network in self.TRUSTED_PROXIES:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ImproperlyConfigured(
+                    f"TMS_TRUSTED_PROXIES: {network!r} is not an address or a network ({exc})."
+                ) from exc
         for network in self.METRICS_ALLOWED_NETWORKS:
             try:
                 ipaddress.ip_network(network, strict=False)

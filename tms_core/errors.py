@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
+
 
 class DomainError(Exception):
     """Base class: ``code`` is the machine-readable ``type`` of the API error."""
@@ -66,3 +68,13 @@ class QuotaExceeded(DomainError):
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = max(1, retry_after)
+
+
+class RoleRequired(PermissionDenied):
+    """A 403 for want of a role in the object's team: Django's PermissionDenied (the API answers
+    it as any 403, with ``message``), carrying the role needed and the one held (None: not a
+    member) so that the back office's 403 page can name them."""
+
+    def __init__(self, message: str, *, role: str, held: str | None) -> None:
+        super().__init__(message)
+        self.message, self.role, self.held = message, role, held

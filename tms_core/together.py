@@ -54,7 +54,7 @@ def execute_soon(sql: str, params: Sequence[Any] = ()) -> None:
     """Run ``sql`` (a statement whose result nobody reads; ``%s`` placeholders) now, or inside
     :func:`sent_together` with the next statement."""
     kept = _kept.get()
-    if kept is None or connection.vendor != "postgresql":
+    if kept is None:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
         return

@@ -35,5 +35,6 @@ urlpatterns = [
     re_path(r"^tasks/(?P<pk>[^/]+)/?$", CompatTaskDetailView.as_view(), name="compat-task-detail"),
 ]
 
+handler403 = "tms_core.api.errors.handler403"
 handler404 = "tms_core.api.errors.handler404"
 handler500 = "tms_core.api.errors.handler500"

@@ -76,7 +76,16 @@ def main(argv: list[str]) -> int:
     os.environ[MARK] = key  # inherited by every process honcho starts
     grace = float(os.environ.get("TMS_SHUTDOWN_GRACE", "5"))
     manager.KILL_WAIT = grace + STOP_MARGIN
-    honcho_main(argv)
+    try:
+        honcho_main(argv)
+    finally:
+        if not os.environ.get("DATABASE_URL"):
+            # The embedded default's PostgreSQL (started by the first process's settings) stops
+            # with the platform: Ctrl-C leaves nothing running.
+            from tms_core.embedded_db import stop
+
+            # The settings' VAR_DIR, from the checkout's root (where make run starts this).
+            stop(Path(os.environ.get("TMS_VAR_DIR") or Path.cwd() / "var"))
     return 0
 
 

@@ -86,58 +86,12 @@ DROP FUNCTION IF EXISTS tms_rollup_attempt_ended();
 """
 
 
-def _sqlite_bucket(seconds):
-    cases = " ".join(f"WHEN {seconds} < {edge!r} THEN {i}" for i, edge in enumerate(EDGES))
-    return f"CASE {cases} ELSE {len(EDGES)} END"
-
-
-def sqlite_install():
-    """The same counting for the embedded SQLite default, as a SQLite trigger. Times are Django's
-    UTC text ('YYYY-MM-DD HH:MM:SS.ffffff'); julianday() reads them."""
-    columns = _run_columns()
-    values = ", ".join(_run_values(lambda test: f"({test})"))
-    now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    ended = f"CASE WHEN NEW.status = 'SCHEDULED' THEN {now} ELSE coalesce(NEW.finished_at, {now}) END"
-    started = "OLD.status = 'RUNNING' AND OLD.started_at IS NOT NULL"
-    late = f"CASE WHEN {started} THEN {_sqlite_bucket('(julianday(OLD.started_at) - julianday(OLD.due_at)) * 86400.0')} ELSE -1 END"
-    took = f"CASE WHEN {started} THEN {_sqlite_bucket('(julianday(v0.ended) - julianday(OLD.started_at)) * 86400.0')} ELSE -1 END"
-    # v0: the end time and outcome; v: the buckets (which need v0.ended). "WHERE true" keeps
-    # SQLite's parser from reading ON CONFLICT as a join constraint.
-    source = (
-        f"FROM (SELECT v0.*, {late} AS late, {took} AS took FROM"
-        f" (SELECT {ended} AS ended, CASE WHEN NEW.status = 'SCHEDULED' THEN 'RETRIED' ELSE NEW.status END AS outcome) v0) v"
-        f" JOIN {TASK} t ON t.id = NEW.task_id WHERE true"
-    )
-    return f"""
-CREATE TRIGGER tms_rollup_attempt_ended AFTER UPDATE OF status ON {EXECUTION}
-FOR EACH ROW WHEN {WHEN.replace("IS DISTINCT FROM", "IS NOT")}
-BEGIN
-    INSERT INTO {RUN_ROLLUP} (minute, owner_id, runner, shard, {", ".join(columns)})
-    SELECT strftime('%Y-%m-%d %H:%M:00', v.ended), t.owner_id, t.runner, NEW.id % {SHARDS}, {values} {source}
-    ON CONFLICT (minute, owner_id, runner, shard) DO UPDATE SET {_add_on_conflict(RUN_ROLLUP, columns)};
-    INSERT INTO {TASK_ROLLUP} (hour, task_id, owner_id, attempts, failures)
-    SELECT strftime('%Y-%m-%d %H:00:00', v.ended), NEW.task_id, t.owner_id, 1, (v.outcome IN ('FAILED', 'RETRIED')) {source}
-    ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(TASK_ROLLUP, ("attempts", "failures"))};
-END;
-"""
-
-
-SQLITE_UNINSTALL = "DROP TRIGGER IF EXISTS tms_rollup_attempt_ended;"
-
-
 def install_trigger(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(postgresql_install(), params=None)
-    elif vendor == "sqlite":
-        pass  # installed after each migrate (tms_core/sqlite_triggers.py, executions/apps.py)
-    else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
-        raise RuntimeError(f"no rollup trigger for {vendor}: the dashboard would stay empty")
+    schema_editor.execute(postgresql_install(), params=None)
 
 
 def uninstall_trigger(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    schema_editor.execute(POSTGRESQL_UNINSTALL if vendor == "postgresql" else SQLITE_UNINSTALL, params=None)
+    schema_editor.execute(POSTGRESQL_UNINSTALL, params=None)
 
 
 class Migration(migrations.Migration):

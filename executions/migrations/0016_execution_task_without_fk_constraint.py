@@ -17,23 +17,16 @@ fifth of PostgreSQL's work in a cold materialiser pass. Its two halves are kept 
 import django.db.models.deletion
 from django.db import migrations, models
 
-# The guard's SQL lives in executions/task_guard.py, beside its SQLite twin (which executions/apps.py
-# installs after each migrate); this migration installs it on PostgreSQL.
-from executions.task_guard import POSTGRESQL_INSTALL, POSTGRESQL_UNINSTALL, SQLITE_UNINSTALL
+# The guard's SQL lives in executions/task_guard.py.
+from executions.task_guard import INSTALL, UNINSTALL
+
 
 def install_guard(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(POSTGRESQL_INSTALL, params=None)
-    elif vendor == "sqlite":
-        pass  # installed after each migrate (tms_core/sqlite_triggers.py, executions/apps.py)
-    else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
-        raise RuntimeError(f"no guard on task deletion for {vendor}")
+    schema_editor.execute(INSTALL, params=None)
 
 
 def uninstall_guard(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    schema_editor.execute(POSTGRESQL_UNINSTALL if vendor == "postgresql" else SQLITE_UNINSTALL, params=None)
+    schema_editor.execute(UNINSTALL, params=None)
 
 
 class Migration(migrations.Migration):

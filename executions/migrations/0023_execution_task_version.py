@@ -1,22 +1,18 @@
 """Each execution records the version of its task it was created from (see
-``executions/task_version.py``): the column, and on PostgreSQL the trigger that fills it."""
+``executions/task_version.py``): the column, and the trigger that fills it."""
 
 from django.db import migrations, models
 
-# The trigger's SQL lives in executions/task_version.py, beside its SQLite twin (which
-# executions/apps.py installs after each migrate); this migration installs it on PostgreSQL.
-from executions.task_version import POSTGRESQL_INSTALL, POSTGRESQL_UNINSTALL, SQLITE_UNINSTALL
+# The trigger's SQL lives in executions/task_version.py.
+from executions.task_version import INSTALL, UNINSTALL
 
 
 def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(POSTGRESQL_INSTALL, params=None)
-    # SQLite: installed after each migrate (tms_core/sqlite_triggers.py, executions/apps.py)
+    schema_editor.execute(INSTALL, params=None)
 
 
 def uninstall(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    schema_editor.execute(POSTGRESQL_UNINSTALL if vendor == "postgresql" else SQLITE_UNINSTALL, params=None)
+    schema_editor.execute(UNINSTALL, params=None)
 
 
 class Migration(migrations.Migration):

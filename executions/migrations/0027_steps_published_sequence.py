@@ -1,8 +1,7 @@
 """A counter of the workflow steps workers publish themselves (executions.transitions.dispatch,
 ``executions_take_steps``), which the monitor's pacer reads to tell runs started from runs
 published beside it (executions.fairness). A sequence: bumped without a row lock or a
-transaction of its own, read without one. PostgreSQL only: on the embedded default the monitor
-publishes every step."""
+transaction of its own, read without one."""
 
 from django.db import migrations
 
@@ -10,13 +9,11 @@ SEQUENCE = "executions_steps_published"
 
 
 def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}")
+    schema_editor.execute(f"CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}")
 
 
 def drop(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"DROP SEQUENCE IF EXISTS {SEQUENCE}")
+    schema_editor.execute(f"DROP SEQUENCE IF EXISTS {SEQUENCE}")
 
 
 class Migration(migrations.Migration):

@@ -11,15 +11,79 @@ The rows already there go, set-based:
   personal team, else 0.
 
 The status trigger writes the execution's ``team_id`` where it wrote its ``owner_id``: installed
-again here (PostgreSQL; SQLite's is installed after each migrate, notifications/apps.py) with the
-parts of the apps above this one as they registered them (executions.triggers.status_parts).
+again here with the parts of the apps above this one as they registered them
+(executions.triggers.status_parts).
 Going back gives each row its team's personal owner (0 for a shared team's rows, added up) and
 installs the trigger that keeps the rollups by owner.
+
+The rollup's earlier forms are frozen here (executions/triggers.py builds the current one only):
+by owner (before this migration, what going back past it installs), by team with a shard per run
+(this migration's, what going back past 0030 installs), and by team with the transaction's shard
+(0030's, what going back past 0031 installs); none keeps the extremes (0031 adds them).
 """
 
 from django.db import migrations, models
 
 from executions import triggers
+from executions.models import DURATION_COLUMNS, LATENESS_COLUMNS, OUTCOME_COLUMNS, ROLLUP_SHARDS, TERMINAL_STATUSES
+from executions.models import ExecutionStatus as S
+from executions.triggers import NOW, among, bucket, flag, literal, seconds, truncate
+
+RUN_ROLLUP, TASK_ROLLUP, TASK = "executions_runrollup", "executions_taskrollup", "tasks_app_task"
+
+
+def _add_on_conflict(table, columns):
+    return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
+
+
+def _rollup_before_extremes(key, *, shard_by_row):
+    """The rollup part's two upserts as they were before migration 0031 (see
+    executions.triggers._rollup for what they count), its rows kept by ``key`` (``owner_id``
+    before this migration, ``team_id`` since), a minute's row in the shard of the run
+    (``shard_by_row``, until 0030) or of the writing transaction."""
+    retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
+    counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
+    ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {NOW} ELSE coalesce(c.finished_at, {NOW}) END"
+    outcome = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {literal('RETRIED')} ELSE c.status END"
+    ran = f"c.old_status = {literal(S.RUNNING)} AND c.old_started_at IS NOT NULL"
+    late_s = seconds("c.old_started_at", "c.old_due_at")
+    took_s = seconds("c.ended", "c.old_started_at")
+    rows = (
+        f"(SELECT s.*, CASE WHEN s.late_s IS NULL THEN -1 ELSE {bucket('s.late_s')} END AS late,"
+        f" CASE WHEN s.took_s IS NULL THEN -1 ELSE {bucket('s.took_s')} END AS took"
+        f" FROM (SELECT c.*, CASE WHEN {ran} THEN {late_s} END AS late_s, CASE WHEN {ran} THEN {took_s} END AS took_s"
+        f" FROM (SELECT c.*, {ended} AS ended, {outcome} AS outcome FROM {{changed}} c WHERE {counted}) c) s) r"
+    )
+    counters = [f"sum({flag(f'r.outcome = {literal(status)}')})" for status in OUTCOME_COLUMNS]
+    for variable, columns in (("late", LATENESS_COLUMNS), ("took", DURATION_COLUMNS)):
+        counters += [f"sum({flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
+    added = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
+    shard = f"({'r.id' if shard_by_row else 'txid_current()'} % {ROLLUP_SHARDS})::smallint"
+    failed = among("r.outcome", (S.FAILED, "RETRIED"))
+    return [
+        f"INSERT INTO {RUN_ROLLUP} (minute, {key}, runner, shard, {', '.join(added)})"
+        f" SELECT {truncate('minute', 'r.ended')}, r.{key}, t.runner, {shard}, {', '.join(counters)}"
+        f" FROM {rows} JOIN {TASK} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+        f" ON CONFLICT (minute, {key}, runner, shard) DO UPDATE SET {_add_on_conflict(RUN_ROLLUP, added)}",
+        f"INSERT INTO {TASK_ROLLUP} (hour, task_id, {key}, attempts, failures)"
+        f" SELECT {truncate('hour', 'r.ended')}, r.task_id, r.{key}, count(*), sum({flag(failed)})"
+        f" FROM {rows} GROUP BY 1, 2, 3 ORDER BY 2, 1"
+        f" ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(TASK_ROLLUP, ('attempts', 'failures'))}",
+    ]
+
+
+def _part(key, *, shard_by_row):
+    return triggers.StatusPart(
+        "rollup", triggers.ROLLUP.targets, lambda: _rollup_before_extremes(key, shard_by_row=shard_by_row)
+    )
+
+
+#: Before this migration: by the tasks' owners (notifications 0007-0012 install it too).
+ROLLUP_BY_OWNER = _part("owner_id", shard_by_row=True)
+#: This migration's: by team, a shard per run.
+ROLLUP_BY_ROW = _part("team_id", shard_by_row=True)
+#: Migration 0030's: by team, the writing transaction's shard.
+ROLLUP_WITHOUT_EXTREMES = _part("team_id", shard_by_row=False)
 
 
 def _merge(cursor, model, key: str) -> None:
@@ -77,13 +141,12 @@ def to_owners(apps, schema_editor):
 
 
 def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(triggers.status_parts()), params=None)
+    # The rollup as it was at this migration (shard per run, no extremes: 0030 and 0031 change it).
+    schema_editor.execute(triggers.install(triggers.status_parts(ROLLUP_BY_ROW)), params=None)
 
 
 def uninstall(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(triggers.status_parts(triggers.ROLLUP_BY_OWNER)), params=None)
+    schema_editor.execute(triggers.install(triggers.status_parts(ROLLUP_BY_OWNER)), params=None)
 
 
 class Migration(migrations.Migration):

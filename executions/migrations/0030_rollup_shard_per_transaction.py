@@ -6,19 +6,23 @@ the parts of the apps above this one (executions.triggers.status_parts); going b
 shard per run. The rows already written stay as they are: the dashboard sums a minute's shards,
 and the fold (executions.rollup.rollup_compact) takes any shard above 0."""
 
+import importlib
+
 from django.db import migrations
 
 from executions import triggers
 
+# The rollup's earlier forms, frozen in 0029.
+_forms = importlib.import_module("executions.migrations.0029_rollup_team")
+
 
 def install(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(triggers.status_parts()), params=None)
+    # As it was at this migration (no extremes yet: 0031 adds them).
+    schema_editor.execute(triggers.install(triggers.status_parts(_forms.ROLLUP_WITHOUT_EXTREMES)), params=None)
 
 
 def uninstall(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(triggers.postgresql_install(triggers.status_parts(triggers.ROLLUP_BY_ROW)), params=None)
+    schema_editor.execute(triggers.install(triggers.status_parts(_forms.ROLLUP_BY_ROW)), params=None)
 
 
 class Migration(migrations.Migration):

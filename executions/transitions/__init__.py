@@ -65,6 +65,7 @@ from executions.transitions.worker import (
     execution_release,
     execution_report_progress,
     execution_succeed,
+    execution_take_back,
     executions_claim_loaded,
     executions_succeed,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "execution_retry",
     "execution_skip_misfire",
     "execution_succeed",
+    "execution_take_back",
     "execution_trigger",
     "execution_wait_for_limit",
     "executions_claim_loaded",

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from executions.transitions.sql import EXECUTIONS, TASKS, Event, pg_array, postgresql, with_events
+from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, with_events
 
 
 @dataclass(frozen=True)
@@ -28,9 +27,8 @@ class NewExecution:
     moved_from: datetime | None = None
 
 
-#: Rows per INSERT statement (SQLite: within its 32,766 parameters).
+#: Rows per INSERT statement.
 _INSERT_CHUNK = 5000
-_SQLITE_CHUNK = 1000
 
 #: The columns an insert sets; the others take their database defaults.
 _COLUMNS = (
@@ -42,17 +40,17 @@ _COLUMNS = (
 _CONSTANTS = "%s, 1, '', '', '{}', '', '', ''"
 #: A row's owner, read from its task by primary key (a scalar subquery rather than a join, so
 #: that rows are inserted, and their ids given, in the order they are listed). A missing task
-#: gives no owner, which NOT NULL refuses; on PostgreSQL the task is locked as a foreign key's
-#: check would (``key_share``), so it cannot be deleted before the insert commits.
-_OWNER = f"(SELECT t.owner_id FROM {TASKS} t WHERE t.id = {{}}{{}})"  # noqa: S608 - our table name
+#: gives no owner, which NOT NULL refuses; the task is locked as a foreign key's check would
+#: (``key_share``), so it cannot be deleted before the insert commits.
+_OWNER = f"(SELECT t.owner_id FROM {TASKS} t WHERE t.id = {{}}{key_share('t')})"  # noqa: S608 - our table name
 #: Its team, the same way. Locked too: a locking read returns the task's latest version, so a
 #: task moved to another team while this insert waited gives the new team, never the old one.
-_TEAM = f"(SELECT t.team_id FROM {TASKS} t WHERE t.id = {{}}{{}})"  # noqa: S608 - our table name
+_TEAM = f"(SELECT t.team_id FROM {TASKS} t WHERE t.id = {{}}{key_share('t')})"  # noqa: S608 - our table name
 
-_PG_INSERT = f"""
+_INSERT = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS})
     SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS},
-        {_OWNER.format("v.task_id", " FOR KEY SHARE OF t")}, {_TEAM.format("v.task_id", " FOR KEY SHARE OF t")},
+        {_OWNER.format("v.task_id")}, {_TEAM.format("v.task_id")},
         v.moved_from
     FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[], %s::smallint[], %s::boolean[], %s::timestamptz[])
         AS v (task_id, scheduled_for, due_at, priority, exclusive, moved_from)
@@ -63,7 +61,7 @@ _PG_INSERT = f"""
 #: tasks).
 #: It names each row's task version too (the tasks it holds give them), so that the insert
 #: trigger that fills it otherwise (executions/task_version.py, about 8 us a row) does not run.
-_PG_INSERT_OWNED = f"""
+_INSERT_OWNED = f"""
     INSERT INTO {EXECUTIONS} ({_COLUMNS}, task_version)
     SELECT v.task_id, v.scheduled_for, v.due_at, v.priority, v.exclusive, %s, {_CONSTANTS}, v.owner_id, v.team_id,
         NULL, v.version
@@ -92,9 +90,8 @@ def executions_create(
     # No savepoint inside a caller's transaction (a task create's): a failure fails the caller's
     # write as a whole anyway, and the savepoint cost two round trips per create.
     with transaction.atomic(savepoint=False):
-        chunk = _INSERT_CHUNK if postgresql() else _SQLITE_CHUNK
-        for start in range(0, len(rows), chunk):
-            statement, params = _insert(rows[start : start + chunk], origin)
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            statement, params = _insert(rows[start : start + _INSERT_CHUNK], origin)
             ids += [row[0] for row in with_events(statement, params, event)]
     return ids
 
@@ -112,7 +109,7 @@ def executions_create_arrays(
     actor: str,
     detail: str = "",
 ) -> list[int]:
-    """:func:`executions_create` for a materialiser pass over many rows on PostgreSQL, its columns
+    """:func:`executions_create` for a materialiser pass over many rows, its columns
     given as array literals (:func:`~executions.transitions.sql.pg_array` or the same text built by
     the caller, one element per row; ``due_at`` not NULL), so that no object per row is needed; one
     statement with its events. ``owner_ids``, ``team_ids`` and ``versions`` are the tasks' owners, teams and versions,
@@ -129,43 +126,18 @@ def executions_create_arrays(
         team_ids,
         versions,
     ]
-    return [row[0] for row in with_events(_PG_INSERT_OWNED, params, Event("", S.SCHEDULED, actor, detail))]
+    return [row[0] for row in with_events(_INSERT_OWNED, params, Event("", S.SCHEDULED, actor, detail))]
 
 
 def _insert(rows: Sequence[NewExecution], origin: str) -> tuple[str, list[Any]]:
-    """One chunk's INSERT: on PostgreSQL columns as arrays (``unnest``), elsewhere a VALUES list."""
-    if postgresql():
-        return _PG_INSERT, [
-            origin,
-            S.SCHEDULED,
-            pg_array(row.task_id for row in rows),
-            pg_array(row.scheduled_for for row in rows),
-            pg_array(row.due_at or row.scheduled_for for row in rows),
-            pg_array(row.priority for row in rows),
-            pg_array(row.exclusive for row in rows),
-            pg_array(row.moved_from for row in rows),
-        ]
-    task_field, time_field = _field("task"), _field("scheduled_for")
-    params: list[Any] = []
-    for row in rows:
-        task_id = task_field.get_db_prep_value(row.task_id, connection)
-        params += [
-            task_id,
-            time_field.get_db_prep_value(row.scheduled_for, connection),
-            time_field.get_db_prep_value(row.due_at or row.scheduled_for, connection),
-            row.priority,
-            row.exclusive,
-            origin,
-            S.SCHEDULED,
-            task_id,
-            task_id,
-            None if row.moved_from is None else time_field.get_db_prep_value(row.moved_from, connection),
-        ]
-    values = ", ".join(
-        [f"(%s, %s, %s, %s, %s, %s, {_CONSTANTS}, {_OWNER.format('%s', '')}, {_TEAM.format('%s', '')}, %s)"] * len(rows)
-    )
-    return f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) VALUES {values} ON CONFLICT DO NOTHING", params  # noqa: S608
-
-
-def _field(name: str) -> Any:
-    return Execution._meta.get_field(name)
+    """One chunk's INSERT: its columns as arrays (``unnest``)."""
+    return _INSERT, [
+        origin,
+        S.SCHEDULED,
+        pg_array(row.task_id for row in rows),
+        pg_array(row.scheduled_for for row in rows),
+        pg_array(row.due_at or row.scheduled_for for row in rows),
+        pg_array(row.priority for row in rows),
+        pg_array(row.exclusive for row in rows),
+        pg_array(row.moved_from for row in rows),
+    ]

@@ -20,7 +20,7 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import states
 from executions.transitions.misfire import drop_misfires, on_time
-from executions.transitions.sql import EXECUTIONS, db_now_plus, pg_array, postgresql, write, write_quiet
+from executions.transitions.sql import EXECUTIONS, db_now_plus, pg_array, write, write_quiet
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,10 @@ def executions_take_steps(ids: Collection[int], *, teams: Collection[int], actor
     The check and the take are one statement (the rows are this transaction's own: no other
     monitor or worker can see them, nothing to skip or lock).
 
-    Returns the steps taken; nothing if the monitor is to take them, and always nothing on the
-    embedded default (one process there does it all).
+    Returns the steps taken; nothing if the monitor is to take them.
     """
     chosen = list(ids)
-    if not chosen or not postgresql():
+    if not chosen:
         return []
     token = uuid.uuid4().hex[:12]
     may_go = RawSQL(  # noqa: S611 - our statement; every value is a parameter
@@ -212,15 +211,14 @@ _DUE_IN = ExpressionWrapper(F("due_at") - Now(), output_field=DurationField())
 _POLL_DUE = Q(lease_owner="", next_poll_at__lte=Now()) | Q(lease_expires_at__lt=Now())
 
 
-_OUTLOOK: dict[str, tuple[str, list[Any]]] = {}
+_OUTLOOK: list[tuple[str, list[Any]]] = []
 
 
 def _outlook_statement() -> tuple[str, list[Any]]:
-    """The outlook's statement, compiled once per process and database vendor: it has no
-    parameter that changes (the time is the database's), and compiling its three querysets cost
-    an idle monitor more CPU than running it."""
-    found = _OUTLOOK.get(connection.vendor)
-    if found is None:
+    """The outlook's statement, compiled once per process: it has no parameter that changes (the
+    time is the database's), and compiling its three querysets cost an idle monitor more CPU than
+    running it."""
+    if not _OUTLOOK:
         parts = [
             Execution.objects.filter(status=S.SCHEDULED).order_by("due_at").values_list(_DUE_IN)[:1],
             Execution.objects.filter(status=S.PENDING).values("id")[:1],
@@ -228,8 +226,8 @@ def _outlook_statement() -> tuple[str, list[Any]]:
         ]
         compiled = [part.query.sql_with_params() for part in parts]
         statement = "SELECT ({}), EXISTS ({}), EXISTS ({})".format(*(sql for sql, _ in compiled))
-        found = _OUTLOOK[connection.vendor] = (statement, [param for _, params in compiled for param in params])
-    return found
+        _OUTLOOK.append((statement, [param for _, params in compiled for param in params]))
+    return _OUTLOOK[0]
 
 
 def dispatch_outlook() -> Outlook:
@@ -242,10 +240,7 @@ def dispatch_outlook() -> Outlook:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         wait, pending, polls = cursor.fetchone()
-    if wait is not None:
-        duration = DurationField()
-        for converter in duration.get_db_converters(connection):  # SQLite: microseconds
-            wait = converter(wait, duration, connection)
+    if wait is not None:  # an interval: a timedelta
         wait = max(0.0, wait.total_seconds())
     return Outlook(runs_in=wait, pending=bool(pending), polls=bool(polls))
 

@@ -42,13 +42,12 @@ from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.dispatch import Dispatch, executions_take_steps
-from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, postgresql, with_events
+from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
 
 # The longest output (characters) read as a follower's input: a longer one is cut and given as text.
 from tasks_app.run_input import INPUT_MAX_CHARS
 from tms_core import metrics
-from tms_core.clock import db_now
 
 DEPENDENCIES = TaskDependency._meta.db_table
 
@@ -99,21 +98,24 @@ def ended_rows(rows: Sequence[Sequence[Any]]) -> list[Ended]:
 def input_from(ended: Ended | Mapping[str, Any]) -> dict[str, Any]:
     """A follower's input from its upstream's end: the output if it is a JSON object within
     :data:`INPUT_MAX_CHARS`, else ``{"output": <text, cut to the bound>}``; a failed upstream's
-    error is added as ``error`` to the latter."""
+    error is added to either as ``error`` (an ``on: failure`` step is told why, whatever the
+    output's shape; a key ``error`` of the output's own gives way to it)."""
     output, error, status = (
         (ended.output, ended.error, ended.status)
         if isinstance(ended, Ended)
         else (ended["output"], ended["error"], ended["status"])
     )
     text = output or ""
+    shown: dict[str, Any] | None = None
     if len(text) <= INPUT_MAX_CHARS and text.lstrip().startswith("{"):
         try:
             value = json.loads(text)
         except ValueError:
             value = None
         if isinstance(value, dict):
-            return value
-    shown: dict[str, Any] = {"output": text[:INPUT_MAX_CHARS]}
+            shown = value
+    if shown is None:
+        shown = {"output": text[:INPUT_MAX_CHARS]}
     if status == S.FAILED:
         shown["error"] = (error or "")[:INPUT_MAX_CHARS]
     return shown
@@ -199,16 +201,9 @@ _LINKS_SQL = (
 
 def _links_of_followers(upstreams: Collection[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
     """(task, upstream, on) of every link of each active task that follows one of ``upstreams``."""
-    if postgresql():
-        with connection.cursor() as cursor:
-            cursor.execute(_LINKS_SQL, [TaskStatus.ACTIVE, pg_array(str(task_id) for task_id in sorted(upstreams))])
-            return [(uuid.UUID(str(task)), uuid.UUID(str(upstream)), on) for task, upstream, on in cursor.fetchall()]
-    following = TaskDependency.objects.filter(upstream_id__in=upstreams).values("task_id")
-    return list(
-        TaskDependency.objects.filter(task_id__in=following, task__status=TaskStatus.ACTIVE).values_list(
-            "task_id", "upstream_id", "on"
-        )
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_LINKS_SQL, [TaskStatus.ACTIVE, pg_array(str(task_id) for task_id in sorted(upstreams))])
+        return [(uuid.UUID(str(task)), uuid.UUID(str(upstream)), on) for task, upstream, on in cursor.fetchall()]
 
 
 #: Publishes the steps this context's ending writes took (see :func:`publishing_steps`).
@@ -245,12 +240,9 @@ def _count(by_on: Mapping[str, int]) -> None:
 
 
 def _lock_workflow_run(workflow_run: int) -> None:
-    if postgresql():
-        with connection.cursor() as cursor:
-            # Two int4 keys; a clash of two runs' keys only makes them take turns.
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)", [FAN_IN_LOCK_NAMESPACE, workflow_run % 2_147_483_647]
-            )
+    with connection.cursor() as cursor:
+        # Two int4 keys; a clash of two runs' keys only makes them take turns.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [FAN_IN_LOCK_NAMESPACE, workflow_run % 2_147_483_647])
 
 
 def _arrived(workflow_run: int, required: Mapping[uuid.UUID, str]) -> dict[uuid.UUID, Any]:
@@ -321,11 +313,11 @@ def _create_steps(
     wanted: Mapping[tuple[uuid.UUID, int], tuple[Mapping[uuid.UUID, Any], str]],
 ) -> dict[tuple[uuid.UUID, int], tuple[int, int]]:
     """Create the steps ``wanted`` (follower, workflow run) unless they exist, for ACTIVE tasks
-    only; return the created ones' ``(id, team id)``. On PostgreSQL in one statement, a step it
-    could not insert (another run of its task at that very microsecond) then alone."""
+    only; return the created ones' ``(id, team id)``. In one statement, a step it could not insert
+    (another run of its task at that very microsecond) then alone."""
     made: dict[tuple[uuid.UUID, int], tuple[int, int]] = {}
     rest = list(wanted)
-    if postgresql() and wanted:
+    if wanted:
         keys = sorted(wanted, key=lambda key: (key[1], str(key[0])))
         params: list[Any] = [OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED]
         params += [
@@ -365,19 +357,14 @@ def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.U
     task_pk = Task._meta.pk.get_db_prep_value(follower, connection)
     detail = f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
     for _ in range(3):  # another run of the task at this very microsecond: try the next one
-        # Due now, by the database's clock: read in the statement itself on PostgreSQL (a query
-        # less per step), from the host on the embedded default.
-        at = "statement_timestamp()" if postgresql() else "%s"
-        now = (
-            [] if postgresql() else [Execution._meta.get_field("scheduled_for").get_db_prep_value(db_now(), connection)]
-        )
+        # Due now, by the database's clock: read in the statement itself (a query less per step).
         select_sql = (
-            f"SELECT t.id, {at}, {at}, t.priority,"  # noqa: S608 - our table names; every value is a parameter
+            "SELECT t.id, statement_timestamp(), statement_timestamp(), t.priority,"  # noqa: S608 - every value is a parameter
             " (t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits),"
             " %s, %s, 1, NULL, '', '', '{}', '', '', '', t.owner_id, t.team_id, %s, %s, %s"
             f" FROM {Task._meta.db_table} t WHERE t.id = %s AND t.status = %s{key_share('t')}"
         )
-        params = [*now, *now, OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED, workflow_run]
+        params = [OverlapPolicy.ALLOW, ExecutionOrigin.WORKFLOW, S.SCHEDULED, workflow_run]
         params += [json_field.get_db_prep_value(ids, connection), json_field.get_db_prep_value(given, connection)]
         params += [task_pk, TaskStatus.ACTIVE]
         statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"

@@ -1,10 +1,9 @@
-"""How the transitions write: one data-modifying statement and its events, on either database.
+"""How the transitions write: one data-modifying statement and its events.
 
 Every status change of the package goes through :func:`with_events` (through :func:`write` for an
 UPDATE): the statement returns the rows it changed (``id, attempt`` first) and one
-:class:`~executions.models.ExecutionEvent` is written per row, in the same statement on PostgreSQL
-(``WITH done AS (… RETURNING …) INSERT INTO event … SELECT … FROM done``) and right after it, in the
-same transaction, on SQLite (the embedded default; it has no data-modifying CTE). An event's time
+:class:`~executions.models.ExecutionEvent` is written per row, in the same statement
+(``WITH done AS (… RETURNING …) INSERT INTO event … SELECT … FROM done``). An event's time
 is the time of its write (``clock_timestamp()``), not its transaction's start: a write that waited
 behind a lock is recorded when it happened.
 """
@@ -17,10 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import DateTimeField, ExpressionWrapper, Field, Model, Q, QuerySet, Value, sql
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent
 from executions.transitions.states import Edge
@@ -35,16 +33,11 @@ EVENT_COLUMNS = "execution_id, from_status, to_status, attempt, at, actor, detai
 ID_ATTEMPT = "id, attempt"
 
 
-def postgresql() -> bool:
-    return connection.vendor == "postgresql"
-
-
 def key_share(alias: str) -> str:
     """The lock a statement that inserts executions takes on the task row ``alias`` it reads:
     ``FOR KEY SHARE``, as a foreign key's check would (see ``Execution.task``), so that the task
-    cannot be deleted before the insert commits. Nothing on SQLite, which has no row locks (a
-    writer holds the whole database)."""
-    return f" FOR KEY SHARE OF {alias}" if postgresql() else ""
+    cannot be deleted before the insert commits."""
+    return f" FOR KEY SHARE OF {alias}"
 
 
 @dataclass(frozen=True)
@@ -83,31 +76,13 @@ def with_events(
     """Run ``statement`` (an UPDATE or INSERT without RETURNING) and write ``event`` for each row
     it changed; return those rows (``returning``, which starts with ``id, attempt``).
 
-    On PostgreSQL ``select`` (over the CTE ``done``) may shape what is returned, and
-    ``detail_sql`` (an expression over ``returning``'s columns) gives each row's event its own
-    detail. Elsewhere the rows are ``returning`` as is, and ``detail_sql`` is not allowed."""
-    if postgresql():
-        text = f"WITH done AS ({statement} RETURNING {returning}), {pg_event_cte(detail_sql=detail_sql)} {select}"
-        event_params = event.params()
-        with connection.cursor() as cursor:
-            cursor.execute(text, (*params, *(event_params[:3] if detail_sql else event_params)))
-            return cursor.fetchall()
-    if detail_sql:
-        raise ValueError("detail_sql is for PostgreSQL only")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"{statement} RETURNING {returning}", params)
-        rows = cursor.fetchall()
-        if rows:
-            at = _AT.get_db_prep_value(timezone.now(), connection)
-            from_status, to_status, actor, detail = event.params()
-            cursor.executemany(
-                f"INSERT INTO {EVENTS} ({EVENT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",  # noqa: S608
-                [(row[0], from_status, to_status, row[1], at, actor, detail) for row in rows],
-            )
-    return rows
-
-
-_AT = ExecutionEvent._meta.get_field("at")
+    ``select`` (over the CTE ``done``) may shape what is returned, and ``detail_sql`` (an
+    expression over ``returning``'s columns) gives each row's event its own detail."""
+    text = f"WITH done AS ({statement} RETURNING {returning}), {pg_event_cte(detail_sql=detail_sql)} {select}"
+    event_params = event.params()
+    with connection.cursor() as cursor:
+        cursor.execute(text, (*params, *(event_params[:3] if detail_sql else event_params)))
+        return cursor.fetchall()
 
 
 def compile_update(queryset: QuerySet, values: Mapping[str, Any]) -> tuple[str, tuple]:
@@ -229,9 +204,6 @@ def write_prepared(
     timedelta; what varies from call to call) at the markers' places. The same statement as
     :func:`write` would run: Django compiling the UPDATEs was most of the worker service's CPU per
     execution (cProfile, docs/benchmarks.md)."""
-    if not postgresql():  # the embedded default: compiled per call, as by write()
-        condition, values = build(**binds)
-        return write(edge, condition, values, actor=actor, detail=detail, source=source, returning=returning)
     key = (edge.name, source, returning, shape)
     prepared = _PREPARED.get(key)
     if prepared is None:
@@ -312,8 +284,8 @@ _CONVERTERS: dict[tuple, list[tuple[Any, list[Callable[..., Any]]]]] = {}
 
 
 def _converters(model: type[Model], fields: tuple[Field, ...]) -> list[tuple[Any, list[Callable[..., Any]]]]:
-    """Each field's column and converters, looked up once per process and database vendor."""
-    key = (connection.vendor, model, fields)
+    """Each field's column and converters, looked up once per process."""
+    key = (model, fields)
     found = _CONVERTERS.get(key)
     if found is None:
         found = []

@@ -1,6 +1,7 @@
 """The state map: which status an execution may go to from which, and every transition's edge.
 
-:data:`ALLOWED_SOURCES` is the lifecycle of DESIGN.md. Each transition of the package declares
+:data:`ALLOWED_SOURCES` is the execution lifecycle of docs/how-it-works.md (the package itself:
+docs/architecture.md, "The transitions package"). Each transition of the package declares
 its :class:`Edge` here (its target and the sources it accepts, a part of the map's sources for
 that target), and the WHERE clause of its UPDATE is built from the edge
 (:func:`executions.transitions.sql.write`), so no transition types a status list of its own.
@@ -76,6 +77,9 @@ CANCEL = _edge("cancel", S.CANCELLED, S.SCHEDULED, S.PENDING, S.RUNNING)
 LEASE = _keep("lease", S.RUNNING)
 HANDBACK = _keep("handback", S.RUNNING)
 RESUME = _keep("resume", S.RUNNING)
+# A worker takes back its own claim whose answer it never got (the connection dropped after the
+# claim committed: a PostgreSQL failover).
+TAKE_BACK = _keep("take_back", S.RUNNING)
 # A waiting SCHEDULED row made due now when a slot frees.
 RELEASE_WAITING = _keep("release_waiting", S.SCHEDULED)
 

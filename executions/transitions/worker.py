@@ -28,7 +28,6 @@ from executions.transitions.sql import (
     db_now_plus,
     from_row,
     pg_array,
-    postgresql,
     with_events,
     write,
     write_prepared,
@@ -109,12 +108,47 @@ def execution_claim_loaded(
         "worker_id": worker_id,
         "lease": timedelta(seconds=lease_seconds),
     }
-    if not postgresql():
-        if not write_prepared(states.CLAIM, (exclusive, checked), build, binds, actor=worker_id):
-            return None
-        return Execution.objects.select_related("task").filter(pk=execution_id).first()
     rows = write_prepared(
         states.CLAIM, (exclusive, checked), build, binds, actor=worker_id, returning="*", select=_CLAIMED
+    )
+    if not rows:
+        return None
+    (row,) = rows
+    return _loaded(row)
+
+
+#: The event a taken-back claim writes (RUNNING → RUNNING): the timeline says why the lease was renewed.
+TAKE_BACK_DETAIL = "claim taken back: its answer was lost with the connection"
+
+
+def take_back_write(execution_id: int, attempt: int, worker_id: str, lease: timedelta) -> tuple[Q, dict[str, Any]]:
+    """The take-back's condition and values: this attempt, leased to this very claimant by its
+    claim, and nothing recorded since (no external run, not handed back)."""
+    condition = Q(pk=execution_id, attempt=attempt, lease_owner=worker_id, external_run_id="", orphaned=False)
+    return condition, {"lease_expires_at": db_now_after(lease)}
+
+
+def execution_take_back(*, execution_id: int, attempt: int, worker_id: str, lease_seconds: float) -> Execution | None:
+    """Take back a claim whose answer was lost: RUNNING, leased to ``worker_id`` for ``attempt``
+    with no external run recorded, its lease renewed; returns the execution with its task loaded
+    (as :func:`execution_claim_loaded` does), or None if the row is not that (the claim never
+    committed, or the lease ran out and the run was handed back: then the fenced claim or the
+    resume path is the way).
+
+    Only the claimant that sent the claim and never got its answer calls it (the connection
+    dropped after the commit: a PostgreSQL failover), and only while it does not work on the
+    execution: the lease owner names one process, so nobody else can be running it. Without it
+    the claimant's retry lost its own claim and the run stayed RUNNING, launched by nobody, until
+    its lease ran out (``WORKER_TIMEOUT``) and another worker resumed it."""
+    binds = {
+        "execution_id": execution_id,
+        "attempt": attempt,
+        "worker_id": worker_id,
+        "lease": timedelta(seconds=lease_seconds),
+    }
+    detail = TAKE_BACK_DETAIL
+    rows = write_prepared(
+        states.TAKE_BACK, (), take_back_write, binds, actor=worker_id, detail=detail, returning="*", select=_CLAIMED
     )
     if not rows:
         return None
@@ -137,10 +171,7 @@ def executions_claim_loaded(
     """The fast claim of :func:`execution_claim_loaded` for several (execution id, attempt)
     pairs at once: one statement, with its events, per attempt number among them (a herd's runs
     are all first attempts). Returns what it claimed, by id, with the tasks loaded; the rest
-    (taken, cancelled, gone, exclusive or stale) is left as it was, for the one-by-one path.
-    PostgreSQL only (the embedded default claims one by one: nothing is claimed here)."""
-    if not postgresql():
-        return {}
+    (taken, cancelled, gone, exclusive or stale) is left as it was, for the one-by-one path."""
     by_attempt: defaultdict[int, list[int]] = defaultdict(list)
     for execution_id, attempt in items:
         by_attempt[attempt].append(execution_id)
@@ -270,21 +301,7 @@ _ENDED_RETURNING_E = ", ".join(f"e.{column.strip()}" for column in ENDED_RETURNI
 
 def executions_succeed(*, successes: Sequence[Success], worker_id: str, max_chars: int) -> set[int]:
     """:func:`execution_succeed` for several runs of this worker in one statement (with their
-    events), each row fenced by its attempt and this worker's lease; returns the ids it won. On
-    the embedded default, one statement each."""
-    if not postgresql():
-        return {
-            success.execution_id
-            for success in successes
-            if execution_succeed(
-                execution_id=success.execution_id,
-                attempt=success.attempt,
-                worker_id=worker_id,
-                output=success.output,
-                max_chars=max_chars,
-                external_run_id=success.external_run_id or None,
-            )
-        }
+    events), each row fenced by its attempt and this worker's lease; returns the ids it won."""
     edge = states.SUCCEED
 
     def params(rows: Sequence[Success]) -> list[Any]:

@@ -87,53 +87,12 @@ DROP TRIGGER IF EXISTS tms_notify_skipped ON {SKIPPED};
 DROP FUNCTION IF EXISTS tms_notify_skipped();
 """
 
-# SQLite (the embedded default): durations are integer microseconds, times Django's UTC text.
-_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-_SQLITE_LATENESS = "((julianday(NEW.started_at) - julianday(NEW.due_at)) * 86400000000.0)"
-SQLITE_INSTALL = [
-    f"""
-CREATE TRIGGER tms_notify_execution AFTER UPDATE OF status ON {EXECUTION}
-FOR EACH ROW WHEN {WHEN.replace("IS DISTINCT FROM", "IS NOT")}
-BEGIN
-    INSERT INTO {OUTBOX} (kind, task_id, execution_id, attempt, detail, at)
-    SELECT v.kind, NEW.task_id, NEW.id, CASE WHEN v.kind = 'retry' THEN OLD.attempt ELSE NEW.attempt END,
-           substr(coalesce(NEW.error, ''), 1, 1000), {_SQLITE_NOW}
-    FROM (SELECT {KIND} AS kind) v JOIN {TASK} t ON t.id = NEW.task_id
-    WHERE EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies("NEW.task_id", "t.owner_id")}
-                  AND {_wants("v.kind", _SQLITE_LATENESS)});
-END;
-""",
-    f"""
-CREATE TRIGGER tms_notify_skipped AFTER INSERT ON {SKIPPED}
-FOR EACH ROW
-BEGIN
-    INSERT INTO {OUTBOX} (kind, task_id, execution_id, scheduled_for, detail, at)
-    SELECT 'skipped', NEW.task_id, NEW.execution_id, NEW.scheduled_for,
-           NEW.reason || CASE WHEN NEW.detail <> '' THEN ': ' || substr(NEW.detail, 1, 900) ELSE '' END, {_SQLITE_NOW}
-    FROM {TASK} t WHERE t.id = NEW.task_id
-    AND EXISTS (SELECT 1 FROM {RULE} r WHERE {_applies("NEW.task_id", "t.owner_id")} AND r.on_skip);
-END;
-""",
-]
-SQLITE_UNINSTALL = ["DROP TRIGGER IF EXISTS tms_notify_execution;", "DROP TRIGGER IF EXISTS tms_notify_skipped;"]
-
-
 def install_triggers(apps, schema_editor):
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(POSTGRESQL_INSTALL, params=None)
-    elif vendor == "sqlite":
-        pass  # installed after each migrate (tms_core/sqlite_triggers.py, notifications/apps.py)
-    else:  # pragma: no cover - the platform runs on PostgreSQL or the embedded SQLite
-        raise RuntimeError(f"no notification outbox trigger for {vendor}: no notification would be sent")
+    schema_editor.execute(POSTGRESQL_INSTALL, params=None)
 
 
 def uninstall_triggers(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(POSTGRESQL_UNINSTALL, params=None)
-    else:
-        for statement in SQLITE_UNINSTALL:
-            schema_editor.execute(statement, params=None)
+    schema_editor.execute(POSTGRESQL_UNINSTALL, params=None)
 
 
 class Migration(migrations.Migration):

@@ -7,7 +7,7 @@ from django.db import migrations
 
 def to_personal_teams(apps, schema_editor):
     teams = apps.get_model("tasks_app", "Team")._meta.db_table
-    # One set-based statement per table (a correlated subquery: the same SQL on PostgreSQL and SQLite).
+    # One set-based statement per table (a correlated subquery).
     with schema_editor.connection.cursor() as cursor:
         for model in ("Channel", "Rule"):
             table = apps.get_model("notifications", model)._meta.db_table

@@ -6,6 +6,12 @@ is saved (a per-field error on ``command``) and again when the attempt starts. A
 ``"artifact": true`` runs the task's uploaded binary or script, if the operator enabled
 ``allow_artifacts``.
 
+A task's ``env`` may not say more than its arguments: a program pinned to argument patterns gets
+only the variables the operator's ``allowed_env`` names for it (none by default), and no program
+gets a variable that makes an interpreter or a shell run other code (``PYTHON*``, ``PERL5*``,
+``NODE_OPTIONS``, ``BASH_ENV``, ...) unless ``allowed_env`` names it; checked at save (a per-field
+error on ``env``) and again at launch (:meth:`~runners.subprocess.config.ExecutableAllowList.refused_env`).
+
 Every attempt gets its own folder, ``<work_dir>/<idempotency key>/`` (its files:
 :mod:`runners.subprocess.workdir`). Its ``launch`` marker is created with ``O_EXCL``: whoever
 creates it launches, every later start with the same key adopts the run.

@@ -27,6 +27,34 @@ _RESERVED_ENV_PREFIX = "TMS_"
 #: Variables that make the dynamic loader inject code into any allowed executable.
 _LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables that make an interpreter, a shell or a library the program uses load or run other
+#: code than its arguments say (``PYTHONWARNINGS`` + ``BROWSER`` ran a shell from a pinned python3
+#: script): refused for every program unless the operator's ``allowed_env`` names one for it.
+#: Compared in upper case; a name starting with one of :data:`INJECTING_ENV_PREFIXES` counts too.
+INJECTING_ENV_NAMES = frozenset(
+    {
+        "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS", "CDPATH",
+        "PERLLIB", "PERLIO", "RUBYOPT", "RUBYLIB", "CLASSPATH", "PHPRC", "TCLLIBPATH",
+        "BROWSER", "EDITOR", "VISUAL", "PAGER", "MANPAGER", "SSH_ASKPASS", "SUDO_ASKPASS",
+        "GCONV_PATH", "GLIBC_TUNABLES", "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES",
+        "HOSTALIASES", "NLSPATH", "LOCPATH",
+    }
+)  # fmt: skip
+INJECTING_ENV_PREFIXES = (
+    "PYTHON", "PERL5", "PERL_", "RUBY", "GEM_", "BUNDLE_", "NODE_", "NPM_CONFIG_", "JAVA_", "_JAVA_", "JDK_",
+    "BASH_FUNC_", "GIT_", "LUA_", "PHP_", "DOTNET_", "CORECLR_", "COMPLUS_", "ERL_", "ELIXIR_", "R_",
+)  # fmt: skip
+#: The key of ``allowed_env`` naming variables every program (and an artifact) may be given.
+ANY_PROGRAM = "*"
+
+
+def injects_code(name: str) -> bool:
+    """Whether a variable named ``name`` can make the program run code its arguments do not name
+    (:data:`INJECTING_ENV_NAMES`, :data:`INJECTING_ENV_PREFIXES`; the loader's are refused apart)."""
+    upper = name.upper()
+    return upper in INJECTING_ENV_NAMES or upper.startswith(INJECTING_ENV_PREFIXES)
+
+
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 #: Limits a run gets: resource limits (setrlimit in the command's process), the disk its work
@@ -151,7 +179,7 @@ class ExecutableAllowList:
     is :class:`ImproperlyConfigured` at start-up.
     """
 
-    def __init__(self, alias: str, allowed: Any, *, path: str) -> None:
+    def __init__(self, alias: str, allowed: Any, *, path: str, allowed_env: Any = None) -> None:
         self.path = path
         if isinstance(allowed, Mapping):
             entries = dict(allowed)
@@ -186,6 +214,63 @@ class ExecutableAllowList:
                     f"TMS_RUNNERS[{alias!r}]: allowed_executables[{entry!r}]: bad pattern: {exc}"
                 ) from exc
         self.allowed: tuple[str, ...] = tuple(self.arg_patterns)
+        self.env_allowed = self._parse_allowed_env(alias, allowed_env)
+
+    def _parse_allowed_env(self, alias: str, allowed_env: Any) -> dict[str, frozenset[str]]:
+        """``allowed_env``: ``{program: [NAME, ...]}`` (a program as written in
+        ``allowed_executables``, or ``"*"``: every program and artifact) -> the names it may be
+        given beyond the rule of :meth:`refused_env`."""
+        if allowed_env is None:
+            return {}
+        if not isinstance(allowed_env, Mapping):
+            raise ImproperlyConfigured(
+                f"TMS_RUNNERS[{alias!r}]: allowed_env must be a dict of program -> variable names."
+            )
+        parsed: dict[str, frozenset[str]] = {}
+        for entry, names in allowed_env.items():
+            key = os.path.normpath(entry) if isinstance(entry, str) and "/" in entry else entry
+            if key != ANY_PROGRAM and key not in self.arg_patterns:
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_env names {entry!r}, which is not in allowed_executables "
+                    f'(use "{ANY_PROGRAM}" for every program).'
+                )
+            if not isinstance(names, list | tuple) or not all(
+                isinstance(name, str) and _ENV_NAME.match(name) for name in names
+            ):
+                raise ImproperlyConfigured(
+                    f"TMS_RUNNERS[{alias!r}]: allowed_env[{entry!r}] must be a list of variable names."
+                )
+            parsed[key] = frozenset(names)
+        return parsed
+
+    def pinned(self, program: str) -> bool:
+        """Whether ``program`` is allowed with argument patterns only (a dict entry that is not None)."""
+        entry = self._entry(program)
+        return entry is not None and self.arg_patterns.get(entry) is not None
+
+    def refused_env(self, program: str | None, names: list[str]) -> list[str]:
+        """Why the variables ``names`` may not be given to ``program`` (None: the task's artifact),
+        one message per refused name; empty when all may.
+
+        A program pinned to its arguments gets only the variables ``allowed_env`` names for it
+        (or for ``"*"``): its arguments say what it runs, and its environment must not say more.
+        Any other program (and an artifact) gets any variable but those that inject code
+        (:func:`injects_code`), unless ``allowed_env`` names one for it."""
+        entry = self._entry(program) if program is not None else None
+        allowed = self.env_allowed.get(ANY_PROGRAM, frozenset()) | self.env_allowed.get(entry or "", frozenset())
+        pinned = entry is not None and self.arg_patterns.get(entry) is not None
+        refused = []
+        for name in names:
+            if name in allowed:
+                continue
+            if pinned:
+                refused.append(
+                    f"{name!r}: {program!r} is pinned to its arguments, and gets only the variables allowed_env "
+                    "names for it."
+                )
+            elif injects_code(name):
+                refused.append(f"{name!r} can make the program run other code (an interpreter or shell variable).")
+        return refused
 
     def refused_argument(self, program: str, arguments: list[str]) -> str | None:
         """The first argument that the operator's patterns for ``program`` do not allow, if any."""

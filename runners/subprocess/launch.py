@@ -83,6 +83,12 @@ class Launcher:
             executable = copy_artifact(spec, run_dir if user is None else run_dir / BIN, shared=user is not None)
         else:
             executable = self._executable(config["command"][0], [*config["command"][1:], *config.get("args", [])])
+        # Checked again at launch: the config may be older than the rule, or than allowed_env's change.
+        refused_env = self.allow_list.refused_env(
+            None if config.get("artifact") else config["command"][0], list(config.get("env") or {})
+        )
+        if refused_env:
+            raise RunnerError(f"env refused: {refused_env[0]}", retryable=False)
         argv = [executable, *(config.get("command") or [])[1:], *config.get("args", [])]
         cwd = work
         if config.get("cwd"):

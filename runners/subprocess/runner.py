@@ -66,6 +66,11 @@ class SubprocessRunner(BaseRunner):
         #: A dict pins arguments too: ``{program: [regex, ...]}``, where every argument must match
         #: one of the patterns in full (an empty list: no arguments; ``None``: any arguments).
         "allowed_executables": [],
+        #: ``{program: [NAME, ...]}``: the variables a task's ``env`` may give a program (a key of
+        #: ``allowed_executables``, or ``"*"`` for every program and artifacts). A program pinned to
+        #: its arguments gets these only (default: none); any other gets any variable but those
+        #: that inject code (PYTHON*, PERL5*, NODE_OPTIONS, BASH_ENV, ...) unless named here.
+        "allowed_env": {},
         #: Whether tasks may run their uploaded artifact.
         "allow_artifacts": False,
         #: Folder holding one sub-folder per attempt; default ``<VAR_DIR>/runs``.
@@ -104,7 +109,10 @@ class SubprocessRunner(BaseRunner):
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
-        self.allow_list = ExecutableAllowList(alias, self.options["allowed_executables"], path=self.options["path"])
+        options = self.options
+        self.allow_list = ExecutableAllowList(
+            alias, options["allowed_executables"], path=options["path"], allowed_env=options["allowed_env"]
+        )
         self.limits, self.max_limits = parse_limits(alias, self.options)
         egress = sandbox.parse_egress(alias, self.options["egress"])
         paths = self.options["read_only_paths"]
@@ -154,7 +162,8 @@ class SubprocessRunner(BaseRunner):
     # -- validation ---------------------------------------------------------------------------
 
     def validate_config(self, config: Any) -> dict[str, Any]:
-        """Validate the config, then check the executable against ``allowed_executables``."""
+        """Validate the config, then check the executable against ``allowed_executables`` and
+        its ``env`` against ``allowed_env`` (:meth:`ExecutableAllowList.refused_env`)."""
         data = super().validate_config(config)
         if data.get("artifact") and not self.options["allow_artifacts"]:
             self.refuse(
@@ -170,6 +179,12 @@ class SubprocessRunner(BaseRunner):
                     field, f"argument {refused!r} matches none of the patterns allowed for {data['command'][0]!r}.",
                     "allowed_executables",
                 )  # fmt: skip
+        refused_env = self.allow_list.refused_env(
+            data["command"][0] if data.get("command") else None, list(data.get("env") or {})
+        )
+        if refused_env:
+            suffix = f"An operator can add it to the allowed_env option of the {self.alias!r} runner."
+            raise serializers.ValidationError({"env": [f"{message} {suffix}" for message in refused_env]})
         too_high = [
             f"{name} may be at most {self.max_limits[name]} on the {self.alias!r} runner."
             for name, value in sorted(data.get("limits", {}).items())

@@ -9,6 +9,7 @@ from enum import StrEnum
 from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
 from executions.workflow_runs import dependency_on, upstream_runs
 from tasks_app.models import Task, TaskStatus
+from tms_core.clock import local_words
 
 
 def is_summary(row: SkippedOccurrence) -> bool:
@@ -126,7 +127,7 @@ def occurrence_fate(
             detail = "" if detail.startswith("waiting:") else detail
         return OccurrenceFate(Fate.EXECUTION, text + (f": {detail}" if detail else "."), live)
     if task.status == TaskStatus.PAUSED and task.paused_at is not None and occurrence >= task.paused_at:
-        reason = f"The task was paused at {task.paused_at.isoformat()} and has not been resumed."
+        reason = f"The task was paused at {local_words(task.paused_at, task.timezone)} and has not been resumed."
         return OccurrenceFate(Fate.PAUSED, reason)
     if task.next_run_at is not None and occurrence >= task.next_run_at:
         if occurrence > now:

@@ -11,8 +11,8 @@ from zoneinfo import ZoneInfo
 from executions.materialiser import task_calendar, task_schedule
 from tasks_app.calendars import CalendarRules, calendar_place
 from tasks_app.models import CalendarPolicy, Task
-from tasks_app.schedules import Schedule, dst_note, walk_limit
-from tms_core.clock import db_now
+from tasks_app.schedules import Schedule, dst_gap_skipped_note, dst_note, walk_limit
+from tms_core.clock import db_now, local_words
 
 #: A ``max_runs`` bound larger than this is not applied to previews (walking it would be too slow).
 _MAX_RUNS_WALK = 100_000
@@ -38,7 +38,6 @@ def calendar_marks(
     """``times`` marked with what the calendar and ``policy`` make of each: skipped (and why),
     moved (and where to), or nothing; a move onto an instant another fire time runs at says so."""
     policy = policy or CalendarPolicy.SKIP
-    zone = ZoneInfo(timezone)
     marked = []
     runs = {time.utc for time in times if not rules.closed(time.local.date())}
     for time in times:
@@ -49,8 +48,7 @@ def calendar_marks(
             note = f"; {policy} found no place: {place.note}" if place.note else ""
             marked.append(FireTime(time.utc, time.local, time.dst, "skipped", f"{place.reason} ({rules.name}){note}"))
         else:
-            local = place.run_at.astimezone(zone)
-            reason = f"{place.reason} ({rules.name}): moved to {local.isoformat()} ({policy})"
+            reason = f"{place.reason} ({rules.name}): moved to {local_words(place.run_at, timezone)} ({policy})"
             if place.run_at in runs:
                 reason += "; another occurrence runs at that instant already: one run"
             runs.add(place.run_at)
@@ -59,13 +57,20 @@ def calendar_marks(
 
 
 def _fire_times(schedule: Schedule, times: list[datetime]) -> list[FireTime]:
+    """``times`` as :class:`FireTime`, each with its DST note: the rule that decided it, or,
+    under ``dst_gap`` skip, the gap since the previous fire time that swallowed wall times (so a
+    day dropped by the gap is said, not silently missing from the list)."""
     zone = ZoneInfo(schedule.timezone)
-    note = (
-        (lambda when: dst_note(schedule.cron, schedule.timezone, when, gap=schedule.dst_gap, fold=schedule.dst_fold))
-        if schedule.cron
-        else (lambda when: "")
-    )
-    return [FireTime(when, when.astimezone(zone), note(when), runs_at=when) for when in times]
+    if not schedule.cron:
+        return [FireTime(when, when.astimezone(zone), runs_at=when) for when in times]
+    rules = {"gap": schedule.dst_gap, "fold": schedule.dst_fold}
+    result = []
+    for index, when in enumerate(times):
+        notes = [dst_note(schedule.cron, schedule.timezone, when, **rules)]
+        if index:
+            notes.append(dst_gap_skipped_note(schedule.cron, schedule.timezone, times[index - 1], when, **rules))
+        result.append(FireTime(when, when.astimezone(zone), "; ".join(n for n in notes if n), runs_at=when))
+    return result
 
 
 def _runs_end(schedule: Schedule, max_runs: int, *, until: datetime) -> datetime | None:

@@ -4,7 +4,7 @@ occurrence in it, each saying what became of it."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import islice, takewhile
 from uuid import UUID
@@ -17,9 +17,10 @@ from executions.materialiser import task_schedule
 from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
 from tasks_api.selectors.fate import Fate, OccurrenceFate, is_summary, occurrence_fate, recorded_by_materialiser
 from tasks_api.selectors.previews import task_last_fire_time
+from tasks_api.selectors.schedule_history import SchedulePeriod, fire_times_between, schedule_periods
 from tasks_app.models import Task
 from tasks_app.schedules import Schedule, walk_limit
-from tms_core.clock import db_now
+from tms_core.clock import db_now, local_words
 from tms_core.errors import InvalidInput
 
 #: The most fire times one window may hold.
@@ -137,9 +138,12 @@ def _too_many(what: str, limit: int, first_beyond: datetime, start: datetime) ->
     return InvalidInput.on("to", f"The window holds more than {limit} {what}; ask for a shorter one.{hint}")
 
 
-def _window_fire_times(schedule: Schedule, start: datetime, end: datetime, last: datetime | None) -> list[datetime]:
+def _window_fire_times(
+    periods: list[SchedulePeriod], start: datetime, end: datetime, last: datetime | None
+) -> list[datetime]:
+    """The fire times in ``[start, end)`` up to ``last``, each of the schedule in force at it."""
     times: list[datetime] = []
-    for when in schedule.fire_times(since=start):
+    for when in fire_times_between(periods, start, end):
         if when >= end or (last is not None and when > last):
             break
         if len(times) == OCCURRENCES_MAX:
@@ -229,7 +233,7 @@ def _execution_item(execution: Execution, skipped: SkippedOccurrence | None, loc
     what = f"Execution {execution.pk} ({execution.origin}"
     what += f", retry of {execution.retry_of_id})" if execution.retry_of_id else ")"
     if execution.moved_from is not None:  # a business calendar moved it here from a closed day
-        what += f", moved here from {execution.moved_from.isoformat()} by the task's calendar"
+        what += f", moved here from {local_words(execution.moved_from, str(local.tzinfo))} by the task's calendar"
     if skipped is not None:
         reason = f"{what} was skipped ({skipped.reason}): {skipped.detail}"
         return Occurrence(
@@ -281,6 +285,12 @@ def _fire_time_items(
         summary = latest_row if latest_row is not None and is_summary(latest_row) else None
         fate = occurrence_fate(task, when, execution=execution, skipped=skipped, summary=summary, now=now)
         item = _fire_time_item(fate, skipped, when, when.astimezone(zone), now)
+        if item.execution is None and execution is not None and execution.superseded:
+            # Its only execution was replaced (by a pause, or a change before it was made again):
+            # the fire time's item stands for it, so the instant is listed once, not again as a
+            # superseded record beside "upcoming" or "skipped".
+            replaced = f" Its execution {execution.pk} was replaced before it started: {execution.error}"
+            item = replace(item, execution=execution, reason=item.reason + replaced)
         if item.execution is not None:
             shown.executions.add(item.execution.pk)
         if skipped is not None and item.skip is not None and item.skip.row_scheduled_for == when:
@@ -327,7 +337,8 @@ def task_occurrences(
     """The task's occurrence timeline over ``[start, end)`` (defaults: :func:`occurrence_window`,
     holding at most ``most`` fire times).
 
-    One item per fire time of its schedule in the window (up to its last run, see
+    One item per fire time in the window of the schedule in force at it (its versions:
+    :func:`~tasks_api.selectors.schedule_history.schedule_periods`) (up to its last run, see
     :func:`task_last_fire_time`) saying what became of it (:func:`occurrence_fate`, as "why"
     says), and one per execution or skipped occurrence in the window that no fire time accounts
     for: triggered runs, retries, executions superseded by a schedule change or a pause, records
@@ -348,7 +359,9 @@ def task_occurrences(
     materialised = max((when for when in (last_execution, last_skipped) if when is not None), default=None)
     with walk_limit("from", "Fire times counted from the task's next run up to this window"):
         last = task_last_fire_time(task, schedule, materialised=materialised, until=end)
-    fire_times = _window_fire_times(schedule, start, end, last)
+    # Each instant judged by the schedule in force then (the task's versions): after a change,
+    # the old schedule's fire times stay fire times before it, and the new one's are not.
+    fire_times = _window_fire_times(schedule_periods(task), start, end, last)
     zone, shown = ZoneInfo(task.timezone), _Shown()
     items = _fire_time_items(
         task, fire_times, executions, skipped_rows, by_materialiser, zone=zone, now=now, shown=shown

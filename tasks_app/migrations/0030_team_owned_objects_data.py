@@ -27,8 +27,7 @@ def to_personal_teams(apps, schema_editor):
     db = schema_editor.connection.alias
     _personal_teams(apps, db)
     teams = apps.get_model("tasks_app", "Team")._meta.db_table
-    # One set-based statement per table, whatever the number of rows (a correlated subquery:
-    # the same SQL on PostgreSQL and SQLite).
+    # One set-based statement per table, whatever the number of rows (a correlated subquery).
     with schema_editor.connection.cursor() as cursor:
         for model in ("Limit", "Calendar", "Artifact"):
             table = apps.get_model("tasks_app", model)._meta.db_table

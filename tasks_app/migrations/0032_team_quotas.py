@@ -87,9 +87,8 @@ def to_users(apps, schema_editor):
 def _constraints_now(schema_editor):
     # The rows' foreign-key checks are deferred to the commit on PostgreSQL, and a table with
     # pending checks cannot be altered in the same transaction (the operations below do): check now.
-    if schema_editor.connection.vendor == "postgresql":
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
 class Migration(migrations.Migration):

@@ -289,14 +289,15 @@ def test_the_admin_lists_service_accounts_and_token_teams_and_deletes_through_th
 def test_tms_create_user_gives_a_service_account_neither_a_key_nor_a_password(world):
     from django.core.management import call_command
     from django.core.management.base import CommandError
-    from rest_framework.authtoken.models import Token
+
+    from accounts.models import AccountKey
 
     account = service_account_create(team=world["ops"], name="ci", role=TeamRole.VIEWER, creator=world["ann"])
     for extra in ([], ["--password", "A-long-enough-passw0rd!"], ["--staff"]):
         with pytest.raises(CommandError, match="is a service account"):
             call_command("tms_create_user", account.user.username, *extra)
     account.user.refresh_from_db()
-    assert not Token.objects.filter(user=account.user).exists()
+    assert not AccountKey.objects.filter(user=account.user).exists()
     assert not account.user.has_usable_password() and not account.user.is_staff
 
 

@@ -4,6 +4,7 @@ TMS web server: redirects to the provider and back, the provider's form, its tok
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import socket
@@ -20,17 +21,18 @@ from axes.models import AccessLog
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import SuspiciousOperation
+from django.core.management import call_command
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from accounts.models import OidcIdentity
 from accounts.oidc import OidcBackend
 from accounts.roles import TEAM_ROLES
 from accounts.sso import team_roles_for_groups
+from accounts.support_group import SUPPORT_GROUP
 from accounts.tokens import token_create
 from tasks_app.models import AuditEntry, Membership, Team, TeamRole
 from tasks_app.teams import member_remove, member_set, team_create
 from tms_core.errors import InvalidInput
-from tms_core.roles import SUPPORT_GROUP
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 
 SERVER = Path(__file__).with_name("oidc_provider_server.py")
@@ -416,10 +418,12 @@ TEAM_GROUPS = {
 
 @pytest.fixture
 def sso_teams(settings, provider, django_user_model):
-    """SSO with team grants; teams "ops" and "data" exist (made by olga, their admin), "ghost" does not."""
+    """SSO with team grants; teams "ops" and "data" exist (made by olga, an administrator, their
+    admin), "ghost" does not."""
     for name, value in sso_settings(provider, groups=TEAM_GROUPS).items():
         setattr(settings, name, value)
-    olga = django_user_model.objects.create_user("olga")
+    # Staff: only a team an administrator made receives group members (and may take a mapped slug).
+    olga = django_user_model.objects.create_user("olga", is_staff=True)
     return {
         "provider": provider,
         "ops": team_create(creator=olga, name="Ops", slug="ops"),
@@ -591,3 +595,76 @@ def test_the_setting_text_is_read_with_team_grants():
         "ops-leads": "team:ops:admin",
         "tms-support": "staff",
     }
+
+
+# --- A mapped slug is an administrator's (security audit round 3, item 5) -------------------------
+
+SQUAT_GROUPS = {**GROUPS, "platform": "team:platform:viewer"}
+
+
+@pytest.fixture
+def sso_platform(settings, provider):
+    for name, value in sso_settings(provider, groups=SQUAT_GROUPS).items():
+        setattr(settings, name, value)
+    return provider
+
+
+def test_a_user_cannot_create_a_team_under_a_mapped_slug_and_staff_can(sso_platform, django_user_model):
+    from tests.conftest import client_for
+
+    mallory = client_for(django_user_model.objects.create_user("mallory"))
+    for body in ({"name": "Platform", "slug": "platform"}, {"name": "Platform"}, {"name": "x", "slug": "PLATFORM"}):
+        response = mallory.post("/api/v1/teams", body, format="json")
+        assert response.status_code == 400, (body, response.content)
+        assert "only an administrator can create that team" in str(response.json()["errors"]["slug"])
+    assert not Team.objects.filter(slug__iexact="platform").exists()
+    root = client_for(django_user_model.objects.create_user("root", is_staff=True))
+    response = root.post("/api/v1/teams", {"name": "Platform", "slug": "platform"}, format="json")
+    assert response.status_code == 201, response.content
+    assert Team.objects.get(slug="platform").managed is True
+    # A team an ordinary user makes under another slug is theirs, and no group's.
+    assert mallory.post("/api/v1/teams", {"name": "Mine"}, format="json").status_code == 201
+    assert Team.objects.get(slug="mine").managed is False
+
+
+def test_a_squatted_mapped_slug_collects_nobody_at_sign_in(sso_platform, live_server, django_user_model, caplog):
+    # The attack: a user's team under the mapped slug (made before the rule, or any way but staff's).
+    mallory = django_user_model.objects.create_user("mallory")
+    squat = Team.objects.create(name="Platform", slug="platform")
+    Membership.objects.create(team=squat, user=mallory, role=TeamRole.ADMIN)
+    set_claims(sso_platform, "sub-pat", preferred_username="pat", groups=["platform"])
+
+    with caplog.at_level("WARNING", logger="accounts.sso"):
+        assert sign_in(requests.Session(), live_server.url, "sub-pat").status_code == 200
+
+    assert sso_roles("pat") == {}
+    assert list(Membership.objects.filter(team=squat).values_list("user__username", flat=True)) == ["mallory"]
+    assert "grant viewer of team 'platform', which is skipped: the team was not made by an administrator" in caplog.text
+    # An administrator who vouches for the team marks it; the next sign-in grants.
+    out = io.StringIO()
+    call_command("tms_team_managed", "platform", stdout=out)
+    assert "managed by administrators" in out.getvalue()
+    assert AuditEntry.objects.filter(action="team.update", source="command:tms_team_managed").count() == 1
+    sign_in(requests.Session(), live_server.url, "sub-pat")
+    assert sso_roles("pat") == {"platform": ("viewer", True)}
+
+
+def test_a_personal_team_named_like_a_mapped_slug_does_not_block_the_grant(
+    sso_platform, live_server, django_user_model
+):
+    from tests.conftest import client_for
+
+    # A user named like the slug, from before the mapping named it: their personal team holds it.
+    holder = django_user_model.objects.create_user("platform")
+    Team.objects.filter(personal_of=holder).update(slug="platform")  # made before the mapping named it
+    root = client_for(django_user_model.objects.create_user("root", is_staff=True))
+    response = root.post("/api/v1/teams", {"name": "Platform", "slug": "platform"}, format="json")
+    assert response.status_code == 201, response.content
+    holder.refresh_from_db()
+    assert holder.personal_team.slug == f"platform-user-{holder.pk}"
+    # A personal team made now never takes the mapped slug.
+    late = django_user_model.objects.create_user("PLATFORM")
+    assert late.personal_team.slug == f"platform-user-{late.pk}"
+    set_claims(sso_platform, "sub-pat", preferred_username="pat", groups=["platform"])
+    sign_in(requests.Session(), live_server.url, "sub-pat")
+    assert sso_roles("pat") == {"platform": ("viewer", True)}

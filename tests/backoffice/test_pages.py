@@ -84,7 +84,8 @@ def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_a
     assert page.status_code == 200
     assert '<div class="value" id="tile-runs">2</div>' in html  # one success, one failure
     assert '<div class="value" id="tile-success">50.0%</div>' in html
-    assert html.count("<svg") == 4
+    assert html.count('role="img"') == 4  # four charts, two of them with a y axis of its own
+    assert html.count('<svg class="chart-y-axis"') == 2
     assert "hourly hook" in html  # failing most, and upcoming
     assert "Flower counts <em>Celery tasks</em>" in html
     assert 'data-refresh-url="/ui/dashboard/live?window=24h"' in html
@@ -191,7 +192,8 @@ def test_the_task_list_shows_own_tasks_in_words(alice_client, alices, other_user
     assert "hourly hook" in html and "Every hour (Europe/Berlin)" in html
     assert "bobs secret task" not in html
     assert "hourly hook" in alice_client.get("/ui/tasks/?q=hourly&status=ACTIVE").content.decode()
-    assert "hourly hook" not in alice_client.get("/ui/tasks/?status=PAUSED").content.decode()
+    # (The name stays on the page as a suggestion of the form's "runs after" pickers: not a row.)
+    assert not alice_client.get("/ui/tasks/?status=PAUSED").context["rows"]
 
 
 # --- the task page ------------------------------------------------------------------------------------
@@ -219,9 +221,10 @@ def test_task_page_shows_schedule_runs_occurrences_and_masked_config(alice_clien
 def test_task_page_reads_the_task_its_state_and_owner_in_one_query(alice_client, alices, django_assert_num_queries):
     """The owner's task page: the task with its state and owner found together, the task's rules
     and the owner's defaults together, the channels once (16 queries before, 12 then; 13 with the
-    tasks it follows and that follow it, read in one)."""
+    tasks it follows and that follow it, read in one; 14 with the teams "Move to team…" offers an
+    editor)."""
     task, _ = alices
-    with django_assert_num_queries(13):
+    with django_assert_num_queries(14):
         page = alice_client.get(f"/ui/tasks/{task.pk}/")
     assert page.status_code == 200 and page.context["state"] and page.context["settings_rows"][-1] == ("Owner", "alice")
 
@@ -333,7 +336,8 @@ def test_task_actions_refuse_get_and_posts_without_csrf(user, alices, action):
     task, _ = alices
     client = csrf_client(user)
     before = _state()
-    assert client.get(f"/ui/tasks/{task.pk}/{action}/").status_code == 405
+    # "run" answers a GET with its input form (issue 46), which changes nothing either.
+    assert client.get(f"/ui/tasks/{task.pk}/{action}/").status_code == (200 if action == "run" else 405)
     assert client.post(f"/ui/tasks/{task.pk}/{action}/").status_code == 403
     assert _state() == before
 
@@ -353,6 +357,26 @@ def test_backfill_creates_the_missing_past_runs(alice_client, user):
     )
     assert response.status_code == 302
     assert Execution.objects.filter(task=task).count() == before + 3
+
+
+def test_a_backfill_of_a_range_with_no_fire_times_says_so_on_the_page(alice_client, user):
+    task = task_create(
+        owner=user,
+        runner="noop",
+        name="daily",
+        cron="0 9 * * *",
+        timezone="Europe/Berlin",
+        start_at=datetime(2026, 1, 1, tzinfo=UTC),
+        misfire_policy="skip",
+    )
+    before = Execution.objects.filter(task=task).count()
+    response = alice_client.post(
+        f"/ui/tasks/{task.pk}/backfill/", {"start": "2026-01-01T10:00:00", "end": "2026-01-01T20:00:00"}, follow=True
+    )
+    assert Execution.objects.filter(task=task).count() == before
+    text = response.content.decode()
+    assert "No fire times between 2026-01-01 10:00:00 CET and 2026-01-01 20:00:00 CET: nothing to backfill." in text
+    assert "0 execution(s) created" not in text
 
 
 @pytest.mark.parametrize(
@@ -440,6 +464,33 @@ def test_execution_page_shows_timeline_error_attempts_and_flower(alice_client, a
     for event in events:  # times with seconds
         assert event.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") in html
     assert 'id="retry"' in html and 'id="cancel"' not in html
+
+
+def _flower_links(html: str) -> list[str]:
+    """The hrefs of every link to Flower on a page (the top bar's and the execution's own)."""
+    import re
+
+    return re.findall(r'<a [^>]*href="([^"]*)"[^>]*>[^<]*(?:Flower|c0ffee)', html)
+
+
+def test_the_top_bar_links_flower_s_home_and_the_execution_its_own_celery_task(alice_client, alices, settings):
+    """Issue 44: on an execution page the top bar's "Flower" pointed at ``/task/<id>/`` (Flower
+    404s the trailing slash), or at ``/`` (TMS's own dashboard) for a run never sent to Celery."""
+    settings.TMS_FLOWER_URL = "http://flower.example:5555"
+    _task, runs = alices
+    sent, never_sent = runs["failed"], runs["waiting"]
+    Execution.objects.filter(pk=sent.pk).update(message_id="c0ffee-1234")
+    Execution.objects.filter(pk=never_sent.pk).update(message_id="")
+
+    html = alice_client.get(f"/ui/executions/{sent.pk}/").content.decode()
+    task_page = "http://flower.example:5555/task/c0ffee-1234"  # flower/urls.py: r"/task/(.+)"
+    assert _flower_links(html) == ["http://flower.example:5555/", task_page, task_page]
+    fragment = alice_client.get(f"/ui/executions/{sent.pk}/", {"fragment": "1"}).content.decode()
+    assert _flower_links(fragment) == [task_page]
+
+    html = alice_client.get(f"/ui/executions/{never_sent.pk}/").content.decode()
+    assert _flower_links(html) == ["http://flower.example:5555/"]
+    assert 'id="flower-link"' not in html and 'href="/task/' not in html
 
 
 def test_cancel_and_retry_go_through_the_services(user, alices):
@@ -544,3 +595,54 @@ def test_staff_see_everyones_tasks_and_executions(client, alices, staff_user):
     assert client.get(f"/ui/tasks/{task.pk}/").status_code == 200
     for execution in runs.values():
         assert client.get(f"/ui/executions/{execution.pk}/").status_code == 200
+
+
+def test_a_paused_task_lists_no_fire_time_twice_nor_ahead_and_its_next_run_after_resume_is_not_past(
+    alice_client, api_client, user
+):
+    """Issue 44 item 5: a paused task listed each fire time twice in its timeline (upcoming or
+    skipped, and again as superseded), listed "Next fire times" while the page said "No runs
+    while paused", and right after resume "Next run" showed a time already past."""
+    from django.db.models.functions import Now
+
+    from tasks_api.services import task_pause, task_resume
+
+    now = timezone.now().replace(microsecond=0)
+    start = now - timedelta(minutes=10, seconds=30)
+    task = task_create(
+        owner=user, runner="noop", start_at=start, interval=timedelta(minutes=1), misfire_policy="run_once"
+    )
+    assert Execution.objects.filter(task=task, superseded=False).exists()
+    task_pause(task=task, actor="user:alice")
+    # Paused three minutes ago: three fire times passed while paused.
+    Task.objects.filter(pk=task.pk).update(paused_at=Now() - timedelta(minutes=3, seconds=10))
+    page = alice_client.get(f"/ui/tasks/{task.pk}/")
+    html = page.content.decode()
+    assert "No runs while paused." in html
+    assert page.context["fire_times"] == []
+    assert "None while paused" in html and "misfire policy (run once)" in html.lower()
+    # The pause in words as the page shows times (issue 44 item 12): local, to the second.
+    import re
+
+    from tms_core.clock import local_words
+
+    paused_at = Task.objects.get(pk=task.pk).paused_at
+    assert paused_at.microsecond
+    reasons = " ".join(item.reason for item in page.context["occurrences"].items)
+    assert f"The task was paused at {local_words(paused_at, task.timezone)} and has not been resumed" in reasons
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}", reasons) and not re.search(r"\d\d:\d\d:\d\d\.\d{6}", html)
+    instants = [item.scheduled_for for item in page.context["occurrences"].items]
+    assert len(instants) == len(set(instants)) > 0
+    assert not [
+        item for item in page.context["occurrences"].items if item.state == "superseded" and item.scheduled_for > now
+    ]
+
+    task_resume(task=Task.objects.get(pk=task.pk), actor="user:alice")
+    # Runs due in the past wait for the monitor (the misfire policy's catch-up run among them).
+    waiting = Execution.objects.filter(task=task, superseded=False, status=S.SCHEDULED, due_at__lt=now)
+    catch_up = waiting.order_by("-due_at").first()
+    assert catch_up is not None
+    page = alice_client.get(f"/ui/tasks/{task.pk}/")
+    assert page.context["next_run"] >= now and page.context["next_run"] > catch_up.due_at
+    body = api_client.get(f"/api/v1/tasks/{task.pk}").json()
+    assert datetime.fromisoformat(body["next_run_at"].replace("Z", "+00:00")) >= now

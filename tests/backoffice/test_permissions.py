@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 
+from accounts.support_group import ensure_support_group
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import csrf_client, run
 from tests.factories import ExecutionFactory
-from tms_core.roles import ensure_support_group
 
 pytestmark = pytest.mark.django_db
 
@@ -119,3 +119,41 @@ def test_staff_granted_change_permissions_operate_through_the_services(support, 
 
     html = csrf_client(admin_user).get(f"/ui/tasks/{task.pk}/").content.decode()
     assert all(button in html for button in ('id="resume"', 'id="run-now"', 'id="edit"', 'id="delete"'))
+
+
+def _forbidden(response) -> str:
+    """A 403 of the pages: the styled page with the top bar, not Django's bare "403 Forbidden"."""
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert 'id="forbidden"' in html and 'class="topbar"' in html and 'href="/ui/tasks/"' in html
+    return html
+
+
+def test_a_page_the_role_forbids_is_the_styled_403_naming_the_role_needed(user, support, django_user_model):
+    """Issue 44: a page the role forbids answered a bare "403 Forbidden" with no navigation."""
+    from tasks_app.teams import member_set, team_create
+
+    team = team_create(creator=user, name="Ops")
+    django_user_model.objects.create_user("olga")
+    member_set(team=team, username="olga", role="operator")
+    task = task_create(owner=user, team=team, runner="noop", name="ops job", cron="0 * * * *")
+    olga = csrf_client(django_user_model.objects.get(username="olga"))
+
+    html = _forbidden(olga.get(f"/ui/tasks/{task.pk}/edit/"))
+    assert '<dd id="role-needed"><strong>editor</strong> or higher, in its team</dd>' in html
+    assert '<dd id="role-held"><strong>operator</strong></dd>' in html
+    assert "Your role in this team is operator: to create, change, move and delete tasks" in html
+    # Support staff see every task and are in no team: still named, the role the change needs.
+    html = _forbidden(csrf_client(support).get(f"/ui/tasks/{task.pk}/edit/"))
+    assert '<dd id="role-needed"><strong>editor</strong>' in html and "you are not a member of its team" in html
+    # A team's notification channels: the editor role.
+    from notifications import services as notification_services
+
+    channel = notification_services.channel_create(
+        owner=user, team=team, data={"name": "mailbox", "kind": "email", "target": "ops@example.com"}
+    )
+    html = _forbidden(olga.get(f"/ui/notifications/channels/{channel.pk}/edit/"))
+    assert '<dd id="role-needed"><strong>editor</strong>' in html and '<dd id="role-held"><strong>operator' in html
+    # A team's admin pages: the admin role.
+    html = _forbidden(olga.get(f"/ui/teams/{team.pk}/service-accounts/1/"))
+    assert '<dd id="role-needed"><strong>admin</strong> or higher, in its team</dd>' in html

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -51,10 +53,13 @@ def test_schedules_in_words():
     assert cron_words("nonsense") == "nonsense"
     assert duration_words(timedelta(seconds=5400)) == "1 hour 30 minutes"
     assert duration_words(timedelta(milliseconds=250)) == "250 ms"
-    task = SimpleNamespace(cron="0 9 * * 1-5", interval=None, timezone="Europe/Berlin")
+    task = SimpleNamespace(cron="0 9 * * 1-5", interval=None, timezone="Europe/Berlin", has_after=False)
     assert schedule_words(task) == "At 09:00, Monday through Friday (Europe/Berlin)"
-    assert schedule_words(SimpleNamespace(cron="", interval=timedelta(minutes=5), timezone="UTC")) == "Every 5 minutes"
-    assert schedule_words(SimpleNamespace(cron="", interval=None, timezone="UTC")) == "Once"
+    assert (
+        schedule_words(SimpleNamespace(cron="", interval=timedelta(minutes=5), timezone="UTC", has_after=False))
+        == "Every 5 minutes"
+    )
+    assert schedule_words(SimpleNamespace(cron="", interval=None, timezone="UTC", has_after=False)) == "Once"
     assert [short_duration(v) for v in (0.25, 12.34, 245, 7800)] == ["250 ms", "12.3 s", "4m05s", "2h10m"]
 
 
@@ -68,7 +73,11 @@ def _minutes(counts_at: dict[int, dict[str, int]]) -> list[MinutePoint]:
 
 def test_runs_chart_draws_one_stacked_bar_per_busy_minute():
     svg = str(charts.runs_per_minute(_minutes({10: {"SUCCEEDED": 3, "FAILED": 1}, 700: {"RETRIED": 2}}), OUTCOMES))
-    assert svg.startswith('<div class="chart-frame wide" tabindex="0"><svg') and svg.endswith("</svg></div>")
+    assert svg.startswith('<div class="chart-frame wide" tabindex="0"><div class="chart-canvas"><svg')
+    assert svg.endswith("</svg></div></div>")
+    # The y axis's labels in an SVG of their own (it stays put while the plot scrolls on a phone).
+    axis = svg[svg.index('<svg class="chart-y-axis"') :]
+    assert [label for label in ("0", "2.5", "5") if f">{label}</text>" in axis] == ["0", "2.5", "5"]
     assert svg.count("<g>") == 2  # two busy minutes
     assert svg.count(charts.OUTCOME_COLOURS["SUCCEEDED"]) == 1 and svg.count(charts.OUTCOME_COLOURS["RETRIED"]) == 1
     assert "00:10 UTC: 3 succeeded, 1 failed" in svg
@@ -95,3 +104,15 @@ def test_lateness_duration_and_upcoming_charts():
     now = first
     strip = str(charts.upcoming_strip([UpcomingRun("t1", "nightly", now + timedelta(minutes=30), 7)], now))
     assert "nightly at 00:30:00 UTC" in strip
+
+
+def test_duration_axis_labels_leave_room_between_them():
+    # A runner whose runs take from milliseconds to most of a day: nine decades on a 250-unit axis.
+    svg = str(charts.duration_by_runner([RunnerDuration("sleep", 2, 0.002, 72000.0)]))
+    ticks = re.findall(r'<line x1="([\d.]+)" y1="0"', svg)
+    texts = re.findall(r'<text x="([\d.]+)" y="\d+" text-anchor="middle">(\w+)<', svg)
+    labels = [(float(x), text) for x, text in texts]
+    assert len(ticks) == 9  # every decade keeps its grid line
+    assert [text for _, text in labels] == ["1ms", "100ms", "10s", "10m", "1d"]
+    for (x1, a), (x2, b) in itertools.pairwise(labels):
+        assert x2 - x1 >= (len(a) + len(b)) * charts._CHAR_W / 2, (a, b)

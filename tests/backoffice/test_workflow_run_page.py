@@ -61,7 +61,7 @@ def test_the_page_draws_each_step_with_its_state_and_an_arrow_per_link(alice_cli
     edges = re.findall(r'class="wf-edge" data-from="([^"]+)" data-to="([^"]+)"', svg)
     assert len(edges) == 5
     assert (str(diamond["transform"].pk), str(diamond["load"].pk)) in edges
-    assert "load runs after transform on success (taken)" in svg
+    assert "load runs after transform on success (met; load waits for the others)" in svg
     assert "alert runs after extract on failure (not taken)" in svg
     assert 'id="workflow-state">running<' in html
 
@@ -85,6 +85,34 @@ def test_a_handled_failure_does_not_fail_the_run(diamond):
     run = workflow_run_read(Execution.objects.get(pk=root.pk))
     assert run.state == RunState.SUCCEEDED and run.unhandled == []
     assert {run.steps[diamond[name].pk].state for name in ("transform", "check", "load")} == {SKIPPED}
+
+
+def test_a_handled_failure_is_said_on_the_page_and_finished_links_are_not_not_yet(alice_client, diamond):
+    """Issue 44, item 9: "succeeded" with no word of the handled failure, and "not yet" for the
+    links of steps that never ran in a finished run."""
+    root = diamond["root"]
+    _end(root.pk, ok=False)
+    _end(_step(diamond["alert"]).pk)
+    run = workflow_run_read(Execution.objects.get(pk=root.pk))
+    assert run.state_words == "succeeded; extract failed, handled by alert"
+    html = alice_client.get(f"/ui/workflow-runs/{root.pk}/").content.decode()
+    assert 'id="workflow-handled">Succeeded with a failure handled: extract failed, handled by alert.' in html
+    assert f"Workflow run {root.pk} is succeeded; extract failed, handled by alert: 5 steps" in html
+    links = re.search(r'id="workflow-links">(.*?)</ul>', html, re.S).group(1)
+    assert "not yet" not in links and "not yet" not in re.search(r"<svg.*?</svg>", html, re.S).group(0)
+    assert "load runs after check on success: not taken: check did not run" in links
+
+
+def test_a_link_met_whose_step_will_not_run_is_not_called_taken(alice_client, diamond):
+    root = diamond["root"]
+    _end(root.pk)
+    _end(_step(diamond["transform"]).pk)
+    _end(_step(diamond["check"]).pk, ok=False)  # load needs both: it will not run
+    html = alice_client.get(f"/ui/workflow-runs/{root.pk}/").content.decode()
+    links = re.search(r'id="workflow-links">(.*?)</ul>', html, re.S).group(1)
+    assert "load runs after transform on success: met, but load will not run" in links
+    assert "load runs after transform on success (taken)" not in html
+    assert "load runs after check on success: not taken" in links
 
 
 def test_a_step_s_id_leads_to_its_workflow_run_and_the_execution_page_links_there(alice_client, diamond):

@@ -3,7 +3,8 @@ violation anywhere (the login page, the dashboard, the task list with its form o
 with its occurrences, rules and a "why" answer, the task edit form, the execution lists, an
 execution page, a workflow run page, the notifications page with its forms, the API tokens page with its form and with a
 new key shown, the teams page and a team's page with their forms (members and service accounts), a service account's
-page with its token form, and the not-found page)."""
+page with its token form, the named limits and business calendar pages with their forms, the run-with-input, replay,
+versions, version diff and workflow pages, and the not-found page)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from accounts.service_accounts import service_account_create
+from tasks_api.calendars import calendar_create
+from tasks_api.limits import limit_create
+from tasks_api.services import task_create, task_update
 from tasks_app.models import Task
 from tests.browser.axe import BLOCKING, axe_run, axe_version, describe, impact_counts
 from tests.browser.conftest import log_in
@@ -26,6 +30,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_server, browser, admin_user, capsys):
     data = seed(admin_user)
     task, failed = data["task"], data["failed"]
+    task_update(task=task, actor="admin", changes={"max_attempts": 4})  # a version 2: version 1 has a diff
     assert isinstance(task, Task)
     base = live_server.url
     pages: list[tuple[str, str]] = [("login", "/ui/login/")]
@@ -55,10 +60,34 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("teams", "/ui/teams/"),
         ("team page", f"/ui/teams/{data['team'].pk}/"),
         ("not found", "/ui/no-such-page/"),
+        # Issue 46: run with input (a workflow's root), replay, versions, a version's diff, a workflow.
+        ("run with input", f"/ui/tasks/{data['workflow_root'].task_id}/run/"),
+        ("replay", f"/ui/executions/{failed.pk}/replay/"),
+        ("versions", f"/ui/tasks/{task.pk}/versions/"),
+        ("version diff", f"/ui/tasks/{task.pk}/versions/1/"),
+        ("workflow", f"/ui/tasks/{data['workflow_root'].task_id}/workflow/"),
     ]
     # The shared team's page then lists a service account, whose own page has its token form.
     account = service_account_create(team=data["team"], name="deploy-ci", role="operator", creator=admin_user)
     pages += [("service account", f"/ui/teams/{data['team'].pk}/service-accounts/{account.pk}/")]
+    # Named limits and business calendars (issue 46): the lists with their forms, a limit's edit
+    # form and a calendar's page (its closed days, the task using it, its edit form).
+    limit = limit_create(
+        owner=admin_user, team=data["team"], name="warehouse", max_concurrency=2, windows=[{"count": 10, "seconds": 1}]
+    )
+    calendar = calendar_create(
+        owner=admin_user, team=data["team"], name="Berlin office", country="DE", weekends_closed=True,
+        extra_dates=[{"start": "2030-12-27", "end": "2030-12-30", "label": "inventory"}],
+    )  # fmt: skip
+    task_create(
+        owner=admin_user, team=data["team"], runner="noop", name="daily", cron="0 9 * * *", calendar="Berlin office"
+    )
+    pages += [
+        ("limits", "/ui/limits/"),
+        ("limit edit", f"/ui/limits/{limit.pk}/edit/"),
+        ("calendars", "/ui/calendars/"),
+        ("calendar page", f"/ui/calendars/{calendar.pk}/"),
+    ]
     rule = data["task"].notification_rules.get()
     pages += [
         ("channel edit", f"/ui/notifications/channels/{data['channel'].pk}/edit/"),
@@ -66,8 +95,11 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
     ]
     #: The folded forms each page has, opened before axe looks.
     folded = {
-        "task list": ["#new-task summary"],
-        "task page": ["#add-rule summary"],
+        "task list": ["#new-task > summary", "#new-task details.more > summary"],
+        "task page": ["#add-rule summary", "#move-task > summary"],
+        "task edit": ["#edit-task-form details.more > summary"],
+        "limits": ["#new-limit summary"],
+        "calendars": ["#new-calendar summary"],
         "notifications": ["#new-channel summary", "#new-rule summary"],
         "api tokens": ["#new-token summary"],
         "teams": ["#new-team summary"],

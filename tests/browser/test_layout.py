@@ -9,6 +9,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tasks_api.calendars import calendar_create
+from tasks_api.limits import limit_create
 from tests.browser.axe import BLOCKING, axe_run, describe, impact_counts
 from tests.browser.conftest import PHONE, log_in
 from tests.browser.seed import seed
@@ -22,6 +24,8 @@ NAV_ITEMS = [
     "Tasks",
     "Executions",
     "Notifications",
+    "Calendars",
+    "Limits",
     "API tokens",
     "Admin",
     "API docs",
@@ -47,6 +51,8 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
     data = seed(admin_user)
     browser, base, (width, _) = phone_browser, live_server.url, PHONE
     log_in(browser, base, "admin", "password")
+    limit = limit_create(owner=admin_user, name="warehouse", max_concurrency=2, windows=[{"count": 10, "seconds": 1}])
+    calendar = calendar_create(owner=admin_user, name="Berlin office", country="DE", weekends_closed=True)
     pages = {
         "dashboard": "/",
         "task list": "/ui/tasks/",
@@ -57,6 +63,10 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
         "workflow run": f"/ui/workflow-runs/{data['workflow_root'].pk}/",
         "notifications": "/ui/notifications/",
         "api tokens": "/ui/tokens/",
+        "limits": "/ui/limits/",
+        "calendars": "/ui/calendars/",
+        "limit edit": f"/ui/limits/{limit.pk}/edit/",
+        "calendar page": f"/ui/calendars/{calendar.pk}/",
     }
     widths = {}
     for name, path in pages.items():

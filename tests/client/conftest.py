@@ -23,8 +23,9 @@ import pytest
 import requests
 from openapi_core import OpenAPI
 from openapi_core.datatypes import RequestParameters
-from rest_framework.authtoken.models import Token
 from werkzeug.datastructures import Headers, ImmutableMultiDict
+
+from tests.conftest import account_key_for
 
 #: The generated package's name (``import tms_client``).
 PACKAGE = "tms_client"
@@ -187,7 +188,7 @@ class Session:
 def client_session(generated_client, openapi_spec, live_server, user) -> Iterator[Session]:
     """``user``'s generated client on the live server (it sends ``Authorization: Bearer <key>``,
     the generated client's default)."""
-    key = Token.objects.create(user=user).key
+    key = account_key_for(user)
     session = Session(generated_client, openapi_spec, live_server.url, key)
     yield session
     session.transport.close()

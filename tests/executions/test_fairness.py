@@ -184,14 +184,12 @@ def test_another_team_s_single_run_goes_out_in_the_first_pick_beside_a_herd_of_2
 
 @pytest.mark.django_db
 def test_the_pick_of_a_herd_reads_the_team_index_a_few_rows_per_level():
-    if connection.vendor != "postgresql":
-        pytest.skip("the index-driven pick is PostgreSQL's")
     ann, ben = UserFactory(), UserFactory()
     _herd(ann, _shared_team(ann, name="Herd"), 2_000)
     _due(ben, 3)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE executions_execution")
-        sql = fairness._FAIR_PG_SQL.format(
+        sql = fairness._FAIR_SQL.format(
             execution="executions_execution", quota="tasks_app_teamquota", due_by="statement_timestamp()"
         )
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"limit": 8, "weight": 1})

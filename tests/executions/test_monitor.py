@@ -12,6 +12,7 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
+from amqp.exceptions import ConnectionForced, NotFound
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -31,8 +32,9 @@ UNDONE = "broker unavailable: not published"
 class FlakyPublisher:
     """Records each message instead of sending it; the ``fail_at``-th call (1-based) raises."""
 
-    def __init__(self, fail_at: int | None = None) -> None:
+    def __init__(self, fail_at: int | None = None, error: Exception | None = None) -> None:
         self.fail_at = fail_at
+        self.error = error or KombuOperationalError("[Errno 104] Connection reset by peer")
         self.calls = 0
         #: (Celery task name, execution id, attempt, message id) of each message "sent".
         self.sent: list[tuple[str, int, int, str]] = []
@@ -40,7 +42,7 @@ class FlakyPublisher:
     def __call__(self, task, item, producer) -> None:
         self.calls += 1
         if self.calls == self.fail_at:
-            raise KombuOperationalError("[Errno 104] Connection reset by peer")
+            raise self.error
         self.sent.append((task.name, item.execution_id, item.attempt, item.message_id))
 
     @property
@@ -116,6 +118,45 @@ def test_the_rest_of_a_batch_cut_off_mid_publish_goes_back_to_scheduled():
     assert retry.ids == ids[2:]
     assert Execution.objects.filter(pk__in=ids, status=S.PENDING).count() == 5
     assert len({message_id for *_, message_id in publisher.sent + retry.sent}) == 5
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # The declare Celery makes before its first publish on a connection, on a cluster node
+        # whose peer holding the queue is down (issue 45: the monitor died, its batch PENDING).
+        NotFound("Queue.declare: (404) NOT_FOUND - home node 'rabbit1@a' of durable queue 'q' is down"),
+        ConnectionForced("CONNECTION_FORCED - shutdown"),
+    ],
+    ids=["not-found", "connection-forced"],
+)
+def test_an_amqp_error_mid_publish_gives_the_rest_of_the_batch_back_as_a_broker_error(error):
+    ids = _due(4)
+    publisher = FlakyPublisher(fail_at=2, error=error)
+
+    with pytest.raises(type(error)):
+        Monitor(batch=10, publish=publisher).dispatch_once(housekeeping=False)
+
+    assert publisher.ids == ids[:1]
+    assert [_state(i)[0] for i in ids] == [S.PENDING, S.SCHEDULED, S.SCHEDULED, S.SCHEDULED]
+    assert ExecutionEvent.objects.filter(to_status=S.SCHEDULED, detail=UNDONE).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)  # the loop closes the database connection after a failed pass
+def test_a_monitor_loop_survives_a_channel_error_and_retries_soon(monkeypatch):
+    ids = _due(2)
+    publisher = FlakyPublisher(fail_at=1, error=NotFound("Queue.declare: (404) NOT_FOUND - no queue"))
+    monitor = Monitor(batch=10, publish=publisher)
+    sleeps: list[float] = []
+    monkeypatch.setattr(monitor, "_sleep", sleeps.append)
+
+    monitor.run(max_passes=2)
+
+    # The first pass failed and gave its batch back; the second, after a short wait, published it.
+    assert monitor.stats.errors == 1
+    assert sleeps and sleeps[0] <= 2.0
+    assert [_state(i)[0] for i in ids] == [S.PENDING, S.PENDING]
+    assert publisher.ids == ids
 
 
 def test_batches_committed_before_the_failure_stay_published_and_later_rows_are_never_taken():

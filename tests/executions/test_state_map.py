@@ -238,6 +238,13 @@ def _resumed(status: str) -> bool:
     return transitions.execution_acquire(execution_id=row.pk, attempt=1, worker_id="w:2:2", lease_seconds=60)
 
 
+def _taken_back(status: str) -> bool:
+    """The claimant takes back its own claim whose answer it lost."""
+    row = _row(status)
+    taken = transitions.execution_take_back(execution_id=row.pk, attempt=1, worker_id=WORKER, lease_seconds=60)
+    return taken is not None
+
+
 def _released(status: str) -> bool:
     row = _row(
         status,
@@ -263,6 +270,7 @@ DRIVERS: dict[str, list[Callable[[str], bool]]] = {
     "lease": [_extended],
     "handback": [_handed_back],
     "resume": [_resumed],
+    "take_back": [_taken_back],
     "release_waiting": [_released],
 }
 

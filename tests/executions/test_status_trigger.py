@@ -4,6 +4,7 @@ several-row successes that share rollup rows wait for each other instead of dead
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from datetime import timedelta
@@ -212,9 +213,12 @@ def test_executions_own_migrations_install_the_parts_notifications_installs():
     parts the apps above registered when Django started, without importing them: the same parts,
     in the same order, as notifications' migrations install; going back, the same with the
     rollup by owner."""
+    forms = importlib.import_module("executions.migrations.0029_rollup_team")
     assert triggers.status_parts() == notify.STATUS_PARTS
-    assert triggers.status_parts(triggers.ROLLUP_BY_OWNER) == (triggers.ROLLUP_BY_OWNER, notify.OUTBOX_PART)
+    assert triggers.status_parts(forms.ROLLUP_BY_OWNER) == (forms.ROLLUP_BY_OWNER, notify.OUTBOX_PART)
     # notifications' migrations all run before executions 0029: they install the rollup by owner.
-    assert notify.STATUS_PARTS_BY_OWNER[0] is notify.MIGRATIONS_STATUS_PARTS[0] is triggers.ROLLUP_BY_OWNER
-    assert "owner_id" not in " ".join(triggers.ROLLUP.statements(triggers.POSTGRESQL))
-    assert "r.team_id" in triggers.postgresql_install(triggers.status_parts())
+    before = importlib.import_module("notifications.migrations.0007_one_status_trigger")
+    by_owner = importlib.import_module("notifications.migrations.0012_channel_rule_team_not_null")
+    assert by_owner.STATUS_PARTS_BY_OWNER[0] is before.MIGRATIONS_STATUS_PARTS[0] is forms.ROLLUP_BY_OWNER
+    assert "owner_id" not in " ".join(triggers.ROLLUP.statements())
+    assert "r.team_id" in triggers.install(triggers.status_parts())

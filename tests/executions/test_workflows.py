@@ -179,9 +179,25 @@ def test_a_long_or_non_object_output_is_given_as_text():
     assert set(cut) == {"output"} and len(cut["output"]) == transitions.INPUT_MAX_CHARS
 
 
+def test_an_on_failure_step_is_given_the_error_when_the_failed_output_was_json(user):
+    """Issue 44, item 10: the error was left out when the failed run's output was a JSON object."""
+    failed = transitions.follow.Ended(1, uuid.uuid4(), S.FAILED, None, '{"rows": 0, "error": "own"}', "disk full")
+    assert transitions.input_from(failed) == {"rows": 0, "error": "disk full"}
+    succeeded = transitions.follow.Ended(1, uuid.uuid4(), S.SUCCEEDED, None, '{"rows": 3}', "")
+    assert transitions.input_from(succeeded) == {"rows": 3}
+    a = task_create(owner=user, runner="noop")
+    handler_task = task_create(owner=user, runner="noop", after=_after((a, "failure")))
+    root = Execution.objects.get(task=a).pk
+    _run(root)
+    assert transitions.execution_fail(
+        execution_id=root, attempt=1, worker_id="w1", error="exit 3", output='{"rows": 0}', retry_in=None,
+        max_chars=10_000,
+    ) == S.FAILED  # fmt: skip
+    (handler,) = _steps(handler_task)
+    assert handler.input == {"rows": 0, "error": "exit 3"}
+
+
 def test_the_batch_success_of_a_followed_run_creates_its_follower(user):
-    if connection.vendor != "postgresql":
-        pytest.skip("the batch success is PostgreSQL's")
     a = task_create(owner=user, runner="noop")
     lone = task_create(owner=user, runner="noop")
     b = task_create(owner=user, runner="noop", after=_after((a, "success")))
@@ -204,8 +220,6 @@ def test_a_batch_of_followed_runs_ends_in_one_statement_and_creates_each_followe
     creates nothing."""
     from django.test.utils import CaptureQueriesContext
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the batch success is PostgreSQL's")
     a = task_create(owner=user, runner="noop")
     b = task_create(owner=user, runner="noop", after=_after((a, "success")))
     first = Execution.objects.get(task=a).pk
@@ -348,8 +362,6 @@ def _published_steps(user, *, upstreams: int = 1, team=None):
 
 
 def test_a_worker_publishes_the_steps_its_ends_create_once_committed(user, django_capture_on_commit_callbacks):
-    if connection.vendor != "postgresql":
-        pytest.skip("the embedded default leaves steps to its monitor")
     _, b, roots, handed = _published_steps(user, upstreams=3)
     with django_capture_on_commit_callbacks(execute=True), transitions.publishing_steps(handed.append):
         won = transitions.executions_succeed(
@@ -386,8 +398,6 @@ def test_steps_go_out_while_a_run_of_another_user_of_their_team_is_due(user, dja
     from tasks_app.teams import team_create
     from tests.factories import UserFactory
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the embedded default leaves steps to its monitor")
     team = team_create(creator=user, name="Pipelines")
     mate = UserFactory()
     Membership.objects.create(team=team, user=mate, role=TeamRole.EDITOR)
@@ -442,8 +452,6 @@ def test_steps_a_worker_could_not_publish_go_back_to_the_monitor(user, monkeypat
 
     from executions import tasks
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the embedded default leaves steps to its monitor")
     _, b, roots, _ = _published_steps(user)
 
     def refused(*args, **kwargs):
@@ -475,8 +483,6 @@ def _statuses(tasks) -> list[list[str]]:
 def test_a_message_runs_the_steps_its_ends_create_without_sending_them(user, monkeypatch):
     from executions import tasks as celery_tasks
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the embedded default leaves steps to its monitor")
     chain, root = _chain(user)
     sent: list[object] = []
     monkeypatch.setattr(celery_tasks.run_execution, "apply_async", lambda *a, **k: sent.append(a))
@@ -495,8 +501,6 @@ def test_steps_past_the_message_s_budget_are_handed_on_or_else_given_back(user, 
     from executions import tasks as celery_tasks
     from executions import worker_services
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the embedded default leaves steps to its monitor")
     monkeypatch.setattr(worker_services, "HAND_ON_AFTER", -1.0)  # every run after the first is late
     chain, root = _chain(user)
     sent: list[dict] = []
@@ -526,8 +530,6 @@ def test_steps_past_the_message_s_budget_are_handed_on_or_else_given_back(user, 
 def test_the_batch_claim_tells_which_runs_are_followed_and_their_end_is_written_once(user):
     from django.test.utils import CaptureQueriesContext
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the batch claim is PostgreSQL's")
     a = task_create(owner=user, runner="noop")
     b = task_create(owner=user, runner="noop", after=_after((a, "success")))
     lone = task_create(owner=user, runner="noop")

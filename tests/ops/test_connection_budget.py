@@ -22,9 +22,9 @@ import pytest
 import requests
 from django.conf import settings
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from executions.periodic import register_periodic_tasks
+from tests.conftest import account_key_for
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, process_env, wait_for
 from tests.web import free_port
 
@@ -137,7 +137,7 @@ def test_make_run_serves_through_gunicorn_with_the_images_configuration():
 
 
 def test_400_concurrent_requests_to_make_runs_web_stay_within_its_connection_budget(user):
-    token = Token.objects.create(user=user).key
+    token = account_key_for(user)
     name = f"tms-budget-web-{os.getpid()}"
     # make run's defaults: WEB_CONCURRENCY=2 workers x GUNICORN_THREADS=1 thread, one persistent
     # connection each (docker/gunicorn.conf.py).
@@ -165,7 +165,7 @@ def test_a_refused_database_connection_answers_503_with_retry_after_never_500(us
     """PostgreSQL refusing a connection (SQLSTATE 53300, as "sorry, too many clients already"),
     here through a role limited to 2 connections while gunicorn runs 8 threads: every request is
     answered 200 or 503 with Retry-After in the API's error shape; none is a 500."""
-    token = Token.objects.create(user=user).key
+    token = account_key_for(user)
     role, limit, threads = f"tms_budget_{os.getpid()}", 2, 8
     with connection.cursor() as cursor:
         cursor.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT {limit}')

@@ -11,9 +11,9 @@ import requests
 from django.conf import settings as django_settings
 from django.test import RequestFactory
 from kombu.exceptions import OperationalError as BrokerOperationalError
-from rest_framework.authtoken.models import Token
 
 from ops.middleware import OutageMiddleware
+from tests.conftest import account_key_for
 from tests.ops.test_health import closed_port
 from tests.tcp_proxy import TcpProxy
 from tests.web import start_web
@@ -22,7 +22,7 @@ from tests.web import start_web
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_api_answers_503_while_postgresql_is_unreachable_and_recovers(user):
-    token = Token.objects.create(user=user).key
+    token = account_key_for(user)
     db = django_settings.DATABASES["default"]
     proxy = TcpProxy(int(db["PORT"] or 5432), db["HOST"] or "127.0.0.1")
     web, base = start_web(

@@ -113,6 +113,23 @@ def test_a_queue_declared_without_priorities_fails(settings):
     assert f"{name}: arguments differ from {{'x-max-priority': 9}}" in detail and "PRECONDITION_FAILED" in detail
 
 
+def test_a_classic_queue_checked_as_quorum_fails_naming_the_setting_and_the_migration(settings):
+    name = f"{settings.TMS_QUEUE}.classic"
+    with app.connection_for_write() as conn:
+        Queue(name, durable=True, queue_arguments={"x-max-priority": 9})(conn.default_channel).declare()
+        try:
+            settings.TMS_QUEUE_TYPE = "quorum"
+            settings.CELERY_TASK_QUEUES = (Queue(name, durable=True, queue_arguments={"x-queue-type": "quorum"}),)
+            code, lines = tms_check("queue")
+        finally:
+            conn.default_channel.queue_delete(name)
+    assert code == 1
+    status, detail = lines["queue"]
+    assert status == "FAIL" and "PRECONDITION_FAILED" in detail
+    assert f"RabbitMQ refused to declare queue '{name}' as a quorum queue (TMS_QUEUE_TYPE=quorum)" in detail
+    assert "Either set TMS_QUEUE_TYPE=classic again, or migrate" in detail
+
+
 def test_a_missing_queue_fails(settings):
     settings.CELERY_TASK_QUEUES = (Queue(f"{settings.TMS_QUEUE}.never-declared", durable=True),)
     code, lines = tms_check("queue")

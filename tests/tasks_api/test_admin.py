@@ -18,6 +18,7 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.duration import duration_string
 
+from accounts.support_group import SUPPORT_GROUP
 from executions.models import Execution, ExecutionEvent, SkippedOccurrence
 from executions.models import ExecutionStatus as S
 from tasks_api.selectors import task_why
@@ -25,7 +26,6 @@ from tasks_api.services import task_config, task_create
 from tasks_app.masking import MASK, mask_config, unmask_config
 from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory
-from tms_core.roles import SUPPORT_GROUP
 
 pytestmark = pytest.mark.django_db
 

@@ -121,7 +121,7 @@ def test_the_preview_marks_moved_and_skipped_fire_times(api_client):
         ("2027-03-19T08:00:00Z", "", "2027-03-19T08:00:00Z"),
         ("2027-03-26T08:00:00Z", "moved", "2027-03-30T07:00:00Z"),
     ]
-    assert moved[1]["calendar_reason"].startswith("Good Friday (de): moved to 2027-03-30T09:00:00+02:00")
+    assert moved[1]["calendar_reason"].startswith("Good Friday (de): moved to 2027-03-30 09:00:00 CEST")
     skipped = api_client.post("/api/v1/schedules/preview", body, format="json").json()["fire_times"]
     assert (skipped[1]["calendar"], skipped[1]["runs_at"], skipped[1]["calendar_reason"]) == (
         "skipped",
@@ -137,7 +137,7 @@ def test_why_answers_holiday_and_moved(api_client):
     ).json()
     materialise_task(task_id=task["id"], until=datetime.fromisoformat("2027-04-01T00:00:00+00:00"))
     why = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-03-26T08:00:00Z"}).json()
-    assert why["verdict"] == "moved" and "moved to 2027-03-30T07:00:00+00:00" in why["reason"]
+    assert why["verdict"] == "moved" and "moved to 2027-03-30 09:00:00 CEST" in why["reason"]
     assert why["execution"]["moved_from"] == "2027-03-26T08:00:00Z"
     there = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-03-30T07:00:00Z"}).json()
     assert there["verdict"] == "upcoming" and "moved here" in there["reason"]
@@ -152,6 +152,26 @@ def test_why_answers_holiday_and_moved(api_client):
     materialise_task(task_id=task["id"], until=datetime.fromisoformat("2027-04-01T00:00:00+00:00"))
     why = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-03-26T08:00:00Z"}).json()
     assert why["verdict"] == "holiday" and why["reason"] == "Skipped: its day is closed, Good Friday (calendar de)."
+
+
+def test_why_s_next_list_notes_the_closed_days(api_client, client, user):
+    """Issue 44 item 12: why's next fire times listed Good Friday like any other day."""
+    _calendar(api_client, weekends_closed=True)
+    task = api_client.post("/api/v1/tasks", {**FRIDAYS, "calendar": "de"}, format="json").json()
+    why = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-03-20T08:00:00Z"}).json()
+    pairs = list(zip(why["next_fire_times"], why["next_notes"], strict=True))
+    assert pairs[:2] == [
+        ("2027-03-26T08:00:00Z", "closed day, will not run: Good Friday (de)"),
+        ("2027-04-02T07:00:00Z", ""),
+    ]
+    api_client.patch(f"/api/v1/tasks/{task['id']}", {"calendar_policy": "next_business_day"}, format="json")
+    why = api_client.get(f"/api/v1/tasks/{task['id']}/why", {"at": "2027-03-20T08:00:00Z"}).json()
+    assert why["next_notes"][0] == "closed day, Good Friday (de): moved to 2027-03-30 09:00:00 CEST (next_business_day)"
+    client.force_login(user)
+    page = client.get(f"/ui/tasks/{task['id']}/", {"at": "2027-03-20T09:00"}).content.decode()
+    assert (
+        "03-26 09:00:00 (closed day, Good Friday (de): moved to 2027-03-30 09:00:00 CEST (next_business_day))" in page
+    )
 
 
 def test_a_calendar_change_replans_the_future_scheduled_runs_only(api_client, user):
@@ -219,8 +239,8 @@ def test_the_task_page_shows_the_calendar_and_its_effect_on_the_timeline(client,
     text = page.content.decode()
     assert "Business calendar" in text and "de: next_business_day" in text
     # Good Friday's fire time (09:00 local) says where it went, and the run at Tuesday 09:00 where it came from.
-    assert "moved to 2027-03-30T07:00:00+00:00 (next_business_day): Good Friday (calendar de)" in text
-    assert "moved here from 2027-03-26T08:00:00+00:00 by the task&#x27;s calendar" in text
+    assert "moved to 2027-03-30 09:00:00 CEST (next_business_day): Good Friday (calendar de)" in text
+    assert "moved here from 2027-03-26 09:00:00 CET by the task&#x27;s calendar" in text
     edit = client.get(f"/ui/tasks/{task['id']}/edit/").content.decode()
     assert 'name="calendar"' in edit and 'name="calendar_policy"' in edit
 

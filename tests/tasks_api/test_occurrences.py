@@ -248,18 +248,23 @@ def test_a_paused_task_shows_its_passed_fire_times_as_unrecorded_skips(api_clien
     items = _items(api_client, task, start + 8 * MINUTE, start + 13 * MINUTE)
     rows = [(i["scheduled_for"], i["state"], i["skip"] and (i["skip"]["reason"], i["skip"]["recorded"])) for i in items]
     fire = [start + k * MINUTE for k in range(8, 13)]
-    assert [row for row in rows if row[1] != "superseded"] == [
+    # Each fire time once (issue 44 item 5: the executions the pause replaced were listed again,
+    # as superseded, beside "upcoming"): the fire time's item stands for its replaced execution.
+    assert rows == [
         (_iso(fire[0]), "skipped", ("missed", True)),  # recorded before the pause
         (_iso(fire[1]), "skipped", ("missed", True)),
         (_iso(fire[2]), "skipped", ("paused", False)),  # passed while paused, not recorded yet
         (_iso(fire[3]), "upcoming", None),
         (_iso(fire[4]), "upcoming", None),
     ]
-    (ahead,) = [i for i in items if i["scheduled_for"] == _iso(fire[3]) and i["state"] == "upcoming"]
+    (ahead,) = [i for i in items if i["scheduled_for"] == _iso(fire[3])]
     assert "has not been resumed" in ahead["reason"]
-    shown = {i["execution"]["id"] for i in items if i["state"] == "superseded"}
+    shown = {i["execution"]["id"] for i in items if i["execution"]}
     assert shown and shown <= superseded
-    assert all(i["fire_time"] and i["execution"]["status"] == "CANCELLED" for i in items if i["state"] == "superseded")
+    for item in items:
+        if item["execution"]:
+            assert item["execution"]["superseded"] and item["execution"]["status"] == "CANCELLED"
+            assert "was replaced before it started" in item["reason"]
 
 
 def test_a_task_that_used_up_max_runs_lists_no_fire_time_after_its_last_run(api_client, user):
@@ -426,18 +431,52 @@ def test_the_number_of_queries_does_not_grow_with_the_window(api_client, user, d
     task, start, now = _outage(user, minutes=1200)
     task_trigger(task=task, actor="user:alice")
     api_client.patch(f"/api/v1/tasks/{task.pk}", {"priority": 8}, format="json")  # supersedes the future ones
-    with django_assert_max_num_queries(4):
+    # Five: the task, the user's access, the executions, the skipped occurrences, and the task's
+    # versions (the schedule in force at each instant).
+    with django_assert_max_num_queries(5):
         small = _items(api_client, task, now - 5 * MINUTE, now + 5 * MINUTE)
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):
         large = _items(api_client, task, start, start + 999 * MINUTE)
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):
         mixed = _items(api_client, task, now - 900 * MINUTE, now + 60 * MINUTE)
     assert len(small) > 10 and len(large) == 999 and len(mixed) > 960
     assert {i["state"] for i in mixed} >= {"skipped", "scheduled", "superseded", "upcoming"}
     done = task_create(
         owner=user, runner="noop", start_at=now - 3 * timedelta(hours=1), interval=timedelta(hours=1), max_runs=2
     )
-    with django_assert_max_num_queries(4):  # the task's end comes with the same two queries
+    with django_assert_max_num_queries(5):  # the task's end comes with the same two queries
         ended = _items(api_client, done, now - timedelta(days=1), now + timedelta(days=1))
     # Two coalesced misses, then the two runs max_runs allows: the catch-up run and the current one.
     assert [i["state"] for i in ended] == ["skipped", "skipped", "scheduled", "scheduled"]
+
+
+def test_after_a_schedule_edit_the_past_is_judged_by_the_schedule_in_force_then(api_client, user):
+    """Issue 44 item 3: a cron changed from */2 to */3 marked 05:33 (never a fire time under */2)
+    missing, and why?at=05:33 said "no reason was recorded". Each instant is judged by the
+    schedule of the version in force at it."""
+    now = timezone.now()
+    start = now.replace(second=0, microsecond=0) - 30 * MINUTE
+    task = task_create(owner=user, runner="noop", start_at=start, cron="*/2 * * * *", misfire_policy="skip")
+    response = api_client.patch(f"/api/v1/tasks/{task.pk}", {"cron": "*/3 * * * *"}, format="json")
+    assert response.status_code == 200, response.json()
+    task.refresh_from_db()
+    edited = task.versions.get(number=2).created_at
+    items = _items(api_client, task, start, now + 10 * MINUTE)
+    assert [i for i in items if i["state"] == "missing"] == []
+    fire = [datetime.fromisoformat(i["scheduled_for"]) for i in items if i["fire_time"]]
+    before, after = [w for w in fire if w < edited], [w for w in fire if w >= edited]
+    evens = [w for w in (start + k * MINUTE for k in range(40)) if w < edited and w.minute % 2 == 0]
+    assert before == evens
+    assert len(after) >= 3 and all(w.minute % 3 == 0 for w in after)
+    # The */2 fire times before the edit were recorded as missed (the one due as it was edited
+    # may have been made, and replaced by the edit): shown as fire times, none missing.
+    states = [i["state"] for i in items if i["fire_time"] and datetime.fromisoformat(i["scheduled_for"]) < edited]
+    assert set(states) <= {"skipped", "superseded"} and states.count("skipped") >= len(states) - 1
+    odd = next(w for w in (start + k * MINUTE for k in range(1, 28)) if w.minute % 3 == 0 and w.minute % 2 == 1)
+    why = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(odd)}).json()
+    assert why["verdict"] == "not_a_fire_time", why
+    assert "no reason was recorded" not in why["reason"]
+    assert why["occurrence"] == _iso(odd - MINUTE)
+    assert "in force then" in why["reason"] and "Skipped (missed)" in why["reason"]
+    even = odd - MINUTE
+    assert api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(even)}).json()["verdict"] == "skipped"

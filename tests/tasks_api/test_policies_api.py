@@ -121,6 +121,27 @@ def test_backfill_creates_the_missing_fire_times_due_now_once(api_client, user):
     assert (again["execution_ids"], again["existing"]) == ([], 5)
 
 
+def test_a_backfill_of_a_range_with_no_fire_times_says_so(api_client, user):
+    """Issue 44 item 12: a range with no fire time answered 201 with nothing but a silent 0."""
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    task = task_create(
+        owner=user, runner="noop", start_at=start, cron="0 9 * * *", timezone="Europe/Berlin", misfire_policy="skip"
+    )
+    body = {"start": "2025-01-01T10:00:00.123456Z", "end": "2025-01-01T20:00:00Z"}
+    response = api_client.post(f"/api/v1/tasks/{task.pk}/backfill", body, format="json")
+    assert response.status_code == 201, response.json()
+    answer = response.json()
+    assert (answer["execution_ids"], answer["existing"], answer["fire_times"]) == ([], 0, 0)
+    # In the task's zone, to the second.
+    assert answer["detail"] == (
+        "No fire times between 2025-01-01 11:00:00 CET and 2025-01-01 21:00:00 CET: nothing to backfill."
+    )
+    full = {"start": "2025-01-01T00:00:00Z", "end": "2025-01-02T20:00:00Z"}
+    answer = api_client.post(f"/api/v1/tasks/{task.pk}/backfill", full, format="json").json()
+    assert (len(answer["execution_ids"]), answer["fire_times"]) == (2, 2)
+    assert answer["detail"].startswith("2 fire time(s) between 2025-01-01 01:00:00 CET and 2025-01-02 21:00:00 CET: ")
+
+
 def test_backfill_refuses_a_future_end_and_too_wide_a_range(api_client, user):
     task = task_create(
         owner=user, runner="noop", start_at=datetime(2025, 1, 1, tzinfo=UTC), interval=timedelta(seconds=1)
@@ -213,7 +234,7 @@ def test_why_after_the_last_of_max_runs_is_after_end(api_client, user):
     assert task.status == "COMPLETED"
     answer = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(hours=5))}).json()
     assert answer["verdict"] == "after_end"
-    assert f"max_runs (3) with the occurrence at {(start + timedelta(hours=2)).isoformat()}" in answer["reason"]
+    assert f"max_runs (3) with the occurrence at {start + timedelta(hours=2):%Y-%m-%d %H:%M:%S} UTC" in answer["reason"]
     assert answer["next_fire_times"] == []
     last = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(start + timedelta(hours=2))}).json()
     assert last["verdict"] == "upcoming"  # created, due now; no worker runs it here

@@ -194,9 +194,9 @@ def test_schedule_preview_reads_wall_clock_times_in_its_time_zone(api_client):
 
 @pytest.mark.parametrize("scheme", ["Token", "Bearer", "bearer", "TOKEN"])
 def test_the_key_is_accepted_with_the_token_and_the_bearer_scheme(user, scheme):
-    from rest_framework.authtoken.models import Token
+    from tests.conftest import account_key_for
 
-    key = Token.objects.create(user=user).key
+    key = account_key_for(user)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"{scheme} {key}")
     response = client.get(URL)

@@ -90,6 +90,10 @@ def test_an_input_schema_that_is_no_schema_is_a_400_on_its_field(api_client, sch
         ({"env.TOKEN": "token"}, "is (or holds) a secret"),
         ({"command.1": ""}, "may not be blank"),
         (["command.1"], "Expected a dictionary"),
+        # Issue 44, item 8: accepted, and filled nothing.
+        ({"command.1": "."}, "its input path '.' has an empty part"),
+        ({"command.1": "payload..date"}, "has an empty part"),
+        ({"command.": "date"}, "'command.' has an empty part"),
     ],
 )
 def test_a_fill_path_the_config_lacks_or_a_secret_is_a_400_on_input_fills(api_client, fills, words):
@@ -102,6 +106,15 @@ def test_a_fill_path_the_config_lacks_or_a_secret_is_a_400_on_input_fills(api_cl
 
     assert set(errors) == {"input_fills"} and words in json.dumps(errors["input_fills"])
     assert not Task.objects.exists()
+
+
+def test_a_patch_with_a_fill_that_cannot_apply_is_refused(api_client):
+    task = _create(api_client, config={"command": ["echo", "a"]})
+    errors = _errors(
+        api_client.patch(f"/api/v1/tasks/{task['id']}", {"input_fills": {"command.1": "."}}, format="json")
+    )
+    assert "has an empty part" in errors["input_fills"][0]
+    assert Task.objects.get(pk=task["id"]).input_fills in (None, {})
 
 
 def test_a_change_of_config_that_removes_a_filled_path_is_refused(api_client):

@@ -12,12 +12,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from accounts.support_group import ensure_support_group
 from executions.models import Execution, ExecutionStatus
 from tasks_api.services import task_create
 from tasks_app.models import AuditEntry, Membership, Task, TaskStatus, Team, TeamRole
 from tasks_app.teams import member_set, team_create
 from tests.factories import ExecutionFactory
-from tms_core.roles import ensure_support_group
 
 ROLES = ["viewer", "operator", "editor", "admin", "outsider", "staff"]
 RANK = {"viewer": 0, "operator": 1, "editor": 2, "admin": 3}

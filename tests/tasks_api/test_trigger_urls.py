@@ -100,9 +100,9 @@ def test_a_request_that_does_not_prove_itself_is_a_401_and_creates_nothing(api_c
     elif tamper == "missing":
         headers = {}
     elif tamper == "user_token":  # the owner's own API token is not the URL's secret
-        from rest_framework.authtoken.models import Token
+        from tests.conftest import account_key_for
 
-        headers = {"HTTP_AUTHORIZATION": f"Bearer {Token.objects.create(user=user).key}"}
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {account_key_for(user)}"}
     audits = AuditEntry.objects.count()
 
     response = _fire(made, headers, body)
@@ -177,7 +177,8 @@ def test_a_repeated_idempotency_key_answers_the_first_run(api_client, user):
     first = _fire(made, {**_signed(made["secret"]), "HTTP_IDEMPOTENCY_KEY": "event-17"})
     # The sender retries later: signed again (another timestamp), same key and body.
     again = _fire(made, {**_signed(made["secret"], at=time.time() + 2), "HTTP_IDEMPOTENCY_KEY": "event-17"})
-    other = _fire(made, {**_signed(made["secret"]), "HTTP_IDEMPOTENCY_KEY": "event-18"})
+    # Another event with the same body: signed at another time (the same signature is a replay: 409).
+    other = _fire(made, {**_signed(made["secret"], at=time.time() - 10), "HTTP_IDEMPOTENCY_KEY": "event-18"})
 
     assert first.status_code == again.status_code == other.status_code == 202
     assert again.json()["execution"] == first.json()["execution"] != other.json()["execution"]
@@ -244,7 +245,8 @@ def test_tms_rotate_keys_re_encrypts_trigger_url_secrets(api_client, user, setti
 
 @pytest.mark.django_db(transaction=True)
 def test_fifty_concurrent_deliveries_of_one_event_start_one_run(user):
-    """An event delivered fifty times at once (same key, each signed on its own): one run."""
+    """An event delivered fifty times at once (same key, each signed on its own, at its own time:
+    one signature sent twice is a replay, refused): one run."""
     import threading
 
     from tasks_api.hooks import task_hook_set
@@ -254,17 +256,18 @@ def test_fifty_concurrent_deliveries_of_one_event_start_one_run(user):
     hook = {"id": made.hook.pk}
     barrier = threading.Barrier(50)
     results: list[tuple[int, int]] = []
+    signed_at = time.time()
 
-    def post() -> None:
+    def post(index: int) -> None:
         try:
-            headers = {**_signed(made.secret), "HTTP_IDEMPOTENCY_KEY": "event-1"}
+            headers = {**_signed(made.secret, at=signed_at - index), "HTTP_IDEMPOTENCY_KEY": "event-1"}
             barrier.wait()
             response = _fire(hook, headers)
             results.append((response.status_code, response.json()["execution"]))
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=post) for _ in range(50)]
+    threads = [threading.Thread(target=post, args=(index,)) for index in range(50)]
     for thread in threads:
         thread.start()
     for thread in threads:

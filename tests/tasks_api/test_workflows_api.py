@@ -120,3 +120,14 @@ def test_the_schema_documents_after_and_the_execution_s_workflow_fields(api_clie
     assert "after" in components["Task"]["properties"]
     execution = components["Execution"]["properties"]
     assert {"workflow_run", "upstream", "input"} <= set(execution)
+
+
+def test_the_cycle_error_names_the_tasks_with_ids_only_where_names_repeat(api_client):
+    """Issue 44, item 12: the cycle error named task UUIDs only."""
+    a = _task(api_client, name="extract")
+    b = _task(api_client, name="step", after=[{"task": a}])
+    c = _task(api_client, name="step", after=[{"task": b}])
+    response = api_client.patch(f"/api/v1/tasks/{a}", {"after": [{"task": c}]}, format="json")
+    assert response.status_code == 400
+    (message,) = response.json()["errors"]["after"]
+    assert message == f"A cycle: 'extract' -> 'step' ({c}) -> 'step' ({b}) -> 'extract'."

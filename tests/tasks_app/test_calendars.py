@@ -112,7 +112,7 @@ def test_next_business_day_moves_onto_tuesday_and_runs_once_there(user, de):
         ("2027-03-29T07:00:00+00:00", "moved"),
     ]
     for _, _, detail in skips:
-        assert detail.startswith("moved to 2027-03-30T07:00:00+00:00 (next_business_day)")
+        assert detail.startswith("moved to 2027-03-30 09:00:00 CEST (next_business_day)")
         assert detail.endswith("one run")
 
 
@@ -128,7 +128,7 @@ def test_previous_business_day_moves_back_onto_thursday(user, de):
         ("2027-03-31T07:00:00+00:00", None),
         ("2027-04-01T07:00:00+00:00", None),
     ]
-    assert {detail.split(" (")[0] for _, _, detail in skips} == {"moved to 2027-03-25T08:00:00+00:00"}
+    assert {detail.split(" (")[0] for _, _, detail in skips} == {"moved to 2027-03-25 09:00:00 CET"}
 
 
 @pytest.mark.django_db
@@ -219,7 +219,7 @@ def test_an_extra_range_moves_past_it_and_the_weekend_after_it(user):
         (
             "2027-12-24T08:00:00+00:00",
             "moved",
-            "moved to 2028-01-03T08:00:00+00:00 (next_business_day): year-end shutdown (calendar shutdown)",
+            "moved to 2028-01-03 09:00:00 CET (next_business_day): year-end shutdown (calendar shutdown)",
         )
     ]
 
@@ -378,7 +378,7 @@ def test_a_move_back_to_a_time_already_past_is_skipped_not_run_late():
     assert [(row.scheduled_for.isoformat(), row.reason) for row in plan.skipped] == [
         ("2027-03-29T07:00:00+00:00", "holiday")
     ]
-    assert "2027-03-25T08:00:00+00:00 had already passed" in plan.skipped[0].detail
+    assert "2027-03-25 09:00:00 CET had already passed" in plan.skipped[0].detail
     assert plan.next_run_at == _t("2027-04-05T07:00:00+00:00")  # the Monday after
 
 

@@ -139,6 +139,11 @@ def test_schedule_preview_applies_the_rules_given(api_client):
         "2027-03-29T00:30:00Z",
         "2027-03-30T00:30:00Z",
     ]
+    # The day the gap swallowed is said, on the fire time after it (issue 44 item 12), not dropped
+    # silently; the others have no note.
+    notes = [t["dst"] for t in skipped["fire_times"]]
+    assert notes[0] == "" and notes[2] == ""
+    assert notes[1] == "dst_gap=skip: the clock skipped 02:00-03:00 on 2027-03-28; 02:30:00 did not fire that day"
 
 
 @pytest.mark.django_db

@@ -13,7 +13,6 @@ import pytest
 import requests
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 from executions.models import Execution
 from tasks_api.services import task_create
@@ -21,6 +20,7 @@ from tasks_app.models import ApiIdempotencyKey, Artifact, QuotaUse, Task, TeamQu
 from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap
 from tasks_app.teams import personal_team_of
+from tests.conftest import account_key_for
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput
 
@@ -171,7 +171,7 @@ def test_concurrent_backfills_create_exactly_the_hourly_quota(live_server, djang
     answered 429, and exactly 10 executions exist (a count-then-insert race would make 20)."""
     owner = django_user_model.objects.create_user(username="carol", password="x")
     owner_quota_set(owner=owner, max_executions_per_hour=10)
-    token = Token.objects.create(user=owner).key
+    token = account_key_for(owner)
     now = timezone.now().replace(second=0, microsecond=0)
     task = TaskFactory(owner=owner, start_at=now - timedelta(hours=2), interval=timedelta(minutes=1))
     ranges = [(now - timedelta(minutes=10 * k + 9), now - timedelta(minutes=10 * k + 5)) for k in range(4)]

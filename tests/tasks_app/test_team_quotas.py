@@ -331,3 +331,29 @@ def test_an_existing_install_keeps_each_user_s_quota_in_their_personal_team(djan
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_the_quota_report_counts_the_team_s_artifacts_as_the_check_does(api_client, user, other_user, ops):
+    """A shared team's report said 0 bytes (it counted by uploader, the check by team)."""
+    from django.db import transaction
+
+    from tasks_app.models import Artifact, ArtifactStatus
+    from tasks_app.quotas import quota_check_artifact
+
+    for uploader, size, status in ((user, 300, ArtifactStatus.READY), (other_user, 200, ArtifactStatus.READY)):
+        Artifact.objects.create(
+            owner=uploader, team=ops, name=f"a{size}", file="x", sha256="0" * 64, size=size, status=status
+        )
+    Artifact.objects.create(
+        owner=user, team=ops, name="bad", file="x", sha256="0" * 64, size=10_000, status=ArtifactStatus.REJECTED
+    )
+    assert api_client.get(_quota_url(ops)).json()["used"]["artifact_bytes"] == 500
+    # alice's uploads are the team's, not her personal team's.
+    assert api_client.get(_quota_url(personal_team_of(user))).json()["used"]["artifact_bytes"] == 0
+    # The check counts the same 500: 100 more fit a 600-byte quota, 101 do not.
+    team_quota_set(team=ops, max_artifact_bytes=600)
+    with transaction.atomic():
+        quota_check_artifact(team_id=ops.pk, size=100)
+    with pytest.raises(InvalidInput) as refused:
+        quota_check_artifact(team_id=ops.pk, size=101)
+    assert "you keep 500 and this one has 101" in refused.value.errors["file"][0]

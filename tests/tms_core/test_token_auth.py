@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import AuthenticationFailed
 
+from tests.conftest import account_key_for
 from tms_core.api.auth import TokenAuthentication
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +41,7 @@ def test_an_unknown_key_and_an_inactive_users_key_are_refused_as_drf_refuses_the
 
 
 def test_the_api_answers_a_key_as_before(client, user):
-    key = Token.objects.create(user=user).key
+    key = account_key_for(user)
     assert client.get("/api/v1/tasks", HTTP_AUTHORIZATION=f"Token {key}").status_code == 200
     refused = client.get("/api/v1/tasks", HTTP_AUTHORIZATION="Bearer " + "1" * 40)
     assert refused.status_code == 401

@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,11 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import psycopg2
 import pytest
 
 from tasks_api.services import task_create
 from tests.factories import UserFactory
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, running, start_monitor, start_worker, wait_for
+from tms_core import embedded_db
 from tooling.harness.processes import wait_ready
 from tooling.run_platform import STOP_MARGIN, platform_key, strays
 
@@ -44,7 +45,7 @@ def _free_port() -> int:
 
 
 def _embedded_env(var: Path, **extra: str) -> dict[str, str]:
-    """``make run``'s environment with nothing configured: SQLite and the filesystem broker under
+    """``make run``'s environment with nothing configured: the embedded PostgreSQL and the filesystem broker under
     ``var`` (the suite's own database and broker settings removed)."""
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL"}}
     env.update(
@@ -59,14 +60,15 @@ def _embedded_env(var: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def embedded_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def embedded_var(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A migrated embedded default, shared by this module's tests."""
     var = tmp_path_factory.mktemp("embedded")
     (var / "metrics").mkdir()
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=_embedded_env(var), check=True, timeout=300
     )
-    return var
+    yield var
+    embedded_db.stop(var)
 
 
 def _gone(pids: list[int]) -> list[int]:
@@ -90,8 +92,14 @@ def _wait_gone(pids: list[int], timeout: float) -> tuple[float, list[int]]:
 
 
 def _running_executions(var: Path) -> int:
-    with sqlite3.connect(f"file:{var / 'tms.sqlite3'}?mode=ro", uri=True, timeout=5) as db:
-        return db.execute("SELECT count(*) FROM executions_execution WHERE status = 'RUNNING'").fetchone()[0]
+    db = embedded_db.settings_dict(var)
+    conn = psycopg2.connect(host=db["HOST"], user=db["USER"], dbname=db["NAME"])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM executions_execution WHERE status = 'RUNNING'")
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
 
 
 def _create_long_run(env: dict[str, str]) -> None:
@@ -172,6 +180,8 @@ def test_ctrl_c_on_make_run_ends_every_process_it_started(make_run):
     assert took < GRACE + POOL_STOP, text[-3000:]
     assert "handed back 1 execution(s) on shutdown" in text
     assert strays(key) == []
+    # The embedded PostgreSQL stopped with the rest.
+    assert not (embedded_db.pgdata(var) / "postmaster.pid").exists()
 
 
 def _embedded_worker(var: Path) -> ManagedProcess:

@@ -52,7 +52,7 @@ def test_a_figure_is_marked_worse_only_beyond_the_noise_measured_now_or_then():
         "herd: herd time / bare Celery": Figure(1.0 + NOISE_FLOOR / 2, 0.0, "lower"),  # within the floor
         "sustained_75: lateness p50 (ms)": Figure(12.0, 0.1, "lower"),  # nothing recorded
     }
-    lines, worse = compare(now, recorded)
+    lines, worse = compare(now, recorded, same_machine=True)
     assert worse == ["burst: exec/s"]
     table = "\n".join(lines)
     assert "| burst: exec/s | 250 | 200 | -20% | +-10% | **WORSE** |" in table
@@ -89,7 +89,7 @@ def test_celery_s_own_figures_are_printed_for_reference_and_never_marked():
         "sustained: Celery ETA lateness p50 (ms)": Figure(1.8, 0.1, "lower"),
         "sustained: lateness p50 (ms)": Figure(3.0, 0.1, "lower"),
     }
-    lines, worse = compare(now, recorded)
+    lines, worse = compare(now, recorded, same_machine=True)
     assert worse == []
     assert "| sustained: Celery ETA lateness p50 (ms) | 1.8 | 4,453 | +247289% | - | reference |" in "\n".join(lines)
 
@@ -101,3 +101,85 @@ def test_the_noise_is_half_the_range_of_a_figure_over_the_slices_of_its_run():
     assert [len(part) for part in slices(list(range(15)))] == [15]  # too few for two slices of 10
     assert noise([10.0, 12.0, 8.0, 10.0]) == 0.2
     assert noise([10.0]) == 0.0
+
+
+# --- which figures a recorded run from another machine can judge (issue 44) ---------------------
+
+#: The recorded machine of docs/bench-baseline.json's kind, and this one as machine() reads it.
+HERE = {"cpu": "AMD EPYC 7B13", "cores": 2, "speed": 40.0, "memory_gib": 23, "python": "3.11.7"}
+
+
+def test_on_another_machine_only_the_ratios_to_bare_celery_are_judged():
+    """Issue 44: on a slower 2-core machine make bench marked 11 figures WORSE while every ratio
+    to bare Celery in the same run was better (burst 4.18x against 2.96x, herd 0.58 against 0.80)."""
+    from tooling.harness.compare import Figure, compare
+
+    recorded = {
+        "burst: exec/s": Figure(2697.8, 0.056, "higher"),
+        "burst: exec/s / bare Celery": Figure(2.96, 0.056, "higher"),
+        "herd: herd time / bare Celery": Figure(0.80, 0.0, "lower"),
+        "herd: herd CPU / bare Celery": Figure(0.9, 0.0, "lower"),
+        "sustained: lateness p50 (ms)": Figure(165.2, 0.6, "lower"),
+        "create: single API create p50 (ms)": Figure(7.7, 0.026, "lower"),
+    }
+    now = {
+        "burst: exec/s": Figure(1100.0, 0.05, "higher"),  # -59 %: a slower machine
+        "burst: exec/s / bare Celery": Figure(4.18, 0.05, "higher"),
+        "herd: herd time / bare Celery": Figure(0.58, 0.0, "lower"),
+        "herd: herd CPU / bare Celery": Figure(1.3, 0.0, "lower"),  # a ratio worse: still marked
+        "sustained: lateness p50 (ms)": Figure(900.0, 0.1, "lower"),
+        "create: single API create p50 (ms)": Figure(21.0, 0.02, "lower"),
+    }
+    lines, worse = compare(now, recorded, same_machine=False)
+    table = "\n".join(lines)
+    assert worse == ["herd: herd CPU / bare Celery"]
+    assert "| burst: exec/s / bare Celery | 2.96 | 4.18 | +41% | +-10% | better |" in table
+    assert "| herd: herd time / bare Celery | 0.8 | 0.58 | -28% | +-10% | better |" in table
+    assert "| herd: herd CPU / bare Celery | 0.9 | 1.3 | +44% | +-10% | **WORSE** |" in table
+    # Absolute figures: printed for reference, unmarked.
+    assert "| burst: exec/s | 2,698 | 1,100 | -59% | - | other machine |" in table
+    assert "| sustained: lateness p50 (ms) | 165 | 900 | +445% | - | other machine |" in table
+    assert "| create: single API create p50 (ms) | 7.7 | 21 | +173% | - | other machine |" in table
+    # On the machine that recorded them the same absolute figures are judged.
+    _, worse_here = compare(now, recorded, same_machine=True)
+    assert set(worse_here) == {
+        "burst: exec/s",
+        "herd: herd CPU / bare Celery",
+        "sustained: lateness p50 (ms)",
+        "create: single API create p50 (ms)",
+    }
+
+
+def test_the_same_machine_is_the_same_cpu_cores_and_calibrated_speed_whatever_its_name():
+    from tooling.harness.compare import SPEED_TOLERANCE, same_machine
+
+    assert same_machine(HERE, {**HERE, "hostname": "elsewhere", "memory_gib": 8, "python": "3.11.9"})[0]
+    assert same_machine(HERE, {**HERE, "speed": HERE["speed"] * (1 - SPEED_TOLERANCE / 2)})[0]
+    slower, why = same_machine(HERE, {**HERE, "speed": HERE["speed"] * (1 + 2 * SPEED_TOLERANCE)})
+    assert not slower and "single-core speed" in why
+    assert not same_machine(HERE, {**HERE, "cores": 4})[0]
+    assert not same_machine(HERE, {**HERE, "cpu": "Intel(R) Xeon(R) CPU @ 2.20GHz"})[0]
+    # docs/bench-baseline.json as it was recorded before: a generic model name and no speed.
+    unknown, why = same_machine(HERE, {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 23})
+    assert not unknown and "no single-core speed" in why
+    assert not same_machine(HERE, None)[0]
+
+
+def test_the_speed_figure_is_a_positive_calibrated_single_core_rate():
+    from tooling.harness.compare import cpu_speed
+
+    first, second = cpu_speed(), cpu_speed()
+    assert first > 0 and second > 0
+    # Best of several rounds: two readings a moment apart agree within a factor of two even on
+    # a shared machine (the comparison allows SPEED_TOLERANCE; this only checks it is a rate).
+    assert 0.5 < first / second < 2.0
+
+
+def test_the_recorded_run_keeps_the_machine_it_ran_on(tmp_path):
+    from tooling.harness.compare import load_recorded, record
+
+    path = tmp_path / "recorded.json"
+    rows = [{"scenario": "burst", "per_second": 100.0, "ratio": 1.5, "extra": {}}]
+    record(path, rows, when="2026-12-06T00:00:00+00:00", machine=HERE, load=[])
+    figures, about = load_recorded(path)
+    assert about["machine"] == HERE and figures["burst: exec/s / bare Celery"].value == 1.5

@@ -9,8 +9,9 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
 
+from accounts.account_keys import account_key_digest
+from accounts.models import AccountKey
 from executions.models import Execution
 from tasks_app.models import Task
 from tooling.scale import SCALE_USER
@@ -58,18 +59,19 @@ def test_tms_demo_creates_the_admin_once_with_a_random_password_and_prints_its_t
     assert not admin.check_password("admin")
     (password,) = re.findall(r"user 'admin', password '([^']+)' \(new", printed)
     assert len(password) >= 16 and admin.check_password(password)
-    token = Token.objects.get(user=admin).key
-    assert f"token:     {token}" in printed
+    (token,) = re.findall(r"token:     ([0-9a-f]{40})\n", printed)
+    assert AccountKey.objects.get(user=admin).digest == account_key_digest(token)
     assert "http://127.0.0.1:8123/api/v1/tasks" in printed
 
     # Running it again (a second `make run`) neither resets nor shows the password, and says how
-    # to reset it; the token and the single admin stay.
+    # to reset it; the key (stored hashed: not shown again) and the single admin stay.
     again = _run("tms_demo")
     admin.refresh_from_db()
     assert admin.check_password(password)
     assert password not in again
     assert "password unchanged (set earlier; to reset it: python manage.py changepassword admin)" in again
-    assert f"token:     {token}" in again
+    assert token not in again and "token:     unchanged (shown when made" in again
+    assert AccountKey.objects.get(user=admin).digest == account_key_digest(token)
     assert get_user_model().objects.filter(username="admin").count() == 1
 
 

@@ -33,9 +33,9 @@ def _column(model: type[Model], name: str | None = None) -> str:
 
 
 @functools.cache
-def _key_statement(token_model: type[Model]) -> tuple[str, list[str], list[str]]:
-    """The statement that reads a key's token and its user together (as ``select_related``
-    would), and the attribute names of the two rows' columns, in order."""
+def _key_statement(token_model: type[Model], key_field: str = "key") -> tuple[str, list[str], list[str]]:
+    """The statement that reads a key's token (by its ``key_field`` column) and its user together
+    (as ``select_related`` would), and the attribute names of the two rows' columns, in order."""
     user_model: type[Model] = token_model._meta.get_field("user").related_model  # type: ignore[assignment]
     quote = connection.ops.quote_name
     tokens, users = token_model._meta, user_model._meta
@@ -44,7 +44,7 @@ def _key_statement(token_model: type[Model]) -> tuple[str, list[str], list[str]]
     statement = (
         f"SELECT {', '.join(token_columns + user_columns)} FROM {quote(str(tokens.db_table))} t "  # noqa: S608 - the models' names
         f"JOIN {quote(str(users.db_table))} u ON u.{_column(user_model)} = t.{_column(token_model, 'user')} "
-        f"WHERE t.{_column(token_model, 'key')} = %s"
+        f"WHERE t.{_column(token_model, key_field)} = %s"
     )
     return statement, [f.attname for f in tokens.concrete_fields], [f.attname for f in users.concrete_fields]
 
@@ -52,6 +52,10 @@ def _key_statement(token_model: type[Model]) -> tuple[str, list[str], list[str]]
 class TokenAuthentication(authentication.TokenAuthentication):
     """``Authorization: Token <key>`` or ``Authorization: Bearer <key>`` (the same keys); any
     other scheme is a 401 that names these two."""
+
+    #: The token model's column :meth:`authenticate_credentials` finds the key's row by (a
+    #: subclass that stores a hash of the key names that column and passes the hash).
+    key_field = "key"
 
     def authenticate(self, request: Request) -> Any:
         header = authentication.get_authorization_header(request).split()
@@ -82,12 +86,9 @@ class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key: str) -> Any:
         """DRF's lookup, answers and errors, in a statement written once: the ORM built its
         ``select_related`` query anew for every request, a fifth of a task create's CPU
-        (issue 33). Elsewhere than on PostgreSQL (whose driver returns each column as its field
-        holds it) DRF's own."""
-        if connection.vendor != "postgresql":
-            return super().authenticate_credentials(key)
+        (issue 33). The driver returns each column as its field holds it: no converters."""
         model = self.get_model()
-        statement, token_names, user_names = _key_statement(model)
+        statement, token_names, user_names = _key_statement(model, self.key_field)
         with connection.cursor() as cursor:
             cursor.execute(statement, [key])
             row = cursor.fetchone()

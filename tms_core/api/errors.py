@@ -15,7 +15,9 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.views.defaults import page_not_found, server_error
+from django.shortcuts import render
+from django.template import TemplateDoesNotExist
+from django.views.defaults import page_not_found, permission_denied, server_error
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -91,6 +93,26 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
     if _is_api(request):
         return JsonResponse({"type": "not_found", "detail": "Not found."}, status=404)
     return page_not_found(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """A refusal outside DRF's views: the API's error shape for API paths; elsewhere the back
+    office's own page (``403.html``, with its navigation, as the 404's), naming the role needed and
+    the one held when the check carried them (:class:`tms_core.errors.RoleRequired`)."""
+    message = str(exception or "")
+    if _is_api(request):
+        detail = message or "You do not have permission to perform this action."
+        return JsonResponse({"type": "permission_denied", "detail": detail}, status=403)
+    context = {
+        "exception": message,
+        "role_needed": getattr(exception, "role", None),
+        "role_held": getattr(exception, "held", None),
+        "request_path": request.path,
+    }
+    try:
+        return render(request, "403.html", context, status=403)
+    except TemplateDoesNotExist:  # a project without the back office's templates: Django's own
+        return permission_denied(request, exception or DjangoPermissionDenied())
 
 
 def handler500(request: HttpRequest) -> HttpResponse:

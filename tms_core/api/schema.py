@@ -246,7 +246,7 @@ class BoundedDateTimeFieldExtension(OpenApiSerializerFieldExtension):
         if direction == "request":
             schema["pattern"] = BOUNDED_DATETIME_PATTERN
             schema["description"] = "RFC 3339, with a year from 1970 to 8999 as written."
-        return _blank_allowed(self.target, schema) if direction == "request" else schema
+        return blank_allowed(self.target, schema) if direction == "request" else schema
 
 
 class ClockTimeFieldExtension(OpenApiSerializerFieldExtension):
@@ -265,34 +265,7 @@ class ClockTimeFieldExtension(OpenApiSerializerFieldExtension):
         }
 
 
-class LocalDateTimeFieldExtension(OpenApiSerializerFieldExtension):
-    """:class:`tasks_api.serializers.LocalDateTimeField`: an instant with its offset, or a wall-clock
-    time without one (read in the task's ``timezone``). OpenAPI's ``date-time`` requires the
-    offset, so the wall-clock form is an alternative of its own: a client that validates its
-    requests can send what the field's description promises."""
-
-    target_class = "tasks_api.serializers.LocalDateTimeField"
-    match_subclasses = True
-    priority = 1  # before BoundedDateTimeFieldExtension, which matches this subclass too
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        if direction != "request":
-            return {"type": "string", "format": "date-time"}
-        schema = {
-            "oneOf": [
-                {"type": "string", "format": "date-time", "pattern": BOUNDED_DATETIME_PATTERN},
-                {
-                    "type": "string",
-                    "pattern": WALL_DATETIME_PATTERN,
-                    "description": "A wall-clock time in the task's `timezone` (no UTC offset).",
-                    "example": "2030-01-15T09:00:00",
-                },
-            ],
-        }
-        return _blank_allowed(self.target, schema)
-
-
-def _blank_allowed(field: Any, schema: dict[str, Any]) -> dict[str, Any]:
+def blank_allowed(field: Any, schema: dict[str, Any]) -> dict[str, Any]:
     """The schema plus an empty string, for fields that read ``""`` as absent (the compat API)."""
     if isinstance(field, BlankIsNone):
         return {"oneOf": [schema, {"type": "string", "enum": [""], "description": "Absent."}]}
@@ -397,7 +370,7 @@ class DurationFieldExtension(OpenApiSerializerFieldExtension):
                 },
             ]
         }
-        return _blank_allowed(self.target, schema)
+        return blank_allowed(self.target, schema)
 
 
 #: The alternative that admits ``null``, in OpenAPI 3.0's terms: ``nullable`` adds null to the

@@ -25,7 +25,7 @@ from tasks_api.calendars_api import CalendarViewSet
 from tasks_api.hooks_api import TaskTriggerUrlView
 from tasks_api.limits_api import LimitViewSet
 from tasks_api.quota_api import TeamQuotaView
-from tasks_api.versions_api import TaskVersionListView
+from tasks_api.versions_api import TaskVersionListView, TaskVersionRestoreView
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect
@@ -52,6 +52,11 @@ urlpatterns = [
     ),
     re_path(r"^tasks/(?P<pk>[^/.]+)/trigger-url/?$", TaskTriggerUrlView.as_view(), name="task-trigger-url"),
     re_path(r"^tasks/(?P<task_id>[^/.]+)/versions/?$", TaskVersionListView.as_view(), name="task-versions"),
+    re_path(
+        r"^tasks/(?P<task_id>[^/.]+)/versions/(?P<number>[0-9]{1,9})/restore/?$",
+        TaskVersionRestoreView.as_view(),
+        name="task-version-restore",
+    ),
     re_path(r"^teams/(?P<id>[0-9]{1,9})/members/?$", TeamMemberListView.as_view(), name="team-members"),
     re_path(
         r"^teams/(?P<id>[0-9]{1,9})/members/(?P<username>[\w.@+-]{1,150})/?$",

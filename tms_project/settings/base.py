@@ -4,8 +4,9 @@ of ``manage.py`` and ``celery``), ``production`` (the docker image, and the defa
 ``test`` (pytest). This module sets no secret key of its own.
 
 With neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` set, the platform runs on an embedded
-default (a SQLite file in WAL mode and kombu's filesystem broker under ``var/``), so one command
-starts everything on a laptop. Production and the tests set both, to PostgreSQL and RabbitMQ.
+default (a private PostgreSQL and kombu's filesystem broker under ``var/``: see
+tms_core/embedded_db.py), so one command starts everything on a laptop. Production and the tests
+set both, to PostgreSQL and RabbitMQ.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     # Index expressions with an operator class (the task search's trigram index, tasks_app 0017);
-    # it does nothing on SQLite.
     "django.contrib.postgres",
     "rest_framework",
     "rest_framework.authtoken",
@@ -133,9 +133,10 @@ MIDDLEWARE = [
 # failures per username and client address together (one attacker cannot lock a user out from
 # everywhere, nor try many passwords from one place) and refuses that pair, the right password
 # included, until the cool-off has passed. API tokens are not passwords: token requests never
-# reach authenticate() and are not affected. The address is REMOTE_ADDR (django-ipware is not
-# installed, so forwarded headers, which a client can forge, are never trusted): behind a proxy
-# every client shares the proxy's address and the lockout is effectively per username.
+# reach authenticate() and are not affected. The address is tms_core.client_address's, as for the
+# throttles and the audit log: the peer's, or behind the proxies of TMS_TRUSTED_PROXIES the one
+# they forwarded (X-Forwarded-For from anyone else, which a client can forge, is never believed).
+AXES_CLIENT_IP_CALLABLE = "tms_core.client_address.client_address"
 AUTHENTICATION_BACKENDS = [
     # A service account (accounts/service_accounts.py) never signs in with a password, whatever it is.
     "accounts.service_accounts.ServiceAccountLoginGate",
@@ -183,24 +184,45 @@ TEMPLATES = [
 
 # --- Database ---------------------------------------------------------------------------------
 # https://django-environ.readthedocs.io/en/latest/types.html#environ-env-db-url
-DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tms.sqlite3'}")}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock up front so
-    # concurrent writers wait (busy timeout) instead of failing with "database is locked".
-    DATABASES["default"]["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
-    }
+#: Whether this process runs on the embedded default database (no DATABASE_URL configured).
+TMS_EMBEDDED_DATABASE = not env.str("DATABASE_URL", default="")
+if TMS_EMBEDDED_DATABASE:
+    from tms_core.embedded_db import settings_dict as _embedded_database
+
+    DATABASES = {"default": _embedded_database(VAR_DIR)}
 else:
-    # Persistent connections: django-environ's URL parser sets CONN_MAX_AGE=0 (a new connection,
-    # and a new PostgreSQL backend process, for every request and every Celery task), so set it
-    # here. https://docs.djangoproject.com/en/5.2/ref/databases/#persistent-connections
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DATABASE_CONN_HEALTH_CHECKS", default=True)
-    # An unreachable server fails a request (a 503) in seconds instead of hanging it.
-    DATABASES["default"].setdefault("OPTIONS", {})
-    DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5))
+    DATABASES = {"default": env.db_url("DATABASE_URL")}
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            "DATABASE_URL must be a postgres:// URL: TMS runs on PostgreSQL only (leave it unset for the"
+            " embedded default, a private PostgreSQL under var/)."
+        )
+# Persistent connections: django-environ's URL parser sets CONN_MAX_AGE=0 (a new connection,
+# and a new PostgreSQL backend process, for every request and every Celery task), so set it
+# here. https://docs.djangoproject.com/en/5.2/ref/databases/#persistent-connections
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DATABASE_CONN_HEALTH_CHECKS", default=True)
+# An unreachable server fails a request (a 503) in seconds instead of hanging it.
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5))
+# Behind PgBouncer in transaction pooling mode (docs/deployment.md "Behind PgBouncer"): a client
+# holds a server connection for one transaction at a time, so nothing may outlive a transaction.
+# Django's server-side cursors (.iterator() outside a transaction: a WITH HOLD cursor fetched from
+# in later transactions) are turned off, and the monitor's LISTEN, which needs a session, goes to
+# PostgreSQL directly (TMS_LISTEN_DATABASE_URL) while everything else goes through the pooler.
+DATABASE_POOLER = env.str("TMS_DATABASE_POOLER", default="none")
+LISTEN_DATABASE_URL = env.str("TMS_LISTEN_DATABASE_URL", default="")
+if DATABASE_POOLER not in ("none", "transaction"):
+    raise ImproperlyConfigured("TMS_DATABASE_POOLER must be none or transaction (PgBouncer's pool_mode).")
+if LISTEN_DATABASE_URL and not LISTEN_DATABASE_URL.startswith(("postgres://", "postgresql://")):
+    raise ImproperlyConfigured("TMS_LISTEN_DATABASE_URL must be a postgres:// URL.")
+if DATABASE_POOLER == "transaction":
+    if not LISTEN_DATABASE_URL:
+        raise ImproperlyConfigured(
+            "TMS_DATABASE_POOLER=transaction needs TMS_LISTEN_DATABASE_URL: a URL of the same database on"
+            " PostgreSQL itself, not through the pooler, for the monitor's LISTEN (a session)."
+        )
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -289,14 +311,15 @@ REST_FRAMEWORK = {
     # Per-user (and, before authentication, per-IP) request rates: "<n>/<second|minute|hour|day>".
     # https://www.django-rest-framework.org/api-guide/throttling/
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.UserRateThrottle",
-        "rest_framework.throttling.AnonRateThrottle",
+        "tms_core.api.throttling.UserRateThrottle",
+        "tms_core.api.throttling.AnonRateThrottle",
     ],
+    # Counted per tms_core.client_address (TMS_TRUSTED_PROXIES), never per a client's own
+    # X-Forwarded-For (which DRF's NUM_PROXIES, unset, would count by).
     "DEFAULT_THROTTLE_RATES": {
         "user": env.str("TMS_API_THROTTLE_USER", default="2000/minute"),
         "anon": env.str("TMS_API_THROTTLE_ANON", default="100/minute"),
     },
-    "NUM_PROXIES": env.int("TMS_API_NUM_PROXIES", default=None),
     "DEFAULT_SCHEMA_CLASS": "tasks_api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "tms_core.api.errors.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
@@ -304,6 +327,13 @@ REST_FRAMEWORK = {
 
 # The API's own knobs, read through tms_core.api.conf.api_settings (the limits services
 # apply, such as TMS_MATERIALISE_MAX, are in TMS below).
+if env.str("TMS_API_NUM_PROXIES", default=""):
+    # Not read any more: ignoring it silently would leave a deployment counting whom it did not mean to.
+    raise ImproperlyConfigured(
+        "TMS_API_NUM_PROXIES is replaced by TMS_TRUSTED_PROXIES: list the addresses or networks of the proxies "
+        "in front of the web (docs/configuration.md), then unset TMS_API_NUM_PROXIES."
+    )
+
 TMS_API = {
     "COMPAT_LIST_MAX": env.int("TMS_API_COMPAT_LIST_MAX", default=1000),
 }
@@ -390,6 +420,15 @@ else:
 CELERY_BROKER_HEARTBEAT = env.int("TMS_BROKER_HEARTBEAT", default=5)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# A channel error while the worker's consumer starts is retried as a lost connection is (reconnect,
+# with failover to the next node of a URL list, and declare again), instead of ending the worker
+# with "Unrecoverable error". On a RabbitMQ cluster, the declare of a classic queue whose home
+# node is down answers 404 NOT_FOUND ("home node ... of durable queue ... is down") until that node
+# is back: every worker exited, and again after each restart (issue 45).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#broker-channel-error-retry
+CELERY_BROKER_CHANNEL_ERROR_RETRY = True
+# Celery's consumer with a wait between those restarts (tms_project.celery.TmsConsumer).
+CELERY_WORKER_CONSUMER = "tms_project.celery:TmsConsumer"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -423,7 +462,37 @@ CELERY_BEAT_SCHEDULER = "tms_project.beat:TmsDatabaseScheduler"
 # (a new connection, and a new PostgreSQL backend, per task); reuse it for this many tasks.
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 
-#: Queue that carries execution work. Priorities 0-9 map to RabbitMQ's x-max-priority.
+#: The RabbitMQ queue type of TMS's queues (docs/deployment.md, "Availability: a RabbitMQ
+#: cluster"). ``classic`` (the default): a classic queue with ``x-max-priority: 9``, on the node
+#: that declared it; it does not survive that node's loss. ``quorum``: a quorum queue, replicated
+#: on the cluster's nodes, which another node leads within a fraction of a second of its leader's
+#: loss, its messages kept. A quorum queue of RabbitMQ 3.10 refuses ``x-max-priority`` (406), has no
+#: global QoS and no held ETA messages (the monitor then publishes no run before it is due: see
+#: executions.monitor). The default stays classic because an existing queue keeps the type it was
+#: declared with: RabbitMQ refuses to declare it again as the other type (406 PRECONDITION_FAILED),
+#: so a change needs new queue names (TMS_QUEUE, TMS_NOTIFY_QUEUE) or the old queues drained and
+#: deleted first (docs/operations.md), and a single node gains nothing from a quorum queue.
+TMS_QUEUE_TYPE = env.str("TMS_QUEUE_TYPE", default="classic")
+if TMS_QUEUE_TYPE not in ("classic", "quorum"):
+    raise ImproperlyConfigured(f"TMS_QUEUE_TYPE must be classic or quorum, not {TMS_QUEUE_TYPE!r}.")
+if TMS_QUEUE_TYPE == "quorum" and TMS_EMBEDDED_BROKER:
+    raise ImproperlyConfigured(
+        "TMS_QUEUE_TYPE=quorum needs RabbitMQ (CELERY_BROKER_URL): the embedded broker has none."
+    )
+
+
+def _queue_arguments() -> dict[str, Any] | None:
+    """The arguments every declarer of TMS's queues passes (workers, publishers, the monitor's
+    declare, tms_check): RabbitMQ refuses a second declaration with other arguments."""
+    if TMS_EMBEDDED_BROKER:
+        return None
+    if TMS_QUEUE_TYPE == "quorum":
+        return {"x-queue-type": "quorum"}
+    return {"x-max-priority": 9}
+
+
+#: Queue that carries execution work. On a classic queue, priorities 0-9 map to RabbitMQ's
+#: x-max-priority; a quorum queue delivers in publish order (the monitor publishes in priority order).
 TMS_QUEUE = env.str("TMS_QUEUE", default="tms.executions")
 CELERY_TASK_DEFAULT_QUEUE = TMS_QUEUE
 CELERY_TASK_QUEUES: tuple[Queue, ...] = (
@@ -432,7 +501,7 @@ CELERY_TASK_QUEUES: tuple[Queue, ...] = (
         Exchange(TMS_QUEUE, type="direct", durable=True),
         routing_key=TMS_QUEUE,
         durable=True,
-        queue_arguments=None if TMS_EMBEDDED_BROKER else {"x-max-priority": 9},
+        queue_arguments=_queue_arguments(),
     ),
 )
 #: Queue of the notification dispatcher and senders: a slow webhook never delays execution work.
@@ -447,16 +516,26 @@ CELERY_TASK_QUEUES += (
         Exchange(TMS_NOTIFY_QUEUE, type="direct", durable=True),
         routing_key=TMS_NOTIFY_QUEUE,
         durable=True,
-        queue_arguments=None if TMS_EMBEDDED_BROKER else {"x-max-priority": 9},
+        queue_arguments=_queue_arguments(),
     ),
 )
 CELERY_TASK_ROUTES = {"tms.notify_*": {"queue": TMS_NOTIFY_QUEUE, "routing_key": TMS_NOTIFY_QUEUE}}
-CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER else 9
+# Celery adds x-max-priority to the queues it declares of its own (none here: every queue is
+# above); a quorum queue would refuse it.
+CELERY_TASK_QUEUE_MAX_PRIORITY = None if TMS_EMBEDDED_BROKER or TMS_QUEUE_TYPE == "quorum" else 9
+# A queue Celery creates of its own (a -Q name not above) gets the same type.
+CELERY_TASK_DEFAULT_QUEUE_TYPE = "classic" if TMS_EMBEDDED_BROKER else TMS_QUEUE_TYPE
+CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = CELERY_TASK_DEFAULT_QUEUE_TYPE
+# Celery's quorum-queue detection (worker_detect_quorum_queues, on by default) turns global QoS
+# off on a worker consuming a quorum queue, so the prefetch stays fixed and an ETA message would
+# be held against none: TMS sends none to a quorum queue (executions.messages.eta_of).
 CELERY_TASK_DEFAULT_PRIORITY = 5
 
 # --- TMS --------------------------------------------------------------------------------------
 # Read through tms_core.conf.tms_settings; see that module for what each knob does.
 TMS = {
+    "DATABASE_POOLER": DATABASE_POOLER,
+    "LISTEN_DATABASE_URL": LISTEN_DATABASE_URL,
     "MATERIALISE_HORIZON": env.float("TMS_MATERIALISE_HORIZON", default=300.0),
     "MATERIALISE_INTERVAL": env.float("TMS_MATERIALISE_INTERVAL", default=5.0),
     "MATERIALISE_BATCH": env.int("TMS_MATERIALISE_BATCH", default=2000),
@@ -469,6 +548,7 @@ TMS = {
     "MONITOR_MIN_PENDING": env.int("TMS_MONITOR_MIN_PENDING", default=8),
     "MONITOR_TOPUP_INTERVAL": env.float("TMS_MONITOR_TOPUP_INTERVAL", default=0.1),
     "MONITOR_LOOKAHEAD": env.float("TMS_MONITOR_LOOKAHEAD", default=0.1),
+    "QUEUE_TYPE": TMS_QUEUE_TYPE,
     "DISPATCH_WINDOW": env.float("TMS_DISPATCH_WINDOW", default=0.005),
     "FAIR_WEIGHT": env.int("TMS_FAIR_WEIGHT", default=1),
     "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
@@ -494,6 +574,8 @@ TMS = {
     "RETENTION_INTERVAL": env.float("TMS_RETENTION_INTERVAL", default=3600.0),
     "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
     "METRICS_ALLOWED_NETWORKS": tuple(env.list("TMS_METRICS_ALLOWED_NETWORKS", default=[])),
+    # The proxies whose X-Forwarded-For is believed (docs/configuration.md#client-addresses).
+    "TRUSTED_PROXIES": tuple(env.list("TMS_TRUSTED_PROXIES", default=[])),
     "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
     "SUBPROCESS_SANDBOX": env.str("TMS_SUBPROCESS_SANDBOX", default="auto"),
     "SUBPROCESS_RUN_USER_PREFIX": env.str("TMS_SUBPROCESS_RUN_USER_PREFIX", default="tms-run-"),
@@ -585,7 +667,7 @@ EMAIL_HOST_PASSWORD = env.str("DJANGO_EMAIL_HOST_PASSWORD", default="")
 EMAIL_USE_TLS = env.bool("DJANGO_EMAIL_USE_TLS", default=False)
 EMAIL_TIMEOUT = env.int("DJANGO_EMAIL_TIMEOUT", default=30)
 
-if TMS_EMBEDDED_BROKER or DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if TMS_EMBEDDED_BROKER or TMS_EMBEDDED_DATABASE:
     for _folder in (VAR_DIR, *(VAR_DIR / "broker" / name for name in ("queue", "processed", "control"))):
         _folder.mkdir(parents=True, exist_ok=True)
 
@@ -623,8 +705,10 @@ TMS_CALLBACK_THROTTLE = env.str("TMS_CALLBACK_THROTTLE", default="600/minute")
 #: Requests to trigger URLs (/hooks/v1/<id>) accepted per client address, before their
 #: signature is checked: "<n>/<second|minute|hour|day>".
 TMS_HOOK_THROTTLE = env.str("TMS_HOOK_THROTTLE", default="600/minute")
-# Where jobs reach this platform (callback URLs given to runners).
-TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Where outside systems reach this platform (trigger, upload and callback URLs; tms_core/public_url.py).
+# Unset: the address each request reached, and http://127.0.0.1:8000 where there is no request
+# (a worker's callback URLs). `make run` sets it from its PORT.
+TMS_PUBLIC_URL = env.str("TMS_PUBLIC_URL", default="").rstrip("/")
 
 # --- Operations (ops app) ---------------------------------------------------------------------
 #: Seconds a client is told to wait (Retry-After) when a dependency outage answers 503.

@@ -140,14 +140,15 @@ def time_over_http(
 ) -> dict[str, Any]:
     """``{label: {path name: {wall ms quantiles, cpu ms per request (web, db)}}}`` for each user."""
     import requests as http
-    from rest_framework.authtoken.models import Token
+
+    from accounts.account_keys import account_key_create
 
     figures: dict[str, Any] = {}
     with _server(settings_module, log_dir) as (port, web):
         base = f"http://127.0.0.1:{port}"
         for label, user in users.items():
             session = http.Session()
-            session.headers["Authorization"] = f"Token {Token.objects.get_or_create(user=user)[0].key}"
+            session.headers["Authorization"] = f"Token {account_key_create(user=user)}"
             ready_by = time.monotonic() + 120
             while True:
                 with contextlib.suppress(http.ConnectionError, http.Timeout):

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -38,6 +39,7 @@ from tasks_app.models import Task
 from tasks_app.quotas import owner_quota_set
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
+from tooling.harness.compare import cpu_speed
 from tooling.harness.fill import insert_tasks
 from tooling.harness.processes import (
     ROOT,
@@ -63,6 +65,10 @@ SCENARIOS = (
     "pages",
     "workflows",
 )
+#: The scenarios ``BenchConfig.through`` runs again through a pooler.
+THROUGH_SCENARIOS = ("sustained", "herd")
+#: What the platform's processes can be put behind.
+THROUGH = ("pgbouncer",)
 #: The tables the benchmark's runs write and delete in bulk (:meth:`Bench._cleanup`).
 _VACUUMED = (
     "executions_execution",
@@ -187,6 +193,12 @@ class BenchConfig:
     #: Run the burst a second time with a named limit on every task (a cap and a rate window
     #: too wide to bind): what enforcing limits costs per execution, beside the burst without.
     with_limit: bool = False
+    #: Run the steady load (sustained) and the herd again with the platform's processes going
+    #: through each of these (``pgbouncer``: a private PgBouncer in transaction pooling mode in
+    #: front of the same PostgreSQL, tooling/harness/pgbouncer.py), beside the direct runs.
+    through: tuple[str, ...] = ()
+    #: PgBouncer's server connections per database and role (``default_pool_size``).
+    pgbouncer_pool: int = 8
     log_dir: Path = field(default_factory=lambda: ROOT / "var" / "bench")
     settings_module: str = ""
     progress: Callable[[str], None] = lambda line: None
@@ -302,13 +314,16 @@ class Bench:
         # The benchmark creates tens of thousands of tasks: lift its owner's quotas (0: no limit).
         owner_quota_set(owner=self.owner, max_tasks=0, max_executions_per_hour=0)
         self.results: list[Figures] = []
+        #: The environment of the platform's processes for the runs through a pooler.
+        self._through: dict[str, str] = {}
 
     # -- processes --------------------------------------------------------------------------
 
     # Any, not str: the values are strings, but start_worker's keyword options (split_stderr) share
     # the **env namespace, and mypy cannot tell these keys apart from them.
     def _env(self) -> dict[str, Any]:
-        return {"DJANGO_SETTINGS_MODULE": self.config.settings_module} if self.config.settings_module else {}
+        env = {"DJANGO_SETTINGS_MODULE": self.config.settings_module} if self.config.settings_module else {}
+        return {**env, **self._through}
 
     @contextlib.contextmanager
     def _platform(self, *, monitor: bool = True) -> Iterator[tuple[list[ManagedProcess], ManagedProcess | None]]:
@@ -436,7 +451,7 @@ class Bench:
             for username in (BENCH_USER, FILLER_USER, BURST_USER, FAIR_USER):
                 for statement in _CLEANUP:
                     cursor.execute(statement, [username] * statement.count("%s"))
-        if connection.vendor == "postgresql" and connection.get_autocommit():
+        if connection.get_autocommit():
             with connection.cursor() as cursor:
                 cursor.execute(f"VACUUM (ANALYZE) {', '.join(_VACUUMED)}")
 
@@ -479,7 +494,9 @@ class Bench:
         drain of as many pre-published no-ops: due instant to last start, every task run once."""
         return self._herd("restore", self.config.restore_tasks, restore=True)
 
-    def _herd(self, name: str, tasks: int, *, soon: bool = False, restore: bool = False) -> Figures:
+    def _herd(
+        self, name: str, tasks: int, *, soon: bool = False, restore: bool = False, bare_drain: bool = True
+    ) -> Figures:
         from tooling.harness.herd import Herd, quantiles
 
         herd = Herd(
@@ -496,7 +513,7 @@ class Bench:
         )
         tms = herd.run()
         self._cleanup()
-        bare = herd.bare()
+        bare = herd.bare() if bare_drain else None
         figures = Figures(name)
         account = tms.account
         figures.executions = account.started
@@ -507,11 +524,24 @@ class Bench:
             round(tms.commits / account.started, 2) if tms.commits and account.started else None
         )
         figures.monitor = tms.monitor[0] if tms.monitor else {}
-        figures.baseline_per_second = bare.account.started / bare.seconds if bare.seconds else None
-        tms_cpu, bare_cpu = tms.cpu_ms_per_execution(), bare.cpu_ms_per_execution()
+        tms_cpu = tms.cpu_ms_per_execution()
         # The same without the idle wait before the due minute (HerdResult.idle_s): what the herd
         # itself costs, from its tasks' creation through its materialisation and its runs.
         herd_cpu = tms.cpu_ms_per_execution(without_idle=True)
+        if bare is None:  # a run through a pooler: compared with the direct run, not bare Celery
+            figures.extra.update(
+                processes=f"{self.config.workers}x{self.config.herd_concurrency}, {self.config.monitors} monitor(s)",
+                due_to_last_start_s=round(tms.seconds, 3),
+                lost=account.lost,
+                duplicated=account.duplicated,
+                tasks_not_run_once=tms.not_once,
+                cpu_ms_per_exec=tms_cpu,
+                cpu_ms_per_exec_total=round(sum(tms_cpu.values()), 2),
+                herd_cpu_ms_per_exec_total=round(sum(herd_cpu.values()), 2),
+            )
+            return figures
+        figures.baseline_per_second = bare.account.started / bare.seconds if bare.seconds else None
+        bare_cpu = bare.cpu_ms_per_execution()
         figures.extra.update(
             processes=f"{self.config.workers}x{self.config.herd_concurrency}, {self.config.monitors} monitor(s)",
             due_to_last_start_s=round(tms.seconds, 3),
@@ -750,9 +780,9 @@ class Bench:
     def create(self) -> Figures:
         figures = Figures("create")
         port = _free_port()
-        from rest_framework.authtoken.models import Token
+        from accounts.account_keys import account_key_create
 
-        token = Token.objects.get_or_create(user=self.owner)[0].key
+        token = account_key_create(user=self.owner)
         web = ManagedProcess(
             "bench-web",
             [sys.executable, "-m", "gunicorn", "tms_project.wsgi", "-b", f"127.0.0.1:{port}",
@@ -1219,7 +1249,111 @@ class Bench:
             elif scenario == "workflows":
                 self.results.append(self.workflows())
             self.config.progress(f"{scenario}: done")
+        if "pgbouncer" in self.config.through:
+            self.results += self.through_pgbouncer()
         return self.results
+
+    def through_pgbouncer(self) -> list[Figures]:
+        """The steady load and the herd of this run again, with the workers, monitors and beat
+        going through a private PgBouncer in transaction pooling mode in front of the same
+        PostgreSQL (``TMS_DATABASE_POOLER=transaction``; the monitors' LISTEN straight to
+        PostgreSQL, ``TMS_LISTEN_DATABASE_URL``, as docs/deployment.md says to run it). Each result
+        (``sustained@pgbouncer``, ``herd@pgbouncer``) carries PgBouncer's own CPU per run and its
+        ratios to the direct run of the same scenario (``vs_direct``)."""
+        from tooling.harness.pgbouncer import PgBouncer
+
+        direct = {f.scenario: f for f in self.results if f.scenario in THROUGH_SCENARIOS}
+        db = connection.settings_dict
+        host, port = db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)
+        auth = quote(db["USER"], safe="") + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else "")
+        pooled: list[Figures] = []
+        with PgBouncer(server_host=host, server_port=port, pool_size=self.config.pgbouncer_pool) as bouncer:
+            assert bouncer.popen is not None
+            self._through = {
+                "DATABASE_URL": f"postgres://{auth}@127.0.0.1:{bouncer.port}/{db['NAME']}",
+                "TMS_DATABASE_POOLER": "transaction",
+                "TMS_LISTEN_DATABASE_URL": f"postgres://{auth}@{host}:{port}/{db['NAME']}",
+            }
+            self.config.progress(
+                f"through pgbouncer: 127.0.0.1:{bouncer.port}, transaction pooling, pool {self.config.pgbouncer_pool}"
+            )
+            try:
+                for scenario, reference in direct.items():
+                    name = f"{scenario}@pgbouncer"
+                    cpu_before = _process_cpu(bouncer.popen.pid)
+                    if scenario == "sustained":
+                        figures = self.sustained(name, rate=reference.extra.get("target_rate"), celery_eta=False)
+                    else:
+                        figures = self._herd(name, self.config.herd_tasks, soon=self.config.herd_soon, bare_drain=False)
+                    bouncer_cpu = _process_cpu(bouncer.popen.pid) - cpu_before
+                    figures.extra["through"] = f"pgbouncer (transaction pooling, pool {self.config.pgbouncer_pool})"
+                    figures.extra["pgbouncer_cpu_ms_per_exec"] = (
+                        round(bouncer_cpu * 1000 / figures.executions, 2) if figures.executions else None
+                    )
+                    figures.extra["vs_direct"] = through_ratios(reference, figures)
+                    pooled.append(figures)
+                    self.config.progress(f"{name}: done")
+            finally:
+                self._through = {}
+        return pooled
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) one process has used so far, from /proc (0 if it is gone)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def _cpu_per_run(figures: Figures) -> float | None:
+    """The platform's processes' CPU per run (a herd's total over its roles), with PgBouncer's."""
+    extra = figures.extra
+    own = extra.get("cpu_ms_per_exec_total", extra.get("cpu_ms_per_exec"))
+    if not isinstance(own, int | float):
+        return None
+    return own + (extra.get("pgbouncer_cpu_ms_per_exec") or 0.0)
+
+
+def through_ratios(direct: Figures, pooled: Figures) -> dict[str, float | None]:
+    """``pooled``'s figures over ``direct``'s of the same scenario: throughput (runs per second),
+    lateness p50 and p99, and CPU per run (the platform's processes, PgBouncer's included)."""
+
+    def ratio(over: float | None, under: float | None) -> float | None:
+        return round(over / under, 2) if over is not None and under else None
+
+    return {
+        "throughput": ratio(pooled.per_second, direct.per_second),
+        "lateness_p50": ratio(pooled.lateness_ms.get("p50"), direct.lateness_ms.get("p50")),
+        "lateness_p99": ratio(pooled.lateness_ms.get("p99"), direct.lateness_ms.get("p99")),
+        "cpu_per_run": ratio(_cpu_per_run(pooled), _cpu_per_run(direct)),
+    }
+
+
+def through_table(results: list[Figures]) -> list[str]:
+    """The runs through a pooler beside the direct runs of the same scenarios, as ratios
+    (pooled / direct: above 1 is more throughput, more lateness, more CPU)."""
+    by_name = {f.scenario: f for f in results}
+    lines = [
+        "| scenario | through | exec/s (direct -> pooled) | lateness p50 (ms) | lateness p99 (ms) "
+        "| CPU ms/run (pgbouncer's) | ratios: throughput / p50 / p99 / CPU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pooled in results:
+        if "@" not in pooled.scenario:
+            continue
+        direct = by_name.get(pooled.scenario.split("@", 1)[0])
+        if direct is None:
+            continue
+        r = pooled.extra.get("vs_direct", {})
+        lines.append(
+            f"| {direct.scenario} | {pooled.extra.get('through', '')} | {direct.per_second:.0f} -> "
+            f"{pooled.per_second:.0f} | {direct.lateness_ms.get('p50', '-')} -> {pooled.lateness_ms.get('p50', '-')} | "
+            f"{direct.lateness_ms.get('p99', '-')} -> {pooled.lateness_ms.get('p99', '-')} | "
+            f"{_cpu_per_run(direct)} -> {_cpu_per_run(pooled)} ({pooled.extra.get('pgbouncer_cpu_ms_per_exec')}) | "
+            f"{r.get('throughput')} / {r.get('lateness_p50')} / {r.get('lateness_p99')} / {r.get('cpu_per_run')} |"
+        )
+    return lines if len(lines) > 2 else []
 
 
 def _execution_list_paths(user: Any) -> list[tuple[str, str]]:
@@ -1294,6 +1428,8 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        # What tells this machine from another with the same model name (tooling.harness.compare).
+        "speed": cpu_speed(),
         "memory_gib": memory,
         "python": sys.version.split()[0],
         "postgresql": postgres,
@@ -1352,7 +1488,9 @@ def table(results: list[Figures]) -> list[str]:
 
 
 def run_bench(config: BenchConfig, json_path: Path | None = None) -> list[Figures]:
-    if connection.vendor != "postgresql" or settings.TMS_EMBEDDED_BROKER:
+    # Its processes are given the database by URL (tooling/harness/processes.py): a server of
+    # its own, not the embedded one on a socket.
+    if settings.TMS_EMBEDDED_DATABASE or settings.TMS_EMBEDDED_BROKER:
         raise RuntimeError("tms_bench needs PostgreSQL and RabbitMQ (set DATABASE_URL and CELERY_BROKER_URL)")
     results = Bench(config).run()
     if json_path is not None:

@@ -5,14 +5,23 @@ A recorded run is a JSON file (``docs/bench-baseline.json``) written on purpose,
 carries the run-to-run noise its run measured (how far it moved between stretches of the same
 run: :func:`tooling.harness.bench.noise`); a figure is marked worse only when it moved the wrong
 way by more than the larger of that noise, now or then, and :data:`NOISE_FLOOR`.
+
+Absolute figures (runs a second, milliseconds) measure the machine as much as the code: a record
+from another machine judges only the ratios to bare Celery measured in the same run
+(:data:`RATIO_LABELS`), and prints the absolute figures beside it, unmarked (issue 44: a slower
+machine had 11 figures marked worse while every ratio was better). The machine is its CPU model,
+core count and a calibrated single-core speed (:func:`cpu_speed`), never its host name: a
+renamed or rebuilt host of the same kind still compares, a different one of the same name does not.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,11 @@ from tooling.harness.processes import ROOT
 #: The least relative change counted as a change at all: on a shared 2-core machine any figure
 #: moves by this much from one run to the next whatever its own stretches say.
 NOISE_FLOOR = 0.10
+
+#: How far the single-core speed (:func:`cpu_speed`) of the recording machine and this one may
+#: differ for them to count as the same machine: two readings on one shared 2-core machine differ
+#: by a few per cent; another CPU generation, or a throttled one, by far more.
+SPEED_TOLERANCE = 0.15
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,48 @@ _FIGURES: tuple[tuple[str, str, tuple[str, ...], str | None, str], ...] = (
 )
 
 
+#: The labels of the figures that are ratios to bare Celery's in the same run: the only ones a
+#: record from another machine can judge.
+RATIO_LABELS = frozenset(label for label, *_ in _FIGURES if label.endswith("/ bare Celery"))
+
+
+def is_ratio(name: str) -> bool:
+    """Whether the figure ``scenario: label`` is a ratio to the same run's bare Celery."""
+    return name.split(": ", 1)[-1] in RATIO_LABELS
+
+
+def cpu_speed(*, rounds: int = 5, steps: int = 200_000) -> float:
+    """This machine's single-core speed: millions of steps a second of a fixed pure-Python loop
+    (the interpreter's kind of work), the best of ``rounds`` by the thread's own CPU time, so
+    that other processes sharing the core lengthen it little. About 0.1 s."""
+    best = math.inf
+    for _ in range(rounds):
+        started = time.thread_time()
+        x = 0
+        for i in range(steps):
+            x = (x * 31 + i) & 0xFFFFFFFF
+        best = min(best, time.thread_time() - started)
+    return float(f"{steps / max(best, 1e-9) / 1e6:.3g}")
+
+
+def same_machine(now: Mapping[str, Any], then: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """Whether the machine of a recorded run (``then``, :func:`tooling.harness.bench.machine`) is
+    this one (``now``): the same CPU model and core count, and a single-core speed within
+    :data:`SPEED_TOLERANCE`; and why not, in words."""
+    if not then:
+        return False, "the record names no machine"
+    if then.get("cpu") != now.get("cpu") or then.get("cores") != now.get("cores"):
+        return False, (
+            f"recorded on {then.get('cpu')} x {then.get('cores')} cores, this is {now.get('cpu')} x {now.get('cores')}"
+        )
+    recorded, here = then.get("speed"), now.get("speed")
+    if not recorded or not here:
+        return False, "the record has no single-core speed to tell its machine by (re-record on the reference one)"
+    if abs(float(here) / float(recorded) - 1) > SPEED_TOLERANCE:
+        return False, f"single-core speed {here} here against {recorded} recorded"
+    return True, f"same CPU, cores and single-core speed ({here} against {recorded} recorded)"
+
+
 def headline(results: Iterable[dict[str, Any]]) -> dict[str, Figure]:
     """The headline figures of a run's results (``asdict`` of each ``Figures``, with its ratio),
     keyed ``scenario: label``."""
@@ -127,9 +183,10 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def compare(now: dict[str, Figure], recorded: dict[str, Figure]) -> tuple[list[str], list[str]]:
+def compare(now: dict[str, Figure], recorded: dict[str, Figure], *, same_machine: bool) -> tuple[list[str], list[str]]:
     """A Markdown table of each figure beside its recorded value, and the names of the figures
-    worse by more than their noise."""
+    worse by more than their noise. Recorded on another machine (``same_machine`` false), only
+    the ratios to bare Celery are judged; the absolute figures are printed, unmarked."""
     lines = [
         "| figure | recorded | now | change | noise allowed | |",
         "|---|---|---|---|---|---|",
@@ -147,6 +204,13 @@ def compare(now: dict[str, Figure], recorded: dict[str, Figure]) -> tuple[list[s
             # faster burst asks more of Celery too. It is there to read TMS's beside, not a
             # regression of TMS's (it was flagged "worse" whenever the burst got faster).
             lines.append(f"| {name} | {_fmt(before.value)} | {_fmt(figure.value)} | {change:+.0%} | - | reference |")
+            continue
+        if not same_machine and not is_ratio(name):
+            # Runs a second and milliseconds of another machine say how it compares with this
+            # one, not whether the code got worse: the same run's ratios to bare Celery do.
+            lines.append(
+                f"| {name} | {_fmt(before.value)} | {_fmt(figure.value)} | {change:+.0%} | - | other machine |"
+            )
             continue
         bad = change > allowed if figure.better == "lower" else change < -allowed
         good = change < -allowed if figure.better == "lower" else change > allowed

@@ -50,10 +50,14 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     """``(name, path)`` of every back-office page, with the rows the user may see: the dashboard
     and its refresh, the task list (plain, searched, filtered), a task's page, its edit form and
     a "why" question, the execution list (first page, half-way down, FAILED, waiting runs), an
-    execution's page, the notifications page."""
+    execution's page, the notifications page, the named limits and business calendars (and a
+    calendar's page when the user sees one); a task's run-with-input form, versions, current
+    version and workflow, and the newest execution's replay form (the users must be operators)."""
+    from backoffice.calendar_views import visible_calendars
     from backoffice.keyset import row_cursor
     from backoffice.scope import visible_executions, visible_tasks
     from executions.models import ExecutionStatus
+    from tasks_app.models import TaskVersion
 
     ran = visible_executions(user).exclude(status=ExecutionStatus.SCHEDULED).order_by("-scheduled_for", "-id")
     newest = ran.first()
@@ -62,6 +66,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     middle = ran.only("scheduled_for")[ran.count() // 2]
     task = visible_tasks(user).get(pk=newest.task_id)
     at = newest.scheduled_for.isoformat()
+    version = TaskVersion.objects.filter(task_id=task.pk).order_by("-number").values_list("number", flat=True).first()
     return [
         ("dashboard", "/"),
         ("dashboard_live", "/ui/dashboard/live"),
@@ -77,6 +82,16 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
         ("executions_waiting", "/ui/executions/?status=SCHEDULED"),
         ("execution", f"/ui/executions/{newest.pk}/"),
         ("notifications", "/ui/notifications/"),
+        ("limits", "/ui/limits/"),
+        ("calendars", "/ui/calendars/"),
+        *[("calendar", f"/ui/calendars/{pk}/") for pk in visible_calendars(user).values_list("pk", flat=True)[:1]],
+        # Issue 46: run with input, replay, versions (and one's diff), the task's workflow.
+        ("task_run", f"/ui/tasks/{task.pk}/run/"),
+        ("execution_replay", f"/ui/executions/{newest.pk}/replay/"),
+        ("task_versions", f"/ui/tasks/{task.pk}/versions/"),
+        ("workflow", f"/ui/tasks/{task.pk}/workflow/"),
+        # A version's page when the task has one recorded (a filler's tasks are inserted without).
+        *([("task_version", f"/ui/tasks/{task.pk}/versions/{version}/")] if version else []),
     ]
 
 

@@ -26,9 +26,8 @@ def process_env(**extra: str) -> dict[str, str]:
     """The environment for a platform process: this process's database, broker and queue."""
     db = settings.DATABASES["default"]
     env = dict(os.environ)
-    if db["ENGINE"] == "django.db.backends.postgresql":
-        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-        env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env.update(
         # The settings of this process (local or test), which install tooling: its workers must
         # know the benchmark's task.

@@ -23,6 +23,7 @@
       .then(function (html) {
         region.innerHTML = html;
         latestFirst(region);
+        markOverflow(region);
         region.removeAttribute("data-stale");
         var marker = region.querySelector("[data-refresh-stop]");
         if (marker) {
@@ -41,6 +42,14 @@
   function latestFirst(root) {
     root.querySelectorAll(".chart-frame.wide").forEach(function (frame) {
       frame.scrollLeft = frame.scrollWidth;
+    });
+  }
+
+  // A table box whose table is wider than it (a phone) says so in its caption ("scroll sideways
+  // for more"); on a screen where the table fits, the hint would be untrue, so it stays hidden.
+  function markOverflow(root) {
+    root.querySelectorAll(".table-box").forEach(function (box) {
+      box.classList.toggle("overflows", box.scrollWidth > box.clientWidth + 1);
     });
   }
 
@@ -81,6 +90,8 @@
   document.addEventListener("DOMContentLoaded", function () {
     menu();
     latestFirst(document);
+    markOverflow(document);
+    window.addEventListener("resize", function () { markOverflow(document); });
     restoreMessages();
     document.querySelectorAll("[data-refresh-url]").forEach(schedule);
     document.querySelectorAll("form[data-confirm]").forEach(function (form) {

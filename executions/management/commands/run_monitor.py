@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from executions.monitor import Monitor
+from tms_core.queue_type import QueueTypeMismatch
 
 
 class Command(BaseCommand):
@@ -18,9 +19,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch"] is not None and options["batch"] < 1:
-            from django.core.management.base import CommandError
-
             raise CommandError("--batch must be at least 1")
         monitor = Monitor(batch=options["batch"])
         monitor.install_signal_handlers()
-        monitor.run(max_passes=options["passes"])
+        try:
+            monitor.run(max_passes=options["passes"])
+        except QueueTypeMismatch as exc:
+            # The queue exists as the other type: a configuration error, said in one line.
+            raise CommandError(str(exc)) from exc

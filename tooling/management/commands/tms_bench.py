@@ -11,8 +11,17 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from tms_core.clock import db_now
-from tooling.harness.bench import SCENARIOS, BenchConfig, machine, run_bench, table
-from tooling.harness.compare import Figure, compare, headline, load_average, load_recorded, record
+from tooling.harness.bench import (
+    SCENARIOS,
+    THROUGH,
+    THROUGH_SCENARIOS,
+    BenchConfig,
+    machine,
+    run_bench,
+    table,
+    through_table,
+)
+from tooling.harness.compare import Figure, compare, headline, load_average, load_recorded, record, same_machine
 from tooling.management.arguments import positive
 
 
@@ -30,8 +39,6 @@ def _stop_on_sigterm() -> None:
 
 def prepare_database() -> None:
     """Create the configured PostgreSQL database when it is missing (from the server's ``postgres`` database)."""
-    if connection.vendor != "postgresql":
-        raise CommandError("tms_bench needs PostgreSQL (set DATABASE_URL)")
     import psycopg2
     from psycopg2 import sql
 
@@ -137,6 +144,21 @@ class Command(BaseCommand):
             help="create the configured PostgreSQL database when it does not exist and apply the migrations first "
             "(make bench: a fresh machine needs no set-up)",
         )
+        parser.add_argument(
+            "--through",
+            action="append",
+            choices=THROUGH,
+            default=None,
+            help="also run the steady load (sustained) and the herd with the workers, monitors and beat going "
+            "through a private PgBouncer in transaction pooling mode in front of the same PostgreSQL, and print "
+            "their ratios to the direct runs (throughput, lateness p50/p99, CPU per run)",
+        )
+        parser.add_argument(
+            "--pgbouncer-pool",
+            type=positive(int),
+            default=None,
+            help=f"with --through pgbouncer: its server connections per database (default {defaults.pgbouncer_pool})",
+        )
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
         parser.add_argument(
             "--compare",
@@ -162,6 +184,11 @@ class Command(BaseCommand):
             raise CommandError("--sustained-share needs the burst and sustained scenarios")
         if options["record"] and options["compare"] is None:
             raise CommandError("--record needs --compare FILE (the file to record into)")
+        through = tuple(dict.fromkeys(options["through"] or ()))
+        if through and not set(THROUGH_SCENARIOS) & set(scenarios):
+            raise CommandError(f"--through needs a scenario it runs again: {' or '.join(THROUGH_SCENARIOS)}")
+        if options["pgbouncer_pool"] is not None and "pgbouncer" not in through:
+            raise CommandError("--pgbouncer-pool needs --through pgbouncer")
         recorded: dict[str, Figure] = {}
         about: dict[str, Any] = {}
         if options["compare"] is not None and options["compare"].exists():
@@ -199,6 +226,8 @@ class Command(BaseCommand):
             fair_few=options["fair_few"],
             keep_history=options["keep_history"],
             with_limit=options["with_limit"],
+            through=through,
+            pgbouncer_pool=options["pgbouncer_pool"] or BenchConfig.pgbouncer_pool,
             settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             progress=lambda line: self.stdout.write(f"  {line}"),
         )
@@ -208,22 +237,32 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         info = machine()
         self.stdout.write(
-            f"\nmachine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB; PostgreSQL "
+            f"\nmachine: {info['cpu']}, {info['cores']} cores (single-core speed {info['speed']}), "
+            f"{info['memory_gib']} GiB; PostgreSQL "
             f"{info['postgresql']}; {info['rabbitmq'].splitlines()[0] if info['rabbitmq'] else ''}; "
             f"{config.workers} worker(s) x {config.concurrency} processes\n"
         )
         self.stdout.write("\n".join(table(results)))
+        pooled = through_table(results)
+        if pooled:
+            self.stdout.write(
+                "\n\nThrough a pooler, beside the direct run of the same scenario (ratios pooled / direct; the "
+                "figures of one run on a shared machine are noisy: compare several):\n" + "\n".join(pooled)
+            )
         load_after = load_average()
         self.stdout.write(f"\nload average (1, 5, 15 min): {load_before} before, {load_after} after\n")
         if options["compare"] is None:
             return
         rows = [{**asdict(f), "ratio": f.ratio} for f in results]
-        lines, worse = compare(headline(rows), recorded)
+        same, why = same_machine(info, about.get("machine"))
+        lines, worse = compare(headline(rows), recorded, same_machine=same)
         if recorded:
             self.stdout.write(
                 f"\nAgainst the run recorded in {options['compare']} ({about.get('when', '?')}, commit "
                 f"{about.get('commit', '?')}, load {about.get('load_average', '?')}):\n"
             )
+            judged = "every figure" if same else "only the ratios to bare Celery of each run; the rest for reference"
+            self.stdout.write(f"Machine: {why}: judging {judged}.\n")
         else:
             self.stdout.write(f"\nNothing recorded in {options['compare']} yet:\n")
         self.stdout.write("\n".join(lines) + "\n")

@@ -7,7 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
-from rest_framework.authtoken.models import Token
+
+from accounts.account_keys import account_key_create, account_key_exists
 
 #: Where the banner (addresses, demo credentials, token) is kept, under VAR_DIR; the Procfile's
 #: ``banner`` process prints it again once the other processes' start-up logs have scrolled by.
@@ -39,7 +40,13 @@ class Command(BaseCommand):
         if created:
             user.set_password(password)
             user.save()
-        token, _ = Token.objects.get_or_create(user=user)
+        # The key is stored hashed: shown when made (the first run), never again.
+        key = None if account_key_exists(user=user) else account_key_create(user=user)
+        token_shown = (
+            key
+            if key is not None
+            else f"unchanged (shown when made; a new one: python manage.py tms_create_user {user.username} --rotate)"
+        )
         web = f"http://127.0.0.1:{options['port']}"
         database = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         broker = "filesystem (embedded)" if settings.TMS_EMBEDDED_BROKER else settings.CELERY_BROKER_URL.split("@")[-1]
@@ -56,9 +63,9 @@ class Command(BaseCommand):
                 f"  database:  {database}    broker: {broker}",
                 f"  API:       {web}/api/v1/tasks   (docs: {web}/api/docs/)",
                 f"  admin:     {web}/admin/   user {user.username!r}, {shown}",
-                f"  token:     {token.key}",
+                f"  token:     {token_shown}",
                 f"  flower:    http://127.0.0.1:{options['flower_port']}/",
-                f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {token.key}' "
+                f"  try:       curl -X POST {web}/api/v1/tasks -H 'Authorization: Token {key or '<your key>'}' "
                 '-H \'Content-Type: application/json\' -d \'{"runner": "sleep", "config": {"duration": "2s"}}\'',
                 "  Ctrl-C stops everything.",
                 "",

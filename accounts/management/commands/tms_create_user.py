@@ -1,4 +1,8 @@
-"""``manage.py tms_create_user alice [--staff] [--superuser] [--password ...]``: a user and its API token."""
+"""``manage.py tms_create_user alice [--staff] [--superuser] [--password ...] [--rotate]``: a user and
+its account key (API key).
+
+The key is printed once, when it is made (a new user, a user without one, or ``--rotate``): only
+its SHA-256 is stored (:mod:`accounts.account_keys`), so a later run cannot show it again."""
 
 from __future__ import annotations
 
@@ -9,16 +13,17 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
+from accounts.account_keys import account_key_create, account_key_exists
+from accounts.support_group import SUPPORT_GROUP, ensure_support_group
 from tasks_app.teams import is_service_account
-from tms_core.roles import SUPPORT_GROUP, ensure_support_group
 
 
 class Command(BaseCommand):
     help = (
-        "Create an API user (or reuse an existing one) and print its token, for "
-        "`Authorization: Token <token>`. Without --password the user can use the API but not log in to the admin."
+        "Create an API user (or reuse an existing one) and print its account key, for "
+        "`Authorization: Token <key>`, once: when it is made (only a hash is stored; --rotate makes a new one). "
+        "Without --password the user can use the API but not log in to the admin."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,7 +37,7 @@ class Command(BaseCommand):
             f"{SUPPORT_GROUP!r} group (superusers change things).",
         )
         parser.add_argument("--superuser", action="store_true", help="Implies --staff.")
-        parser.add_argument("--rotate", action="store_true", help="Replace the user's existing token.")
+        parser.add_argument("--rotate", action="store_true", help="Replace the user's existing key (and print it).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         users = get_user_model()
@@ -74,9 +79,15 @@ class Command(BaseCommand):
                 if group is None:
                     raise CommandError("Run `manage.py migrate` first: the admin's permissions do not exist yet.")
                 user.groups.add(group)
-            if options["rotate"]:
-                Token.objects.filter(user=user).delete()
-            token, _ = Token.objects.get_or_create(user=user)
+            key = None
+            if options["rotate"] or not account_key_exists(user=user):
+                key = account_key_create(user=user)
         role = "superuser" if user.is_superuser else "staff" if user.is_staff else "user"
-        self.stderr.write(f"{'Created' if created else 'Updated'} {role} {username!r}; API token:")
-        self.stdout.write(token.key)
+        if key is None:
+            self.stderr.write(
+                f"Updated {role} {username!r}; its API key is unchanged (shown only when it was made: "
+                "--rotate replaces it and prints the new one)."
+            )
+            return
+        self.stderr.write(f"{'Created' if created else 'Updated'} {role} {username!r}; API key (shown once):")
+        self.stdout.write(key)

@@ -1,0 +1,269 @@
+"""The back office's named limits: the list, a new limit, a limit's edit form, its deletion.
+
+Every write validates with the API's serializer (:class:`tasks_api.limits_api.LimitSerializer`,
+the rules and messages of ``/api/v1/limits``) and calls the API's service
+(:mod:`tasks_api.limits`); errors land on the form's fields. Who may act is the API's rule:
+members of a team see its limits and the global ones, its editors create, change and delete
+them; a global limit is staff's (with the model permission). The buttons show what the role
+allows, and each POST checks it again (403).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from tasks_api.limits import limit_create, limit_delete, limit_update, limits_visible
+from tasks_api.limits_api import LimitSerializer
+from tasks_app.models import Limit, LimitScope, TaskStatus, TeamRole
+from tasks_app.teams import includes, sees_all, teams_with_role, with_role
+from tms_core.auth import request_user
+from tms_core.durations import format_duration, parse_duration
+from tms_core.errors import RoleRequired
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+
+#: Rows the list shows (teams hold a handful; a page never renders without bound).
+LIST_MOST = 500
+#: The team menu's value for a global limit (staff with the permission only).
+GLOBAL = "__global__"
+_WINDOW = re.compile(r"^\s*(\d+)\s*(?:per|/)\s*(\S.*?)\s*$")
+
+
+def editor_team_choices(user: Any) -> list[tuple[str, str]]:
+    """A new limit's or calendar's team menu: the teams where ``user`` is an editor (the API's rule
+    for a create), the personal team first."""
+    teams = sorted(teams_with_role(user, TeamRole.EDITOR), key=lambda team: (not team.personal, team.name.lower()))
+    return [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in teams]
+
+
+def windows_text(windows: Any) -> str:
+    """A limit's rate windows as the form shows them: ``10 per 1s, 1000 per 1h``."""
+    return ", ".join(
+        f"{window['count']} per {format_duration(timedelta(seconds=window['seconds']))}" for window in windows or ()
+    )
+
+
+def parse_windows(text: str) -> list[dict[str, Any]]:
+    """``10 per 1s, 1000 per 1h`` (or ``10/1s``; commas or lines between) as the API's windows;
+    ValueError in words when an item is neither."""
+    windows = []
+    for item in re.split(r"[,\n;]", text):
+        if not item.strip():
+            continue
+        match = _WINDOW.match(item)
+        if not match:
+            raise ValueError(f'{item.strip()!r}: write each window as "<count> per <duration>", e.g. "10 per 1s".')
+        try:
+            seconds = parse_duration(match.group(2)).total_seconds()
+        except ValueError as exc:
+            raise ValueError(f"{item.strip()!r}: {exc}") from None
+        windows.append({"count": int(match.group(1)), "seconds": seconds})
+    return windows
+
+
+class LimitForm(forms.Form):
+    """A named limit: the fields of ``POST /api/v1/limits`` (the team only on a new one)."""
+
+    team = forms.ChoiceField(help_text="Its tasks may name it; its editors change it. A limit stays in its team.")
+    name = forms.CharField(max_length=100, help_text="What tasks name it by, e.g. api.example.com.")
+    scope = forms.ChoiceField(
+        choices=[
+            (LimitScope.KEY, "key: one shared budget"),
+            (LimitScope.RUNNER, "runner: one per runner"),
+            (LimitScope.HOST, "host: one per target host"),
+        ],
+        initial=LimitScope.KEY,
+        label="Budget",
+        help_text="Who shares it: every run that names the limit, the runs of each runner, or of each target.",
+    )
+    key = forms.CharField(required=False, max_length=200, help_text="Scope key only: the budget's name (optional).")
+    max_concurrency = forms.IntegerField(
+        required=False, min_value=1, label="At most this many at once", help_text="Empty: no cap on running runs."
+    )
+    windows = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Rate windows",
+        help_text='Starts per window, e.g. "10 per 1s, 1000 per 1h". Empty: no rate limit (then a cap is needed).',
+    )
+
+    def __init__(self, *args: Any, user: Any = None, limit: Limit | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if limit is not None:
+            del self.fields["team"]
+            return
+        choices = editor_team_choices(user)
+        if sees_all(user) and user.has_perm("tasks_app.add_limit"):
+            choices.append((GLOBAL, "Global: any team's task may name it"))
+        field = self.fields["team"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = choices
+
+    def clean_windows(self) -> list[dict[str, Any]]:
+        try:
+            return parse_windows(self.cleaned_data.get("windows") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    @classmethod
+    def initial_for(cls, limit: Limit) -> dict[str, Any]:
+        return {
+            "name": limit.name,
+            "scope": limit.scope,
+            "key": limit.key,
+            "max_concurrency": limit.max_concurrency,
+            "windows": windows_text(limit.windows),
+        }
+
+    def api_input(self) -> dict[str, Any]:
+        """The API's input of every field (``team`` as its slug, or ``is_global``)."""
+        data = self.cleaned_data
+        result: dict[str, Any] = {
+            "name": data["name"],
+            "scope": data["scope"],
+            "key": data.get("key") or "",
+            "max_concurrency": data.get("max_concurrency"),
+            "windows": data.get("windows") or [],
+        }
+        if "team" in self.fields:
+            if data.get("team") == GLOBAL:
+                result["is_global"] = True
+            else:
+                result["team"] = data.get("team")
+        return result
+
+
+def visible_limits(user: Any) -> QuerySet[Limit]:
+    """The limits ``user`` reads (their teams' and the global ones; staff: all), each with the
+    user's role in its team and how many tasks (not deleted) name it, in the one query."""
+    using = Count("tasks", filter=~Q(tasks__status=TaskStatus.DELETED), distinct=True)
+    return with_role(limits_visible(user=user), user).select_related("team").annotate(task_count=using)
+
+
+def may_change(user: Any, limit: Limit, verb: str = "change") -> bool:
+    """The API's rule: an editor of the limit's team (or the model permission); a global limit,
+    staff with the permission."""
+    if limit.team_id is None:
+        return sees_all(user) and user.has_perm(f"tasks_app.{verb}_limit")
+    return includes(getattr(limit, "caller_role", None), TeamRole.EDITOR) or user.has_perm(f"tasks_app.{verb}_limit")
+
+
+def _limit_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Limit:
+    limit = get_object_or_404(visible_limits(request.user), pk=pk)
+    if not may_change(request.user, limit, verb):
+        held = getattr(limit, "caller_role", None)
+        if limit.team_id is None:
+            message = "Only staff may change a global limit."
+        elif held is None:
+            message = "You may look at this limit but not change it."
+        else:
+            message = f"Your role in this team is {held}: to change its limits you need editor or higher."
+        raise RoleRequired(message, role=TeamRole.EDITOR, held=held)
+    return limit
+
+
+def _page(request: HttpRequest, form: LimitForm) -> dict[str, Any]:
+    limits = list(visible_limits(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
+    rows = [
+        {"limit": limit, "windows": windows_text(limit.windows), "can_change": may_change(request.user, limit)}
+        for limit in limits[:LIST_MOST]
+    ]
+    return {
+        "more": len(limits) > LIST_MOST,
+        "most": LIST_MOST,
+        "rows": rows,
+        "form": form,
+        "can_create": bool(form.fields["team"].choices),  # type: ignore[attr-defined]
+    }
+
+
+@login_required
+@require_GET
+def limits_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "backoffice/limits.html", _page(request, LimitForm(user=request.user)))
+
+
+@login_required
+@require_POST
+def limit_create_view(request: HttpRequest) -> HttpResponse:
+    form = LimitForm(request.POST, user=request.user)
+    if not form.fields["team"].choices:  # type: ignore[attr-defined]
+        raise RoleRequired(
+            "You are an editor of no team: you may look at limits, not define them.", role="editor", held=None
+        )
+    if form.is_valid():
+        serializer = LimitSerializer(data=form.api_input(), context={"request": request})
+        if not serializer.is_valid():
+            add_errors(form, serializer.errors, field_map={"is_global": "team"})
+        else:
+            data = dict(serializer.validated_data)
+            is_global = data.pop("global_", False)
+            team = data.pop("team", None)
+            user = request_user(request)
+            try:
+                limit = limit_create(owner=None if is_global else user, team=team, **data)
+            except SERVICE_ERRORS as exc:
+                add_service_errors(form, exc)
+            else:
+                where = "global" if limit.team is None else f"of team {limit.team.name}"
+                messages.success(request, f"Limit {limit.name} ({where}) defined: tasks may name it now.")
+                return redirect("backoffice:limits")
+    return render(request, "backoffice/limits.html", _page(request, form), status=400)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def limit_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """A limit's form: only the fields changed are sent (a new scope or key resets its budgets)."""
+    limit = _limit_to_change(request, pk)
+    if request.method == "GET":
+        form = LimitForm(initial=LimitForm.initial_for(limit), limit=limit)
+        return render(request, "backoffice/limit_edit.html", {"limit": limit, "form": form})
+    initial = LimitForm.initial_for(limit)
+    form = LimitForm(request.POST, initial=initial, limit=limit)
+    if form.is_valid():
+        wanted = form.api_input()
+        now = {**initial, "windows": limit.windows, "key": limit.key}
+        changes = {name: value for name, value in wanted.items() if value != now.get(name)}
+        if not changes:
+            messages.info(request, f"Limit {limit.name}: nothing changed.")
+            return redirect("backoffice:limits")
+        serializer = LimitSerializer(limit, data=changes, partial=True, context={"request": request})
+        if not serializer.is_valid():
+            add_errors(form, serializer.errors)
+        else:
+            data = {name: value for name, value in serializer.validated_data.items() if name != "global_"}
+            try:
+                limit_update(limit=limit, changes=data)
+            except SERVICE_ERRORS as exc:
+                add_service_errors(form, exc)
+            else:
+                messages.success(
+                    request,
+                    f"Limit {limit.name} saved ({', '.join(sorted(changes))}): the next run to start counts by it.",
+                )
+                return redirect("backoffice:limits")
+    return render(request, "backoffice/limit_edit.html", {"limit": limit, "form": form}, status=400)
+
+
+@login_required
+@require_POST
+def limit_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
+    limit = _limit_to_change(request, pk, "delete")
+    try:
+        limit_delete(limit=limit)
+    except SERVICE_ERRORS as exc:
+        for message in exception_messages(exc):
+            messages.error(request, message)
+    else:
+        messages.success(request, f"Limit {limit.name} deleted.")
+    return redirect("backoffice:limits")

@@ -1,0 +1,194 @@
+"""A private PgBouncer of Debian's ``pgbouncer`` package in transaction pooling mode, in front of
+a PostgreSQL server, for the tests of TMS behind a pooler (tests/ha/test_pgbouncer.py) and for a
+person to try (``make ha-pgbouncer``).
+
+It listens on a free port of 127.0.0.1 (never 6432, the package's own service's) with its ini
+file, user list, log and pid file in a ``/tmp/tms-pgbouncer-*`` folder of its own; every database
+name is passed through to the server (``* = host=… port=…``), so a client reaches any database
+of that server as ``postgres://USER@127.0.0.1:PORT/NAME``. Clients are trusted (the server
+still checks the role its own way). The process is started in the foreground, as the leader of
+a process session, and :meth:`PgBouncer.close` kills it whatever happened. PgBouncer refuses to
+run as root, so under root it runs as ``postgres`` (``-u``), which is given the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tooling.harness.rabbit_cluster import free_ports
+
+#: Debian's package's binary (``make pgbouncer`` installs it).
+PGBOUNCER = "/usr/sbin/pgbouncer"
+#: The user PgBouncer runs as when started by root (Debian's PostgreSQL packages create it).
+RUN_AS = "postgres"
+START_TIMEOUT = 15.0
+
+
+class PgBouncer:
+    """One PgBouncer process; use as a context manager (or :meth:`start` and :meth:`close`).
+
+    ``pool_size`` bounds the server connections per database and role (the shared PostgreSQL
+    allows 100 in all): far fewer than the clients, which is what transaction pooling is for.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_host: str = "127.0.0.1",
+        server_port: int = 5432,
+        port: int | None = None,
+        pool_size: int = 8,
+        max_client_conn: int = 400,
+    ) -> None:
+        self.server_host = server_host
+        self.server_port = server_port
+        self.port = port or free_ports(1)[0]
+        self.pool_size = pool_size
+        self.max_client_conn = max_client_conn
+        self.root = Path(tempfile.mkdtemp(prefix="tms-pgbouncer-", dir="/tmp"))
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ini(self) -> Path:
+        return self.root / "pgbouncer.ini"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "pgbouncer.log"
+
+    def url(self, database: str, user: str = "postgres") -> str:
+        """A client's URL of ``database`` through this PgBouncer."""
+        return f"postgres://{user}@127.0.0.1:{self.port}/{database}"
+
+    def _write_config(self) -> None:
+        (self.root / "userlist.txt").write_text('"postgres" ""\n')
+        self.ini.write_text(
+            "[databases]\n"
+            f"* = host={self.server_host} port={self.server_port}\n"
+            "\n[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            # The admin console (database ``pgbouncer``): SHOW SERVERS names the server backends.
+            "admin_users = postgres\n"
+            f"auth_file = {self.root / 'userlist.txt'}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\n"
+            "min_pool_size = 0\n"
+            "reserve_pool_size = 0\n"
+            f"max_client_conn = {self.max_client_conn}\n"
+            # psycopg2 and Django send none of the others; a client that sent one would be refused.
+            "ignore_startup_parameters = extra_float_digits\n"
+            f"logfile = {self.log_file}\n"
+            f"pidfile = {self.root / 'pgbouncer.pid'}\n"
+            # Idle server connections go back to PostgreSQL soon: its 100 are shared.
+            "server_idle_timeout = 10\n"
+            "log_connections = 0\n"
+            "log_disconnections = 0\n"
+        )
+
+    def start(self) -> PgBouncer:
+        self._write_config()
+        command = [PGBOUNCER]
+        if os.geteuid() == 0:
+            account = pwd.getpwnam(RUN_AS)
+            for path in [self.root, *self.root.iterdir()]:
+                os.chown(path, account.pw_uid, account.pw_gid)
+            command += ["-u", RUN_AS]
+        command.append(str(self.ini))
+        self.popen = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "stderr.log", "wb"),  # noqa: SIM115 - the child keeps it
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _accepts(self.port):
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                output = self.log_text()
+                self.close()
+                raise RuntimeError(f"pgbouncer did not start on port {self.port}:\n{output[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def server_pids(self) -> set[int]:
+        """The PostgreSQL backend pids of PgBouncer's server connections now (``SHOW SERVERS``)."""
+        import psycopg2
+
+        admin = psycopg2.connect(self.url("pgbouncer"))
+        try:
+            admin.autocommit = True
+            with admin.cursor() as cursor:
+                cursor.execute("SHOW SERVERS")
+                names = [column[0] for column in cursor.description or ()]
+                return {int(row[names.index("remote_pid")]) for row in cursor.fetchall()}
+        finally:
+            admin.close()
+
+    def log_text(self) -> str:
+        parts = []
+        for name in ("stderr.log", "pgbouncer.log"):
+            with contextlib.suppress(OSError):
+                parts.append((self.root / name).read_text(errors="replace"))
+        return "\n".join(parts)
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def close(self) -> None:
+        """Kill the process (its server connections close with it) and delete the folder."""
+        if self.popen is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=10)
+            self.popen = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PgBouncer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main() -> None:
+    """``make ha-pgbouncer``: start PgBouncer in front of the local PostgreSQL, print the URLs to
+    give TMS, and stop it (deleting its folder) on Ctrl-C."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database", default="tms", help="the database name the printed URLs name")
+    parser.add_argument("--port", type=int, default=None, help="the port to listen on (default: a free one)")
+    args = parser.parse_args()
+    with PgBouncer(port=args.port) as bouncer:
+        print(f"PgBouncer (transaction pooling) on 127.0.0.1:{bouncer.port}, files in {bouncer.root}")
+        print(f"\nexport DATABASE_URL='{bouncer.url(args.database)}'")
+        print("export TMS_DATABASE_POOLER=transaction")
+        print(f"export TMS_LISTEN_DATABASE_URL='postgres://postgres@127.0.0.1:5432/{args.database}'\n")
+        print("Ctrl-C stops it.", flush=True)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with contextlib.suppress(KeyboardInterrupt):
+            while bouncer.running:
+                time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
