@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -82,12 +84,19 @@ def phone_browser(tmp_path: Path) -> Iterator[WebDriver]:
         driver.quit()
 
 
-@pytest.fixture
-def platform() -> Iterator[None]:
-    """A real worker and monitor on this test's database and queue."""
+@contextmanager
+def platform_running() -> Iterator[None]:
+    """A real worker and monitor on this test's database and queue, for the ``with`` block."""
     worker, monitor = start_worker(concurrency=2), start_monitor()
     with running(worker, monitor):
         wait_worker_ready(worker)
+        yield
+
+
+@pytest.fixture
+def platform() -> Iterator[None]:
+    """:func:`platform_running` for the whole test."""
+    with platform_running():
         yield
 
 
@@ -98,6 +107,26 @@ def log_in(driver: WebDriver, base_url: str, username: str, password: str) -> No
     driver.find_element(By.NAME, "password").send_keys(password)
     driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
     WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".topbar .who")))
+
+
+def submit_and_wait(driver: WebDriver, button_css: str, css: str, timeout: float = 20) -> None:
+    """Click ``button_css`` and wait for the next page, then for ``css`` on it.
+
+    The old page is marked through JavaScript rather than watched with ``staleness_of``: asking the
+    driver about an element of a page being torn down can fail inside Chromium ("unhandled inspector
+    error"), and did in CI. A mark on ``window`` goes with the page, and is read from the new one.
+    """
+    driver.execute_script("window.__tmsOldPage = true;")
+    driver.find_element(By.CSS_SELECTOR, button_css).click()
+
+    def new_page(d: WebDriver) -> bool:
+        try:
+            return not d.execute_script("return window.__tmsOldPage === true;")
+        except WebDriverException:  # asked mid-navigation: ask again
+            return False
+
+    WebDriverWait(driver, timeout).until(new_page)
+    WebDriverWait(driver, timeout).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
 def wait_text(driver: WebDriver, css: str, text: str, timeout: float = 60) -> None:

@@ -9,15 +9,22 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from tasks_api.services import task_create
 from tests.backoffice.helpers import run
-from tests.browser.conftest import log_in, wait_text
+from tests.browser.conftest import log_in, platform_running, wait_text
 from tms_core.clock import db_now
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def test_retry_shows_its_message_after_the_retry_has_run(live_server, browser, platform, user):
+def test_retry_shows_its_message_after_the_retry_has_run(live_server, browser, user):
     task = task_create(owner=user, runner="noop", name="flaky", start_at=db_now(), max_attempts=1)
+    # The failed run is made by hand before the platform starts: a running monitor would take it
+    # (and the worker claim it) between its creation and the hand-made claim.
     failed = run(task, outcome="fail")
+    with platform_running():
+        _retry_and_watch(live_server, browser, failed)
+
+
+def _retry_and_watch(live_server, browser, failed: Execution) -> None:
     log_in(browser, live_server.url, "alice", "alice-password")
     browser.get(f"{live_server.url}/ui/executions/{failed.pk}/")
     browser.find_element(By.ID, "retry").click()

@@ -19,7 +19,7 @@ from tasks_api.services import task_create
 from tasks_app.models import Calendar, Task, TaskDependency
 from tasks_app.teams import team_create
 from tests.browser.axe import BLOCKING, axe_run, describe, impact_counts
-from tests.browser.conftest import log_in
+from tests.browser.conftest import log_in, submit_and_wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -28,13 +28,6 @@ def _type(driver, name: str, value: str) -> None:
     field = driver.find_element(By.NAME, name)
     field.clear()
     field.send_keys(value)
-
-
-def _submit_and_wait(driver, button_css: str, css: str) -> None:
-    old = driver.find_element(By.TAG_NAME, "html")
-    driver.find_element(By.CSS_SELECTOR, button_css).click()
-    WebDriverWait(driver, 20).until(ec.staleness_of(old))
-    WebDriverWait(driver, 20).until(ec.presence_of_element_located((By.CSS_SELECTOR, css)))
 
 
 def _no_blocking_axe(driver) -> None:
@@ -59,7 +52,7 @@ def test_a_task_made_in_a_team_after_another_then_moved_and_a_calendar(live_serv
     browser.find_element(By.CSS_SELECTOR, "#new-task details.more > summary").click()
     Select(browser.find_element(By.NAME, "limits")).select_by_value("warehouse")
     _type(browser, "input_schema", '{"type": "object", "required": ["day"]}')
-    _submit_and_wait(browser, "button[name=create]", "#after-pickers")
+    submit_and_wait(browser, "button[name=create]", "#after-pickers")
     error = browser.find_element(By.CSS_SELECTOR, "#after-pickers p.error")
     assert error.text == "No task named 'extract row' in the task's team."
     assert not Task.objects.filter(name="load rows").exists()
@@ -75,7 +68,7 @@ def test_a_task_made_in_a_team_after_another_then_moved_and_a_calendar(live_serv
     assert browser.save_screenshot(str(shots / "task-form-after-1366x900.png"))
 
     _type(browser, "after_task_0", "extract rows")
-    _submit_and_wait(browser, "button[name=create]", "#task-team")
+    submit_and_wait(browser, "button[name=create]", "#task-team")
     task = Task.objects.get(name="load rows")
     assert browser.find_element(By.ID, "task-team").text == "Team: Ops"
     assert "extract rows (on completion)" in browser.find_element(By.ID, "upstream-tasks").text
@@ -85,14 +78,14 @@ def test_a_task_made_in_a_team_after_another_then_moved_and_a_calendar(live_serv
     # Move it to Alice's personal team: refused, its limit and its upstream are Ops's.
     browser.find_element(By.CSS_SELECTOR, "#move-task > summary").click()
     Select(browser.find_element(By.ID, "move-team")).select_by_value(user.personal_team.slug)
-    _submit_and_wait(browser, "#move-submit", ".messages")
+    submit_and_wait(browser, "#move-submit", ".messages")
     said = browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert "load rows was not moved" in said and "limits: The task uses limits of its current team" in said
     assert Task.objects.get(pk=task.pk).team_id == ops.pk
     # The upstream itself moves (nothing ties it): said, and done.
     browser.get(f"{live_server.url}/ui/tasks/{extract.pk}/")
     browser.find_element(By.CSS_SELECTOR, "#move-task > summary").click()
-    _submit_and_wait(browser, "#move-submit", ".messages")
+    submit_and_wait(browser, "#move-submit", ".messages")
     assert "Tasks of the current team follow this task" in browser.find_element(By.CSS_SELECTOR, ".messages").text
 
     # A calendar from its page, then named in the task's edit form through the help's link.
@@ -106,7 +99,7 @@ def test_a_task_made_in_a_team_after_another_then_moved_and_a_calendar(live_serv
     _type(browser, "country", "DE")
     _type(browser, "extra_dates", "2030-12-27..2030-12-30 inventory")
     browser.find_element(By.NAME, "weekends_closed").click()
-    _submit_and_wait(browser, "#new-calendar-form button[type=submit]", "#closed-days")
+    submit_and_wait(browser, "#new-calendar-form button[type=submit]", "#closed-days")
     assert "Calendar Berlin office created in team Ops" in browser.find_element(By.CSS_SELECTOR, ".messages").text
     assert "weekend" in browser.find_element(By.ID, "closed-days").text
     calendar = Calendar.objects.get(name="Berlin office")
