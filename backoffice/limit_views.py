@@ -22,10 +22,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from executions.limits import limit_usage, limits_in_use
 from tasks_api.limits import limit_create, limit_delete, limit_update, limits_visible
 from tasks_api.limits_api import LimitSerializer
 from tasks_app.models import Limit, LimitScope, TaskStatus, TeamRole
-from tasks_app.teams import includes, sees_all, teams_with_role, with_role
+from tasks_app.teams import includes, member_team_ids, sees_all, teams_with_role, with_role
 from tms_core.auth import request_user
 from tms_core.durations import format_duration, parse_duration
 from tms_core.errors import RoleRequired
@@ -171,10 +172,29 @@ def _limit_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Lim
     return limit
 
 
+def _shared_use_teams(user: Any) -> set[int] | None:
+    """Whose runs a user sees counted in a global limit's use: every team's for staff, their own
+    teams' for anyone else (the API's rule: another team's use of a shared budget never shows)."""
+    return None if sees_all(user) else set(member_team_ids(user).values_list("team_id", flat=True))
+
+
+def _in_use(user: Any, limits: list[Limit]) -> dict[int, dict[str, int]]:
+    """Each limit's runs running and waiting (see :func:`executions.limits.limits_in_use`)."""
+    shared = [limit.pk for limit in limits if limit.team_id is None]
+    # The reader's teams are read even with no global limit on the page: a fixed number of queries.
+    return limits_in_use(limit_ids=[limit.pk for limit in limits], shared=shared, team_ids=_shared_use_teams(user))
+
+
 def _page(request: HttpRequest, form: LimitForm) -> dict[str, Any]:
     limits = list(visible_limits(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
+    use = _in_use(request.user, limits[:LIST_MOST])
     rows = [
-        {"limit": limit, "windows": windows_text(limit.windows), "can_change": may_change(request.user, limit)}
+        {
+            "limit": limit,
+            "windows": windows_text(limit.windows),
+            "can_change": may_change(request.user, limit),
+            "use": use[limit.pk],
+        }
         for limit in limits[:LIST_MOST]
     ]
     return {
@@ -218,6 +238,34 @@ def limit_create_view(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Limit {limit.name} ({where}) defined: tasks may name it now.")
                 return redirect("backoffice:limits")
     return render(request, "backoffice/limits.html", _page(request, form), status=400)
+
+
+@login_required
+@require_GET
+def limit_page(request: HttpRequest, pk: int) -> HttpResponse:
+    """A limit as everyone who may read it sees it: its budget, what each of its buckets holds now
+    (runs running of the cap, runs waiting, starts in each rate window), and the tasks naming it."""
+    limit = get_object_or_404(visible_limits(request.user), pk=pk)
+    teams = _shared_use_teams(request.user) if limit.team_id is None else None
+    buckets = limit_usage(limit=limit, team_ids=teams)
+    for bucket in buckets:
+        for window in bucket["windows"]:
+            window["label"] = format_duration(timedelta(seconds=window["seconds"]))
+    tasks = limit.tasks.exclude(status=TaskStatus.DELETED).select_related("team").order_by("name", "id")
+    if teams is not None:  # a global limit: only the tasks of the user's teams
+        tasks = tasks.filter(team_id__in=teams)
+    named = list(tasks[: LIST_MOST + 1])
+    context = {
+        "limit": limit,
+        "windows": windows_text(limit.windows),
+        "buckets": buckets,
+        "only_own_teams": teams is not None,
+        "tasks": named[:LIST_MOST],
+        "more_tasks": len(named) > LIST_MOST,
+        "most": LIST_MOST,
+        "can_change": may_change(request.user, limit),
+    }
+    return render(request, "backoffice/limit.html", context)
 
 
 @login_required

@@ -94,6 +94,7 @@ urlpatterns = [
     ),
     path("ui/limits/", limit_views.limits_page, name="limits"),
     path("ui/limits/new/", limit_views.limit_create_view, name="limit-create"),
+    path("ui/limits/<int:pk>/", limit_views.limit_page, name="limit"),
     path("ui/limits/<int:pk>/edit/", limit_views.limit_edit_view, name="limit-edit"),
     path("ui/limits/<int:pk>/delete/", limit_views.limit_delete_view, name="limit-delete"),
     path("ui/calendars/", calendar_views.calendars_page, name="calendars"),

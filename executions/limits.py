@@ -373,3 +373,39 @@ def limit_usage(*, limit: Limit, team_ids: Any = None) -> list[dict[str, Any]]:
         ]
         usage.append({"key": bucket.key, "slots_held": held, "waiting": waits, "windows": windows})
     return usage
+
+
+def limits_in_use(
+    *, limit_ids: Iterable[int], shared: Iterable[int] = (), team_ids: Iterable[int] | None = None
+) -> dict[int, dict[str, int]]:
+    """Per limit of ``limit_ids``: the live slots its runs hold (``running``) and the runs waiting
+    on it (``waiting``), over all its buckets, in three queries however many limits (a list's
+    column; :func:`limit_usage` gives one limit's buckets in detail).
+
+    ``shared`` (global limits, whose budgets every team shares) count only the runs of
+    ``team_ids`` when it is given (a user who does not see every team)."""
+    ids = list(limit_ids)
+    only = set(shared) if team_ids is not None else set()
+    teams = set(team_ids or ())
+    use = {pk: {"running": 0, "waiting": 0} for pk in ids}
+    limit_of = dict(LimitBucket.objects.filter(limit_id__in=ids).values_list("pk", "limit_id"))
+    if not limit_of:
+        return use
+    slots = (
+        LimitSlot.objects.filter(bucket_id__in=list(limit_of), expires_at__gt=clock(), execution__status=S.RUNNING)
+        .values_list("bucket_id", "execution__team_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    waiting = (
+        Execution.objects.filter(status=S.SCHEDULED, waiting_on__in=list(limit_of))
+        .values_list("waiting_on", "team_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for what, rows in (("running", slots), ("waiting", waiting)):
+        for bucket_id, team_id, count in rows:
+            limit_id = limit_of[bucket_id]
+            if limit_id not in only or team_id in teams:
+                use[limit_id][what] += count
+    return use

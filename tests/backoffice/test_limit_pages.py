@@ -137,3 +137,67 @@ def test_the_list_is_bounded_and_says_so(alice_client, user, monkeypatch):
     page = alice_client.get("/ui/limits/")
     assert [row["limit"].name for row in page.context["rows"]] == ["a", "b"]
     assert 'id="list-cut">The first 2 by name' in page.content.decode()
+
+
+def test_a_limit_shows_what_it_holds_now_and_a_shared_one_only_the_readers_teams_use(
+    alice_client, client, user, other_user, staff_user, django_assert_max_num_queries
+):
+    """Issue 46: a limit's current use on its page and in the list, by the API's rule (usage of
+    /api/v1/limits): another team's hosts, slots and waiting runs on a global limit never show."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from executions.models import ExecutionStatus, LimitBucket, LimitSlot, LimitStart
+    from tests.factories import ExecutionFactory, TaskFactory
+
+    window = [{"count": 9, "seconds": 60}]
+    limit = limit_create(owner=None, name="hosts", scope="host", max_concurrency=5, windows=window)
+    theirs = LimitBucket.objects.create(limit=limit, key="private-partner.other-owner.example")
+    mine = LimitBucket.objects.create(limit=limit, key="api.mine.example")
+    later = timezone.now() + timedelta(hours=1)
+    for bucket, owner, waiting in ((theirs, other_user, 3), (mine, user, 1)):
+        task = TaskFactory(owner=owner, name=f"task of {owner.username}")
+        task.limits.add(limit)
+        for index in range(waiting):
+            ExecutionFactory(task=task, scheduled_for=later + timedelta(minutes=index), waiting_on=bucket.pk)
+        running = ExecutionFactory(task=task, status=ExecutionStatus.RUNNING, scheduled_for=later - timedelta(hours=2))
+        LimitSlot.objects.create(bucket=bucket, execution=running, expires_at=later)
+        LimitStart.objects.create(bucket=bucket, at=timezone.now())
+    # A lapsed slot (a worker that died holding it) is not in use.
+    lapsed = ExecutionFactory(task=task, status=ExecutionStatus.RUNNING, scheduled_for=later - timedelta(hours=3))
+    LimitSlot.objects.create(bucket=theirs, execution=lapsed, expires_at=timezone.now() - timedelta(seconds=1))
+
+    listing = alice_client.get("/ui/limits/").content.decode()
+    assert "1 running, 1 waiting" in listing and f'href="/ui/limits/{limit.pk}/"' in listing
+    page = alice_client.get(f"/ui/limits/{limit.pk}/")
+    assert page.status_code == 200
+    assert [(b["key"], b["slots_held"], b["waiting"]) for b in page.context["buckets"]] == [("api.mine.example", 1, 1)]
+    html = page.content.decode()
+    assert "other-owner" not in html and "task of bob" not in html and "task of alice" in html
+    assert "at most 9 per 1m" in html and "your teams' runs only" in html and 'id="read-only"' in html
+    # Staff, who run the platform, see every budget and its starts in the window.
+    client.force_login(staff_user)
+    assert "2 running, 4 waiting" in client.get("/ui/limits/").content.decode()
+    page = client.get(f"/ui/limits/{limit.pk}/")
+    assert [(b["key"], b["slots_held"], b["waiting"]) for b in page.context["buckets"]] == [
+        ("api.mine.example", 1, 1),
+        ("private-partner.other-owner.example", 1, 3),
+    ]
+    assert "1 of 9 in the last 1m" in page.content.decode()
+    # The list's column costs the same few queries however many limits it shows.
+    for index in range(20):
+        limit_create(owner=user, name=f"cap-{index}", max_concurrency=1)
+    with django_assert_max_num_queries(20):
+        assert alice_client.get("/ui/limits/").status_code == 200
+
+
+def test_a_team_limit_page_is_its_members_and_its_editors_may_edit(alice_client, client, user, other_user, ops):
+    limit = limit_create(owner=user, team=ops, name="warehouse", max_concurrency=2)
+    page = alice_client.get(f"/ui/limits/{limit.pk}/").content.decode()
+    assert 'id="edit-limit"' in page and "No run holds or waits on it" in page
+    client.force_login(get_user_model().objects.get(username="vera"))  # a viewer of Ops
+    page = client.get(f"/ui/limits/{limit.pk}/").content.decode()
+    assert 'id="read-only"' in page and 'id="edit-limit"' not in page
+    client.force_login(other_user)  # no member of Ops: not found, as in the API
+    assert client.get(f"/ui/limits/{limit.pk}/").status_code == 404

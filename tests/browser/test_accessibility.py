@@ -84,6 +84,7 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
     )
     pages += [
         ("limits", "/ui/limits/"),
+        ("limit", f"/ui/limits/{limit.pk}/"),
         ("limit edit", f"/ui/limits/{limit.pk}/edit/"),
         ("calendars", "/ui/calendars/"),
         ("calendar page", f"/ui/calendars/{calendar.pk}/"),

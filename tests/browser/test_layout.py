@@ -65,6 +65,7 @@ def test_on_a_phone_nothing_scrolls_sideways_the_menu_reaches_everything_and_cha
         "api tokens": "/ui/tokens/",
         "limits": "/ui/limits/",
         "calendars": "/ui/calendars/",
+        "limit": f"/ui/limits/{limit.pk}/",
         "limit edit": f"/ui/limits/{limit.pk}/edit/",
         "calendar page": f"/ui/calendars/{calendar.pk}/",
     }
