@@ -12,7 +12,8 @@ import pytest
 
 from tests.processes import run_command
 from tooling.harness.pg_cluster import PgCluster
-from tooling.harness.rabbit_cluster import RabbitCluster, free_ports
+from tooling.harness.rabbit_cluster import RabbitCluster
+from tooling.harness.servers import free_ports
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.ops.test_docker_files import APP_ROLES, DOCKER, _tool
-from tooling.harness.rabbit_cluster import _port_in_use, free_ports
+from tooling.harness.servers import free_ports, kill_session, listening
 
 PATRONI_DIR = DOCKER / "patroni"
 #: The variables that are secrets, and the services each may reach.
@@ -280,27 +280,16 @@ def patroni_node(ha) -> Iterator[dict]:
     node: dict = {"env": env, "root": root, "kwargs": kwargs, "address": address, "pg_port": pg_port}
     try:
         deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", etcd_port)) != 0:
+        while not listening(etcd_port):
             assert etcd.poll() is None and time.monotonic() < deadline, "etcd did not start"
             time.sleep(0.1)
         yield node
     finally:
         for popen in [node.get("patroni"), etcd]:
             if popen is not None:
-                _kill_session(popen.pid)
+                kill_session(popen.pid)
                 popen.wait(10)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL the session ``sid`` leads (Patroni and the PostgreSQL it started)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), 9)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def test_patroni_validates_its_configuration_and_bootstraps_the_tms_database(patroni_node):
@@ -439,7 +428,7 @@ def test_haproxys_health_check_is_healthy_only_while_it_routes_to_one_primary(ha
 
     try:
         deadline = time.monotonic() + 10
-        while not _port_in_use(write):
+        while not listening(write):
             assert haproxy.poll() is None and time.monotonic() < deadline, "haproxy did not start"
             time.sleep(0.05)
         fakes[0].status = 200

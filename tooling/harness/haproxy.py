@@ -19,16 +19,13 @@ import csv
 import io
 import json
 import os
-import shutil
-import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from tooling.harness.pg_cluster import DATABASE, PgCluster, PgNode
-from tooling.harness.rabbit_cluster import _port_in_use, free_ports
+from tooling.harness.servers import ForegroundServer, command_loop, free_ports, listening
 
 #: Debian's package's binary (``make haproxy`` installs it).
 HAPROXY = "/usr/sbin/haproxy"
@@ -36,12 +33,13 @@ CONFIG = Path(__file__).resolve().parents[2] / "docker" / "haproxy" / "haproxy.c
 #: The backend of the write port in CONFIG, and its servers, one per Patroni node in order.
 BACKEND = "postgres-primary"
 SERVERS = ("patroni1", "patroni2")
-START_TIMEOUT = 15.0
 
 
-class HAProxy:
+class HAProxy(ForegroundServer):
     """One HAProxy process in front of ``cluster``; use as a context manager (or :meth:`start`
     and :meth:`close`). :attr:`url` is the single-host ``DATABASE_URL`` TMS takes."""
+
+    what = "haproxy"
 
     def __init__(self, cluster: PgCluster, *, port: int | None = None) -> None:
         if len(cluster.nodes) != len(SERVERS):
@@ -52,8 +50,7 @@ class HAProxy:
         # The resolvers section needs a nameserver; every address given here is an IP, so
         # nothing is ever asked of it (a free port nobody answers on).
         self._dns_port = dns_port
-        self.root = Path(tempfile.mkdtemp(prefix="tms-haproxy-", dir="/tmp"))
-        self.popen: subprocess.Popen[bytes] | None = None
+        super().__init__("tms-haproxy-")
 
     @property
     def url(self) -> str:
@@ -61,7 +58,7 @@ class HAProxy:
 
     @property
     def log_file(self) -> Path:
-        return self.root / "haproxy.log"
+        return self.output_log
 
     def environment(self) -> dict[str, str]:
         """The variables ``docker/haproxy/haproxy.cfg`` takes, for this machine's pair."""
@@ -91,27 +88,11 @@ class HAProxy:
         return result.stdout + result.stderr
 
     def start(self) -> HAProxy:
-        busy = [port for port in (self.port, self.stats_port) if _port_in_use(port)]
+        busy = [port for port in (self.port, self.stats_port) if listening(port)]
         if busy:
             raise RuntimeError(f"ports {busy} are in use")
         argv, env = self._command("-db")
-        with open(self.log_file, "ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self.root,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not (_port_in_use(self.port) and _port_in_use(self.stats_port)):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                output = self.log_text()
-                self.close()
-                raise RuntimeError(f"haproxy did not start on port {self.port}:\n{output[-2000:]}")
-            time.sleep(0.05)
+        self._launch(argv, ports=[self.port, self.stats_port], env=env)
         return self
 
     # -- observing ------------------------------------------------------------------------------
@@ -152,33 +133,6 @@ class HAProxy:
                 raise RuntimeError(f"HAProxy not routing to {node.name} after {timeout:g}s: {self.server_states()}")
             time.sleep(0.05)
 
-    def log_text(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_file.read_text(errors="replace")
-        return ""
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    # -- teardown -------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Kill the process (the sessions through it close with it) and delete the folder."""
-        if self.popen is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=10)
-            self.popen = None
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> HAProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def main() -> None:
     """``make ha-haproxy``: start the Patroni pair and HAProxy in front of it, print the
@@ -194,29 +148,24 @@ def main() -> None:
             print(f"  {node.name}: postgres 127.0.0.1:{node.port}, Patroni REST 127.0.0.1:{node.rest_port}")
         print(f"  HAProxy's status page: http://127.0.0.1:{haproxy.stats_port}/")
         print(f"\nexport DATABASE_URL='{haproxy.url}'\n")
-        print("Commands: kill | switchover | status | quit (Ctrl-C also stops everything).", flush=True)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with contextlib.suppress(KeyboardInterrupt, EOFError):
-            while True:
-                words = input("ha-haproxy> ").split()
-                try:
-                    if words == ["quit"]:
-                        break
-                    if words == ["kill"]:
-                        old = cluster.kill_primary()
-                        new = next(node for node in cluster.nodes if node is not old)
-                        print(f"killed the postmaster of {old.name}; HAProxy routes to {new.name}", end=" ")
-                        print(f"{haproxy.wait_routed_to(new, timeout=60):.1f}s later")
-                    elif words == ["switchover"]:
-                        new = cluster.switchover()
-                        print(f"switched over to {new.name}; HAProxy routes to it", end=" ")
-                        print(f"{haproxy.wait_routed_to(new, timeout=60):.1f}s later")
-                    elif words == ["status"]:
-                        print(json.dumps({"patroni": cluster.members(), "haproxy": haproxy.server_states()}, indent=2))
-                    elif words:
-                        print("usage: kill | switchover | status | quit")
-                except RuntimeError as exc:
-                    print(f"failed: {exc}")
+
+        def kill() -> str:
+            old = cluster.kill_primary()
+            new = next(node for node in cluster.nodes if node is not old)
+            took = haproxy.wait_routed_to(new, timeout=60)
+            return f"killed the postmaster of {old.name}; HAProxy routes to {new.name} {took:.1f}s later"
+
+        def switchover() -> str:
+            new = cluster.switchover()
+            took = haproxy.wait_routed_to(new, timeout=60)
+            return f"switched over to {new.name}; HAProxy routes to it {took:.1f}s later"
+
+        def status() -> str:
+            return json.dumps({"patroni": cluster.members(), "haproxy": haproxy.server_states()}, indent=2)
+
+        command_loop(
+            "ha-haproxy", {"kill": kill, "switchover": switchover, "status": status}, "kill | switchover | status"
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tooling.harness.rabbit_cluster import _port_in_use, free_ports
+from tooling.harness.servers import command_loop, free_ports, kill_session, listening, wait_listening
 
 PG_BIN = Path(os.environ.get("TMS_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: The DCS timings (see the module's docstring).
@@ -229,7 +229,7 @@ class PgCluster:
             ],
             self.root / "etcd" / "etcd.out",
         )
-        _wait_port(self.etcd_port, self.etcd, "etcd", 30.0)
+        wait_listening(self.etcd, [self.etcd_port], "etcd", 30.0)
 
     def start_node(self, node: PgNode) -> None:
         """Start ``node``'s Patroni (it starts, or clones, its PostgreSQL)."""
@@ -240,7 +240,7 @@ class PgCluster:
         """etcd, then the first node (bootstrap), the ``tms`` database, then the standby; returns
         once the standby is the synchronous one."""
         ports = [self.etcd_port, self.etcd_peer_port, *(p for n in self.nodes for p in (n.port, n.rest_port))]
-        busy = [port for port in ports if _port_in_use(port)]
+        busy = [port for port in ports if listening(port)]
         if busy:
             raise RuntimeError(f"ports {busy} are in use")
         self._prepare()
@@ -363,7 +363,7 @@ class PgCluster:
         state they are in."""
         for node in self.nodes:
             if node.popen is not None:
-                _kill_session(node.popen.pid)
+                kill_session(node.popen.pid)
         for node in self.nodes:
             # The postmaster is in its Patroni's session, but a Patroni that died first may have
             # left it to init: find it by its pid file.
@@ -371,11 +371,11 @@ class PgCluster:
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     if os.getsid(pid) == pid:  # Patroni starts it as a session leader: its backends
-                        _kill_session(pid)
+                        kill_session(pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         if self.etcd is not None:
-            _kill_session(self.etcd.pid)
+            kill_session(self.etcd.pid)
         for popen in [*(n.popen for n in self.nodes), self.etcd]:
             if popen is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -390,16 +390,6 @@ class PgCluster:
         self.close()
 
 
-def _wait_port(port: int, popen: subprocess.Popen[bytes], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not _port_in_use(port):
-        if popen.poll() is not None:
-            raise RuntimeError(f"{what} exited ({popen.returncode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not listen on {port} in {timeout:g}s")
-        time.sleep(0.1)
-
-
 def _cmdline_has(pid: int, text: str) -> bool:
     """Whether process ``pid``'s command line mentions ``text`` (a stale pid file never makes us
     kill another process)."""
@@ -407,17 +397,6 @@ def _cmdline_has(pid: int, text: str) -> bool:
         return text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of the session ``sid`` leads."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(sid, signal.SIGKILL)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(ProcessLookupError, PermissionError, FileNotFoundError):
-                if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), signal.SIGKILL)
 
 
 def main() -> None:
@@ -431,24 +410,12 @@ def main() -> None:
             print(f"  {node.name}: postgres 127.0.0.1:{node.port}, Patroni REST 127.0.0.1:{node.rest_port}")
         print(f"\nexport DATABASE_URL='{cluster.url}'")
         print(f"patronictl -c {cluster.nodes[0].config} list\n")
-        print("Commands: kill | switchover | status | quit (Ctrl-C also stops the cluster).", flush=True)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with contextlib.suppress(KeyboardInterrupt, EOFError):
-            while True:
-                words = input("ha-db> ").split()
-                try:
-                    if words == ["quit"]:
-                        break
-                    if words == ["kill"]:
-                        print(f"killed the postmaster of {cluster.kill_primary().name}")
-                    elif words == ["switchover"]:
-                        print(f"switched over to {cluster.switchover().name}")
-                    elif words == ["status"]:
-                        print(json.dumps(cluster.members(), indent=2))
-                    elif words:
-                        print("usage: kill | switchover | status | quit")
-                except RuntimeError as exc:
-                    print(f"failed: {exc}")
+        commands = {
+            "kill": lambda: f"killed the postmaster of {cluster.kill_primary().name}",
+            "switchover": lambda: f"switched over to {cluster.switchover().name}",
+            "status": lambda: json.dumps(cluster.members(), indent=2),
+        }
+        command_loop("ha-db", commands, "kill | switchover | status")
 
 
 if __name__ == "__main__":

@@ -17,29 +17,27 @@ import argparse
 import contextlib
 import os
 import pwd
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
-from tooling.harness.rabbit_cluster import free_ports
+from tooling.harness.servers import ForegroundServer, free_ports
 
 #: Debian's package's binary (``make pgbouncer`` installs it).
 PGBOUNCER = "/usr/sbin/pgbouncer"
 #: The user PgBouncer runs as when started by root (Debian's PostgreSQL packages create it).
 RUN_AS = "postgres"
-START_TIMEOUT = 15.0
 
 
-class PgBouncer:
+class PgBouncer(ForegroundServer):
     """One PgBouncer process; use as a context manager (or :meth:`start` and :meth:`close`).
 
     ``pool_size`` bounds the server connections per database and role (the shared PostgreSQL
     allows 100 in all): far fewer than the clients, which is what transaction pooling is for.
     """
+
+    what = "pgbouncer"
+    log_files = ("pgbouncer.log",)
 
     def __init__(
         self,
@@ -55,8 +53,7 @@ class PgBouncer:
         self.port = port or free_ports(1)[0]
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
-        self.root = Path(tempfile.mkdtemp(prefix="tms-pgbouncer-", dir="/tmp"))
-        self.popen: subprocess.Popen[bytes] | None = None
+        super().__init__("tms-pgbouncer-")
 
     @property
     def ini(self) -> Path:
@@ -107,20 +104,7 @@ class PgBouncer:
                 os.chown(path, account.pw_uid, account.pw_gid)
             command += ["-u", RUN_AS]
         command.append(str(self.ini))
-        self.popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "stderr.log", "wb"),  # noqa: SIM115 - the child keeps it
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _accepts(self.port):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                output = self.log_text()
-                self.close()
-                raise RuntimeError(f"pgbouncer did not start on port {self.port}:\n{output[-2000:]}")
-            time.sleep(0.05)
+        self._launch(command, ports=[self.port])
         return self
 
     def server_pids(self) -> set[int]:
@@ -136,39 +120,6 @@ class PgBouncer:
                 return {int(row[names.index("remote_pid")]) for row in cursor.fetchall()}
         finally:
             admin.close()
-
-    def log_text(self) -> str:
-        parts = []
-        for name in ("stderr.log", "pgbouncer.log"):
-            with contextlib.suppress(OSError):
-                parts.append((self.root / name).read_text(errors="replace"))
-        return "\n".join(parts)
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def close(self) -> None:
-        """Kill the process (its server connections close with it) and delete the folder."""
-        if self.popen is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=10)
-            self.popen = None
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PgBouncer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def main() -> None:

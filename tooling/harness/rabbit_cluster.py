@@ -28,8 +28,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tooling.harness.servers import command_loop, kill_session, listening
 
 RABBITMQ_BIN = Path(os.environ.get("TMS_HA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 #: AMQP ports of the nodes, and their Erlang distribution ports.
@@ -176,7 +179,7 @@ class RabbitCluster:
 
     def start(self) -> RabbitCluster:
         """Boot the three nodes (at once), then join the second and third to the first."""
-        busy = [port for node in self.nodes for port in (node.port, node.dist_port) if _port_in_use(port)]
+        busy = [port for node in self.nodes for port in (node.port, node.dist_port) if listening(port)]
         if busy:
             raise RuntimeError(f"ports {busy} are in use: another private cluster is running (make ha-broker?)")
         self._prepare()
@@ -252,13 +255,13 @@ class RabbitCluster:
         try:
             node.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            _kill_session(node.popen)
+            kill_session(node.popen.pid)
             node.popen.wait(10)
 
     def kill_node(self, node: Node) -> None:
         """SIGKILL ``node`` and everything it started (a crash)."""
         if node.popen is not None:
-            _kill_session(node.popen)
+            kill_session(node.popen.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.popen.wait(10)
 
@@ -276,7 +279,7 @@ class RabbitCluster:
         state the nodes are in."""
         for node in self.nodes:
             if node.popen is not None:
-                _kill_session(node.popen)
+                kill_session(node.popen.pid)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.popen.wait(10)
         # A node whose launcher died before it (or a crash of this process earlier) leaves a VM
@@ -294,39 +297,6 @@ class RabbitCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 now (a test's cluster: several pytest
-    processes may each start one)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _kill_session(popen: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the session ``popen`` leads: the launcher script, the Erlang VM and its helpers."""
-    sid = popen.pid
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(sid, signal.SIGKILL)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(ProcessLookupError, PermissionError, FileNotFoundError):
-                if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), signal.SIGKILL)
 
 
 def _is_our_beam(pid: int, node: Node) -> bool:
@@ -350,28 +320,23 @@ def main() -> None:
             print(f"  {node.index + 1}: {node.name}  amqp 127.0.0.1:{node.port}")
         # Quorum queues: the type that survives the loss of the node leading a queue (docs/deployment.md).
         print(f"\nexport CELERY_BROKER_URL='{cluster.url}' TMS_QUEUE_TYPE=quorum\n")
-        print("Commands: stop N | kill N | start N | status | quit (Ctrl-C also stops the cluster).", flush=True)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with contextlib.suppress(KeyboardInterrupt, EOFError):
-            while True:
-                words = input("ha-broker> ").split()
-                if not words:
-                    continue
-                if words[0] == "quit":
-                    break
-                actions = {"stop": cluster.stop_node, "kill": cluster.kill_node, "start": cluster.start_node}
-                if words == ["status"]:
-                    print("running:", ", ".join(cluster.running_nodes()) or "none")
-                elif len(words) == 2 and words[0] in actions and words[1] in ("1", "2", "3"):
-                    node = cluster.nodes[int(words[1]) - 1]
-                    try:
-                        actions[words[0]](node)
-                    except RuntimeError as exc:
-                        print(f"{words[0]} {node.name} failed: {exc}")
-                    else:
-                        print(f"{words[0]} {node.name}: done")
-                else:
-                    print("usage: stop N | kill N | start N (N: 1, 2 or 3) | status | quit")
+
+        def on_node(action: str) -> Callable[[str], str]:
+            def act(number: str) -> str:
+                if number not in ("1", "2", "3"):
+                    raise ValueError("N is 1, 2 or 3")
+                node = cluster.nodes[int(number) - 1]
+                getattr(cluster, f"{action}_node")(node)
+                return f"{action} {node.name}: done"
+
+            return act
+
+        def status() -> str:
+            return "running: " + (", ".join(cluster.running_nodes()) or "none")
+
+        commands: dict[str, Callable[..., str]] = {action: on_node(action) for action in ("stop", "kill", "start")}
+        commands["status"] = status
+        command_loop("ha-broker", commands, "stop N | kill N | start N (N: 1, 2 or 3) | status")
 
 
 if __name__ == "__main__":
