@@ -65,21 +65,26 @@ def test_short_run_finishes_on_the_stopping_worker():
 
 
 def _one_round(owner) -> float:
-    a = start_worker("sigterm-a", concurrency=1, **ENV)
-    with running(a, start_monitor(**ENV)):
-        wait_worker_ready(a)
-        task = task_create(owner=owner, runner="subprocess", config={"command": ["sleep", "20"]})
-        wait_for(lambda: _running_on(task, a), timeout=20, what="the run to start on A")
-        # B starts once A holds the run (A, with one pool process, takes nothing more meanwhile);
-        # the run lasts 20 s, so that it is still going after a slow start of B plus the grace.
-        with running(b := start_worker("sigterm-b", concurrency=1, **ENV)):
-            wait_worker_ready(b)
-            sent = time.time()
-            a.popen.send_signal(signal.SIGTERM)
-            wait_for(lambda: _running_on(task, b), timeout=20, what="B to resume the run")
-            resumed = _only(task).events.get(detail="resumed after the previous lease expired")
-            assert a.popen.wait(10) == 0, a.log()[-3000:]
-            wait_for(lambda: _only(task).status == S.SUCCEEDED, timeout=45, what="SUCCEEDED on B")
+    workers = [start_worker(f"sigterm-{name}", concurrency=1, **ENV) for name in ("a", "b")]
+    with running(*workers, start_monitor(**ENV)):
+        for worker in workers:
+            wait_worker_ready(worker)
+        # Both workers are up before the run exists: whichever takes it is stopped (A, with one pool
+        # process, takes nothing more meanwhile) and the other (B) resumes it. The run need only
+        # outlast the grace and a monitor pass, not a worker's start: 10 s.
+        task = task_create(owner=owner, runner="subprocess", config={"command": ["sleep", "10"]})
+        a = wait_for(
+            lambda: next((worker for worker in workers if _running_on(task, worker)), None),
+            timeout=20,
+            what="the run to start",
+        )
+        b = next(worker for worker in workers if worker is not a)
+        sent = time.time()
+        a.popen.send_signal(signal.SIGTERM)
+        wait_for(lambda: _running_on(task, b), timeout=20, what="B to resume the run")
+        resumed = _only(task).events.get(detail="resumed after the previous lease expired")
+        assert a.popen.wait(10) == 0, a.log()[-3000:]
+        wait_for(lambda: _only(task).status == S.SUCCEEDED, timeout=45, what="SUCCEEDED on B")
     execution = _only(task)
     assert execution.attempt == 1 and execution.handbacks == 1
     assert _launches(execution) == 1
