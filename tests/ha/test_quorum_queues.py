@@ -170,3 +170,35 @@ def test_the_loss_of_the_node_leading_a_quorum_queue_loses_and_repeats_nothing(c
         assert first_after_gone < 10, first_after_gone
     finally:
         ledger.stop()
+
+
+@pytest.mark.timeout(300)
+def test_tms_bench_through_ha_runs_the_steady_load_on_one_node_and_on_the_topology(cluster, pg_cluster, tmp_path):
+    """``tms_bench --through ha`` (issue 45's cost of availability), tiny: the steady load run by the
+    same tms_bench code on the single servers and on a Patroni pair with a quorum queue on three
+    RabbitMQ nodes, each figure beside the other as a ratio, with the servers' CPU. No timing is
+    asserted; what is checked is that both ran every run, on the servers they were given."""
+    from tooling.harness.bench import BENCH_USER, Bench, BenchConfig, through_table
+
+    config = BenchConfig(
+        scenarios=("sustained",), rate=2, duration=1, workers=1, concurrency=1, log_dir=tmp_path, through=("ha",)
+    )
+    results = Bench(config).through_ha(topology=(pg_cluster, cluster))
+    runs = {figures.scenario: figures for figures in results}
+    assert set(runs) == {"sustained@single-node", "sustained@ha"}
+    single, ha = runs["sustained@single-node"], runs["sustained@ha"]
+    assert single.executions == ha.executions == 2  # 1 recurring x 1 s + 1 one-shot, each run
+    assert ha.extra["through"].startswith("Patroni pair") and ha.extra["reference"] == "sustained@single-node"
+    assert set(ha.extra["vs_direct"]) == {
+        "throughput", "lateness_p50", "lateness_p99", "cpu_per_run", "servers_cpu_per_run",
+    }  # fmt: skip
+    assert ha.extra["vs_direct"]["throughput"] > 0 and ha.extra["servers_cpu_ms_per_exec"] > 0
+    assert single.extra["servers_cpu_ms_per_exec"] > 0
+    # The runs went where they were sent: the ha run's owner is in the pair (its runs were cleaned
+    # up), its messages went through a quorum queue of the cluster.
+    primary = pg_cluster.primary()
+    assert primary is not None
+    assert BENCH_USER in pg_cluster.psql(primary, "SELECT username FROM auth_user").split()
+    assert f"{settings.TMS_QUEUE}\tquorum" in cluster.ctl(cluster.nodes[0], "list_queues", "name", "type")
+    assert "| sustained@single-node | Patroni pair" in "\n".join(through_table(results))
+    assert not Execution.objects.exists()

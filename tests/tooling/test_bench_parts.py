@@ -183,3 +183,22 @@ def test_the_recorded_run_keeps_the_machine_it_ran_on(tmp_path):
     record(path, rows, when="2026-12-06T00:00:00+00:00", machine=HERE, load=[])
     figures, about = load_recorded(path)
     assert about["machine"] == HERE and figures["burst: exec/s / bare Celery"].value == 1.5
+
+
+def test_a_platform_process_is_given_the_database_as_configured_multi_host_and_options_included():
+    """tooling.harness.processes.database_url: a Patroni pair's libpq multi-host URL went to the
+    platform's processes as ``postgres://u@h1,h2:p1,p2/db``, without ``target_session_attrs``."""
+    import environ
+
+    from tooling.harness.processes import database_url
+
+    env = environ.Env()
+    for url in (
+        "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/tms?target_session_attrs=read-write",
+        "postgres://u%40x:p%3Aw%2Fd@db.example:6432/tms?connect_timeout=5&sslmode=require",
+        "postgres://postgres@/tms?host=%2Fvar%2Frun%2Fpg+x&port=5433",
+    ):
+        assert env.db_url_config(database_url(env.db_url_config(url))) == env.db_url_config(url)
+    assert database_url({"NAME": "tms", "USER": "postgres", "HOST": "", "PORT": ""}) == (
+        "postgres://postgres@127.0.0.1:5432/tms"
+    )

@@ -18,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,7 @@ from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tooling.harness.compare import cpu_speed
 from tooling.harness.fill import insert_tasks
+from tooling.harness.pg_cluster import PgCluster
 from tooling.harness.processes import (
     ROOT,
     ManagedProcess,
@@ -50,6 +52,7 @@ from tooling.harness.processes import (
     start_worker,
     wait_ready,
 )
+from tooling.harness.rabbit_cluster import RabbitCluster
 
 SCENARIOS = (
     "burst",
@@ -65,10 +68,15 @@ SCENARIOS = (
     "pages",
     "workflows",
 )
-#: The scenarios ``BenchConfig.through`` runs again through a pooler.
+#: The scenarios ``BenchConfig.through`` runs again through a pooler or on the HA topology.
 THROUGH_SCENARIOS = ("sustained", "herd")
-#: What the platform's processes can be put behind.
-THROUGH = ("pgbouncer",)
+#: What the platform's processes can be put behind: a pooler, or the high-availability topology.
+THROUGH = ("pgbouncer", "ha")
+#: How the runs of ``--through ha`` are named in the table.
+HA_LABELS = {
+    "single-node": "one PostgreSQL, one RabbitMQ node (classic queues)",
+    "ha": "Patroni pair (synchronous) + 3 RabbitMQ nodes (quorum queues)",
+}
 #: The tables the benchmark's runs write and delete in bulk (:meth:`Bench._cleanup`).
 _VACUUMED = (
     "executions_execution",
@@ -195,7 +203,9 @@ class BenchConfig:
     with_limit: bool = False
     #: Run the steady load (sustained) and the herd again with the platform's processes going
     #: through each of these (``pgbouncer``: a private PgBouncer in transaction pooling mode in
-    #: front of the same PostgreSQL, tooling/harness/pgbouncer.py), beside the direct runs.
+    #: front of the same PostgreSQL, tooling/harness/pgbouncer.py; ``ha``: a private Patroni pair
+    #: with synchronous replication and a three-node RabbitMQ cluster with quorum queues,
+    #: tooling/harness/pg_cluster.py and rabbit_cluster.py), beside the direct runs.
     through: tuple[str, ...] = ()
     #: PgBouncer's server connections per database and role (``default_pool_size``).
     pgbouncer_pool: int = 8
@@ -1251,6 +1261,8 @@ class Bench:
             self.config.progress(f"{scenario}: done")
         if "pgbouncer" in self.config.through:
             self.results += self.through_pgbouncer()
+        if "ha" in self.config.through:
+            self.results += self.through_ha()
         return self.results
 
     def through_pgbouncer(self) -> list[Figures]:
@@ -1297,6 +1309,131 @@ class Bench:
                 self._through = {}
         return pooled
 
+    def through_ha(self, topology: tuple[PgCluster, RabbitCluster] | None = None) -> list[Figures]:
+        """The steady load and the herd again, on one PostgreSQL and one RabbitMQ node and on the
+        high-availability topology of docs/deployment.md: a Patroni pair (synchronous replication,
+        TMS given the libpq multi-host URL with ``target_session_attrs=read-write``) and a
+        three-node RabbitMQ cluster (TMS given the three nodes as a failover list,
+        ``TMS_QUEUE_TYPE=quorum``), private ones started here unless ``topology`` is given.
+
+        The topology's database is another server, so both runs are ``tms_bench`` processes of
+        their own with the same options (this run's rate and sizes), one given this run's database
+        and broker, the other the topology's: the same code measures both, and the servers' CPU
+        (PostgreSQL and RabbitMQ; on the topology etcd, both Patroni-managed servers and the
+        three nodes) is read around each. Results: ``<scenario>@single-node`` and
+        ``<scenario>@ha``, the latter with its ratios to the former (``vs_direct``)."""
+        scenarios = [name for name in THROUGH_SCENARIOS if name in self.config.scenarios]
+        direct = {f.scenario: f for f in self.results}
+        rate = (direct["sustained"].extra.get("target_rate") if "sustained" in direct else None) or self.config.rate
+        argv = [
+            sys.executable, str(ROOT / "manage.py"), "tms_bench", "--prepare", "--no-celery-eta",
+            "--duration", str(self.config.duration), "--workers", str(self.config.workers),
+            "--concurrency", str(self.config.concurrency), "--herd-tasks", str(self.config.herd_tasks),
+            "--herd-concurrency", str(self.config.herd_concurrency), "--monitors", str(self.config.monitors),
+            *(arg for name in scenarios for arg in ("--scenario", name)),
+            *(("--rate", str(rate)) if rate else ()), *(("--herd-soon",) if self.config.herd_soon else ()),
+        ]  # fmt: skip
+        self.config.progress("through ha: the same scenarios on one PostgreSQL and one RabbitMQ node first")
+        single = self._child_bench(argv, process_env(), _local_server_pids(), label="single-node")
+        with contextlib.ExitStack() as stack:
+            if topology is None:
+                self.config.progress("through ha: starting a Patroni pair and a three-node RabbitMQ cluster")
+                topology = (stack.enter_context(PgCluster()), stack.enter_context(RabbitCluster()))
+            pair, rabbit = topology
+            env = process_env(DATABASE_URL=pair.url, CELERY_BROKER_URL=rabbit.url, TMS_QUEUE_TYPE="quorum")
+            ha = self._child_bench(argv, env, _cluster_pids(pair, rabbit), label="ha")
+        reference = {f.scenario.split("@", 1)[0]: f for f in single}
+        for figures in ha:
+            base = reference.get(figures.scenario.split("@", 1)[0])
+            if base is not None:
+                figures.extra["reference"] = base.scenario
+                figures.extra["vs_direct"] = through_ratios(base, figures)
+        return single + ha
+
+    def _child_bench(self, argv: list[str], env: dict[str, str], servers: list[int], *, label: str) -> list[Figures]:
+        """Run ``argv`` (a ``tms_bench`` of its own) with ``env``, its lines passed on as progress,
+        and return its figures named ``<scenario>@<label>``, each with the CPU per run of the
+        ``servers`` (process trees) over the whole child run. A child that fails fails this run."""
+        tail: list[str] = []
+        with tempfile.TemporaryDirectory(prefix="tms-bench-") as folder:
+            out = Path(folder) / "figures.json"
+            cpu_before = _tree_cpu(servers) if servers else None
+            with subprocess.Popen(
+                [*argv, "--json", str(out)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True,
+            ) as child:  # fmt: skip
+                assert child.stdout is not None
+                for line in child.stdout:
+                    tail = [*tail[-20:], line.rstrip()]
+                    if line.strip():
+                        self.config.progress(f"{label}: {line.strip()}")
+            if child.returncode:
+                raise RuntimeError(f"the {label} benchmark failed ({child.returncode}):\n" + "\n".join(tail))
+            servers_cpu = _tree_cpu(servers) - cpu_before if cpu_before is not None else None
+            results = [_figures(row) for row in json.loads(out.read_text())["results"]]
+        runs = sum(f.executions for f in results)
+        for figures in results:
+            figures.scenario = f"{figures.scenario}@{label}"
+            figures.extra["through"] = HA_LABELS.get(label, label)
+            # Over the child's whole run: its scenarios share the servers' CPU by their runs.
+            figures.extra["servers_cpu_ms_per_exec"] = (
+                round(servers_cpu * 1000 / runs, 2) if servers_cpu is not None and runs else None
+            )
+        return results
+
+
+def _figures(row: dict[str, Any]) -> Figures:
+    """A :class:`Figures` back from a row of ``run_bench``'s JSON (its ``ratio`` is computed)."""
+    row = dict(row)
+    row.pop("ratio", None)
+    return Figures(**row)
+
+
+def _cluster_pids(pair: PgCluster, rabbit: RabbitCluster) -> list[int]:
+    """The processes at the root of the HA topology's servers: etcd, each Patroni (its
+    PostgreSQL below it) and each RabbitMQ node."""
+    popens = [pair.etcd, *(node.popen for node in pair.nodes), *(node.popen for node in rabbit.nodes)]
+    return [popen.pid for popen in popens if popen is not None]
+
+
+def _local_server_pids() -> list[int]:
+    """The postmaster of this run's PostgreSQL (the parent of this connection's backend) and the
+    RabbitMQ node's Erlang VM, when they run on this machine and can be seen; [] otherwise
+    (a server elsewhere: its CPU is not this machine's to read)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    try:
+        postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        answer = subprocess.run(
+            ["rabbitmqctl", "eval", "os:getpid()."], capture_output=True, text=True, timeout=30, check=True
+        )
+        beam = int(answer.stdout.strip().strip('"'))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return []
+    return [postmaster, beam]
+
+
+def _tree_cpu(roots: list[int]) -> float:
+    """CPU seconds used so far by the processes ``roots`` and every live descendant, with what
+    their ended children used (a process's own user and system time, and its reaped children's:
+    a PostgreSQL backend that has ended is counted in its postmaster)."""
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+                stats[int(entry)] = fields
+    tree, frontier = set(), [pid for pid in roots if pid in stats]
+    while frontier:
+        pid = frontier.pop()
+        tree.add(pid)
+        frontier += [child for child, parent in parents.items() if parent == pid and child not in tree]
+    ticks = sum(int(stats[pid][i]) for pid in tree for i in (11, 12, 13, 14))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
 
 def _process_cpu(pid: int) -> float:
     """CPU seconds (user + system) one process has used so far, from /proc (0 if it is gone)."""
@@ -1315,43 +1452,53 @@ def _cpu_per_run(figures: Figures) -> float | None:
     return own + (extra.get("pgbouncer_cpu_ms_per_exec") or 0.0)
 
 
-def through_ratios(direct: Figures, pooled: Figures) -> dict[str, float | None]:
-    """``pooled``'s figures over ``direct``'s of the same scenario: throughput (runs per second),
-    lateness p50 and p99, and CPU per run (the platform's processes, PgBouncer's included)."""
+def through_ratios(direct: Figures, other: Figures) -> dict[str, float | None]:
+    """``other``'s figures over ``direct``'s of the same scenario: throughput (runs per second),
+    lateness p50 and p99, CPU per run (the platform's processes, PgBouncer's included) and, where
+    both runs read it, the servers' CPU per run."""
 
     def ratio(over: float | None, under: float | None) -> float | None:
         return round(over / under, 2) if over is not None and under else None
 
     return {
-        "throughput": ratio(pooled.per_second, direct.per_second),
-        "lateness_p50": ratio(pooled.lateness_ms.get("p50"), direct.lateness_ms.get("p50")),
-        "lateness_p99": ratio(pooled.lateness_ms.get("p99"), direct.lateness_ms.get("p99")),
-        "cpu_per_run": ratio(_cpu_per_run(pooled), _cpu_per_run(direct)),
+        "throughput": ratio(other.per_second, direct.per_second),
+        "lateness_p50": ratio(other.lateness_ms.get("p50"), direct.lateness_ms.get("p50")),
+        "lateness_p99": ratio(other.lateness_ms.get("p99"), direct.lateness_ms.get("p99")),
+        "cpu_per_run": ratio(_cpu_per_run(other), _cpu_per_run(direct)),
+        "servers_cpu_per_run": ratio(
+            other.extra.get("servers_cpu_ms_per_exec"), direct.extra.get("servers_cpu_ms_per_exec")
+        ),
     }
 
 
 def through_table(results: list[Figures]) -> list[str]:
-    """The runs through a pooler beside the direct runs of the same scenarios, as ratios
-    (pooled / direct: above 1 is more throughput, more lateness, more CPU)."""
+    """The runs through a pooler or on the HA topology beside the direct runs of the same
+    scenarios, as ratios (other / direct: above 1 is more throughput, more lateness, more CPU).
+    The last CPU column is PgBouncer's own, or the servers' (PostgreSQL, RabbitMQ, and on the HA
+    topology etcd and every node)."""
     by_name = {f.scenario: f for f in results}
     lines = [
-        "| scenario | through | exec/s (direct -> pooled) | lateness p50 (ms) | lateness p99 (ms) "
-        "| CPU ms/run (pgbouncer's) | ratios: throughput / p50 / p99 / CPU |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | through | exec/s (direct -> other) | lateness p50 (ms) | lateness p99 (ms) "
+        "| platform CPU ms/run | pgbouncer's or servers' CPU ms/run | ratios: throughput / p50 / p99 / CPU "
+        "/ servers' CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for pooled in results:
-        if "@" not in pooled.scenario:
+    for other in results:
+        r = other.extra.get("vs_direct")
+        direct = by_name.get(other.extra.get("reference") or other.scenario.split("@", 1)[0])
+        if "@" not in other.scenario or r is None or direct is None:
             continue
-        direct = by_name.get(pooled.scenario.split("@", 1)[0])
-        if direct is None:
-            continue
-        r = pooled.extra.get("vs_direct", {})
+        if "pgbouncer_cpu_ms_per_exec" in other.extra:
+            aside = f"{other.extra['pgbouncer_cpu_ms_per_exec']} (pgbouncer)"
+        else:
+            aside = f"{direct.extra.get('servers_cpu_ms_per_exec')} -> {other.extra.get('servers_cpu_ms_per_exec')}"
         lines.append(
-            f"| {direct.scenario} | {pooled.extra.get('through', '')} | {direct.per_second:.0f} -> "
-            f"{pooled.per_second:.0f} | {direct.lateness_ms.get('p50', '-')} -> {pooled.lateness_ms.get('p50', '-')} | "
-            f"{direct.lateness_ms.get('p99', '-')} -> {pooled.lateness_ms.get('p99', '-')} | "
-            f"{_cpu_per_run(direct)} -> {_cpu_per_run(pooled)} ({pooled.extra.get('pgbouncer_cpu_ms_per_exec')}) | "
-            f"{r.get('throughput')} / {r.get('lateness_p50')} / {r.get('lateness_p99')} / {r.get('cpu_per_run')} |"
+            f"| {direct.scenario} | {other.extra.get('through', '')} | {direct.per_second:.0f} -> "
+            f"{other.per_second:.0f} | {direct.lateness_ms.get('p50', '-')} -> {other.lateness_ms.get('p50', '-')} | "
+            f"{direct.lateness_ms.get('p99', '-')} -> {other.lateness_ms.get('p99', '-')} | "
+            f"{_cpu_per_run(direct)} -> {_cpu_per_run(other)} | {aside} | {r.get('throughput')} / "
+            f"{r.get('lateness_p50')} / {r.get('lateness_p99')} / {r.get('cpu_per_run')} / "
+            f"{r.get('servers_cpu_per_run')} |"
         )
     return lines if len(lines) > 2 else []
 

@@ -14,20 +14,44 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def database_url(db: Mapping[str, Any]) -> str:
+    """The ``postgres://`` URL of a Django database's settings, as the platform's processes take it.
+
+    A libpq multi-host database (``HOST`` ``"h1,h2"``, ``PORT`` ``"p1,p2"``, as django-environ reads
+    ``postgres://u@h1:p1,h2:p2/db``) keeps each host with its port, and the libpq options
+    (``target_session_attrs=read-write``, ``connect_timeout``) go along as the query: without them
+    a process given a Patroni pair would connect to whichever node answers first, standby or not.
+    """
+    auth = quote(db.get("USER") or "", safe="") + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else "")
+    hosts = str(db.get("HOST") or "127.0.0.1").split(",")
+    ports = str(db.get("PORT") or "5432").split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    options = {key: value for key, value in (db.get("OPTIONS") or {}).items() if isinstance(value, str | int)}
+    if hosts[0].startswith("/"):  # a Unix socket's directory (the embedded server): libpq's ?host=
+        options = {"host": hosts[0], "port": ports[0], **options}
+        netloc = ""
+    elif not db.get("HOST") and "host" in options:  # given as ?host= already
+        netloc = ""
+    else:
+        netloc = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=True))
+    return f"postgres://{auth}@{netloc}/{db['NAME']}" + (f"?{urlencode(options)}" if options else "")
+
+
 def process_env(**extra: str) -> dict[str, str]:
     """The environment for a platform process: this process's database, broker and queue."""
-    db = settings.DATABASES["default"]
     env = dict(os.environ)
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-    env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env["DATABASE_URL"] = database_url(settings.DATABASES["default"])
     env.update(
         # The settings of this process (local or test), which install tooling: its workers must
         # know the benchmark's task.

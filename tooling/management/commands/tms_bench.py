@@ -149,9 +149,11 @@ class Command(BaseCommand):
             action="append",
             choices=THROUGH,
             default=None,
-            help="also run the steady load (sustained) and the herd with the workers, monitors and beat going "
-            "through a private PgBouncer in transaction pooling mode in front of the same PostgreSQL, and print "
-            "their ratios to the direct runs (throughput, lateness p50/p99, CPU per run)",
+            help="also run the steady load (sustained) and the herd with the platform's processes going through "
+            "something, and print their ratios to the direct runs (throughput, lateness p50/p99, CPU per run): "
+            "pgbouncer, a private PgBouncer in transaction pooling mode in front of the same PostgreSQL; ha, a "
+            "private Patroni pair (synchronous replication) and three-node RabbitMQ cluster (quorum queues), "
+            "beside the same scenarios run the same way on the configured single servers, with the servers' CPU",
         )
         parser.add_argument(
             "--pgbouncer-pool",
@@ -246,8 +248,9 @@ class Command(BaseCommand):
         pooled = through_table(results)
         if pooled:
             self.stdout.write(
-                "\n\nThrough a pooler, beside the direct run of the same scenario (ratios pooled / direct; the "
-                "figures of one run on a shared machine are noisy: compare several):\n" + "\n".join(pooled)
+                "\n\nThrough a pooler or on the HA topology, beside the direct run of the same scenario (ratios "
+                "other / direct; the figures of one run on a shared machine are noisy: compare several):\n"
+                + "\n".join(pooled)
             )
         load_after = load_average()
         self.stdout.write(f"\nload average (1, 5, 15 min): {load_before} before, {load_after} after\n")
