@@ -24,6 +24,8 @@ def _snapshot(task: Task, config: Any) -> dict[str, Any]:
 
 
 def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = None, detail: str = "") -> None:
+    """Record ``action`` on ``task`` in the audit log as the current context's actor (call it inside
+    the change's transaction)."""
     audit_record(
         action=action,
         object_type="task",
@@ -36,6 +38,8 @@ def _audit_task(task: Task, action: str, *, changes: dict[str, Any] | None = Non
 
 
 def _lock(task_id: uuid.UUID | str, *, no_key: bool = False) -> Task:
+    """The task, its row locked FOR UPDATE (FOR NO KEY UPDATE with ``no_key``) until the caller's
+    transaction ends; :class:`~tms_core.errors.GoneError` when it is deleted or no longer exists."""
     task = Task.objects.select_for_update(no_key=no_key).filter(pk=task_id).exclude(status=TaskStatus.DELETED).first()
     if task is None:
         raise GoneError("The task no longer exists.")
