@@ -19,7 +19,7 @@ from django.utils.html import format_html
 
 from notifications.models import DEFAULT_FAILING_AFTER, MAX_FAILING_AFTER, Channel, ChannelKind, Rule
 from runners.registry import runner_aliases
-from tasks_api.services import task_config_masked
+from tasks_api.task_config import task_config_masked
 from tasks_app.models import (
     MAX_AFTER,
     CalendarPolicy,

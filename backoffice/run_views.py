@@ -1,7 +1,7 @@
 """The back office's ways to start runs with an input: "Run now" (and "Start workflow with
 input" on a workflow's root) and replay, from an execution's page or the execution list.
 
-Each calls the API's service (:func:`tasks_api.services.task_trigger`,
+Each calls the API's service (:func:`tasks_api.triggers.task_trigger`,
 :func:`executions.replay.executions_replay_picked`) with the API's role rule: an operator's act;
 the input is typed in a form built from the task's ``input_schema``
 (:mod:`backoffice.run_input`) and checked by the service, its problems put on the fields. A
@@ -25,7 +25,7 @@ from backoffice.views import pretty_json
 from executions.models import TERMINAL_STATUSES
 from executions.replay import executions_replay_picked
 from executions.serializers import masked_input
-from tasks_api.services import task_trigger, trigger_words
+from tasks_api.triggers import task_trigger, trigger_words
 from tasks_api.workflows import task_neighbours
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, exception_messages

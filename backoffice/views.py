@@ -45,7 +45,12 @@ from executions.transitions import RETRYABLE_STATUSES
 from executions.workflow_runs import workflow_run_read
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
+from tasks_api.backfill import task_backfill
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_api.hooks import hook_url, task_hook_delete, task_hook_set
+from tasks_api.lifecycle import task_delete, task_pause, task_resume
+from tasks_api.moving import task_move
 from tasks_api.selector_serializers import (
     OccurrencesQuerySerializer,
     WhyQuerySerializer,
@@ -57,17 +62,8 @@ from tasks_api.serializers import (
     TaskCreateSerializer,
     TaskUpdateSerializer,
 )
-from tasks_api.services import (
-    task_backfill,
-    task_config_masked,
-    task_create,
-    task_delete,
-    task_move,
-    task_pause,
-    task_resume,
-    task_update,
-)
 from tasks_api.states import task_next_run, task_state, with_state
+from tasks_api.task_config import task_config_masked
 from tasks_api.workflows import follower_words, task_neighbours
 from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus, Team, TeamRole

@@ -114,7 +114,7 @@ class Execution(models.Model):
     #: (``executions.transitions.executions_claim_loaded``), a hint for how its end is written.
     followed: bool = False
     #: Its task's team, copied when it is created like ``owner_id`` (and rewritten when the task
-    #: moves to another team, :func:`tasks_api.services.task_move`), so that "the runs of my
+    #: moves to another team, :func:`tasks_api.moving.task_move`), so that "the runs of my
     #: teams" reads the executions alone, and the monitor's fair pick reads each team's next due
     #: runs from one index (``execution_team_fair_idx``) instead of joining every due row to its
     #: task: 0.6 ms instead of 22 ms a pick with 10,000 runs due. No foreign key: history
@@ -426,7 +426,7 @@ class TaskRollup(models.Model):
         "tasks_app.Task", on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
     #: The task's team (the execution's, when it ended; moved with the task,
-    #: :func:`tasks_api.services.task_move`). No foreign key, as :attr:`RunRollup.team_id`.
+    #: :func:`tasks_api.moving.task_move`). No foreign key, as :attr:`RunRollup.team_id`.
     team_id = models.IntegerField()
     attempts = models.PositiveIntegerField(default=0, db_default=0)
     failures = models.PositiveIntegerField(default=0, db_default=0)

@@ -1,9 +1,9 @@
 """The task admin: every write goes through the task services, exactly as the API's.
 
-* Add calls :func:`~tasks_api.services.task_create` (the task is materialised: its first
+* Add calls :func:`~tasks_api.creation.task_create` (the task is materialised: its first
   executions exist, ``next_run_at`` and ``why`` are right), change calls
-  :func:`~tasks_api.services.task_update` with the fields that changed (only updatable fields are
-  editable), delete calls :func:`~tasks_api.services.task_delete` (a soft delete that cancels the
+  :func:`~tasks_api.editing.task_update` with the fields that changed (only updatable fields are
+  editable), delete calls :func:`~tasks_api.lifecycle.task_delete` (a soft delete that cancels the
   task's active executions). Input is checked by the API's own serializers first, so the admin
   accepts exactly what the API accepts, and every refusal lands on the form field it is about.
 * ``status`` is read-only; the pause, resume and run-now actions change it, in bulk on a filtered
@@ -33,19 +33,14 @@ from executions.admin import error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
 from tasks_api.calendars import CALENDAR_FIELDS, calendar_create, calendar_delete, calendar_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
+from tasks_api.lifecycle import task_delete, task_pause, task_resume
 from tasks_api.limits import limit_create, limit_delete, limit_update
 from tasks_api.serializers import TaskCreateSerializer, TaskUpdateSerializer
-from tasks_api.services import (
-    task_config_masked,
-    task_create,
-    task_delete,
-    task_pause,
-    task_resume,
-    task_trigger,
-    task_update,
-    trigger_words,
-)
 from tasks_api.states import task_next_run, task_state, with_state
+from tasks_api.task_config import task_config_masked
+from tasks_api.triggers import task_trigger, trigger_words
 from tasks_api.workflows import Neighbour, task_after_entries, task_neighbours
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS

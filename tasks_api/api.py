@@ -21,7 +21,13 @@ from rest_framework.views import APIView
 from executions.models import Execution
 from executions.serializers import ExecutionDetailSerializer
 from executions.services import executions_materialise
+from tasks_api.backfill import task_backfill
+from tasks_api.checks import calendar_resolve
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
+from tasks_api.lifecycle import task_delete, task_pause, task_resume
+from tasks_api.moving import task_move
 from tasks_api.selector_serializers import (
     OccurrencesQuerySerializer,
     OccurrenceWindowSerializer,
@@ -45,19 +51,8 @@ from tasks_api.serializers import (
     TaskUpdateSerializer,
     TriggerSerializer,
 )
-from tasks_api.services import (
-    calendar_resolve,
-    task_backfill,
-    task_check_input,
-    task_create,
-    task_delete,
-    task_move,
-    task_pause,
-    task_resume,
-    task_trigger,
-    task_update,
-)
 from tasks_api.states import with_state
+from tasks_api.triggers import task_check_input, task_trigger
 from tasks_app.calendars import CalendarRules
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words

@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from executions.models import ExecutionStatus
-from tasks_api.services import task_replan
+from tasks_api.replan import task_replan
 from tasks_app.audit import audit_diff, audit_record
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
@@ -164,7 +164,7 @@ def calendar_create(
 def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: str) -> Calendar:
     """Change a calendar (partial). A change of what it closes re-plans every task using it
     (not deleted): their SCHEDULED executions that never started are replaced by ones placed
-    by the new calendar (:func:`~tasks_api.services.task_replan`); running, published and
+    by the new calendar (:func:`~tasks_api.replan.task_replan`); running, published and
     finished ones are left alone. Audited."""
     unknown = set(changes) - set(CALENDAR_FIELDS)
     if unknown:

@@ -18,8 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from executions.models import Execution, ExecutionStatus
+from tasks_api.creation import task_create
 from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
-from tasks_api.services import task_create
 from tasks_app.models import Task, TaskStatus
 from tasks_app.team_scope import TeamScopedMixin
 from tms_core.api.base import BlankIsNone, BoundedDateTimeField, StrictInputMixin

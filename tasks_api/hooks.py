@@ -2,7 +2,7 @@
 
 A trigger URL (:class:`tasks_app.models.TaskHook`) lets an outside system start a run of one
 task without a user's token, proving itself with the URL's own secret (:mod:`tasks_app.hooks`).
-A run it starts goes through :func:`tasks_api.services.task_trigger`, as ``POST
+A run it starts goes through :func:`tasks_api.triggers.task_trigger`, as ``POST
 /api/v1/tasks/{id}/trigger`` does, so the team's quota, ``trigger_debounce`` and the
 ``Idempotency-Key`` header behave the same; the audit log names the trigger URL as who acted.
 """
@@ -20,7 +20,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
-from tasks_api.services import _lock, task_check_input, task_trigger
+from tasks_api.task_writes import _lock
+from tasks_api.triggers import task_check_input, task_trigger
 from tasks_app.audit import acting_token, audit_context, audit_record
 from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret, hook_signature_remember
 from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint, trigger_url_scope

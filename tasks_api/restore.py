@@ -1,5 +1,5 @@
 """Restore a task's earlier version: its settings as they were then, applied as a change like any
-other (the API's PATCH rules, :func:`tasks_api.services.task_update`), so it is audited, makes a
+other (the API's PATCH rules, :func:`tasks_api.editing.task_update`), so it is audited, makes a
 new version and replaces the runs that have not started where a PATCH would.
 
 A version holds its config with every secret masked (:mod:`tasks_app.versions`): a restore keeps
@@ -16,8 +16,9 @@ from typing import Any
 
 from rest_framework.exceptions import ValidationError
 
+from tasks_api.editing import task_update
 from tasks_api.serializers import TaskUpdateSerializer
-from tasks_api.services import task_config, task_update
+from tasks_api.task_config import task_config
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.masking import MASK
 from tasks_app.models import Task, TaskVersion, TeamRole

@@ -13,9 +13,10 @@ from rest_framework import serializers
 
 from executions.models import Execution
 from executions.serializers import CancelReportSerializer, InputField
+from tasks_api.checks import task_check_rules
 from tasks_api.limits import task_limit_names
-from tasks_api.services import task_check_rules, task_config, task_config_masked, task_validate_runner
 from tasks_api.states import TaskState, task_next_run, task_state
+from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
@@ -41,6 +42,7 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
+from tasks_app.run_config import task_validate_runner
 from tasks_app.run_input import check_input_fills, check_input_schema
 from tasks_app.schedule_words import schedule_words
 from tasks_app.schedules import (
@@ -170,7 +172,7 @@ def localize_wall_times(attrs: dict[str, Any], timezone: str) -> None:
 class OwnArtifactField(serializers.PrimaryKeyRelatedField):
     """An artifact by id: one of your teams' (another team's id is "does not exist"); any with
     the permission to change anyone's tasks (superusers), not for read-only support staff. That
-    it is of the task's own team is the service's check (:func:`tasks_api.services.artifact_check_team`)."""
+    it is of the task's own team is the service's check (:func:`tasks_api.checks.artifact_check_team`)."""
 
     def get_queryset(self) -> QuerySet[Artifact]:
         queryset = Artifact.objects.all()
@@ -525,7 +527,7 @@ def _has_nul(value: Any) -> bool:
 
 
 def check_task(attrs: Mapping[str, Any]) -> None:
-    """The services' cross-field rules (:func:`~tasks_api.services.task_check_rules`) as this
+    """The services' cross-field rules (:func:`~tasks_api.checks.task_check_rules`) as this
     serializer's errors, so that a list of tasks reports them per item."""
     try:
         task_check_rules(attrs)
@@ -664,7 +666,7 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         assert task is not None  # an update serializer is always bound to the task it changes
         localize_wall_times(attrs, attrs.get("timezone", task.timezone))
         plain = task_config(task)
-        # The team is not a setting of the task's own: a move is checked by tasks_api.services.task_move.
+        # The team is not a setting of the task's own: a move is checked by tasks_api.moving.task_move.
         checked = {name: value for name, value in attrs.items() if name != "team"}
         if "config" in attrs:
             # A secret sent back as its mask keeps its stored value (the runner checks the real

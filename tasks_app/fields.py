@@ -71,7 +71,7 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     *_settings(OTHER, "tracing_id", "expose_metrics"),
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),
     # The team it belongs to (its members see and run it by their role): set when it is created
-    # (audited as its id) and changed only by tasks_api.services.task_move (editor in both teams,
+    # (audited as its id) and changed only by tasks_api.moving.task_move (editor in both teams,
     # its own audit entry), never by a partial update's setattr.
     TaskField("team", OTHER, updatable=False),
     _state("owner", shown=False),  # who created it (its quotas are its team's)

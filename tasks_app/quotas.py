@@ -16,7 +16,7 @@ A check that spans several teams (a replay of several teams' runs) locks them in
 Which creations count against the hourly execution quota: those a user asks for (run now,
 backfill, retry, replay, materialise on request). The scheduler's own occurrences do not: they
 are bounded by the task quota and the runners' minimum intervals (see
-:func:`tasks_api.services.task_check_min_interval`).
+:func:`tasks_api.checks.task_check_min_interval`).
 """
 
 from __future__ import annotations

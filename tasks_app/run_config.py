@@ -1,8 +1,9 @@
 """A runner config as the runner judges it, for a task's change and for a single run's override.
 
-A task's config is checked here when it is created or changed (:mod:`tasks_api.services`), and so
-is a replay's partial config (:func:`config_override`, ``POST /api/v1/executions/replay``): the
-same size limit, reserved key, runner validation and secret rules, whoever asks.
+A task's config is checked here when it is created or changed (:mod:`tasks_api.creation`,
+:mod:`tasks_api.editing`), and so is a replay's partial config (:func:`config_override`, ``POST
+/api/v1/executions/replay``): the same size limit, reserved key, runner validation and secret
+rules, whoever asks.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tasks_app.models import TaskVersion
 from tms_core.bulk import JsonText, insert_columns
 
 #: Kept out of a snapshot: the lifecycle (pause, resume, completion) and the team (who may see
-#: and act on it, moved by tasks_api.services.task_move) are not settings the run uses.
+#: and act on it, moved by tasks_api.moving.task_move) are not settings the run uses.
 NOT_VERSIONED = frozenset({"status", "team"})
 
 

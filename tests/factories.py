@@ -21,7 +21,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 
 
 class TaskFactory(factory.django.DjangoModelFactory):
-    """A task row without executions; use ``tasks_api.services.task_create`` to materialise."""
+    """A task row without executions; use ``tasks_api.creation.task_create`` to materialise."""
 
     class Meta:
         model = Task

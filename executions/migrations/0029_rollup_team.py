@@ -7,7 +7,7 @@ The rows already there go, set-based:
   where that owner's tasks were; a row of a user deleted since goes to no team (0: staff only,
   as executions 0025 did for their runs), rows that then share a key added into one;
 * a task's hour to the team the task is in now (where its executions are since executions
-  0025, and where its hours go when it moves: tasks_api.services.task_move), else its owner's
+  0025, and where its hours go when it moves: tasks_api.moving.task_move), else its owner's
   personal team, else 0.
 
 The status trigger writes the execution's ``team_id`` where it wrote its ``owner_id``: installed

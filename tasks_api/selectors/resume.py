@@ -37,7 +37,7 @@ def _plural(count: int, one: str, many: str | None = None) -> str:
 
 
 def resume_preview(task: Task) -> ResumePreview | None:
-    """What :func:`tasks_api.services.task_resume` would do to ``task`` now (None unless paused)."""
+    """What :func:`tasks_api.lifecycle.task_resume` would do to ``task`` now (None unless paused)."""
     if task.status != TaskStatus.PAUSED or task.next_run_at is None:
         return None
     now = db_now()

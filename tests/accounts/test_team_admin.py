@@ -17,7 +17,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from accounts.service_accounts import service_account_create
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Membership, Team
 from tasks_app.teams import member_set, team_create
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.tokens import token_create
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Membership, TaskHook
 from tasks_app.teams import team_create
 from tests.conftest import client_for

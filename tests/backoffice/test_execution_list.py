@@ -15,7 +15,7 @@ from django.utils import timezone
 from backoffice.views import PAGE_SIZE
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.backoffice.helpers import walk_pages
 from tests.factories import ExecutionFactory
 from tms_core.api.keyset import Position, encode_cursor

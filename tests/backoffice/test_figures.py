@@ -16,7 +16,7 @@ from executions.materialiser import materialise_due
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
 from executions.rollup import rollup_rebuild
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import csrf_client, csrf_token, run
 from tests.factories import ExecutionFactory, TaskFactory

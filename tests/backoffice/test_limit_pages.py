@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from backoffice.limit_views import parse_windows, windows_text
+from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_create
 from tasks_app.models import AuditEntry, Limit
 from tasks_app.teams import member_set, team_create
 

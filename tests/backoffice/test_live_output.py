@@ -14,7 +14,7 @@ from executions.runs import run_spec
 from runners.base import BaseRunner, RunHandle, RunSpec
 from runners.kubernetes import KubernetesRunner
 from runners.registry import get_runner
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.emulators.kubernetes import KubernetesEmulator
 from tests.factories import ExecutionFactory
 

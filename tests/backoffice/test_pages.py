@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.masking import MASK
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import csrf_client, csrf_token, run
@@ -605,7 +605,7 @@ def test_a_paused_task_lists_no_fire_time_twice_nor_ahead_and_its_next_run_after
     while paused", and right after resume "Next run" showed a time already past."""
     from django.db.models.functions import Now
 
-    from tasks_api.services import task_pause, task_resume
+    from tasks_api.lifecycle import task_pause, task_resume
 
     now = timezone.now().replace(microsecond=0)
     start = now - timedelta(minutes=10, seconds=30)

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 from accounts.support_group import ensure_support_group
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import csrf_client, run
 from tests.factories import ExecutionFactory

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry
 from tests.factories import ExecutionFactory
 

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from executions.models import Execution, ExecutionOrigin
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.workflows import after as _after
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.backoffice.helpers import run
 
 pytestmark = pytest.mark.django_db

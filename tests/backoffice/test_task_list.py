@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.backoffice.helpers import walk_pages
 from tms_core.api.keyset import Position, encode_cursor

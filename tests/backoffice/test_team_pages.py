@@ -9,7 +9,7 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Membership, Team
 from tasks_app.teams import member_set, team_create
 from tests.backoffice.helpers import run

@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tasks_api.services import task_create, task_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_app.models import AuditEntry, Task, TaskVersion
 
 pytestmark = pytest.mark.django_db

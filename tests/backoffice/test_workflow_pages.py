@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from executions.models import Execution
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.workflows import after as _after
 from tests.workflows import end as _end
 

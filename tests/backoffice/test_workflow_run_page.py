@@ -10,7 +10,7 @@ import pytest
 
 from executions.models import Execution, ExecutionOrigin
 from executions.workflow_runs import SKIPPED, WAITING, RunState, workflow_run_read
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.workflows import after as _after
 from tests.workflows import end as _end
 

@@ -57,7 +57,8 @@ def _environment() -> None:
 
 def seed(operator, alice) -> dict[str, object]:
     """The tasks the screenshots show, created through the services as the API creates them."""
-    from tasks_api.services import task_create, task_pause
+    from tasks_api.creation import task_create
+    from tasks_api.lifecycle import task_pause
 
     sh = "/bin/sh"
     tasks = {

@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from executions.models import SkippedOccurrence
 from notifications import services as notification_services
 from notifications.models import Delivery
-from tasks_api.services import task_create, task_pause
+from tasks_api.creation import task_create
+from tasks_api.lifecycle import task_pause
 from tasks_app.teams import member_set, team_create
 from tests.backoffice.helpers import run
 

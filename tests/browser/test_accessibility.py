@@ -17,8 +17,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from accounts.service_accounts import service_account_create
 from tasks_api.calendars import calendar_create
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_api.limits import limit_create
-from tasks_api.services import task_create, task_update
 from tasks_app.models import Task
 from tests.browser.axe import BLOCKING, axe_run, axe_version, describe, impact_counts
 from tests.browser.conftest import log_in

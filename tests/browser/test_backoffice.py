@@ -14,7 +14,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.triggers import task_trigger
 from tasks_app.models import Task
 from tests.browser.conftest import log_in, wait_text
 from tests.processes import wait_for

@@ -7,7 +7,7 @@ from selenium.webdriver.common.by import By
 
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.backoffice.helpers import run
 from tests.browser.conftest import log_in, platform_running, wait_text
 from tms_core.clock import db_now

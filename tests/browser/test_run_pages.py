@@ -16,7 +16,8 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from executions.models import Execution, ExecutionOrigin
-from tasks_api.services import task_create, task_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_app.models import Task
 from tasks_app.teams import member_set, team_create
 from tests.backoffice.helpers import run

@@ -14,8 +14,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_create
 from tasks_app.models import Calendar, Task, TaskDependency
 from tasks_app.teams import team_create
 from tests.browser.axe import BLOCKING, axe_run, describe, impact_counts

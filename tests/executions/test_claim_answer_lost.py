@@ -22,7 +22,7 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.tasks import drop_unusable_connections
 from executions.transitions.worker import TAKE_BACK_DETAIL
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.factories import TaskFactory, UserFactory
 from tests.tcp_proxy import TcpProxy
 from tooling.harness.ledger import LedgerServer

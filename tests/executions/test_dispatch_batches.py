@@ -22,7 +22,7 @@ from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
 from executions.transitions import Dispatch
-from tasks_api.services import task_bulk_create
+from tasks_api.creation import task_bulk_create
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready

@@ -19,7 +19,7 @@ from executions import fairness, transitions
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
 from executions.monitor import Monitor
-from tasks_api.services import task_bulk_create
+from tasks_api.creation import task_bulk_create
 from tasks_app.models import Membership, TeamQuota, TeamRole
 from tasks_app.quotas import owner_limits, owner_quota_set, team_limits, team_quota_set
 from tasks_app.teams import personal_team_of, team_create

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.factories import UserFactory
 from tests.processes import LOG_DIR, running, start_monitor, start_worker, wait_for, wait_worker_ready
 

@@ -16,7 +16,7 @@ from django.db import connection
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.notify import CHANNEL
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, wait_for
 

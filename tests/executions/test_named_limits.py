@@ -14,8 +14,8 @@ import pytest
 
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
+from tasks_api.creation import task_bulk_create, task_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_bulk_create, task_create
 from tests.executions.test_max_concurrency import _max_overlap
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready

@@ -26,7 +26,7 @@ from hypothesis.stateful import run_state_machine_as_test as run_machine
 from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionOrigin, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from tasks_api import services as task_services
+from tasks_api.replan import _supersede
 from tasks_app.models import OverlapPolicy
 from tests.factories import TaskFactory
 
@@ -104,7 +104,7 @@ class OverlapMachine(RuleBasedStateMachine):
     final), asynchronous run started (lease released, poll due). Writers are the holder, the
     last holder (stale once it was cancelled or handed back) or any worker on a shifted attempt.
     Users cancel; schedule edits (SCHEDULED | PENDING) and pauses (SCHEDULED) supersede
-    never-started occurrences, through ``tasks_api.services._supersede`` or the transition on
+    never-started occurrences, through ``tasks_api.replan._supersede`` or the transition on
     one execution. Time passes: queued executions come due, silent workers' leases run out.
     """
 
@@ -382,7 +382,7 @@ class OverlapMachine(RuleBasedStateMachine):
     def user_acts(self, data: st.DataObject, among: str, action: str, only_from: frozenset[str]) -> None:
         """A user cancels ``execution``; or the task's schedule is edited (superseding what is
         SCHEDULED or PENDING) or the task paused (SCHEDULED): ``supersede all`` is
-        ``tasks_api.services._supersede`` over the task, which supersedes the scheduled
+        ``tasks_api.replan._supersede`` over the task, which supersedes the scheduled
         occurrences that never started (triggered runs and retries stay); ``supersede one`` is
         the transition behind it on ``execution`` alone, whatever its origin."""
         execution = self._pick(data, among)
@@ -400,7 +400,7 @@ class OverlapMachine(RuleBasedStateMachine):
                 for i, e in self.model.items()
                 if e.origin == ExecutionOrigin.SCHEDULE and e.status in only_from and not e.started
             }
-            instants = task_services._supersede(self.task, only_from=only_from, actor="user", reason="replaced")
+            instants = _supersede(self.task, only_from=only_from, actor="user", reason="replaced")
             assert sorted(instants) == sorted(self.model[i].scheduled_for for i in targets)
         else:
             outcome = transitions.execution_cancel(

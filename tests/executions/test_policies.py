@@ -10,7 +10,8 @@ import pytest
 
 from executions.models import ACTIVE_STATUSES, Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_pause, task_resume
+from tasks_api.creation import task_create
+from tasks_api.lifecycle import task_pause, task_resume
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 from tms_core.clock import db_now

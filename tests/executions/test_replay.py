@@ -15,8 +15,9 @@ from executions import replay, transitions, worker_services
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
 from executions.retention import retention_prune
+from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_create, task_trigger
+from tasks_api.triggers import task_trigger
 from tasks_app.models import AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import config_open

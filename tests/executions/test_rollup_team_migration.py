@@ -14,7 +14,7 @@ from django.utils import timezone
 from executions import transitions
 from executions.dashboard import dashboard_snapshot
 from executions.models import RunRollup, TaskRollup
-from tasks_api.services import task_move
+from tasks_api.moving import task_move
 from tasks_app.teams import member_set, team_create
 from tests.factories import TaskFactory, UserFactory
 

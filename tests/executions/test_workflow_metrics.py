@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from executions.models import Execution
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.workflows import after, end
 from tms_core.metrics import REGISTRY
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from executions.models import Execution, ExecutionOrigin
-from tasks_api.services import task_create, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.triggers import task_trigger
 from tests.workflows import after, end
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,9 @@ from django.db import connection, connections, transaction
 from executions import transitions
 from executions.models import Execution, ExecutionEvent, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_pause, task_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
+from tasks_api.lifecycle import task_pause
 
 pytestmark = pytest.mark.django_db
 

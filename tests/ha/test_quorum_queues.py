@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_bulk_create
+from tasks_api.creation import task_bulk_create
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 from tooling.harness.ledger import LedgerServer

@@ -56,7 +56,7 @@ from django.utils import timezone
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, SkippedOccurrence, Worker, WorkerStatus
 from executions.models import ExecutionStatus as S
 from executions.periodic import register_periodic_tasks
-from tasks_api.services import task_bulk_create
+from tasks_api.creation import task_bulk_create
 from tasks_app.models import Task, TaskStatus
 from tests.conftest import account_key_for
 from tests.factories import UserFactory

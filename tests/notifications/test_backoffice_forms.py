@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from notifications.models import Channel, Delivery, Rule
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry
 from tests.backoffice.helpers import csrf_client, csrf_token
 

@@ -13,7 +13,7 @@ from executions.models import Execution, ExecutionOrigin
 from notifications import dispatch, services
 from notifications.models import Delivery, Outbox, RuleState
 from notifications.senders import render_text
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.workflows import after, end
 
 pytestmark = pytest.mark.django_db

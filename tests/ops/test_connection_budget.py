@@ -242,7 +242,7 @@ class ConnectionsByName:
 def test_each_process_kind_holds_no_more_connections_than_its_stated_budget(user):
     """The budget docs/deployment.md's "Scaling out" states, per process, measured on the real processes while
     they work: a worker (2 pool processes) running short and long runs, the monitor, beat, Flower."""
-    from tasks_api.services import task_create
+    from tasks_api.creation import task_create
     from tests.processes import start_monitor, start_worker
 
     register_periodic_tasks()

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.executions.test_recovery import FAST
 from tests.factories import UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready

@@ -13,7 +13,8 @@ from django.utils import timezone
 from executions import transitions, worker_services
 from executions.models import Execution, ExecutionStatus
 from runners.base import RunState
-from tasks_api.services import task_create, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.triggers import task_trigger
 from tasks_app.models import QuotaUse, Task
 from tests.runners.test_email import REPORT, SMTP_BACKEND, mailbox, make_spec, smtp_runner  # noqa: F401
 

@@ -148,7 +148,7 @@ def test_a_resent_function_start_waits_out_409_and_adopts_the_run():
 def test_a_worker_killed_mid_request_is_resumed_to_success_with_one_launch():
     from executions.models import Execution
     from executions.models import ExecutionStatus as S
-    from tasks_api.services import task_create
+    from tasks_api.creation import task_create
     from tests.factories import UserFactory
     from tests.processes import running, start_monitor, start_worker, wait_for, wait_worker_ready
 

@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.artifacts import artifact_create
 from tests.emulators.function_platform import FunctionPlatformEmulator
 from tests.factories import UserFactory

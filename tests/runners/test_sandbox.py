@@ -173,7 +173,7 @@ def artifact_settings(settings: Any, tmp_path: Path) -> Any:
 
 
 def _artifact_task(owner: Any) -> Any:
-    from tasks_api.services import task_create
+    from tasks_api.creation import task_create
     from tasks_app.artifacts import artifact_create
 
     artifact = artifact_create(owner=owner, upload=SimpleUploadedFile("hello.sh", ARTIFACT))

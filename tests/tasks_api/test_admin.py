@@ -21,8 +21,9 @@ from django.utils.duration import duration_string
 from accounts.support_group import SUPPORT_GROUP
 from executions.models import Execution, ExecutionEvent, SkippedOccurrence
 from executions.models import ExecutionStatus as S
+from tasks_api.creation import task_create
 from tasks_api.selectors import task_why
-from tasks_api.services import task_config, task_create
+from tasks_api.task_config import task_config
 from tasks_app.masking import MASK, mask_config, unmask_config
 from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from executions.models import Execution, ExecutionEvent, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Task, TaskStatus
 from tests.factories import ExecutionFactory, TaskFactory
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from executions.models import Execution
-from tasks_api.services import task_bulk_create
+from tasks_api.creation import task_bulk_create
 from tasks_app.models import AuditAction, AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import ENCRYPTED, MASK

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from backoffice.forms import TaskForm
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Task, TaskVersion
 from tasks_app.secrets import config_open
 from tasks_app.teams import member_set, team_create

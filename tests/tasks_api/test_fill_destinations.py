@@ -15,7 +15,8 @@ from django.utils import timezone
 from executions.models import Execution
 from executions.runs import run_spec
 from runners.registry import get_runner, runner_aliases
-from tasks_api.services import task_create, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.triggers import task_trigger
 from tasks_app.models import Task
 from tasks_app.run_input import check_input_fills
 from tasks_app.secrets import config_open

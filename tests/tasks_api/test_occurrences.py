@@ -11,7 +11,9 @@ from executions import transitions
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_delete, task_pause, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.lifecycle import task_delete, task_pause
+from tasks_api.triggers import task_trigger
 from tasks_app.models import Task
 from tests.factories import ExecutionFactory, TaskFactory
 

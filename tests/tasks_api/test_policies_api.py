@@ -10,7 +10,7 @@ from django.utils import timezone
 from executions.materialiser import materialise_task
 from executions.models import Execution, SkippedOccurrence
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.factories import ExecutionFactory
 
 pytestmark = pytest.mark.django_db

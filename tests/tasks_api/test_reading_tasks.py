@@ -13,7 +13,8 @@ from rest_framework.test import APIClient
 
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_pause
+from tasks_api.creation import task_create
+from tasks_api.lifecycle import task_pause
 from tasks_app.models import Task
 from tests.factories import ExecutionFactory, TaskFactory
 

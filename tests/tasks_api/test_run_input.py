@@ -19,7 +19,8 @@ from rest_framework.test import APIClient
 from executions import transitions, worker_services
 from executions.models import Execution, ExecutionOrigin, ExecutionStatus
 from executions.runs import run_spec
-from tasks_api.services import task_create, task_trigger
+from tasks_api.creation import task_create
+from tasks_api.triggers import task_trigger
 from tasks_app.models import AuditEntry, Task, TaskVersion
 from tasks_app.run_input import INPUT_MAX_CHARS, config_filled
 from tasks_app.secrets import config_open

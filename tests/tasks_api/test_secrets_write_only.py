@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from notifications import services as channel_services
 from notifications.models import Channel
-from tasks_api.services import task_config, task_create
+from tasks_api.creation import task_create
+from tasks_api.task_config import task_config
 from tasks_app.masking import MASK
 from tasks_app.models import AuditEntry, Task
 from tests.conftest import client_for

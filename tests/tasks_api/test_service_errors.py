@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from executions.models import Execution
 from executions.services import executions_materialise
-from tasks_api.services import task_backfill, task_bulk_create, task_create, task_update
+from tasks_api.backfill import task_backfill
+from tasks_api.creation import task_bulk_create, task_create
+from tasks_api.editing import task_update
 from tasks_app.idempotency import idempotency_key_clean
 from tasks_app.models import Task
 from tms_core.errors import InvalidInput
@@ -23,7 +25,16 @@ pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules callers outside the API use (admin, pages, commands): no DRF errors, no API settings.
 SERVICE_MODULES = [
-    "tasks_api/services.py",
+    "tasks_api/backfill.py",
+    "tasks_api/checks.py",
+    "tasks_api/creation.py",
+    "tasks_api/editing.py",
+    "tasks_api/lifecycle.py",
+    "tasks_api/moving.py",
+    "tasks_api/replan.py",
+    "tasks_api/task_config.py",
+    "tasks_api/task_writes.py",
+    "tasks_api/triggers.py",
     "tasks_app/idempotency.py",
     "tasks_app/artifacts.py",
     "executions/services.py",

@@ -10,8 +10,9 @@ from django.contrib.admin.utils import flatten_fieldsets
 from django.db import models
 
 from tasks_api.admin import TaskAdmin
+from tasks_api.creation import task_create
+from tasks_api.editing import RUN_FIELDS, SCHEDULE_FIELDS, task_update
 from tasks_api.serializers import TaskCreateSerializer, TaskSerializer, TaskUpdateSerializer, read_fields
-from tasks_api.services import RUN_FIELDS, SCHEDULE_FIELDS, task_create, task_update
 from tasks_app import fields as task_fields
 from tasks_app.models import AuditAction, AuditEntry, Limit, Task, TaskDependency
 from tms_core.errors import InvalidInput
@@ -50,7 +51,7 @@ def test_each_place_is_where_the_declaration_puts_it():
     settings = set(task_fields.SETTINGS)
     assert set(TaskCreateSerializer().fields) == settings, "the create API takes every setting"
     assert set(TaskUpdateSerializer().fields) == settings
-    # The team changes by a move (tasks_api.services.task_move), not by a partial update's setattr.
+    # The team changes by a move (tasks_api.moving.task_move), not by a partial update's setattr.
     assert settings - {"artifact", "team"} == task_fields.UPDATABLE_FIELDS
     assert SCHEDULE_FIELDS | RUN_FIELDS <= task_fields.UPDATABLE_FIELDS
     shown = set(task_fields.names(shown=True)) - {"next_run_at"}

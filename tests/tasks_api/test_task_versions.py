@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from executions.models import Execution
-from tasks_api.services import task_create, task_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
 from tasks_app.models import Task, TaskVersion
 
 pytestmark = pytest.mark.django_db

@@ -19,8 +19,8 @@ from notifications import dispatch
 from notifications import services as notify
 from notifications.models import Delivery, Outbox
 from tasks_api.calendars import calendar_create
+from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_create
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Task
 from tasks_app.teams import member_set, team_create

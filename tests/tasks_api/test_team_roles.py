@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from accounts.support_group import ensure_support_group
 from executions.models import Execution, ExecutionStatus
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Membership, Task, TaskStatus, Team, TeamRole
 from tasks_app.teams import member_set, team_create
 from tests.factories import ExecutionFactory

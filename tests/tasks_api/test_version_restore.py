@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Task, TaskVersion
 from tasks_app.secrets import config_open
 from tasks_app.teams import member_set, team_create

@@ -18,7 +18,10 @@ from django.utils import timezone
 
 from executions.materialiser import materialise_due, materialise_task
 from executions.models import Execution, ExecutionOrigin
-from tasks_api.services import task_bulk_create, task_create, task_resume, task_trigger, task_update
+from tasks_api.creation import task_bulk_create, task_create
+from tasks_api.editing import task_update
+from tasks_api.lifecycle import task_resume
+from tasks_api.triggers import task_trigger
 from tasks_app.models import AuditEntry, Task, TaskStatus
 from tests.workflows import after, end
 
@@ -99,7 +102,7 @@ def test_every_later_run_of_an_edited_diamond_starts_all_its_steps(user):
 
 
 def test_a_paused_then_resumed_follower_stays_active_and_runs(user):
-    from tasks_api.services import task_pause
+    from tasks_api.lifecycle import task_pause
 
     upstream = task_create(owner=user, runner="noop")
     follower = task_create(owner=user, runner="noop", after=after((upstream, "success")))

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from executions.models import Execution, ExecutionOrigin
+from tasks_api.creation import task_create
 from tasks_api.selectors import task_why
-from tasks_api.services import task_create
 from tests.workflows import after as _after
 from tests.workflows import end as _end
 

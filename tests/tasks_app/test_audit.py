@@ -13,7 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 from executions.models import Execution
-from tasks_api.services import task_create, task_pause
+from tasks_api.creation import task_create
+from tasks_api.lifecycle import task_pause
 from tasks_app.audit import audit_context, audit_record
 from tasks_app.masking import MASK
 from tasks_app.models import AuditEntry, Task, TaskStatus

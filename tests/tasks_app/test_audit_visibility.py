@@ -9,7 +9,9 @@ import pytest
 from django.utils import timezone
 
 from accounts.tokens import token_create
-from tasks_api.services import task_create, task_move, task_update
+from tasks_api.creation import task_create
+from tasks_api.editing import task_update
+from tasks_api.moving import task_move
 from tasks_app.audit import audit_context
 from tasks_app.models import TeamRole
 from tasks_app.teams import member_remove, member_set, team_create

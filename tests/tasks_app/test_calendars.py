@@ -22,7 +22,7 @@ import pytest
 from executions.materialiser import materialise_task
 from executions.models import Execution, SkippedOccurrence
 from tasks_api.calendars import calendar_create
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.calendars import CalendarRules, calendar_place
 
 BERLIN, NEW_YORK = "Europe/Berlin", "America/New_York"

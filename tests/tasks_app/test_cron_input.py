@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from executions.models import Execution
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import Task
 from tasks_app.schedules import ScheduleError, validate_cron
 

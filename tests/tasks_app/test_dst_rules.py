@@ -166,7 +166,7 @@ def test_dst_rules_that_would_do_nothing_or_are_unknown_are_a_400_on_the_field(a
 
 @pytest.mark.django_db
 def test_the_back_office_edits_the_rules_and_shows_them(client, user):
-    from tasks_api.services import task_create
+    from tasks_api.creation import task_create
 
     task = task_create(owner=user, runner="noop", cron="30 2 * * *", timezone=BERLIN)
     client.force_login(user)

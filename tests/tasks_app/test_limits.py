@@ -15,7 +15,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from executions.models import Execution
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.models import ApiIdempotencyKey, Artifact, QuotaUse, Task, TeamQuota
 from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap

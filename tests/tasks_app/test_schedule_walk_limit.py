@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from executions.materialiser import materialise_task
 from executions.models import Execution, SkippedOccurrence
-from tasks_api.services import task_backfill, task_create
+from tasks_api.backfill import task_backfill
+from tasks_api.creation import task_create
 from tasks_app.schedules import MAX_WALK, MAX_WALK_YEARS, Schedule, WalkTooLong
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput

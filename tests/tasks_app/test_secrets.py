@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionEvent
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_config, task_create
+from tasks_api.creation import task_create
+from tasks_api.task_config import task_config
 from tasks_app.masking import MASK
 from tasks_app.models import ApiIdempotencyKey, AuditEntry, Task
 from tasks_app.secrets import config_masked, config_open, config_seal, redact, secret_paths, secret_values

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
-from tasks_api.services import task_create, task_move
+from tasks_api.creation import task_create
+from tasks_api.moving import task_move
 from tasks_app.models import AuditEntry, Membership, QuotaUse, Task, Team, TeamQuota, TeamRole
 from tasks_app.quotas import owner_limits, owner_quota_set, rate_take, team_limits, team_quota_set
 from tasks_app.teams import personal_team_of, team_create

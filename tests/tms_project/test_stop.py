@@ -23,7 +23,7 @@ import psutil
 import psycopg2
 import pytest
 
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tests.factories import UserFactory
 from tests.processes import LOG_DIR, ROOT, ManagedProcess, running, start_monitor, start_worker, wait_for
 from tms_core import embedded_db
@@ -105,7 +105,7 @@ def _running_executions(var: Path) -> int:
 def _create_long_run(env: dict[str, str]) -> None:
     script = (
         "from django.contrib.auth import get_user_model\n"
-        "from tasks_api.services import task_create\n"
+        "from tasks_api.creation import task_create\n"
         "owner = get_user_model().objects.create_user('stopper')\n"
         f"task_create(owner=owner, runner='sleep', config={{'duration': '{LONG_RUN}'}})\n"
     )

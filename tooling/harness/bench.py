@@ -34,8 +34,8 @@ from django.db import connection, transaction
 from django.db.models import Max
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
+from tasks_api.creation import task_bulk_create
 from tasks_api.limits import limit_create
-from tasks_api.services import task_bulk_create
 from tasks_app.models import Task
 from tasks_app.quotas import owner_quota_set
 from tms_core.clock import db_now

@@ -37,7 +37,7 @@ from django.test.utils import override_settings
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
 from executions.periodic import register_periodic_tasks
-from tasks_api.services import task_create
+from tasks_api.creation import task_create
 from tasks_app.quotas import owner_quota_set
 from tms_core.clock import db_now
 from tooling.harness.ledger import LedgerServer

@@ -24,8 +24,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections, transaction
 
+from tasks_api.creation import task_create
 from tasks_api.serializers import TaskCreateSerializer
-from tasks_api.services import task_create
 from tasks_app.models import Task, TaskDependency, TaskStatus
 from tasks_app.secrets import config_open
 

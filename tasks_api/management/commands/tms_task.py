@@ -11,7 +11,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from tasks_api.services import task_delete, task_pause, task_resume, task_trigger, trigger_words
+from tasks_api.lifecycle import task_delete, task_pause, task_resume
+from tasks_api.triggers import task_trigger, trigger_words
 from tasks_app.audit import AuditedCommand
 from tasks_app.models import Task, TaskStatus
 from tms_core.errors import DomainError

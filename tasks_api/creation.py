@@ -1,0 +1,373 @@
+"""Creating tasks, one (:func:`task_create`) or a batch (:func:`task_bulk_create`): every spec
+validated first, then the tasks, their limits and after links, audit entries, first versions and
+the executions inside the horizon written in one transaction. A batch of thousands is the bulk
+API's path, so rows and their JSON are built once per batch (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import ForeignKey
+from django.db.models.expressions import DatabaseDefault
+from django.utils import timezone
+
+from executions import transitions
+from executions.materialiser import ACTOR as MATERIALISER
+from executions.materialiser import plan_task, skipped_record
+from executions.models import ExecutionStatus
+from executions.notify import notify_due
+from executions.transitions import executions_create
+from tasks_api.checks import (
+    RULE_FIELDS,
+    _calendar_settings,
+    artifact_check_team,
+    task_check_min_interval,
+    task_check_rules,
+)
+from tasks_api.limits import limits_resolve
+from tasks_api.task_config import task_check_secret_fields, task_config_masked
+from tasks_api.task_writes import _snapshot
+from tasks_api.workflows import After, after_links, after_resolve
+from tasks_app.audit import audit_record_many, audit_values
+from tasks_app.models import AuditAction, Task, TaskDependency, TaskStatus, Team, status_for_cursor
+from tasks_app.quotas import quota_check_tasks
+from tasks_app.run_config import task_validate_runner
+from tasks_app.schedules import Schedule, ScheduleError
+from tasks_app.secrets import config_seal
+from tasks_app.teams import team_for_new
+from tasks_app.versions import NOT_VERSIONED, version_record_many
+from tms_core.bulk import JsonText, insert_columns, json_encoder
+from tms_core.clock import db_now
+from tms_core.conf import tms_settings
+from tms_core.errors import InvalidInput
+from tms_core.together import sent_together
+
+#: The fields :func:`_build_task` sets itself from its arguments (always checked); the others are
+#: checked only when a spec gives them.
+_BUILT = frozenset(
+    {"name", "runner", "config", "secret_fields", "start_at", "interval", "cron", "timezone", "end_at"}
+    | {"dst_gap", "dst_fold"}
+)
+_UNCHECKED = frozenset(field.name for field in Task._meta.concrete_fields) - _BUILT
+
+
+class _TaskRows:
+    """Builds a batch's unsaved tasks positionally (``Task(*values)``, Django's fast path) from
+    one list of the model's defaults evaluated once per batch: by keywords each task looked up
+    26 defaults and was the largest single item of a bulk create's profile."""
+
+    def __init__(self) -> None:
+        self.fields = Task._meta.concrete_fields
+        self.index = {name: i for i, field in enumerate(self.fields) for name in {field.name, field.attname}}
+        # Per task below: the primary key, and the two JSON fields (a shared dict would be shared).
+        self.defaults = [
+            None if field.name in ("id", "config", "secret_fields") else field.get_default() for field in self.fields
+        ]
+
+    def default(self, name: str) -> Any:
+        return self.defaults[self.index[name]]
+
+    def build(self, values: Mapping[str, Any]) -> Task:
+        row = self.defaults.copy()
+        related: list[tuple[ForeignKey, Any]] = []
+        for name, value in values.items():
+            try:
+                index = self.index[name]
+            except KeyError:
+                raise TypeError(f"Task got an unexpected keyword argument {name!r}") from None
+            field = self.fields[index]
+            if isinstance(field, ForeignKey) and name == field.name and value is not None:
+                related.append((field, value))
+                value = value.pk
+            row[index] = value
+        row[self.index["id"]] = uuid.uuid4()
+        task = Task(*row)  # type: ignore[misc]  # django-stubs types keyword construction only
+        for field, value in related:
+            field.set_cached_value(task, value)
+        return task
+
+
+def _build_task(
+    *,
+    rows: _TaskRows,
+    owner: User,
+    team: Team,
+    now: datetime,
+    runner: str,
+    config: dict[str, Any] | None = None,
+    name: str = "",
+    start_at: datetime | None = None,
+    interval: timedelta | None = None,
+    cron: str = "",
+    timezone: str = "UTC",
+    end_at: datetime | None = None,
+    dst_gap: str = "",
+    dst_fold: str = "",
+    **options: Any,
+) -> Task:
+    """A validated, unsaved Task whose cursor points at its first fire time."""
+    given = {"interval": interval, "cron": cron, "start_at": start_at, "end_at": end_at}
+    given |= {"dst_gap": dst_gap, "dst_fold": dst_fold}
+    task_check_rules(
+        {name: given[name] if name in given else options.get(name, rows.default(name)) for name in RULE_FIELDS}
+    )
+    config = config or {}
+    task_validate_runner(runner=runner, config=config)
+    secret_fields = options.pop("secret_fields", None) or []
+    task_check_secret_fields(config=config, secret_fields=secret_fields)
+    start_at = start_at or now
+    try:
+        schedule = Schedule(
+            start_at=start_at,
+            interval=interval,
+            cron=cron,
+            timezone=timezone,
+            end_at=end_at,
+            dst_gap=dst_gap,
+            dst_fold=dst_fold,
+        )
+        first = next(schedule.fire_times(), None)
+    except ScheduleError as exc:
+        raise InvalidInput.on("schedule", str(exc)) from None
+    task_check_min_interval(runner=runner, schedule=schedule, jitter=options.get("jitter"))
+    task = rows.build(
+        {
+            **options,
+            "owner": owner,
+            "team": team,
+            "name": name,
+            "runner": runner,
+            "config": config_seal(runner, config, secret_fields),
+            "secret_fields": secret_fields,
+            "start_at": start_at,
+            "interval": interval,
+            "cron": cron,
+            "timezone": timezone,
+            "end_at": end_at,
+            "dst_gap": dst_gap,
+            "dst_fold": dst_fold,
+            "next_run_at": first,
+            "status": TaskStatus.ACTIVE if first is not None else TaskStatus.COMPLETED,
+        }
+    )
+    try:
+        # Field checks only: the serializer validated the rest and the database's constraints
+        # back it up (validating constraints here would cost a query each). A field left at its
+        # model default is valid by construction: only the ones given are checked (their
+        # validators were a third of a bulk create's Python time).
+        exclude = _UNCHECKED - set(options)
+        task.full_clean(exclude=exclude, validate_unique=False, validate_constraints=False)
+    except DjangoValidationError as exc:
+        raise InvalidInput(exc.message_dict) from None
+    return task
+
+
+def task_create(*, owner: User, runner: str, team: Team | None = None, **fields: Any) -> Task:
+    """Create a task and, if its first run falls inside the horizon, its first executions.
+
+    "Run now" therefore does not wait for the materialiser: the execution exists, and the monitor
+    is notified, when this returns. It belongs to ``team`` (default: the owner's personal team),
+    where the owner must be an editor.
+    """
+    (task,) = task_bulk_create(owner=owner, specs=[{"runner": runner, **fields}], team=team)
+    return task
+
+
+def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: Team | None = None) -> list[Task]:
+    """Create many tasks in one transaction, with their executions inside the horizon.
+
+    Every task belongs to ``team`` (default: the owner's personal team), in which the owner needs
+    the editor role (PermissionDenied otherwise: 403).
+
+    Every spec is validated before anything is written: one bad spec fails the whole call with
+    its errors keyed by position (``{"3": {"interval": [...]}}``, :class:`InvalidInput`) and
+    writes nothing. The team's task quota is checked once for the whole batch (under the
+    team's quota lock, so concurrent creates take turns); the tasks, their audit entries and
+    their executions are each one INSERT of column arrays, and the monitor is notified once.
+
+    The tasks returned carry what the API shows of a new task (its state, when it next runs,
+    its first execution) so that reading them back costs no query.
+    """
+    now = db_now()
+    until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
+    tasks, errors, named = [], {}, []
+    followed: list[list[After]] = []  # each task's ``after``
+    resolved: dict[tuple[str, ...], list[Any]] = {}  # a batch names the same limits again and again
+    builder = _TaskRows()
+    team = team_for_new(owner, team, permission="tasks_app.add_task", what="this team's tasks")
+    for index, spec in enumerate(specs):
+        try:
+            spec = dict(spec)
+            names = tuple(spec.pop("limits", None) or ())
+            chosen = resolved.get(names)
+            if chosen is None:
+                chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
+            after = after_resolve(team_id=team.pk, entries=spec.pop("after", None))
+            _calendar_settings(team.pk, spec)
+            artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
+            task = _build_task(rows=builder, owner=owner, team=team, now=now, **spec)
+            task.has_limits = bool(chosen)
+            if after:
+                task.has_after = True
+                if not any(spec.get(name) for name in ("start_at", "interval", "cron")):
+                    # Following others with no schedule of its own: it runs only after them.
+                    task.next_run_at, task.status = None, TaskStatus.ACTIVE
+            tasks.append(task)
+            named.append(chosen)
+            followed.append(after)
+        except InvalidInput as exc:
+            errors[str(index)] = exc.errors
+    if errors:
+        raise InvalidInput(errors if len(specs) > 1 else next(iter(errors.values())))
+    rows: list[transitions.NewExecution] = []
+    skipped: list[Any] = []
+    planned: list[int] = []  # how many of ``rows`` each task has, in order
+    for task in tasks:
+        if task.has_after and task.next_run_at is None:
+            planned.append(0)  # nothing to plan: its runs come from its upstreams' ends
+            continue
+        plan = plan_task(task, now=now, until=until)
+        rows += plan.rows
+        skipped += plan.skipped
+        planned.append(len(plan.rows))
+        task.next_run_at, task.runs_materialised = plan.next_run_at, plan.runs
+        task.status = status_for_cursor(next_run_at=plan.next_run_at, has_after=task.has_after)
+    ids: list[int] = []
+    with transaction.atomic():
+        quota_check_tasks(team_id=team.pk, adding=len(tasks))
+        # The writes below go to PostgreSQL in one round trip (the last one carries the others).
+        with sent_together():
+            _insert_tasks(tasks)
+            links = [
+                Task.limits.through(task_id=task.pk, limit_id=limit.pk)
+                for task, chosen in zip(tasks, named, strict=True)
+                for limit in chosen
+            ]
+            if links:
+                Task.limits.through.objects.bulk_create(links)
+            dependencies = after_links(tasks, followed)
+            if dependencies:
+                TaskDependency.objects.bulk_create(dependencies)
+            snapshots = [
+                _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
+                for task, chosen, after in zip(tasks, named, followed, strict=True)
+            ]
+            changes, versions = _created_json(snapshots)
+            audit_record_many(
+                [
+                    {
+                        "action": AuditAction.CREATE,
+                        "object_type": "task",
+                        "object_id": task.pk,
+                        "owner": task.owner_id,
+                        "task_id": task.pk,
+                        "changes": text,
+                    }
+                    for task, text in zip(tasks, changes, strict=True)
+                ]
+            )
+            # Version 1 of each (Task.version's default): what its first executions run with.
+            version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
+            skipped_record(skipped)
+            if rows:
+                notify_due()  # delivered at the commit: it can go first, with the executions
+                ids = executions_create(rows=rows, actor=MATERIALISER)
+    if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
+        _set_created_state(tasks, rows, ids, planned, now=now)
+    return tasks
+
+
+def _insert_tasks(tasks: list[Task]) -> None:
+    """Insert ``tasks`` (built, unsaved) in one statement and mark them saved."""
+    stamp = timezone.now()
+    for task in tasks:
+        task.created_at = task.updated_at = stamp  # what auto_now(_add) would set
+    first = tasks[0]
+    fields = [
+        field
+        for field in Task._meta.concrete_fields
+        # A column left to its database default (none of the task's today) is not sent.
+        if not isinstance(getattr(first, field.attname), DatabaseDefault)
+    ]
+    insert_columns(Task, {field.attname: [getattr(task, field.attname) for task in tasks] for field in fields})
+    for task in tasks:
+        task._state.adding = False
+        task._state.db = "default"
+
+
+def _created_snapshot(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
+    """A new task's audited values as the audit log stores them (config masked, and the names of
+    its limits and the tasks it follows if it has any, as an update records them)."""
+    snapshot = _snapshot(task, task_config_masked(task))
+    if limits:
+        snapshot["limits"] = limits
+    if after:
+        snapshot["after"] = after
+    return audit_values(snapshot)
+
+
+#: Values a batch's tasks share by the thousand (names, numbers, defaults): their JSON is made once.
+_SHARED_JSON_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _created_json(snapshots: Sequence[Mapping[str, Any]]) -> tuple[list[JsonText], list[JsonText]]:
+    """Each new task's audit changes (every audited field from nothing to its value, as
+    ``audit_diff({}, snapshot)`` gives them) and its first version's snapshot
+    (:func:`~tasks_app.versions.version_snapshot`), as JSON text.
+
+    The tasks of a batch share most of their values, so each field's part of both texts is
+    encoded once per distinct value: encoding each task's two documents whole (about 50 fields
+    each) was a fifth of a bulk create's time."""
+    encode = json_encoder(DjangoJSONEncoder)
+    parts: dict[tuple[str, type, Any], tuple[str, str]] = {}
+    changes, versions = [], []
+    for snapshot in snapshots:
+        changed, versioned = [], []
+        for name in sorted(snapshot):
+            value = snapshot[name]
+            shared = type(value) in _SHARED_JSON_TYPES
+            # -0.0 == 0.0, yet each has its own text.
+            memo = (name, type(value), value.hex() if type(value) is float else value) if shared else None
+            part = parts.get(memo) if memo is not None else None
+            if part is None:
+                key, text = encode(name), encode(value)
+                part = (
+                    "" if value is None else f'{key}:{{"from":null,"to":{text}}}',
+                    "" if name in NOT_VERSIONED else f"{key}:{text}",
+                )
+                if memo is not None:
+                    parts[memo] = part
+            if part[0]:
+                changed.append(part[0])
+            if part[1]:
+                versioned.append(part[1])
+        changes.append(JsonText("{" + ",".join(changed) + "}"))
+        versions.append(JsonText("{" + ",".join(versioned) + "}"))
+    return changes, versions
+
+
+def _set_created_state(
+    tasks: list[Task], rows: list[transitions.NewExecution], ids: list[int], planned: list[int], *, now: datetime
+) -> None:
+    """Give each new task the columns :func:`tasks_api.states.with_state` would read for it, and
+    its first execution, from what was just written (rows and their ids in the order listed)."""
+    start = 0
+    for task, count in zip(tasks, planned, strict=True):
+        mine = rows[start : start + count]
+        due = min((row.due_at or row.scheduled_for for row in mine), default=None)
+        columns = {
+            "latest_status": ExecutionStatus.SCHEDULED if mine else None,
+            "latest_due_status": ExecutionStatus.SCHEDULED if any(row.scheduled_for <= now for row in mine) else None,
+            "next_run": min((when for when in (due, task.next_run_at) if when is not None), default=None),
+            "first_execution": ids[start] if mine else None,
+        }
+        for name, value in columns.items():
+            setattr(task, name, value)
+        start += count
