@@ -200,5 +200,5 @@ def test_tms_bench_through_ha_runs_the_steady_load_on_one_node_and_on_the_topolo
     assert primary is not None
     assert BENCH_USER in pg_cluster.psql(primary, "SELECT username FROM auth_user").split()
     assert f"{settings.TMS_QUEUE}\tquorum" in cluster.ctl(cluster.nodes[0], "list_queues", "name", "type")
-    assert "| sustained@single-node | Patroni pair" in "\n".join(through_table(results))
+    assert "| sustained | Patroni pair" in "\n".join(through_table(results))
     assert not Execution.objects.exists()

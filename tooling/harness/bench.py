@@ -36,7 +36,7 @@ from django.db.models import Max
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
 from tasks_api.creation import task_bulk_create
 from tasks_api.limits import limit_create
-from tasks_app.models import Task
+from tasks_app.models import Limit, Task
 from tasks_app.quotas import owner_quota_set
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -994,6 +994,7 @@ class Bench:
             else:
                 self._cleanup()
                 self._fill_history()
+            self._pages_limit()
             # A superuser: staff who may also change others' tasks, so every page (the edit form too) answers.
             staff = get_user_model().objects.update_or_create(
                 username=f"{BENCH_USER}-admin", defaults={"is_staff": True, "is_superuser": True}
@@ -1007,6 +1008,20 @@ class Bench:
                 self.config.progress("pages: deleting the filler rows")
                 self._cleanup()
         return figures
+
+    def _pages_limit(self) -> None:
+        """A named limit of the owner's, named by a hundred of its tasks and with a budget, so that
+        the limit pages (the list's use column, a limit's page) read real rows at this scale."""
+        from executions.models import LimitBucket
+        from tasks_api.limits import task_set_limits
+
+        limit = Limit.objects.filter(owner=self.owner, name="bench-pages").first()
+        if limit is None:
+            limit = limit_create(owner=self.owner, name="bench-pages", max_concurrency=5)
+        with transaction.atomic():  # task_set_limits runs in the caller's transaction, the task locked
+            for task in Task.objects.select_for_update().filter(owner=self.owner).order_by("pk")[:100]:
+                task_set_limits(task=task, limits=[limit])
+        LimitBucket.objects.get_or_create(limit=limit, key=limit.name)
 
     # -- big history: the API's lists, and pruning ------------------------------------------
 
@@ -1493,7 +1508,7 @@ def through_table(results: list[Figures]) -> list[str]:
         else:
             aside = f"{direct.extra.get('servers_cpu_ms_per_exec')} -> {other.extra.get('servers_cpu_ms_per_exec')}"
         lines.append(
-            f"| {direct.scenario} | {other.extra.get('through', '')} | {direct.per_second:.0f} -> "
+            f"| {other.scenario.split('@', 1)[0]} | {other.extra.get('through', '')} | {direct.per_second:.0f} -> "
             f"{other.per_second:.0f} | {direct.lateness_ms.get('p50', '-')} -> {other.lateness_ms.get('p50', '-')} | "
             f"{direct.lateness_ms.get('p99', '-')} -> {other.lateness_ms.get('p99', '-')} | "
             f"{_cpu_per_run(direct)} -> {_cpu_per_run(other)} | {aside} | {r.get('throughput')} / "

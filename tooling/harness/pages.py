@@ -51,10 +51,11 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     and its refresh, the task list (plain, searched, filtered), a task's page, its edit form and
     a "why" question, the execution list (first page, half-way down, FAILED, waiting runs), an
     execution's page, the notifications page, the named limits and business calendars (and a
-    calendar's page when the user sees one); a task's run-with-input form, versions, current
+    limit's and a calendar's page when the user sees one); a task's run-with-input form, versions, current
     version and workflow, and the newest execution's replay form (the users must be operators)."""
     from backoffice.calendar_views import visible_calendars
     from backoffice.keyset import row_cursor
+    from backoffice.limit_views import visible_limits
     from backoffice.scope import visible_executions, visible_tasks
     from executions.models import ExecutionStatus
     from tasks_app.models import TaskVersion
@@ -85,6 +86,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
         ("limits", "/ui/limits/"),
         ("calendars", "/ui/calendars/"),
         *[("calendar", f"/ui/calendars/{pk}/") for pk in visible_calendars(user).values_list("pk", flat=True)[:1]],
+        *[("limit", f"/ui/limits/{pk}/") for pk in visible_limits(user).values_list("pk", flat=True)[:1]],
         # Issue 46: run with input, replay, versions (and one's diff), the task's workflow.
         ("task_run", f"/ui/tasks/{task.pk}/run/"),
         ("execution_replay", f"/ui/executions/{newest.pk}/replay/"),
