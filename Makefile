@@ -246,7 +246,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(MKDOCS) build --strict --quiet
+	$(MKDOCS) build --strict
 
 ## The documentation site (MkDocs, Material theme) from docs/ into var/site: open var/site/index.html.
 ## NO_MKDOCS_2_WARNING silences the theme's notice about its own future, printed on every build.

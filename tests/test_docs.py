@@ -205,18 +205,38 @@ def test_a_broken_link_is_found(tmp_path):
     assert broken_links(page, github_slug) == ["missing.md: no such file", "other.md#nowhere: no such heading"]
 
 
-def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path):
-    """What ``make lint`` runs, and the built pages fetch no script, stylesheet or font from
-    another host (the Material theme loads Google's fonts unless ``font: false``)."""
+def _lint_docs_build(folder: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mkdocs`` run in ``folder`` with the arguments ``make lint`` gives it (read from the
+    Makefile's lint recipe, so that this builds as lint does)."""
+    recipe = re.search(r"^lint:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe, "no lint target in the Makefile"
+    line = next(line for line in recipe.group(1).splitlines() if "$(MKDOCS)" in line)
     mkdocs = Path(sys.executable).with_name("mkdocs")
-    built = subprocess.run(
-        [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
+    return subprocess.run(
+        [str(mkdocs), *line.split("$(MKDOCS)", 1)[1].split(), "--site-dir", str(site)],
+        cwd=folder,
         capture_output=True,
         text=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert built.returncode == 0, built.stderr
+
+
+def test_a_warning_fails_the_docs_build_of_make_lint(tmp_path):
+    """``mkdocs build --strict --quiet`` returned 0 with a broken anchor: --quiet hides the
+    warnings that --strict would have counted. Lint's build must fail on one."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n[gone](other.md#nowhere)\n")
+    (tmp_path / "docs" / "other.md").write_text("# Other\n")
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\nvalidation:\n  anchors: warn\n")
+    built = _lint_docs_build(tmp_path, tmp_path / "site")
+    assert built.returncode != 0 and "nowhere" in built.stdout + built.stderr, built.stdout + built.stderr
+
+
+def test_the_site_builds_strictly_and_loads_nothing_from_elsewhere(tmp_path):
+    """What ``make lint`` runs, and the built pages fetch no script, stylesheet or font from
+    another host (the Material theme loads Google's fonts unless ``font: false``)."""
+    built = _lint_docs_build(ROOT, tmp_path / "site")
+    assert built.returncode == 0, built.stdout + built.stderr
     pages = sorted((tmp_path / "site").glob("*.html"))
     assert {page.stem for page in pages} >= {"index", "configuration", "metrics", "runners", "api"}
     remote = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//[^\"]*\"")
