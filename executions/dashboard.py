@@ -52,7 +52,7 @@ from executions.models import (
 )
 from executions.rollup import Teams, floor_hour, floor_minute, rollup_series, rollup_series_settled
 from tasks_app.models import Task, TaskStatus, Team
-from tasks_app.teams import member_team_ids, scope_to_teams, sees_all
+from tasks_app.teams import member_team_ids, sees_all
 from tms_core.clock import db_now
 
 #: The outcomes a run is counted under, in display order.
@@ -215,8 +215,7 @@ def lateness_point(point: MinutePoint) -> LatenessPoint:
 @dataclass(frozen=True)
 class _Scope:
     """Whose figures: ``teams`` None for every team's (staff); else the rollup's
-    :class:`~executions.rollup.Teams`, and ``user`` whose teams they are when ``teams`` names
-    none itself (the ORM's reads go through :func:`tasks_app.teams.scope_to_teams` then)."""
+    :class:`~executions.rollup.Teams` (a team asked for, or the ids of ``user``'s teams)."""
 
     user: Any
     teams: Teams | None
@@ -225,15 +224,18 @@ class _Scope:
     def of(cls, user: Any, team: Team | None) -> _Scope:
         if team is not None:
             return cls(user, Teams(ids=(team.pk,)))
-        return cls(user, None if sees_all(user) else Teams(members=member_team_ids(user)))
+        if sees_all(user):
+            return cls(user, None)
+        # The ids themselves, read once: every read below names them as values, which PostgreSQL
+        # plans from its statistics (a subquery of them it could not: it read an owner's upcoming
+        # runs along every team's tasks due within the hour).
+        return cls(user, Teams(ids=tuple(member_team_ids(user).values_list("team_id", flat=True))))
 
     def rows(self, queryset: QuerySet, field: str = "team_id") -> QuerySet:
         """``queryset`` narrowed to these teams' rows; ``field`` holds a row's team id."""
         if self.teams is None:
             return queryset
-        if self.teams.members is None:
-            return queryset.filter(**{f"{field}__in": self.teams.ids})
-        return scope_to_teams(queryset, self.user, field)
+        return queryset.filter(**{f"{field}__in": self.teams.ids})
 
 
 def dashboard_snapshot(*, user: Any, team: Team | None = None, now: datetime | None = None) -> DashboardSnapshot:

@@ -21,7 +21,6 @@ from typing import Any
 
 from django.core.cache import caches
 from django.db import connection, transaction
-from django.db.models import QuerySet
 
 from executions.histogram import BUCKETS, EDGES, Extremes, widen
 from executions.models import (
@@ -73,35 +72,17 @@ def floor_hour(when: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class Teams:
-    """Whose rollup rows a read sums: the teams ``ids``, or the teams ``members`` names (a query
-    of team ids: :func:`tasks_app.teams.member_team_ids`, the teams a user is a member of, which
-    the statement reads itself, as :func:`tasks_app.teams.scope_to_teams` does for the ORM).
-    Where a read takes ``None`` instead, every team's rows (staff)."""
+    """Whose rollup rows a read sums: the teams ``ids`` (a user's: read by the caller, once per
+    render, so a change of membership is seen at the next one). Where a read takes ``None``
+    instead, every team's rows (staff)."""
 
     ids: tuple[int, ...] = ()
-    members: QuerySet | None = None
-
-    @staticmethod
-    def _sql(members: QuerySet) -> tuple[str, list[Any]]:
-        sql, params = members.query.sql_with_params()
-        return sql, list(params)
 
     def where(self, column: str = "team_id") -> tuple[str, list[Any]]:
         """The SQL test that ``column`` holds one of these teams, and its parameters."""
-        if self.members is not None:
-            members, params = self._sql(self.members)
-            # An array computed once before the scan (an InitPlan), as scope_to_teams.
-            return f"{column} = ANY(ARRAY({members}))", params
         if not self.ids:
             return "1 = 0", []
         return f"{column} IN ({', '.join(['%s'] * len(self.ids))})", list(self.ids)
-
-    @classmethod
-    def members_text_sql(cls, members_query: QuerySet) -> tuple[str, list[Any]]:
-        """An expression giving the ids of the teams ``members_query`` names as text ('3,8'; NULL
-        for none)."""
-        members, params = cls._sql(members_query)
-        return f"(SELECT string_agg(m.team_id::text, ',') FROM ({members}) m)", params  # noqa: S608 - compiled by Django
 
 
 def _scope_key(teams: Teams | None) -> str:
@@ -213,10 +194,8 @@ def _bump_epoch(cursor: Any) -> None:
 def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | None, now: datetime) -> RollupSeries:
     """:func:`rollup_series`, with the settled part of the window (up to the last whole hour that
     ended :data:`SETTLE` before ``now``, the database's time) kept between calls in the
-    ``dashboard`` cache, per set of teams (``None``: all teams) and :class:`RollupEpoch`. The
-    teams of a member (``Teams.members``) are read by the same statement as the live tail, so
-    the figures kept are named by the teams they count: a membership that changes is seen at
-    once, and members of the same teams share them.
+    ``dashboard`` cache, per set of teams (``None``: all teams) and :class:`RollupEpoch`: what is
+    kept is named by the teams it counts, not by a user, so members of the same teams share it.
 
     Each call reads from the database, in one statement, the live tail (the minutes from that
     hour on: at most about an hour) with the epoch. The settled part is kept whole for the
@@ -232,21 +211,15 @@ def rollup_series_settled(*, since: datetime, until: datetime, teams: Teams | No
         return rollup_series(since=since, until=until, teams=teams)
     where, params = _window(end, until, teams)
     nulls = ", ".join(["NULL"] * (len(OUTCOME_COLUMNS) + len(LATENESS_COLUMNS) + 2 - 1))
-    members, members_params = (
-        Teams.members_text_sql(teams.members) if teams is not None and teams.members is not None else ("NULL", [])
-    )
     epoch_sql = (
-        f"SELECT 2, NULL, {members}, "  # noqa: S608
+        f"SELECT 2, NULL, NULL, "  # noqa: S608
         f"COALESCE((SELECT epoch FROM {RollupEpoch._meta.db_table} WHERE id = 1), 0), {nulls}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(f"{_series_sql(where)} UNION ALL {epoch_sql}", params + params + members_params)
+        cursor.execute(f"{_series_sql(where)} UNION ALL {epoch_sql}", params + params)
         rows = cursor.fetchall()
-    epoch, member_ids = next((row[3], row[2]) for row in rows if row[0] == 2)
+    epoch = next(row[3] for row in rows if row[0] == 2)
     tail = _series_rows(row for row in rows if row[0] != 2)
-    if teams is not None and teams.members is not None:
-        # From here on the teams the tail counted, by id: what is kept is named by them.
-        teams = Teams(ids=tuple(sorted(int(pk) for pk in (member_ids or "").split(",") if pk)))
     cache = caches[CACHE_ALIAS]
     scope = _scope_key(teams)
     # One entry per scope, overwritten as the window moves: what it holds is named in its value.

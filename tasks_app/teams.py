@@ -33,13 +33,13 @@ never raises a role: the user's role in that team still decides.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
-from django.db.models import BooleanField, Expression, F, OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils.text import slugify
 
 from tasks_app.audit import acting_token, audit_record
@@ -85,37 +85,19 @@ def outside_token_team(user: Any, team_id: Any) -> bool:
     return restricted is not None and (team_id is None or int(team_id) != restricted)
 
 
-class _MemberOf(Expression):
-    """``<column> = ANY(ARRAY(<subquery>))``, PostgreSQL only: the subquery runs once, before the
-    scan (an InitPlan), and the team ids are a filter on whatever index serves the list's order.
-    ``IN (<subquery>)`` was planned as a semi-join, which loses the order: the execution list's
-    keyset page sorted its rows instead of reading execution_ran_idx from the cursor."""
-
-    output_field = BooleanField()
-    conditional = True
-
-    def __init__(self, column: Any, ids: Any) -> None:
-        super().__init__()
-        self.column, self.ids = column, ids
-
-    def get_source_expressions(self) -> list[Any]:
-        return [self.column, self.ids]
-
-    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
-        self.column, self.ids = exprs
-
-    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        column, column_params = compiler.compile(self.column)
-        ids, ids_params = compiler.compile(self.ids)  # "(SELECT ...)"
-        return f"{column} = ANY(ARRAY{ids})", (*column_params, *ids_params)
-
-
 def scope_to_teams(queryset: QuerySet, user: Any, team_field: str = "team_id") -> QuerySet:
     """``queryset`` narrowed to the objects of ``user``'s teams (all of it for staff);
-    ``team_field`` names the column holding the team's id (``team_id`` on tasks and executions)."""
+    ``team_field`` names the column holding the team's id (``team_id`` on tasks and executions).
+
+    The team ids are read first (one indexed query) and given to the list's query as values:
+    PostgreSQL then estimates how many rows they hold from its statistics and picks the index
+    that serves. With the ids as a subquery (an InitPlan) it could not, assumed every row
+    matched, and read a small team's task list along the newest-first index of all tasks: 90,000
+    other rows filtered away for 51, 190 ms at 100,000 tasks."""
     if sees_all(user):
         return queryset
-    return queryset.filter(_MemberOf(F(team_field), Subquery(member_team_ids(user))))
+    ids = list(member_team_ids(user).values_list("team_id", flat=True))
+    return queryset.filter(**{f"{team_field}__in": ids})
 
 
 def visible_tasks(user: Any) -> QuerySet[Task]:

@@ -74,11 +74,11 @@ def test_a_wrong_password_is_refused_on_the_form(client, user):
 
 
 def test_dashboard_shows_the_snapshot_with_charts(alice_client, alices, django_assert_max_num_queries):
-    # The session, the user, the teams of the switcher, and the snapshot's 9 (11 with a cold
-    # cache: executions.dashboard).
-    with django_assert_max_num_queries(14):
+    # The session, the user, the teams of the switcher, and the snapshot's 10 with the user's team
+    # ids (12 with a cold cache: executions.dashboard).
+    with django_assert_max_num_queries(15):
         alice_client.get("/")
-    with django_assert_max_num_queries(13):  # the settled hours kept (13: the window moved a minute)
+    with django_assert_max_num_queries(14):  # the settled hours kept (14: the window moved a minute)
         page = alice_client.get("/")
     html = page.content.decode()
     assert page.status_code == 200
@@ -222,9 +222,9 @@ def test_task_page_reads_the_task_its_state_and_owner_in_one_query(alice_client,
     """The owner's task page: the task with its state and owner found together, the task's rules
     and the owner's defaults together, the channels once (16 queries before, 12 then; 13 with the
     tasks it follows and that follow it, read in one; 14 with the teams "Move to team…" offers an
-    editor)."""
+    editor; 15 with the user's team ids read before the task, tasks_app.teams.scope_to_teams)."""
     task, _ = alices
-    with django_assert_num_queries(14):
+    with django_assert_num_queries(15):
         page = alice_client.get(f"/ui/tasks/{task.pk}/")
     assert page.status_code == 200 and page.context["state"] and page.context["settings_rows"][-1] == ("Owner", "alice")
 

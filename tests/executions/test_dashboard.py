@@ -304,8 +304,8 @@ def test_the_expected_figures_are_not_trivial(scene, staff_user):
 
 def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_queries, django_assert_max_num_queries):
     alice = scene["alice"]
-    # A member's teams are read inside the statements that need them (no query of their own); a
-    # team named is one of theirs, resolved by the page before.
+    # A member's team ids are read once (one query), then named as values in the statements that
+    # need them; a team named is one of theirs, resolved by the page before.
     for user, team in (
         (staff_user, None),
         (alice, None),
@@ -313,11 +313,11 @@ def test_snapshot_query_count_is_fixed(scene, staff_user, django_assert_num_quer
         (staff_user, alice.personal_team),
     ):
         # A cold cache reads the settled hours and the minutes before the first whole one too.
-        with django_assert_max_num_queries(11):
+        with django_assert_max_num_queries(12):
             dashboard_snapshot(user=user, team=team)
         # Then only the live tail (the same statement that read the whole day before): unless the
         # window moved on a minute in between, when the minutes before the first hour are read again.
-        with django_assert_max_num_queries(10):
+        with django_assert_max_num_queries(11):
             dashboard_snapshot(user=user, team=team)
     now = timezone.now()
     with django_assert_num_queries(8):  # no clock read

@@ -15,8 +15,9 @@ from tests.factories import ExecutionFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
 
-#: Queries of one authenticated request (token auth, with the user) besides the list's own.
-AUTH = 1
+#: Queries of one authenticated request besides the list's own: token auth with the user, and
+#: the user's team ids, read once for the scope (tasks_app.teams.scope_to_teams).
+AUTH = 2
 
 
 def _history(owner, *, tasks: int, per_task: int):
@@ -63,7 +64,8 @@ def _paths(task, execution_id: int) -> dict[str, str]:
 #: cursor page reads the clock once on the first page (the instant splitting past from upcoming)
 #: and each index range at most once (two sources in each of the two parts of the history-first
 #: order; the not-null and null parts of a column order); a task's list first looks the task up;
-#: one execution reads its events; the archive list (one entry per pruning batch of the task,
+#: one execution reads its events (the task's executions read the team ids twice: for the task's
+#: lookup and for its runs); the archive list (one entry per pruning batch of the task,
 #: small) counts its entries by the task's index.
 MOST = {
     "executions": 5,
@@ -71,7 +73,7 @@ MOST = {
     "task filter": 5,
     "window": 5,
     "by finished": 2,
-    "task executions": 6,
+    "task executions": 7,
     "execution": 2,
     "archive": 3,
 }

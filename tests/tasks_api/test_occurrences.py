@@ -433,20 +433,20 @@ def test_the_number_of_queries_does_not_grow_with_the_window(api_client, user, d
     task, start, now = _outage(user, minutes=1200)
     task_trigger(task=task, actor="user:alice")
     api_client.patch(f"/api/v1/tasks/{task.pk}", {"priority": 8}, format="json")  # supersedes the future ones
-    # Five: the task, the user's access, the executions, the skipped occurrences, and the task's
-    # versions (the schedule in force at each instant).
-    with django_assert_max_num_queries(5):
+    # Six: the user's team ids, the task, the user's access, the executions, the skipped
+    # occurrences, and the task's versions (the schedule in force at each instant).
+    with django_assert_max_num_queries(6):
         small = _items(api_client, task, now - 5 * MINUTE, now + 5 * MINUTE)
-    with django_assert_max_num_queries(5):
+    with django_assert_max_num_queries(6):
         large = _items(api_client, task, start, start + 999 * MINUTE)
-    with django_assert_max_num_queries(5):
+    with django_assert_max_num_queries(6):
         mixed = _items(api_client, task, now - 900 * MINUTE, now + 60 * MINUTE)
     assert len(small) > 10 and len(large) == 999 and len(mixed) > 960
     assert {i["state"] for i in mixed} >= {"skipped", "scheduled", "superseded", "upcoming"}
     done = task_create(
         owner=user, runner="noop", start_at=now - 3 * timedelta(hours=1), interval=timedelta(hours=1), max_runs=2
     )
-    with django_assert_max_num_queries(5):  # the task's end comes with the same two queries
+    with django_assert_max_num_queries(6):  # the task's end comes with the same two queries
         ended = _items(api_client, done, now - timedelta(days=1), now + timedelta(days=1))
     # Two coalesced misses, then the two runs max_runs allows: the catch-up run and the current one.
     assert [i["state"] for i in ended] == ["skipped", "skipped", "scheduled", "scheduled"]
