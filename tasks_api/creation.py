@@ -21,7 +21,7 @@ from django.utils import timezone
 from executions import transitions
 from executions.materialiser import ACTOR as MATERIALISER
 from executions.materialiser import plan_task, skipped_record
-from executions.models import ExecutionStatus
+from executions.models import ExecutionStatus, SkippedOccurrence
 from executions.notify import notify_due
 from executions.transitions import executions_create
 from tasks_api.checks import (
@@ -36,7 +36,7 @@ from tasks_api.task_config import task_check_secret_fields, task_config_masked
 from tasks_api.task_writes import _snapshot
 from tasks_api.workflows import After, after_links, after_resolve
 from tasks_app.audit import audit_record_many, audit_values
-from tasks_app.models import AuditAction, Task, TaskDependency, TaskStatus, Team, status_for_cursor
+from tasks_app.models import AuditAction, Limit, Task, TaskDependency, TaskStatus, Team, status_for_cursor
 from tasks_app.quotas import quota_check_tasks
 from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
@@ -197,37 +197,84 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     """
     now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
-    tasks, errors, named = [], {}, []
-    followed: list[list[After]] = []  # each task's ``after``
-    resolved: dict[tuple[str, ...], list[Any]] = {}  # a batch names the same limits again and again
-    builder = _TaskRows()
     team = team_for_new(owner, team, permission="tasks_app.add_task", what="this team's tasks")
+    tasks, named, followed = _build_tasks(specs, owner=owner, team=team, now=now)
+    rows, skipped, planned = _plan_tasks(tasks, now=now, until=until)
+    ids: list[int] = []
+    with transaction.atomic():
+        quota_check_tasks(team_id=team.pk, adding=len(tasks))
+        # The writes below go to PostgreSQL in one round trip (the last one carries the others).
+        with sent_together():
+            _insert_tasks(tasks)
+            _insert_links(tasks, named, followed)
+            _record_created(tasks, named, followed)
+            skipped_record(skipped)
+            if rows:
+                notify_due()  # delivered at the commit: it can go first, with the executions
+                ids = executions_create(rows=rows, actor=MATERIALISER)
+    if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
+        _set_created_state(tasks, rows, ids, planned, now=now)
+    return tasks
+
+
+def _build_tasks(
+    specs: Sequence[Mapping[str, Any]], *, owner: User, team: Team, now: datetime
+) -> tuple[list[Task], list[list[Limit]], list[list[After]]]:
+    """Each spec's task, limits and ``after``, all checked first: one bad spec fails the batch, writing nothing."""
+    tasks: list[Task] = []
+    errors: dict[str, Any] = {}
+    named: list[list[Limit]] = []  # each task's limits
+    followed: list[list[After]] = []  # each task's ``after``
+    resolved: dict[tuple[str, ...], list[Limit]] = {}  # a batch names the same limits again and again
+    builder = _TaskRows()
     for index, spec in enumerate(specs):
         try:
-            spec = dict(spec)
-            names = tuple(spec.pop("limits", None) or ())
-            chosen = resolved.get(names)
-            if chosen is None:
-                chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
-            after = after_resolve(team_id=team.pk, entries=spec.pop("after", None))
-            _calendar_settings(team.pk, spec)
-            artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
-            task = _build_task(rows=builder, owner=owner, team=team, now=now, **spec)
-            task.has_limits = bool(chosen)
-            if after:
-                task.has_after = True
-                if not any(spec.get(name) for name in ("start_at", "interval", "cron")):
-                    # Following others with no schedule of its own: it runs only after them.
-                    task.next_run_at, task.status = None, TaskStatus.ACTIVE
-            tasks.append(task)
-            named.append(chosen)
-            followed.append(after)
+            task, chosen, after = _build_spec(spec, rows=builder, owner=owner, team=team, now=now, resolved=resolved)
         except InvalidInput as exc:
             errors[str(index)] = exc.errors
+            continue
+        tasks.append(task)
+        named.append(chosen)
+        followed.append(after)
     if errors:
         raise InvalidInput(errors if len(specs) > 1 else next(iter(errors.values())))
+    return tasks, named, followed
+
+
+def _build_spec(
+    spec: Mapping[str, Any],
+    *,
+    rows: _TaskRows,
+    owner: User,
+    team: Team,
+    now: datetime,
+    resolved: dict[tuple[str, ...], list[Limit]],
+) -> tuple[Task, list[Limit], list[After]]:
+    """One spec's unsaved task, limits and ``after`` in ``team``: the checks whose errors are keyed by its position."""
+    spec = dict(spec)
+    names = tuple(spec.pop("limits", None) or ())
+    chosen = resolved.get(names)
+    if chosen is None:
+        chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
+    after = after_resolve(team_id=team.pk, entries=spec.pop("after", None))
+    _calendar_settings(team.pk, spec)
+    artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
+    task = _build_task(rows=rows, owner=owner, team=team, now=now, **spec)
+    task.has_limits = bool(chosen)
+    if after:
+        task.has_after = True
+        if not any(spec.get(name) for name in ("start_at", "interval", "cron")):
+            # Following others with no schedule of its own: it runs only after them.
+            task.next_run_at, task.status = None, TaskStatus.ACTIVE
+    return task, chosen, after
+
+
+def _plan_tasks(
+    tasks: list[Task], *, now: datetime, until: datetime
+) -> tuple[list[transitions.NewExecution], list[SkippedOccurrence], list[int]]:
+    """The new tasks' executions to ``until``, skipped occurrences, count per task: planned before any lock."""
     rows: list[transitions.NewExecution] = []
-    skipped: list[Any] = []
+    skipped: list[SkippedOccurrence] = []
     planned: list[int] = []  # how many of ``rows`` each task has, in order
     for task in tasks:
         if task.has_after and task.next_run_at is None:
@@ -239,49 +286,45 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
         planned.append(len(plan.rows))
         task.next_run_at, task.runs_materialised = plan.next_run_at, plan.runs
         task.status = status_for_cursor(next_run_at=plan.next_run_at, has_after=task.has_after)
-    ids: list[int] = []
-    with transaction.atomic():
-        quota_check_tasks(team_id=team.pk, adding=len(tasks))
-        # The writes below go to PostgreSQL in one round trip (the last one carries the others).
-        with sent_together():
-            _insert_tasks(tasks)
-            links = [
-                Task.limits.through(task_id=task.pk, limit_id=limit.pk)
-                for task, chosen in zip(tasks, named, strict=True)
-                for limit in chosen
-            ]
-            if links:
-                Task.limits.through.objects.bulk_create(links)
-            dependencies = after_links(tasks, followed)
-            if dependencies:
-                TaskDependency.objects.bulk_create(dependencies)
-            snapshots = [
-                _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
-                for task, chosen, after in zip(tasks, named, followed, strict=True)
-            ]
-            changes, versions = _created_json(snapshots)
-            audit_record_many(
-                [
-                    {
-                        "action": AuditAction.CREATE,
-                        "object_type": "task",
-                        "object_id": task.pk,
-                        "owner": task.owner_id,
-                        "task_id": task.pk,
-                        "changes": text,
-                    }
-                    for task, text in zip(tasks, changes, strict=True)
-                ]
-            )
-            # Version 1 of each (Task.version's default): what its first executions run with.
-            version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
-            skipped_record(skipped)
-            if rows:
-                notify_due()  # delivered at the commit: it can go first, with the executions
-                ids = executions_create(rows=rows, actor=MATERIALISER)
-    if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
-        _set_created_state(tasks, rows, ids, planned, now=now)
-    return tasks
+    return rows, skipped, planned
+
+
+def _insert_links(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> None:
+    """Insert the new tasks' limit and ``after`` link rows, one statement each: rows of their own tables."""
+    links = [
+        Task.limits.through(task_id=task.pk, limit_id=limit.pk)
+        for task, chosen in zip(tasks, named, strict=True)
+        for limit in chosen
+    ]
+    if links:
+        Task.limits.through.objects.bulk_create(links)
+    dependencies = after_links(tasks, followed)
+    if dependencies:
+        TaskDependency.objects.bulk_create(dependencies)
+
+
+def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> None:
+    """Insert each new task's audit entry and version 1, both from one snapshot (and JSON made once per batch)."""
+    snapshots = [
+        _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
+        for task, chosen, after in zip(tasks, named, followed, strict=True)
+    ]
+    changes, versions = _created_json(snapshots)
+    audit_record_many(
+        [
+            {
+                "action": AuditAction.CREATE,
+                "object_type": "task",
+                "object_id": task.pk,
+                "owner": task.owner_id,
+                "task_id": task.pk,
+                "changes": text,
+            }
+            for task, text in zip(tasks, changes, strict=True)
+        ]
+    )
+    # Version 1 of each (Task.version's default): what its first executions run with.
+    version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
 
 
 def _insert_tasks(tasks: list[Task]) -> None:

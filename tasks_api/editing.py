@@ -5,7 +5,7 @@ recorded as a new version."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -24,7 +24,8 @@ from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.masking import ENV_NAMES, environment_changed_names, environment_changes
 from tasks_app.models import AuditAction, CalendarPolicy, Task, TaskStatus, TaskVersion, claims_exclusive
 from tasks_app.run_config import destination_moved, task_validate_runner
-from tasks_app.schedules import ScheduleError
+from tasks_app.schedules import Schedule, ScheduleError
+from tasks_app.secrets import Path as SecretPath
 from tasks_app.secrets import (
     check_secret_fields,
     config_carry_secrets,
@@ -75,132 +76,207 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any], detail: s
     new_after = changes.pop("after", None)
     with transaction.atomic():
         task = _lock(task.pk)
-        if "calendar" in changes or "calendar_policy" in changes:
-            merged = {"calendar": task.calendar, "calendar_policy": task.calendar_policy, **changes}
-            if "calendar" in changes and changes["calendar"] in (None, "") and "calendar_policy" not in changes:
-                merged["calendar_policy"] = CalendarPolicy.NONE  # no calendar: no policy
-            if "calendar" in changes and "calendar_policy" not in changes and task.calendar_id is None:
-                merged["calendar_policy"] = ""  # a first calendar takes the default policy
-            _calendar_settings(task.team_id, merged)
-            changes["calendar"], changes["calendar_policy"] = merged["calendar"], merged["calendar_policy"] or ""
+        _merge_calendar(task, changes)
         sealed, plain = task.config, task_config(task)
         before = (task.runner, plain, list(task.secret_fields or []))
         snapshot_before = _snapshot(task, None)
-        limits_changed = False
-        if new_limits is not None:
-            chosen = limits_resolve(team_id=task.team_id, names=new_limits)
-            old_names = task_limit_names(task)
-            if sorted(limit.name for limit in chosen) != old_names:
-                task_set_limits(task=task, limits=chosen)
-                limits_changed = True
-                snapshot_before["limits"] = old_names
-        after_changed = False
-        if new_after is not None:
-            old_after = task_after_entries(task)
-            if task_set_after(task=task, after=after_resolve(team_id=task.team_id, entries=new_after, task_id=task.pk)):
-                after_changed = True
-                snapshot_before["after"] = old_after
-        kept = None  # no config sent: every stored secret is kept
-        if "config" in changes:
-            # A secret sent back as its mask keeps its stored value.
-            changes["config"], kept = config_unmask_kept(changes["config"], plain)
-        task.config = plain  # compared and validated in the clear; sealed again below
-        changed = {name for name, value in changes.items() if getattr(task, name) != value}
-        for name in changed:
-            setattr(task, name, changes[name])
-        if changed & set(RULE_FIELDS):
-            _check_rules(task)
-        if changed & {"runner", "config"}:
-            task.config = task_validate_runner(runner=task.runner, config=task.config)
-        dropped: list[str] = []
-        if changed & {"runner", "config", "secret_fields", "artifact"}:
-            # A stored secret is never shown again, and never follows a run pointed elsewhere.
-            moved = destination_moved(before, (task.runner, task.config), artifact="artifact" in changed)
-            task.config, dropped = config_carry_secrets(
-                before, (task.runner, task.config, list(task.secret_fields or [])), kept=kept, moved=moved
-            )
-            if dropped:
-                changed.add("config")
-                task.config = task_validate_runner(runner=task.runner, config=task.config)
-                # A path of secret_fields whose value was dropped names nothing now: it goes too.
-                fields = [path for path in task.secret_fields or [] if not check_secret_fields(task.config, [path])]
-                if fields != list(task.secret_fields or []):
-                    task.secret_fields = fields
-                    changed.add("secret_fields")
-        if changed & {"config", "secret_fields"}:
-            task_check_secret_fields(config=task.config, secret_fields=task.secret_fields)
+        limits_changed = _update_limits(task, new_limits, snapshot_before)
+        after_changed = _update_after(task, new_after, snapshot_before)
+        changed, dropped = _apply_changes(task, changes, before=before)
         after = (task.runner, task.config, list(task.secret_fields or []))
-        if changed & {"runner", "config", "secret_fields"}:
-            task.config = config_seal(*after)
-        else:
-            task.config = sealed
-        try:
-            schedule = task_schedule(task)
-        except ScheduleError as exc:
-            raise InvalidInput.on("schedule", str(exc)) from None
-        if changed & (SCHEDULE_FIELDS | {"runner"}):
-            task_check_min_interval(runner=task.runner, schedule=schedule, jitter=task.jitter)
+        # Checked in the clear; stored sealed (as it was when nothing of it changed).
+        task.config = config_seal(*after) if changed & {"runner", "config", "secret_fields"} else sealed
+        schedule = _checked_schedule(task, changed)
         _clean(task)
         replace = bool(changed & (SCHEDULE_FIELDS | RUN_FIELDS))
         if replace:
-            what = "schedule" if changed & SCHEDULE_FIELDS else ", ".join(sorted(changed & RUN_FIELDS))
-            superseded = _supersede(
-                task,
-                only_from=frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING}),
-                actor=actor,
-                reason=f"replaced: the task's {what} changed",
-            )
-            since = min([db_now(), *superseded])
-            if not schedule.recurring and "start_at" in changed:
-                since = task.start_at
-            _forget_calendar_skips(task, since)
-            _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+            _replace_future(task, changed, schedule, actor=actor)
         if task.status == TaskStatus.COMPLETED and task.has_after:
             # A task that follows others is not completed by its own schedule's end
             # (status_for_cursor); one left COMPLETED (before that rule, or by the end of its
             # schedule while it followed nothing) comes back with any change, after included.
             task.status = TaskStatus.ACTIVE
         if changed & {"overlap_policy", "max_concurrency"}:
-            # Claims read the policy and the cap from the task; the flag only routes them to the check.
-            Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
-                exclusive=claims_exclusive(
-                    overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency, has_limits=task.has_limits
-                )
-            )
+            _reroute_claims(task)
         task.save()
         if task.status != snapshot_before["status"]:
             changed.add("status")  # audited with the rest (not versioned)
         if changed or limits_changed or after_changed:
-            masked_before, masked_after = config_masked_pair(before, after)
-            snapshot_after = {**_snapshot(task, None), "config": masked_after}
-            if limits_changed:
-                snapshot_after["limits"] = task_limit_names(task)
-            if after_changed:
-                snapshot_after["after"] = task_after_entries(task)
-            diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
-            # Every value of an environment is masked: the names say what a change set (PYTHONWARNINGS ...).
-            env_names = environment_changes(before[1], after[1]) if "config" in changed else {}
-            dropped_words = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
-            _audit_task(
+            _record_update(
                 task,
-                AuditAction.UPDATE,
-                changes=diff | ({ENV_NAMES: env_names} if env_names else {}),
-                detail="; ".join(part for part in (detail, dropped_words) if part),
+                detail=detail,
+                changed=changed,
+                dropped=dropped,
+                before=before,
+                after=after,
+                snapshot_before=snapshot_before,
+                limits_changed=limits_changed,
+                after_changed=after_changed,
             )
-            # The version's config masks every secret alike (a diff names a changed one: ``changed``).
-            snapshot_version = {**snapshot_after, "config": config_masked(*after)}
-            versioned = [name for name in diff if name not in NOT_VERSIONED]
-            if versioned:  # a change of status alone is no new version
-                _new_version(
-                    task,
-                    before={**snapshot_before, "config": masked_before},
-                    after=snapshot_version,
-                    changed=[*versioned, *environment_changed_names(env_names)],
-                )
         if replace and task.status == TaskStatus.ACTIVE:
             materialise_task(task_id=task.pk)
     task.refresh_from_db()
     return task
+
+
+def _merge_calendar(task: Task, changes: dict[str, Any]) -> None:
+    """Put in ``changes`` the calendar and policy the task ends with: each one is checked against the other."""
+    if "calendar" not in changes and "calendar_policy" not in changes:
+        return
+    merged = {"calendar": task.calendar, "calendar_policy": task.calendar_policy, **changes}
+    if "calendar" in changes and changes["calendar"] in (None, "") and "calendar_policy" not in changes:
+        merged["calendar_policy"] = CalendarPolicy.NONE  # no calendar: no policy
+    if "calendar" in changes and "calendar_policy" not in changes and task.calendar_id is None:
+        merged["calendar_policy"] = ""  # a first calendar takes the default policy
+    _calendar_settings(task.team_id, merged)
+    changes["calendar"], changes["calendar_policy"] = merged["calendar"], merged["calendar_policy"] or ""
+
+
+def _update_limits(task: Task, names: Sequence[str] | None, snapshot_before: dict[str, Any]) -> bool:
+    """Link the limits ``names`` (None: as they are), rows of their own; whether they changed (old names noted)."""
+    if names is None:
+        return False
+    chosen = limits_resolve(team_id=task.team_id, names=names)
+    old_names = task_limit_names(task)
+    if sorted(limit.name for limit in chosen) == old_names:
+        return False
+    task_set_limits(task=task, limits=chosen)
+    snapshot_before["limits"] = old_names
+    return True
+
+
+def _update_after(task: Task, entries: Any, snapshot_before: dict[str, Any]) -> bool:
+    """Link the tasks to follow (None: as they are), rows of their own; whether they changed (old ones noted)."""
+    if entries is None:
+        return False
+    old_after = task_after_entries(task)
+    if not task_set_after(task=task, after=after_resolve(team_id=task.team_id, entries=entries, task_id=task.pk)):
+        return False
+    snapshot_before["after"] = old_after
+    return True
+
+
+def _apply_changes(
+    task: Task, changes: dict[str, Any], *, before: tuple[str, Any, list[str]]
+) -> tuple[set[str], list[str]]:
+    """Set ``changes`` on the task in the clear and check them all before any write; fields changed, secrets dropped."""
+    _, plain, _ = before
+    kept = None  # no config sent: every stored secret is kept
+    if "config" in changes:
+        # A secret sent back as its mask keeps its stored value.
+        changes["config"], kept = config_unmask_kept(changes["config"], plain)
+    task.config = plain  # compared and validated in the clear; sealed again by the caller
+    changed = {name for name, value in changes.items() if getattr(task, name) != value}
+    for name in changed:
+        setattr(task, name, changes[name])
+    if changed & set(RULE_FIELDS):
+        _check_rules(task)
+    if changed & {"runner", "config"}:
+        task.config = task_validate_runner(runner=task.runner, config=task.config)
+    dropped: list[str] = []
+    if changed & {"runner", "config", "secret_fields", "artifact"}:
+        dropped = _carry_secrets(task, changed, before=before, kept=kept)
+    if changed & {"config", "secret_fields"}:
+        task_check_secret_fields(config=task.config, secret_fields=task.secret_fields)
+    return changed, dropped
+
+
+def _carry_secrets(
+    task: Task, changed: set[str], *, before: tuple[str, Any, list[str]], kept: set[SecretPath] | None
+) -> list[str]:
+    """Keep or drop the stored secrets (a run sent elsewhere loses them), updating ``changed``; the paths dropped."""
+    # A stored secret is never shown again, and never follows a run pointed elsewhere.
+    moved = destination_moved(before, (task.runner, task.config), artifact="artifact" in changed)
+    task.config, dropped = config_carry_secrets(
+        before, (task.runner, task.config, list(task.secret_fields or [])), kept=kept, moved=moved
+    )
+    if dropped:
+        changed.add("config")
+        task.config = task_validate_runner(runner=task.runner, config=task.config)
+        # A path of secret_fields whose value was dropped names nothing now: it goes too.
+        fields = [path for path in task.secret_fields or [] if not check_secret_fields(task.config, [path])]
+        if fields != list(task.secret_fields or []):
+            task.secret_fields = fields
+            changed.add("secret_fields")
+    return dropped
+
+
+def _checked_schedule(task: Task, changed: set[str]) -> Schedule:
+    """The task's new schedule, checked (valid, not too frequent for its runner) before the replan walks it."""
+    try:
+        schedule = task_schedule(task)
+    except ScheduleError as exc:
+        raise InvalidInput.on("schedule", str(exc)) from None
+    if changed & (SCHEDULE_FIELDS | {"runner"}):
+        task_check_min_interval(runner=task.runner, schedule=schedule, jitter=task.jitter)
+    return schedule
+
+
+def _replace_future(task: Task, changed: set[str], schedule: Schedule, *, actor: str) -> None:
+    """Supersede the runs not started and move the cursor to the new ``schedule``: the future follows the change."""
+    what = "schedule" if changed & SCHEDULE_FIELDS else ", ".join(sorted(changed & RUN_FIELDS))
+    superseded = _supersede(
+        task,
+        only_from=frozenset({ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING}),
+        actor=actor,
+        reason=f"replaced: the task's {what} changed",
+    )
+    since = min([db_now(), *superseded])
+    if not schedule.recurring and "start_at" in changed:
+        since = task.start_at
+    _forget_calendar_skips(task, since)
+    _set_cursor(task, next(schedule.fire_times(since=since), None), schedule)
+
+
+def _reroute_claims(task: Task) -> None:
+    """Give the executions not started the ``exclusive`` flag of the new overlap policy and cap: they carry a copy."""
+    # Claims read the policy and the cap from the task; the flag only routes them to the check.
+    Execution.objects.filter(task=task, status__in=(ExecutionStatus.SCHEDULED, ExecutionStatus.PENDING)).update(
+        exclusive=claims_exclusive(
+            overlap_policy=task.overlap_policy, max_concurrency=task.max_concurrency, has_limits=task.has_limits
+        )
+    )
+
+
+def _record_update(
+    task: Task,
+    *,
+    detail: str,
+    changed: set[str],
+    dropped: list[str],
+    before: tuple[str, Any, list[str]],
+    after: tuple[str, Any, list[str]],
+    snapshot_before: dict[str, Any],
+    limits_changed: bool,
+    after_changed: bool,
+) -> None:
+    """Audit the saved change and version it (unless only the status changed): both from the same snapshots."""
+    masked_before, masked_after = config_masked_pair(before, after)
+    snapshot_after = {**_snapshot(task, None), "config": masked_after}
+    if limits_changed:
+        snapshot_after["limits"] = task_limit_names(task)
+    if after_changed:
+        snapshot_after["after"] = task_after_entries(task)
+    diff = audit_diff({**snapshot_before, "config": masked_before}, snapshot_after)
+    # Every value of an environment is masked: the names say what a change set (PYTHONWARNINGS ...).
+    env_names = environment_changes(before[1], after[1]) if "config" in changed else {}
+    dropped_words = f"secrets dropped (the run goes elsewhere): {', '.join(dropped)}" if dropped else ""
+    _audit_task(
+        task,
+        AuditAction.UPDATE,
+        changes=diff | ({ENV_NAMES: env_names} if env_names else {}),
+        detail="; ".join(part for part in (detail, dropped_words) if part),
+    )
+    # The version's config masks every secret alike (a diff names a changed one: ``changed``).
+    snapshot_version = {**snapshot_after, "config": config_masked(*after)}
+    versioned = [name for name in diff if name not in NOT_VERSIONED]
+    if versioned:  # a change of status alone is no new version
+        _new_version(
+            task,
+            before={**snapshot_before, "config": masked_before},
+            after=snapshot_version,
+            changed=[*versioned, *environment_changed_names(env_names)],
+        )
 
 
 def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], changed: list[str]) -> None:
