@@ -179,6 +179,17 @@ class TmsSettings:
         return 0.0 if self.QUEUE_TYPE == "quorum" else self.MONITOR_LOOKAHEAD
 
     def __post_init__(self) -> None:
+        """Check every value (:class:`ImproperlyConfigured` naming the setting) and make the lists tuples."""
+        self._check_deployment()
+        self._check_scheduling()
+        self._check_metrics_and_retention()
+        self._as_tuples()
+        self._check_networks()
+        self._check_api_limits()
+        self._check_notifications()
+
+    def _check_deployment(self) -> None:
+        """The database pooler, the subprocess sandbox and the artifact uploads."""
         if self.DATABASE_POOLER not in ("none", "transaction"):
             raise ImproperlyConfigured("TMS_DATABASE_POOLER must be none or transaction (PgBouncer's pool_mode).")
         if self.DATABASE_POOLER == "transaction" and not self.LISTEN_DATABASE_URL:
@@ -191,7 +202,9 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_SUBPROCESS_RUN_RETENTION must be at least 60 (seconds).")
         if not 60 <= self.ARTIFACT_UPLOAD_TTL <= 86400:
             raise ImproperlyConfigured("TMS_ARTIFACT_UPLOAD_TTL must be between 60 and 86400 (seconds).")
-        # The bounds of the task fields these are defaults for (tasks_app.models).
+
+    def _check_scheduling(self) -> None:
+        """The monitor's dispatch, the fair share, the materialiser and the misfire defaults."""
         if not 0 <= self.MONITOR_QUEUE_SECONDS <= 60:
             raise ImproperlyConfigured("TMS_MONITOR_QUEUE_SECONDS must be between 0 (off) and 60.")
         if not 1 <= self.DISPATCH_BATCH <= 500:
@@ -210,10 +223,14 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_FAIR_WEIGHT must be between 1 and 1000.")
         if self.MATERIALISE_THREADS < 1:
             raise ImproperlyConfigured("TMS_MATERIALISE_THREADS must be at least 1.")
+        # The bounds of the task fields these are defaults for (tasks_app.models).
         if self.MISFIRE_GRACE < 1:
             raise ImproperlyConfigured("TMS_MISFIRE_GRACE must be at least 1 (second).")
         if not 1 <= self.CATCH_UP_LIMIT <= 1000:
             raise ImproperlyConfigured("TMS_CATCH_UP_LIMIT must be between 1 and 1000.")
+
+    def _check_metrics_and_retention(self) -> None:
+        """The per-task metrics bound and the retention defaults."""
         if not 0 <= self.METRICS_MAX_TASKS <= 10000:
             raise ImproperlyConfigured("TMS_METRICS_MAX_TASKS must be between 0 and 10000.")
         if not 1 <= self.RETENTION_KEEP_LAST <= MAX_KEEP_LAST:
@@ -226,9 +243,15 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_RETENTION_BATCH must be between 1 and 10000.")
         if self.RETENTION_INTERVAL < 60:
             raise ImproperlyConfigured("TMS_RETENTION_INTERVAL must be at least 60 (seconds).")
+
+    def _as_tuples(self) -> None:
+        """Store the list settings (given as lists in settings.TMS) as tuples, as their types say."""
         object.__setattr__(self, "METRICS_ALLOWED_NETWORKS", tuple(self.METRICS_ALLOWED_NETWORKS))
         object.__setattr__(self, "SECRET_KEYS", tuple(self.SECRET_KEYS))
         object.__setattr__(self, "TRUSTED_PROXIES", tuple(self.TRUSTED_PROXIES))
+
+    def _check_networks(self) -> None:
+        """Check that each trusted proxy and each network allowed to read /metrics parses."""
         for network in self.TRUSTED_PROXIES:
             try:
                 ipaddress.ip_network(network, strict=False)
@@ -243,6 +266,9 @@ class TmsSettings:
                 raise ImproperlyConfigured(
                     f"TMS_METRICS_ALLOWED_NETWORKS: {network!r} is not a network ({exc})."
                 ) from exc
+
+    def _check_api_limits(self) -> None:
+        """The callback and access tokens' lives, the config size, backfills and the quotas."""
         if not 60 <= self.CALLBACK_TOKEN_MAX_AGE <= 86400:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_MAX_AGE must be between 60 and 86400 (seconds).")
         if self.ACCESS_TOKEN_MAX_AGE < 0 or self.ACCESS_TOKEN_DEFAULT_AGE < 60:
@@ -260,6 +286,9 @@ class TmsSettings:
                 raise ImproperlyConfigured(f"TMS_{name} must be 0 (no limit) or positive.")
         if not 0 <= self.CALLBACK_TOKEN_GRACE <= 3600:
             raise ImproperlyConfigured("TMS_CALLBACK_TOKEN_GRACE must be between 0 and 3600 (seconds).")
+
+    def _check_notifications(self) -> None:
+        """The notification sender's timeout, lease, attempts and intervals."""
         if not 0 < self.NOTIFY_TIMEOUT < self.NOTIFY_LEASE:
             # A send outliving its lease could be sent again by another sender while still going.
             raise ImproperlyConfigured("TMS_NOTIFY_TIMEOUT must be above 0 and below TMS_NOTIFY_LEASE.")

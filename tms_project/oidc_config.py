@@ -94,40 +94,16 @@ def build_oidc_settings(
     groups = parse_groups(groups) if isinstance(groups, str) else dict(groups or {})
     client_id = client_id.strip()
     if not client_id:
-        given = [
-            name for name, value in (("TMS_OIDC_ISSUER", issuer), ("TMS_OIDC_CLIENT_SECRET", client_secret)) if value
-        ]
-        given += [ENDPOINT_VARIABLES[key] for key in endpoints]
-        given += ["TMS_OIDC_GROUPS"] if groups else []
-        if given:
-            raise OidcConfigError(f"{', '.join(given)} set but TMS_OIDC_CLIENT_ID is not: set it to turn SSO on.")
-        return {"TMS_OIDC": {"ENABLED": False, "LOCAL_LOGIN": True}}
+        return _sso_off(issuer=issuer, client_secret=client_secret, endpoints=endpoints, groups=groups)
     if not client_secret:
         raise OidcConfigError("TMS_OIDC_CLIENT_SECRET is required with TMS_OIDC_CLIENT_ID.")
-    missing = [ENDPOINT_VARIABLES[key] for key in ENDPOINT_VARIABLES if key not in endpoints]
-    if sign_algo not in SIGN_ALGORITHMS:
-        raise OidcConfigError(f"TMS_OIDC_SIGN_ALGO must be one of {', '.join(SIGN_ALGORITHMS)}, not {sign_algo!r}.")
-    if sign_algo == "HS256":
-        # The ID token is signed with the client secret: no key set to fetch.
-        missing = [name for name in missing if name != "TMS_OIDC_JWKS_ENDPOINT"]
-    if missing and not issuer:
-        raise OidcConfigError(
-            f"SSO needs TMS_OIDC_ISSUER (its endpoints are then discovered) or explicit {', '.join(missing)}."
-        )
+    _check_provider(endpoints=endpoints, issuer=issuer, sign_algo=sign_algo)
     scope_list = scopes.split()
     if "openid" not in scope_list:
         raise OidcConfigError(f"TMS_OIDC_SCOPES must include openid, not {scopes!r}.")
     if not username_claim.strip():
         raise OidcConfigError("TMS_OIDC_USERNAME_CLAIM must name a claim (e.g. preferred_username).")
-    for group, role in groups.items():
-        if not str(group).strip():
-            raise OidcConfigError(f"TMS_OIDC_GROUPS: a pair has no group before '=' (its role is {role!r}).")
-        try:
-            parse_role(str(role))
-        except RoleError as exc:
-            raise OidcConfigError(f"TMS_OIDC_GROUPS: group {group!r} maps to {exc}.") from None
-    if groups and not groups_claim.strip():
-        raise OidcConfigError("TMS_OIDC_GROUPS_CLAIM must name a claim when TMS_OIDC_GROUPS is set.")
+    _check_groups(groups, groups_claim)
     if not 60 <= renew_seconds <= 86400:
         raise OidcConfigError("TMS_OIDC_RENEW_SECONDS must be between 60 and 86400 (seconds).")
     if not 0 < timeout <= 120:
@@ -156,3 +132,42 @@ def build_oidc_settings(
         "OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS": renew_seconds,
         "OIDC_CREATE_USER": True,
     }
+
+
+def _sso_off(
+    *, issuer: str, client_secret: str, endpoints: Mapping[str, str], groups: Mapping[str, str]
+) -> dict[str, Any]:
+    """The settings with SSO off; :class:`OidcConfigError` when other SSO variables are set without the client id."""
+    given = [name for name, value in (("TMS_OIDC_ISSUER", issuer), ("TMS_OIDC_CLIENT_SECRET", client_secret)) if value]
+    given += [ENDPOINT_VARIABLES[key] for key in endpoints]
+    given += ["TMS_OIDC_GROUPS"] if groups else []
+    if given:
+        raise OidcConfigError(f"{', '.join(given)} set but TMS_OIDC_CLIENT_ID is not: set it to turn SSO on.")
+    return {"TMS_OIDC": {"ENABLED": False, "LOCAL_LOGIN": True}}
+
+
+def _check_provider(*, endpoints: Mapping[str, str], issuer: str, sign_algo: str) -> None:
+    """Check the signing algorithm, and that every endpoint it needs is given or can be discovered."""
+    missing = [ENDPOINT_VARIABLES[key] for key in ENDPOINT_VARIABLES if key not in endpoints]
+    if sign_algo not in SIGN_ALGORITHMS:
+        raise OidcConfigError(f"TMS_OIDC_SIGN_ALGO must be one of {', '.join(SIGN_ALGORITHMS)}, not {sign_algo!r}.")
+    if sign_algo == "HS256":
+        # The ID token is signed with the client secret: no key set to fetch.
+        missing = [name for name in missing if name != "TMS_OIDC_JWKS_ENDPOINT"]
+    if missing and not issuer:
+        raise OidcConfigError(
+            f"SSO needs TMS_OIDC_ISSUER (its endpoints are then discovered) or explicit {', '.join(missing)}."
+        )
+
+
+def _check_groups(groups: Mapping[str, str], groups_claim: str) -> None:
+    """Check that each group is named and maps to a role, and that a claim carries the groups."""
+    for group, role in groups.items():
+        if not str(group).strip():
+            raise OidcConfigError(f"TMS_OIDC_GROUPS: a pair has no group before '=' (its role is {role!r}).")
+        try:
+            parse_role(str(role))
+        except RoleError as exc:
+            raise OidcConfigError(f"TMS_OIDC_GROUPS: group {group!r} maps to {exc}.") from None
+    if groups and not groups_claim.strip():
+        raise OidcConfigError("TMS_OIDC_GROUPS_CLAIM must name a claim when TMS_OIDC_GROUPS is set.")

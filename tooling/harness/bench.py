@@ -905,71 +905,10 @@ class Bench:
         self.config.progress(f"dashboard: inserting {tasks} tasks, {total} executions and their rollup")
         started = time.monotonic()
         with connection.cursor() as cursor:
-            for owner, count in ((self.owner.pk, tasks // 10), (filler.pk, tasks - tasks // 10)):
-                insert_tasks(
-                    cursor,
-                    owner_id=owner,
-                    count=count,
-                    columns={
-                        "runner": "(ARRAY['noop', 'sleep', 'http'])[1 + g %% 3]",
-                        "start_at": "now() - interval '2 days'",
-                        "interval": "interval '1 hour'",
-                        "next_run_at": "now() + (g %% 7200) * interval '1 second'",
-                    },
-                )
-            # Execution k belongs to task k mod tasks; its times are k's own, so (task,
-            # scheduled_for) stays unique. Lateness 0.05-20 s, duration 0.01-600 s, log-ish spread.
-            cursor.execute(
-                """
-                WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
-                           WHERE owner_id IN (%(bench)s, %(filler)s)),
-                k AS (SELECT k, now() - (k * 129600.0 / %(finished)s) * interval '1 second' AS ended,
-                             (0.05 * power(400, (k %% 97) / 96.0)) AS late,
-                             (0.01 * power(60000, (k %% 89) / 88.0)) AS took
-                      FROM generate_series(0, %(finished)s - 1) AS k)
-                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                    lease_owner, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at, finished_at, owner_id, team_id)
-                SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
-                    CASE WHEN k.k %% 100 < 90 THEN 'SUCCEEDED' WHEN k.k %% 100 < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
-                    1, k.ended - (k.took + k.late) * interval '1 second', 5, '', '', '{}', '', '', '',
-                    k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended, t.owner_id,
-                    t.team_id
-                FROM k JOIN t ON t.n = k.k %% %(tasks)s
-                """,
-                {"bench": self.owner.pk, "filler": filler.pk, "finished": finished, "tasks": tasks},
-            )
-            cursor.execute(
-                """
-                WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
-                           WHERE owner_id IN (%(bench)s, %(filler)s))
-                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                    lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
-                    enqueued_at, started_at, owner_id, team_id)
-                SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
-                    CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
-                         ELSE 'SCHEDULED' END,
-                    1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
-                    CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
-                    CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
-                    CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END,
-                    t.owner_id, t.team_id
-                FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
-                """,
-                {"bench": self.owner.pk, "filler": filler.pk, "live": live, "tasks": tasks},
-            )
-            cursor.execute(
-                """
-                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
-                           WHERE owner_id IN (%(bench)s, %(filler)s))
-                INSERT INTO executions_skippedoccurrence (task_id, scheduled_for, reason, detail, recorded_at)
-                SELECT t.id, now() - (g * 86400.0 / %(skips)s) * interval '1 second',
-                    (ARRAY['missed', 'coalesced', 'paused', 'overlap'])[1 + g %% 4], '',
-                    now() - (g * 86400.0 / %(skips)s) * interval '1 second'
-                FROM generate_series(0, %(skips)s - 1) AS g JOIN t ON t.n = g %% %(tasks)s
-                """,
-                {"bench": self.owner.pk, "filler": filler.pk, "skips": max(1, tasks // 5), "tasks": tasks},
-            )
+            self._history_tasks(cursor, filler.pk, tasks)
+            self._history_finished(cursor, filler.pk, tasks, finished)
+            self._history_live(cursor, filler.pk, tasks, live)
+            self._history_skips(cursor, filler.pk, tasks)
         counted = rollup_rebuild(since=db_now() - timedelta(hours=37))
         folded = rollup_compact()  # as beat does every minute: shards of past minutes folded
         with connection.cursor() as cursor:
@@ -978,6 +917,83 @@ class Bench:
                 cursor.execute(f"VACUUM ANALYZE {table}")
         elapsed = time.monotonic() - started
         self.config.progress(f"dashboard: filled in {elapsed:.1f}s ({counted} counted, {folded} shard rows folded)")
+
+    def _history_tasks(self, cursor: Any, filler_id: int, tasks: int) -> None:
+        """The history's recurring tasks: a tenth the bench user's, the rest the filler's."""
+        for owner, count in ((self.owner.pk, tasks // 10), (filler_id, tasks - tasks // 10)):
+            insert_tasks(
+                cursor,
+                owner_id=owner,
+                count=count,
+                columns={
+                    "runner": "(ARRAY['noop', 'sleep', 'http'])[1 + g %% 3]",
+                    "start_at": "now() - interval '2 days'",
+                    "interval": "interval '1 hour'",
+                    "next_run_at": "now() + (g %% 7200) * interval '1 second'",
+                },
+            )
+
+    def _history_finished(self, cursor: Any, filler_id: int, tasks: int, finished: int) -> None:
+        """The finished executions, spread over the last 36 hours."""
+        # Execution k belongs to task k mod tasks; its times are k's own, so (task,
+        # scheduled_for) stays unique. Lateness 0.05-20 s, duration 0.01-600 s, log-ish spread.
+        cursor.execute(
+            """
+            WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                       WHERE owner_id IN (%(bench)s, %(filler)s)),
+            k AS (SELECT k, now() - (k * 129600.0 / %(finished)s) * interval '1 second' AS ended,
+                         (0.05 * power(400, (k %% 97) / 96.0)) AS late,
+                         (0.01 * power(60000, (k %% 89) / 88.0)) AS took
+                  FROM generate_series(0, %(finished)s - 1) AS k)
+            INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                lease_owner, external_run_id, run_handle, message_id, output, error,
+                enqueued_at, started_at, finished_at, owner_id, team_id)
+            SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
+                CASE WHEN k.k %% 100 < 90 THEN 'SUCCEEDED' WHEN k.k %% 100 < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
+                1, k.ended - (k.took + k.late) * interval '1 second', 5, '', '', '{}', '', '', '',
+                k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended, t.owner_id,
+                t.team_id
+            FROM k JOIN t ON t.n = k.k %% %(tasks)s
+            """,
+            {"bench": self.owner.pk, "filler": filler_id, "finished": finished, "tasks": tasks},
+        )
+
+    def _history_live(self, cursor: Any, filler_id: int, tasks: int, live: int) -> None:
+        """The live executions: running, pending, overdue and upcoming."""
+        cursor.execute(
+            """
+            WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                       WHERE owner_id IN (%(bench)s, %(filler)s))
+            INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
+                enqueued_at, started_at, owner_id, team_id)
+            SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
+                CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
+                     ELSE 'SCHEDULED' END,
+                1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
+                CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
+                CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
+                CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END,
+                t.owner_id, t.team_id
+            FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
+            """,
+            {"bench": self.owner.pk, "filler": filler_id, "live": live, "tasks": tasks},
+        )
+
+    def _history_skips(self, cursor: Any, filler_id: int, tasks: int) -> None:
+        """Skipped occurrences of the last day, a fifth as many as the tasks."""
+        cursor.execute(
+            """
+            WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                       WHERE owner_id IN (%(bench)s, %(filler)s))
+            INSERT INTO executions_skippedoccurrence (task_id, scheduled_for, reason, detail, recorded_at)
+            SELECT t.id, now() - (g * 86400.0 / %(skips)s) * interval '1 second',
+                (ARRAY['missed', 'coalesced', 'paused', 'overlap'])[1 + g %% 4], '',
+                now() - (g * 86400.0 / %(skips)s) * interval '1 second'
+            FROM generate_series(0, %(skips)s - 1) AS g JOIN t ON t.n = g %% %(tasks)s
+            """,
+            {"bench": self.owner.pk, "filler": filler_id, "skips": max(1, tasks // 5), "tasks": tasks},
+        )
 
     def pages(self) -> Figures:
         """Every back-office page's server time (:mod:`tooling.harness.pages`) with the dashboard

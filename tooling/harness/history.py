@@ -157,95 +157,109 @@ def _insert(
                 # Skips the deferred foreign-key check of every row at commit: the task ids are ours.
                 cursor.execute("SET LOCAL session_replication_role = replica")
             cursor.execute("SET LOCAL jit = off")
-            cursor.execute(
-                """
-                WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
-                           WHERE owner_id = %(owner)s),
-                k AS (SELECT k, now() - (k * %(spacing)s) * interval '1 second' AS ended,
-                             0.05 * power(400.0::float8, (k %% 97) / 96.0::float8) AS late,
-                             0.01 * power(60000.0::float8, (k %% 89) / 88.0::float8) AS took,
-                             k %% 100 AS pct FROM generate_series(%(low)s, %(high)s - 1) AS k),
-                ins AS (
-                    INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                        lease_owner, external_run_id, run_handle, message_id, output, error, origin,
-                        created_at, enqueued_at, started_at, finished_at, owner_id, team_id)
-                    SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
-                        CASE WHEN k.pct < 90 THEN 'SUCCEEDED' WHEN k.pct < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
-                        CASE WHEN k.pct = 96 THEN 2 ELSE 1 END,
-                        k.ended - (k.took + k.late) * interval '1 second', 5, '',
-                        CASE WHEN k.k %% 4 = 2 THEN 'run-' || k.k ELSE '' END, '{}', md5(k.k::text),
-                        CASE WHEN k.pct < 90 THEN 'done: ' || (k.k %% 1000) || ' items' ELSE '' END,
-                        CASE WHEN k.pct >= 90 AND k.pct < 97
-                             THEN 'exit status 1: connection refused by upstream ' || (k.k %% 50) ELSE '' END,
-                        CASE WHEN k.pct %% 10 < 9 THEN 'schedule'
-                             ELSE (ARRAY['trigger', 'retry', 'backfill'])[1 + k.k %% 3] END,
-                        k.ended - (k.took + k.late + 60) * interval '1 second',
-                        k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended,
-                        %(owner)s, (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
-                    FROM k JOIN t ON t.n = k.k %% %(tasks)s
-                    RETURNING id, status, attempt, enqueued_at, started_at, finished_at
-                )
-                INSERT INTO executions_executionevent (execution_id, from_status, to_status, attempt, at, actor, detail)
-                SELECT ins.id, s.from_status, COALESCE(s.to_status, ins.status), ins.attempt,
-                    CASE s.n WHEN 1 THEN ins.enqueued_at WHEN 2 THEN ins.started_at ELSE ins.finished_at END,
-                    CASE s.n WHEN 1 THEN 'monitor' ELSE 'worker-1:' || (ins.id %% 4096) END,
-                    CASE WHEN s.n = 3 AND ins.status = 'FAILED' THEN 'exit status 1' ELSE '' END
-                FROM ins, (VALUES (1, 'SCHEDULED', 'PENDING'), (2, 'PENDING', 'RUNNING'), (3, 'RUNNING', NULL))
-                    AS s (n, from_status, to_status)
-                """,
-                {"owner": owner_id, "tasks": tasks, "low": low, "high": high, "spacing": SPACING},
-            )
-            events += cursor.rowcount
+            events += _insert_finished(cursor, owner_id, tasks, low, high)
         elapsed = time.monotonic() - started
         progress(f"history: {high:,} finished executions in {elapsed:.0f}s ({high / elapsed:,.0f}/s, with events)")
     with transaction.atomic(), connection.cursor() as cursor:
         if superuser:
             cursor.execute("SET LOCAL session_replication_role = replica")
             cursor.execute("SET LOCAL jit = off")
-        # The live 1 %: a fifth running, a fifth pending, a fifth overdue (due in the last minutes), the rest upcoming.
-        cursor.execute(
-            """
-            WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
-                           WHERE owner_id = %(owner)s),
-            ins AS (
-                INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
-                    lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
-                    origin, enqueued_at, started_at, owner_id, team_id)
-                SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
-                    CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
-                         ELSE 'SCHEDULED' END,
-                    1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
-                    CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
-                    CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
-                    'schedule', CASE WHEN 5 * k < 2 * %(live)s THEN now() END,
-                    CASE WHEN 5 * k < %(live)s THEN now() END, %(owner)s,
-                    (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
-                FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
-                RETURNING id, status, enqueued_at, started_at
-            )
-            INSERT INTO executions_executionevent (execution_id, from_status, to_status, attempt, at, actor, detail)
-            SELECT ins.id, s.from_status, s.to_status, 1, COALESCE(ins.started_at, ins.enqueued_at), 'monitor', ''
-            FROM ins JOIN (VALUES ('PENDING', 'SCHEDULED', 'PENDING'), ('RUNNING', 'SCHEDULED', 'PENDING'),
-                               ('RUNNING', 'PENDING', 'RUNNING')) AS s (status, from_status, to_status)
-                ON s.status = ins.status
-            """,
-            {"owner": owner_id, "tasks": tasks, "live": live},
-        )
-        events += cursor.rowcount
-        # A year of monthly archive entries per task (what retention would have indexed).
-        cursor.execute(
-            """
-            INSERT INTO executions_archiveindex (task_id, owner_id, file_name, period_from, period_to, executions,
-                events, skipped, file_sha256, ids_sha256, created_at)
-            SELECT t.id, %(owner)s, 'archive/' || to_char(p.month, 'YYYY-MM') || '/' || t.id || '.jsonl.gz',
-                p.month, p.month + interval '1 month' - interval '1 second', 500, 1500, 0,
-                md5(t.id::text || p.month), md5(p.month || t.id::text), p.month + interval '1 month'
-            FROM tasks_app_task t,
-                LATERAL (SELECT date_trunc('month', now()) - m * interval '1 month' AS month
-                         FROM generate_series(2, 13) AS m) AS p
-            WHERE t.owner_id = %(owner)s
-            """,
-            {"owner": owner_id},
-        )
-        archived = cursor.rowcount
+        events += _insert_live(cursor, owner_id, tasks, live)
+        archived = _insert_archive_entries(cursor, owner_id)
     return events, archived
+
+
+def _insert_finished(cursor: Any, owner_id: int, tasks: int, low: int, high: int) -> int:
+    """Finished executions ``low`` to ``high - 1`` with three events each: the events inserted."""
+    cursor.execute(
+        """
+        WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                   WHERE owner_id = %(owner)s),
+        k AS (SELECT k, now() - (k * %(spacing)s) * interval '1 second' AS ended,
+                     0.05 * power(400.0::float8, (k %% 97) / 96.0::float8) AS late,
+                     0.01 * power(60000.0::float8, (k %% 89) / 88.0::float8) AS took,
+                     k %% 100 AS pct FROM generate_series(%(low)s, %(high)s - 1) AS k),
+        ins AS (
+            INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                lease_owner, external_run_id, run_handle, message_id, output, error, origin,
+                created_at, enqueued_at, started_at, finished_at, owner_id, team_id)
+            SELECT t.id, k.ended - (k.took + k.late) * interval '1 second',
+                CASE WHEN k.pct < 90 THEN 'SUCCEEDED' WHEN k.pct < 97 THEN 'FAILED' ELSE 'CANCELLED' END,
+                CASE WHEN k.pct = 96 THEN 2 ELSE 1 END,
+                k.ended - (k.took + k.late) * interval '1 second', 5, '',
+                CASE WHEN k.k %% 4 = 2 THEN 'run-' || k.k ELSE '' END, '{}', md5(k.k::text),
+                CASE WHEN k.pct < 90 THEN 'done: ' || (k.k %% 1000) || ' items' ELSE '' END,
+                CASE WHEN k.pct >= 90 AND k.pct < 97
+                     THEN 'exit status 1: connection refused by upstream ' || (k.k %% 50) ELSE '' END,
+                CASE WHEN k.pct %% 10 < 9 THEN 'schedule'
+                     ELSE (ARRAY['trigger', 'retry', 'backfill'])[1 + k.k %% 3] END,
+                k.ended - (k.took + k.late + 60) * interval '1 second',
+                k.ended - k.took * interval '1 second', k.ended - k.took * interval '1 second', k.ended,
+                %(owner)s, (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
+            FROM k JOIN t ON t.n = k.k %% %(tasks)s
+            RETURNING id, status, attempt, enqueued_at, started_at, finished_at
+        )
+        INSERT INTO executions_executionevent (execution_id, from_status, to_status, attempt, at, actor, detail)
+        SELECT ins.id, s.from_status, COALESCE(s.to_status, ins.status), ins.attempt,
+            CASE s.n WHEN 1 THEN ins.enqueued_at WHEN 2 THEN ins.started_at ELSE ins.finished_at END,
+            CASE s.n WHEN 1 THEN 'monitor' ELSE 'worker-1:' || (ins.id %% 4096) END,
+            CASE WHEN s.n = 3 AND ins.status = 'FAILED' THEN 'exit status 1' ELSE '' END
+        FROM ins, (VALUES (1, 'SCHEDULED', 'PENDING'), (2, 'PENDING', 'RUNNING'), (3, 'RUNNING', NULL))
+            AS s (n, from_status, to_status)
+        """,
+        {"owner": owner_id, "tasks": tasks, "low": low, "high": high, "spacing": SPACING},
+    )
+    return cursor.rowcount
+
+
+def _insert_live(cursor: Any, owner_id: int, tasks: int, live: int) -> int:
+    """The live executions with the events that brought them where they are: the events inserted."""
+    # The live 1 %: a fifth running, a fifth pending, a fifth overdue (due in the last minutes), the rest upcoming.
+    cursor.execute(
+        """
+        WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
+                       WHERE owner_id = %(owner)s),
+        ins AS (
+            INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
+                lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
+                origin, enqueued_at, started_at, owner_id, team_id)
+            SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
+                CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
+                     ELSE 'SCHEDULED' END,
+                1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
+                CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
+                CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
+                'schedule', CASE WHEN 5 * k < 2 * %(live)s THEN now() END,
+                CASE WHEN 5 * k < %(live)s THEN now() END, %(owner)s,
+                (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
+            FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
+            RETURNING id, status, enqueued_at, started_at
+        )
+        INSERT INTO executions_executionevent (execution_id, from_status, to_status, attempt, at, actor, detail)
+        SELECT ins.id, s.from_status, s.to_status, 1, COALESCE(ins.started_at, ins.enqueued_at), 'monitor', ''
+        FROM ins JOIN (VALUES ('PENDING', 'SCHEDULED', 'PENDING'), ('RUNNING', 'SCHEDULED', 'PENDING'),
+                           ('RUNNING', 'PENDING', 'RUNNING')) AS s (status, from_status, to_status)
+            ON s.status = ins.status
+        """,
+        {"owner": owner_id, "tasks": tasks, "live": live},
+    )
+    return cursor.rowcount
+
+
+def _insert_archive_entries(cursor: Any, owner_id: int) -> int:
+    """A year of monthly archive entries per task (what retention would have indexed): the entries inserted."""
+    cursor.execute(
+        """
+        INSERT INTO executions_archiveindex (task_id, owner_id, file_name, period_from, period_to, executions,
+            events, skipped, file_sha256, ids_sha256, created_at)
+        SELECT t.id, %(owner)s, 'archive/' || to_char(p.month, 'YYYY-MM') || '/' || t.id || '.jsonl.gz',
+            p.month, p.month + interval '1 month' - interval '1 second', 500, 1500, 0,
+            md5(t.id::text || p.month), md5(p.month || t.id::text), p.month + interval '1 month'
+        FROM tasks_app_task t,
+            LATERAL (SELECT date_trunc('month', now()) - m * interval '1 month' AS month
+                     FROM generate_series(2, 13) AS m) AS p
+        WHERE t.owner_id = %(owner)s
+        """,
+        {"owner": owner_id},
+    )
+    return cursor.rowcount

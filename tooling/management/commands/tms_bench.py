@@ -16,6 +16,7 @@ from tooling.harness.bench import (
     THROUGH,
     THROUGH_SCENARIOS,
     BenchConfig,
+    Figures,
     machine,
     run_bench,
     table,
@@ -65,6 +66,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = BenchConfig()
         parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
+        # In this order, which is the order --help lists them in.
+        self._add_load_arguments(parser, defaults)
+        self._add_scenario_sizes(parser, defaults)
+        self._add_run_switches(parser)
+        self._add_through_arguments(parser, defaults)
+        self._add_recording_arguments(parser)
+
+    def _add_load_arguments(self, parser: CommandParser, defaults: BenchConfig) -> None:
+        """The burst and sustained load, and the workers that take it."""
         parser.add_argument("--tasks", type=positive(int), default=defaults.tasks, help="burst size")
         parser.add_argument("--rate", type=positive(float), default=None, help="sustained executions/s")
         parser.add_argument(
@@ -83,6 +93,9 @@ class Command(BaseCommand):
         parser.add_argument("--duration", type=positive(float), default=defaults.duration, help="sustained seconds")
         parser.add_argument("--workers", type=positive(int), default=defaults.workers)
         parser.add_argument("--concurrency", type=positive(int), default=defaults.concurrency)
+
+    def _add_scenario_sizes(self, parser: CommandParser, defaults: BenchConfig) -> None:
+        """The size and shape of the herd, restore, workflows, scale, create, dashboard, lists and fairness runs."""
         parser.add_argument("--herd-tasks", type=positive(int), default=defaults.herd_tasks, help="herd size")
         parser.add_argument(
             "--restore-tasks",
@@ -128,6 +141,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fair-few", type=positive(int), default=defaults.fair_few, help="owner B's runs (fairness)"
         )
+
+    def _add_run_switches(self, parser: CommandParser) -> None:
+        """What a run keeps, adds or sets up: the history, a run with limits, the database."""
         parser.add_argument(
             "--keep-history",
             action="store_true",
@@ -144,6 +160,9 @@ class Command(BaseCommand):
             help="create the configured PostgreSQL database when it does not exist and apply the migrations first "
             "(make bench: a fresh machine needs no set-up)",
         )
+
+    def _add_through_arguments(self, parser: CommandParser, defaults: BenchConfig) -> None:
+        """The runs again through PgBouncer or on the HA topology."""
         parser.add_argument(
             "--through",
             action="append",
@@ -161,6 +180,9 @@ class Command(BaseCommand):
             default=None,
             help=f"with --through pgbouncer: its server connections per database (default {defaults.pgbouncer_pool})",
         )
+
+    def _add_recording_arguments(self, parser: CommandParser) -> None:
+        """Where the figures go: a JSON file, the comparison with a recorded run, a new record."""
         parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
         parser.add_argument(
             "--compare",
@@ -180,29 +202,55 @@ class Command(BaseCommand):
         _stop_on_sigterm()
         chosen = options["scenario"] or ["all"]
         scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
+        through = tuple(dict.fromkeys(options["through"] or ()))
+        self._check_options(options, scenarios, through)
+        recorded, about = self._load_recorded(options["compare"])
+        if options["prepare"]:
+            prepare_database()
+            call_command("migrate", interactive=False, verbosity=0)
+        load_before = load_average()
+        config = self._config(options, scenarios, through)
+        try:
+            results = run_bench(config, options["json"])
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+        info = machine()
+        self._print_results(config, results, info)
+        load_after = load_average()
+        self.stdout.write(f"\nload average (1, 5, 15 min): {load_before} before, {load_after} after\n")
+        if options["compare"] is None:
+            return
+        rows = [{**asdict(f), "ratio": f.ratio} for f in results]
+        self._print_comparison(options["compare"], rows, info, recorded, about)
+        if options["record"]:
+            record(options["compare"], rows, when=db_now().isoformat(), machine=info, load=[load_before, load_after])
+            self.stdout.write(f"Recorded this run's figures in {options['compare']}.\n")
+
+    def _check_options(self, options: dict[str, Any], scenarios: tuple[str, ...], through: tuple[str, ...]) -> None:
+        """Refuse (CommandError) options that contradict each other or need one not given."""
         if options["scale_tasks"] > options["scale_executions"]:
             raise CommandError("--scale-tasks must not exceed --scale-executions")
         if options["sustained_share"] and not {"burst", "sustained"} <= set(scenarios):
             raise CommandError("--sustained-share needs the burst and sustained scenarios")
         if options["record"] and options["compare"] is None:
             raise CommandError("--record needs --compare FILE (the file to record into)")
-        through = tuple(dict.fromkeys(options["through"] or ()))
         if through and not set(THROUGH_SCENARIOS) & set(scenarios):
             raise CommandError(f"--through needs a scenario it runs again: {' or '.join(THROUGH_SCENARIOS)}")
         if options["pgbouncer_pool"] is not None and "pgbouncer" not in through:
             raise CommandError("--pgbouncer-pool needs --through pgbouncer")
-        recorded: dict[str, Figure] = {}
-        about: dict[str, Any] = {}
-        if options["compare"] is not None and options["compare"].exists():
-            try:
-                recorded, about = load_recorded(options["compare"])
-            except (ValueError, TypeError, KeyError) as exc:
-                raise CommandError(f"{options['compare']} is not a recorded run: {exc}") from exc
-        if options["prepare"]:
-            prepare_database()
-            call_command("migrate", interactive=False, verbosity=0)
-        load_before = load_average()
-        config = BenchConfig(
+
+    def _load_recorded(self, path: Path | None) -> tuple[dict[str, Figure], dict[str, Any]]:
+        """The figures recorded in the ``--compare`` file and what they were run on; none when it is missing."""
+        if path is None or not path.exists():
+            return {}, {}
+        try:
+            return load_recorded(path)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CommandError(f"{path} is not a recorded run: {exc}") from exc
+
+    def _config(self, options: dict[str, Any], scenarios: tuple[str, ...], through: tuple[str, ...]) -> BenchConfig:
+        """The run's BenchConfig, from the options."""
+        return BenchConfig(
             scenarios=scenarios,
             tasks=options["tasks"],
             rate=options["rate"],
@@ -233,11 +281,9 @@ class Command(BaseCommand):
             settings_module=os.environ.get("DJANGO_SETTINGS_MODULE", ""),
             progress=lambda line: self.stdout.write(f"  {line}"),
         )
-        try:
-            results = run_bench(config, options["json"])
-        except RuntimeError as exc:
-            raise CommandError(str(exc)) from exc
-        info = machine()
+
+    def _print_results(self, config: BenchConfig, results: list[Figures], info: dict[str, Any]) -> None:
+        """Print the machine, the figures' table and, after runs through something, their ratios."""
         self.stdout.write(
             f"\nmachine: {info['cpu']}, {info['cores']} cores (single-core speed {info['speed']}), "
             f"{info['memory_gib']} GiB; PostgreSQL "
@@ -252,25 +298,27 @@ class Command(BaseCommand):
                 "other / direct; the figures of one run on a shared machine are noisy: compare several):\n"
                 + "\n".join(pooled)
             )
-        load_after = load_average()
-        self.stdout.write(f"\nload average (1, 5, 15 min): {load_before} before, {load_after} after\n")
-        if options["compare"] is None:
-            return
-        rows = [{**asdict(f), "ratio": f.ratio} for f in results]
+
+    def _print_comparison(
+        self,
+        path: Path,
+        rows: list[dict[str, Any]],
+        info: dict[str, Any],
+        recorded: dict[str, Figure],
+        about: dict[str, Any],
+    ) -> None:
+        """Print the headline figures beside the recorded ones, and how many are worse than their noise."""
         same, why = same_machine(info, about.get("machine"))
         lines, worse = compare(headline(rows), recorded, same_machine=same)
         if recorded:
             self.stdout.write(
-                f"\nAgainst the run recorded in {options['compare']} ({about.get('when', '?')}, commit "
+                f"\nAgainst the run recorded in {path} ({about.get('when', '?')}, commit "
                 f"{about.get('commit', '?')}, load {about.get('load_average', '?')}):\n"
             )
             judged = "every figure" if same else "only the ratios to bare Celery of each run; the rest for reference"
             self.stdout.write(f"Machine: {why}: judging {judged}.\n")
         else:
-            self.stdout.write(f"\nNothing recorded in {options['compare']} yet:\n")
+            self.stdout.write(f"\nNothing recorded in {path} yet:\n")
         self.stdout.write("\n".join(lines) + "\n")
         if worse:
             self.stdout.write(f"\n{len(worse)} figure(s) worse than recorded by more than their noise.\n")
-        if options["record"]:
-            record(options["compare"], rows, when=db_now().isoformat(), machine=info, load=[load_before, load_after])
-            self.stdout.write(f"Recorded this run's figures in {options['compare']}.\n")
