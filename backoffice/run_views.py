@@ -28,7 +28,7 @@ from executions.serializers import masked_input
 from tasks_api.triggers import task_trigger, trigger_words
 from tasks_api.workflows import task_neighbours
 from tms_core.auth import actor_for, request_user
-from tms_core.form_errors import SERVICE_ERRORS, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, flash_errors
 
 
 def is_workflow_root(task: Any, upstream: Any, downstream: Any) -> bool:
@@ -136,8 +136,7 @@ def executions_replay_view(request: HttpRequest) -> HttpResponse:
             user=request_user(request), execution_ids=ids, actor=actor_for(request_user(request))
         )
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect(target)
     messages.success(request, _replay_words(report))
     return redirect(target)

@@ -48,7 +48,7 @@ from tasks_app.teams import (
     visible_teams,
 )
 from tms_core.auth import request_user
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, flash_errors
 
 
 class TeamForm(forms.Form):
@@ -165,8 +165,7 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
     try:
         member_remove(team=team, username=username)
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:team", pk=team.pk)
     messages.success(request, f"{username} removed from {team.name}.")
     if username == request.user.get_username():
@@ -195,8 +194,7 @@ def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         team_delete(team=team)
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:team", pk=team.pk)
     messages.success(request, f"Team {team.name} deleted.")
     return redirect("backoffice:teams")

@@ -81,7 +81,7 @@ from tasks_app.teams import (
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, flash_errors
 
 logger = logging.getLogger(__name__)
 
@@ -410,8 +410,7 @@ def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpR
     try:
         action(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
     else:
         messages.success(request, done)
     return redirect("backoffice:task", pk=task.pk)
@@ -462,8 +461,7 @@ def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     try:
         report = task_delete(task=task, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:task", pk=task.pk)
     note = " An external run may go on." if report.may_still_run else ""
     messages.success(request, f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}")
@@ -562,8 +560,7 @@ def task_move_view(request: HttpRequest, pk: Any) -> HttpResponse:
         task_move(task=task, team=team, user=request_user(request))
     except SERVICE_ERRORS as exc:
         messages.error(request, f"{task} was not moved:")
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:task", pk=task.pk)
     messages.success(
         request, f"Moved {task} to team {team.name}: its runs, past and waiting, moved with it; its members see it now."
@@ -700,8 +697,7 @@ def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         report = execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
     else:
         messages.success(request, f"Execution {execution.pk} cancelled. {report.detail}".strip())
     return redirect("backoffice:execution", pk=execution.pk)
@@ -714,8 +710,7 @@ def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         retry = execution_retry_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:execution", pk=execution.pk)
     messages.success(request, f"Execution {retry.pk} retries execution {execution.pk}.")
     return redirect("backoffice:execution", pk=retry.pk)
@@ -798,8 +793,7 @@ def switched_team(request: HttpRequest, *, say: bool = True) -> tuple[Team | Non
         return team_resolve(request.user, value), False
     except InvalidInput as exc:
         if say:
-            for message in exception_messages(exc):
-                messages.error(request, message)
+            flash_errors(request, exc)
         return None, True
 
 

@@ -1,0 +1,65 @@
+"""What the back office's forms of a team's named objects (business calendars, named limits)
+share: the ``team`` menu of a new one (the teams where the user is an editor: the API's rule for
+a create; an object stays in its team, so an edit form has no menu), the refusal of a create by
+someone who edits no team, and a text field parsed into the API's input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+
+from tasks_app.models import TeamRole
+from tasks_app.teams import teams_with_role
+from tms_core.errors import RoleRequired
+
+
+def editor_team_choices(user: Any) -> list[tuple[str, str]]:
+    """A new limit's or calendar's team menu: the teams where ``user`` is an editor (the API's rule
+    for a create), the personal team first."""
+    teams = sorted(teams_with_role(user, TeamRole.EDITOR), key=lambda team: (not team.personal, team.name.lower()))
+    return [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in teams]
+
+
+def parsed_field(parse: Callable[[str], Any], text: str | None) -> Any:
+    """``parse(text)`` for a form's ``clean_<field>``: its ValueError's words become the field's error."""
+    try:
+        return parse(text or "")
+    except ValueError as exc:
+        raise forms.ValidationError(str(exc)) from None
+
+
+class TeamObjectForm(forms.Form):
+    """A form of a team's object; a subclass declares the ``team`` field with its own help text
+    and may add choices to :meth:`team_choices`."""
+
+    #: The objects' plural in the refusal of a create ("calendars").
+    plural = ""
+
+    def __init__(self, *args: Any, user: Any = None, editing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if editing:
+            del self.fields["team"]
+            return
+        field = self.fields["team"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = self.team_choices(user)
+
+    def team_choices(self, user: Any) -> list[tuple[str, str]]:
+        """The menu of a new object's team."""
+        return editor_team_choices(user)
+
+    @property
+    def can_create(self) -> bool:
+        """Whether the menu offers a team at all (a new object's form only)."""
+        return bool(self.fields["team"].choices)  # type: ignore[attr-defined]
+
+    def require_team(self) -> None:
+        """RoleRequired (403) for a create by a user who edits no team (the page shows no form then)."""
+        if not self.can_create:
+            raise RoleRequired(
+                f"You are an editor of no team: you may look at {self.plural}, not define them.",
+                role="editor",
+                held=None,
+            )
