@@ -20,7 +20,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.api import AccessTokenSerializer
@@ -32,8 +32,8 @@ from accounts.service_accounts import (
     service_account_delete,
     service_account_token_create,
 )
-from accounts.tokens import token_revoke
 from backoffice.forms import AccessTokenForm
+from backoffice.token_views import revoke_with_message, token_rows
 from tasks_app.models import Membership, Team, TeamRole
 from tasks_app.teams import (
     SERVICE_ACCOUNT,
@@ -228,16 +228,10 @@ def _account(request: HttpRequest, pk: int, account: int) -> tuple[Team, Service
 
 
 def _account_page(team: Team, account: ServiceAccount, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
-    now = timezone.now()
-    rows = [
-        {
-            "token": token,
-            "state": "revoked"
-            if token.revoked_at is not None
-            else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
-        }
-        for token in AccessToken.objects.filter(user_id=account.user_id).order_by("-id")
-    ]
+    rows = token_rows(
+        AccessToken.objects.filter(user_id=account.user_id).order_by("-id"),
+        lambda token: reverse("backoffice:service-account-token-revoke", args=[team.pk, account.pk, token.pk]),
+    )
     return {"team": team, "account": account, "rows": rows, "form": form, **extra}
 
 
@@ -280,9 +274,5 @@ def service_account_token_create_view(request: HttpRequest, pk: int, account: in
 @require_POST
 def service_account_token_revoke_view(request: HttpRequest, pk: int, account: int, token: int) -> HttpResponse:
     team, found = _account(request, pk, account)
-    row = get_object_or_404(AccessToken, pk=token, user_id=found.user_id)
-    if token_revoke(token=row):
-        messages.success(request, f"Token {row.name} revoked: it stops working now.")
-    else:
-        messages.info(request, f"Token {row.name} was already revoked.")
+    revoke_with_message(request, get_object_or_404(AccessToken, pk=token, user_id=found.user_id))
     return redirect("backoffice:service-account", pk=team.pk, account=found.pk)
