@@ -48,7 +48,12 @@ from tasks_app.teams import (
     visible_teams,
 )
 from tms_core.auth import request_user
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, flash_errors
+from tms_core.form_errors import (
+    SERVICE_ERRORS,
+    add_errors,
+    flash_errors,
+    save_cleaned,
+)
 
 
 class TeamForm(forms.Form):
@@ -99,14 +104,10 @@ def teams_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def team_create_view(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST)
-    if form.is_valid():
-        try:
-            team = team_create(creator=request.user, **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"Team {team.name} created: you are its admin.")
-            return redirect("backoffice:team", pk=team.pk)
+    team = save_cleaned(form, lambda data: team_create(creator=request.user, **data))
+    if team is not None:
+        messages.success(request, f"Team {team.name} created: you are its admin.")
+        return redirect("backoffice:team", pk=team.pk)
     return render(request, "backoffice/teams.html", _teams_context(request, form), status=400)
 
 
@@ -145,14 +146,9 @@ def team_member_set_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
     form = MemberForm(request.POST)
-    if form.is_valid():
-        try:
-            member_set(team=team, **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
-            return redirect("backoffice:team", pk=team.pk)
+    if save_cleaned(form, lambda data: member_set(team=team, **data)) is not None:
+        messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
+        return redirect("backoffice:team", pk=team.pk)
     return render(request, "backoffice/team.html", _team_context(request, team, member_form=form), status=400)
 
 
@@ -209,14 +205,10 @@ def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
     form = ServiceAccountForm(request.POST)
-    if form.is_valid():
-        try:
-            account = service_account_create(team=team, creator=request_user(request), **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"Service account {account.name} created: give it a token below.")
-            return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
+    account = save_cleaned(form, lambda data: service_account_create(team=team, creator=request_user(request), **data))
+    if account is not None:
+        messages.success(request, f"Service account {account.name} created: give it a token below.")
+        return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
     return render(request, "backoffice/team.html", _team_context(request, team, account_form=form), status=400)
 
 

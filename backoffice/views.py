@@ -81,7 +81,13 @@ from tasks_app.teams import (
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, flash_errors
+from tms_core.form_errors import (
+    SERVICE_ERRORS,
+    add_errors,
+    add_service_errors,
+    flash_errors,
+    save_validated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -187,14 +193,7 @@ def _create_from_form(request: HttpRequest, form: TaskForm) -> Any:
     if after:
         payload["after"] = after
     serializer = TaskCreateSerializer(data=payload, context={"request": request})
-    if not serializer.is_valid():
-        add_errors(form, serializer.errors)
-        return None
-    try:
-        return task_create(owner=request_user(request), **serializer.validated_data)
-    except SERVICE_ERRORS as exc:
-        add_service_errors(form, exc)
-        return None
+    return save_validated(form, serializer, lambda data: task_create(owner=request_user(request), **data))
 
 
 #: Rows of the task page's occurrence timeline: its default window holds at most this many fire
@@ -475,18 +474,14 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
     form = BackfillForm(request.POST, zone=task.timezone)
     if form.is_valid():
         serializer = BackfillSerializer(data=form.payload())
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            try:
-                report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                # A range with no fire time says so, not "0 execution(s) created" as if it had some.
-                notify = messages.success if report.fire_times else messages.warning
-                notify(request, f"Backfill: {report.detail}")
-                return redirect("backoffice:task", pk=task.pk)
+        report = save_validated(
+            form, serializer, lambda data: task_backfill(task=task, actor=actor_for(request_user(request)), **data)
+        )
+        if report is not None:
+            # A range with no fire time says so, not "0 execution(s) created" as if it had some.
+            notify = messages.success if report.fire_times else messages.warning
+            notify(request, f"Backfill: {report.detail}")
+            return redirect("backoffice:task", pk=task.pk)
     context = task_context(request, task, backfill_form=form)
     return render(request, "backoffice/task_detail.html", context, status=400)
 

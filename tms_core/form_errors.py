@@ -106,6 +106,19 @@ def add_service_errors(form: forms.BaseForm, exc: BaseException, *, field_map: M
     add_errors(form, errors_of(exc), field_map=field_map)
 
 
+def save_cleaned(form: forms.BaseForm, save: Callable[[dict[str, Any]], Any]) -> Any:
+    """``save(the form's cleaned data)`` once the form is valid (a service that takes the form's
+    fields as they are): what it returns, or None, with the service's errors on the form's
+    fields, when the form or the service refuses."""
+    if not form.is_valid():
+        return None
+    try:
+        return save(form.cleaned_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+
+
 def save_validated(
     form: forms.BaseForm,
     serializer: Any,
