@@ -32,7 +32,7 @@ from tasks_app.models import Calendar, Task, TaskStatus, TeamRole
 from tasks_app.teams import includes, scope_to_teams, with_role
 from tms_core.auth import request_user
 from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, flash_errors, save_validated
+from tms_core.form_errors import SERVICE_ERRORS, flash_outcome, save_validated
 
 #: Rows the list shows (teams hold a handful; a page never renders without bound).
 LIST_MOST = 500
@@ -286,10 +286,8 @@ def calendar_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def calendar_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     calendar = _calendar_to_change(request, pk, "delete")
-    try:
-        calendar_delete(calendar=calendar)
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
+    if not flash_outcome(
+        request, lambda: calendar_delete(calendar=calendar), lambda _: f"Calendar {calendar.name} deleted."
+    ):
         return redirect("backoffice:calendar", pk=calendar.pk)
-    messages.success(request, f"Calendar {calendar.name} deleted.")
     return redirect("backoffice:calendars")

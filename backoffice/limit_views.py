@@ -31,7 +31,7 @@ from tasks_app.teams import includes, member_team_ids, sees_all, with_role
 from tms_core.auth import request_user
 from tms_core.durations import format_duration, parse_duration
 from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, flash_errors, save_validated
+from tms_core.form_errors import flash_outcome, save_validated
 
 #: Rows the list shows (teams hold a handful; a page never renders without bound).
 LIST_MOST = 500
@@ -288,10 +288,5 @@ def limit_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def limit_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     limit = _limit_to_change(request, pk, "delete")
-    try:
-        limit_delete(limit=limit)
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
-    else:
-        messages.success(request, f"Limit {limit.name} deleted.")
+    flash_outcome(request, lambda: limit_delete(limit=limit), lambda _: f"Limit {limit.name} deleted.")
     return redirect("backoffice:limits")

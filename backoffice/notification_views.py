@@ -35,7 +35,7 @@ from tasks_app import teams
 from tasks_app.models import TeamRole
 from tms_core.auth import request_user
 from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, flash_errors, save_validated
+from tms_core.form_errors import flash_outcome, save_validated
 
 #: Rows of the delivery log per page (keyset pages on the id, newest first: backoffice.keyset).
 LOG_PAGE = 50
@@ -250,12 +250,9 @@ def rule_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 def channel_test_view(request: HttpRequest, pk: int) -> HttpResponse:
     # A test sends through the channel: its team's editors (staff only with the permission, as the API).
     channel = _to_change(request.user, visible_channels(request.user), pk)
-    try:
-        delivery = channel_send_test(channel=channel)
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
-    else:
-        messages.success(
-            request, f"Test queued for {channel.name} (delivery {delivery.pk}): the log below shows how it went."
-        )
+    flash_outcome(
+        request,
+        lambda: channel_send_test(channel=channel),
+        lambda delivery: f"Test queued for {channel.name} (delivery {delivery.pk}): the log below shows how it went.",
+    )
     return redirect("backoffice:notifications")

@@ -49,9 +49,8 @@ from tasks_app.teams import (
 )
 from tms_core.auth import request_user
 from tms_core.form_errors import (
-    SERVICE_ERRORS,
     add_errors,
-    flash_errors,
+    flash_outcome,
     save_cleaned,
 )
 
@@ -158,13 +157,10 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
     team = _team(request, pk)
     if username != request.user.get_username():  # leaving a team needs no role
         _admin(request, team)
-    try:
-        member_remove(team=team, username=username)
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
-        return redirect("backoffice:team", pk=team.pk)
-    messages.success(request, f"{username} removed from {team.name}.")
-    if username == request.user.get_username():
+    removed = flash_outcome(
+        request, lambda: member_remove(team=team, username=username), lambda _: f"{username} removed from {team.name}."
+    )
+    if removed and username == request.user.get_username():
         return redirect("backoffice:teams")
     return redirect("backoffice:team", pk=team.pk)
 
@@ -187,12 +183,8 @@ def team_rename_view(request: HttpRequest, pk: int) -> HttpResponse:
 def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
-    try:
-        team_delete(team=team)
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
+    if not flash_outcome(request, lambda: team_delete(team=team), lambda _: f"Team {team.name} deleted."):
         return redirect("backoffice:team", pk=team.pk)
-    messages.success(request, f"Team {team.name} deleted.")
     return redirect("backoffice:teams")
 
 

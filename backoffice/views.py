@@ -86,6 +86,7 @@ from tms_core.form_errors import (
     add_errors,
     add_service_errors,
     flash_errors,
+    flash_outcome,
     save_validated,
 )
 
@@ -406,12 +407,7 @@ def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
 
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
     task = task_to_operate(request.user, pk)
-    try:
-        action(task=task, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
-    else:
-        messages.success(request, done)
+    flash_outcome(request, lambda: action(task=task, actor=actor_for(request_user(request))), lambda _: done)
     return redirect("backoffice:task", pk=task.pk)
 
 
@@ -457,13 +453,13 @@ def task_hook_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @require_POST
 def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_change(request.user, pk, delete=True)
-    try:
-        report = task_delete(task=task, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
+
+    def says(report: Any) -> str:
+        note = " An external run may go on." if report.may_still_run else ""
+        return f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}"
+
+    if not flash_outcome(request, lambda: task_delete(task=task, actor=actor_for(request_user(request))), says):
         return redirect("backoffice:task", pk=task.pk)
-    note = " An external run may go on." if report.may_still_run else ""
-    messages.success(request, f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}")
     return redirect("backoffice:tasks")
 
 
@@ -689,12 +685,11 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_to_change(request.user, pk)
-    try:
-        report = execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        flash_errors(request, exc)
-    else:
-        messages.success(request, f"Execution {execution.pk} cancelled. {report.detail}".strip())
+    flash_outcome(
+        request,
+        lambda: execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request))),
+        lambda report: f"Execution {execution.pk} cancelled. {report.detail}".strip(),
+    )
     return redirect("backoffice:execution", pk=execution.pk)
 
 

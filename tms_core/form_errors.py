@@ -106,6 +106,19 @@ def add_service_errors(form: forms.BaseForm, exc: BaseException, *, field_map: M
     add_errors(form, errors_of(exc), field_map=field_map)
 
 
+def flash_outcome(request: HttpRequest, act: Callable[[], Any], says: Callable[[Any], str]) -> bool:
+    """``act()`` for a button without a form: its success in the words ``says`` gives its result,
+    or the service's refusal (:func:`flash_errors`), as a message on the next page. Whether it
+    succeeded."""
+    try:
+        result = act()
+    except SERVICE_ERRORS as exc:
+        flash_errors(request, exc)
+        return False
+    messages.success(request, says(result))
+    return True
+
+
 def save_cleaned(form: forms.BaseForm, save: Callable[[dict[str, Any]], Any]) -> Any:
     """``save(the form's cleaned data)`` once the form is valid (a service that takes the form's
     fields as they are): what it returns, or None, with the service's errors on the form's
