@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from backoffice.team_objects import TeamObjectForm, parsed_field
+from backoffice.team_objects import TeamObjectForm, list_context, parsed_field
 from tasks_api.calendars import CALENDAR_FIELDS, calendar_closed_days, calendar_create, calendar_delete, calendar_update
 from tasks_api.calendars_api import CalendarSerializer
 from tasks_api.selectors import task_preview
@@ -177,16 +177,13 @@ def _closes(calendar: Calendar) -> str:
 
 
 def _list_context(request: HttpRequest, form: CalendarForm) -> dict[str, Any]:
-    calendars = list(visible_calendars(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
-    rows = [{"calendar": calendar, "closes": _closes(calendar)} for calendar in calendars[:LIST_MOST]]
-    return {
-        "more": len(calendars) > LIST_MOST,
-        "most": LIST_MOST,
-        "rows": rows,
-        "form": form,
-        "can_create": form.can_create,
-        "countries": sorted(supported_countries()),
-    }
+    context = list_context(
+        visible_calendars(request.user),
+        form,
+        LIST_MOST,
+        lambda calendars: [{"calendar": calendar, "closes": _closes(calendar)} for calendar in calendars],
+    )
+    return {**context, "countries": sorted(supported_countries())}
 
 
 @login_required

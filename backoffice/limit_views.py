@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from backoffice.team_objects import TeamObjectForm, parsed_field
+from backoffice.team_objects import TeamObjectForm, list_context, parsed_field
 from executions.limits import limit_usage, limits_in_use
 from tasks_api.limits import limit_create, limit_delete, limit_update, limits_visible
 from tasks_api.limits_api import LimitSerializer
@@ -174,24 +174,19 @@ def _in_use(user: Any, limits: list[Limit]) -> dict[int, dict[str, int]]:
 
 
 def _page(request: HttpRequest, form: LimitForm) -> dict[str, Any]:
-    limits = list(visible_limits(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
-    use = _in_use(request.user, limits[:LIST_MOST])
-    rows = [
-        {
-            "limit": limit,
-            "windows": windows_text(limit.windows),
-            "can_change": may_change(request.user, limit),
-            "use": use[limit.pk],
-        }
-        for limit in limits[:LIST_MOST]
-    ]
-    return {
-        "more": len(limits) > LIST_MOST,
-        "most": LIST_MOST,
-        "rows": rows,
-        "form": form,
-        "can_create": form.can_create,
-    }
+    def rows(limits: list[Limit]) -> list[dict[str, Any]]:
+        use = _in_use(request.user, limits)
+        return [
+            {
+                "limit": limit,
+                "windows": windows_text(limit.windows),
+                "can_change": may_change(request.user, limit),
+                "use": use[limit.pk],
+            }
+            for limit in limits
+        ]
+
+    return list_context(visible_limits(request.user), form, LIST_MOST, rows)
 
 
 @login_required

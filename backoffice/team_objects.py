@@ -1,7 +1,8 @@
-"""What the back office's forms of a team's named objects (business calendars, named limits)
-share: the ``team`` menu of a new one (the teams where the user is an editor: the API's rule for
-a create; an object stays in its team, so an edit form has no menu), the refusal of a create by
-someone who edits no team, and a text field parsed into the API's input."""
+"""What the back office's pages of a team's named objects (business calendars, named limits)
+share: the list's context (cut at a bound), and of their forms the ``team`` menu of a new one
+(the teams where the user is an editor: the API's rule for a create; an object stays in its
+team, so an edit form has no menu), the refusal of a create by someone who edits no team, and a
+text field parsed into the API's input."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
+from django.db.models import QuerySet
 
 from tasks_app.models import TeamRole
 from tasks_app.teams import teams_with_role
@@ -28,6 +30,21 @@ def parsed_field(parse: Callable[[str], Any], text: str | None) -> Any:
         return parse(text or "")
     except ValueError as exc:
         raise forms.ValidationError(str(exc)) from None
+
+
+def list_context(
+    objects: QuerySet, form: TeamObjectForm, most: int, rows: Callable[[list[Any]], list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """A list page's context: the ``rows`` made of the first ``most`` ``objects`` by name (then
+    team, id), whether there were more, and the new object's ``form``."""
+    shown = list(objects.order_by("name", "team__slug", "id")[: most + 1])
+    return {
+        "more": len(shown) > most,
+        "most": most,
+        "rows": rows(shown[:most]),
+        "form": form,
+        "can_create": form.can_create,
+    }
 
 
 class TeamObjectForm(forms.Form):
