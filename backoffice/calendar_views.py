@@ -23,15 +23,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from backoffice.team_objects import TeamObjectForm, list_context, parsed_field
+from backoffice.team_objects import TeamObjectForm, editor_may, editor_required, list_context, parsed_field
 from tasks_api.calendars import CALENDAR_FIELDS, calendar_closed_days, calendar_create, calendar_delete, calendar_update
 from tasks_api.calendars_api import CalendarSerializer
 from tasks_api.selectors import task_preview
 from tasks_app.calendars import WEEKDAY_NAMES, supported_countries
-from tasks_app.models import Calendar, Task, TaskStatus, TeamRole
-from tasks_app.teams import includes, scope_to_teams, with_role
+from tasks_app.models import Calendar, Task, TaskStatus
+from tasks_app.teams import scope_to_teams, with_role
 from tms_core.auth import request_user
-from tms_core.errors import RoleRequired
 from tms_core.form_errors import SERVICE_ERRORS, flash_outcome, save_validated
 
 #: Rows the list shows (teams hold a handful; a page never renders without bound).
@@ -145,21 +144,13 @@ def visible_calendars(user: Any) -> QuerySet[Calendar]:
 
 
 def may_change(user: Any, calendar: Calendar, verb: str = "change") -> bool:
-    return includes(getattr(calendar, "caller_role", None), TeamRole.EDITOR) or user.has_perm(
-        f"tasks_app.{verb}_calendar"
-    )
+    return editor_may(user, calendar, f"tasks_app.{verb}_calendar")
 
 
 def _calendar_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Calendar:
     calendar = get_object_or_404(visible_calendars(request.user), pk=pk)
     if not may_change(request.user, calendar, verb):
-        held = getattr(calendar, "caller_role", None)
-        message = (
-            "You may look at this calendar but not change it."
-            if held is None
-            else f"Your role in this team is {held}: to change its calendars you need editor or higher."
-        )
-        raise RoleRequired(message, role=TeamRole.EDITOR, held=held)
+        raise editor_required(calendar, "calendar", "calendars")
     return calendar
 
 

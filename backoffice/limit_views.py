@@ -22,12 +22,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from backoffice.team_objects import TeamObjectForm, list_context, parsed_field
+from backoffice.team_objects import TeamObjectForm, editor_may, editor_required, list_context, parsed_field
 from executions.limits import limit_usage, limits_in_use
 from tasks_api.limits import limit_create, limit_delete, limit_update, limits_visible
 from tasks_api.limits_api import LimitSerializer
 from tasks_app.models import Limit, LimitScope, TaskStatus, TeamRole
-from tasks_app.teams import includes, member_team_ids, sees_all, with_role
+from tasks_app.teams import member_team_ids, sees_all, with_role
 from tms_core.auth import request_user
 from tms_core.durations import format_duration, parse_duration
 from tms_core.errors import RoleRequired
@@ -143,20 +143,16 @@ def may_change(user: Any, limit: Limit, verb: str = "change") -> bool:
     staff with the permission."""
     if limit.team_id is None:
         return sees_all(user) and user.has_perm(f"tasks_app.{verb}_limit")
-    return includes(getattr(limit, "caller_role", None), TeamRole.EDITOR) or user.has_perm(f"tasks_app.{verb}_limit")
+    return editor_may(user, limit, f"tasks_app.{verb}_limit")
 
 
 def _limit_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Limit:
     limit = get_object_or_404(visible_limits(request.user), pk=pk)
     if not may_change(request.user, limit, verb):
-        held = getattr(limit, "caller_role", None)
         if limit.team_id is None:
-            message = "Only staff may change a global limit."
-        elif held is None:
-            message = "You may look at this limit but not change it."
-        else:
-            message = f"Your role in this team is {held}: to change its limits you need editor or higher."
-        raise RoleRequired(message, role=TeamRole.EDITOR, held=held)
+            held = getattr(limit, "caller_role", None)
+            raise RoleRequired("Only staff may change a global limit.", role=TeamRole.EDITOR, held=held)
+        raise editor_required(limit, "limit", "limits")
     return limit
 
 

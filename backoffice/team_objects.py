@@ -1,5 +1,6 @@
 """What the back office's pages of a team's named objects (business calendars, named limits)
-share: the list's context (cut at a bound), and of their forms the ``team`` menu of a new one
+share: the list's context (cut at a bound), who may change one and the refusal of who may
+not, and of their forms the ``team`` menu of a new one
 (the teams where the user is an editor: the API's rule for a create; an object stays in its
 team, so an edit form has no menu), the refusal of a create by someone who edits no team, and a
 text field parsed into the API's input."""
@@ -13,7 +14,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from tasks_app.models import TeamRole
-from tasks_app.teams import teams_with_role
+from tasks_app.teams import includes, teams_with_role
 from tms_core.errors import RoleRequired
 
 
@@ -22,6 +23,23 @@ def editor_team_choices(user: Any) -> list[tuple[str, str]]:
     for a create), the personal team first."""
     teams = sorted(teams_with_role(user, TeamRole.EDITOR), key=lambda team: (not team.personal, team.name.lower()))
     return [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in teams]
+
+
+def editor_may(user: Any, obj: Any, permission: str) -> bool:
+    """The API's rule for changing a team's object read with its ``caller_role``
+    (:func:`tasks_app.teams.with_role`): an editor of its team, or the model ``permission``."""
+    return includes(getattr(obj, "caller_role", None), TeamRole.EDITOR) or user.has_perm(permission)
+
+
+def editor_required(obj: Any, what: str, plural: str) -> RoleRequired:
+    """The refusal of a change of ``obj`` (a ``what``) by a user who may only look at it."""
+    held = getattr(obj, "caller_role", None)
+    message = (
+        f"You may look at this {what} but not change it."
+        if held is None
+        else f"Your role in this team is {held}: to change its {plural} you need editor or higher."
+    )
+    return RoleRequired(message, role=TeamRole.EDITOR, held=held)
 
 
 def parsed_field(parse: Callable[[str], Any], text: str | None) -> Any:
