@@ -1,9 +1,8 @@
 """What the back office's pages of a team's named objects (business calendars, named limits)
-share: the list's context (cut at a bound), who may change one and the refusal of who may
-not, and of their forms the ``team`` menu of a new one
-(the teams where the user is an editor: the API's rule for a create; an object stays in its
-team, so an edit form has no menu), the refusal of a create by someone who edits no team, and a
-text field parsed into the API's input."""
+share: the list's context (cut at a bound), who may change one and the refusal of who may not,
+and of their forms the ``team`` menu of a new one (the teams where the user is an editor: the
+API's rule for a create; an object stays in its team, so an edit form has no menu), the refusal
+of a create by someone who edits no team, and a text field parsed into the API's input."""
 
 from __future__ import annotations
 
