@@ -7,7 +7,10 @@ pages validate with the API's serializers and write through its services, so bad
 the API's messages; this module puts them where a person reads them: on the field they name
 (directly, or through a ``field_map`` when the form calls it otherwise), and the rest
 (``non_field_errors``, fields the form does not have, conflicts) above the form, prefixed with
-the name so nothing is lost. It is the one place that does this for both callers.
+the name so nothing is lost; a button without a form flashes them as messages instead. It is
+the one place that does this for both callers, with the steps around it: validate, save through
+the service, and put what either refused on the form (:func:`save_validated`,
+:func:`save_cleaned`), or say a button's outcome (:func:`flash_outcome`).
 """
 
 from __future__ import annotations
