@@ -15,6 +15,7 @@ team-scoped token lists and revokes only the tokens scoped to that same team.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -135,6 +136,14 @@ class AccessTokenSerializer(StrictInputMixin, serializers.ModelSerializer):
         return attrs
 
 
+def token_create_validated(*, user: Any, data: Mapping[str, Any]) -> tuple[AccessToken, str]:
+    """:func:`accounts.tokens.token_create` with what :class:`AccessTokenSerializer` accepted
+    (``POST /api/v1/tokens`` and the back office's token form)."""
+    return token_create(
+        user=user, name=data["name"], scopes=data["scopes"], expires_at=data["expires_at"], team=data.get("team")
+    )
+
+
 class NewAccessTokenSerializer(AccessTokenSerializer):
     """The answer to a create: the token and, this once, its key."""
 
@@ -208,14 +217,7 @@ class AccessTokenViewSet(
             )
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        token, key = token_create(
-            user=request_user(request),
-            name=data["name"],
-            scopes=data["scopes"],
-            expires_at=data["expires_at"],
-            team=data.get("team"),
-        )
+        token, key = token_create_validated(user=request_user(request), data=serializer.validated_data)
         token.key = key  # type: ignore[attr-defined]  # shown in this answer only
         return Response(NewAccessTokenSerializer(token).data, status=status.HTTP_201_CREATED)
 

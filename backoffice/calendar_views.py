@@ -23,16 +23,15 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from backoffice.limit_views import editor_team_choices
+from backoffice.team_objects import TeamObjectForm, editor_may, editor_required, list_context, parsed_field
 from tasks_api.calendars import CALENDAR_FIELDS, calendar_closed_days, calendar_create, calendar_delete, calendar_update
 from tasks_api.calendars_api import CalendarSerializer
 from tasks_api.selectors import task_preview
 from tasks_app.calendars import WEEKDAY_NAMES, supported_countries
-from tasks_app.models import Calendar, Task, TaskStatus, TeamRole
-from tasks_app.teams import includes, scope_to_teams, with_role
+from tasks_app.models import Calendar, Task, TaskStatus
+from tasks_app.teams import scope_to_teams, with_role
 from tms_core.auth import request_user
-from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, flash_outcome, save_validated
 
 #: Rows the list shows (teams hold a handful; a page never renders without bound).
 LIST_MOST = 500
@@ -75,8 +74,10 @@ def parse_extra(text: str) -> list[dict[str, str]]:
     return items
 
 
-class CalendarForm(forms.Form):
+class CalendarForm(TeamObjectForm):
     """A business calendar: the fields of ``POST /api/v1/calendars`` (the team only on a new one)."""
+
+    plural = "calendars"
 
     team = forms.ChoiceField(help_text="Its tasks may use it; its editors change it. A calendar stays in its team.")
     name = forms.CharField(max_length=100, help_text="What tasks name it by, e.g. Berlin office.")
@@ -105,20 +106,8 @@ class CalendarForm(forms.Form):
         help_text="One a line: a date or a range, then a label, e.g. 2027-12-24..2027-12-31 winter shutdown.",
     )
 
-    def __init__(self, *args: Any, user: Any = None, calendar: Calendar | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if calendar is not None:
-            del self.fields["team"]
-            return
-        field = self.fields["team"]
-        assert isinstance(field, forms.ChoiceField)
-        field.choices = editor_team_choices(user)
-
     def clean_extra_dates(self) -> list[dict[str, str]]:
-        try:
-            return parse_extra(self.cleaned_data.get("extra_dates") or "")
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
+        return parsed_field(parse_extra, self.cleaned_data.get("extra_dates"))
 
     @classmethod
     def initial_for(cls, calendar: Calendar) -> dict[str, Any]:
@@ -155,21 +144,13 @@ def visible_calendars(user: Any) -> QuerySet[Calendar]:
 
 
 def may_change(user: Any, calendar: Calendar, verb: str = "change") -> bool:
-    return includes(getattr(calendar, "caller_role", None), TeamRole.EDITOR) or user.has_perm(
-        f"tasks_app.{verb}_calendar"
-    )
+    return editor_may(user, calendar, f"tasks_app.{verb}_calendar")
 
 
 def _calendar_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Calendar:
     calendar = get_object_or_404(visible_calendars(request.user), pk=pk)
     if not may_change(request.user, calendar, verb):
-        held = getattr(calendar, "caller_role", None)
-        message = (
-            "You may look at this calendar but not change it."
-            if held is None
-            else f"Your role in this team is {held}: to change its calendars you need editor or higher."
-        )
-        raise RoleRequired(message, role=TeamRole.EDITOR, held=held)
+        raise editor_required(calendar, "calendar", "calendars")
     return calendar
 
 
@@ -187,16 +168,13 @@ def _closes(calendar: Calendar) -> str:
 
 
 def _list_context(request: HttpRequest, form: CalendarForm) -> dict[str, Any]:
-    calendars = list(visible_calendars(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
-    rows = [{"calendar": calendar, "closes": _closes(calendar)} for calendar in calendars[:LIST_MOST]]
-    return {
-        "more": len(calendars) > LIST_MOST,
-        "most": LIST_MOST,
-        "rows": rows,
-        "form": form,
-        "can_create": bool(form.fields["team"].choices),  # type: ignore[attr-defined]
-        "countries": sorted(supported_countries()),
-    }
+    context = list_context(
+        visible_calendars(request.user),
+        form,
+        LIST_MOST,
+        lambda calendars: [{"calendar": calendar, "closes": _closes(calendar)} for calendar in calendars],
+    )
+    return {**context, "countries": sorted(supported_countries())}
 
 
 @login_required
@@ -210,24 +188,17 @@ def calendars_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def calendar_create_view(request: HttpRequest) -> HttpResponse:
     form = CalendarForm(request.POST, user=request.user)
-    if not form.fields["team"].choices:  # type: ignore[attr-defined]
-        raise RoleRequired(
-            "You are an editor of no team: you may look at calendars, not define them.", role="editor", held=None
-        )
+    form.require_team()
     if form.is_valid():
         serializer = CalendarSerializer(data=form.api_input(), context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            try:
-                calendar = calendar_create(owner=request_user(request), **dict(serializer.validated_data))
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                messages.success(
-                    request, f"Calendar {calendar.name} created in team {calendar.team.name}: tasks may use it now."
-                )
-                return redirect("backoffice:calendar", pk=calendar.pk)
+        calendar = save_validated(
+            form, serializer, lambda data: calendar_create(owner=request_user(request), **dict(data))
+        )
+        if calendar is not None:
+            messages.success(
+                request, f"Calendar {calendar.name} created in team {calendar.team.name}: tasks may use it now."
+            )
+            return redirect("backoffice:calendar", pk=calendar.pk)
     return render(request, "backoffice/calendars.html", _list_context(request, form), status=400)
 
 
@@ -260,7 +231,7 @@ def _page_context(request: HttpRequest, calendar: Calendar, form: CalendarForm |
         "tasks": tasks,
         "form": form
         if form is not None
-        else (CalendarForm(initial=CalendarForm.initial_for(calendar), calendar=calendar) if can_change else None),
+        else (CalendarForm(initial=CalendarForm.initial_for(calendar), editing=True) if can_change else None),
         "can_change": can_change,
         "can_delete": may_change(request.user, calendar, "delete"),
         "countries": sorted(supported_countries()),
@@ -275,7 +246,7 @@ def calendar_page(request: HttpRequest, pk: int) -> HttpResponse:
         calendar = get_object_or_404(visible_calendars(request.user), pk=pk)
         return render(request, "backoffice/calendar.html", _page_context(request, calendar, None))
     calendar = _calendar_to_change(request, pk)
-    form = CalendarForm(request.POST, initial=CalendarForm.initial_for(calendar), calendar=calendar)
+    form = CalendarForm(request.POST, initial=CalendarForm.initial_for(calendar), editing=True)
     if form.is_valid():
         stored = {name: getattr(calendar, name) for name in CALENDAR_FIELDS}
         changes = {name: value for name, value in form.api_input().items() if value != stored.get(name)}
@@ -283,21 +254,19 @@ def calendar_page(request: HttpRequest, pk: int) -> HttpResponse:
             messages.info(request, f"Calendar {calendar.name}: nothing changed.")
             return redirect("backoffice:calendar", pk=calendar.pk)
         serializer = CalendarSerializer(calendar, data=changes, partial=True, context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            data = dict(serializer.validated_data)
+
+        def update(validated: Any) -> Calendar:
+            data = dict(validated)
             if "extra_dates" in data:  # ISO text, as the API's view hands them to the service
                 data["extra_dates"] = changes["extra_dates"]
-            try:
-                saved = calendar_update(calendar=calendar, changes=data, actor=request_user(request).get_username())
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                replanned = set(changes) - {"name"}
-                note = " The waiting runs of the tasks using it were planned again." if replanned else ""
-                messages.success(request, f"Calendar {saved.name} saved ({', '.join(sorted(changes))}).{note}")
-                return redirect("backoffice:calendar", pk=calendar.pk)
+            return calendar_update(calendar=calendar, changes=data, actor=request_user(request).get_username())
+
+        saved = save_validated(form, serializer, update)
+        if saved is not None:
+            replanned = set(changes) - {"name"}
+            note = " The waiting runs of the tasks using it were planned again." if replanned else ""
+            messages.success(request, f"Calendar {saved.name} saved ({', '.join(sorted(changes))}).{note}")
+            return redirect("backoffice:calendar", pk=calendar.pk)
     return render(request, "backoffice/calendar.html", _page_context(request, calendar, form), status=400)
 
 
@@ -305,11 +274,8 @@ def calendar_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def calendar_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     calendar = _calendar_to_change(request, pk, "delete")
-    try:
-        calendar_delete(calendar=calendar)
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+    if not flash_outcome(
+        request, lambda: calendar_delete(calendar=calendar), lambda _: f"Calendar {calendar.name} deleted."
+    ):
         return redirect("backoffice:calendar", pk=calendar.pk)
-    messages.success(request, f"Calendar {calendar.name} deleted.")
     return redirect("backoffice:calendars")

@@ -22,28 +22,22 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from backoffice.team_objects import TeamObjectForm, editor_may, editor_required, list_context, parsed_field
 from executions.limits import limit_usage, limits_in_use
 from tasks_api.limits import limit_create, limit_delete, limit_update, limits_visible
 from tasks_api.limits_api import LimitSerializer
 from tasks_app.models import Limit, LimitScope, TaskStatus, TeamRole
-from tasks_app.teams import includes, member_team_ids, sees_all, teams_with_role, with_role
+from tasks_app.teams import member_team_ids, sees_all, with_role
 from tms_core.auth import request_user
 from tms_core.durations import format_duration, parse_duration
 from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import flash_outcome, save_validated
 
 #: Rows the list shows (teams hold a handful; a page never renders without bound).
 LIST_MOST = 500
 #: The team menu's value for a global limit (staff with the permission only).
 GLOBAL = "__global__"
 _WINDOW = re.compile(r"^\s*(\d+)\s*(?:per|/)\s*(\S.*?)\s*$")
-
-
-def editor_team_choices(user: Any) -> list[tuple[str, str]]:
-    """A new limit's or calendar's team menu: the teams where ``user`` is an editor (the API's rule
-    for a create), the personal team first."""
-    teams = sorted(teams_with_role(user, TeamRole.EDITOR), key=lambda team: (not team.personal, team.name.lower()))
-    return [(team.slug, f"{team.name} (personal)" if team.personal else team.name) for team in teams]
 
 
 def windows_text(windows: Any) -> str:
@@ -71,8 +65,10 @@ def parse_windows(text: str) -> list[dict[str, Any]]:
     return windows
 
 
-class LimitForm(forms.Form):
+class LimitForm(TeamObjectForm):
     """A named limit: the fields of ``POST /api/v1/limits`` (the team only on a new one)."""
+
+    plural = "limits"
 
     team = forms.ChoiceField(help_text="Its tasks may name it; its editors change it. A limit stays in its team.")
     name = forms.CharField(max_length=100, help_text="What tasks name it by, e.g. api.example.com.")
@@ -97,23 +93,15 @@ class LimitForm(forms.Form):
         help_text='Starts per window, e.g. "10 per 1s, 1000 per 1h". Empty: no rate limit (then a cap is needed).',
     )
 
-    def __init__(self, *args: Any, user: Any = None, limit: Limit | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if limit is not None:
-            del self.fields["team"]
-            return
-        choices = editor_team_choices(user)
+    def team_choices(self, user: Any) -> list[tuple[str, str]]:
+        """The teams' menu, and a global limit for staff with the permission."""
+        choices = super().team_choices(user)
         if sees_all(user) and user.has_perm("tasks_app.add_limit"):
             choices.append((GLOBAL, "Global: any team's task may name it"))
-        field = self.fields["team"]
-        assert isinstance(field, forms.ChoiceField)
-        field.choices = choices
+        return choices
 
     def clean_windows(self) -> list[dict[str, Any]]:
-        try:
-            return parse_windows(self.cleaned_data.get("windows") or "")
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
+        return parsed_field(parse_windows, self.cleaned_data.get("windows"))
 
     @classmethod
     def initial_for(cls, limit: Limit) -> dict[str, Any]:
@@ -155,20 +143,16 @@ def may_change(user: Any, limit: Limit, verb: str = "change") -> bool:
     staff with the permission."""
     if limit.team_id is None:
         return sees_all(user) and user.has_perm(f"tasks_app.{verb}_limit")
-    return includes(getattr(limit, "caller_role", None), TeamRole.EDITOR) or user.has_perm(f"tasks_app.{verb}_limit")
+    return editor_may(user, limit, f"tasks_app.{verb}_limit")
 
 
 def _limit_to_change(request: HttpRequest, pk: int, verb: str = "change") -> Limit:
     limit = get_object_or_404(visible_limits(request.user), pk=pk)
     if not may_change(request.user, limit, verb):
-        held = getattr(limit, "caller_role", None)
         if limit.team_id is None:
-            message = "Only staff may change a global limit."
-        elif held is None:
-            message = "You may look at this limit but not change it."
-        else:
-            message = f"Your role in this team is {held}: to change its limits you need editor or higher."
-        raise RoleRequired(message, role=TeamRole.EDITOR, held=held)
+            held = getattr(limit, "caller_role", None)
+            raise RoleRequired("Only staff may change a global limit.", role=TeamRole.EDITOR, held=held)
+        raise editor_required(limit, "limit", "limits")
     return limit
 
 
@@ -186,24 +170,19 @@ def _in_use(user: Any, limits: list[Limit]) -> dict[int, dict[str, int]]:
 
 
 def _page(request: HttpRequest, form: LimitForm) -> dict[str, Any]:
-    limits = list(visible_limits(request.user).order_by("name", "team__slug", "id")[: LIST_MOST + 1])
-    use = _in_use(request.user, limits[:LIST_MOST])
-    rows = [
-        {
-            "limit": limit,
-            "windows": windows_text(limit.windows),
-            "can_change": may_change(request.user, limit),
-            "use": use[limit.pk],
-        }
-        for limit in limits[:LIST_MOST]
-    ]
-    return {
-        "more": len(limits) > LIST_MOST,
-        "most": LIST_MOST,
-        "rows": rows,
-        "form": form,
-        "can_create": bool(form.fields["team"].choices),  # type: ignore[attr-defined]
-    }
+    def rows(limits: list[Limit]) -> list[dict[str, Any]]:
+        use = _in_use(request.user, limits)
+        return [
+            {
+                "limit": limit,
+                "windows": windows_text(limit.windows),
+                "can_change": may_change(request.user, limit),
+                "use": use[limit.pk],
+            }
+            for limit in limits
+        ]
+
+    return list_context(visible_limits(request.user), form, LIST_MOST, rows)
 
 
 @login_required
@@ -216,27 +195,21 @@ def limits_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def limit_create_view(request: HttpRequest) -> HttpResponse:
     form = LimitForm(request.POST, user=request.user)
-    if not form.fields["team"].choices:  # type: ignore[attr-defined]
-        raise RoleRequired(
-            "You are an editor of no team: you may look at limits, not define them.", role="editor", held=None
-        )
+    form.require_team()
     if form.is_valid():
         serializer = LimitSerializer(data=form.api_input(), context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors, field_map={"is_global": "team"})
-        else:
-            data = dict(serializer.validated_data)
+
+        def create(validated: Any) -> Limit:
+            data = dict(validated)
             is_global = data.pop("global_", False)
             team = data.pop("team", None)
-            user = request_user(request)
-            try:
-                limit = limit_create(owner=None if is_global else user, team=team, **data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                where = "global" if limit.team is None else f"of team {limit.team.name}"
-                messages.success(request, f"Limit {limit.name} ({where}) defined: tasks may name it now.")
-                return redirect("backoffice:limits")
+            return limit_create(owner=None if is_global else request_user(request), team=team, **data)
+
+        limit = save_validated(form, serializer, create, field_map={"is_global": "team"})
+        if limit is not None:
+            where = "global" if limit.team is None else f"of team {limit.team.name}"
+            messages.success(request, f"Limit {limit.name} ({where}) defined: tasks may name it now.")
+            return redirect("backoffice:limits")
     return render(request, "backoffice/limits.html", _page(request, form), status=400)
 
 
@@ -274,10 +247,10 @@ def limit_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
     """A limit's form: only the fields changed are sent (a new scope or key resets its budgets)."""
     limit = _limit_to_change(request, pk)
     if request.method == "GET":
-        form = LimitForm(initial=LimitForm.initial_for(limit), limit=limit)
+        form = LimitForm(initial=LimitForm.initial_for(limit), editing=True)
         return render(request, "backoffice/limit_edit.html", {"limit": limit, "form": form})
     initial = LimitForm.initial_for(limit)
-    form = LimitForm(request.POST, initial=initial, limit=limit)
+    form = LimitForm(request.POST, initial=initial, editing=True)
     if form.is_valid():
         wanted = form.api_input()
         now = {**initial, "windows": limit.windows, "key": limit.key}
@@ -286,20 +259,19 @@ def limit_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
             messages.info(request, f"Limit {limit.name}: nothing changed.")
             return redirect("backoffice:limits")
         serializer = LimitSerializer(limit, data=changes, partial=True, context={"request": request})
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            data = {name: value for name, value in serializer.validated_data.items() if name != "global_"}
-            try:
-                limit_update(limit=limit, changes=data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                messages.success(
-                    request,
-                    f"Limit {limit.name} saved ({', '.join(sorted(changes))}): the next run to start counts by it.",
-                )
-                return redirect("backoffice:limits")
+        saved = save_validated(
+            form,
+            serializer,
+            lambda validated: limit_update(
+                limit=limit, changes={name: value for name, value in validated.items() if name != "global_"}
+            ),
+        )
+        if saved is not None:
+            messages.success(
+                request,
+                f"Limit {limit.name} saved ({', '.join(sorted(changes))}): the next run to start counts by it.",
+            )
+            return redirect("backoffice:limits")
     return render(request, "backoffice/limit_edit.html", {"limit": limit, "form": form}, status=400)
 
 
@@ -307,11 +279,5 @@ def limit_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def limit_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     limit = _limit_to_change(request, pk, "delete")
-    try:
-        limit_delete(limit=limit)
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-    else:
-        messages.success(request, f"Limit {limit.name} deleted.")
+    flash_outcome(request, lambda: limit_delete(limit=limit), lambda _: f"Limit {limit.name} deleted.")
     return redirect("backoffice:limits")

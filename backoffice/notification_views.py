@@ -12,7 +12,6 @@ checks it again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -36,7 +35,7 @@ from tasks_app import teams
 from tasks_app.models import TeamRole
 from tms_core.auth import request_user
 from tms_core.errors import RoleRequired
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import flash_outcome, save_validated
 
 #: Rows of the delivery log per page (keyset pages on the id, newest first: backoffice.keyset).
 LOG_PAGE = 50
@@ -131,19 +130,6 @@ def notifications_page(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/notifications.html", page_context(request))
 
 
-def _saved(form: Any, serializer: Any, save: Callable[[dict[str, Any]], Any]) -> Any:
-    """``save(validated data)`` once ``serializer`` (the API's) accepts the form's input; None,
-    with the serializer's or the service's errors on the form's fields, when refused."""
-    if not serializer.is_valid():
-        add_errors(form, serializer.errors)
-        return None
-    try:
-        return save(serializer.validated_data)
-    except SERVICE_ERRORS as exc:
-        add_service_errors(form, exc)
-        return None
-
-
 def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | None) -> Channel | None:
     """Validate ``form`` with the API's serializer and save through the service; None (errors on
     the form) when refused."""
@@ -160,8 +146,8 @@ def _save_channel(request: HttpRequest, form: ChannelForm, channel: Channel | No
             team = data.pop("team", None)
             return services.channel_create(owner=user, data=data, team=team)
 
-        return _saved(form, serializer, create)
-    return _saved(form, serializer, lambda data: services.channel_update(channel=channel, data=data))
+        return save_validated(form, serializer, create)
+    return save_validated(form, serializer, lambda data: services.channel_update(channel=channel, data=data))
 
 
 @login_required
@@ -206,8 +192,8 @@ def _save_rule(request: HttpRequest, form: RuleForm, rule: Rule | None) -> Rule 
     serializer = RuleSerializer(rule, data=form.api_input(), context=_context(request))
     user = request_user(request)
     if rule is None:
-        return _saved(form, serializer, lambda data: services.rule_create(owner=user, data=data))
-    return _saved(form, serializer, lambda data: services.rule_update(rule=rule, data=data))
+        return save_validated(form, serializer, lambda data: services.rule_create(owner=user, data=data))
+    return save_validated(form, serializer, lambda data: services.rule_update(rule=rule, data=data))
 
 
 def _back(request: HttpRequest) -> HttpResponse:
@@ -264,13 +250,9 @@ def rule_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 def channel_test_view(request: HttpRequest, pk: int) -> HttpResponse:
     # A test sends through the channel: its team's editors (staff only with the permission, as the API).
     channel = _to_change(request.user, visible_channels(request.user), pk)
-    try:
-        delivery = channel_send_test(channel=channel)
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-    else:
-        messages.success(
-            request, f"Test queued for {channel.name} (delivery {delivery.pk}): the log below shows how it went."
-        )
+    flash_outcome(
+        request,
+        lambda: channel_send_test(channel=channel),
+        lambda delivery: f"Test queued for {channel.name} (delivery {delivery.pk}): the log below shows how it went.",
+    )
     return redirect("backoffice:notifications")

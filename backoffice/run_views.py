@@ -10,7 +10,8 @@ replay here takes no config: changing what a run does is an editor's edit of the
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -28,12 +29,29 @@ from executions.serializers import masked_input
 from tasks_api.triggers import task_trigger, trigger_words
 from tasks_api.workflows import task_neighbours
 from tms_core.auth import actor_for, request_user
-from tms_core.form_errors import SERVICE_ERRORS, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, flash_errors
+
+T = TypeVar("T")
 
 
 def is_workflow_root(task: Any, upstream: Any, downstream: Any) -> bool:
     """Whether a run of ``task`` starts a workflow run: tasks follow it and it follows none."""
     return bool(downstream) and not upstream
+
+
+def _started(form: RunInputForm, start: Callable[[Any], T]) -> tuple[T, Any] | None:
+    """``start(the form's run input)`` and that input, once the form is valid; None, with the
+    errors on the form (on the input's fields where they name one), when the form or the
+    service refuses."""
+    if not form.is_valid():
+        return None
+    run_input: Any = None
+    try:
+        run_input = form.run_input()
+        return start(run_input), run_input
+    except SERVICE_ERRORS as exc:
+        form.add_input_errors(exc, run_input)
+        return None
 
 
 @login_required
@@ -50,21 +68,18 @@ def task_trigger_view(request: HttpRequest, pk: Any) -> HttpResponse:
     code = 200
     if request.method == "POST":
         code = 400
-        if form.is_valid():
-            run_input: Any = None
-            try:
-                run_input = form.run_input()
-                trigger = task_trigger(task=task, actor=actor_for(request_user(request)), run_input=run_input)
-            except SERVICE_ERRORS as exc:
-                form.add_input_errors(exc, run_input)
-            else:
-                words = trigger_words(trigger)
-                given = " with the input given" if run_input is not None else ""
-                if workflow:
-                    messages.success(request, f"Workflow started{given}: {words}.")
-                    return redirect("backoffice:workflow-run", pk=trigger.execution.pk)
-                messages.success(request, words[0].upper() + words[1:] + given + ".")
-                return redirect("backoffice:execution", pk=trigger.execution.pk)
+        started = _started(
+            form, lambda run_input: task_trigger(task=task, actor=actor_for(request_user(request)), run_input=run_input)
+        )
+        if started is not None:
+            trigger, run_input = started
+            words = trigger_words(trigger)
+            given = " with the input given" if run_input is not None else ""
+            if workflow:
+                messages.success(request, f"Workflow started{given}: {words}.")
+                return redirect("backoffice:workflow-run", pk=trigger.execution.pk)
+            messages.success(request, words[0].upper() + words[1:] + given + ".")
+            return redirect("backoffice:execution", pk=trigger.execution.pk)
     context = {"task": task, "form": form, "workflow": workflow, "downstream": downstream}
     return render(request, "backoffice/task_run.html", context, status=code)
 
@@ -93,22 +108,20 @@ def execution_replay_view(request: HttpRequest, pk: int) -> HttpResponse:
     code = 200
     if request.method == "POST":
         code = 400
-        if form.is_valid():
-            run_input: Any = None
-            try:
-                run_input = form.run_input()
-                report = executions_replay_picked(
-                    user=request_user(request),
-                    execution_ids=[execution.pk],
-                    actor=actor_for(request_user(request)),
-                    run_input=run_input,
-                )
-            except SERVICE_ERRORS as exc:
-                form.add_input_errors(exc, run_input)
-            else:
-                given = " with the input given" if run_input is not None else " with its own input"
-                messages.success(request, _replay_words(report)[:-1] + given + ".")
-                return redirect("backoffice:execution", pk=report.created[0])
+        started = _started(
+            form,
+            lambda run_input: executions_replay_picked(
+                user=request_user(request),
+                execution_ids=[execution.pk],
+                actor=actor_for(request_user(request)),
+                run_input=run_input,
+            ),
+        )
+        if started is not None:
+            report, run_input = started
+            given = " with the input given" if run_input is not None else " with its own input"
+            messages.success(request, _replay_words(report)[:-1] + given + ".")
+            return redirect("backoffice:execution", pk=report.created[0])
     context = {
         "execution": execution,
         "task": task,
@@ -136,8 +149,7 @@ def executions_replay_view(request: HttpRequest) -> HttpResponse:
             user=request_user(request), execution_ids=ids, actor=actor_for(request_user(request))
         )
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect(target)
     messages.success(request, _replay_words(report))
     return redirect(target)

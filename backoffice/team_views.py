@@ -20,7 +20,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.api import AccessTokenSerializer
@@ -32,8 +32,8 @@ from accounts.service_accounts import (
     service_account_delete,
     service_account_token_create,
 )
-from accounts.tokens import token_revoke
 from backoffice.forms import AccessTokenForm
+from backoffice.token_views import revoke_with_message, token_rows
 from tasks_app.models import Membership, Team, TeamRole
 from tasks_app.teams import (
     SERVICE_ACCOUNT,
@@ -48,7 +48,11 @@ from tasks_app.teams import (
     visible_teams,
 )
 from tms_core.auth import request_user
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import (
+    add_errors,
+    flash_outcome,
+    save_cleaned,
+)
 
 
 class TeamForm(forms.Form):
@@ -99,14 +103,10 @@ def teams_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def team_create_view(request: HttpRequest) -> HttpResponse:
     form = TeamForm(request.POST)
-    if form.is_valid():
-        try:
-            team = team_create(creator=request.user, **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"Team {team.name} created: you are its admin.")
-            return redirect("backoffice:team", pk=team.pk)
+    team = save_cleaned(form, lambda data: team_create(creator=request.user, **data))
+    if team is not None:
+        messages.success(request, f"Team {team.name} created: you are its admin.")
+        return redirect("backoffice:team", pk=team.pk)
     return render(request, "backoffice/teams.html", _teams_context(request, form), status=400)
 
 
@@ -145,14 +145,9 @@ def team_member_set_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
     form = MemberForm(request.POST)
-    if form.is_valid():
-        try:
-            member_set(team=team, **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
-            return redirect("backoffice:team", pk=team.pk)
+    if save_cleaned(form, lambda data: member_set(team=team, **data)) is not None:
+        messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
+        return redirect("backoffice:team", pk=team.pk)
     return render(request, "backoffice/team.html", _team_context(request, team, member_form=form), status=400)
 
 
@@ -162,14 +157,10 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
     team = _team(request, pk)
     if username != request.user.get_username():  # leaving a team needs no role
         _admin(request, team)
-    try:
-        member_remove(team=team, username=username)
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-        return redirect("backoffice:team", pk=team.pk)
-    messages.success(request, f"{username} removed from {team.name}.")
-    if username == request.user.get_username():
+    removed = flash_outcome(
+        request, lambda: member_remove(team=team, username=username), lambda _: f"{username} removed from {team.name}."
+    )
+    if removed and username == request.user.get_username():
         return redirect("backoffice:teams")
     return redirect("backoffice:team", pk=team.pk)
 
@@ -192,13 +183,8 @@ def team_rename_view(request: HttpRequest, pk: int) -> HttpResponse:
 def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
-    try:
-        team_delete(team=team)
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+    if not flash_outcome(request, lambda: team_delete(team=team), lambda _: f"Team {team.name} deleted."):
         return redirect("backoffice:team", pk=team.pk)
-    messages.success(request, f"Team {team.name} deleted.")
     return redirect("backoffice:teams")
 
 
@@ -211,14 +197,10 @@ def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
     team = _team(request, pk)
     _admin(request, team)
     form = ServiceAccountForm(request.POST)
-    if form.is_valid():
-        try:
-            account = service_account_create(team=team, creator=request_user(request), **form.cleaned_data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(form, exc)
-        else:
-            messages.success(request, f"Service account {account.name} created: give it a token below.")
-            return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
+    account = save_cleaned(form, lambda data: service_account_create(team=team, creator=request_user(request), **data))
+    if account is not None:
+        messages.success(request, f"Service account {account.name} created: give it a token below.")
+        return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
     return render(request, "backoffice/team.html", _team_context(request, team, account_form=form), status=400)
 
 
@@ -230,16 +212,10 @@ def _account(request: HttpRequest, pk: int, account: int) -> tuple[Team, Service
 
 
 def _account_page(team: Team, account: ServiceAccount, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
-    now = timezone.now()
-    rows = [
-        {
-            "token": token,
-            "state": "revoked"
-            if token.revoked_at is not None
-            else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
-        }
-        for token in AccessToken.objects.filter(user_id=account.user_id).order_by("-id")
-    ]
+    rows = token_rows(
+        AccessToken.objects.filter(user_id=account.user_id).order_by("-id"),
+        lambda token: reverse("backoffice:service-account-token-revoke", args=[team.pk, account.pk, token.pk]),
+    )
     return {"team": team, "account": account, "rows": rows, "form": form, **extra}
 
 
@@ -282,9 +258,5 @@ def service_account_token_create_view(request: HttpRequest, pk: int, account: in
 @require_POST
 def service_account_token_revoke_view(request: HttpRequest, pk: int, account: int, token: int) -> HttpResponse:
     team, found = _account(request, pk, account)
-    row = get_object_or_404(AccessToken, pk=token, user_id=found.user_id)
-    if token_revoke(token=row):
-        messages.success(request, f"Token {row.name} revoked: it stops working now.")
-    else:
-        messages.info(request, f"Token {row.name} was already revoked.")
+    revoke_with_message(request, get_object_or_404(AccessToken, pk=token, user_id=found.user_id))
     return redirect("backoffice:service-account", pk=team.pk, account=found.pk)

@@ -10,18 +10,20 @@ allows): the list shows each token's team.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from accounts.api import AccessTokenSerializer
+from accounts.api import AccessTokenSerializer, token_create_validated
 from accounts.models import AccessToken
-from accounts.tokens import token_create, token_made, token_made_revoke, token_revoke
+from accounts.tokens import token_made, token_made_revoke, token_revoke
 from backoffice.forms import AccessTokenForm
 from tasks_app.models import Team
 from tasks_app.teams import member_team_ids
@@ -38,20 +40,36 @@ def _form(request: HttpRequest, data: Any = None) -> AccessTokenForm:
     return AccessTokenForm(data, teams=_teams(request))
 
 
-def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
+def token_rows(tokens: Iterable[AccessToken], revoke_url: Callable[[AccessToken], str]) -> list[dict[str, Any]]:
+    """The rows of a token table (``backoffice/_tokens.html``): each token, its state in a word
+    and where its revoke button posts."""
     now = timezone.now()
-    tokens = AccessToken.objects.filter(user=request_user(request)).select_related("team").order_by("-id")
-    rows = [
+    return [
         {
             "token": token,
             "state": "revoked"
             if token.revoked_at is not None
             else ("expired" if token.expires_at is not None and token.expires_at <= now else "active"),
-            # What it made that outlives it (trigger URLs, memberships), to remove with a click.
-            "made": token_made(token=token),
+            "revoke_url": revoke_url(token),
         }
         for token in tokens
     ]
+
+
+def revoke_with_message(request: HttpRequest, token: AccessToken) -> None:
+    """Revoke ``token`` and say so (or that it was revoked already)."""
+    if token_revoke(token=token):
+        messages.success(request, f"Token {token.name} revoked: it stops working now.")
+    else:
+        messages.info(request, f"Token {token.name} was already revoked.")
+
+
+def _page(request: HttpRequest, form: AccessTokenForm, **extra: Any) -> dict[str, Any]:
+    tokens = AccessToken.objects.filter(user=request_user(request)).select_related("team").order_by("-id")
+    rows = token_rows(tokens, lambda token: reverse("backoffice:token-revoke", args=[token.pk]))
+    for row in rows:
+        # What it made that outlives it (trigger URLs, memberships), to remove with a click.
+        row["made"] = token_made(token=row["token"])
     return {"rows": rows, "form": form, **extra}
 
 
@@ -68,14 +86,7 @@ def token_create_view(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         serializer = AccessTokenSerializer(data=form.payload(), context={"user": request_user(request)})
         if serializer.is_valid():
-            data = serializer.validated_data
-            token, key = token_create(
-                user=request_user(request),
-                name=data["name"],
-                scopes=data["scopes"],
-                expires_at=data["expires_at"],
-                team=data.get("team"),
-            )
+            token, key = token_create_validated(user=request_user(request), data=serializer.validated_data)
             context = _page(request, _form(request), new_token=token, new_key=key)
             return render(request, "backoffice/tokens.html", context, status=201)
         add_errors(form, serializer.errors, field_map={"expires_at": "expires_in"})
@@ -85,11 +96,7 @@ def token_create_view(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def token_revoke_view(request: HttpRequest, pk: int) -> HttpResponse:
-    token = get_object_or_404(AccessToken, pk=pk, user=request_user(request))
-    if token_revoke(token=token):
-        messages.success(request, f"Token {token.name} revoked: it stops working now.")
-    else:
-        messages.info(request, f"Token {token.name} was already revoked.")
+    revoke_with_message(request, get_object_or_404(AccessToken, pk=pk, user=request_user(request)))
     return redirect("backoffice:tokens")
 
 

@@ -19,7 +19,7 @@ from tasks_app.models import TaskVersion
 from tasks_app.teams import with_role
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
-from tms_core.form_errors import SERVICE_ERRORS, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, flash_errors
 
 #: Versions a page of the versions list shows.
 VERSIONS_PAGE = 50
@@ -69,8 +69,7 @@ def task_version_restore_view(request: HttpRequest, pk: Any, number: int) -> Htt
             request=request,
         )
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:task-versions", pk=task.pk)
     if report.changed:
         messages.success(

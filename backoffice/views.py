@@ -81,7 +81,14 @@ from tasks_app.teams import (
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput
-from tms_core.form_errors import SERVICE_ERRORS, add_errors, add_service_errors, exception_messages
+from tms_core.form_errors import (
+    SERVICE_ERRORS,
+    add_errors,
+    add_service_errors,
+    flash_errors,
+    flash_outcome,
+    save_validated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -187,14 +194,7 @@ def _create_from_form(request: HttpRequest, form: TaskForm) -> Any:
     if after:
         payload["after"] = after
     serializer = TaskCreateSerializer(data=payload, context={"request": request})
-    if not serializer.is_valid():
-        add_errors(form, serializer.errors)
-        return None
-    try:
-        return task_create(owner=request_user(request), **serializer.validated_data)
-    except SERVICE_ERRORS as exc:
-        add_service_errors(form, exc)
-        return None
+    return save_validated(form, serializer, lambda data: task_create(owner=request_user(request), **data))
 
 
 #: Rows of the task page's occurrence timeline: its default window holds at most this many fire
@@ -407,13 +407,7 @@ def task_detail(request: HttpRequest, pk: Any) -> HttpResponse:
 
 def _task_action(request: HttpRequest, pk: Any, action: Any, done: str) -> HttpResponse:
     task = task_to_operate(request.user, pk)
-    try:
-        action(task=task, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-    else:
-        messages.success(request, done)
+    flash_outcome(request, lambda: action(task=task, actor=actor_for(request_user(request))), lambda _: done)
     return redirect("backoffice:task", pk=task.pk)
 
 
@@ -459,14 +453,13 @@ def task_hook_view(request: HttpRequest, pk: Any) -> HttpResponse:
 @require_POST
 def task_delete_view(request: HttpRequest, pk: Any) -> HttpResponse:
     task = task_to_change(request.user, pk, delete=True)
-    try:
-        report = task_delete(task=task, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+
+    def says(report: Any) -> str:
+        note = " An external run may go on." if report.may_still_run else ""
+        return f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}"
+
+    if not flash_outcome(request, lambda: task_delete(task=task, actor=actor_for(request_user(request))), says):
         return redirect("backoffice:task", pk=task.pk)
-    note = " An external run may go on." if report.may_still_run else ""
-    messages.success(request, f"Task {task} deleted; {len(report.executions)} active execution(s) cancelled.{note}")
     return redirect("backoffice:tasks")
 
 
@@ -477,18 +470,14 @@ def task_backfill_view(request: HttpRequest, pk: Any) -> HttpResponse:
     form = BackfillForm(request.POST, zone=task.timezone)
     if form.is_valid():
         serializer = BackfillSerializer(data=form.payload())
-        if not serializer.is_valid():
-            add_errors(form, serializer.errors)
-        else:
-            try:
-                report = task_backfill(task=task, actor=actor_for(request_user(request)), **serializer.validated_data)
-            except SERVICE_ERRORS as exc:
-                add_service_errors(form, exc)
-            else:
-                # A range with no fire time says so, not "0 execution(s) created" as if it had some.
-                notify = messages.success if report.fire_times else messages.warning
-                notify(request, f"Backfill: {report.detail}")
-                return redirect("backoffice:task", pk=task.pk)
+        report = save_validated(
+            form, serializer, lambda data: task_backfill(task=task, actor=actor_for(request_user(request)), **data)
+        )
+        if report is not None:
+            # A range with no fire time says so, not "0 execution(s) created" as if it had some.
+            notify = messages.success if report.fire_times else messages.warning
+            notify(request, f"Backfill: {report.detail}")
+            return redirect("backoffice:task", pk=task.pk)
     context = task_context(request, task, backfill_form=form)
     return render(request, "backoffice/task_detail.html", context, status=400)
 
@@ -562,8 +551,7 @@ def task_move_view(request: HttpRequest, pk: Any) -> HttpResponse:
         task_move(task=task, team=team, user=request_user(request))
     except SERVICE_ERRORS as exc:
         messages.error(request, f"{task} was not moved:")
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:task", pk=task.pk)
     messages.success(
         request, f"Moved {task} to team {team.name}: its runs, past and waiting, moved with it; its members see it now."
@@ -697,13 +685,11 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def execution_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     execution = execution_to_change(request.user, pk)
-    try:
-        report = execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request)))
-    except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
-    else:
-        messages.success(request, f"Execution {execution.pk} cancelled. {report.detail}".strip())
+    flash_outcome(
+        request,
+        lambda: execution_cancel_by_user(execution=execution, actor=actor_for(request_user(request))),
+        lambda report: f"Execution {execution.pk} cancelled. {report.detail}".strip(),
+    )
     return redirect("backoffice:execution", pk=execution.pk)
 
 
@@ -714,8 +700,7 @@ def execution_retry_view(request: HttpRequest, pk: int) -> HttpResponse:
     try:
         retry = execution_retry_by_user(execution=execution, actor=actor_for(request_user(request)))
     except SERVICE_ERRORS as exc:
-        for message in exception_messages(exc):
-            messages.error(request, message)
+        flash_errors(request, exc)
         return redirect("backoffice:execution", pk=execution.pk)
     messages.success(request, f"Execution {retry.pk} retries execution {execution.pk}.")
     return redirect("backoffice:execution", pk=retry.pk)
@@ -798,8 +783,7 @@ def switched_team(request: HttpRequest, *, say: bool = True) -> tuple[Team | Non
         return team_resolve(request.user, value), False
     except InvalidInput as exc:
         if say:
-            for message in exception_messages(exc):
-                messages.error(request, message)
+            flash_errors(request, exc)
         return None, True
 
 

@@ -7,6 +7,7 @@ operator set it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from tms_core.conf import tms_settings
@@ -27,13 +28,25 @@ def periodic_jobs() -> dict[str, tuple[str, float]]:
     }
 
 
-def register_periodic_tasks(**kwargs: Any) -> None:
+def register_jobs(
+    jobs: Mapping[str, tuple[str, float]], *, using: str = "default", expire_after: int | None = None
+) -> None:
+    """Create each of ``jobs`` (name -> (Celery task name, seconds between runs)) that beat does not
+    have yet; an existing entry is left as the operator set it. With ``expire_after``, a run that
+    waited longer than that many intervals in the queue is dropped (at least 5 seconds)."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    using = kwargs.get("using", "default")
-    for name, (task, seconds) in periodic_jobs().items():
+    for name, (task, seconds) in jobs.items():
         if PeriodicTask.objects.using(using).filter(name=name).exists():
             continue
         every = max(1, round(seconds))
         schedule, _ = IntervalSchedule.objects.using(using).get_or_create(every=every, period=IntervalSchedule.SECONDS)
-        PeriodicTask.objects.using(using).create(name=name, task=task, interval=schedule, description="TMS system job")
+        expire_seconds = None if expire_after is None else max(5, every * expire_after)
+        PeriodicTask.objects.using(using).create(
+            name=name, task=task, interval=schedule, description="TMS system job", expire_seconds=expire_seconds
+        )
+
+
+def register_periodic_tasks(**kwargs: Any) -> None:
+    """The engine's jobs, after every ``migrate`` (a ``post_migrate`` receiver)."""
+    register_jobs(periodic_jobs(), using=kwargs.get("using", "default"))

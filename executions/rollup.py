@@ -339,25 +339,34 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
     Counters are added, the extremes kept (the smallest minimum, the largest maximum).
     Returns the number of shard rows folded. Beat runs it every minute.
     """
-    table = RunRollup._meta.db_table
-    columns = ", ".join(MERGED_COLUMNS)
-    sums = _merged_aggregates()
-    add = _merged_set(table)
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
     cutoff = prep(floor_minute(db_now() - timedelta(seconds=older_than)), connection)
-    upsert = (
-        f"INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
-        "SELECT minute, team_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY minute, team_id, runner "
-        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
-    )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH folded AS (DELETE FROM {table} WHERE shard > 0 AND minute < %s RETURNING *), "  # noqa: S608
-            f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
-            "SELECT count(*) FROM folded",
-            [cutoff],
+        return _fold(
+            cursor,
+            picked="shard > 0 AND minute < %s",
+            minute="minute",
+            group_by="minute, team_id, runner",
+            params=[cutoff],
         )
-        return cursor.fetchone()[0]
+
+
+def _fold(cursor: Any, *, picked: str, minute: str, group_by: str, params: list[Any]) -> int:
+    """Delete the rollup rows ``picked`` (a condition) and add them up, grouped by ``group_by``,
+    into the shard 0 rows of ``minute`` (a column or a placeholder), created when missing, in
+    one statement; returns how many rows went. ``params`` fill the placeholders of ``picked``,
+    then of ``minute``."""
+    table = RunRollup._meta.db_table
+    columns = ", ".join(MERGED_COLUMNS)
+    cursor.execute(
+        f"WITH folded AS (DELETE FROM {table} WHERE {picked} RETURNING *), "  # noqa: S608 - names are ours
+        f"merged AS (INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "
+        f"SELECT {minute}, team_id, runner, 0, {_merged_aggregates()} FROM folded WHERE true GROUP BY {group_by} "
+        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {_merged_set(table)}) "
+        "SELECT count(*) FROM folded",
+        params,
+    )
+    return cursor.fetchone()[0]
 
 
 #: The minute of the carry rows: what minutes past the retention counted, one row per team and
@@ -372,26 +381,17 @@ def rollup_prune(*, now: datetime | None = None) -> tuple[int, int]:
     went. Beat runs it hourly."""
     conf = tms_settings()
     now = now or db_now()
-    table = RunRollup._meta.db_table
-    columns = ", ".join(MERGED_COLUMNS)
-    sums = _merged_aggregates()
-    add = _merged_set(table)
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
     cutoff = prep(now - timedelta(seconds=conf.ROLLUP_RETENTION), connection)
     carry = prep(CARRY_MINUTE, connection)
-    upsert = (
-        f"INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "  # noqa: S608 - names are ours
-        "SELECT %s, team_id, runner, 0, {sums} FROM {source} WHERE {where} GROUP BY team_id, runner "
-        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {add}"
-    )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH folded AS (DELETE FROM {table} WHERE minute > %s AND minute < %s RETURNING *), "  # noqa: S608
-            f"merged AS ({upsert.format(sums=sums, source='folded', where='true')}) "
-            "SELECT count(*) FROM folded",
-            [carry, cutoff, carry],
+        minutes = _fold(
+            cursor,
+            picked="minute > %s AND minute < %s",
+            minute="%s",
+            group_by="team_id, runner",
+            params=[carry, cutoff, carry],
         )
-        minutes = cursor.fetchone()[0]
         if minutes:  # the carry rows and the folded minutes changed: settled figures kept elsewhere go
             _bump_epoch(cursor)
     hours, _ = TaskRollup.objects.filter(hour__lt=now - timedelta(seconds=conf.TASK_ROLLUP_RETENTION)).delete()

@@ -12,6 +12,7 @@ from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from executions.admin import ReadOnlyAdmin
 from notifications import services
 from notifications.models import Channel, Delivery, Rule
 from tms_core.durations import DurationFormField
@@ -163,19 +164,10 @@ class RuleAdmin(ServiceSavedAdmin):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(ReadOnlyAdmin):
     """The delivery log: written by the dispatcher only."""
 
     list_display = ["id", "event", "channel", "task", "status", "attempts", "next_attempt_at", "created_at"]
     list_filter = ["status", "event"]
     search_fields = ["=idempotency_key", "channel__name"]
     show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

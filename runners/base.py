@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
@@ -285,6 +286,18 @@ class BaseRunner:
 # --------------------------------------------------------------------------------------------
 # Checks and limits shared by backends
 # --------------------------------------------------------------------------------------------
+
+
+class UrlHostLimitKey:
+    """For a runner (a :class:`BaseRunner`, named first) whose config's ``url`` is its target: a
+    named limit scoped ``host`` has a budget per host of the URL (``api.example.com``)."""
+
+    alias: str
+
+    def limit_key(self, config: Mapping[str, Any]) -> str:
+        """The host of the config's URL (the runner's alias when it has none)."""
+        url = config.get("url")
+        return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
 
 
 def status_codes_option(alias: str, options: Mapping[str, Any], name: str) -> frozenset[int]:

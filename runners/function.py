@@ -42,6 +42,7 @@ from runners.base import (
     RunnerError,
     RunResult,
     RunSpec,
+    UrlHostLimitKey,
     resend_while_in_progress,
     status_codes_option,
     validate_headers,
@@ -131,7 +132,7 @@ class AsyncHttpFunctionConfigSerializer(serializers.Serializer):
         return validate_headers(value, reserved=_RESERVED_HEADERS, reserved_prefixes=_RESERVED_HEADER_PREFIXES)
 
 
-class AsyncHttpFunctionRunner(BaseRunner):
+class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
     """Starts, polls and cancels runs on an asynchronous HTTP function platform."""
 
     option_defaults: ClassVar[dict[str, Any]] = {
@@ -150,11 +151,6 @@ class AsyncHttpFunctionRunner(BaseRunner):
     secret_config_fields = ("headers",)
     destination_config_fields = ("url",)
     supports_cancel = True
-
-    def limit_key(self, config: Mapping[str, Any]) -> str:
-        """The host of the function's URL."""
-        url = config.get("url")
-        return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)

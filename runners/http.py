@@ -41,6 +41,7 @@ from runners.base import (
     RunnerError,
     RunResult,
     RunSpec,
+    UrlHostLimitKey,
     resend_while_in_progress,
     status_codes_option,
     validate_headers,
@@ -246,7 +247,7 @@ def _redirected(status: int, method: str, body: bytes | None) -> tuple[str, byte
     return method, body
 
 
-class HttpRunner(BaseRunner):
+class HttpRunner(UrlHostLimitKey, BaseRunner):
     """Calls an http(s) URL per task config, behind an SSRF guard; see the module docstring."""
 
     option_defaults: ClassVar[dict[str, Any]] = {
@@ -266,11 +267,6 @@ class HttpRunner(BaseRunner):
     destination_config_fields = ("url",)
     #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
     supports_cancel = True
-
-    def limit_key(self, config: Mapping[str, Any]) -> str:
-        """The host of the URL (``api.example.com``)."""
-        url = config.get("url")
-        return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)

@@ -29,7 +29,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from executions.admin import error_text, run_for_each
+from executions.admin import ReadOnlyAdmin, error_text, run_for_each
 from executions.models import Execution
 from runners.registry import runner_aliases
 from tasks_api.calendars import CALENDAR_FIELDS, calendar_create, calendar_delete, calendar_update
@@ -458,21 +458,8 @@ class TaskAdmin(admin.ModelAdmin):
         )
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the services write (never by hand): shown, not added, changed or deleted here."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(AuditEntry)
-class AuditEntryAdmin(_ReadOnlyAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     """The audit log, read-only: entries are written by the services, never by hand."""
 
     list_display = ["at", "actor_name", "source", "action", "object_type", "object_id", "owner", "remote_addr"]
@@ -712,7 +699,7 @@ class CalendarAdmin(admin.ModelAdmin):
 
 
 @admin.register(TaskVersion)
-class TaskVersionAdmin(_ReadOnlyAdmin):
+class TaskVersionAdmin(ReadOnlyAdmin):
     """A task's versions (docs/triggers.md): its settings after each change, secrets masked."""
 
     list_display = ["task", "number", "created_at", "actor_name", "source", "changed"]
@@ -724,7 +711,7 @@ class TaskVersionAdmin(_ReadOnlyAdmin):
 
 
 @admin.register(TaskHook)
-class TaskHookAdmin(_ReadOnlyAdmin):
+class TaskHookAdmin(ReadOnlyAdmin):
     """Trigger URLs (docs/triggers.md); their secrets are never shown. Owners make, rotate and
     remove them through the API (the service audits it)."""
 

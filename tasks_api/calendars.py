@@ -13,11 +13,11 @@ from datetime import date, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from executions.models import ExecutionStatus
+from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
 from tasks_api.replan import task_replan
-from tasks_app.audit import audit_diff, audit_record
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
 from tasks_app.teams import team_for_new
@@ -145,19 +145,8 @@ def calendar_create(
     )
     _validate(calendar)
     if Calendar.objects.filter(team=team, name=name).exists():
-        raise InvalidInput.on("name", f"A calendar named {name!r} exists already.")
-    try:
-        with transaction.atomic():
-            calendar.save()
-            audit_record(
-                action="calendar.create",
-                object_type="calendar",
-                object_id=calendar.pk,
-                owner=owner.pk,
-                changes=audit_diff({}, _snapshot(calendar)),
-            )
-    except IntegrityError:  # a concurrent create of the same name won
-        raise InvalidInput.on("name", f"A calendar named {name!r} exists already.") from None
+        raise name_taken("calendar", name)
+    create_audited(calendar, kind="calendar", owner_id=owner.pk, snapshot=_snapshot)
     return calendar
 
 
@@ -166,9 +155,7 @@ def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: st
     (not deleted): their SCHEDULED executions that never started are replaced by ones placed
     by the new calendar (:func:`~tasks_api.replan.task_replan`); running, published and
     finished ones are left alone. Audited."""
-    unknown = set(changes) - set(CALENDAR_FIELDS)
-    if unknown:
-        raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
+    refuse_unknown(changes, CALENDAR_FIELDS)
     with transaction.atomic():
         locked = Calendar.objects.select_for_update().get(pk=calendar.pk)
         before = _snapshot(locked)
@@ -181,18 +168,10 @@ def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: st
             "name" in changes
             and Calendar.objects.filter(team_id=locked.team_id, name=locked.name).exclude(pk=locked.pk).exists()
         ):
-            raise InvalidInput.on("name", f"A calendar named {locked.name!r} exists already.")
+            raise name_taken("calendar", locked.name)
         locked.save()
         after = _snapshot(locked)
-        diff = audit_diff(before, after)
-        if diff:
-            audit_record(
-                action="calendar.update",
-                object_type="calendar",
-                object_id=locked.pk,
-                owner=locked.owner_id,
-                changes=diff,
-            )
+        audit_update(locked, kind="calendar", before=before, after=after)
         closes = {name: value for name, value in before.items() if name != "name"}
         if closes != {name: value for name, value in after.items() if name != "name"}:
             calendar_replan(calendar=locked, actor=actor)
@@ -233,14 +212,7 @@ def calendar_delete(*, calendar: Calendar) -> None:
             raise ConflictError(f"Calendar {locked.name!r} is used by tasks ({names}); change them first.")
         # Deleted tasks keep their history, not their calendar (the reference would keep it forever).
         Task.objects.filter(calendar=locked, status=TaskStatus.DELETED).update(calendar=None, calendar_policy="")
-        audit_record(
-            action="calendar.delete",
-            object_type="calendar",
-            object_id=locked.pk,
-            owner=locked.owner_id,
-            changes=audit_diff(_snapshot(locked), {}),
-        )
-        locked.delete()
+        delete_audited(locked, kind="calendar", snapshot=_snapshot)
 
 
 def calendar_closed_days(*, calendar: Calendar, start: date, end: date) -> list[tuple[date, str]]:

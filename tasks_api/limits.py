@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 
 from executions.models import Execution, ExecutionStatus
-from tasks_app.audit import audit_diff, audit_record
+from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
 from tasks_app.models import (
     MAX_LIMIT_CONCURRENCY,
     MAX_LIMITS_PER_TASK,
@@ -124,28 +124,15 @@ def limit_create(
     _validate(limit)
     owner_id = owner.pk if owner is not None else None
     if _name_taken(team_id=limit.team_id, name=name):
-        raise InvalidInput.on("name", f"A limit named {name!r} exists already.")
-    try:
-        with transaction.atomic():
-            limit.save()
-            audit_record(
-                action="limit.create",
-                object_type="limit",
-                object_id=limit.pk,
-                owner=owner_id,
-                changes=audit_diff({}, _snapshot(limit)),
-            )
-    except IntegrityError:  # a concurrent create of the same name won
-        raise InvalidInput.on("name", f"A limit named {name!r} exists already.") from None
+        raise name_taken("limit", name)
+    create_audited(limit, kind="limit", owner_id=owner_id, snapshot=_snapshot)
     return limit
 
 
 def limit_update(*, limit: Limit, changes: Mapping[str, Any]) -> Limit:
     """Change a limit (partial). Takes effect at the next claim of each run; runs already
     holding a slot keep it. Audited."""
-    unknown = set(changes) - set(LIMIT_FIELDS)
-    if unknown:
-        raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
+    refuse_unknown(changes, LIMIT_FIELDS)
     with transaction.atomic():
         # The limit's row, not its buckets: claims lock buckets, so an update never waits on them.
         locked = Limit.objects.select_for_update().get(pk=limit.pk)
@@ -154,15 +141,11 @@ def limit_update(*, limit: Limit, changes: Mapping[str, Any]) -> Limit:
             setattr(locked, name, limit_clean_windows(value) if name == "windows" else value)
         _validate(locked)
         if "name" in changes and _name_taken(team_id=locked.team_id, name=locked.name, exclude=locked.pk):
-            raise InvalidInput.on("name", f"A limit named {locked.name!r} exists already.")
+            raise name_taken("limit", locked.name)
         if "scope" in changes or "key" in changes:
             locked.buckets.all().delete()  # budgets are re-made per the new scope at the next claims
         locked.save()
-        diff = audit_diff(before, _snapshot(locked))
-        if diff:
-            audit_record(
-                action="limit.update", object_type="limit", object_id=locked.pk, owner=locked.owner_id, changes=diff
-            )
+        audit_update(locked, kind="limit", before=before, after=_snapshot(locked))
     return locked
 
 
@@ -174,14 +157,7 @@ def limit_delete(*, limit: Limit) -> None:
         if users:
             names = ", ".join(str(task_id) for task_id in users)
             raise InvalidInput.on("name", f"Limit {locked.name!r} is referenced by tasks ({names}); remove it first.")
-        audit_record(
-            action="limit.delete",
-            object_type="limit",
-            object_id=locked.pk,
-            owner=locked.owner_id,
-            changes=audit_diff(_snapshot(locked), {}),
-        )
-        locked.delete()
+        delete_audited(locked, kind="limit", snapshot=_snapshot)
 
 
 def limits_visible(*, user: User) -> Any:

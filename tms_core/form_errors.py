@@ -7,17 +7,22 @@ pages validate with the API's serializers and write through its services, so bad
 the API's messages; this module puts them where a person reads them: on the field they name
 (directly, or through a ``field_map`` when the form calls it otherwise), and the rest
 (``non_field_errors``, fields the form does not have, conflicts) above the form, prefixed with
-the name so nothing is lost. It is the one place that does this for both callers.
+the name so nothing is lost; a button without a form flashes them as messages instead. It is
+the one place that does this for both callers, with the steps around it: validate, save through
+the service, and put what either refused on the form (:func:`save_validated`,
+:func:`save_cleaned`), or say a button's outcome (:func:`flash_outcome`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django import forms
+from django.contrib import messages
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpRequest
 from rest_framework.exceptions import ValidationError as DrfValidationError
 
 from tms_core.errors import DomainError, InvalidInput
@@ -72,6 +77,13 @@ def exception_messages(exc: BaseException) -> list[str]:
     return error_messages(errors_of(exc))
 
 
+def flash_errors(request: HttpRequest, exc: BaseException) -> None:
+    """Each of ``exc``'s messages (:func:`exception_messages`) as an error message on the next
+    page: how a button without a form (delete, cancel, retry) says why it was refused."""
+    for message in exception_messages(exc):
+        messages.error(request, message)
+
+
 def add_errors(form: forms.BaseForm, errors: Any, *, field_map: Mapping[str, str] | None = None) -> None:
     """Add ``errors`` (a serializer's ``errors``: field -> messages, or a list of messages) to ``form``.
 
@@ -95,3 +107,49 @@ def add_errors(form: forms.BaseForm, errors: Any, *, field_map: Mapping[str, str
 def add_service_errors(form: forms.BaseForm, exc: BaseException, *, field_map: Mapping[str, str] | None = None) -> None:
     """Put a validation or domain error raised by a serializer or a service on ``form``."""
     add_errors(form, errors_of(exc), field_map=field_map)
+
+
+def flash_outcome(request: HttpRequest, act: Callable[[], Any], says: Callable[[Any], str]) -> bool:
+    """``act()`` for a button without a form: its success in the words ``says`` gives its result,
+    or the service's refusal (:func:`flash_errors`), as a message on the next page. Whether it
+    succeeded."""
+    try:
+        result = act()
+    except SERVICE_ERRORS as exc:
+        flash_errors(request, exc)
+        return False
+    messages.success(request, says(result))
+    return True
+
+
+def save_cleaned(form: forms.BaseForm, save: Callable[[dict[str, Any]], Any]) -> Any:
+    """``save(the form's cleaned data)`` once the form is valid (a service that takes the form's
+    fields as they are): what it returns, or None, with the service's errors on the form's
+    fields, when the form or the service refuses."""
+    if not form.is_valid():
+        return None
+    try:
+        return save(form.cleaned_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc)
+        return None
+
+
+def save_validated(
+    form: forms.BaseForm,
+    serializer: Any,
+    save: Callable[[Any], Any],
+    *,
+    field_map: Mapping[str, str] | None = None,
+) -> Any:
+    """``save(validated data)`` once ``serializer`` (the API's) accepts the form's input: what it
+    returns, or None, with the serializer's or the service's errors on the form's fields (named
+    through ``field_map`` where the form calls a field otherwise), when either refuses."""
+    if not serializer.is_valid():
+        add_errors(form, serializer.errors, field_map=field_map)
+        return None
+    try:
+        return save(serializer.validated_data)
+    except SERVICE_ERRORS as exc:
+        add_service_errors(form, exc, field_map=field_map)
+        return None

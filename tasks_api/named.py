@@ -1,0 +1,67 @@
+"""What the services of a team's named objects (named limits, business calendars) share: a new
+one saved with its audit entry, a partial change's fields checked, a change audited, a deletion
+audited.
+
+Each object is unique by name within its team; the services check the name first and say so
+on ``name``, and a concurrent create of the same name (the unique constraint) says the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from django.db import IntegrityError, models, transaction
+
+from tasks_app.audit import audit_diff, audit_record
+from tms_core.errors import InvalidInput
+
+
+def name_taken(kind: str, name: str) -> InvalidInput:
+    """The error on ``name`` for a ``kind`` ("limit", "calendar") whose name its team has already."""
+    return InvalidInput.on("name", f"A {kind} named {name!r} exists already.")
+
+
+def create_audited(
+    obj: models.Model, *, kind: str, owner_id: int | None, snapshot: Callable[[Any], Mapping[str, Any]]
+) -> None:
+    """Save the new ``obj`` (a ``kind``, with a ``name``) and audit ``<kind>.create`` with its
+    ``snapshot``, in one transaction; a concurrent create of the same name is :func:`name_taken`."""
+    try:
+        with transaction.atomic():
+            obj.save()
+            audit_record(
+                action=f"{kind}.create",
+                object_type=kind,
+                object_id=obj.pk,
+                owner=owner_id,
+                changes=audit_diff({}, snapshot(obj)),
+            )
+    except IntegrityError:  # a concurrent create of the same name won
+        raise name_taken(kind, obj.name) from None  # type: ignore[attr-defined]
+
+
+def refuse_unknown(changes: Mapping[str, Any], fields: Iterable[str]) -> None:
+    """InvalidInput naming each field of a partial change that is not one of ``fields``."""
+    unknown = set(changes) - set(fields)
+    if unknown:
+        raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
+
+
+def audit_update(obj: Any, *, kind: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Audit ``<kind>.update`` with what changed between the two snapshots, if anything did."""
+    diff = audit_diff(before, after)
+    if diff:
+        audit_record(action=f"{kind}.update", object_type=kind, object_id=obj.pk, owner=obj.owner_id, changes=diff)
+
+
+def delete_audited(obj: Any, *, kind: str, snapshot: Callable[[Any], Mapping[str, Any]]) -> None:
+    """Audit ``<kind>.delete`` with what ``obj`` held, then delete it (in the caller's transaction)."""
+    audit_record(
+        action=f"{kind}.delete",
+        object_type=kind,
+        object_id=obj.pk,
+        owner=obj.owner_id,
+        changes=audit_diff(snapshot(obj), {}),
+    )
+    obj.delete()
