@@ -557,6 +557,10 @@ class Task(models.Model):
             models.Index(
                 fields=["team", "-created_at", "-id"], condition=~Q(status="DELETED"), name="task_team_live_idx"
             ),
+            # A team's task ids, read from the index alone: what a join of other rows to their
+            # tasks by team hashes (the dashboard's skipped occurrences of a member's teams read
+            # every task's row through the primary key without it: 29 ms at 100,000 tasks).
+            models.Index(fields=["team", "id"], name="task_team_id_idx"),
             # The list's search: runner = q here, and name ILIKE '%q%' has a trigram index on UPPER(name):
             # migration 0017 (outside the model state).
             models.Index(fields=["runner"], name="task_runner_idx"),
