@@ -145,6 +145,47 @@ def executions_replay_by_user(
     ``config`` changes what they do, an editor's act: PermissionDenied (403) naming the role unless
     ``user`` is an editor in every team of the selection (:func:`tasks_app.teams.require_config_change`),
     checked before the config is, and nothing is replayed."""
+    ids = _checked_request(execution_ids, run_input=run_input, config=config)
+    rows = _finished_rows(ids, owner_id=owner_id, visible=visible)
+    tasks = Task.objects.in_bulk({row.task_id for row in rows})
+    _check_tasks(user, tasks, run_input=run_input, config=config)
+    overrides, dropped = _config_overrides(tasks, config)
+    order = [row.pk for row in rows]
+    per_team = Counter(row.team_id for row in rows)  # each run counts against the team of its task
+    if dry_run and rows:
+        _check_quota(per_team)
+    if dry_run or not rows:
+        return ReplayReport(dry_run=dry_run, replayed=order, dropped_secrets=dropped)
+    replays = [
+        transitions.Replay(row.pk, run_input=run_input, config_override=overrides.get(row.task_id)) for row in rows
+    ]
+    with transaction.atomic():
+        quota_charge_executions_of(per_team)
+        created = transitions.executions_replay(replays=replays, actor=actor)
+        if not all(created):  # the transaction, quota charge included, is rolled back
+            raise ConflictError("A task of the selection was deleted meanwhile: nothing was replayed.")
+        new_ids = [int(new_id) for new_id in created if new_id is not None]
+        changes = _audit_changes(
+            order, new_ids, selection=selection, run_input=run_input, config=config, overrides=overrides, tasks=tasks
+        )
+        only_task = next(iter(tasks)) if len(tasks) == 1 else None
+        audit_record(
+            action=AuditAction.REPLAY,
+            object_type="execution",
+            object_id=new_ids[0],
+            owner=owner_id,
+            task_id=only_task,
+            changes=changes,
+            detail=f"{len(new_ids)} execution(s) replayed",
+        )
+    notify_due()
+    return ReplayReport(dry_run=False, replayed=order, created=new_ids, dropped_secrets=dropped)
+
+
+def _checked_request(
+    execution_ids: Sequence[int], *, run_input: dict[str, Any] | None, config: dict[str, Any] | None
+) -> list[int]:
+    """Check the request's own shape (input, config, size): the ids, each once, in their order."""
     if run_input is not None:
         check_input(run_input, None)  # its shape and size, whatever the selection holds
     if config is not None and not isinstance(config, dict):
@@ -152,6 +193,11 @@ def executions_replay_by_user(
     ids = list(dict.fromkeys(execution_ids))
     if len(ids) > MAX_REPLAY:
         raise InvalidInput.on("non_field_errors", f"At most {MAX_REPLAY} executions a replay; {len(ids)} selected.")
+    return ids
+
+
+def _finished_rows(ids: list[int], *, owner_id: int, visible: QuerySet[Execution] | None) -> list[Execution]:
+    """Load the executions ``ids`` among those visible, oldest end first, all of them finished."""
     rows = list(
         (visible if visible is not None else Execution.objects.filter(owner_id=owner_id))
         .filter(pk__in=ids)
@@ -167,7 +213,13 @@ def executions_replay_by_user(
             raise InvalidInput.on(
                 "non_field_errors", f"Execution {row.pk} is {row.status}: only finished executions are replayed."
             )
-    tasks = Task.objects.in_bulk({row.task_id for row in rows})
+    return rows
+
+
+def _check_tasks(
+    user: Any, tasks: Mapping[uuid.UUID, Task], *, run_input: dict[str, Any] | None, config: dict[str, Any] | None
+) -> None:
+    """Check the tasks: the editor role for a config, none deleted, each accepts the run input."""
     if config is not None:
         for team_id in sorted({task.team_id for task in tasks.values()}):
             require_config_change(user, team_id, what="these runs")
@@ -176,6 +228,12 @@ def executions_replay_by_user(
             raise InvalidInput.on("task", f"Task {task.pk} is deleted: its executions are not run again.")
         if run_input is not None:
             input_check(task=task, run_input=run_input)
+
+
+def _config_overrides(
+    tasks: Mapping[uuid.UUID, Task], config: dict[str, Any] | None
+) -> tuple[dict[uuid.UUID, Any], dict[str, list[str]]]:
+    """Lay ``config`` over each task's: the sealed override per task, and the secrets it drops."""
     overrides: dict[uuid.UUID, Any] = {}
     dropped: dict[str, list[str]] = {}
     if config is not None:
@@ -183,55 +241,48 @@ def executions_replay_by_user(
             overrides[task.pk], lost = config_override(task=task, override=config)
             if lost:
                 dropped[str(task.pk)] = lost
-    order = [row.pk for row in rows]
-    per_team = Counter(row.team_id for row in rows)  # each run counts against the team of its task
-    if dry_run and rows:
-        # Would the runs fit the quota now? Charged and rolled back: the same refusal (429, or 400
-        # when they never fit) as the replay itself would meet, and nothing counted.
-        with transaction.atomic():
-            quota_charge_executions_of(per_team)
-            transaction.set_rollback(True)
-    if dry_run or not rows:
-        return ReplayReport(dry_run=dry_run, replayed=order, dropped_secrets=dropped)
-    replays = [
-        transitions.Replay(row.pk, run_input=run_input, config_override=overrides.get(row.task_id)) for row in rows
-    ]
+    return overrides, dropped
+
+
+def _check_quota(per_team: Mapping[int, int]) -> None:
+    """Check that the runs would fit each team's quota now, charging nothing."""
+    # Charged and rolled back: the same refusal (429, or 400 when they never fit) as the replay
+    # itself would meet, and nothing counted.
     with transaction.atomic():
         quota_charge_executions_of(per_team)
-        created = transitions.executions_replay(replays=replays, actor=actor)
-        if not all(created):  # the transaction, quota charge included, is rolled back
-            raise ConflictError("A task of the selection was deleted meanwhile: nothing was replayed.")
-        new_ids = [int(new_id) for new_id in created if new_id is not None]
-        changes: dict[str, Any] = {
-            "count": len(new_ids),
-            "selection": dict(selection or {"executions": order}),
-            "replayed": order,
-            "created": new_ids,
+        transaction.set_rollback(True)
+
+
+def _audit_changes(
+    order: list[int],
+    new_ids: list[int],
+    *,
+    selection: Mapping[str, Any] | None,
+    run_input: dict[str, Any] | None,
+    config: dict[str, Any] | None,
+    overrides: Mapping[uuid.UUID, Any],
+    tasks: Mapping[uuid.UUID, Task],
+) -> dict[str, Any]:
+    """The replay's audit entry's changes: count, selection, runs, and what input or config they got."""
+    changes: dict[str, Any] = {
+        "count": len(new_ids),
+        "selection": dict(selection or {"executions": order}),
+        "replayed": order,
+        "created": new_ids,
+    }
+    if run_input is not None:
+        changes["input"] = "replaced"
+    if config is not None:
+        changes["config"] = {str(task_id): config_masked("", sealed) for task_id, sealed in overrides.items()}
+        # The override's environment values read masked: name the variables it sets.
+        env_names = {
+            str(task_id): names
+            for task_id, sealed in overrides.items()
+            if (names := environment_changes(config_open(tasks[task_id].config), config_open(sealed)))
         }
-        if run_input is not None:
-            changes["input"] = "replaced"
-        if config is not None:
-            changes["config"] = {str(task_id): config_masked("", sealed) for task_id, sealed in overrides.items()}
-            # The override's environment values read masked: name the variables it sets.
-            env_names = {
-                str(task_id): names
-                for task_id, sealed in overrides.items()
-                if (names := environment_changes(config_open(tasks[task_id].config), config_open(sealed)))
-            }
-            if env_names:
-                changes[ENV_NAMES] = env_names
-        only_task = next(iter(tasks)) if len(tasks) == 1 else None
-        audit_record(
-            action=AuditAction.REPLAY,
-            object_type="execution",
-            object_id=new_ids[0],
-            owner=owner_id,
-            task_id=only_task,
-            changes=changes,
-            detail=f"{len(new_ids)} execution(s) replayed",
-        )
-    notify_due()
-    return ReplayReport(dry_run=False, replayed=order, created=new_ids, dropped_secrets=dropped)
+        if env_names:
+            changes[ENV_NAMES] = env_names
+    return changes
 
 
 def executions_replay_picked(

@@ -35,7 +35,7 @@ from executions.runs import (
     stop_external_run,
     task_for_run,
 )
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunState
+from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec, RunState
 from runners.registry import get_runner
 from tasks_app.models import Task
 from tasks_app.quotas import rate_take
@@ -596,6 +596,7 @@ def _start(
     resend: bool = False,
     record: Callable[..., str] = execution_record_outcome,
 ) -> str:
+    """Launch the leased RUNNING execution's external run and record what came of it."""
     try:
         runner: BaseRunner = get_runner(task.runner)
         spec = run_spec(execution, task, starting=True, resend=resend)
@@ -606,30 +607,9 @@ def _start(
             worker_id=worker_id,
             result=RunResult.failed(describe_error(exc), retryable=False),
         )
-    rate = runner.launch_rate()
-    if rate is not None:
-        # The runner's send rate, per team across every worker: counted in PostgreSQL (runners
-        # never touch the database). Over it, the launch waits, still RUNNING without a run id and
-        # without a lease, until a poll message resumes it (_resume starts it again): no attempt
-        # is used up and no worker is held.
-        wait = rate_take(team_id=task.team_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
-        if wait:
-            logger.info(
-                "execution %s: runner %s allows %s launches per %gs per team; deferred %.1fs",
-                execution.pk,
-                task.runner,
-                rate[0],
-                rate[1],
-                wait,
-            )
-            released = persist(
-                lambda: transitions.execution_release(
-                    execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=wait
-                )
-            )
-            if released:
-                _keep_slots_until_poll(execution, task, wait)
-            return "deferred" if released else "lost"
+    deferred = _defer_over_send_rate(execution, task, runner, worker_id)
+    if deferred is not None:
+        return deferred
     try:
         handle = runner.start(spec)
     except RunnerError as exc:
@@ -653,6 +633,43 @@ def _start(
             external_run_id=handle.external_run_id,
         )
     # Asynchronous run: store its id before anything waits on it, then let the monitor poll it.
+    return _record_async_run(execution, task, runner, spec, handle, worker_id)
+
+
+def _defer_over_send_rate(execution: Execution, task: Task, runner: BaseRunner, worker_id: str) -> str | None:
+    """Defer the launch when it is over the runner's send rate: ``deferred`` or ``lost``, else None."""
+    rate = runner.launch_rate()
+    if rate is None:
+        return None
+    # The runner's send rate, per team across every worker: counted in PostgreSQL (runners never
+    # touch the database). Over it, the launch waits, still RUNNING without a run id and without a
+    # lease, until a poll message resumes it (_resume starts it again): no attempt is used up and
+    # no worker is held.
+    wait = rate_take(team_id=task.team_id, kind=f"send:{task.runner}", limit=rate[0], window=rate[1])
+    if not wait:
+        return None
+    logger.info(
+        "execution %s: runner %s allows %s launches per %gs per team; deferred %.1fs",
+        execution.pk,
+        task.runner,
+        rate[0],
+        rate[1],
+        wait,
+    )
+    released = persist(
+        lambda: transitions.execution_release(
+            execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=wait
+        )
+    )
+    if released:
+        _keep_slots_until_poll(execution, task, wait)
+    return "deferred" if released else "lost"
+
+
+def _record_async_run(
+    execution: Execution, task: Task, runner: BaseRunner, spec: RunSpec, handle: RunHandle, worker_id: str
+) -> str:
+    """Store an asynchronous run's id and hand it to the monitor's polls: ``polling`` or ``lost``."""
     recorded = persist(
         lambda: transitions.execution_record_run(
             execution_id=execution.pk,

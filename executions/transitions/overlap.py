@@ -6,12 +6,13 @@ not start yet waits (``PENDING → SCHEDULED``, one transition for ``queue_one``
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from executions import limits
@@ -74,78 +75,21 @@ def execution_claim_exclusive(
     """
     claimable = Execution.objects.filter(pk=execution_id, status__in=states.CLAIM.sources, attempt=attempt)
     with transaction.atomic():
-        # Unlocked first: a duplicate or stale delivery loses without waiting for the task lock.
-        task_id = claimable.values_list("task_id", flat=True).first()
-        if task_id is None:
+        locked = _lock_task_and_row(claimable)
+        if locked is None:
             return ExclusiveClaim("lost")
-        task = (
-            Task.objects.select_for_update()
-            .filter(pk=task_id)
-            .values("overlap_policy", "max_concurrency", "has_limits", "runner", "config")
-            .first()
-        )
-        if task is None:  # pragma: no cover - executions go with their task
-            return ExclusiveClaim("lost")
-        # Task, then execution: the order task_update, task_pause and task_delete lock them in.
-        row = (
-            claimable.select_for_update()
-            .values("task_id", "scheduled_for", "exclusive", "waiting_on", "config_override")
-            .first()
-        )
-        if row is None:  # moved on (cancelled, untaken, claimed) since the first read
-            return ExclusiveClaim("lost")
-        # The misfire policy, decided where the run is claimed (the rows stayed PENDING while no
-        # worker ran: it may be stale now, or a later occurrence may be).
-        misfire = misfire_decision(execution_id=execution_id)
-        if misfire is not None and misfire.dropped:
-            if execution_skip_misfire(
-                execution_id=execution_id, attempt=attempt, from_status=S.PENDING, misfire=misfire, actor=worker_id
-            ):
-                return ExclusiveClaim("skipped", detail=misfire.detail)
-            return ExclusiveClaim("lost")  # pragma: no cover - the row is locked PENDING
-        if not row["exclusive"]:
-            if misfire is None:  # on time and not exclusive: the fast claim is the way
-                return ExclusiveClaim("lost")
-            late = execution_claim_loaded(
-                execution_id=execution_id,
-                attempt=attempt,
-                worker_id=worker_id,
-                lease_seconds=lease_seconds,
-                checked=True,
-            )
-            return ExclusiveClaim("lost") if late is None else ExclusiveClaim("claimed", late)
+        task, row = locked
+        settled = _apply_misfire_policy(execution_id, attempt, row, worker_id, lease_seconds)
+        if settled is not None:
+            return settled
         policy = task["overlap_policy"]
         siblings = Execution.objects.filter(task_id=row["task_id"]).exclude(pk=execution_id)
         running = list(siblings.filter(status=S.RUNNING).order_by("id").values_list("id", flat=True))
-        cancelled: list[tuple[int, CancelOutcome]] = []
+        cancelled: tuple[tuple[int, CancelOutcome], ...] = ()
         if running and policy != OverlapPolicy.ALLOW:
-            names = ", ".join(str(i) for i in running)
-            if policy == OverlapPolicy.CANCEL_PREVIOUS:
-                for previous in running:
-                    outcome = execution_cancel(
-                        execution_id=previous, actor=worker_id, reason=f"cancelled by the next run ({execution_id})"
-                    )
-                    if outcome.won:
-                        cancelled.append((previous, outcome))
-            else:
-                waiting = (
-                    siblings.filter(status__in=(S.SCHEDULED, S.PENDING), exclusive=True)
-                    .filter(
-                        Q(scheduled_for__lt=row["scheduled_for"])
-                        | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id)
-                    )
-                    .order_by("scheduled_for")
-                    .values_list("id", flat=True)
-                    .first()
-                )
-                if policy == OverlapPolicy.QUEUE_ONE and waiting is None:
-                    detail = f"overlap: queued behind running execution {names}"
-                    return _wait(execution_id, attempt, worker_id, "queued", due_in=QUEUE_RETRY_SECONDS, detail=detail)
-                if policy == OverlapPolicy.QUEUE_ONE:
-                    detail = f"overlap: execution {waiting} is already waiting behind running execution {names}"
-                else:
-                    detail = f"overlap: previous run {names} still running"
-                return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
+            if policy != OverlapPolicy.CANCEL_PREVIOUS:
+                return _queue_or_skip(execution_id, attempt, row, worker_id, policy, siblings=siblings, running=running)
+            cancelled = _cancel_previous(execution_id, worker_id, running)
         cap = task["max_concurrency"]
         if cap is not None and policy == OverlapPolicy.ALLOW:
             held = _wait_for_slot(execution_id, attempt, row, worker_id, cap=cap, running=len(running))
@@ -168,7 +112,102 @@ def execution_claim_exclusive(
             limits.limits_record_start(execution_id=execution_id, buckets=granted.rate_buckets)
     if claimed is None:  # pragma: no cover - the row is locked PENDING
         return ExclusiveClaim("lost")
-    return ExclusiveClaim("claimed", claimed, tuple(cancelled))
+    return ExclusiveClaim("claimed", claimed, cancelled)
+
+
+def _lock_task_and_row(claimable: QuerySet[Execution]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """Lock the task's row, then the claimable execution's (in the caller's transaction): None if it moved on."""
+    # Unlocked first: a duplicate or stale delivery loses without waiting for the task lock.
+    task_id = claimable.values_list("task_id", flat=True).first()
+    if task_id is None:
+        return None
+    task = (
+        Task.objects.select_for_update()
+        .filter(pk=task_id)
+        .values("overlap_policy", "max_concurrency", "has_limits", "runner", "config")
+        .first()
+    )
+    if task is None:  # pragma: no cover - executions go with their task
+        return None
+    # Task, then execution: the order task_update, task_pause and task_delete lock them in.
+    row = (
+        claimable.select_for_update()
+        .values("task_id", "scheduled_for", "exclusive", "waiting_on", "config_override")
+        .first()
+    )
+    if row is None:  # moved on (cancelled, untaken, claimed) since the first read
+        return None
+    return task, row
+
+
+def _apply_misfire_policy(
+    execution_id: int, attempt: int, row: Mapping[str, Any], worker_id: str, lease_seconds: float
+) -> ExclusiveClaim | None:
+    """Drop a stale run, or claim a late one that is not exclusive: None leaves it to the overlap policy."""
+    # The misfire policy, decided where the run is claimed (the rows stayed PENDING while no
+    # worker ran: it may be stale now, or a later occurrence may be).
+    misfire = misfire_decision(execution_id=execution_id)
+    if misfire is not None and misfire.dropped:
+        if execution_skip_misfire(
+            execution_id=execution_id, attempt=attempt, from_status=S.PENDING, misfire=misfire, actor=worker_id
+        ):
+            return ExclusiveClaim("skipped", detail=misfire.detail)
+        return ExclusiveClaim("lost")  # pragma: no cover - the row is locked PENDING
+    if row["exclusive"]:
+        return None
+    if misfire is None:  # on time and not exclusive: the fast claim is the way
+        return ExclusiveClaim("lost")
+    late = execution_claim_loaded(
+        execution_id=execution_id,
+        attempt=attempt,
+        worker_id=worker_id,
+        lease_seconds=lease_seconds,
+        checked=True,
+    )
+    return ExclusiveClaim("lost") if late is None else ExclusiveClaim("claimed", late)
+
+
+def _cancel_previous(
+    execution_id: int, worker_id: str, running: Sequence[int]
+) -> tuple[tuple[int, CancelOutcome], ...]:
+    """Cancel the RUNNING siblings (overlap policy cancel_previous): those whose cancel won, with its outcome."""
+    cancelled: list[tuple[int, CancelOutcome]] = []
+    for previous in running:
+        outcome = execution_cancel(
+            execution_id=previous, actor=worker_id, reason=f"cancelled by the next run ({execution_id})"
+        )
+        if outcome.won:
+            cancelled.append((previous, outcome))
+    return tuple(cancelled)
+
+
+def _queue_or_skip(
+    execution_id: int,
+    attempt: int,
+    row: Mapping[str, Any],
+    worker_id: str,
+    policy: str,
+    *,
+    siblings: QuerySet[Execution],
+    running: Sequence[int],
+) -> ExclusiveClaim:
+    """Apply the overlap policy skip or queue_one to a run whose sibling is RUNNING: queued or skipped."""
+    names = ", ".join(str(i) for i in running)
+    waiting = (
+        siblings.filter(status__in=(S.SCHEDULED, S.PENDING), exclusive=True)
+        .filter(Q(scheduled_for__lt=row["scheduled_for"]) | Q(scheduled_for=row["scheduled_for"], pk__lt=execution_id))
+        .order_by("scheduled_for")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if policy == OverlapPolicy.QUEUE_ONE and waiting is None:
+        detail = f"overlap: queued behind running execution {names}"
+        return _wait(execution_id, attempt, worker_id, "queued", due_in=QUEUE_RETRY_SECONDS, detail=detail)
+    if policy == OverlapPolicy.QUEUE_ONE:
+        detail = f"overlap: execution {waiting} is already waiting behind running execution {names}"
+    else:
+        detail = f"overlap: previous run {names} still running"
+    return _skip_for_overlap(execution_id, attempt, row, worker_id, detail)
 
 
 def _wait(
