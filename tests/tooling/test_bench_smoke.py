@@ -79,9 +79,9 @@ def test_tms_bench_runs_the_data_scenarios(tmp_path, capsys):
     dashboard = scenarios["dashboard"]
     assert dashboard["executions"] == 2000
     assert dashboard["extra"]["tasks"] == 200
-    # The snapshot's queries, the same for staff and an owner: at most the 9 that
-    # tests/executions/test_dashboard.py fixes for its scene (this one reads 8).
-    assert dashboard["extra"]["staff_queries"] == dashboard["extra"]["owner_queries"] <= 9
+    # The snapshot's queries: at most the 10 that tests/executions/test_dashboard.py fixes for its
+    # scene (this one reads 8 for staff), and one more for an owner: their team ids.
+    assert dashboard["extra"]["staff_queries"] + 1 == dashboard["extra"]["owner_queries"] <= 10
     assert dashboard["extra"]["staff_runs_24h"] > dashboard["extra"]["owner_runs_24h"] > 0
     assert "| dashboard |" in printed
 
