@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -1430,7 +1430,13 @@ def _cluster_pids(pair: PgCluster, rabbit: RabbitCluster) -> list[int]:
 def _local_server_pids() -> list[int]:
     """The postmaster of this run's PostgreSQL (the parent of this connection's backend) and the
     RabbitMQ node's Erlang VM, when they run on this machine and can be seen; [] otherwise
-    (a server elsewhere: its CPU is not this machine's to read)."""
+    (a server elsewhere: its CPU is not this machine's to read, and a pid it names would be
+    another process's here)."""
+    loopback = {"", "127.0.0.1", "localhost", "::1"}
+    database_host = str(connection.settings_dict.get("HOST") or "")
+    broker_host = urlsplit(str(settings.CELERY_BROKER_URL).split(";")[0]).hostname or ""
+    if (database_host not in loopback and not database_host.startswith("/")) or broker_host not in loopback:
+        return []
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         backend = cursor.fetchone()[0]
