@@ -468,12 +468,20 @@ def test_after_a_schedule_edit_the_past_is_judged_by_the_schedule_in_force_then(
     fire = [datetime.fromisoformat(i["scheduled_for"]) for i in items if i["fire_time"]]
     before, after = [w for w in fire if w < edited], [w for w in fire if w >= edited]
     evens = [w for w in (start + k * MINUTE for k in range(40)) if w < edited and w.minute % 2 == 0]
-    assert before == evens
+    # The */2 fire times before the edit were recorded as missed, but for the one due as it was
+    # edited: made as a late run (within the misfire grace), then replaced by the edit. When that
+    # instant is a */3 fire time too (a minute of six: one CI run in six), the edit made the
+    # */3 run there: one instant listed twice, the run replaced and its replacement, one live run.
+    due = max(evens)
+    at_due = sorted(i["state"] for i in items if i["fire_time"] and datetime.fromisoformat(i["scheduled_for"]) == due)
+    replanned = at_due == ["scheduled", "superseded"]
+    assert at_due in (["skipped"], ["superseded"]) or (replanned and due.minute % 3 == 0), at_due
+    assert before == (sorted([*evens, due]) if replanned else evens)
     assert len(after) >= 3 and all(w.minute % 3 == 0 for w in after)
-    # The */2 fire times before the edit were recorded as missed (the one due as it was edited
-    # may have been made, and replaced by the edit): shown as fire times, none missing.
-    states = [i["state"] for i in items if i["fire_time"] and datetime.fromisoformat(i["scheduled_for"]) < edited]
-    assert set(states) <= {"skipped", "superseded"} and states.count("skipped") >= len(states) - 1
+    states = [
+        i["state"] for i in items if i["fire_time"] and due != datetime.fromisoformat(i["scheduled_for"]) < edited
+    ]
+    assert set(states) == {"skipped"}, states  # shown as fire times, none missing
     odd = next(w for w in (start + k * MINUTE for k in range(1, 28)) if w.minute % 3 == 0 and w.minute % 2 == 1)
     why = api_client.get(f"/api/v1/tasks/{task.pk}/why", {"at": _iso(odd)}).json()
     assert why["verdict"] == "not_a_fire_time", why
