@@ -28,6 +28,7 @@ from executions.replay import executions_replay_picked
 from executions.serializers import masked_input
 from tasks_api.triggers import task_trigger, trigger_words
 from tasks_api.workflows import task_neighbours
+from tasks_app.masking import unmask_config
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, flash_errors
 
@@ -90,6 +91,13 @@ def _replay_words(report: Any) -> str:
     return f"{count} execution{'s' if count != 1 else ''} replayed: new run{'s' if count != 1 else ''} {runs}."
 
 
+def _unmasked(run_input: Any, stored: Any) -> Any:
+    """An input edited from its masked form with each value still reading the mask given back
+    its stored value (the form shows secrets masked, and a secret left alone is kept, not
+    replaced by the mask)."""
+    return run_input if run_input is None or stored is None else unmask_config(run_input, stored)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def execution_replay_view(request: HttpRequest, pk: int) -> HttpResponse:
@@ -114,7 +122,7 @@ def execution_replay_view(request: HttpRequest, pk: int) -> HttpResponse:
                 user=request_user(request),
                 execution_ids=[execution.pk],
                 actor=actor_for(request_user(request)),
-                run_input=run_input,
+                run_input=_unmasked(run_input, execution.input),
             ),
         )
         if started is not None:

@@ -5,6 +5,7 @@ and the runs ticked on the execution list; through the API's replay service and 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -119,3 +120,22 @@ def test_a_viewer_sees_no_replay_and_is_refused(client, crew, runs, other_user):
         in client.post("/ui/executions/replay/", {"execution": [failed.pk]}, follow=True).content.decode()
     )
     assert not _replays()
+
+
+def test_a_secret_left_masked_in_an_edited_input_keeps_its_value(client, crew):
+    """The form shows a run's input masked (a token reads ``********``). Replacing the input
+    while leaving the token alone once sent the mask itself as the token."""
+    task = task_create(owner=crew["people"]["admin"], team=crew["team"], runner="noop", name="with-token")
+    stored = {"day": "mon", "api_token": "s3cr3t", "env": {"KEY": "v"}}
+    failed = ExecutionFactory(
+        task=task, status=ExecutionStatus.FAILED, finished_at=datetime(2026, 1, 2, tzinfo=UTC), input=stored
+    )
+    client.force_login(crew["people"]["operator"])
+    html = client.get(f"/ui/executions/{failed.pk}/replay/").content.decode()
+    assert "s3cr3t" not in html and "********" in html
+    edited = {"day": "tue", "api_token": "********", "env": {"KEY": "********"}, "extra": "********x"}
+    done = client.post(f"/ui/executions/{failed.pk}/replay/", {"replace": "on", "input": json.dumps(edited)})
+    assert done.status_code == 302, done.content.decode()
+    (new,) = _replays()
+    # Each value still reading the mask is the stored one; what was typed stays as typed.
+    assert new.input == {"day": "tue", "api_token": "s3cr3t", "env": {"KEY": "v"}, "extra": "********x"}
