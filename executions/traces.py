@@ -46,6 +46,12 @@ def trace_of(execution: Execution) -> RunTrace | None:
     )
 
 
+def log_ids(execution: Execution) -> dict[str, str]:
+    """The run's trace id for its log lines (``trace_id``; nothing when tracing is off)."""
+    trace = trace_of(execution) if tracing.ON else None
+    return {"trace_id": trace.trace_hex} if trace is not None else {}
+
+
 def trace_page_url(execution: Execution) -> str:
     """The run's trace in the operator's trace viewer (``TMS_TRACE_URL``), '' when unset. Works
     in a process with tracing off (the ids are derived, not recorded)."""
@@ -111,14 +117,20 @@ def published(taken: Sequence[Any], *, taken_ns: int, start_ns: int, end_ns: int
     tracing.add_links(span, [traces.get(item.execution_id) for item in taken])
 
 
-def claimed(execution: Execution, *, start_ns: int, worker_id: str) -> None:
-    """A worker's claim of the run, from ``start_ns`` to now."""
+def claimed(execution: Execution, *, start_ns: int, worker_id: str, resumed: bool = False) -> None:
+    """A worker's claim of the run (``resumed``: its lease taken to poll or resume it), from
+    ``start_ns`` to now."""
     if tracing.ON:
         tracing.record_run_span(
             "tms.execution.claim",
             trace_of(execution),
             start_ns=start_ns,
-            attributes={"tms.execution_id": execution.pk, "tms.attempt": execution.attempt, "tms.worker": worker_id},
+            attributes={
+                "tms.execution_id": execution.pk,
+                "tms.attempt": execution.attempt,
+                "tms.worker": worker_id,
+                "tms.resumed": resumed,
+            },
         )
 
 

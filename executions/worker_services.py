@@ -267,7 +267,13 @@ def _run_claimed(
         else nullcontext()
     )
     with (
-        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        log_context(
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            **_task_ids(task),
+            **traces.log_ids(execution),
+        ),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keeping,
     ):
@@ -521,6 +527,7 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     run, or, if its worker died before a run id was recorded, start it again with the same
     idempotency key (the runner adopts an existing run instead of launching a second one)."""
     conf = tms_settings()
+    claim_ns = tracing.now_ns() if tracing.ON else 0
     if not transitions.execution_acquire(
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
     ):
@@ -529,6 +536,8 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:
         return "lost"
     execution, task = loaded
+    if claim_ns:
+        traces.claimed(execution, start_ns=claim_ns, worker_id=worker_id, resumed=True)
     if task.has_limits:
         wait = _limits_on_resume(execution, task)
         if wait is not None:
@@ -542,7 +551,13 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
             )
             return "deferred" if released else "lost"
     with (
-        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        log_context(
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            **_task_ids(task),
+            **traces.log_ids(execution),
+        ),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
     ):

@@ -144,6 +144,8 @@ def _instrument(provider: Any) -> None:
     import importlib
 
     for name, path in names.items():
+        if name == "botocore" and _role() != "worker":
+            continue  # boto3 is imported at first use (tms_core/lazy.py), and only workers call it
         module, _, attr = path.partition(":")
         try:
             instrumentor = getattr(importlib.import_module(module), attr)()

@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 import requests
+from rest_framework.test import APIClient
 
 from executions import transitions, worker_services
+from executions.callbacks import callback_token
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from runners.aws_lambda import _metadata
@@ -260,8 +262,13 @@ def test_one_trace_per_run_across_web_monitor_and_worker_and_a_killed_pool_proce
     starts = [s for s in children["tms.runner.start"] if s.end]
     polls = children["tms.runner.poll"]
     (outcome,) = children["tms.execution.outcome"]
+    claims = children["tms.execution.claim"]
     assert {s.service for s in [taken, *publishes]} == {"tms-monitor"}
-    assert {s.service for s in [*starts, *polls, outcome]} == {"tms-worker"}
+    assert {s.service for s in [*claims, *starts, *polls, outcome]} == {"tms-worker"}
+    # Leased again after the kill: the resume's claim, then its launch (the first claim may have
+    # died with its process, before its span was exported).
+    assert any(c.attributes["tms.resumed"] and not c.attributes["tms.worker"].endswith(f":{killed}") for c in claims)
+    assert min(c.start for c in claims if c.attributes["tms.resumed"]) <= max(s.start for s in starts)
     # The launch that finished was the resumed one, in another pool process than the killed one.
     assert [s.attributes["tms.process"] for s in starts] and killed not in [s.attributes["tms.process"] for s in starts]
     assert publishes[0].attributes["tms.dispatch"] == "run"
@@ -276,6 +283,8 @@ def test_one_trace_per_run_across_web_monitor_and_worker_and_a_killed_pool_proce
     assert http_parents == {"tms.runner.start", "tms.runner.poll"}
     # The target got the run's trace with every request.
     assert target.traceparents and all(tp.split("-")[1] == CALLER_TRACE for _, tp in target.traceparents)
+    # Its log lines meet the trace.
+    assert f"trace_id={CALLER_TRACE}" in worker.log()
     # The monitor's passes are traces of their own, linked to the run.
     passes = receiver.named("tms.monitor.pass")
     assert passes and all(p.trace_id != CALLER_TRACE for p in passes)
@@ -342,7 +351,7 @@ def test_a_workflows_steps_are_children_of_its_workflow_run(traced, user):
 
 
 @pytest.mark.django_db
-def test_a_scheduled_run_starts_its_own_trace_and_a_callback_with_a_traceparent_continues_it(traced, user):
+def test_a_scheduled_run_starts_its_own_trace_linked_to_its_task(traced, user):
     task = task_create(owner=user, runner="noop", tracing_id="0af7651916cd43dd8448eb211c80319c")
     (run,) = Execution.objects.filter(task=task)
     assert run.traceparent == ""  # no traced request created it
@@ -352,6 +361,51 @@ def test_a_scheduled_run_starts_its_own_trace_and_a_callback_with_a_traceparent_
     assert root.parent == "" and root.trace_id == tracing.run_ids(run.pk).trace_hex
     assert root.links[0][0] == "0af7651916cd43dd8448eb211c80319c"  # its task's tracing_id, as a trace id
     assert root.attributes["tms.tracing_id"] == "0af7651916cd43dd8448eb211c80319c"
+
+
+@pytest.mark.django_db
+def test_a_callback_that_carries_a_traceparent_continues_the_runs_trace(traced, user):
+    task = task_create(owner=user, runner="noop", max_attempts=1)
+    (run,) = Execution.objects.filter(task=task)
+    transitions.executions_take_due(limit=10, actor="monitor")
+    assert transitions.execution_claim_loaded(execution_id=run.pk, attempt=1, worker_id="w:1:1", lease_seconds=60)
+    assert transitions.execution_record_run(
+        execution_id=run.pk, attempt=1, worker_id="w:1:1", external_run_id="job-1", run_handle={}, poll_in=60
+    )
+    trace = tracing.run_ids(run.pk)
+    job_span = "1111222233334444"  # the job's own span, in the run's trace
+
+    response = APIClient().post(
+        f"/api/v1/executions/{run.pk}/callback",
+        {"status": "succeeded", "output": "done"},
+        format="json",
+        headers={
+            "X-TMS-Callback-Token": callback_token(execution_id=run.pk, attempt=1, timeout=300),
+            "traceparent": f"00-{trace.trace_hex}-{job_span}-01",
+        },
+    )
+    assert response.status_code == 202, response.content
+    tracing.flush()
+
+    (report,) = traced.named("tms.execution.report")
+    (root,) = traced.named("tms.execution")
+    (outcome,) = traced.named("tms.execution.outcome")
+    assert report.trace_id == root.trace_id == outcome.trace_id == trace.trace_hex
+    assert report.parent == job_span and report.attributes["tms.report"] == "succeeded"
+    assert outcome.parent == root.span_id and root.attributes["tms.status"] == "SUCCEEDED"
+
+
+@pytest.mark.django_db
+def test_the_execution_page_links_its_trace(settings, client, user):
+    task = task_create(owner=user, runner="noop")
+    (run,) = Execution.objects.filter(task=task)
+    client.force_login(user)
+    page = client.get(f"/ui/executions/{run.pk}/")
+    assert page.status_code == 200 and b'id="trace-link"' not in page.content  # no TMS_TRACE_URL: no link
+    settings.TMS_TRACE_URL = "http://jaeger.example:16686/trace/{trace_id}"
+    page = client.get(f"/ui/executions/{run.pk}/")
+    # Tracing is off in this process: the link is derived all the same, as the workers derive it.
+    assert f"http://jaeger.example:16686/trace/{tracing.run_ids(run.pk).trace_hex}".encode() in page.content
 
 
 def test_runners_hand_the_trace_context_on():
