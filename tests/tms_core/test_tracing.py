@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +33,7 @@ from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from runners.aws_lambda import _metadata
 from runners.base import RunSpec
+from runners.kubernetes import KubernetesRunner
 from tasks_api.creation import task_create
 from tests.conftest import account_key_for
 from tests.factories import UserFactory
@@ -364,6 +365,39 @@ def test_a_scheduled_run_starts_its_own_trace_linked_to_its_task(traced, user):
 
 
 @pytest.mark.django_db
+def test_a_runs_retries_stay_in_its_trace(traced, user):
+    task = task_create(owner=user, runner="subprocess", config={"command": ["false"]}, max_attempts=2)
+    assert _run_due() == 1
+    (run,) = Execution.objects.filter(task=task)
+    assert (run.status, run.attempt) == (S.SCHEDULED, 2)
+    Execution.objects.filter(pk=run.pk).update(due_at=run.created_at)  # its backoff, skipped
+    assert _run_due() == 1
+    tracing.flush()
+
+    trace = tracing.run_ids(run.pk).trace_hex
+    (root,) = traced.named("tms.execution")
+    outcomes = sorted(traced.named("tms.execution.outcome"), key=lambda span: span.start)
+    starts = sorted(traced.named("tms.runner.start"), key=lambda span: span.start)
+    assert {span.trace_id for span in [root, *outcomes, *starts]} == {trace}
+    assert [span.attributes["tms.status"] for span in outcomes] == ["SCHEDULED", "FAILED"]
+    assert [span.attributes["tms.attempt"] for span in starts] == [1, 2]
+    assert root.attributes["tms.attempt"] == 2 and root.attributes["tms.status"] == "FAILED"
+    assert all(span.parent == root.span_id for span in [*outcomes, *starts])
+
+
+@pytest.mark.django_db
+def test_a_subprocess_run_gets_the_launchs_traceparent_in_its_environment(traced, user):
+    task = task_create(owner=user, runner="subprocess", config={"command": ["/usr/bin/env"]})
+    assert _run_due() == 1
+    (run,) = Execution.objects.filter(task=task)
+    tracing.flush()
+    (start,) = traced.named("tms.runner.start")
+    assert run.status == S.SUCCEEDED
+    assert f"TRACEPARENT=00-{start.trace_id}-{start.span_id}-01" in run.output.splitlines()
+    assert start.trace_id == tracing.run_ids(run.pk).trace_hex
+
+
+@pytest.mark.django_db
 def test_a_callback_that_carries_a_traceparent_continues_the_runs_trace(traced, user):
     task = task_create(owner=user, runner="noop", max_attempts=1)
     (run,) = Execution.objects.filter(task=task)
@@ -415,6 +449,13 @@ def test_runners_hand_the_trace_context_on():
     assert spec.environment()["TRACEPARENT"] == spec.traceparent  # subprocess runs, Kubernetes Jobs
     assert _metadata(spec)["traceparent"] == spec.traceparent  # Lambda's client context
     assert "TRACEPARENT" not in RunSpec(execution_id=7, attempt=1, task_id="t", config={}, timeout=5).environment()
+    job = KubernetesRunner("k8s", {"host": "http://127.0.0.1:9"}).job_manifest(
+        replace(spec, config={"image": "ghcr.io/acme/report:1.4"}), "default"
+    )
+    assert job.metadata.annotations["tms.io/traceparent"] == spec.traceparent  # a Job: an annotation
+    assert {"TRACEPARENT": spec.traceparent}.items() <= {
+        e.name: e.value for e in job.spec.template.spec.containers[0].env
+    }.items()
 
 
 @pytest.mark.parametrize(
