@@ -75,7 +75,10 @@ def _role() -> str:
     if "run_monitor" in argv:
         return "monitor"
     if "celery" in argv:
-        return "beat" if " beat" in argv else "worker"
+        for role in ("beat", "flower"):
+            if f" {role}" in argv:
+                return role
+        return "worker"
     return "web"
 
 
