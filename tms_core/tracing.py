@@ -92,7 +92,7 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
             return True
         if exporter is None and not wanted():
             return False
-        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -111,9 +111,8 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
         if salt is not None:
             _salt = _salt_of(salt)
         service = os.environ.get("OTEL_SERVICE_NAME") or f"tms-{_role()}"
-        resource = Resource.create({"service.name": service, "tms.role": _role()}).merge(
-            OTELResourceDetector().detect()
-        )
+        # With OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) for the rest.
+        resource = Resource.create({"service.name": service, "tms.role": _role()})
         provider = TracerProvider(resource=resource, id_generator=_Ids())
         if exporter is None:
             kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
@@ -161,7 +160,7 @@ def _instrument(provider: Any) -> None:
             logger.warning("tracing: the %s instrumentation could not be turned on", name, exc_info=True)
 
 
-def flush(timeout_millis: int = 5000) -> None:
+def flush(timeout_millis: int = 2000) -> None:
     """Export what is buffered now (a pool process about to exit, a test)."""
     if ON:
         _provider.force_flush(timeout_millis)
@@ -293,9 +292,11 @@ def run_ids(
 def _sampled(trace_id: int) -> bool:
     """The sampler's decision for a trace with no parent: a ratio sampler decides on the trace id,
     so every process decides the same for a run."""
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace.sampling import Decision
 
-    result = _provider.sampler.should_sample(None, trace_id, "tms.execution")
+    # An empty context: a parent-based sampler must not follow the span current here.
+    result = _provider.sampler.should_sample(Context(), trace_id, "tms.execution")
     return result.decision is Decision.RECORD_AND_SAMPLE
 
 
