@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,14 +30,18 @@ from rest_framework.test import APIClient
 
 from executions import transitions, worker_services
 from executions.callbacks import callback_token
+from executions.materialiser import materialise_due
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
+from notifications import dispatch as notification_dispatch
+from notifications import services as notification_services
 from runners.aws_lambda import _metadata
 from runners.base import RunSpec
 from runners.kubernetes import KubernetesRunner
 from tasks_api.creation import task_create
 from tests.conftest import account_key_for
-from tests.factories import UserFactory
+from tests.factories import TaskFactory, UserFactory
+from tests.notifications.receiver import webhook_receiver
 from tests.processes import ROOT, process_env, running, start_monitor, start_worker, wait_for, wait_worker_ready
 from tests.web import start_web
 from tests.workflows import after
@@ -395,6 +400,49 @@ def test_a_subprocess_run_gets_the_launchs_traceparent_in_its_environment(traced
     assert run.status == S.SUCCEEDED
     assert f"TRACEPARENT=00-{start.trace_id}-{start.span_id}-01" in run.output.splitlines()
     assert start.trace_id == tracing.run_ids(run.pk).trace_hex
+
+
+@pytest.mark.django_db
+def test_a_materialiser_pass_is_a_trace_of_its_own_and_its_runs_start_their_own(traced, user):
+    task = task_create(owner=user, runner="noop", interval=timedelta(seconds=10))
+    before = Execution.objects.filter(task=task).count()
+    with tracing.pass_span("tms.test.outer"):  # a traced caller (beat's Celery task, here)
+        created = materialise_due(horizon=120)
+    assert materialise_due(horizon=120) == 0  # nothing to do: no span
+    tracing.flush()
+
+    assert created > 0 and Execution.objects.filter(task=task).count() == before + created
+    assert set(Execution.objects.filter(task=task).values_list("traceparent", flat=True)) == {""}
+    (materialised,) = traced.named("tms.materialiser.pass")
+    (outer,) = traced.named("tms.test.outer")
+    assert materialised.attributes["tms.created"] == created and materialised.trace_id != outer.trace_id
+
+
+@pytest.mark.django_db
+def test_a_notification_delivery_is_a_trace_of_its_own_linked_to_its_run(traced):
+    task = TaskFactory()
+    with webhook_receiver() as hook:
+        channel = notification_services.channel_create(
+            owner=task.owner, data={"name": "ops", "kind": "webhook", "target": hook.url}
+        )
+        notification_services.rule_create(owner=task.owner, data={"task": task, "channel": channel, "on_failure": True})
+        (run_id,) = transitions.executions_create(
+            rows=[transitions.NewExecution(task.pk, task.created_at, task.priority)], actor="t"
+        )
+        transitions.executions_take_due(limit=10, actor="monitor")
+        assert transitions.execution_claim_loaded(execution_id=run_id, attempt=1, worker_id="w", lease_seconds=60)
+        transitions.execution_fail(
+            execution_id=run_id, attempt=1, worker_id="w", error="boom", output="", retry_in=None, max_chars=100
+        )
+        notification_dispatch.dispatch_outbox()
+        lease = notification_dispatch.lease_due()
+        assert [notification_dispatch.deliver(pk, lease.token) for pk in lease.delivery_ids] == ["delivered"]
+    tracing.flush()
+    (delivery,) = traced.named("tms.notification.deliver")
+    run = tracing.run_ids(run_id)
+    assert delivery.parent == "" and delivery.trace_id != run.trace_hex
+    assert delivery.links == [(run.trace_hex, f"{run.span_id:016x}")]
+    assert delivery.attributes["tms.execution_id"] == run_id and delivery.attributes["tms.channel_kind"] == "webhook"
 
 
 @pytest.mark.django_db
