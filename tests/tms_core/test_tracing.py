@@ -37,6 +37,7 @@ from notifications import dispatch as notification_dispatch
 from notifications import services as notification_services
 from runners.aws_lambda import _metadata
 from runners.base import RunSpec
+from runners.function import AsyncHttpFunctionRunner
 from runners.kubernetes import KubernetesRunner
 from tasks_api.creation import task_create
 from tests.conftest import account_key_for
@@ -496,6 +497,7 @@ def test_runners_hand_the_trace_context_on():
     )
     assert spec.environment()["TRACEPARENT"] == spec.traceparent  # subprocess runs, Kubernetes Jobs
     assert _metadata(spec)["traceparent"] == spec.traceparent  # Lambda's client context
+    assert AsyncHttpFunctionRunner._tms_headers(spec)["traceparent"] == spec.traceparent  # function platforms
     assert "TRACEPARENT" not in RunSpec(execution_id=7, attempt=1, task_id="t", config={}, timeout=5).environment()
     job = KubernetesRunner("k8s", {"host": "http://127.0.0.1:9"}).job_manifest(
         replace(spec, config={"image": "ghcr.io/acme/report:1.4"}), "default"
