@@ -41,6 +41,7 @@ from executions.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Execution, Exe
 from executions.runs import run_spec
 from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
+from executions.traces import trace_page_url
 from executions.transitions import RETRYABLE_STATUSES
 from executions.workflow_runs import workflow_run_read
 from runners.base import RunHandle, idempotency_key
@@ -627,6 +628,7 @@ def execution_context(request: HttpRequest, execution: Execution) -> dict[str, A
         ),
         "idempotency_key": idempotency_key(execution.pk, execution.attempt),
         "flower_task_url": flower_task_url(execution.message_id),
+        "trace_url": trace_page_url(execution),
         "can_cancel": may_act and execution.status in ACTIVE_STATUSES,
         "can_retry": may_act and execution.status in RETRYABLE_STATUSES and not after,
         "can_replay": may_act and execution.status in TERMINAL_STATUSES,

@@ -6,6 +6,11 @@ class ExecutionsConfig(AppConfig):
     name = "executions"
 
     def ready(self) -> None:
+        from tms_core import tracing
+
+        # OpenTelemetry, when the environment asks for it (OTEL_EXPORTER_OTLP_ENDPOINT, ...):
+        # before the web's middleware is loaded and a worker forks its pool.
+        tracing.setup()
         from executions.periodic import register_periodic_tasks
 
         post_migrate.connect(register_periodic_tasks, sender=self)

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from executions.callbacks import TOKEN_HEADER, CallbackRefused, callback_verify
 from executions.reports import execution_report
+from tms_core import tracing
 from tms_core.api.base import StrictInputMixin
 from tms_core.api.throttling import SimpleRateThrottle
 
@@ -96,15 +97,16 @@ class ExecutionCallbackView(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            answer = execution_report(
-                execution_id=pk,
-                token=token,
-                state=data["status"],
-                output=data["output"],
-                error=data["error"],
-                progress=data["progress"],
-                retryable=data["retryable"],
-            )
+            with tracing.continued(request.headers):
+                answer = execution_report(
+                    execution_id=pk,
+                    token=token,
+                    state=data["status"],
+                    output=data["output"],
+                    error=data["error"],
+                    progress=data["progress"],
+                    retryable=data["retryable"],
+                )
         except CallbackRefused as exc:
             raise PermissionDenied(str(exc)) from None
         except LookupError:

@@ -37,7 +37,7 @@ from tasks_app.models import (
     status_for_cursor,
 )
 from tasks_app.schedules import MAX_WALK, Schedule, jitter_for
-from tms_core import metrics
+from tms_core import metrics, tracing
 from tms_core.clock import db_now, local_words
 from tms_core.conf import tms_settings
 
@@ -715,7 +715,15 @@ def materialise_due(*, horizon: float | None = None, batch: int | None = None, t
     """
     started = time.perf_counter()
     try:
-        created = _materialise_due(horizon=horizon, batch=batch, threads=threads)
+        if tracing.ON:
+            # Scheduled runs start traces of their own (linked to their task), not the pass's.
+            with tracing.pass_span("tms.materialiser.pass") as span, tracing.own_traces():
+                created = _materialise_due(horizon=horizon, batch=batch, threads=threads)
+                span.set_attribute("tms.created", created)
+                if not created:
+                    tracing.drop(span)
+        else:
+            created = _materialise_due(horizon=horizon, batch=batch, threads=threads)
     finally:
         # Failed passes too: a pass that times out against a slow database is what to see.
         metrics.MATERIALISER_PASS_SECONDS.observe(time.perf_counter() - started)

@@ -142,6 +142,10 @@ class Execution(models.Model):
     #: ran with. Filled by a trigger on insert (executions/task_version.py), so that every way of
     #: creating executions records it without naming it; null only for executions older than it.
     task_version = models.PositiveIntegerField(null=True, blank=True)
+    #: The W3C traceparent of the API request or trigger that created it, when tracing was on
+    #: (tms_core/tracing.py): the run's trace continues that request's. Empty: a trace of its
+    #: own (a scheduled run), whose ids are derived from the execution's id.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)

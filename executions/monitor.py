@@ -17,6 +17,7 @@ round-robin between teams, and tops the queue up every ``MONITOR_TOPUP_INTERVAL`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,11 +35,11 @@ from kombu import Producer
 from kombu.exceptions import KombuError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from executions import fairness, transitions
+from executions import fairness, traces, transitions
 from executions.messages import Publish, PublishMany, group_runs, send, send_many
 from executions.notify import DueListener
 from executions.publishing import Confirms, confirmed_batches
-from tms_core import metrics
+from tms_core import metrics, tracing
 from tms_core.conf import TmsSettings, tms_settings
 from tms_core.logcontext import log_context
 from tms_core.queue_type import queue_type_mismatch
@@ -184,6 +185,8 @@ class Monitor:
         #: about as much for one run as for twenty.
         self.wake_ahead = self.ahead / 2
         self.publish = publish
+        #: With tracing on, the span of the pass under way (tms.monitor.pass).
+        self._pass_span: Any = None
         self.publish_many = publish_many
         self.actor = f"monitor:{socket.gethostname()}:{os.getpid()}"
         self.listener = DueListener()
@@ -230,6 +233,7 @@ class Monitor:
         not be published, or the whole batch if it was not confirmed (a worker that already got
         one of its messages finds the row SCHEDULED and its claim loses)."""
         sent = 0
+        start_ns = tracing.now_ns() if tracing.ON and taken else 0
         if group and self.conf.DISPATCH_BATCH > 1:
             # Spread a take over at least MONITOR_MIN_PENDING messages, so that every pool process
             # gets work at once; unless that many runs are queued already (the workers have work):
@@ -264,6 +268,10 @@ class Monitor:
                 except _BROKER_ERRORS:
                     sent = 0
                     raise
+                if start_ns:
+                    traces.published(
+                        taken, taken_ns=start_ns, start_ns=start_ns, end_ns=tracing.now_ns(), span=self._pass_span
+                    )
         except _BROKER_ERRORS:
             metrics.MONITOR_PUBLISH_ERRORS.inc()
             transitions.executions_untake(
@@ -295,12 +303,20 @@ class Monitor:
         # Until the pass has shown otherwise, the next one reads the outlook (a failed pass too).
         self._busy = False
         published, held_back = self.stats.published, self.stats.held_back
-        with self._run_task.app.producer_or_acquire() as pooled:
-            # Take nothing while the broker is unreachable: it would only have to be undone.
-            pooled.connection.ensure_connection(max_retries=1)
-            with confirmed_batches(pooled) as (producer, confirms):
-                self._declare_queue(producer)
-                sent, next_due = self._dispatch(producer, confirms, housekeeping=housekeeping)
+        with contextlib.ExitStack() as stack:
+            if tracing.ON:
+                self._pass_span = stack.enter_context(tracing.pass_span("tms.monitor.pass"))
+                stack.callback(setattr, self, "_pass_span", None)
+            with self._run_task.app.producer_or_acquire() as pooled:
+                # Take nothing while the broker is unreachable: it would only have to be undone.
+                pooled.connection.ensure_connection(max_retries=1)
+                with confirmed_batches(pooled) as (producer, confirms):
+                    self._declare_queue(producer)
+                    sent, next_due = self._dispatch(producer, confirms, housekeeping=housekeeping)
+            if self._pass_span is not None:
+                self._pass_span.set_attribute("tms.messages", sent)
+                if not sent:
+                    tracing.drop(self._pass_span)  # a pass that published nothing is not worth a trace
         self._busy = self.stats.published > published or self.stats.held_back > held_back
         return sent, next_due
 

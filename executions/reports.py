@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from executions import transitions
+from executions import traces, transitions
 from executions.callbacks import CallbackRefused, callback_token, callback_verify
 from executions.models import Execution
 from executions.runs import execution_record_outcome, load_execution
 from runners.base import RunResult
 from tasks_app.models import Task
+from tms_core import tracing
 from tms_core.logcontext import log_context
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,15 @@ def execution_report(
     execution, task = loaded
     if claim.attempt != execution.attempt:
         raise CallbackRefused(f"The token is for attempt {claim.attempt}; the execution is at {execution.attempt}.")
-    with log_context(execution_id=execution_id, attempt=execution.attempt, task_id=task.pk, tracing_id=task.tracing_id):
+    with (
+        log_context(execution_id=execution_id, attempt=execution.attempt, task_id=task.pk, tracing_id=task.tracing_id),
+        tracing.run_span(
+            "tms.execution.report",
+            traces.trace_of(execution),
+            {"tms.execution_id": execution_id, "tms.attempt": execution.attempt, "tms.report": state},
+            join_current=True,
+        ),
+    ):
         return _apply_report(execution, task, claim.attempt, state, output, error, progress, retryable)
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from executions import limits, transitions
+from executions import limits, traces, transitions
 from executions.backoff import exponential_backoff
 from executions.callbacks import callback_token, callback_url
 from executions.models import Execution
@@ -34,6 +34,7 @@ from tasks_app.models import Task
 from tasks_app.run_config import config_for_run
 from tasks_app.run_input import input_schema_problem
 from tasks_app.secrets import config_open, redact, secret_values
+from tms_core import tracing
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,32 @@ def execution_record_outcome(
     Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
     outcome already recorded).
     """
+    if not tracing.ON:
+        return _record_outcome(
+            execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+        )
+    attributes = {"tms.execution_id": execution.pk, "tms.attempt": execution.attempt, "tms.result": result.state.value}
+    with tracing.run_span("tms.execution.outcome", traces.trace_of(execution), attributes) as span:
+        word = _record_outcome(
+            execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+        )
+        status = getattr(execution, "_traced_status", "")
+        span.set_attribute("tms.recorded", word)
+        if status:
+            span.set_attribute("tms.status", status)
+    if status in (S.SUCCEEDED, S.FAILED):
+        traces.ended(execution, task, status=status, error=result.error if status == S.FAILED else "")
+    return word
+
+
+def _record_outcome(
+    *,
+    execution: Execution,
+    task: Task,
+    worker_id: str | None,
+    result: RunResult,
+    external_run_id: str | None = None,
+) -> str:
     conf = tms_settings()
     result = redacted(task, result)
     common: dict[str, Any] = {
@@ -173,6 +200,7 @@ def execution_record_outcome(
         "max_chars": conf.OUTPUT_MAX_CHARS,
         "external_run_id": external_run_id,
     }
+    new_status: str | None = None
     if result.state is RunState.SUCCEEDED:
         won = persist(lambda: transitions.execution_succeed(output=result.output, **common))
     else:
@@ -193,6 +221,8 @@ def execution_record_outcome(
     if not won:
         logger.warning("execution %s attempt %s: outcome not recorded, lease lost", execution.pk, execution.attempt)
         return "lost"
+    if tracing.ON:
+        execution._traced_status = S.SUCCEEDED if result.state is RunState.SUCCEEDED else new_status  # type: ignore[attr-defined]
     if execution.exclusive and task.max_concurrency is not None:
         # A slot is free: the next run waiting for it is due now (not at its next re-check).
         try:

@@ -13,9 +13,10 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import Q
 
-from executions import transitions
+from executions import traces, transitions
 from executions.materialiser import materialise_task, task_schedule
 from executions.models import ACTIVE_STATUSES, Execution
+from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
 from tasks_app.audit import audit_record
@@ -60,7 +61,9 @@ def execution_cancel_by_user(*, execution: Execution, actor: str, reason: str = 
             raise GoneError(f"Execution {execution.pk} no longer exists.")
         raise ConflictError(f"Execution {execution.pk} is {outcome.from_status} and can no longer be cancelled.")
     task = Task.objects.get(pk=execution.task_id)
-    return stop_external_run(execution, task, outcome)
+    report = stop_external_run(execution, task, outcome)
+    traces.ended(execution, task, status=S.CANCELLED, error=reason)
+    return report
 
 
 #: Passes of :func:`workflow_run_cancel_by_user` (a step that ended during a pass may have started

@@ -27,7 +27,7 @@ from executions.messages import group_runs, send, send_many
 from executions.notify import notify_due
 from executions.worker_identity import lease_owner, set_node_id
 from runners.registry import all_runners
-from tms_core import logcontext, metrics
+from tms_core import logcontext, metrics, tracing
 from tms_core.conf import tms_settings
 
 logger = logging.getLogger(__name__)
@@ -109,8 +109,10 @@ def _bound_the_exit(**kwargs: Any) -> None:
 @worker_process_shutdown.connect
 def _forget_process_metrics(pid: int | None = None, **kwargs: Any) -> None:
     """A prefork child exits: drop its live-gauge files from the multiprocess metrics folder
-    (its counters and histograms stay in the totals; see tms_core/metrics.py)."""
+    (its counters and histograms stay in the totals; see tms_core/metrics.py), and export the
+    spans it still holds (tracing on)."""
     metrics.mark_process_dead(pid or os.getpid())
+    tracing.flush()
 
 
 @task_prerun.connect

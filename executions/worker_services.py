@@ -15,15 +15,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from executions import limits, transitions
+from executions import limits, traces, transitions
 from executions.backoff import exponential_backoff
-from executions.models import Execution
+from executions.models import Execution, ExecutionStatus
 from executions.notify import notify_due
 from executions.runs import (
     describe_error,
@@ -40,7 +41,7 @@ from runners.registry import get_runner
 from tasks_app.models import Task
 from tasks_app.quotas import rate_take
 from tasks_app.secrets import secret_values
-from tms_core import logcontext
+from tms_core import logcontext, tracing
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.logcontext import log_context
@@ -205,6 +206,7 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
     the launch waits for a poll, see :func:`_start`).
     """
     claim = partial(_claim, execution_id=execution_id, attempt=attempt, worker_id=worker_id)
+    claim_ns = tracing.now_ns() if tracing.ON else 0
     try:
         exclusive = claim()
     except RETRIED_DB_ERRORS as exc:
@@ -221,6 +223,8 @@ def execution_run(*, execution_id: int, attempt: int, worker_id: str) -> str:
         )
         logger.info("execution %s attempt %s: %s %s", execution_id, attempt, exclusive.outcome, detail)
         return exclusive.outcome
+    if claim_ns:
+        traces.claimed(exclusive.execution, start_ns=claim_ns, worker_id=worker_id)
     return _run_claimed(exclusive.execution, worker_id)
 
 
@@ -263,7 +267,13 @@ def _run_claimed(
         else nullcontext()
     )
     with (
-        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        log_context(
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            **_task_ids(task),
+            **traces.log_ids(execution),
+        ),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keeping,
     ):
@@ -386,6 +396,8 @@ class _Successes:
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.pending: list[transitions.Success] = []
+        #: With tracing on, the runs of ``pending``, for their end spans once recorded.
+        self.traced: dict[int, tuple[Execution, Task]] = {}
 
     def record(
         self,
@@ -401,6 +413,8 @@ class _Successes:
                 execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
             )
         output = redacted(task, result).output
+        if tracing.ON:
+            self.traced[execution.pk] = (execution, task)
         self.pending.append(
             transitions.Success(execution.pk, execution.attempt, output, external_run_id or "", execution.followed)
         )
@@ -417,6 +431,10 @@ class _Successes:
             )
         )
         lost = {success.execution_id for success in successes} - won
+        for execution_id in sorted(won) if self.traced else ():
+            if execution_id in self.traced:
+                traces.ended(*self.traced[execution_id], status=ExecutionStatus.SUCCEEDED)
+        self.traced.clear()
         for execution_id in sorted(lost):
             logger.warning("execution %s: outcome not recorded, lease lost", execution_id)
         return lost
@@ -427,6 +445,7 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> tuple[list[str],
     one statement; a run the claim did not take goes the one-by-one way (:func:`_run_one`).
     Returns each run's word and the seconds the launches took (the claim and the recorded
     successes left out: see :class:`_LaunchPace`)."""
+    claim_ns = tracing.now_ns() if tracing.ON else 0
     try:
         claimed = transitions.executions_claim_loaded(
             items=chunk, worker_id=worker_id, lease_seconds=tms_settings().WORKER_TIMEOUT
@@ -442,6 +461,8 @@ def _run_chunk(chunk: list[tuple[int, int]], worker_id: str) -> tuple[list[str],
     # behind a slow launch in the chunk keeps its lease).
     for held in claimed.values():
         _keeper.hold(held.pk, held.attempt, worker_id)
+        if claim_ns:
+            traces.claimed(held, start_ns=claim_ns, worker_id=worker_id)
     successes = _Successes(worker_id)
     words: list[str] = []
     deferred: dict[int, int] = {}  # execution id -> its place in words, while its success waits
@@ -506,6 +527,7 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     run, or, if its worker died before a run id was recorded, start it again with the same
     idempotency key (the runner adopts an existing run instead of launching a second one)."""
     conf = tms_settings()
+    claim_ns = tracing.now_ns() if tracing.ON else 0
     if not transitions.execution_acquire(
         execution_id=execution_id, attempt=attempt, worker_id=worker_id, lease_seconds=conf.WORKER_TIMEOUT
     ):
@@ -514,6 +536,8 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
     if loaded is None:
         return "lost"
     execution, task = loaded
+    if claim_ns:
+        traces.claimed(execution, start_ns=claim_ns, worker_id=worker_id, resumed=True)
     if task.has_limits:
         wait = _limits_on_resume(execution, task)
         if wait is not None:
@@ -527,7 +551,13 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
             )
             return "deferred" if released else "lost"
     with (
-        log_context(execution_id=execution_id, attempt=attempt, worker_id=worker_id, **_task_ids(task)),
+        log_context(
+            execution_id=execution_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            **_task_ids(task),
+            **traces.log_ids(execution),
+        ),
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
     ):
@@ -568,7 +598,10 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
             worker_id=worker_id,
             result=RunResult.failed(describe_error(exc), retryable=False),
         )
-    result = _call(runner.poll, spec, handle, transient_is_running=True)
+    if tracing.ON:
+        result = _traced_call("tms.runner.poll", execution, task, runner.poll, spec, handle)
+    else:
+        result = _call(runner.poll, spec, handle, transient_is_running=True)
     if result.state is RunState.RUNNING:
         elapsed = (db_now() - execution.started_at) if execution.started_at else timedelta(0)
         if elapsed > task.timeout:
@@ -611,7 +644,13 @@ def _start(
     if deferred is not None:
         return deferred
     try:
-        handle = runner.start(spec)
+        if tracing.ON:
+            with tracing.run_span("tms.runner.start", traces.trace_of(execution), _span_ids(execution, task)) as span:
+                handle = runner.start(replace(spec, traceparent=tracing.current_traceparent()))
+                if handle.external_run_id:
+                    span.set_attribute("tms.external_run_id", handle.external_run_id)
+        else:
+            handle = runner.start(spec)
     except RunnerError as exc:
         return execution_record_outcome(
             execution=execution,
@@ -697,6 +736,33 @@ def _keep_slots_until_poll(execution: Execution, task: Task, poll_in: float) -> 
                 execution_id=execution.pk, seconds=poll_in + tms_settings().WORKER_TIMEOUT
             )
         )
+
+
+def _span_ids(execution: Execution, task: Task) -> dict[str, Any]:
+    return {
+        "tms.execution_id": execution.pk,
+        "tms.attempt": execution.attempt,
+        "tms.runner": task.runner,
+        "tms.process": os.getpid(),
+    }
+
+
+def _traced_call(
+    name: str,
+    execution: Execution,
+    task: Task,
+    method: Callable[..., RunResult | None],
+    spec: RunSpec,
+    handle: RunHandle,
+) -> RunResult:
+    """:func:`_call` of a poll in a span of the run (its trace context given to the runner)."""
+    attributes = {**_span_ids(execution, task), "tms.poll": execution.poll_count + 1}
+    with tracing.run_span(name, traces.trace_of(execution), attributes) as span:
+        result = _call(
+            method, replace(spec, traceparent=tracing.current_traceparent()), handle, transient_is_running=True
+        )
+        span.set_attribute("tms.result", result.state.value)
+    return result
 
 
 def _call(method: Callable[..., RunResult | None], *args: Any, transient_is_running: bool = False) -> RunResult:

@@ -20,6 +20,8 @@ import hashlib
 import logging
 import uuid
 import zoneinfo
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +33,7 @@ from django.db.models import F, Min, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from executions import traces
 from executions.models import Execution, ExecutionStatus
 from executions.workflow_runs import RunState, WorkflowRun, workflow_run_read
 from notifications import senders
@@ -49,7 +52,7 @@ from notifications.models import (
 from tasks_app.models import Task, TaskStatus
 from tasks_app.quotas import rate_take
 from tasks_app.secrets import redact
-from tms_core import metrics
+from tms_core import metrics, tracing
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 
@@ -415,14 +418,15 @@ def deliver(delivery_id: int, token: str) -> str:
         )
         return "deferred"
     try:
-        senders.send(
-            kind=channel.kind,
-            target=channel.target,
-            secret=channel.secret,
-            key=delivery.idempotency_key,
-            payload=delivery.payload,
-            timeout=conf.NOTIFY_TIMEOUT,
-        )
+        with _delivery_span(delivery, channel):
+            senders.send(
+                kind=channel.kind,
+                target=channel.target,
+                secret=channel.secret,
+                key=delivery.idempotency_key,
+                payload=delivery.payload,
+                timeout=conf.NOTIFY_TIMEOUT,
+            )
     except Exception as exc:  # noqa: BLE001 - every error is a counted attempt with its reason
         error = exc if isinstance(exc, senders.SendError) else _unexpected(exc)
         # An error text may quote the URL (a Slack URL is the credential) or, never expected,
@@ -438,6 +442,32 @@ def deliver(delivery_id: int, token: str) -> str:
     )
     metrics.NOTIFICATIONS_DELIVERED.labels(channel.kind).inc()
     return "delivered"
+
+
+def _delivery_span(delivery: Delivery, channel: Channel) -> AbstractContextManager[object]:
+    """With tracing on, the send in a span of its own trace (``tms.notification.deliver``),
+    linked to the run it is about."""
+    if not tracing.ON:
+        return nullcontext()
+    attributes = {
+        "tms.delivery_id": delivery.pk,
+        "tms.channel_kind": channel.kind,
+        "tms.event": delivery.event,
+        "tms.execution_id": delivery.execution_id,
+        "tms.attempt": delivery.attempts + 1,
+    }
+    span = tracing.pass_span("tms.notification.deliver", attributes)
+    if delivery.execution_id is None:
+        return span
+    run = traces.traces_of([delivery.execution_id]).get(delivery.execution_id)
+
+    @contextmanager
+    def linked() -> Iterator[object]:
+        with span as opened:
+            tracing.add_links(opened, [run])
+            yield opened
+
+    return linked()
 
 
 def _unexpected(exc: Exception) -> senders.SendError:

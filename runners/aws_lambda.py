@@ -457,4 +457,6 @@ def _metadata(spec: RunSpec) -> dict[str, Any]:
             metadata["callback_token"] = spec.callback_token
     if spec.tracing_id:
         metadata["tracing_id"] = spec.tracing_id
+    if spec.traceparent:
+        metadata["traceparent"] = spec.traceparent
     return metadata

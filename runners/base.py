@@ -102,6 +102,9 @@ class RunSpec:
     #: The artifact's recorded SHA-256: the runner checks the copy it runs against it.
     artifact_sha256: str | None = None
     tracing_id: str = ""
+    #: The W3C trace context of the launch (or poll) span, when tracing is on (tms_core/tracing.py):
+    #: HTTP runners send it as ``traceparent``, process runs get it as ``TRACEPARENT``.
+    traceparent: str = ""
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
     #: the executor may still be working on the first request with this idempotency key.
     resend: bool = False
@@ -130,6 +133,8 @@ class RunSpec:
             env["TMS_CALLBACK_TOKEN"] = self.callback_token
         if self.tracing_id:
             env["TMS_TRACING_ID"] = self.tracing_id
+        if self.traceparent:
+            env["TRACEPARENT"] = self.traceparent
         return env
 
 

@@ -264,6 +264,8 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
                 headers["X-TMS-Callback-Token"] = spec.callback_token
         if spec.tracing_id:
             headers["X-TMS-Tracing-Id"] = spec.tracing_id
+        if spec.traceparent:
+            headers["traceparent"] = spec.traceparent
         return headers
 
     def _may_contact(self, url: str, spec: RunSpec) -> bool:

@@ -451,6 +451,8 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
                 if name.lower() not in _RESERVED_HEADERS:
                     headers[name] = str(value)
         headers["Idempotency-Key"] = spec.idempotency_key
+        if spec.traceparent:
+            headers["traceparent"] = spec.traceparent
         if spec.callback_url and same_origin:
             headers["X-TMS-Callback-URL"] = spec.callback_url
             if spec.callback_token:

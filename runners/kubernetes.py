@@ -394,6 +394,8 @@ class KubernetesRunner(BaseRunner):
         annotations = {KEY_ANNOTATION: spec.idempotency_key, TASK_ANNOTATION: str(spec.task_id)}
         if spec.tracing_id:
             annotations[f"{TMS_PREFIX}tracing-id"] = spec.tracing_id
+        if spec.traceparent:
+            annotations[f"{TMS_PREFIX}traceparent"] = spec.traceparent
         env = {**config.get("env", {}), **spec.environment()}
         resources = config.get("resources") or {}
         container = k8s.V1Container(

@@ -4,7 +4,8 @@ Where a process handles an execution (a worker's run or resume, the monitor's di
 callback report) it binds the ids with :func:`log_context`; :class:`ContextFilter`, on the
 handler of every process's logging configuration (``tms_project.log_config``), copies them onto
 each record as flat fields (``execution_id``, ``attempt``, ``task_id``, ``tracing_id``,
-``worker_id``, ``celery_task_id``), so a JSON log line can be found by any of them. Context
+``worker_id``, ``celery_task_id``, and ``trace_id``, the run's OpenTelemetry trace, when tracing
+is on), so a JSON log line can be found by any of them. Context
 variables keep a binding to the thread that made it: the lease keeper thread binds its own.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 #: The fields that can be bound, in the order the plain format shows them.
-CONTEXT_KEYS = ("execution_id", "attempt", "task_id", "tracing_id", "worker_id", "celery_task_id")
+CONTEXT_KEYS = ("execution_id", "attempt", "task_id", "tracing_id", "worker_id", "celery_task_id", "trace_id")
 
 _EMPTY: dict[str, object] = {}
 _context: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("tms_log_context", default=_EMPTY)

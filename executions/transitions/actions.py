@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions import states
+from executions.transitions.create import stamp_trace
 from executions.transitions.sql import EXECUTIONS, Event, key_share, with_events, write
 from tasks_app.models import OverlapPolicy, Task, TaskStatus
 from tms_core.clock import db_now
@@ -101,6 +102,8 @@ def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: st
     """
     statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
     rows = with_events(statement, params, Event("", S.SCHEDULED, actor, detail))
+    if rows:
+        stamp_trace([rows[0][0]])
     return rows[0][0] if rows else None
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from django.db import transaction
 
+from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, with_events
+from tms_core import tracing
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,17 @@ def executions_create(
         for start in range(0, len(rows), _INSERT_CHUNK):
             statement, params = _insert(rows[start : start + _INSERT_CHUNK], origin)
             ids += [row[0] for row in with_events(statement, params, event)]
+        stamp_trace(ids)
     return ids
+
+
+def stamp_trace(ids: Sequence[int]) -> None:
+    """With tracing on, under a traced API request or trigger: store its traceparent on the runs
+    it created, so that their traces continue it (tms_core/tracing.py). Nothing otherwise."""
+    if tracing.ON and ids:
+        traceparent = tracing.current_traceparent()
+        if traceparent:
+            Execution.objects.filter(pk__in=list(ids)).update(traceparent=traceparent)
 
 
 def executions_create_arrays(

@@ -722,6 +722,10 @@ LOGIN_REDIRECT_URL = "backoffice:dashboard"
 LOGOUT_REDIRECT_URL = "backoffice:login"
 #: Where operators reach Flower (linked from the pages, and each execution to its Celery task).
 TMS_FLOWER_URL = env.str("TMS_FLOWER_URL", default="http://127.0.0.1:5555").rstrip("/")
+#: The trace viewer's page of a trace, ``{trace_id}`` standing for its id (32 hex digits): each
+#: execution's page links its trace (tms_core/tracing.py). E.g. Jaeger
+#: ``http://127.0.0.1:16686/trace/{trace_id}``; empty: no link.
+TMS_TRACE_URL = env.str("TMS_TRACE_URL", default="")
 #: Seconds between the dashboard's live refreshes (0: no refresh).
 TMS_DASHBOARD_REFRESH = env.float("TMS_DASHBOARD_REFRESH", default=5.0)
 

@@ -1,0 +1,524 @@
+"""OpenTelemetry tracing: off unless the standard environment asks for it, free when off.
+
+Tracing is on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is
+set, or ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``, ``console``), and neither
+``OTEL_SDK_DISABLED=true``, ``OTEL_TRACES_EXPORTER=none`` nor ``TMS_TRACING=off`` says otherwise.
+When it is off, no ``opentelemetry`` module is imported and every hook below returns at its first
+line (one global read). When it is on, :func:`setup` (called by ``executions``' app at start-up,
+in every process) makes a tracer provider exporting over OTLP (HTTP/protobuf), with the SDK's
+standard settings (``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``, ...), and turns
+on the maintained instrumentations: Django, Celery, psycopg2, requests, botocore and urllib3 (the
+Kubernetes client's HTTP calls).
+
+One trace per run. A run's ids are derived, not stored, so that any process rebuilds them (a
+worker resuming a run after its first worker's death, the web process applying a callback):
+
+- its trace id is the trace of the API request or trigger that created it when there was one
+  (the execution's ``traceparent``, stored when it is created under a traced request), else a
+  function of its id (of its workflow run's first run's, for a workflow step);
+- its root span (``tms.execution``: the run's life, from its due time to its end) has a span
+  id that is a function of its id, and is written once, by whichever process records the end;
+- every other span of the run (taken, published, claimed, runner launch, each poll, outcome) is
+  a child of that root, with an explicit parent context.
+
+The functions take plain values (ids, times, traceparent strings): the engine's side (which rows,
+which moments) is ``executions/traces.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_OFF_WORDS = frozenset({"0", "off", "false", "no", "none", ""})
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment asks for tracing (no import of opentelemetry)."""
+    env = os.environ if environ is None else environ
+    tms = env.get("TMS_TRACING")
+    if tms is not None and tms.strip().lower() in _OFF_WORDS:
+        return False
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER")
+    if exporter is not None:
+        return exporter.strip().lower() not in _OFF_WORDS
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+#: Whether tracing is on in this process: read by every hook first. Set by :func:`setup`.
+ON = False
+
+_lock = threading.Lock()
+_provider: Any = None
+_tracer: Any = None
+_salt: bytes = b""
+#: A span id (and trace id) the next span started in this context must take (a run's root span,
+#: whose ids every process derives): read by the provider's id generator.
+_next_ids: ContextVar[tuple[int, int] | None] = ContextVar("tms_next_span_ids", default=None)
+
+
+def _role() -> str:
+    argv = " ".join(sys.argv)
+    if "run_monitor" in argv:
+        return "monitor"
+    if "celery" in argv:
+        for role in ("beat", "flower"):
+            if f" {role}" in argv:
+                return role
+        return "worker"
+    return "web"
+
+
+def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = None) -> bool:
+    """Turn tracing on in this process if the environment asks for it (or ``exporter`` is given:
+    tests). Idempotent; returns whether tracing is on. ``salt``: what the derived ids are keyed
+    with (default: the Django ``SECRET_KEY``, shared by every process of one installation)."""
+    global ON, _provider, _tracer, _salt
+    with _lock:
+        if ON:
+            return True
+        if exporter is None and not wanted():
+            return False
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        class _Ids(RandomIdGenerator):
+            """Random ids, unless the context names the next span's (a run's derived root)."""
+
+            def generate_span_id(self) -> int:
+                ids = _next_ids.get()
+                return ids[1] if ids else super().generate_span_id()
+
+            def generate_trace_id(self) -> int:
+                ids = _next_ids.get()
+                return ids[0] if ids else super().generate_trace_id()
+
+        if salt is not None:
+            _salt = _salt_of(salt)
+        service = os.environ.get("OTEL_SERVICE_NAME") or f"tms-{_role()}"
+        # With OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) for the rest.
+        resource = Resource.create({"service.name": service, "tms.role": _role()})
+        provider = TracerProvider(resource=resource, id_generator=_Ids())
+        if exporter is None:
+            kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+            if kind == "console":
+                exporter = ConsoleSpanExporter()
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                exporter = OTLPSpanExporter()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        from opentelemetry import trace
+
+        trace.set_tracer_provider(provider)
+        _provider, _tracer = provider, provider.get_tracer("tms")
+        ON = True
+    if instrument:
+        _instrument(provider)
+    return True
+
+
+def _instrument(provider: Any) -> None:
+    """The maintained instrumentations, each skipped (with a warning) if it fails."""
+    names = {
+        "django": "opentelemetry.instrumentation.django:DjangoInstrumentor",
+        "celery": "opentelemetry.instrumentation.celery:CeleryInstrumentor",
+        "psycopg2": "opentelemetry.instrumentation.psycopg2:Psycopg2Instrumentor",
+        "requests": "opentelemetry.instrumentation.requests:RequestsInstrumentor",
+        "botocore": "opentelemetry.instrumentation.botocore:BotocoreInstrumentor",
+        "urllib3": "opentelemetry.instrumentation.urllib3:URLLib3Instrumentor",
+    }
+    import importlib
+
+    for name, path in names.items():
+        if name == "botocore" and _role() != "worker":
+            continue  # boto3 is imported at first use (tms_core/lazy.py), and only workers call it
+        module, _, attr = path.partition(":")
+        try:
+            instrumentor = getattr(importlib.import_module(module), attr)()
+            if not instrumentor.is_instrumented_by_opentelemetry:
+                kwargs: dict[str, Any] = {"tracer_provider": provider}
+                if name == "psycopg2":
+                    kwargs["skip_dep_check"] = True  # psycopg2-binary is psycopg2
+                instrumentor.instrument(**kwargs)
+        except Exception:
+            logger.warning("tracing: the %s instrumentation could not be turned on", name, exc_info=True)
+
+
+def flush(timeout_millis: int = 2000) -> None:
+    """Export what is buffered now (a pool process about to exit, a test)."""
+    if ON:
+        _provider.force_flush(timeout_millis)
+
+
+def reset() -> None:
+    """Turn tracing off again in this process (tests): flush and forget the provider."""
+    global ON, _provider, _tracer, _salt
+    with _lock:
+        if ON:
+            _provider.shutdown()
+        ON, _provider, _tracer, _salt = False, None, None, b""
+
+
+# --- ids ---------------------------------------------------------------------------------------
+
+
+def _salt_of(secret: str) -> bytes:
+    return hashlib.sha256(f"tms-trace:{secret}".encode()).digest()[:16]
+
+
+def _derive(kind: str, key: object) -> bytes:
+    global _salt
+    if not _salt:
+        # Keyed with the installation's SECRET_KEY, which every process shares: two
+        # installations' runs of the same id are not one trace.
+        from django.conf import settings
+
+        _salt = _salt_of(str(getattr(settings, "SECRET_KEY", "")))
+    return hashlib.blake2b(f"{kind}:{key}".encode(), key=_salt, digest_size=16).digest()
+
+
+def derived_trace_id(kind: str, key: object) -> int:
+    return int.from_bytes(_derive(kind, key), "big") or 1
+
+
+def derived_span_id(kind: str, key: object) -> int:
+    return int.from_bytes(_derive(kind, key)[:8], "big") or 1
+
+
+def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
+    """(trace id, span id, sampled) of a W3C ``traceparent``; None if it is not one."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or parts[0] == "ff":
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, bool(flags & 1)
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """The ids of one run's trace: its trace, its root span and that root's parent."""
+
+    execution_id: int
+    trace_id: int
+    span_id: int
+    #: The root span's parent: the creating request's span, or a workflow run's; 0: none.
+    parent_span_id: int = 0
+    sampled: bool = True
+
+    @property
+    def trace_hex(self) -> str:
+        return f"{self.trace_id:032x}"
+
+    @property
+    def traceparent(self) -> str:
+        """The root span's context as a W3C traceparent."""
+        return format_traceparent(self.trace_id, self.span_id, self.sampled)
+
+
+def workflow_span_id(workflow_run: int) -> int:
+    return derived_span_id("workflow", workflow_run)
+
+
+def run_trace(
+    execution_id: int,
+    *,
+    traceparent: str = "",
+    workflow_run: int | None = None,
+    workflow_traceparent: str = "",
+) -> RunTrace | None:
+    """A run's trace ids (None when tracing is off). ``traceparent``: the one stored when it
+    was created; a workflow step (``workflow_run`` not its own id) is in its workflow run's trace
+    (the first run's ``workflow_traceparent``), its root a child of the workflow run's span."""
+    if not ON:
+        return None
+    return run_ids(
+        execution_id, traceparent=traceparent, workflow_run=workflow_run, workflow_traceparent=workflow_traceparent
+    )
+
+
+def run_ids(
+    execution_id: int,
+    *,
+    traceparent: str = "",
+    workflow_run: int | None = None,
+    workflow_traceparent: str = "",
+) -> RunTrace:
+    """:func:`run_trace` whether or not tracing is on in this process (the back office's link to
+    a run's trace); ``sampled`` is then only known for a run created under a traced request."""
+    if workflow_run is not None and workflow_run != execution_id:
+        first = run_ids(workflow_run, traceparent=workflow_traceparent)
+        return RunTrace(
+            execution_id,
+            first.trace_id,
+            derived_span_id("execution", execution_id),
+            workflow_span_id(workflow_run),
+            first.sampled,
+        )
+    parsed = parse_traceparent(traceparent)
+    span_id = derived_span_id("execution", execution_id)
+    if parsed is not None:
+        return RunTrace(execution_id, parsed[0], span_id, parsed[1], parsed[2])
+    trace_id = derived_trace_id("trace", execution_id)
+    return RunTrace(execution_id, trace_id, span_id, 0, _sampled(trace_id) if ON else True)
+
+
+def _sampled(trace_id: int) -> bool:
+    """The sampler's decision for a trace with no parent: a ratio sampler decides on the trace id,
+    so every process decides the same for a run."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    # An empty context: a parent-based sampler must not follow the span current here.
+    result = _provider.sampler.should_sample(Context(), trace_id, "tms.execution")
+    return result.decision is Decision.RECORD_AND_SAMPLE
+
+
+def _context(trace_id: int, span_id: int, sampled: bool) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+    return trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, span_id, True, flags)))
+
+
+def _link(trace_id: int, span_id: int) -> Any:
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    return Link(SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED)))
+
+
+def task_link(task_id: object, tracing_id: str = "") -> Any:
+    """A link to the task a scheduled run belongs to: the task's ``tracing_id`` when it is a
+    trace id (32 hex digits), else one derived from the task's id."""
+    trace_id = 0
+    if len(tracing_id) == 32:
+        with contextlib.suppress(ValueError):
+            trace_id = int(tracing_id, 16)
+    return _link(trace_id or derived_trace_id("task", task_id), derived_span_id("task", task_id))
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def _attributes(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {key: value for key, value in (values or {}).items() if value is not None and value != ""}
+
+
+@contextlib.contextmanager
+def run_span(
+    name: str, run: RunTrace | None, attributes: Mapping[str, Any] | None = None, *, join_current: bool = False
+) -> Iterator[Any]:
+    """A span of ``run`` (a child of its root) around the block, current inside it, so that the
+    instrumented calls inside (HTTP, SQL, the Kubernetes API) are its children. Yields the span,
+    or None when tracing is off. ``join_current``: a child of the current span instead when that
+    span is in the run's trace (a callback request that carried the run's traceparent)."""
+    if run is None or not ON:
+        yield None
+        return
+    from opentelemetry import trace
+
+    parent = None
+    if join_current:
+        current = trace.get_current_span().get_span_context()
+        if current.is_valid and current.trace_id == run.trace_id:
+            parent = trace.set_span_in_context(trace.get_current_span())
+    if parent is None:
+        parent = _context(run.trace_id, run.span_id, run.sampled)
+    with _tracer.start_as_current_span(
+        name, context=parent, attributes=_attributes(attributes), record_exception=True
+    ) as span:
+        yield span
+
+
+def record_run_span(
+    name: str,
+    run: RunTrace | None,
+    *,
+    start_ns: int,
+    end_ns: int | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> None:
+    """A span of ``run`` that already took place (from ``start_ns`` to ``end_ns`` or now)."""
+    if run is None or not ON:
+        return
+    span = _tracer.start_span(
+        name,
+        context=_context(run.trace_id, run.span_id, run.sampled),
+        start_time=start_ns,
+        attributes=_attributes(attributes),
+    )
+    span.end(end_time=end_ns)
+
+
+def end_run(
+    run: RunTrace | None,
+    *,
+    start_ns: int,
+    attributes: Mapping[str, Any] | None = None,
+    links: Sequence[Any] = (),
+    error: str = "",
+) -> None:
+    """Write a run's root span (``tms.execution``), from ``start_ns`` (its due time) to now."""
+    _root("tms.execution", run, start_ns=start_ns, attributes=attributes, links=links, error=error)
+
+
+def end_workflow_run(run: RunTrace | None, *, workflow_run: int, start_ns: int, attributes: Mapping[str, Any]) -> None:
+    """Write a workflow run's span: a child of its first run's root, parent of its steps' roots."""
+    if run is None or not ON:
+        return
+    workflow = RunTrace(workflow_run, run.trace_id, workflow_span_id(workflow_run), run.span_id, run.sampled)
+    _root("tms.workflow_run", workflow, start_ns=start_ns, attributes=attributes)
+
+
+def _root(
+    name: str,
+    run: RunTrace | None,
+    *,
+    start_ns: int,
+    attributes: Mapping[str, Any] | None = None,
+    links: Sequence[Any] = (),
+    error: str = "",
+) -> None:
+    if run is None or not ON:
+        return
+    from opentelemetry.trace import Status, StatusCode
+
+    parent = _context(run.trace_id, run.parent_span_id, run.sampled) if run.parent_span_id else None
+    token = _next_ids.set((run.trace_id, run.span_id))
+    try:
+        if parent is None:
+            from opentelemetry.context import Context
+
+            parent = Context()
+            if not run.sampled:
+                return
+        span = _tracer.start_span(
+            name, context=parent, start_time=start_ns, attributes=_attributes(attributes), links=list(links)
+        )
+    finally:
+        _next_ids.reset(token)
+    if error:
+        span.set_status(Status(StatusCode.ERROR, error[:200]))
+    span.end()
+
+
+@contextlib.contextmanager
+def pass_span(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """A span of its own trace (a monitor or materialiser pass, a notification delivery),
+    current inside the block. Yields it (None when off); it is exported only if ``keep(span)`` is
+    not set to False on it by the caller (:func:`drop`), so that idle passes cost no export."""
+    if not ON:
+        yield None
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+
+    span = _tracer.start_span(name, context=Context(), attributes=_attributes(attributes))
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except BaseException as exc:
+        span.record_exception(exc)
+        raise
+    finally:
+        otel_context.detach(token)
+        if not getattr(span, "_tms_drop", False):
+            span.end()
+
+
+def drop(span: Any) -> None:
+    """Do not export ``span`` (a :func:`pass_span` that found nothing to do)."""
+    if span is not None:
+        span._tms_drop = True
+
+
+def add_links(span: Any, runs: Sequence[RunTrace | None], most: int = 64) -> None:
+    """Link ``span`` to the roots of ``runs`` (at most ``most``)."""
+    if span is None:
+        return
+    for run in runs[:most]:
+        if run is not None:
+            span.add_link(_link(run.trace_id, run.span_id).context)
+
+
+def current_traceparent() -> str:
+    """The current span's context as a W3C traceparent ('' when off or there is none): what a
+    run created in this request or trigger stores, to join its trace."""
+    if not ON or _creating_outside.get():
+        return ""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return ""
+    return format_traceparent(context.trace_id, context.span_id, context.trace_flags.sampled)
+
+
+#: Runs created inside this context start traces of their own (a materialiser pass, whose span is
+#: current): :func:`current_traceparent` gives nothing.
+_creating_outside: ContextVar[bool] = ContextVar("tms_creating_outside", default=False)
+
+
+@contextlib.contextmanager
+def own_traces() -> Iterator[None]:
+    """Runs created inside the block start traces of their own (scheduled runs)."""
+    token = _creating_outside.set(True)
+    try:
+        yield
+    finally:
+        _creating_outside.reset(token)
+
+
+@contextlib.contextmanager
+def continued(headers: Mapping[str, str]) -> Iterator[None]:
+    """Make the ``traceparent`` (and ``tracestate``) of an incoming request current in the block:
+    a job's callback that carries one continues its trace."""
+    if not ON or not headers.get("traceparent"):
+        yield
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {key: value for key in ("traceparent", "tracestate") if (value := headers.get(key))}
+    token = otel_context.attach(TraceContextTextMapPropagator().extract(carrier))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def trace_url(trace_id_hex: str) -> str:
+    """The trace's page in the operator's trace viewer (``TMS_TRACE_URL``, with ``{trace_id}``)."""
+    from django.conf import settings
+
+    template = getattr(settings, "TMS_TRACE_URL", "") or os.environ.get("TMS_TRACE_URL", "")
+    return template.replace("{trace_id}", trace_id_hex) if template and trace_id_hex else ""
