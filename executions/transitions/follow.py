@@ -437,9 +437,11 @@ _STEPS_SQL = (
 )
 #: Each step's event detail, from its row: "after execution(s) 1, 2 (workflow run 1)".
 _STEP_DETAIL_SQL = (
+    "COALESCE("
     "'after execution' || CASE WHEN jsonb_array_length(upstream) > 1 THEN 's ' ELSE ' ' END"
     " || (SELECT string_agg(x, ', ' ORDER BY x::bigint) FROM jsonb_array_elements_text(upstream) AS x)"
     " || ' (workflow run ' || workflow_run || ')'"
+    ", 'after steps that did not run (workflow run ' || workflow_run || ')')"
 )
 
 
@@ -489,7 +491,11 @@ def _create_step(follower: uuid.UUID, workflow_run: int, wanted: _Wanted) -> tup
     given = _step_input(wanted.arrived, wanted.keyed)
     json_field = Execution._meta.get_field("input")
     task_pk = Task._meta.pk.get_db_prep_value(follower, connection)
-    detail = f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
+    detail = (
+        f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
+        if ids
+        else f"after steps that did not run (workflow run {workflow_run})"
+    )
     for _ in range(3):  # another run of the task at this very microsecond: try the next one
         # Due now, by the database's clock: read in the statement itself (a query less per step).
         select_sql = (
