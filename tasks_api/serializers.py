@@ -233,6 +233,11 @@ CONDITION_HELP = (
 )
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ConditionField(serializers.JSONField):
+    """A condition on an upstream's output (:mod:`tasks_app.workflow_rules`): a JSON object."""
+
+
 class AfterEntrySerializer(StrictInputMixin, serializers.Serializer):
     """One task this task follows, and how its run must end."""
 
@@ -244,7 +249,7 @@ class AfterEntrySerializer(StrictInputMixin, serializers.Serializer):
         help_text="Run after its run succeeded (`success`, the default), failed for good (`failure`) or either "
         "(`completion`).",
     )
-    condition = serializers.JSONField(
+    condition = ConditionField(
         required=False,
         allow_null=True,
         default=None,
