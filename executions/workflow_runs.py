@@ -121,6 +121,9 @@ class WorkflowRun:
                 return f"met, but {follower.task} will not run" + (f" ({follower.note})" if follower.note else "")
             return f"met; {follower.task} waits for the others"
         if link.taken is False:
+            ran = upstream.execution
+            if link.condition and ran is not None and link.on in SATISFIES.get(ran.status, ()):
+                return f"not taken: the condition ({condition_words(link.condition)}) is false"
             return "not taken"
         if self.state == RunState.RUNNING:
             return "not yet"
