@@ -306,9 +306,9 @@ def join_decide(join: str, upstreams: Sequence[Upstream]) -> Decision:
     if join == JoinRule.ALL_DONE:
         return Decision(run=True, sources=ended) if everyone else WAIT
     if join == JoinRule.NONE_FAILED:
-        failed = [upstream for upstream in upstreams if upstream.state == "FAILED"]
-        if failed:
-            return Decision(skip=True, reason=f"{failed[0].name} failed (join none_failed)")
+        failures = [upstream for upstream in upstreams if upstream.state == "FAILED"]
+        if failures:
+            return Decision(skip=True, reason=f"{failures[0].name} failed (join none_failed)")
         return Decision(run=True, sources=ended) if everyone else WAIT
     # all_success: every link met; skipped as soon as one cannot be.
     for upstream in upstreams:

@@ -8,7 +8,8 @@ statement, nothing more). A run whose task is followed ends in a transaction of 
 also calls :func:`follow_ended`, which creates each follower's run, due now, with:
 
 * ``workflow_run``: the id of the run that started it all (the root's own, written on the root
-  when its end starts a follower), so that every step of one workflow run has it;
+  when its end is followed: it starts or skips a follower), so that every step of one workflow
+  run has it;
 * ``upstream``: the execution ids whose ends started it;
 * ``input``: its upstream's output, bounded (:func:`input_from`).
 
@@ -21,6 +22,16 @@ upstreams, within the same workflow run, to end as asked. Two upstreams ending a
 turns on a transaction-level advisory lock on the workflow run, and each looks for the others'
 ends only once it holds it: the later one sees the earlier one's committed end, so one of them
 always creates the run.
+
+Conditions and joins (:mod:`tasks_app.workflow_rules`): each follower is decided by its join
+rule over its links (a link met: its upstream ended as its ``on`` asks and its condition holds on
+the upstream's input document): run now, skip, or wait. A follower with one upstream is decided
+from the end alone; one with several under the workflow run's lock, from its upstreams' states
+read then (their latest runs' ends and the skip records). A skipped step is recorded once
+(:class:`~executions.models.WorkflowSkip`, unique per task and workflow run, never beside a run
+of the task in it), and its followers are decided in turn in the same transaction, transitively:
+a skipped upstream is done, neither a success nor a failure. Each workflow run is decided whole
+(its skips' followers included) before the next, in their order, so locks are taken in one order.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks_app.models import AuditEntry, Task, TaskDependency
 from tasks_api.editing import task_update
+from tasks_app.models import AuditEntry, Task, TaskDependency
 from tms_core.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db
