@@ -330,9 +330,9 @@ def upstream_runs(execution: Execution) -> list[Execution]:
 
 
 def dependency_on(task_id: uuid.UUID, upstream_ids: Iterable[uuid.UUID]) -> Mapping[uuid.UUID, str]:
-    """How ``task_id`` follows each of ``upstream_ids`` (its ``after`` entries' ``on``)."""
-    return dict(
-        TaskDependency.objects.filter(task_id=task_id, upstream_id__in=list(upstream_ids)).values_list(
-            "upstream_id", "on"
-        )
+    """How ``task_id`` follows each of ``upstream_ids`` (its ``after`` entries' ``on``, with the
+    entry's condition in words when it has one: ``success if $.rows > 0``)."""
+    rows = TaskDependency.objects.filter(task_id=task_id, upstream_id__in=list(upstream_ids)).values_list(
+        "upstream_id", "on", "condition"
     )
+    return {upstream: f"{on} if {condition_words(condition)}" if condition else on for upstream, on, condition in rows}

@@ -241,3 +241,24 @@ def test_one_success_whose_upstreams_succeed_at_once_runs_once(user):
         assert errors == []
         assert Execution.objects.filter(task=d, workflow_run=root).count() == 1
         assert not WorkflowSkip.objects.filter(workflow_run=root).exists()
+
+
+def test_why_names_the_condition_and_the_join_of_a_step(user):
+    from tasks_api.selectors.fate import workflow_cause
+
+    a = task_create(owner=user, runner="noop", name="a")
+    b = task_create(owner=user, runner="noop", name="b")
+    c = task_create(
+        owner=user,
+        runner="noop",
+        name="c",
+        join="one_success",
+        after=[_link(a, condition={"path": "$.ok", "op": "==", "value": True}), _link(b)],
+    )
+    root = _root(a)
+    end(root, output='{"ok": true}')
+    step = _step(c, root)
+    assert workflow_cause(step) == (
+        f"created because a run #{root} succeeded (after: on success if $.ok == true) (join one_success),"
+        f" in workflow run #{root}"
+    )
