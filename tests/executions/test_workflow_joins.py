@@ -262,3 +262,16 @@ def test_why_names_the_condition_and_the_join_of_a_step(user):
         f"created because a run #{root} succeeded (after: on success if $.ok == true) (join one_success),"
         f" in workflow run #{root}"
     )
+
+
+def test_pruning_a_root_removes_its_workflow_run_s_skip_records(user):
+    from executions.retention import PruneReport, _archive_batch
+
+    a = task_create(owner=user, runner="noop")
+    task_create(owner=user, runner="noop", after=[_link(a, "failure")])
+    root = _root(a)
+    end(root)
+    assert WorkflowSkip.objects.filter(workflow_run=root).count() == 1
+    _archive_batch([root], {a.pk: user.pk}, PruneReport(dry_run=False))
+    assert not Execution.objects.filter(pk=root).exists()
+    assert not WorkflowSkip.objects.filter(workflow_run=root).exists()
