@@ -210,8 +210,9 @@ class _Wanted:
     keyed: bool
 
 
-#: How an upstream that ended in this transaction stands, before anything is read.
 def _ended_state(run: Ended) -> tuple[str, Any, Any]:
+    """How an upstream that ended in this transaction stands (its status, the document its links'
+    conditions read, the run), before anything is read."""
     return run.status, input_from(run), run
 
 
