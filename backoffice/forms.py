@@ -26,6 +26,7 @@ from tasks_app.models import (
     DependencyOn,
     DstFold,
     DstGap,
+    JoinRule,
     Limit,
     MisfirePolicy,
     OverlapPolicy,
@@ -210,6 +211,15 @@ class TaskForm(ApiInputForm):
     priority = forms.IntegerField(required=False, min_value=0, max_value=9, initial=5)
     misfire_policy = forms.ChoiceField(choices=MisfirePolicy.choices, initial=MisfirePolicy.RUN_ONCE)
     overlap_policy = forms.ChoiceField(choices=OverlapPolicy.choices, initial=OverlapPolicy.ALLOW)
+    join = forms.ChoiceField(
+        choices=JoinRule.choices,
+        initial=JoinRule.ALL_SUCCESS,
+        required=False,
+        label="Runs when (join)",
+        help_text="With several tasks above: all_success every one ended as chosen (and its condition holds); "
+        "one_success the first that does; one_failed the first that failed; all_done all ended or skipped; "
+        "none_failed all ended or skipped, none failed.",
+    )
     trigger_debounce = forms.CharField(
         required=False,
         max_length=40,
@@ -268,22 +278,25 @@ class TaskForm(ApiInputForm):
         self._limit_choices(team_ids)
         self.calendar_help()
         self.after_suggestions = _task_names(team_ids, without=task)
-        #: The edited task's entries: (text shown, upstream id, on).
-        self.initial_after: list[tuple[str, str, str]] = []
+        #: The edited task's entries: (text shown, upstream id, on, condition as JSON text or "").
+        self.initial_after: list[tuple[str, str, str, str]] = []
         if task is not None and task.has_after:
-            from tasks_api.workflows import task_neighbours
+            from tasks_api.workflows import task_links, task_neighbours
 
             upstream, _ = task_neighbours(task)
-            self.initial_after = [(str(n.task), str(n.task.pk), n.on) for n in upstream]
+            conditions = {str(link.upstream_id): link.condition for link in task_links(task)}
+            self.initial_after = [
+                (str(n.task), str(n.task.pk), n.on, _condition_text(conditions.get(str(n.task.pk)))) for n in upstream
+            ]
         rows = len(self.initial_after) + AFTER_BLANK_ROWS
         if self.is_bound:
             posted = [key for key in self.data if key.startswith("after_task_")]
             rows = max(rows, len(posted))
         self.after_rows = min(max(rows, 3), MAX_AFTER)
         for index in range(self.after_rows):
-            text, on = "", str(DependencyOn.SUCCESS)
+            text, on, condition = "", str(DependencyOn.SUCCESS), ""
             if index < len(self.initial_after):
-                text, _, on = self.initial_after[index]
+                text, _, on, condition = self.initial_after[index]
             self.fields[f"after_task_{index}"] = forms.CharField(
                 required=False,
                 max_length=200,
@@ -293,6 +306,14 @@ class TaskForm(ApiInputForm):
             )
             self.fields[f"after_on_{index}"] = forms.ChoiceField(
                 choices=AFTER_ON_WORDS, label=f"when task {index + 1} has", initial=on, required=False
+            )
+            self.fields[f"after_condition_{index}"] = forms.CharField(
+                required=False,
+                max_length=4096,
+                label=f"and if its output (condition {index + 1})",
+                initial=condition,
+                widget=forms.TextInput(attrs={"class": "mono", "spellcheck": "false"}),
+                help_text='JSON, e.g. {"path": "$.rows", "op": ">", "value": 0}. Empty: always.',
             )
 
     def _limit_choices(self, team_ids: list[int]) -> None:
@@ -322,27 +343,41 @@ class TaskForm(ApiInputForm):
             reverse("backoffice:calendars"),
         )
 
-    def after_grid(self) -> list[tuple[forms.BoundField, forms.BoundField]]:
-        """The "runs after" pickers: (task, on) per row."""
-        return [(self[f"after_task_{i}"], self[f"after_on_{i}"]) for i in range(self.after_rows)]
+    def after_grid(self) -> list[tuple[forms.BoundField, forms.BoundField, forms.BoundField]]:
+        """The "runs after" pickers: (task, on, condition) per row."""
+        return [
+            (self[f"after_task_{i}"], self[f"after_on_{i}"], self[f"after_condition_{i}"])
+            for i in range(self.after_rows)
+        ]
 
-    def after_entries(self, team_id: int) -> list[dict[str, str]] | None:
+    def after_entries(self, team_id: int) -> list[dict[str, Any]] | None:
         """The API's ``after`` from the rows: each typed name is the task of that name in the team
         ``team_id`` (or an id as it is, for the service to check); None, with the error on
         ``after``, when a name names no task or several. A row left as the edit showed it keeps
         its task, so two upstreams of one name stay apart."""
-        entries: list[dict[str, str]] = []
+        entries: list[dict[str, Any]] = []
         named: dict[str, int] = {}
+        problems = []
         for index in range(self.after_rows):
             text = (self.cleaned_data.get(f"after_task_{index}") or "").strip()
             on = self.cleaned_data.get(f"after_on_{index}") or DependencyOn.SUCCESS
             if not text:
                 continue
+            entry: dict[str, Any] = {"task": text, "on": on}
+            condition = (self.cleaned_data.get(f"after_condition_{index}") or "").strip()
+            if condition:
+                try:
+                    entry["condition"] = json.loads(condition)
+                except json.JSONDecodeError as exc:
+                    problems.append(f"The condition of task {index + 1} is not JSON: {exc.msg} (at {exc.pos}).")
             if index < len(self.initial_after) and text == self.initial_after[index][0]:
-                entries.append({"task": self.initial_after[index][1], "on": on})
+                entries.append({**entry, "task": self.initial_after[index][1]})
                 continue
             named[text] = len(entries)
-            entries.append({"task": text, "on": on})
+            entries.append(entry)
+        if problems:
+            self.add_error("after", problems)
+            return None
         if not named:
             return entries
         found: dict[str, list[str]] = {}
@@ -353,7 +388,6 @@ class TaskForm(ApiInputForm):
         )
         for name, pk in rows:
             found.setdefault(name, []).append(str(pk))
-        problems = []
         for text, position in named.items():
             ids = found.get(text, [])
             if len(ids) == 1:
@@ -396,6 +430,7 @@ class TaskForm(ApiInputForm):
             "priority": str(task.priority),
             "misfire_policy": task.misfire_policy,
             "overlap_policy": task.overlap_policy,
+            "join": task.join,
             "dst_gap": task.dst_gap,
             "dst_fold": task.dst_fold,
             "calendar": task.calendar.name if task.calendar_id and task.calendar else "",
@@ -410,7 +445,7 @@ class TaskForm(ApiInputForm):
         added by the view from :meth:`after_entries`)."""
         data = super().payload(names)
         for name in list(data):
-            if name.startswith(("after_task_", "after_on_")) or name == "after":
+            if name.startswith(("after_task_", "after_on_", "after_condition_")) or name == "after":
                 del data[name]
         if not data.get("limits"):
             data.pop("limits", None)
@@ -422,7 +457,7 @@ class TaskForm(ApiInputForm):
         ``team`` and ``after`` are the view's (a move, and the rows' entries)."""
         changed: dict[str, Any] = {}
         for name in self.fields:
-            if name in self.composed or name.startswith(("after_task_", "after_on_")):
+            if name in self.composed or name.startswith(("after_task_", "after_on_", "after_condition_")):
                 continue
             if name == "limits":
                 chosen = sorted(self.cleaned_data.get("limits") or [])
@@ -451,13 +486,18 @@ class TaskForm(ApiInputForm):
             changed[name] = value
         return changed
 
-    def after_changed(self, entries: list[dict[str, str]]) -> bool:
+    def after_changed(self, entries: list[dict[str, Any]]) -> bool:
         """Whether ``entries`` differ from the edited task's ``after`` (order does not matter). A
         POST without the pickers (a form that did not show them) changes nothing."""
         if not any(key.startswith("after_task_") for key in self.data):
             return False
-        before = {(pk, on) for _, pk, on in self.initial_after}
-        return before != {(entry["task"], entry["on"]) for entry in entries}
+        before = {(pk, on, _condition_text(json.loads(text)) if text else "") for _, pk, on, text in self.initial_after}
+        return before != {(entry["task"], entry["on"], _condition_text(entry.get("condition"))) for entry in entries}
+
+
+def _condition_text(condition: Any) -> str:
+    """A link's condition as the form shows it (compact JSON, keys sorted; "" for none)."""
+    return "" if condition is None else json.dumps(condition, sort_keys=True)
 
 
 def _task_names(team_ids: list[int], *, without: Task | None) -> list[str]:

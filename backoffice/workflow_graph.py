@@ -103,9 +103,18 @@ def _arrow(
 def _edge(link: Link, run: WorkflowRun, at: dict[object, tuple[float, float]]) -> str:
     upstream, follower = run.steps[link.upstream].task, run.steps[link.task].task
     taken = run.link_words(link)
-    says = f"{follower} runs after {upstream} on {link.on} ({taken})"
+    says = f"{follower} runs after {upstream} on {link.label} ({taken})"
     stroke, dash = ("#3d4558", "") if link.taken else ("#9aa0ad", ' stroke-dasharray="5 4"')
-    return _arrow(link.upstream, link.task, at[link.upstream], at[link.task], says, link.on, stroke=stroke, dash=dash)
+    return _arrow(
+        link.upstream,
+        link.task,
+        at[link.upstream],
+        at[link.task],
+        says,
+        link.on if not link.condition else f"{link.on} if …",
+        stroke=stroke,
+        dash=dash,
+    )
 
 
 def _box(

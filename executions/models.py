@@ -308,6 +308,28 @@ class SkippedOccurrence(models.Model):
         return f"{self.task_id} at {self.scheduled_for:%Y-%m-%d %H:%M:%S}: {self.reason}"
 
 
+class WorkflowSkip(models.Model):
+    """A step of a workflow run that will not run, and why: written by
+    :mod:`executions.transitions.follow` in the transaction of the end that decided it (its join
+    rule over its upstreams, a condition, a skipped upstream, its task paused), at most once per
+    (task, workflow run), and never for a task that has a run in it. Its followers then follow
+    their own join rules (a skipped step is neither a success nor a failure). A run of the task in
+    the workflow run created later (an upstream retried on request) takes precedence over it.
+    """
+
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="+", db_index=False)
+    #: The workflow run (its root's execution id), as ``Execution.workflow_run``.
+    workflow_run = models.BigIntegerField()
+    reason = models.TextField()
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow_run", "task"], name="workflow_skip_once")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} skipped in workflow run {self.workflow_run}: {self.reason}"
+
+
 class WorkerStatus(models.TextChoices):
     ALIVE = "ALIVE"  #: heartbeating
     STOPPED = "STOPPED"  #: shut down cleanly

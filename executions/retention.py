@@ -42,7 +42,14 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import connection, transaction
 
-from executions.models import ArchiveIndex, Execution, ExecutionEvent, ExecutionStatus, SkippedOccurrence
+from executions.models import (
+    ArchiveIndex,
+    Execution,
+    ExecutionEvent,
+    ExecutionStatus,
+    SkippedOccurrence,
+    WorkflowSkip,
+)
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -211,6 +218,8 @@ def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneRe
             )
         cursor.execute(f"DELETE FROM {skipped_table} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         skipped_count = cursor.rowcount
+        # The steps a pruned root's workflow runs skipped: nothing shows that workflow run any more.
+        cursor.execute(f"DELETE FROM {WorkflowSkip._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
         cursor.execute(f"DELETE FROM {event} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         event_count = cursor.rowcount
         cursor.execute(f"DELETE FROM {execution} WHERE id = ANY(%s)", [locked])  # noqa: S608

@@ -5,8 +5,10 @@ A workflow run is named by its root's execution id (``workflow_run`` of every st
 are the root's task and every task that follows it, transitively (:class:`TaskDependency`, as
 the links are now); each task's run in it is found through the unique index on
 ``(task, workflow_run)`` (``execution_workflow_step``), never by a scan of the executions. A task
-not run (yet) is a node too: *waiting* while the run may still reach it, *skipped* once it cannot
-(an upstream ended the other way, was cancelled, or its task is paused or deleted).
+not run (yet) is a node too: *waiting* while the run may still reach it, *skipped* once it cannot:
+recorded so by the end that decided it (:class:`~executions.models.WorkflowSkip`, with its
+reason: its join rule, a condition, a skipped upstream, its task paused), or read so here (an
+upstream cancelled, its task paused since, or nothing runs any more).
 
 The writes are elsewhere (:mod:`executions.transitions.follow`); this module only reads, for the
 back office's workflow run page, "why", and the notifications about workflow runs.
@@ -17,11 +19,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from executions.models import ACTIVE_STATUSES, Execution
+from executions.models import ACTIVE_STATUSES, Execution, WorkflowSkip
 from executions.models import ExecutionStatus as S
-from executions.transitions.follow import SATISFIES
-from tasks_app.models import DependencyOn, Task, TaskDependency, TaskStatus
+from executions.transitions.follow import SATISFIES, input_from
+from tasks_app.models import DependencyOn, JoinRule, Task, TaskDependency, TaskStatus
+from tasks_app.workflow_rules import Upstream, condition_holds, condition_words, join_decide
+
+#: Joins under which a step runs on an upstream's failure whatever its link's ``on``.
+FAILURE_JOINS = frozenset({JoinRule.ALL_DONE, JoinRule.ONE_FAILED})
 
 #: A workflow run reads at most this many tasks (a guard: ``after`` allows wide graphs).
 MAX_STEPS = 200
@@ -60,13 +67,19 @@ class Step:
 
 @dataclass(frozen=True)
 class Link:
-    """``task`` follows ``upstream`` on ``on``; ``taken``: the upstream's run ended that way (None:
-    not ended, or not run)."""
+    """``task`` follows ``upstream`` on ``on`` (and ``condition``); ``taken``: the upstream's run
+    ended that way and the condition held (None: not ended, or not run)."""
 
     upstream: uuid.UUID
     task: uuid.UUID
     on: str
     taken: bool | None
+    condition: Any = None
+
+    @property
+    def label(self) -> str:
+        """Its ``on``, with its condition in words if it has one: what an arrow is labelled."""
+        return f"{self.on} if {condition_words(self.condition)}" if self.condition else self.on
 
 
 @dataclass
@@ -108,6 +121,9 @@ class WorkflowRun:
                 return f"met, but {follower.task} will not run" + (f" ({follower.note})" if follower.note else "")
             return f"met; {follower.task} waits for the others"
         if link.taken is False:
+            ran = upstream.execution
+            if link.condition and ran is not None and link.on in SATISFIES.get(ran.status, ()):
+                return f"not taken: the condition ({condition_words(link.condition)}) is false"
             return "not taken"
         if self.state == RunState.RUNNING:
             return "not yet"
@@ -173,12 +189,24 @@ def workflow_run_read(root: Execution) -> WorkflowRun:
             continue
         step.execution, step.runs, step.state = execution, step.runs + 1, execution.status
     _depths(run, links)
+    conditions = _conditions(run, links)
     for follower, upstream, on in links:
         if follower in run.steps and upstream in run.steps:
             ran = run.steps[upstream].execution
             ended = ran is not None and ran.status in SATISFIES
-            taken = (on in SATISFIES[ran.status]) if ended and ran is not None else None
-            run.links.append(Link(upstream, follower, on, taken))
+            condition = conditions.get((follower, upstream))
+            taken = None
+            if ended and ran is not None:
+                taken = on in SATISFIES[ran.status] and condition_holds(condition, input_from(_ended_of(ran)))
+            run.links.append(Link(upstream, follower, on, taken, condition))
+    if root.workflow_run is not None:
+        skips = WorkflowSkip.objects.filter(workflow_run=run.id, task_id__in=list(run.steps)).values_list(
+            "task_id", "reason"
+        )
+        for task_id, reason in skips:
+            step = run.steps[task_id]
+            if step.execution is None:  # a run created later (a retry upstream) takes precedence
+                step.state, step.note = SKIPPED, reason
     _unrun(run)
     _standing(run)
     return run
@@ -198,40 +226,69 @@ def _depths(run: WorkflowRun, links: Iterable[tuple[uuid.UUID, uuid.UUID, str]])
             break
 
 
+def _conditions(
+    run: WorkflowRun, links: Iterable[tuple[uuid.UUID, uuid.UUID, str]]
+) -> dict[tuple[uuid.UUID, uuid.UUID], Any]:
+    """The conditions of ``links`` that have one, by (follower, upstream); one query (none without links)."""
+    followers = {follower for follower, _, _ in links if follower in run.steps}
+    if not followers:
+        return {}
+    rows = TaskDependency.objects.filter(task_id__in=followers, condition__isnull=False).values_list(
+        "task_id", "upstream_id", "condition"
+    )
+    return {(task, upstream): condition for task, upstream, condition in rows}
+
+
+def _ended_of(execution: Execution) -> dict[str, Any]:
+    return {"output": execution.output, "error": execution.error, "status": execution.status}
+
+
 def _unrun(run: WorkflowRun) -> None:
-    """Waiting or skipped, for each step without a run, in depth order (an upstream first)."""
+    """Waiting or skipped, for each step without a run (nor a skip recorded), in depth order (an
+    upstream first): its join rule over how its upstreams stand."""
     incoming: dict[uuid.UUID, list[Link]] = {}
     for link in run.links:
         incoming.setdefault(link.task, []).append(link)
     for step in run.ordered():
-        if step.execution is not None:
+        if step.execution is not None or step.state == SKIPPED:
             continue
         if step.task.status != TaskStatus.ACTIVE:
             step.state, step.note = SKIPPED, f"its task is {step.task.status.lower()}"
             continue
-        for link in incoming.get(step.task.pk, []):
+        links = incoming.get(step.task.pk, [])
+        upstreams = []
+        for link in links:
             upstream = run.steps[link.upstream]
+            ran = upstream.execution
             if upstream.state == SKIPPED:
-                step.state, step.note = SKIPPED, f"{upstream.task} does not run"
-                break
-            if upstream.state == S.CANCELLED:
-                step.state, step.note = SKIPPED, f"{upstream.task} was cancelled"
-                break
-            if link.taken is False:
-                step.state = SKIPPED
-                step.note = f"{upstream.task} {upstream.state.lower()}; it runs on {link.on}"
-                break
+                state, document = "skipped", None
+            elif ran is not None and ran.status in SATISFIES:
+                state, document = ran.status, input_from(_ended_of(ran))
+            else:
+                state, document = "pending", None
+            upstreams.append(Upstream(link.upstream, str(upstream.task), link.on, link.condition, state, document))
+        decision = join_decide(step.task.join, upstreams) if upstreams else None
+        cancelled = [link for link in links if run.steps[link.upstream].state == S.CANCELLED]
+        if decision is not None and decision.skip:
+            step.state, step.note = SKIPPED, decision.reason
+        elif cancelled and not (decision is not None and decision.run):
+            step.state, step.note = SKIPPED, f"{run.steps[cancelled[0].upstream].task} was cancelled"
         else:
-            waits = sorted(str(run.steps[link.upstream].task) for link in incoming.get(step.task.pk, []))
+            waits = sorted(str(run.steps[link.upstream].task) for link in links)
             step.note = f"after {', '.join(waits)}" if waits else ""
 
 
+def _handles_failure(run: WorkflowRun, link: Link) -> bool:
+    """Whether ``link``'s follower may run on its upstream's failure (its ``on``, or its join)."""
+    return link.on != DependencyOn.SUCCESS or run.steps[link.task].task.join in FAILURE_JOINS
+
+
 def _standing(run: WorkflowRun) -> None:
-    handled = {link.upstream for link in run.links if link.on != DependencyOn.SUCCESS and link.taken}
+    handled = {link.upstream for link in run.links if _handles_failure(run, link) and link.taken}
     handled |= {
         link.upstream
         for link in run.links
-        if link.on != DependencyOn.SUCCESS and run.steps[link.task].task.status == TaskStatus.ACTIVE
+        if _handles_failure(run, link) and run.steps[link.task].task.status == TaskStatus.ACTIVE
     }
     ran = [step.execution for step in run.steps.values() if step.execution is not None]
     run.unhandled = sorted((e for e in ran if e.status == S.FAILED and e.task_id not in handled), key=lambda e: e.pk)
@@ -242,7 +299,7 @@ def _standing(run: WorkflowRun) -> None:
                 (
                     run.steps[link.task].task
                     for link in run.links
-                    if link.upstream == e.task_id and link.on != DependencyOn.SUCCESS
+                    if link.upstream == e.task_id and _handles_failure(run, link)
                 ),
                 key=lambda task: str(task).lower(),
             ),
@@ -273,9 +330,9 @@ def upstream_runs(execution: Execution) -> list[Execution]:
 
 
 def dependency_on(task_id: uuid.UUID, upstream_ids: Iterable[uuid.UUID]) -> Mapping[uuid.UUID, str]:
-    """How ``task_id`` follows each of ``upstream_ids`` (its ``after`` entries' ``on``)."""
-    return dict(
-        TaskDependency.objects.filter(task_id=task_id, upstream_id__in=list(upstream_ids)).values_list(
-            "upstream_id", "on"
-        )
+    """How ``task_id`` follows each of ``upstream_ids`` (its ``after`` entries' ``on``, with the
+    entry's condition in words when it has one: ``success if $.rows > 0``)."""
+    rows = TaskDependency.objects.filter(task_id=task_id, upstream_id__in=list(upstream_ids)).values_list(
+        "upstream_id", "on", "condition"
     )
+    return {upstream: f"{on} if {condition_words(condition)}" if condition else on for upstream, on, condition in rows}

@@ -133,7 +133,8 @@ class TaskAdminForm(forms.ModelForm):
     after = forms.JSONField(
         required=False,
         help_text='The tasks it follows, as in the API: [{"task": "<id>", "on": "success"}] ("failure", '
-        '"completion"). With no schedule given it runs only after them. Empty: none.',
+        '"completion"), each with an optional "condition" on its output ({"path": "$.rows", "op": ">", "value": 0}). '
+        "With no schedule given it runs only after them. Empty: none.",
     )
 
     class Meta:

@@ -34,9 +34,18 @@ from tasks_api.checks import (
 from tasks_api.limits import limits_resolve
 from tasks_api.task_config import task_check_secret_fields, task_config_masked
 from tasks_api.task_writes import _snapshot
-from tasks_api.workflows import After, after_links, after_resolve
+from tasks_api.workflows import After, after_links, after_resolve, join_check_links, join_parse
 from tasks_app.audit import audit_record_many, audit_values
-from tasks_app.models import AuditAction, Limit, Task, TaskDependency, TaskStatus, Team, status_for_cursor
+from tasks_app.models import (
+    AuditAction,
+    JoinRule,
+    Limit,
+    Task,
+    TaskDependency,
+    TaskStatus,
+    Team,
+    status_for_cursor,
+)
 from tasks_app.quotas import quota_check_tasks
 from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
@@ -257,6 +266,9 @@ def _build_spec(
     if chosen is None:
         chosen = resolved[names] = limits_resolve(team_id=team.pk, names=names)
     after = after_resolve(team_id=team.pk, entries=spec.pop("after", None))
+    if "join" in spec:
+        spec["join"] = join_parse(spec["join"] or JoinRule.ALL_SUCCESS)
+    join_check_links(join=spec.get("join", JoinRule.ALL_SUCCESS), after=after, field="after")
     _calendar_settings(team.pk, spec)
     artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
     task = _build_task(rows=rows, owner=owner, team=team, now=now, **spec)

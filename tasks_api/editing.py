@@ -18,11 +18,18 @@ from tasks_api.limits import limits_resolve, task_limit_names, task_set_limits
 from tasks_api.replan import _forget_calendar_skips, _set_cursor, _supersede
 from tasks_api.task_config import task_check_secret_fields, task_config
 from tasks_api.task_writes import _audit_task, _lock, _snapshot
-from tasks_api.workflows import after_resolve, task_after_entries, task_set_after
+from tasks_api.workflows import (
+    after_resolve,
+    join_check_links,
+    join_parse,
+    task_after_entries,
+    task_links,
+    task_set_after,
+)
 from tasks_app.audit import audit_diff
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.masking import ENV_NAMES, environment_changed_names, environment_changes
-from tasks_app.models import AuditAction, CalendarPolicy, Task, TaskStatus, TaskVersion, claims_exclusive
+from tasks_app.models import AuditAction, CalendarPolicy, JoinRule, Task, TaskStatus, TaskVersion, claims_exclusive
 from tasks_app.run_config import destination_moved, task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import Path as SecretPath
@@ -82,6 +89,14 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any], detail: s
         snapshot_before = _snapshot(task, None)
         limits_changed = _update_limits(task, new_limits, snapshot_before)
         after_changed = _update_after(task, new_after, snapshot_before)
+        if "join" in changes:
+            changes["join"] = join_parse(changes["join"] or JoinRule.ALL_SUCCESS)
+        if "join" in changes or new_after is not None:
+            join_check_links(
+                join=changes.get("join", task.join),
+                after=task_links(task),
+                field="after" if new_after is not None else "join",
+            )
         changed, dropped = _apply_changes(task, changes, before=before)
         after = (task.runner, task.config, list(task.secret_fields or []))
         # Checked in the clear; stored sealed (as it was when nothing of it changed).

@@ -34,6 +34,7 @@ from tasks_app.models import (
     DependencyOn,
     DstFold,
     DstGap,
+    JoinRule,
     MisfirePolicy,
     OverlapPolicy,
     Task,
@@ -56,6 +57,7 @@ from tasks_app.schedules import (
 from tasks_app.secrets import check_secret_fields, config_unmask
 from tasks_app.team_scope import TeamRefField
 from tasks_app.teams import member_team_ids
+from tasks_app.workflow_rules import ConditionError, condition_check
 from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
@@ -223,6 +225,19 @@ CALENDAR_POLICY_HELP = (
 )
 
 
+CONDITION_HELP = (
+    "Run only if this holds on the upstream's output (read as the step's input would be: its JSON object, or "
+    '`{"output": "<text>"}`, with `error` after a failure). A test `{"path": "$.status", "op": "==", "value": "ok"}` '
+    '(ops `==`, `!=`, `<`, `<=`, `>`, `>=`, `in`, `not in`, `exists`; paths `$.key`, `[0]`, `["key"]`, '
+    '`.length`), or `{"all": [...]}`, `{"any": [...]}`, `{"not": {...}}`. null: none.'
+)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ConditionField(serializers.JSONField):
+    """A condition on an upstream's output (:mod:`tasks_app.workflow_rules`): a JSON object."""
+
+
 class AfterEntrySerializer(StrictInputMixin, serializers.Serializer):
     """One task this task follows, and how its run must end."""
 
@@ -234,6 +249,19 @@ class AfterEntrySerializer(StrictInputMixin, serializers.Serializer):
         help_text="Run after its run succeeded (`success`, the default), failed for good (`failure`) or either "
         "(`completion`).",
     )
+    condition = ConditionField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=CONDITION_HELP,
+    )
+
+    def validate_condition(self, value: Any) -> Any:
+        try:
+            condition_check(value) if value is not None else None
+        except ConditionError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
 
 AFTER_HELP = (
@@ -241,6 +269,15 @@ AFTER_HELP = (
     "this task is created in the same transaction (due now), with that run's output as its `input`; with several "
     "entries, once all of them have ended that way within the same workflow run (fan-in). With no schedule "
     "(`start_at`, `interval`, `cron`) it runs only after them. A cycle, an unknown task or another owner's is a 400."
+)
+
+
+JOIN_HELP = (
+    "How its `after` links combine (a link is met when its upstream's run ended as its `on` asks and its condition "
+    "holds): `all_success` (default) every link met; `one_success` as soon as one is; `one_failed` as soon as one "
+    "upstream failed for good (its condition holding); `all_done` once every upstream ended or was skipped; "
+    "`none_failed` once every upstream ended or was skipped, none failed. A step that will not run is skipped, "
+    "with its reason. `all_done` and `none_failed` read no `on` or condition, `one_failed` no `on`: one set is a 400."
 )
 
 
@@ -317,6 +354,9 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
     )
     after = serializers.ListField(
         child=AfterEntrySerializer(), required=False, max_length=MAX_AFTER, help_text=AFTER_HELP
+    )
+    join = serializers.ChoiceField(
+        choices=JoinRule.choices, required=False, default=JoinRule.ALL_SUCCESS, help_text=JOIN_HELP
     )
     calendar = serializers.CharField(
         required=False,

@@ -11,6 +11,7 @@ never form a cycle (a task that would, even through others, is refused with 400 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q
 
-from tasks_app.models import MAX_AFTER, DependencyOn, Task, TaskDependency, TaskStatus
+from tasks_app.models import MAX_AFTER, DependencyOn, JoinRule, Task, TaskDependency, TaskStatus
 from tasks_app.schedule_words import AFTER_ENDS, runs_only_after
+from tasks_app.workflow_rules import ConditionError, condition_check, join_check
 from tms_core.errors import InvalidInput
 
 #: Namespace of the transaction-level advisory lock (two-key form) under which a team's links
@@ -34,17 +36,63 @@ class After:
 
     upstream_id: uuid.UUID
     on: str
+    #: A condition on the upstream's output (:mod:`tasks_app.workflow_rules`), or None.
+    condition: Any = None
 
-    def entry(self) -> dict[str, str]:
-        return {"task": str(self.upstream_id), "on": self.on}
+    def entry(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"task": str(self.upstream_id), "on": self.on}
+        if self.condition is not None:
+            shown["condition"] = self.condition
+        return shown
+
+    def key(self) -> tuple[uuid.UUID, str, str]:
+        return (self.upstream_id, self.on, json.dumps(self.condition, sort_keys=True))
 
 
-def task_after_entries(task: Task) -> list[dict[str, str]]:
+def task_after_entries(task: Task) -> list[dict[str, Any]]:
     """A task's ``after`` as the API shows it (no query for a task that follows nothing)."""
     if not task.has_after:
         return []
-    links = TaskDependency.objects.filter(task_id=task.pk).order_by("upstream_id").values_list("upstream_id", "on")
-    return [After(upstream, on).entry() for upstream, on in links]
+    links = (
+        TaskDependency.objects.filter(task_id=task.pk)
+        .order_by("upstream_id")
+        .values_list("upstream_id", "on", "condition")
+    )
+    return [After(upstream, on, condition).entry() for upstream, on, condition in links]
+
+
+def condition_parse(condition: Any, *, index: int | None = None, field: str = "after") -> Any:
+    """``condition`` checked (None: none); an :class:`InvalidInput` on ``field`` naming the entry."""
+    if condition is None:
+        return None
+    try:
+        condition_check(condition)
+    except ConditionError as exc:
+        where = f"Entry {index}: " if index is not None else ""
+        raise InvalidInput.on(field, f"{where}condition: {exc}") from None
+    return condition
+
+
+def join_parse(join: Any) -> str:
+    """A join rule, checked (an :class:`InvalidInput` on ``join``)."""
+    if join not in JoinRule.values:
+        raise InvalidInput.on("join", f"{join!r} is not one of {', '.join(JoinRule.values)}.")
+    return str(join)
+
+
+def join_check_links(*, join: str, after: Sequence[After], field: str) -> None:
+    """Refuse links whose ``on`` or condition ``join`` would ignore (a 400 on ``field``)."""
+    problem = join_check(join, [(str(link.upstream_id), link.on, link.condition) for link in after])
+    if problem:
+        raise InvalidInput.on(field, problem[0].upper() + problem[1:])
+
+
+def task_links(task: Task) -> list[After]:
+    """A task's links as they are stored."""
+    if not task.has_after:
+        return []
+    rows = TaskDependency.objects.filter(task_id=task.pk).values_list("upstream_id", "on", "condition")
+    return [After(upstream, on, condition) for upstream, on, condition in rows]
 
 
 def after_parse(entries: Any) -> list[After]:
@@ -58,7 +106,7 @@ def after_parse(entries: Any) -> list[After]:
         raise InvalidInput.on("after", f"A task follows at most {MAX_AFTER} tasks.")
     parsed: list[After] = []
     for index, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or "task" not in entry or set(entry) - {"task", "on"}:
+        if not isinstance(entry, Mapping) or "task" not in entry or set(entry) - {"task", "on", "condition"}:
             raise InvalidInput.on("after", f'Entry {index}: expected {{"task": "<id>", "on": "success"}}.')
         on = entry.get("on") or DependencyOn.SUCCESS
         if on not in DependencyOn.values:
@@ -67,7 +115,7 @@ def after_parse(entries: Any) -> list[After]:
             upstream = entry["task"] if isinstance(entry["task"], uuid.UUID) else uuid.UUID(str(entry["task"]))
         except ValueError:
             raise InvalidInput.on("after", f"Entry {index}: {entry['task']!r} is not a task id.") from None
-        parsed.append(After(upstream, str(on)))
+        parsed.append(After(upstream, str(on), condition_parse(entry.get("condition"), index=index)))
     if len({after.upstream_id for after in parsed}) != len(parsed):
         raise InvalidInput.on("after", "A task is named twice.")
     return parsed
@@ -152,15 +200,17 @@ def _path_to(task_id: uuid.UUID, starts: Iterable[uuid.UUID]) -> list[uuid.UUID]
 def task_set_after(*, task: Task, after: Sequence[After]) -> bool:
     """Make ``task`` follow exactly ``after`` (checked by :func:`after_resolve`, in the caller's
     transaction); sets the denormalised ``has_after``. Returns whether anything changed."""
-    current = {
-        (upstream, on) for upstream, on in TaskDependency.objects.filter(task=task).values_list("upstream_id", "on")
-    }
-    wanted = {(link.upstream_id, link.on) for link in after}
+    rows = TaskDependency.objects.filter(task=task).values_list("upstream_id", "on", "condition")
+    current = {After(upstream, on, condition).key() for upstream, on, condition in rows}
+    wanted = {link.key() for link in after}
     if current == wanted:
         return False
     TaskDependency.objects.filter(task=task).delete()
     TaskDependency.objects.bulk_create(
-        [TaskDependency(task=task, upstream_id=link.upstream_id, on=link.on) for link in after]
+        [
+            TaskDependency(task=task, upstream_id=link.upstream_id, on=link.on, condition=link.condition)
+            for link in after
+        ]
     )
     has = bool(after)
     if task.has_after != has:
@@ -172,7 +222,7 @@ def task_set_after(*, task: Task, after: Sequence[After]) -> bool:
 def after_links(tasks: Sequence[Task], chosen: Sequence[Sequence[After]]) -> list[TaskDependency]:
     """The link rows of new ``tasks`` (each with its checked entries), for one bulk insert."""
     return [
-        TaskDependency(task_id=task.pk, upstream_id=link.upstream_id, on=link.on)
+        TaskDependency(task_id=task.pk, upstream_id=link.upstream_id, on=link.on, condition=link.condition)
         for task, links in zip(tasks, chosen, strict=True)
         for link in links
     ]

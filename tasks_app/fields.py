@@ -60,6 +60,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     *_settings(WHEN, "start_at", "interval", "cron", "timezone", "dst_gap", "dst_fold", "end_at", "max_runs", "jitter"),
     # The tasks it follows (tasks_app.models.TaskDependency): a list of {task, on}, not a column.
     TaskField("after", WHEN, many=True),
+    # How the links of ``after`` combine (tasks_app.models.JoinRule).
+    TaskField("join", WHEN),
     # A calendar is named in the API (its owner's); a change of either re-plans the future.
     *_settings(WHEN, "calendar", "calendar_policy"),
     *_settings(

@@ -353,6 +353,19 @@ class Membership(models.Model):
         return f"{self.user_id} in {self.team_id} as {self.role}"
 
 
+class JoinRule(models.TextChoices):
+    """When a step that follows several tasks runs, over its ``after`` links (Airflow's trigger
+    rules; :func:`tasks_app.workflow_rules.join_decide`). A link is *met* when its upstream's run
+    ended as its ``on`` asks and its condition holds; an upstream is *done* once its run ended or
+    it was skipped."""
+
+    ALL_SUCCESS = "all_success"  #: every link met (the default); skipped as soon as one cannot be
+    ALL_DONE = "all_done"  #: every upstream done, however
+    ONE_SUCCESS = "one_success"  #: as soon as one link is met
+    ONE_FAILED = "one_failed"  #: as soon as one upstream failed for good (and its condition holds)
+    NONE_FAILED = "none_failed"  #: every upstream done, none failed (succeeded or skipped)
+
+
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of its own: task_owner_created_idx leads with the owner.
@@ -482,6 +495,10 @@ class Task(models.Model):
     #: Whether its ``after`` (:class:`TaskDependency`, the tasks it follows) names any: a task's
     #: representation reads its entries only then (tasks without pay no query).
     has_after = models.BooleanField(default=False, db_default=False, editable=False)
+    #: How its ``after`` links combine (:class:`JoinRule`); read only for a task that follows several.
+    join = models.CharField(
+        max_length=16, choices=JoinRule.choices, default=JoinRule.ALL_SUCCESS, db_default=JoinRule.ALL_SUCCESS
+    )
 
     # Retries and limits.
     max_attempts = models.PositiveSmallIntegerField(
@@ -636,6 +653,9 @@ class TaskDependency(models.Model):
     #: Indexed: the end of every run of an upstream looks up its followers.
     upstream = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="follower_links")
     on = models.CharField(max_length=16, choices=DependencyOn.choices, default=DependencyOn.SUCCESS)
+    #: A condition on the upstream's output (:mod:`tasks_app.workflow_rules`), checked when written;
+    #: null: none.
+    condition = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

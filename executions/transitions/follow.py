@@ -8,7 +8,8 @@ statement, nothing more). A run whose task is followed ends in a transaction of 
 also calls :func:`follow_ended`, which creates each follower's run, due now, with:
 
 * ``workflow_run``: the id of the run that started it all (the root's own, written on the root
-  when its end starts a follower), so that every step of one workflow run has it;
+  when its end is followed: it starts or skips a follower), so that every step of one workflow
+  run has it;
 * ``upstream``: the execution ids whose ends started it;
 * ``input``: its upstream's output, bounded (:func:`input_from`).
 
@@ -21,6 +22,16 @@ upstreams, within the same workflow run, to end as asked. Two upstreams ending a
 turns on a transaction-level advisory lock on the workflow run, and each looks for the others'
 ends only once it holds it: the later one sees the earlier one's committed end, so one of them
 always creates the run.
+
+Conditions and joins (:mod:`tasks_app.workflow_rules`): each follower is decided by its join
+rule over its links (a link met: its upstream ended as its ``on`` asks and its condition holds on
+the upstream's input document): run now, skip, or wait. A follower with one upstream is decided
+from the end alone; one with several under the workflow run's lock, from its upstreams' states
+read then (their latest runs' ends and the skip records). A skipped step is recorded once
+(:class:`~executions.models.WorkflowSkip`, unique per task and workflow run, never beside a run
+of the task in it), and its followers are decided in turn in the same transaction, transitively:
+a skipped upstream is done, neither a success nor a failure. Each workflow run is decided whole
+(its skips' followers included) before the next, in their order, so locks are taken in one order.
 """
 
 from __future__ import annotations
@@ -31,14 +42,14 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from executions.models import Execution, ExecutionOrigin
+from executions.models import Execution, ExecutionOrigin, WorkflowSkip
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.dispatch import Dispatch, executions_take_steps
@@ -47,9 +58,11 @@ from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, 
 
 # The longest output (characters) read as a follower's input: a longer one is cut and given as text.
 from tasks_app.run_input import INPUT_MAX_CHARS
+from tasks_app.workflow_rules import Decision, Upstream, join_decide
 from tms_core import metrics
 
 DEPENDENCIES = TaskDependency._meta.db_table
+SKIPS = WorkflowSkip._meta.db_table
 
 #: The actor of a follower's creation event.
 WORKFLOW_ACTOR = "workflow"
@@ -121,53 +134,60 @@ def input_from(ended: Ended | Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
+@dataclass
+class _Follower:
+    """A task that follows others: its join rule, its status, and its links (upstream -> on, condition)."""
+
+    join: str
+    status: str
+    links: dict[uuid.UUID, tuple[str, Any]] = field(default_factory=dict)
+
+
+class _Graph:
+    """The followers of some tasks, with every link of each (what a fan-in needs), grown as skips
+    reach further tasks."""
+
+    def __init__(self) -> None:
+        self.followers: dict[uuid.UUID, _Follower] = {}
+        self.downstream: defaultdict[uuid.UUID, set[uuid.UUID]] = defaultdict(set)
+        self.read: set[uuid.UUID] = set()
+
+    def grow(self, upstreams: Collection[uuid.UUID]) -> None:
+        new = set(upstreams) - self.read
+        if not new:
+            return
+        self.read |= new
+        for follower, upstream, on, condition, join, status in _links_of_followers(new):
+            node = self.followers.setdefault(follower, _Follower(join, status))
+            node.links[upstream] = (on, condition)
+            self.downstream[upstream].add(follower)
+
+
 def follow_ended(ended: Sequence[Ended]) -> list[int]:
     """Create the runs that ``ended`` start (in the caller's transaction, the one that wrote the
-    ends); return their ids. See the module's description."""
-    upstreams = {run.task_id for run in ended}
-    # In one query: every link of each live follower of the ended runs' tasks (what a fan-in
-    # needs), of which those from an ended task are the links to follow now.
-    rows = _links_of_followers(upstreams)
-    needs: defaultdict[uuid.UUID, dict[uuid.UUID, str]] = defaultdict(dict)
-    links = []
-    for follower, upstream, on in rows:
-        needs[follower][upstream] = on
-        if upstream in upstreams:
-            links.append((follower, upstream, on))
-    if not links:
+    ends), and record the steps they rule out (:class:`~executions.models.WorkflowSkip`), their
+    followers' in turn; return the created runs' ids. See the module's description."""
+    graph = _Graph()
+    graph.grow({run.task_id for run in ended})
+    followed = [run for run in ended if graph.downstream.get(run.task_id)]
+    if not followed:
         return []
-    # In the order of their workflow runs: a fan-in's check locks its workflow run, and two
-    # transactions that end several runs each (a worker's batch) then take those locks in one
-    # order, so they wait for each other and never deadlock.
-    plans = []
-    for run in sorted(ended, key=lambda run: (run.workflow_run or run.execution_id, run.execution_id)):
-        followers = sorted(
-            {follower for follower, upstream, on in links if upstream == run.task_id and on in SATISFIES[run.status]}
-        )
-        if followers:
-            plans.append((run, followers))
     # A root's workflow run is its own id from now on (before a fan-in's check reads it).
-    _mark_roots([run.execution_id for run, _ in plans if run.workflow_run is None])
-    # (follower, workflow run) -> the upstream runs it is created from, and the ``on`` the end met.
-    wanted: dict[tuple[uuid.UUID, int], tuple[dict[uuid.UUID, Any], str]] = {}
-    for run, followers in plans:
-        workflow_run = run.workflow_run or run.execution_id
-        for follower in followers:
-            required = needs[follower]
-            if len(required) == 1:
-                arrived: dict[uuid.UUID, Any] = {run.task_id: run}
-            else:
-                _lock_workflow_run(workflow_run)
-                arrived = _arrived(workflow_run, required)
-                if len(arrived) < len(required):
-                    continue  # the last upstream to end creates it
-            # Two upstreams of one fan-in ended in this transaction: one step.
-            wanted.setdefault((follower, workflow_run), (arrived, required[run.task_id]))
+    _mark_roots([run.execution_id for run in followed if run.workflow_run is None])
+    # In the order of their workflow runs, each one whole (its skips' followers included) before
+    # the next: a fan-in's check locks its workflow run, and two transactions that end several
+    # runs each (a worker's batch) then take those locks in one order and never deadlock.
+    by_run: defaultdict[int, list[Ended]] = defaultdict(list)
+    for run in followed:
+        by_run[run.workflow_run or run.execution_id].append(run)
+    wanted: dict[tuple[uuid.UUID, int], _Wanted] = {}
+    for workflow_run in sorted(by_run):
+        _follow_in(workflow_run, sorted(by_run[workflow_run], key=lambda run: run.execution_id), graph, wanted)
     made = _create_steps(wanted)
     created = [execution_id for execution_id, _ in made.values()]
     by_on: defaultdict[str, int] = defaultdict(int)  # the steps created, by the ``on`` the end met
     for key in made:
-        by_on[wanted[key][1]] += 1
+        by_on[wanted[key].on] += 1
     if created:
         publish = _step_publisher.get()
         teams = {team for _, team in made.values()}
@@ -180,6 +200,129 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     return created
 
 
+@dataclass(frozen=True)
+class _Wanted:
+    """A step to create: the upstream runs it follows (task -> run), the ``on`` the end met, and
+    whether its input is keyed by upstream task (it follows several)."""
+
+    arrived: Mapping[uuid.UUID, Any]
+    on: str
+    keyed: bool
+
+
+def _ended_state(run: Ended) -> tuple[str, Any, Any]:
+    """How an upstream that ended in this transaction stands (its status, the document its links'
+    conditions read, the run), before anything is read."""
+    return run.status, input_from(run), run
+
+
+def _follow_in(
+    workflow_run: int, runs: Sequence[Ended], graph: _Graph, wanted: dict[tuple[uuid.UUID, int], _Wanted]
+) -> None:
+    """Decide, for ``workflow_run``, each follower of ``runs`` by its join rule (run, skip or wait),
+    then each follower of what that skipped, until nothing more is skipped."""
+    known: dict[uuid.UUID, tuple[str, Any, Any]] = {run.task_id: _ended_state(run) for run in runs}
+    frontier = sorted({f for run in runs for f in graph.downstream[run.task_id]}, key=str)
+    locked = False
+    names: dict[uuid.UUID, str] = {}
+    while frontier:
+        several = [f for f in frontier if len(graph.followers[f].links) > 1]
+        states: dict[uuid.UUID, tuple[str, Any, Any]] = {}
+        if several:
+            if not locked:
+                _lock_workflow_run(workflow_run)
+                locked = True
+            states = _states(workflow_run, {u for f in several for u in graph.followers[f].links})
+        decided: list[tuple[uuid.UUID, Decision, _Follower]] = []
+        for follower in frontier:
+            node = graph.followers[follower]
+            seen = states if len(node.links) > 1 else known
+            decided.append((follower, _decide(node, seen, names), node))
+        skips: dict[uuid.UUID, str] = {}
+        for follower, decision, node in decided:
+            if (follower, workflow_run) in wanted:
+                continue
+            if decision.run and node.status == TaskStatus.ACTIVE:
+                arrived = {upstream.task: upstream.run for upstream in decision.sources}
+                on = decision.sources[0].on if decision.sources else DependencyOn.COMPLETION
+                wanted[(follower, workflow_run)] = _Wanted(arrived, on, len(node.links) > 1)
+            elif decision.run:
+                skips[follower] = f"its task is {node.status.lower()}"
+            elif decision.skip:
+                skips[follower] = decision.reason
+        if not skips:
+            return
+        skipped = _record_skips(workflow_run, skips)
+        for task in skipped:
+            known[task] = ("skipped", None, None)
+        graph.grow(skipped)
+        frontier = sorted({f for task in skipped for f in graph.downstream.get(task, ())}, key=str)
+
+
+def _decide(node: _Follower, states: Mapping[uuid.UUID, tuple[str, Any, Any]], names: dict[uuid.UUID, str]) -> Decision:
+    """``node``'s join rule over its links, its upstreams as ``states`` has them (else pending)."""
+    upstreams = []
+    for task, (on, condition) in sorted(node.links.items(), key=lambda item: str(item[0])):
+        state, document, run = states.get(task, ("pending", None, None))
+        upstreams.append(Upstream(task, "", on, condition, state, document, run))
+    decision = join_decide(node.join, upstreams)
+    if decision.skip:
+        # Words for the record: the upstreams by name (read only when something is skipped).
+        missing = [upstream.task for upstream in upstreams if upstream.task not in names]
+        if missing:
+            names.update(
+                {pk: name or str(pk) for pk, name in Task.objects.filter(pk__in=missing).values_list("pk", "name")}
+            )
+        named = [replace(upstream, name=names.get(upstream.task, str(upstream.task))) for upstream in upstreams]
+        decision = join_decide(node.join, named)
+    return decision
+
+
+def _states(workflow_run: int, tasks: Collection[uuid.UUID]) -> dict[uuid.UUID, tuple[str, Any, Any]]:
+    """How each of ``tasks`` stands in ``workflow_run``: its latest run's end (status, the
+    document its links' conditions read, the run), ``skipped``, or ``pending``; one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT task_id, id, status, output, error FROM {EXECUTIONS}"  # noqa: S608
+            " WHERE workflow_run = %s AND task_id = ANY(%s::uuid[])"
+            f" UNION ALL SELECT task_id, NULL, NULL, NULL, NULL FROM {SKIPS}"
+            " WHERE workflow_run = %s AND task_id = ANY(%s::uuid[]) ORDER BY 2 NULLS FIRST",
+            [
+                workflow_run,
+                pg_array(map(str, sorted(tasks, key=str))),
+                workflow_run,
+                pg_array(map(str, sorted(tasks, key=str))),
+            ],
+        )
+        rows = cursor.fetchall()
+    states: dict[uuid.UUID, tuple[str, Any, Any]] = {}
+    for task_id, execution_id, status, output, error in rows:  # a skip first, then runs by id
+        task = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
+        if execution_id is None:
+            states[task] = ("skipped", None, None)
+        elif status in SATISFIES:
+            row = {"id": execution_id, "status": status, "output": output, "error": error}
+            states[task] = (status, input_from(row), row)
+        else:
+            states[task] = ("pending", None, None)  # to run, running, or cancelled: no end
+    return states
+
+
+def _record_skips(workflow_run: int, skips: Mapping[uuid.UUID, str]) -> list[uuid.UUID]:
+    """Record each of ``skips`` (task -> reason) as skipped in ``workflow_run``, unless it is already,
+    or has a run in it; return the tasks recorded now (one statement)."""
+    tasks = sorted(skips, key=str)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {SKIPS} (task_id, workflow_run, reason) SELECT u.task_id, %s, u.reason"  # noqa: S608
+            " FROM unnest(%s::uuid[], %s::text[]) AS u(task_id, reason)"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {EXECUTIONS} e WHERE e.task_id = u.task_id AND e.workflow_run = %s)"
+            " ORDER BY u.task_id ON CONFLICT DO NOTHING RETURNING task_id",
+            [workflow_run, pg_array(map(str, tasks)), pg_array(skips[task] for task in tasks), workflow_run],
+        )
+        return [row[0] if isinstance(row[0], uuid.UUID) else uuid.UUID(str(row[0])) for row in cursor.fetchall()]
+
+
 #: :func:`_links_of_followers` on PostgreSQL: the ended tasks by primary key, each one's followers
 #: by the upstream index, then each follower's task and links by primary key, in subqueries that
 #: are not flattened (``OFFSET 0``) and so run per row, whatever the tables' statistics say. The
@@ -189,21 +332,34 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
 #: chained tasks: 10.4 ms; 11-29 s with the statistics of empty tables; 0.2 ms once analyzed).
 #: This form took 0.1-0.3 ms in each case, 2.6 ms in the worst plan seen.
 _LINKS_SQL = (
-    f'SELECT DISTINCT links.task_id, links.upstream_id, links."on" FROM {TASKS} ended'  # noqa: S608
+    f'SELECT links.task_id, links.upstream_id, links."on", links.condition, live."join", live.status'  # noqa: S608
+    f" FROM {TASKS} ended"
     f" CROSS JOIN LATERAL (SELECT f.task_id FROM {DEPENDENCIES} f WHERE f.upstream_id = ended.id"
     " OFFSET 0) followers"
-    f" CROSS JOIN LATERAL (SELECT 1 FROM {TASKS} t WHERE t.id = followers.task_id AND t.status = %s OFFSET 0) live"
-    f' CROSS JOIN LATERAL (SELECT d.task_id, d.upstream_id, d."on" FROM {DEPENDENCIES} d'
+    f' CROSS JOIN LATERAL (SELECT t."join", t.status FROM {TASKS} t WHERE t.id = followers.task_id OFFSET 0) live'
+    f' CROSS JOIN LATERAL (SELECT d.task_id, d.upstream_id, d."on", d.condition FROM {DEPENDENCIES} d'
     " WHERE d.task_id = followers.task_id OFFSET 0) links"
     " WHERE ended.id = ANY(%s::uuid[])"
 )
 
 
-def _links_of_followers(upstreams: Collection[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
-    """(task, upstream, on) of every link of each active task that follows one of ``upstreams``."""
+def _links_of_followers(upstreams: Collection[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID, str, Any, str, str]]:
+    """(task, upstream, on, condition, the task's join, its status) of every link of each task
+    that follows one of ``upstreams`` (a task that is not active is there too: it is skipped)."""
     with connection.cursor() as cursor:
-        cursor.execute(_LINKS_SQL, [TaskStatus.ACTIVE, pg_array(str(task_id) for task_id in sorted(upstreams))])
-        return [(uuid.UUID(str(task)), uuid.UUID(str(upstream)), on) for task, upstream, on in cursor.fetchall()]
+        cursor.execute(_LINKS_SQL, [pg_array(str(task_id) for task_id in sorted(upstreams))])
+        rows = cursor.fetchall()
+    return [
+        (
+            uuid.UUID(str(task)),
+            uuid.UUID(str(upstream)),
+            on,
+            json.loads(condition) if isinstance(condition, str) else condition,
+            join,
+            status,
+        )
+        for task, upstream, on, condition, join, status in rows
+    ]
 
 
 #: Publishes the steps this context's ending writes took (see :func:`publishing_steps`).
@@ -245,18 +401,6 @@ def _lock_workflow_run(workflow_run: int) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [FAN_IN_LOCK_NAMESPACE, workflow_run % 2_147_483_647])
 
 
-def _arrived(workflow_run: int, required: Mapping[uuid.UUID, str]) -> dict[uuid.UUID, Any]:
-    """The runs of ``required``'s tasks in ``workflow_run`` that ended as each is required to."""
-    rows = Execution.objects.filter(workflow_run=workflow_run, task_id__in=list(required)).values(
-        "id", "task_id", "status", "output", "error"
-    )
-    return {
-        row["task_id"]: row
-        for row in rows
-        if row["status"] in SATISFIES and required[row["task_id"]] in SATISFIES[row["status"]]
-    }
-
-
 #: The columns a follower's insert sets; the others take their database defaults.
 _COLUMNS = (
     "task_id, scheduled_for, due_at, priority, exclusive, origin, status, attempt, retry_of_id,"
@@ -276,8 +420,10 @@ def _mark_roots(roots: list[int]) -> None:
             )
 
 
-def _step_input(arrived: Mapping[uuid.UUID, Any]) -> dict[str, Any]:
-    if len(arrived) == 1:
+def _step_input(arrived: Mapping[uuid.UUID, Any], keyed: bool) -> dict[str, Any]:
+    """A step's input: its upstream's (:func:`input_from`), or for a step that follows several,
+    an object keyed by each upstream task whose run it follows."""
+    if len(arrived) == 1 and not keyed:
         (only,) = arrived.values()
         return input_from(only)
     return {str(task_id): input_from(run) for task_id, run in sorted(arrived.items(), key=lambda item: str(item[0]))}
@@ -303,14 +449,16 @@ _STEPS_SQL = (
 )
 #: Each step's event detail, from its row: "after execution(s) 1, 2 (workflow run 1)".
 _STEP_DETAIL_SQL = (
+    "COALESCE("
     "'after execution' || CASE WHEN jsonb_array_length(upstream) > 1 THEN 's ' ELSE ' ' END"
     " || (SELECT string_agg(x, ', ' ORDER BY x::bigint) FROM jsonb_array_elements_text(upstream) AS x)"
     " || ' (workflow run ' || workflow_run || ')'"
+    ", 'after steps that did not run (workflow run ' || workflow_run || ')')"
 )
 
 
 def _create_steps(
-    wanted: Mapping[tuple[uuid.UUID, int], tuple[Mapping[uuid.UUID, Any], str]],
+    wanted: Mapping[tuple[uuid.UUID, int], _Wanted],
 ) -> dict[tuple[uuid.UUID, int], tuple[int, int]]:
     """Create the steps ``wanted`` (follower, workflow run) unless they exist, for ACTIVE tasks
     only; return the created ones' ``(id, team id)``. In one statement, a step it could not insert
@@ -323,8 +471,8 @@ def _create_steps(
         params += [
             pg_array(str(follower) for follower, _ in keys),
             pg_array(workflow_run for _, workflow_run in keys),
-            pg_array(json.dumps(_upstream_ids(wanted[key][0])) for key in keys),
-            pg_array(json.dumps(_step_input(wanted[key][0])) for key in keys),
+            pg_array(json.dumps(_upstream_ids(wanted[key].arrived)) for key in keys),
+            pg_array(json.dumps(_step_input(wanted[key].arrived, wanted[key].keyed)) for key in keys),
             TaskStatus.ACTIVE,
         ]
         rows = with_events(
@@ -342,20 +490,24 @@ def _create_steps(
             )
         rest = [key for key in keys if key not in made]
     for follower, workflow_run in rest:
-        step = _create_step(follower, workflow_run, wanted[(follower, workflow_run)][0])
+        step = _create_step(follower, workflow_run, wanted[(follower, workflow_run)])
         if step is not None:
             made[(follower, workflow_run)] = step
     return made
 
 
-def _create_step(follower: uuid.UUID, workflow_run: int, arrived: Mapping[uuid.UUID, Any]) -> tuple[int, int] | None:
+def _create_step(follower: uuid.UUID, workflow_run: int, wanted: _Wanted) -> tuple[int, int] | None:
     """Insert ``follower``'s run of ``workflow_run`` (SCHEDULED, due now) unless it exists; an
     ACTIVE task only (a paused or deleted one does not run). Returns its id and team id, or None."""
-    ids = _upstream_ids(arrived)
-    given = _step_input(arrived)
+    ids = _upstream_ids(wanted.arrived)
+    given = _step_input(wanted.arrived, wanted.keyed)
     json_field = Execution._meta.get_field("input")
     task_pk = Task._meta.pk.get_db_prep_value(follower, connection)
-    detail = f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
+    detail = (
+        f"after execution{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} (workflow run {workflow_run})"
+        if ids
+        else f"after steps that did not run (workflow run {workflow_run})"
+    )
     for _ in range(3):  # another run of the task at this very microsecond: try the next one
         # Due now, by the database's clock: read in the statement itself (a query less per step).
         select_sql = (

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from executions.models import OCCURRENCE_ORIGINS, Execution, ExecutionStatus, SkippedOccurrence, SkipReason
 from executions.workflow_runs import dependency_on, upstream_runs
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import JoinRule, Task, TaskStatus
 from tms_core.clock import local_words
 
 
@@ -51,7 +51,8 @@ _ENDED: dict[str, str] = {ExecutionStatus.SUCCEEDED: "succeeded", ExecutionStatu
 def workflow_cause(execution: Execution) -> str:
     """Why a workflow step's run exists: the runs it followed and how they ended, with the
     ``after`` entries they met ("created because extract run #41 succeeded (after: on success),
-    in workflow run #41"); "" for a run that is no step. Two queries for a step, none otherwise."""
+    in workflow run #41"), and its join when it is not all_success; "" for a run that is no step.
+    Three queries for a step, none otherwise."""
     if "upstream" in execution.get_deferred_fields() or not execution.upstream:
         return ""  # a list that read only some columns (the occurrence timeline): no query per row
     runs = upstream_runs(execution)
@@ -64,6 +65,9 @@ def workflow_cause(execution: Execution) -> str:
         for run in runs
     ]
     joined = causes[0] if len(causes) == 1 else ", ".join(causes[:-1]) + " and " + causes[-1]
+    join = Task.objects.filter(pk=execution.task_id).values_list("join", flat=True).first()
+    if join is not None and join != JoinRule.ALL_SUCCESS:
+        joined += f" (join {join})"
     retry = f", run again on request after execution #{execution.retry_of_id}" if execution.retry_of_id else ""
     return f"created because {joined}, in workflow run #{execution.workflow_run}{retry}"
 
