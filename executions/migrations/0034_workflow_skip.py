@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('executions', '0032_execution_workflow_run_index'),
+        ('executions', '0033_execution_traceparent'),
         ('tasks_app', '0039_workflow_conditions_and_joins'),
     ]
 
