@@ -42,6 +42,7 @@ from executions.models import Execution, ExecutionOrigin
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.dispatch import Dispatch, executions_take_steps
+from executions.transitions.hold import halted_runs
 from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
 
@@ -146,6 +147,9 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
         )
         if followers:
             plans.append((run, followers))
+    # A paused or cancelled workflow run starts nothing (issue 48; .hold: a resume starts it).
+    halted = halted_runs({run.workflow_run or run.execution_id for run, _ in plans})
+    plans = [(run, followers) for run, followers in plans if (run.workflow_run or run.execution_id) not in halted]
     # A root's workflow run is its own id from now on (before a fan-in's check reads it).
     _mark_roots([run.execution_id for run, _ in plans if run.workflow_run is None])
     # (follower, workflow run) -> the upstream runs it is created from, and the ``on`` the end met.
