@@ -314,6 +314,7 @@ class ExecutionViewSet(
 
     @extend_schema(
         summary="Replay one execution",
+        operation_id="executions_replay_one",
         description=(
             "Runs one finished execution again: a new execution due now, `origin` replay, `replay_of` it, with "
             "`input` instead of its own when given. `version`: `current` (default) runs the task as it is now; "

@@ -319,6 +319,11 @@ class SingleReplaySerializer(StrictInputMixin, serializers.Serializer):
         help_text="current: the task as it is now; original: the task's version the execution was created from.",
     )
 
+    def validate_input(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise serializers.ValidationError("A JSON object: the new run's input.")
+        return value
+
 
 class ReplayResultSerializer(serializers.Serializer):
     """What a replay did, or would do (``dry_run``)."""

@@ -31,6 +31,7 @@ from executions.workflow_control import (
 )
 from executions.workflow_runs import workflow_run_read
 from executions.workflow_selectors import (
+    RUN_STATE_CHOICES,
     RunState,
     Workflow,
     workflow_roots,
@@ -94,7 +95,7 @@ class WorkflowRunSerializer(serializers.Serializer):
     workflow = serializers.UUIDField(source="task_id", help_text="Its root task (the workflow's id).")
     workflow_name = serializers.CharField(source="task.name", allow_blank=True)
     team = serializers.IntegerField(source="team_id")
-    state = serializers.ChoiceField(choices=RunState.ALL)
+    state = serializers.ChoiceField(choices=RUN_STATE_CHOICES)
     hold_reason = serializers.CharField(allow_blank=True, help_text="Who paused or cancelled it (empty: nobody).")
     steps = serializers.IntegerField(source="step_count", help_text="Runs of tasks in it, the root's included.")
     scheduled_for = serializers.DateTimeField()
@@ -131,7 +132,7 @@ class WorkflowRunDetailSerializer(serializers.Serializer):
     workflow = serializers.UUIDField()
     workflow_name = serializers.CharField(allow_blank=True)
     team = serializers.IntegerField()
-    state = serializers.ChoiceField(choices=RunState.ALL)
+    state = serializers.ChoiceField(choices=RUN_STATE_CHOICES)
     state_words = serializers.CharField(help_text='Its state in words ("succeeded; extract failed, handled by alert").')
     hold_reason = serializers.CharField(allow_blank=True)
     input = serializers.JSONField(allow_null=True, help_text="The root run's input (the workflow run's).")
@@ -143,7 +144,7 @@ class WorkflowRunDetailSerializer(serializers.Serializer):
 
 class WorkflowRunResumeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    state = serializers.ChoiceField(choices=RunState.ALL)
+    state = serializers.ChoiceField(choices=RUN_STATE_CHOICES)
     started = serializers.ListField(
         child=serializers.IntegerField(), help_text="The steps started by the resume (held back while paused)."
     )
@@ -151,7 +152,7 @@ class WorkflowRunResumeSerializer(serializers.Serializer):
 
 class WorkflowRunCancelResultSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    state = serializers.ChoiceField(choices=RunState.ALL)
+    state = serializers.ChoiceField(choices=RUN_STATE_CHOICES)
     executions = CancelReportSerializer(many=True, help_text="Each step cancelled.")
 
 
@@ -162,6 +163,11 @@ class WorkflowRunRetryRequestSerializer(StrictInputMixin, serializers.Serializer
         default=None,
         help_text="The retried steps' input, instead of the one each had (checked against each step's task).",
     )
+
+    def validate_input(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise serializers.ValidationError("A JSON object: the retried steps' input.")
+        return value
 
 
 class WorkflowRunRetryResultSerializer(serializers.Serializer):
@@ -224,7 +230,7 @@ class WorkflowViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
 class WorkflowRunFilter(StrictFilterSet):
     workflow = filters.UUIDFilter(field_name="task_id", help_text="Only the runs of this workflow (its root task).")
     state = filters.ChoiceFilter(
-        field_name="state", choices=[(value, value) for value in RunState.ALL], help_text="Only runs in this state."
+        field_name="state", choices=RUN_STATE_CHOICES, help_text="Only runs in this state."
     )
     team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 

@@ -60,6 +60,10 @@ class RunState:
     ALL = ("running", "paused", "succeeded", "failed", "cancelled")
 
 
+#: The states as choices (the API's enum, ``WorkflowRunStateEnum``).
+RUN_STATE_CHOICES = [(state, state) for state in RunState.ALL]
+
+
 # -- Workflows: graphs of tasks ---------------------------------------------------------------
 
 
