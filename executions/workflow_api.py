@@ -229,9 +229,7 @@ class WorkflowViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
 
 class WorkflowRunFilter(StrictFilterSet):
     workflow = filters.UUIDFilter(field_name="task_id", help_text="Only the runs of this workflow (its root task).")
-    state = filters.ChoiceFilter(
-        field_name="state", choices=RUN_STATE_CHOICES, help_text="Only runs in this state."
-    )
+    state = filters.ChoiceFilter(field_name="state", choices=RUN_STATE_CHOICES, help_text="Only runs in this state.")
     team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 
     class Meta:
