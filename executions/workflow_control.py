@@ -37,6 +37,11 @@ def _require(user: Any, root: Execution) -> None:
     require(user, root.team_id, TeamRole.OPERATOR, "executions.change_execution", what=WHAT)
 
 
+def _who(user: Any, actor: str) -> str:
+    """Who acted, as a hold's reason names them: the username, else the actor."""
+    return str(getattr(user, "username", "") or actor)
+
+
 def _audit(root: Execution, action: str, *, changes: dict, detail: str) -> None:
     owner_id = Task.objects.filter(pk=root.task_id).values_list("owner_id", flat=True).first()
     audit_record(
@@ -59,9 +64,12 @@ def workflow_run_pause(*, user: Any, root: Execution, actor: str) -> None:
         raise ConflictError(f"Workflow run {root.pk} is {root.state}: only a running one is paused.")  # type: ignore[attr-defined]
     with transaction.atomic():
         if not transitions.workflow_run_hold_set(
-            workflow_run=root.pk, hold=WorkflowRunHold.PAUSED, sources=[WorkflowRunHold.ACTIVE], actor=actor,
-            reason=f"paused by {actor}",
-        ):  # fmt: skip
+            workflow_run=root.pk,
+            hold=WorkflowRunHold.PAUSED,
+            sources=[WorkflowRunHold.ACTIVE],
+            actor=actor,
+            reason=f"paused by {_who(user, actor)}",
+        ):
             raise ConflictError(f"Workflow run {root.pk} is paused or cancelled already.")
         _audit(
             root, AuditAction.PAUSE, changes={"hold": {"from": "active", "to": "paused"}}, detail="workflow run paused"
@@ -73,7 +81,9 @@ def workflow_run_resume(*, user: Any, root: Execution, actor: str) -> list[int]:
     paused are created now, once (their ids). :class:`ConflictError` (409) unless it is paused."""
     _require(user, root)
     with transaction.atomic():
-        created = transitions.workflow_run_resume(workflow_run=root.pk, actor=actor, reason=f"resumed by {actor}")
+        created = transitions.workflow_run_resume(
+            workflow_run=root.pk, actor=actor, reason=f"resumed by {_who(user, actor)}"
+        )
         if created is None:
             raise ConflictError(f"Workflow run {root.pk} is not paused.")
         _audit(
@@ -96,9 +106,12 @@ def workflow_run_cancel(*, user: Any, root: Execution, actor: str) -> list[Cance
         raise ConflictError(f"Workflow run {root.pk} is {root.state}: it has ended.")  # type: ignore[attr-defined]
     with transaction.atomic():
         if not transitions.workflow_run_hold_set(
-            workflow_run=root.pk, hold=WorkflowRunHold.CANCELLED,
-            sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED], actor=actor, reason=f"cancelled by {actor}",
-        ):  # fmt: skip
+            workflow_run=root.pk,
+            hold=WorkflowRunHold.CANCELLED,
+            sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED],
+            actor=actor,
+            reason=f"cancelled by {_who(user, actor)}",
+        ):
             raise ConflictError(f"Workflow run {root.pk} was cancelled already.")
         _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail="workflow run cancelled")
     _, reports = workflow_run_cancel_by_user(execution=root, actor=actor, reason=f"workflow run cancelled by {actor}")

@@ -28,9 +28,12 @@ def workflow_run_resume(*, workflow_run: int, actor: str, reason: str = "") -> l
     when it was not paused (nothing changed)."""
     with transaction.atomic():
         if not workflow_run_hold_set(
-            workflow_run=workflow_run, hold=WorkflowRunHold.ACTIVE, sources=[WorkflowRunHold.PAUSED], actor=actor,
+            workflow_run=workflow_run,
+            hold=WorkflowRunHold.ACTIVE,
+            sources=[WorkflowRunHold.PAUSED],
+            actor=actor,
             reason=reason,
-        ):  # fmt: skip
+        ):
             return None
         return follow_ended(held_ends(workflow_run))
 
