@@ -1,5 +1,6 @@
 """What users do to a workflow run as a whole (issue 48): pause, resume, cancel, retry from its
-failed steps. The API's ``/api/v1/workflow-runs/{id}/...`` comes here.
+failed steps; and the cancel of a run past its root task's ``workflow_timeout`` (beat's job).
+The API's ``/api/v1/workflow-runs/{id}/...`` and the back office's buttons come here.
 
 Each is an operator's act in the root task's team (:func:`tasks_app.teams.require`), audited on
 the root execution. The writes are :mod:`executions.transitions`' (the hold, under the workflow
@@ -13,19 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db.models.functions import Now
 
 from executions import transitions
-from executions.models import Execution, WorkflowRunHold
+from executions.models import ACTIVE_STATUSES, Execution, WorkflowRunControl, WorkflowRunHold
 from executions.notify import notify_due
 from executions.runs import CancelReport
 from executions.services import workflow_run_cancel_by_user
 from executions.workflow_selectors import RunState, failed_steps
 from tasks_app.audit import audit_record
-from tasks_app.models import AuditAction, Task, TeamRole
+from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
 from tasks_app.quotas import quota_charge_executions
 from tasks_app.run_config import input_check
 from tasks_app.run_input import check_input
 from tasks_app.teams import require
+from tms_core.durations import format_duration
 from tms_core.errors import ConflictError
 
 #: What a refusal names. A root given to these services is annotated with its ``state``
@@ -159,3 +163,49 @@ def workflow_run_retry(
         _audit(root, AuditAction.RETRY, changes=changes, detail=f"workflow run retried from {len(new_ids)} step(s)")
     notify_due()
     return RetryReport(retried=[step.pk for step in failed], created=new_ids)
+
+
+#: Who cancels a workflow run past its root task's ``workflow_timeout``.
+TIMEOUT_ACTOR = "system"
+
+
+def workflow_runs_time_out(*, limit: int = 100) -> list[int]:
+    """Cancel the workflow runs that have gone on longer than their root task's
+    ``workflow_timeout`` (from the root run's start), at most ``limit`` a call: each as a user's
+    cancel would (no step starts any more; its scheduled and running steps cancelled), by
+    ``system``, with the reason on the run ("timed out after 1h ...") and on each step's event,
+    and an audit entry. Beat's ``tms.workflow_timeouts`` calls it every minute; returns the ids.
+
+    A run is looked for only while one of its runs is active: from the active steps (the index on
+    ``workflow_run``) and the active roots of tasks with a timeout."""
+    timed = Task.objects.filter(workflow_timeout__isnull=False).exclude(status=TaskStatus.DELETED)
+    steps = Execution.objects.filter(Q(workflow_run=OuterRef("pk")) | Q(pk=OuterRef("pk")), status__in=ACTIVE_STATUSES)
+    cancelled = WorkflowRunControl.objects.filter(workflow_run=OuterRef("pk"), hold=WorkflowRunHold.CANCELLED)
+    deadline = ExpressionWrapper(F("started_at") + F("task__workflow_timeout"), output_field=DateTimeField())
+    roots = list(
+        Execution.objects.filter(task__in=timed, started_at__isnull=False)
+        .filter(Q(workflow_run__isnull=True) | Q(workflow_run=F("pk")))
+        .annotate(deadline=deadline)
+        .filter(deadline__lt=Now())
+        .filter(Exists(steps))
+        .exclude(Exists(cancelled))
+        .select_related("task")
+        .order_by("id")[:limit]
+    )
+    done = []
+    for root in roots:
+        timeout = format_duration(root.task.workflow_timeout) if root.task.workflow_timeout else ""
+        reason = f"timed out after {timeout} (workflow_timeout of {root.task})"
+        with transaction.atomic():
+            if not transitions.workflow_run_hold_set(
+                workflow_run=root.pk,
+                hold=WorkflowRunHold.CANCELLED,
+                sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED],
+                actor=TIMEOUT_ACTOR,
+                reason=reason,
+            ):
+                continue
+            _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail=f"workflow run {reason}")
+        workflow_run_cancel_by_user(execution=root, actor=TIMEOUT_ACTOR, reason=f"workflow run {reason}")
+        done.append(root.pk)
+    return done

@@ -491,6 +491,14 @@ class Task(models.Model):
     retry_backoff_max = models.DurationField(default=timedelta(minutes=10), help_text="Cap on the retry delay.")
     retry_jitter = models.BooleanField(default=True, help_text="Randomise retry delays (full jitter).")
     timeout = models.DurationField(default=default_timeout)
+    #: The longest a workflow run this task roots may go on, from its root run's start (empty: no
+    #: limit); past it the run is cancelled, with the reason (executions.workflow_control).
+    workflow_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(timedelta(seconds=1))],
+        help_text="A workflow run started by a run of this task is cancelled once it has gone on this long.",
+    )
     priority = models.PositiveSmallIntegerField(
         default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first."
     )
@@ -587,6 +595,10 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(max_age__isnull=True) | Q(max_age__gte=MIN_MISFIRE_GRACE), name="task_max_age_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(workflow_timeout__isnull=True) | Q(workflow_timeout__gte=timedelta(seconds=1)),
+                name="task_workflow_timeout_min",
             ),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True)
