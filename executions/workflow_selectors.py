@@ -198,10 +198,10 @@ def workflow_run_root(visible: QuerySet[Execution], workflow_run: Any) -> Execut
 
 
 def failed_steps(root: Execution) -> list[Execution]:
-    """The latest runs of the workflow run of ``root`` that failed for good (retried first by a
-    workflow run's retry)."""
+    """The latest runs of the workflow run of ``root`` that failed for good with nothing to follow
+    their failure (what made it fail: a workflow run's retry runs them again)."""
     runs = Q(workflow_run=root.pk) | Q(pk=root.pk)
-    return list(_latest(Execution.objects.filter(runs, status=S.FAILED)).order_by("id"))
+    return list(_latest(Execution.objects.filter(runs, status=S.FAILED)).filter(_unhandled()).order_by("id"))
 
 
 def hold_words(hold: str, reason: str) -> str:

@@ -356,3 +356,18 @@ def test_a_root_that_failed_alone_is_retried_within_its_workflow_run(user, api_c
     (new,) = api_client.post(f"{RUNS}/{root}/retry").json()["created"]
     assert Execution.objects.get(pk=new).workflow_run == root
     assert [run["id"] for run in api_client.get(RUNS).json()["results"]] == [root]
+
+
+def test_a_retry_runs_only_the_failures_nothing_handled(user, api_client):
+    a = task_create(owner=user, runner="noop", name="extract", start_at=LATER)
+    b = task_create(owner=user, runner="noop", name="check", after=after((a, "success")))
+    c = task_create(owner=user, runner="noop", name="load", after=after((a, "success")))
+    alert = task_create(owner=user, runner="noop", name="alert", after=after((b, "failure")))
+    root = _start(a)
+    end(root)
+    end(_step(b, root).pk, ok=False)  # handled: alert follows check's failure
+    end(_step(c, root).pk, ok=False)  # unhandled: the run failed
+    end(_step(alert, root).pk)
+    assert api_client.get(f"{RUNS}/{root}").json()["state"] == "failed"
+    retried = api_client.post(f"{RUNS}/{root}/retry").json()
+    assert retried["retried"] == [_step(c, root).pk]
