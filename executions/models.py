@@ -543,7 +543,7 @@ class WorkflowRunHold(models.TextChoices):
 
 
 class WorkflowRunControl(models.Model):
-    """What a user asked of one workflow run: pause, resume, cancel (issue 48). Keyed by the
+    """What was asked of one workflow run: pause, resume, cancel, and its automatic retries (issue 48). Keyed by the
     run's id (its root's execution id); written lazily, by the first such request, so a workflow
     run nobody paused or cancelled has no row (and costs its steps' ends one indexed read).
 
@@ -560,6 +560,8 @@ class WorkflowRunControl(models.Model):
     changed_by = models.CharField(max_length=200, blank=True, default="")
     #: Why (shown on the run): "paused by alice", "cancelled by user".
     reason = models.CharField(max_length=500, blank=True, default="")
+    #: How many times it was retried after failing, by its root task's ``workflow_retries``.
+    retries = models.PositiveSmallIntegerField(default=0, db_default=0)
 
     def __str__(self) -> str:
         return f"workflow run {self.workflow_run}: {self.hold}"

@@ -264,6 +264,12 @@ def workflow_timeouts() -> list[int]:
     return workflow_control.workflow_runs_time_out()
 
 
+@shared_task(name="tms.workflow_retries", ignore_result=True, send_events=False)
+def workflow_retries() -> list[int]:
+    """Retry the failed workflow runs whose root task asks for it (``workflow_retries``)."""
+    return workflow_control.workflow_runs_retry_failed()
+
+
 @shared_task(name="tms.prune", ignore_result=True, send_events=False)
 def prune() -> int:
     """Beat's retention run; stops after half its interval, the next run goes on."""

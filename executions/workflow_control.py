@@ -11,24 +11,26 @@ uses (:func:`executions.services.workflow_run_cancel_by_user`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q
-from django.db.models.functions import Now
+from django.db.models import BigIntegerField, DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce, Now
 
 from executions import transitions
 from executions.models import ACTIVE_STATUSES, Execution, WorkflowRunControl, WorkflowRunHold
 from executions.notify import notify_due
 from executions.runs import CancelReport
 from executions.services import workflow_run_cancel_by_user
-from executions.workflow_selectors import RunState, failed_steps
+from executions.workflow_selectors import RunState, failed_steps, workflow_runs_annotated
 from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
 from tasks_app.quotas import quota_charge_executions
 from tasks_app.run_config import input_check
 from tasks_app.run_input import check_input
 from tasks_app.teams import require
+from tms_core.clock import db_now
 from tms_core.durations import format_duration
 from tms_core.errors import ConflictError
 
@@ -165,7 +167,7 @@ def workflow_run_retry(
     return RetryReport(retried=[step.pk for step in failed], created=new_ids)
 
 
-#: Who cancels a workflow run past its root task's ``workflow_timeout``.
+#: Who cancels a workflow run past its root task's ``workflow_timeout``, and retries a failed one.
 TIMEOUT_ACTOR = "system"
 
 
@@ -208,4 +210,55 @@ def workflow_runs_time_out(*, limit: int = 100) -> list[int]:
             _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail=f"workflow run {reason}")
         workflow_run_cancel_by_user(execution=root, actor=TIMEOUT_ACTOR, reason=f"workflow run {reason}")
         done.append(root.pk)
+    return done
+
+
+#: How far back :func:`workflow_runs_retry_failed` looks for a workflow run's last end.
+RETRY_WINDOW = timedelta(minutes=10)
+
+
+def workflow_runs_retry_failed(*, limit: int = 100) -> list[int]:
+    """Retry the failed workflow runs whose root task asks for it (``workflow_retries``) from
+    their failed steps, as :func:`workflow_run_retry` does, by ``system``: each at most that many
+    times (counted on the run, under its lock: two passes at once retry it once), never a paused or
+    cancelled one. Beat's ``tms.workflow_retries`` calls it every minute; it looks at the runs
+    that ended within :data:`RETRY_WINDOW` (a run has failed once its last step has ended), so a
+    run that failed while beat was stopped for longer is left to a retry by hand. Returns the
+    workflow runs retried."""
+    since = db_now() - RETRY_WINDOW
+    run = Coalesce("workflow_run", "pk", output_field=BigIntegerField())
+    recent = Execution.objects.filter(finished_at__gte=since).annotate(run=run).values("run")
+    retries = WorkflowRunControl.objects.filter(workflow_run=OuterRef("pk")).values("retries")[:1]
+    roots = list(
+        workflow_runs_annotated(Execution.objects.filter(task__workflow_retries__gt=0, pk__in=recent))
+        .filter(**{"state": RunState.FAILED})  # an annotation (the plugin knows only columns)
+        .annotate(retried=Coalesce(Subquery(retries), Value(0)))
+        .filter(retried__lt=F("task__workflow_retries"))
+        .select_related("task")
+        .order_by("id")[:limit]
+    )
+    done = []
+    for root in roots:
+        failed = failed_steps(root)
+        if not failed:
+            continue
+        with transaction.atomic():
+            count = transitions.workflow_run_retry_bump(workflow_run=root.pk, below=root.task.workflow_retries)
+            if count is None:
+                continue
+            created = transitions.workflow_run_retry(
+                workflow_run=root.pk, execution_ids=[step.pk for step in failed], actor=TIMEOUT_ACTOR
+            )
+            if not all(created):  # retried meanwhile (by hand, or another pass): nothing counted
+                transaction.set_rollback(True)
+                continue
+            _audit(
+                root,
+                AuditAction.RETRY,
+                changes={"retried": [step.pk for step in failed], "created": created, "retry": count},
+                detail=f"workflow run retried automatically ({count} of {root.task.workflow_retries})",
+            )
+        done.append(root.pk)
+    if done:
+        notify_due()
     return done

@@ -27,6 +27,7 @@ from tasks_app.models import (
     MAX_KEEP_FOR_DELTA,
     MAX_LIMITS_PER_TASK,
     MAX_TRIGGER_DEBOUNCE,
+    MAX_WORKFLOW_RETRIES,
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
@@ -430,6 +431,16 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         help_text=(
             "The longest a workflow run this task starts (its run, and the steps that follow it) may go on, from "
             "the run's start: past it, the workflow run is cancelled, with the reason (null: no limit)."
+        ),
+    )
+    workflow_retries = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=MAX_WORKFLOW_RETRIES,
+        help_text=(
+            "How many times a failed workflow run this task starts is retried from its failed steps, each within "
+            "about a minute of its failure (0: never)."
         ),
     )
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)

@@ -43,7 +43,7 @@ from executions.transitions.dispatch import (
     next_due_in,
 )
 from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from, publishing_steps
-from executions.transitions.hold import halted_runs, workflow_run_hold_set
+from executions.transitions.hold import halted_runs, workflow_run_hold_set, workflow_run_retry_bump
 from executions.transitions.misfire import Misfire, execution_skip_misfire, misfire_decision
 from executions.transitions.overlap import (
     QUEUE_RETRY_SECONDS,
@@ -129,4 +129,5 @@ __all__ = [
     "workflow_run_hold_set",
     "workflow_run_resume",
     "workflow_run_retry",
+    "workflow_run_retry_bump",
 ]

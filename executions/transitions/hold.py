@@ -88,3 +88,22 @@ def workflow_run_hold_set(
             [workflow_run, *values],
         )
         return cursor.fetchone() is not None
+
+
+def workflow_run_retry_bump(*, workflow_run: int, below: int) -> int | None:
+    """Count one more automatic retry of ``workflow_run`` if it has had fewer than ``below`` and
+    is neither paused nor cancelled, under its lock; the count now, or None (no retry is due).
+    Call in the transaction that creates the retries (a lost retry rolls the count back)."""
+    if below < 1:
+        return None
+    lock_workflow_runs([workflow_run])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {CONTROLS} AS c (workflow_run, hold, changed_by, reason, changed_at, retries)"  # noqa: S608
+            " VALUES (%s, %s, '', '', statement_timestamp(), 1)"
+            " ON CONFLICT (workflow_run) DO UPDATE SET retries = c.retries + 1"
+            " WHERE c.hold = %s AND c.retries < %s RETURNING retries",
+            [workflow_run, WorkflowRunHold.ACTIVE, WorkflowRunHold.ACTIVE, below],
+        )
+        row = cursor.fetchone()
+        return int(row[0]) if row is not None else None

@@ -12,7 +12,7 @@ from executions import transitions
 from executions.models import Execution, ExecutionEvent, WorkflowRunControl
 from executions.models import ExecutionStatus as S
 from executions.periodic import periodic_jobs
-from executions.workflow_control import workflow_runs_time_out
+from executions.workflow_control import workflow_runs_retry_failed, workflow_runs_time_out
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry
 from tests.workflows import after, end
@@ -61,3 +61,32 @@ def test_a_workflow_run_past_its_timeout_is_cancelled_with_the_reason_once(user,
     assert AuditEntry.objects.filter(object_type="workflow_run", action="cancel").count() == 1
     assert workflow_runs_time_out() == []
     assert ("tms.workflow_timeouts", 60.0) in periodic_jobs().values()
+
+
+def test_a_failed_workflow_run_is_retried_from_its_failed_step_up_to_workflow_retries(user, api_client):
+    a = task_create(owner=user, runner="noop", name="extract", start_at=LATER, workflow_retries=2)
+    b = task_create(owner=user, runner="noop", name="load", after=after((a, "success")))
+    root = transitions.execution_trigger(task_id=a.pk, actor="t")
+    end(root)
+    assert workflow_runs_time_out() == [] and workflow_runs_retry_failed() == []  # running: nothing to do
+    for attempt in (1, 2):
+        step = Execution.objects.filter(task=b, workflow_run=root).latest("id")
+        Execution.objects.filter(pk=step.pk).update(attempt=1)  # tests/workflows.end ends attempt 1
+        end(step.pk, ok=False)
+        assert workflow_runs_retry_failed() == [root], attempt
+        assert workflow_runs_retry_failed() == []  # running again: once a failure
+        again = Execution.objects.filter(task=b, workflow_run=root).latest("id")
+        assert again.retry_of_id == step.pk and again.status == S.SCHEDULED
+    last = Execution.objects.filter(task=b, workflow_run=root).latest("id")
+    Execution.objects.filter(pk=last.pk).update(attempt=1)
+    end(last.pk, ok=False)
+    assert workflow_runs_retry_failed() == [], "two retries, then it stays failed"
+    assert api_client.get(f"/api/v1/workflow-runs/{root}").json()["state"] == "failed"
+    assert WorkflowRunControl.objects.get(workflow_run=root).retries == 2
+    details = AuditEntry.objects.filter(object_type="workflow_run", action="retry").order_by("id")
+    assert [entry.detail for entry in details] == [
+        "workflow run retried automatically (1 of 2)",
+        "workflow run retried automatically (2 of 2)",
+    ]
+    assert ("tms.workflow_retries", 60.0) in periodic_jobs().values()
+    assert api_client.patch(f"/api/v1/tasks/{a.pk}", {"workflow_retries": 11}, format="json").status_code == 400
