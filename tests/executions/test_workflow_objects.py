@@ -267,17 +267,18 @@ def test_a_step_ending_while_a_pause_commits_starts_its_follower_once_never_zero
     errors: list[BaseException] = []
     # 1. The pause holds the lock; the root's end waits for it, then sees the pause.
     root = _start(a)
-    commit = threading.Event()
+    held, commit = threading.Event(), threading.Event()
 
     def pause() -> None:
         with transaction.atomic():
             assert transitions.workflow_run_hold_set(
                 workflow_run=root, hold=WorkflowRunHold.PAUSED, sources=[WorkflowRunHold.ACTIVE], actor="t"
             )
+            held.set()  # the lock is this transaction's until it commits
             assert commit.wait(10)
 
     pausing = _in_thread(pause, errors)
-    time.sleep(0.05)
+    assert held.wait(10)
     ending = _in_thread(lambda: end(root), errors)
     _waiting_on_advisory_lock()
     commit.set()
