@@ -52,6 +52,11 @@ urlpatterns = [
     path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),
     path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
     path("ui/workflow-runs/<int:pk>/", views.workflow_run_detail, name="workflow-run"),
+    path(
+        "ui/workflow-runs/<int:pk>/<str:verb>/",
+        workflow_views.workflow_run_control,
+        name="workflow-run-control",
+    ),
     path("ui/notifications/", notification_views.notifications_page, name="notifications"),
     path("ui/notifications/channels/<int:pk>/test/", notification_views.channel_test_view, name="channel-test"),
     path("ui/notifications/channels/new/", notification_views.channel_create_view, name="channel-create"),

@@ -37,13 +37,14 @@ from backoffice.scope import (
 )
 from backoffice.workflow_graph import state_word, workflow_graph
 from backoffice.workflow_views import workflow_root_of
-from executions.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Execution, ExecutionStatus
+from executions.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Execution, ExecutionStatus, WorkflowRunHold
 from executions.runs import run_spec
 from executions.serializers import masked_input, masked_run_config
 from executions.services import execution_cancel_by_user, execution_retry_by_user
 from executions.traces import trace_page_url
 from executions.transitions import RETRYABLE_STATUSES
 from executions.workflow_runs import workflow_run_read
+from executions.workflow_selectors import workflow_run_hold, workflow_run_state
 from runners.base import RunHandle, idempotency_key
 from runners.registry import get_runner
 from tasks_api.backfill import task_backfill
@@ -657,6 +658,9 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if execution.workflow_run is not None and execution.workflow_run != execution.pk:
         return redirect("backoffice:workflow-run", pk=execution.workflow_run)
     run = workflow_run_read(execution)
+    control = workflow_run_hold(execution.pk)
+    hold = control.hold if control is not None else WorkflowRunHold.ACTIVE
+    state = workflow_run_state(run.state, hold)
     steps = [{"step": step, "word": state_word(step)} for step in run.ordered()]
     names = {step.task.pk: str(step.task) for step in run.steps.values()}
     return render(
@@ -665,6 +669,9 @@ def workflow_run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "run": run,
             "root": execution,
+            "state": state,
+            "hold_reason": control.reason if control is not None and hold != WorkflowRunHold.ACTIVE else "",
+            "can_control": may_change_execution(request.user, execution),
             "graph": workflow_graph(run),
             "steps": steps,
             "links": sorted(

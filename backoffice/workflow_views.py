@@ -8,15 +8,20 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
-from backoffice.scope import task_abilities, visible_tasks
+from backoffice.scope import task_abilities, visible_executions, visible_tasks
 from backoffice.workflow_graph import workflow_shape_graph
 from executions.models import ACTIVE_STATUSES, Execution, ExecutionStatus
+from executions.workflow_control import workflow_run_cancel, workflow_run_pause, workflow_run_resume
 from executions.workflow_runs import workflow_tasks
+from executions.workflow_selectors import workflow_runs_annotated
 from tasks_app.models import Task, TaskStatus
 from tasks_app.teams import with_role
+from tms_core.auth import actor_for, request_user
+from tms_core.form_errors import flash_outcome
 
 #: Workflow runs the workflow page lists.
 RECENT_WORKFLOW_RUNS = 10
@@ -91,3 +96,28 @@ def workflow_detail(request: HttpRequest, pk: Any) -> HttpResponse:
         **task_abilities(request.user, root),
     }
     return render(request, "backoffice/workflow.html", context)
+
+
+#: The workflow run page's buttons: the service each calls, and what it says once done.
+WORKFLOW_RUN_ACTIONS: dict[str, tuple[Any, str]] = {
+    "pause": (workflow_run_pause, "paused: no further step starts until it is resumed"),
+    "resume": (workflow_run_resume, "resumed"),
+    "cancel": (workflow_run_cancel, "cancelled"),
+}
+
+
+@login_required
+@require_POST
+def workflow_run_control(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+    """Pause, resume or cancel a workflow run from its page, through the API's services."""
+    if verb not in WORKFLOW_RUN_ACTIONS:
+        raise Http404
+    root = workflow_runs_annotated(visible_executions(request.user)).filter(pk=pk).first()
+    if root is None:
+        raise Http404
+    act, words = WORKFLOW_RUN_ACTIONS[verb]
+    user = request_user(request)
+    flash_outcome(
+        request, lambda: act(user=user, root=root, actor=actor_for(user)), lambda _: f"Workflow run {pk} {words}."
+    )
+    return redirect("backoffice:workflow-run", pk=pk)

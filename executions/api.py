@@ -22,7 +22,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from executions.models import ArchiveIndex, Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
-from executions.replay import MAX_REPLAY, executions_replay_by_user, replay_select
+from executions.replay import MAX_REPLAY, execution_replay_one, executions_replay_by_user, replay_select
 from executions.retention import archive_read
 from executions.serializers import (
     REPLAY_STATUSES,
@@ -32,6 +32,7 @@ from executions.serializers import (
     ExecutionSerializer,
     ReplayResultSerializer,
     ReplaySerializer,
+    SingleReplaySerializer,
     WorkerSerializer,
     WorkflowCancelSerializer,
 )
@@ -310,6 +311,44 @@ class ExecutionViewSet(
         # 201 only when runs were created: a dry run, or a selection that matched nothing, is a 200.
         code = status.HTTP_201_CREATED if report.created else status.HTTP_200_OK
         return Response(ReplayResultSerializer(body).data, status=code)
+
+    @extend_schema(
+        summary="Replay one execution",
+        operation_id="executions_replay_one",
+        description=(
+            "Runs one finished execution again: a new execution due now, `origin` replay, `replay_of` it, with "
+            "`input` instead of its own when given. `version`: `current` (default) runs the task as it is now; "
+            "`original` runs the config of the task's version the execution was created from (its "
+            "`task_version`), each secret at its current value (400 on `version` when that version had a "
+            "secret the task no longer holds; 409 when it ran another runner: restore the version instead). "
+            "An operator's act; `original` when it differs from the current version changes what runs, and "
+            "needs the editor role (403 naming it). 404 for an execution that is not yours."
+        ),
+        request=SingleReplaySerializer,
+        parameters=[EXECUTION_ID],
+        responses={201: ReplayResultSerializer, **error_responses(404, 409)},
+    )
+    @action(detail=True, methods=["post"], url_path="replay", url_name="replay-one")
+    def replay_one(self, request: Request, pk: str | None = None) -> Response:
+        serializer = SingleReplaySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = request_user(request)
+        report = execution_replay_one(
+            user=user,
+            execution_id=int(pk or 0),
+            actor=actor_for(user),
+            run_input=data["input"],
+            version=data["version"],
+        )
+        body = {
+            "dry_run": False,
+            "count": report.count,
+            "replayed": report.replayed,
+            "created": report.created,
+            "dropped_secrets": report.dropped_secrets,
+        }
+        return Response(ReplayResultSerializer(body).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         summary="Retry a failed or cancelled execution",

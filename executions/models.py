@@ -558,3 +558,36 @@ class LimitStart(models.Model):
 
     def __str__(self) -> str:
         return f"start in {self.bucket_id} at {self.at}"
+
+
+class WorkflowRunHold(models.TextChoices):
+    """Whether a workflow run may start further steps (:class:`WorkflowRunControl`)."""
+
+    ACTIVE = "active"  #: its steps' ends start their followers, as always
+    PAUSED = "paused"  #: no step starts; the running ones finish; a resume starts what was held
+    CANCELLED = "cancelled"  #: no step starts any more; its active steps were cancelled
+
+
+class WorkflowRunControl(models.Model):
+    """What was asked of one workflow run: pause, resume, cancel, and its automatic retries (issue 48). Keyed by the
+    run's id (its root's execution id); written lazily, by the first such request, so a workflow
+    run nobody paused or cancelled has no row (and costs its steps' ends one indexed read).
+
+    Written only by :mod:`executions.transitions.hold`, under the workflow run's advisory lock,
+    the one a step's end holds while it reads this row (:func:`~executions.transitions.hold.halted_runs`):
+    a step's end either starts its followers before a pause commits, or sees the pause.
+    No foreign key: retention deletes executions with SQL of its own, and a row outliving its
+    runs is harmless."""
+
+    workflow_run = models.BigIntegerField(primary_key=True)
+    hold = models.CharField(max_length=16, choices=WorkflowRunHold.choices, default=WorkflowRunHold.ACTIVE)
+    changed_at = models.DateTimeField(db_default=Now())
+    #: Who made the last change (a user, ``system``).
+    changed_by = models.CharField(max_length=200, blank=True, default="")
+    #: Why (shown on the run): "paused by alice", "cancelled by user".
+    reason = models.CharField(max_length=500, blank=True, default="")
+    #: How many times it was retried after failing, by its root task's ``workflow_retries``.
+    retries = models.PositiveSmallIntegerField(default=0, db_default=0)
+
+    def __str__(self) -> str:
+        return f"workflow run {self.workflow_run}: {self.hold}"

@@ -25,6 +25,8 @@ def periodic_jobs() -> dict[str, tuple[str, float]]:
         "tms: fold the dashboard rollup's shards": ("tms.rollup_compact", 60.0),
         "tms: expire unfinished artifact uploads": ("tms.expire_artifact_uploads", 300.0),
         "tms: prune and archive old executions": ("tms.prune", conf.RETENTION_INTERVAL),
+        "tms: cancel workflow runs past their timeout": ("tms.workflow_timeouts", 60.0),
+        "tms: retry failed workflow runs": ("tms.workflow_retries", 60.0),
     }
 
 

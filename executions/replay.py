@@ -22,12 +22,12 @@ from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
-from tasks_app.masking import ENV_NAMES, environment_changes
-from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
+from tasks_app.masking import ENV_NAMES, MASK, environment_changes
+from tasks_app.models import AuditAction, Task, TaskStatus, TaskVersion, TeamRole
 from tasks_app.quotas import quota_charge_executions_of
-from tasks_app.run_config import config_override, input_check
+from tasks_app.run_config import config_override, input_check, task_validate_runner
 from tasks_app.run_input import check_input
-from tasks_app.secrets import config_masked, config_open
+from tasks_app.secrets import config_masked, config_open, config_seal, config_unmask
 from tasks_app.teams import require, require_config_change, scope_to_teams
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
@@ -310,3 +310,122 @@ def executions_replay_picked(
         selection={"executions": ids},
         visible=visible,
     )
+
+
+#: ``version`` of a single run's replay: the task as it is now, or as it was when the run was made.
+VERSION_CURRENT = "current"
+VERSION_ORIGINAL = "original"
+
+
+def _original_config(task: Task, number: int) -> dict[str, Any]:
+    """The config (stored form, secrets sealed) of ``task``'s version ``number``, each secret at
+    the task's current value (versions never hold secrets). :class:`ConflictError` (409) when that
+    version ran another runner (restore the version instead); :class:`InvalidInput` on ``version``
+    when it had a secret the task no longer holds, or no longer passes its runner's checks."""
+    snapshot = TaskVersion.objects.filter(task_id=task.pk, number=number).values_list("snapshot", flat=True).first()
+    if snapshot is None:
+        raise InvalidInput.on("version", f"The task no longer has version {number} (the run's).")
+    if snapshot.get("runner", task.runner) != task.runner:
+        raise ConflictError(
+            f"Version {number} ran the {snapshot.get('runner')} runner, the task runs {task.runner} now: "
+            "a replay cannot change the runner (restore the version: POST .../versions/{n}/restore)."
+        )
+    old = config_unmask(snapshot.get("config") or {}, config_open(task.config))
+    if _masks_left(old):
+        raise InvalidInput.on(
+            "version",
+            f"Version {number}'s config held a secret that the task no longer has (versions never keep secrets).",
+        )
+    try:
+        plain = task_validate_runner(runner=task.runner, config=old)
+    except InvalidInput as error:
+        raise InvalidInput.on("version", f"Version {number}'s config is no longer valid: {error}") from error
+    fields = [path for path in (task.secret_fields or []) if path]
+    return dict(config_seal(task.runner, plain, fields))
+
+
+def _masks_left(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_masks_left(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_masks_left(item) for item in value)
+    return isinstance(value, str) and MASK in value
+
+
+def execution_replay_one(
+    *, user: Any, execution_id: int, actor: str, run_input: dict[str, Any] | None = None, version: str = VERSION_CURRENT
+) -> ReplayReport:
+    """Replay one finished execution ``user`` sees (``POST /api/v1/executions/{id}/replay``): a
+    new run of its task due now (:func:`executions_replay_by_user`), with ``run_input`` when
+    given. ``version``: ``current`` runs the task's config as it is now (or the run's own override);
+    ``original`` the config of the task's version the run was created from
+    (``Execution.task_version``), each secret at its current value. An operator's act, and
+    an editor's when ``original`` differs from the task's current version (it changes what runs:
+    PermissionDenied naming the role). :class:`GoneError` (404) for another team's execution."""
+    if version not in (VERSION_CURRENT, VERSION_ORIGINAL):
+        raise InvalidInput.on("version", f"One of: {VERSION_CURRENT}, {VERSION_ORIGINAL}.")
+    visible = scope_to_teams(Execution.objects.all(), user)
+    execution = visible.filter(pk=execution_id).select_related("task").first()
+    if execution is None:
+        raise GoneError(f"No execution {execution_id} (of yours).")
+    task = execution.task
+    require(user, task.team_id, TeamRole.OPERATOR, "executions.change_execution", what="this execution")
+    overrides: dict[uuid.UUID, Any] = {}
+    number = execution.task_version
+    if version == VERSION_ORIGINAL and number is not None and number != task.version:
+        require_config_change(user, task.team_id, what="this run")
+        if execution.config_override is None:  # its own override (a replay's) is what it ran with: kept
+            overrides[task.pk] = _original_config(task, number)
+    return _replay_with_overrides(
+        user=user, execution=execution, actor=actor, run_input=run_input, overrides=overrides, version=version
+    )
+
+
+def _replay_with_overrides(
+    *,
+    user: Any,
+    execution: Execution,
+    actor: str,
+    run_input: dict[str, Any] | None,
+    overrides: Mapping[uuid.UUID, Any],
+    version: str,
+) -> ReplayReport:
+    """:func:`executions_replay_by_user` for one execution, with an override computed here."""
+    if run_input is not None:
+        check_input(run_input, None)
+    if execution.status not in TERMINAL_STATUSES:
+        raise InvalidInput.on(
+            "non_field_errors",
+            f"Execution {execution.pk} is {execution.status}: only finished executions are replayed.",
+        )
+    task = execution.task
+    _check_tasks(user, {task.pk: task}, run_input=run_input, config=None)
+    with transaction.atomic():
+        quota_charge_executions_of({execution.team_id: 1})
+        (new_id,) = transitions.executions_replay(
+            replays=[transitions.Replay(execution.pk, run_input=run_input, config_override=overrides.get(task.pk))],
+            actor=actor,
+        )
+        if new_id is None:
+            raise ConflictError("The task was deleted meanwhile: nothing was replayed.")
+        changes: dict[str, Any] = {
+            "count": 1,
+            "selection": {"executions": [execution.pk], "version": version},
+            "replayed": [execution.pk],
+            "created": [new_id],
+        }
+        if run_input is not None:
+            changes["input"] = "replaced"
+        if task.pk in overrides:
+            changes["task_version"] = execution.task_version
+        audit_record(
+            action=AuditAction.REPLAY,
+            object_type="execution",
+            object_id=new_id,
+            owner=task.owner_id,
+            task_id=task.pk,
+            changes=changes,
+            detail=f"execution {execution.pk} replayed ({version} version)",
+        )
+    notify_due()
+    return ReplayReport(dry_run=False, replayed=[execution.pk], created=[int(new_id)])

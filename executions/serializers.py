@@ -304,6 +304,27 @@ class ReplaySerializer(StrictInputMixin, serializers.Serializer):
         return attrs
 
 
+class SingleReplaySerializer(StrictInputMixin, serializers.Serializer):
+    """A single run's replay: its input, and which version of its task runs."""
+
+    input = InputField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The new run's input, instead of the replayed execution's (checked as a trigger's is).",
+    )
+    version = serializers.ChoiceField(
+        choices=["current", "original"],
+        default="current",
+        help_text="current: the task as it is now; original: the task's version the execution was created from.",
+    )
+
+    def validate_input(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise serializers.ValidationError("A JSON object: the new run's input.")
+        return value
+
+
 class ReplayResultSerializer(serializers.Serializer):
     """What a replay did, or would do (``dry_run``)."""
 

@@ -22,7 +22,7 @@ from celery.signals import (
 )
 from django.db import connections, transaction
 
-from executions import heartbeat, materialiser, retention, rollup, transitions, worker_services
+from executions import heartbeat, materialiser, retention, rollup, transitions, worker_services, workflow_control
 from executions.messages import group_runs, send, send_many
 from executions.notify import notify_due
 from executions.worker_identity import lease_owner, set_node_id
@@ -258,6 +258,18 @@ def rollup_prune() -> tuple[int, int]:
 @shared_task(name="tms.rollup_compact", ignore_result=True, send_events=False)
 def rollup_compact() -> int:
     return rollup.rollup_compact()
+
+
+@shared_task(name="tms.workflow_timeouts", ignore_result=True, send_events=False)
+def workflow_timeouts() -> list[int]:
+    """Cancel the workflow runs past their root task's ``workflow_timeout``."""
+    return workflow_control.workflow_runs_time_out()
+
+
+@shared_task(name="tms.workflow_retries", ignore_result=True, send_events=False)
+def workflow_retries() -> list[int]:
+    """Retry the failed workflow runs whose root task asks for it (``workflow_retries``)."""
+    return workflow_control.workflow_runs_retry_failed()
 
 
 @shared_task(name="tms.prune", ignore_result=True, send_events=False)

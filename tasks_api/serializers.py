@@ -27,6 +27,7 @@ from tasks_app.models import (
     MAX_KEEP_FOR_DELTA,
     MAX_LIMITS_PER_TASK,
     MAX_TRIGGER_DEBOUNCE,
+    MAX_WORKFLOW_RETRIES,
     MIN_KEEP_FOR_DELTA,
     MIN_MISFIRE_GRACE,
     Artifact,
@@ -461,6 +462,27 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         min_value=timedelta(seconds=1),
     )
     priority = serializers.IntegerField(required=False, default=5, min_value=0, max_value=9)
+    workflow_timeout = DurationField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=timedelta(seconds=1),
+        max_value=timedelta(days=30),
+        help_text=(
+            "The longest a workflow run this task starts (its run, and the steps that follow it) may go on, from "
+            "the run's start: past it, the workflow run is cancelled, with the reason (null: no limit)."
+        ),
+    )
+    workflow_retries = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=MAX_WORKFLOW_RETRIES,
+        help_text=(
+            "How many times a failed workflow run this task starts is retried from its failed steps, each within "
+            "about a minute of its failure (0: never)."
+        ),
+    )
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     expose_metrics = serializers.BooleanField(required=False, default=False)
     keep_last = serializers.IntegerField(
@@ -630,6 +652,7 @@ class TaskSerializer(BuiltOnceFieldsMixin, serializers.ModelSerializer):
     keep_for = DurationField(allow_null=True, help_text="Seconds; null: the default (TMS_RETENTION_KEEP_FOR).")
     # Seconds, as every duration the API shows (a model DurationField alone renders "00:05:00").
     max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
+    workflow_timeout = DurationField(allow_null=True, help_text="Seconds; null: its workflow runs have no limit.")
     trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
     after = serializers.SerializerMethodField(help_text="The tasks it follows and how their runs must end.")

@@ -70,6 +70,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     TaskField("limits", POLICIES, many=True),
     TaskField("trigger_debounce", POLICIES),
     *_settings(POLICIES, "max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter", "timeout", "priority"),
+    # The workflow runs it roots: cancelled past this long, retried when failed (executions.workflow_control).
+    *_settings(POLICIES, "workflow_timeout", "workflow_retries"),
     *_settings(OTHER, "tracing_id", "expose_metrics"),
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),
     # The team it belongs to (its members see and run it by their role): set when it is created

@@ -109,6 +109,10 @@ class Artifact(models.Model):
         return f"{self.name} ({self.sha256[:12]})"
 
 
+#: The most retries of a failed workflow run a task may ask for (``Task.workflow_retries``).
+MAX_WORKFLOW_RETRIES = 10
+
+
 def default_timeout() -> timedelta:
     return timedelta(seconds=tms_settings().DEFAULT_TIMEOUT)
 
@@ -508,6 +512,22 @@ class Task(models.Model):
     retry_backoff_max = models.DurationField(default=timedelta(minutes=10), help_text="Cap on the retry delay.")
     retry_jitter = models.BooleanField(default=True, help_text="Randomise retry delays (full jitter).")
     timeout = models.DurationField(default=default_timeout)
+    #: The longest a workflow run this task roots may go on, from its root run's start (empty: no
+    #: limit); past it the run is cancelled, with the reason (executions.workflow_control).
+    workflow_timeout = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(timedelta(seconds=1))],
+        help_text="A workflow run started by a run of this task is cancelled once it has gone on this long.",
+    )
+    #: How many times a failed workflow run this task roots is retried from its failed steps
+    #: (executions.workflow_control, beat's tms.workflow_retries).
+    workflow_retries = models.PositiveSmallIntegerField(
+        default=0,
+        db_default=0,
+        validators=[MaxValueValidator(MAX_WORKFLOW_RETRIES)],
+        help_text="Retries of a failed workflow run this task starts, from its failed steps.",
+    )
     priority = models.PositiveSmallIntegerField(
         default=5, validators=[MaxValueValidator(9)], help_text="0-9, 9 runs first."
     )
@@ -604,6 +624,13 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(max_age__isnull=True) | Q(max_age__gte=MIN_MISFIRE_GRACE), name="task_max_age_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(workflow_timeout__isnull=True) | Q(workflow_timeout__gte=timedelta(seconds=1)),
+                name="task_workflow_timeout_min",
+            ),
+            models.CheckConstraint(
+                condition=Q(workflow_retries__lte=MAX_WORKFLOW_RETRIES), name="task_workflow_retries_range"
             ),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True)

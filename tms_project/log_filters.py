@@ -28,6 +28,8 @@ HOUSEKEEPING_TASKS = frozenset(
         "tms.rollup_prune",
         "tms.rollup_compact",
         "tms.prune",
+        "tms.workflow_timeouts",
+        "tms.workflow_retries",
         "tms.notify_dispatch",
         "tms.notify_checks",
     }

@@ -12,7 +12,8 @@ database clock, never from the host.
   :mod:`.worker`: claim, lease and outcome; :mod:`.overlap`: claims under the overlap policy
   and the concurrency cap; :mod:`.misfire`: the misfire policy and skips;
   :mod:`.actions`: cancel, trigger and retry; :mod:`.follow`: the runs that follow a run's end
-  (workflows), created in the transaction that records it.
+  (workflows), created in the transaction that records it; :mod:`.hold`: a workflow run's pause
+  and cancel, read by those ends; :mod:`.resume`: a paused workflow run's resume, a failed one's retry.
 
 Callers import the package (``from executions import transitions``) and use the names below.
 """
@@ -42,6 +43,7 @@ from executions.transitions.dispatch import (
     next_due_in,
 )
 from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from, publishing_steps
+from executions.transitions.hold import halted_runs, workflow_run_hold_set, workflow_run_retry_bump
 from executions.transitions.misfire import Misfire, execution_skip_misfire, misfire_decision
 from executions.transitions.overlap import (
     QUEUE_RETRY_SECONDS,
@@ -52,6 +54,7 @@ from executions.transitions.overlap import (
     executions_release_limit_waiters,
     executions_release_waiting,
 )
+from executions.transitions.resume import workflow_run_resume, workflow_run_retry
 from executions.transitions.sql import pg_array
 from executions.transitions.states import ALLOWED_SOURCES
 from executions.transitions.worker import (
@@ -117,9 +120,14 @@ __all__ = [
     "executions_take_polls",
     "executions_take_stale_pending",
     "executions_untake",
+    "halted_runs",
     "input_from",
     "misfire_decision",
     "next_due_in",
     "pg_array",
     "publishing_steps",
+    "workflow_run_hold_set",
+    "workflow_run_resume",
+    "workflow_run_retry",
+    "workflow_run_retry_bump",
 ]

@@ -160,7 +160,7 @@ def execution_join_trigger(*, execution_id: int, run_input: Mapping[str, object]
 RETRYABLE_STATUSES: frozenset[str] = frozenset({S.FAILED, S.CANCELLED})
 
 
-def execution_retry(*, execution_id: int, actor: str) -> int | None:
+def execution_retry(*, execution_id: int, actor: str, run_input: Mapping[str, object] | None = None) -> int | None:
     """Run a FAILED or CANCELLED execution again: a new SCHEDULED execution of the same task, due
     now, with ``retry_of`` = the old one and attempt = its attempt + 1. The old row stays terminal.
     A workflow step's retry stays in its workflow run, with the same upstream and input: when it
@@ -169,16 +169,22 @@ def execution_retry(*, execution_id: int, actor: str) -> int | None:
 
     Conditional on the old execution being FAILED or CANCELLED and its task not DELETED; the
     unique ``retry_of`` makes a second retry of the same execution lose. Returns the new id, or
-    None if it lost.
+    None if it lost. ``run_input`` replaces the old run's input (a workflow run's retry with an
+    edited input); None keeps it.
     """
     now = _now_param()
+    given_input = "e.input" if run_input is None else "%s"
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
-        " '', '', '{}', '', '', '', t.owner_id, t.team_id, e.workflow_run, e.upstream, e.input, e.config_override, NULL"
+        f" '', '', '{{}}', '', '', '', t.owner_id, t.team_id, e.workflow_run, e.upstream, {given_input},"
+        " e.config_override, NULL"
         f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
-    params = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED, execution_id]
+    params: list[object] = [now, now, OverlapPolicy.ALLOW, "retry", S.SCHEDULED]
+    if run_input is not None:
+        params.append(_json_param(dict(run_input)))
+    params.append(execution_id)
     params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
     return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")
 

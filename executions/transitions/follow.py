@@ -53,6 +53,7 @@ from executions.models import Execution, ExecutionOrigin, WorkflowSkip
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.transitions.dispatch import Dispatch, executions_take_steps
+from executions.transitions.hold import halted_runs
 from executions.transitions.sql import EXECUTIONS, TASKS, Event, key_share, pg_array, with_events
 from tasks_app.models import DependencyOn, OverlapPolicy, Task, TaskDependency, TaskStatus
 
@@ -172,14 +173,20 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     followed = [run for run in ended if graph.downstream.get(run.task_id)]
     if not followed:
         return []
-    # A root's workflow run is its own id from now on (before a fan-in's check reads it).
-    _mark_roots([run.execution_id for run in followed if run.workflow_run is None])
     # In the order of their workflow runs, each one whole (its skips' followers included) before
     # the next: a fan-in's check locks its workflow run, and two transactions that end several
     # runs each (a worker's batch) then take those locks in one order and never deadlock.
     by_run: defaultdict[int, list[Ended]] = defaultdict(list)
     for run in followed:
         by_run[run.workflow_run or run.execution_id].append(run)
+    # A paused or cancelled workflow run starts nothing and rules nothing out (issue 48; .hold:
+    # a resume decides its steps then, through here).
+    for halted in halted_runs(by_run):
+        del by_run[halted]
+    if not by_run:
+        return []
+    # A root's workflow run is its own id from now on (before a fan-in's check reads it).
+    _mark_roots([run.execution_id for runs in by_run.values() for run in runs if run.workflow_run is None])
     wanted: dict[tuple[uuid.UUID, int], _Wanted] = {}
     for workflow_run in sorted(by_run):
         _follow_in(workflow_run, sorted(by_run[workflow_run], key=lambda run: run.execution_id), graph, wanted)

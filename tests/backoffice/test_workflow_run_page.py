@@ -174,3 +174,28 @@ def test_a_retried_step_shows_its_latest_run_and_the_run_recovers(diamond):
     step = run.steps[diamond["check"].pk]
     assert step.execution.pk == retry.pk and step.runs == 2 and run.state == RunState.RUNNING
     assert run.unhandled == []
+
+
+def test_the_page_pauses_resumes_and_cancels_the_run_through_the_services(alice_client, other_user, diamond):
+    """Issue 48: the buttons call the API's services; the page says the run is paused, and a
+    resume starts what its ends held back."""
+    from django.test import Client
+
+    bob_client = Client()
+    bob_client.force_login(other_user)
+    root = diamond["root"]
+    _end(root.pk)
+    page = alice_client.get(f"/ui/workflow-runs/{root.pk}/").content.decode()
+    assert 'id="workflow-pause"' in page and 'id="workflow-resume"' not in page
+    assert bob_client.post(f"/ui/workflow-runs/{root.pk}/pause/").status_code == 404
+    assert alice_client.post(f"/ui/workflow-runs/{root.pk}/pause/").status_code == 302
+    _end(_step(diamond["transform"]).pk)
+    _end(_step(diamond["check"]).pk)
+    page = alice_client.get(f"/ui/workflow-runs/{root.pk}/").content.decode()
+    assert 'id="workflow-state">paused<' in page and "Paused by alice" in page and 'id="workflow-resume"' in page
+    assert not Execution.objects.filter(task=diamond["load"]).exists()
+    alice_client.post(f"/ui/workflow-runs/{root.pk}/resume/")
+    assert Execution.objects.filter(task=diamond["load"], workflow_run=root.pk).count() == 1
+    alice_client.post(f"/ui/workflow-runs/{root.pk}/cancel/")
+    assert Execution.objects.get(task=diamond["load"]).status == "CANCELLED"
+    assert 'id="workflow-state">cancelled<' in alice_client.get(f"/ui/workflow-runs/{root.pk}/").content.decode()

@@ -17,6 +17,7 @@ from executions.api import (
     WorkerViewSet,
 )
 from executions.callback_api import ExecutionCallbackView
+from executions.workflow_api import WorkflowRunViewSet, WorkflowViewSet
 from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
 from tasks_api.api import SchedulePreviewView, TaskViewSet
 from tasks_api.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
@@ -41,6 +42,8 @@ router.register("notification-rules", RuleViewSet, basename="notification-rule")
 router.register("notification-deliveries", DeliveryViewSet, basename="notification-delivery")
 router.register("tokens", AccessTokenViewSet, basename="access-token")
 router.register("teams", TeamViewSet, basename="team")
+router.register("workflows", WorkflowViewSet, basename="workflow")
+router.register("workflow-runs", WorkflowRunViewSet, basename="workflow-run")
 
 urlpatterns = [
     re_path(r"^tasks/(?P<task_id>[^/.]+)/executions/?$", TaskExecutionListView.as_view(), name="task-executions"),

@@ -373,6 +373,7 @@ SPECTACULAR_SETTINGS = {
         "OccurrenceStateEnum": "tasks_api.selectors.OccurrenceState",
         "TaskStateEnum": "tasks_api.states.TaskState",
         "SkipReasonEnum": "executions.models.SkipReason",
+        "WorkflowRunStateEnum": "executions.workflow_selectors.RUN_STATE_CHOICES",
         # Two sets of roles: a member may hold any, a service account never admin.
         "TeamRoleEnum": "tasks_app.models.TeamRole",
         "ServiceAccountRoleEnum": "accounts.service_accounts.ROLE_CHOICES",

@@ -34,6 +34,9 @@ ALIAS = "tms_legacy_file"
 #: Fields of a task that the import does not carry over (see the module's docstring): what is
 #: team-scoped, and what the service sets itself.
 NOT_CARRIED = {"team", "artifact", "calendar", "limits", "after"}
+#: Task columns added since that release: not read from the file (its table has none), so the
+#: imported tasks get their defaults (as their ``after`` links, whose ``condition`` came later).
+ADDED_SINCE = ("join", "workflow_timeout", "workflow_retries")
 USER_FIELDS = ("username", "email", "password", "first_name", "last_name", "is_active", "is_staff", "is_superuser")
 
 
@@ -83,10 +86,13 @@ class Command(BaseCommand):
         tasks = list(
             Task.objects.using(ALIAS)
             .exclude(status=TaskStatus.DELETED)
+            .defer(*ADDED_SINCE)
             .select_related("calendar", "artifact")
             .order_by("created_at", "id")
         )
-        links = list(TaskDependency.objects.using(ALIAS).filter(task__in=[task.pk for task in tasks]))
+        links = list(
+            TaskDependency.objects.using(ALIAS).filter(task__in=[task.pk for task in tasks]).defer("condition")
+        )
         for task in tasks:
             task.limit_names = list(task.limits.using(ALIAS).values_list("name", flat=True))  # type: ignore[attr-defined]
         return users, tasks, links
@@ -151,7 +157,7 @@ class Command(BaseCommand):
         fields = TaskCreateSerializer().fields
         data: dict[str, Any] = {}
         for name, field in fields.items():
-            if name in NOT_CARRIED or field.read_only or not hasattr(task, name):
+            if name in NOT_CARRIED or name in ADDED_SINCE or field.read_only or not hasattr(task, name):
                 continue
             value = getattr(task, name)
             data[name] = None if value is None else field.to_representation(value)
