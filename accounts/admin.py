@@ -23,7 +23,8 @@ from accounts.service_accounts import service_account_delete
 from accounts.tokens import token_revoke
 from executions.admin import error_text, run_for_each
 from tasks_app.models import Membership, Team, TeamRole
-from tasks_app.teams import member_remove, member_set, people, require, team_create, team_delete, team_rename
+from tasks_app.teams import people, require
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete, team_rename
 from tms_core.auth import request_user
 from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
 
@@ -157,9 +158,9 @@ def _require_team_admin(request: HttpRequest, team: Team) -> None:
 
 
 class TeamAdminForm(forms.ModelForm):
-    """Creates (:func:`~tasks_app.teams.team_create`) or renames (:func:`~tasks_app.teams.team_rename`)
-    while it is validated, so the services' refusals (a taken or reserved slug, an empty name) are
-    errors on the form's fields."""
+    """Creates (:func:`~tasks_app.teams.services.team_create`) or renames
+    (:func:`~tasks_app.teams.services.team_rename`) while it is validated, so the services'
+    refusals (a taken or reserved slug, an empty name) are errors on the form's fields."""
 
     #: Set by :meth:`TeamAdmin.get_form`: the request (the creator, and whose role is checked).
     request: HttpRequest
@@ -275,7 +276,7 @@ class TeamAdmin(_ServiceDeleteMixin):
 
 
 class MembershipAdminForm(forms.ModelForm):
-    """Adds a member or changes a role through :func:`~tasks_app.teams.member_set` while it is
+    """Adds a member or changes a role through :func:`~tasks_app.teams.services.member_set` while it is
     validated, so the service's refusals (the last admin demoted, an unknown user, a service
     account, a personal team's one member) are errors on the form's fields."""
 
@@ -315,8 +316,8 @@ class MembershipAdminForm(forms.ModelForm):
 @admin.register(Membership)
 class MembershipAdmin(_ServiceDeleteMixin):
     """Who is in which team with which role (people; a team's service accounts are on their own
-    page). Added, changed and removed through :func:`~tasks_app.teams.member_set` and
-    :func:`~tasks_app.teams.member_remove`, with the API's rules: a team's admins (or staff with
+    page). Added, changed and removed through :func:`~tasks_app.teams.services.member_set` and
+    :func:`~tasks_app.teams.services.member_remove`, with the API's rules: a team's admins (or staff with
     ``tasks_app.change_team``), never without an admin, a personal team one member only."""
 
     form = MembershipAdminForm

@@ -1,6 +1,6 @@
 """The back office's teams: the user's teams with their role, a new team, and each team's members.
 
-Every write calls the services the API calls (:mod:`tasks_app.teams`), with the same rules: a team
+Every write calls the services the API calls (:mod:`tasks_app.teams.services`), with the same rules: a team
 the user is not in answers 404, a change by a member who is not an admin 403, and the services'
 refusals (a taken slug, the last admin, a personal team's one member) are shown on the form.
 
@@ -35,18 +35,8 @@ from accounts.service_accounts import (
 from backoffice.forms import AccessTokenForm
 from backoffice.token_views import revoke_with_message, token_rows
 from tasks_app.models import Membership, Team, TeamRole
-from tasks_app.teams import (
-    SERVICE_ACCOUNT,
-    includes,
-    member_remove,
-    member_set,
-    people,
-    require,
-    team_create,
-    team_delete,
-    team_rename,
-    visible_teams,
-)
+from tasks_app.teams import SERVICE_ACCOUNT, includes, people, require, visible_teams
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete, team_rename
 from tms_core.auth import request_user
 from tms_core.form_errors import (
     add_errors,

@@ -37,8 +37,8 @@ from executions.serializers import (
 )
 from executions.services import execution_cancel_by_user, execution_retry_by_user, workflow_run_cancel_by_user
 from tasks_app.models import Task, TaskStatus
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tasks_app.teams import scope_to_teams
+from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tms_core.api.base import ApiViewMixin, IsSupportStaff, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses

@@ -57,8 +57,8 @@ from tasks_app.calendars import CalendarRules
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
-from tasks_app.teams import default_team_of
+from tasks_app.teams.services import default_team_of
+from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses

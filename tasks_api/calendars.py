@@ -20,7 +20,7 @@ from tasks_api.named import audit_update, create_audited, delete_audited, name_t
 from tasks_api.replan import task_replan
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
-from tasks_app.teams import team_for_new
+from tasks_app.teams.services import team_for_new
 from tms_core.errors import ConflictError, InvalidInput
 
 #: What a calendar's create, update and audit entries show.

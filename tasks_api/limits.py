@@ -31,7 +31,8 @@ from tasks_app.models import (
     Team,
     claims_exclusive,
 )
-from tasks_app.teams import member_team_ids, sees_all, team_for_new
+from tasks_app.teams import member_team_ids, sees_all
+from tasks_app.teams.services import team_for_new
 from tms_core.errors import InvalidInput
 
 #: What an audit entry shows of a limit.

@@ -54,8 +54,8 @@ from tasks_app.schedules import (
     wall_time_to_utc,
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
-from tasks_app.team_scope import TeamRefField
 from tasks_app.teams import member_team_ids
+from teams_api.scope import TeamRefField
 from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
