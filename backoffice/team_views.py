@@ -12,6 +12,7 @@ answer to the POST that made it, and stored nowhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -121,6 +122,27 @@ def _can_manage(request: HttpRequest, team: Team) -> bool:
     )
 
 
+def _admin_form_post(
+    request: HttpRequest,
+    pk: int,
+    form_class: type[forms.Form],
+    slot: str,
+    save: Callable[[Team, dict[str, Any]], Any],
+    done: Callable[[Team, Any], HttpResponse],
+) -> HttpResponse:
+    """A team admin's form POST from the team page: the team (404 unless the user sees it), the
+    admin role in it (403), the form (``slot`` of :func:`_team_context`) saved through the service
+    ``save(team, cleaned data)``, then ``done(team, what it returned)``; a refused form (by itself
+    or by the service, its errors on its fields) is the team page again with it, 400."""
+    team = _team(request, pk)
+    _admin(request, team)
+    form = form_class(request.POST)
+    made = save_cleaned(form, lambda data: save(team, data))
+    if made is not None:
+        return done(team, made)
+    return render(request, "backoffice/team.html", _team_context(request, team, **{slot: form}), status=400)
+
+
 @login_required
 @require_GET
 def team_page(request: HttpRequest, pk: int) -> HttpResponse:
@@ -132,13 +154,14 @@ def team_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def team_member_set_view(request: HttpRequest, pk: int) -> HttpResponse:
     """Add a member or change a member's role (the same form: username and role)."""
-    team = _team(request, pk)
-    _admin(request, team)
-    form = MemberForm(request.POST)
-    if save_cleaned(form, lambda data: member_set(team=team, **data)) is not None:
-        messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
+
+    def done(team: Team, membership: Membership) -> HttpResponse:
+        messages.success(request, f"{membership.user.get_username()} is {membership.role} of {team.name}.")
         return redirect("backoffice:team", pk=team.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, member_form=form), status=400)
+
+    return _admin_form_post(
+        request, pk, MemberForm, "member_form", lambda team, data: member_set(team=team, **data), done
+    )
 
 
 @login_required
@@ -158,14 +181,13 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
 @login_required
 @require_POST
 def team_rename_view(request: HttpRequest, pk: int) -> HttpResponse:
-    team = _team(request, pk)
-    _admin(request, team)
-    form = RenameForm(request.POST)
-    if form.is_valid():
-        team_rename(team=team, name=form.cleaned_data["name"])
+    def done(_: Team, team: Team) -> HttpResponse:
         messages.success(request, f"Renamed to {team.name}.")
         return redirect("backoffice:team", pk=team.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, rename_form=form), status=400)
+
+    return _admin_form_post(
+        request, pk, RenameForm, "rename_form", lambda team, data: team_rename(team=team, **data), done
+    )
 
 
 @login_required
@@ -184,14 +206,18 @@ def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
-    team = _team(request, pk)
-    _admin(request, team)
-    form = ServiceAccountForm(request.POST)
-    account = save_cleaned(form, lambda data: service_account_create(team=team, creator=request_user(request), **data))
-    if account is not None:
+    def done(team: Team, account: ServiceAccount) -> HttpResponse:
         messages.success(request, f"Service account {account.name} created: give it a token below.")
         return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, account_form=form), status=400)
+
+    return _admin_form_post(
+        request,
+        pk,
+        ServiceAccountForm,
+        "account_form",
+        lambda team, data: service_account_create(team=team, creator=request_user(request), **data),
+        done,
+    )
 
 
 def _account(request: HttpRequest, pk: int, account: int) -> tuple[Team, ServiceAccount]:
