@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from executions.models import ExecutionStatus
-from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, name_taken
 from tasks_api.replan import task_replan
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
@@ -155,12 +155,10 @@ def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: st
     (not deleted): their SCHEDULED executions that never started are replaced by ones placed
     by the new calendar (:func:`~tasks_api.replan.task_replan`); running, published and
     finished ones are left alone. Audited."""
-    refuse_unknown(changes, CALENDAR_FIELDS)
     with transaction.atomic():
-        locked = Calendar.objects.select_for_update().get(pk=calendar.pk)
-        before = _snapshot(locked)
-        for name, value in changes.items():
-            setattr(locked, name, calendar_clean_extra(value) if name == "extra_dates" else value)
+        locked, before = change_locked(
+            calendar, changes, fields=CALENDAR_FIELDS, snapshot=_snapshot, clean={"extra_dates": calendar_clean_extra}
+        )
         if locked.weekend_days is None:
             locked.weekend_days = [6, 7]
         _validate(locked)

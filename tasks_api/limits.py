@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from executions.models import Execution, ExecutionStatus
-from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, name_taken
 from tasks_app.models import (
     MAX_LIMIT_CONCURRENCY,
     MAX_LIMITS_PER_TASK,
@@ -133,13 +133,11 @@ def limit_create(
 def limit_update(*, limit: Limit, changes: Mapping[str, Any]) -> Limit:
     """Change a limit (partial). Takes effect at the next claim of each run; runs already
     holding a slot keep it. Audited."""
-    refuse_unknown(changes, LIMIT_FIELDS)
     with transaction.atomic():
         # The limit's row, not its buckets: claims lock buckets, so an update never waits on them.
-        locked = Limit.objects.select_for_update().get(pk=limit.pk)
-        before = _snapshot(locked)
-        for name, value in changes.items():
-            setattr(locked, name, limit_clean_windows(value) if name == "windows" else value)
+        locked, before = change_locked(
+            limit, changes, fields=LIMIT_FIELDS, snapshot=_snapshot, clean={"windows": limit_clean_windows}
+        )
         _validate(locked)
         if "name" in changes and _name_taken(team_id=locked.team_id, name=locked.name, exclude=locked.pk):
             raise name_taken("limit", locked.name)
