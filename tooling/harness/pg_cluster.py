@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tooling.harness.servers import command_loop, free_ports, kill_session, listening, wait_listening
+from tooling.harness.servers import Started, command_loop, free_ports, kill_session, listening, wait_listening
 
 PG_BIN = Path(os.environ.get("TMS_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: The DCS timings (see the module's docstring).
@@ -83,7 +83,7 @@ class PgNode:
         return pid if _cmdline_has(pid, str(self.data_dir)) else None
 
 
-class PgCluster:
+class PgCluster(Started):
     """etcd and two Patroni nodes ``<scope>-1`` and ``<scope>-2``; the first bootstraps the
     cluster and creates the ``tms`` database, the second becomes its synchronous standby.
 
@@ -382,12 +382,6 @@ class PgCluster:
                     popen.wait(10)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PgCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _cmdline_has(pid: int, text: str) -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tooling.harness.servers import command_loop, kill_session, listening
+from tooling.harness.servers import Started, command_loop, kill_session, listening
 
 RABBITMQ_BIN = Path(os.environ.get("TMS_HA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 #: AMQP ports of the nodes, and their Erlang distribution ports.
@@ -62,7 +62,7 @@ class Node:
         return self.popen is not None and self.popen.poll() is None
 
 
-class RabbitCluster:
+class RabbitCluster(Started):
     """Three nodes ``tmsha1@localhost`` .. ``tmsha3@localhost``, clustered with ``join_cluster``.
 
     Use as a context manager (or call :meth:`start` and :meth:`close`); :meth:`stop_node` and
@@ -291,12 +291,6 @@ class RabbitCluster:
                     os.kill(pid, signal.SIGKILL)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> RabbitCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _is_our_beam(pid: int, node: Node) -> bool:

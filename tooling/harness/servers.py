@@ -68,7 +68,25 @@ def kill_session(sid: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
 
 
-class ForegroundServer:
+class Started:
+    """What a server or a cluster of them is to its caller: :meth:`start` (returns itself, ready)
+    and :meth:`close` (stops it, whatever state it is in), so ``with X(...) as x:`` closes it
+    however the block ends."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ForegroundServer(Started):
     """A server process of a Debian package run in the foreground, with its files in a folder of
     its own (``/tmp/<prefix>*``): the base of :class:`~tooling.harness.pgbouncer.PgBouncer` and
     :class:`~tooling.harness.haproxy.HAProxy`.
@@ -91,9 +109,6 @@ class ForegroundServer:
     @property
     def output_log(self) -> Path:
         return self.root / "output.log"
-
-    def start(self) -> Self:
-        raise NotImplementedError
 
     def _launch(self, argv: list[str], *, ports: Iterable[int], env: Mapping[str, str] | None = None) -> None:
         """Start ``argv`` in the folder, as the leader of a new session, and wait until it
@@ -135,12 +150,6 @@ class ForegroundServer:
                 self.popen.wait(timeout=10)
             self.popen = None
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def command_loop(prompt: str, commands: Mapping[str, Callable[..., str]], usage: str) -> None:
