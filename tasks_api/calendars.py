@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from executions.models import ExecutionStatus
-from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, name_taken
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, listed, name_taken
 from tasks_api.replan import task_replan
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
@@ -39,14 +39,15 @@ def calendar_clean_extra(extra: Any) -> list[dict[str, str]]:
     """Normalise extra closed dates: ``[{"start": "2027-12-24", "end": "2027-12-31", "label":
     "shutdown"}]`` (``end`` optional: one day; ``date`` accepted for ``start``). Errors on
     ``extra_dates``."""
-    if extra in (None, ""):
-        return []
-    if not isinstance(extra, list):
-        raise InvalidInput.on("extra_dates", 'Expected a list of {"start": date, "end": date, "label": text}.')
-    if len(extra) > MAX_EXTRA_DATES:
-        raise InvalidInput.on("extra_dates", f"At most {MAX_EXTRA_DATES} extra dates or ranges.")
+    items = listed(
+        extra,
+        field="extra_dates",
+        expected='{"start": date, "end": date, "label": text}',
+        most=MAX_EXTRA_DATES,
+        too_many=f"At most {MAX_EXTRA_DATES} extra dates or ranges.",
+    )
     cleaned = []
-    for index, item in enumerate(extra):
+    for index, item in enumerate(items):
         where = f"Item {index}"
         if not isinstance(item, Mapping) or not set(item) <= {"start", "end", "date", "label"}:
             raise InvalidInput.on("extra_dates", f'{where}: expected {{"start": date, "end": date, "label": text}}.')

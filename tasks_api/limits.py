@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from executions.models import Execution, ExecutionStatus
-from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, name_taken
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, listed, name_taken
 from tasks_app.models import (
     MAX_LIMIT_CONCURRENCY,
     MAX_LIMITS_PER_TASK,
@@ -46,14 +46,15 @@ def _snapshot(limit: Limit) -> dict[str, Any]:
 def limit_clean_windows(windows: Any) -> list[dict[str, float | int]]:
     """Normalise rate windows (``[{"count": 10, "seconds": 1}]``); a window that cannot be met
     (count or length not positive, out of bounds) is an error on ``windows``."""
-    if windows in (None, ""):
-        return []
-    if not isinstance(windows, list):
-        raise InvalidInput.on("windows", 'Expected a list of {"count": N, "seconds": S}.')
-    if len(windows) > MAX_WINDOWS:
-        raise InvalidInput.on("windows", f"At most {MAX_WINDOWS} rate windows.")
+    given = listed(
+        windows,
+        field="windows",
+        expected='{"count": N, "seconds": S}',
+        most=MAX_WINDOWS,
+        too_many=f"At most {MAX_WINDOWS} rate windows.",
+    )
     cleaned: list[dict[str, float | int]] = []
-    for index, window in enumerate(windows):
+    for index, window in enumerate(given):
         where = f"Window {index}"
         if not isinstance(window, Mapping) or set(window) != {"count", "seconds"}:
             raise InvalidInput.on("windows", f'{where}: expected exactly {{"count": N, "seconds": S}}.')

@@ -43,6 +43,19 @@ def create_audited(
         raise name_taken(kind, obj.name) from None  # type: ignore[attr-defined]
 
 
+def listed(value: Any, *, field: str, expected: str, most: int, too_many: str) -> list[Any]:
+    """A JSON field that holds a list of at most ``most`` entries (a limit's windows, a calendar's
+    extra dates): None or "" is the empty list; anything else but a list is an error on ``field``
+    saying what was ``expected``, a longer list one saying ``too_many``."""
+    if value in (None, ""):
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput.on(field, f"Expected a list of {expected}.")
+    if len(value) > most:
+        raise InvalidInput.on(field, too_many)
+    return value
+
+
 def refuse_unknown(changes: Mapping[str, Any], fields: Iterable[str]) -> None:
     """InvalidInput naming each field of a partial change that is not one of ``fields``."""
     unknown = set(changes) - set(fields)
