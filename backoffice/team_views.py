@@ -73,6 +73,14 @@ def _team(request: HttpRequest, pk: int) -> Team:
     return get_object_or_404(visible_teams(request.user), pk=pk)
 
 
+#: Where :func:`_team_context` takes each admin form of the team page (shown again when refused).
+_FORM_SLOTS: dict[type[forms.Form], str] = {
+    MemberForm: "member_form",
+    RenameForm: "rename_form",
+    ServiceAccountForm: "account_form",
+}
+
+
 def _admin(request: HttpRequest, team: Team) -> None:
     require(request.user, team.pk, TeamRole.ADMIN, "tasks_app.change_team", what="this team")
 
@@ -126,21 +134,24 @@ def _admin_form_post(
     request: HttpRequest,
     pk: int,
     form_class: type[forms.Form],
-    slot: str,
     save: Callable[[Team, dict[str, Any]], Any],
-    done: Callable[[Team, Any], HttpResponse],
+    said: Callable[[Team, Any], str],
+    then: Callable[[Team, Any], HttpResponse] | None = None,
 ) -> HttpResponse:
     """A team admin's form POST from the team page: the team (404 unless the user sees it), the
-    admin role in it (403), the form (``slot`` of :func:`_team_context`) saved through the service
-    ``save(team, cleaned data)``, then ``done(team, what it returned)``; a refused form (by itself
-    or by the service, its errors on its fields) is the team page again with it, 400."""
+    admin role in it (403), the form saved through the service ``save(team, cleaned data)``, then
+    the message ``said(team, what it returned)`` and ``then`` (default: back to the team page). A
+    refused form (by itself or by the service, its errors on its fields) is the team page again
+    with it, 400."""
     team = _team(request, pk)
     _admin(request, team)
     form = form_class(request.POST)
     made = save_cleaned(form, lambda data: save(team, data))
-    if made is not None:
-        return done(team, made)
-    return render(request, "backoffice/team.html", _team_context(request, team, **{slot: form}), status=400)
+    if made is None:
+        slot = _FORM_SLOTS[form_class]
+        return render(request, "backoffice/team.html", _team_context(request, team, **{slot: form}), status=400)
+    messages.success(request, said(team, made))
+    return then(team, made) if then is not None else redirect("backoffice:team", pk=team.pk)
 
 
 @login_required
@@ -154,13 +165,12 @@ def team_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def team_member_set_view(request: HttpRequest, pk: int) -> HttpResponse:
     """Add a member or change a member's role (the same form: username and role)."""
-
-    def done(team: Team, membership: Membership) -> HttpResponse:
-        messages.success(request, f"{membership.user.get_username()} is {membership.role} of {team.name}.")
-        return redirect("backoffice:team", pk=team.pk)
-
     return _admin_form_post(
-        request, pk, MemberForm, "member_form", lambda team, data: member_set(team=team, **data), done
+        request,
+        pk,
+        MemberForm,
+        lambda team, data: member_set(team=team, **data),
+        lambda team, member: f"{member.user.get_username()} is {member.role} of {team.name}.",
     )
 
 
@@ -181,12 +191,12 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
 @login_required
 @require_POST
 def team_rename_view(request: HttpRequest, pk: int) -> HttpResponse:
-    def done(_: Team, team: Team) -> HttpResponse:
-        messages.success(request, f"Renamed to {team.name}.")
-        return redirect("backoffice:team", pk=team.pk)
-
     return _admin_form_post(
-        request, pk, RenameForm, "rename_form", lambda team, data: team_rename(team=team, **data), done
+        request,
+        pk,
+        RenameForm,
+        lambda team, data: team_rename(team=team, **data),
+        lambda _, team: f"Renamed to {team.name}.",
     )
 
 
@@ -206,17 +216,13 @@ def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
-    def done(team: Team, account: ServiceAccount) -> HttpResponse:
-        messages.success(request, f"Service account {account.name} created: give it a token below.")
-        return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
-
     return _admin_form_post(
         request,
         pk,
         ServiceAccountForm,
-        "account_form",
         lambda team, data: service_account_create(team=team, creator=request_user(request), **data),
-        done,
+        lambda _, account: f"Service account {account.name} created: give it a token below.",
+        lambda team, account: redirect("backoffice:service-account", pk=team.pk, account=account.pk),
     )
 
 
