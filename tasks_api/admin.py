@@ -444,20 +444,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     search_fields = ["=object_id", "=task_id", "actor_name", "owner__username"]
     list_select_related = ["owner"]
     show_full_result_count = False
-    readonly_fields = [
-        "at",
-        "actor",
-        "actor_name",
-        "source",
-        "remote_addr",
-        "action",
-        "object_type",
-        "object_id",
-        "task_id",
-        "owner",
-        "changes",
-        "detail",
-    ]
+    # An entry's page shows every column, in the model's order.
+    readonly_fields = [field.name for field in AuditEntry._meta.concrete_fields if field.name != "id"]
 
 
 @admin.register(TeamQuota)
