@@ -68,6 +68,26 @@ def kill_session(sid: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
 
 
+def run_tool(
+    argv: list[str], *, what: str, timeout: float, env: Mapping[str, str] | None = None, check: bool = True
+) -> str:
+    """Run a server's command-line tool (psql, patronictl, rabbitmqctl) with no input (the Erlang
+    CLI would read the terminal of a ``make ha-*`` target) and return what it printed; with
+    ``check``, RuntimeError saying ``what`` ran (not the whole command line: a DSN may hold a
+    password) and all it printed when it fails."""
+    result = subprocess.run(
+        argv,
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{what}: {result.stdout}{result.stderr}".strip())
+    return result.stdout
+
+
 class Started:
     """What a server or a cluster of them is to its caller: :meth:`start` (returns itself, ready)
     and :meth:`close` (stops it, whatever state it is in), so ``with X(...) as x:`` closes it
