@@ -12,7 +12,6 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -23,9 +22,11 @@ from accounts.service_accounts import service_account_delete
 from accounts.tokens import token_revoke
 from executions.admin import error_text, run_for_each
 from tasks_app.models import Membership, Team, TeamRole
-from tasks_app.teams import member_remove, member_set, people, require, team_create, team_delete, team_rename
+from tasks_app.teams import people, require
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete, team_rename
 from tms_core.auth import request_user
-from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
+from tms_core.form_errors import SERVICE_ERRORS
+from tms_core.service_forms import ServiceFormAdmin, ServiceModelForm
 
 
 @admin.register(AccessToken)
@@ -156,13 +157,10 @@ def _require_team_admin(request: HttpRequest, team: Team) -> None:
     require(request_user(request), team.pk, TeamRole.ADMIN, "tasks_app.change_team", what="this team")
 
 
-class TeamAdminForm(forms.ModelForm):
-    """Creates (:func:`~tasks_app.teams.team_create`) or renames (:func:`~tasks_app.teams.team_rename`)
-    while it is validated, so the services' refusals (a taken or reserved slug, an empty name) are
-    errors on the form's fields."""
-
-    #: Set by :meth:`TeamAdmin.get_form`: the request (the creator, and whose role is checked).
-    request: HttpRequest
+class TeamAdminForm(ServiceModelForm):
+    """Creates (:func:`~tasks_app.teams.services.team_create`) or renames
+    (:func:`~tasks_app.teams.services.team_rename`) while it is validated, so the services'
+    refusals (a taken or reserved slug, an empty name) are errors on the form's fields."""
 
     class Meta:
         model = Team
@@ -177,28 +175,24 @@ class TeamAdminForm(forms.ModelForm):
     def validate_unique(self) -> None:
         """The service decides (its message names the slug taken)."""
 
-    def _post_clean(self) -> None:
-        if self.errors:
-            return
-        try:
-            with transaction.atomic():
-                if self.instance._state.adding:
-                    self.instance = team_create(
-                        creator=request_user(self.request),
-                        name=self.cleaned_data["name"],
-                        slug=self.cleaned_data.get("slug") or "",
-                    )
-                elif "name" in self.changed_data:
-                    _require_team_admin(self.request, self.instance)
-                    self.instance = team_rename(team=self.instance, name=self.cleaned_data["name"])
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:
-            self.add_error(None, str(exc))
+    def save_through_services(self) -> Team:
+        if self.instance._state.adding:
+            return team_create(
+                creator=request_user(self.request),
+                name=self.cleaned_data["name"],
+                slug=self.cleaned_data.get("slug") or "",
+            )
+        if "name" in self.changed_data:
+            _require_team_admin(self.request, self.instance)
+            return team_rename(team=self.instance, name=self.cleaned_data["name"])
+        return self.instance
+
+    def refusal_field(self) -> str | None:
+        return None  # creating a team, or renaming it: the whole form's
 
 
 @admin.register(Team)
-class TeamAdmin(_ServiceDeleteMixin):
+class TeamAdmin(_ServiceDeleteMixin, ServiceFormAdmin):
     """Every team: made (the maker its admin; a team staff make is *managed*, so single sign-on's
     group mapping may grant its members), renamed and deleted through :mod:`tasks_app.teams`, as
     the API does. Members are on the Membership pages (linked from each team's)."""
@@ -215,12 +209,6 @@ class TeamAdmin(_ServiceDeleteMixin):
         members = people(Membership.objects.filter(team_id=OuterRef("pk"))).order_by().values("team_id")
         count = members.annotate(n=Count("id")).values("n")
         return super().get_queryset(request).annotate(people_count=Subquery(count[:1]))
-
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        assert issubclass(form, TeamAdminForm)  # modelform_factory subclasses self.form
-        form.request = request
-        return form
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         if obj is None:
@@ -259,9 +247,6 @@ class TeamAdmin(_ServiceDeleteMixin):
             return format_html('<ul class="members">{}</ul>', items)
         return format_html('<ul class="members">{}</ul>{}', items, add)
 
-    def save_model(self, request: HttpRequest, obj: Team, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved the team through the services when it was validated."""
-
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set, list]:
         # team_delete deletes only an empty team (it refuses one holding anything but members):
         # the confirmation names the teams, not Django's cascade.
@@ -274,13 +259,10 @@ class TeamAdmin(_ServiceDeleteMixin):
         return "deleted"
 
 
-class MembershipAdminForm(forms.ModelForm):
-    """Adds a member or changes a role through :func:`~tasks_app.teams.member_set` while it is
+class MembershipAdminForm(ServiceModelForm):
+    """Adds a member or changes a role through :func:`~tasks_app.teams.services.member_set` while it is
     validated, so the service's refusals (the last admin demoted, an unknown user, a service
     account, a personal team's one member) are errors on the form's fields."""
-
-    #: Set by :meth:`MembershipAdmin.get_form`: the request (whose role in the team is checked).
-    request: HttpRequest
 
     username = forms.CharField(max_length=150, required=False, help_text="The user to add.")
 
@@ -296,27 +278,19 @@ class MembershipAdminForm(forms.ModelForm):
     def validate_unique(self) -> None:
         """The service decides: adding someone already in the team changes their role (as the API)."""
 
-    def _post_clean(self) -> None:
-        if self.errors:
-            return
+    def save_through_services(self) -> Membership:
         adding = self.instance._state.adding
         team = self.cleaned_data["team"] if adding else self.instance.team
         username = self.cleaned_data["username"] if adding else self.instance.user.get_username()
-        try:
-            with transaction.atomic():
-                _require_team_admin(self.request, team)
-                self.instance = member_set(team=team, username=username, role=self.cleaned_data["role"])
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:
-            self.add_error("team" if adding else None, str(exc))
+        _require_team_admin(self.request, team)
+        return member_set(team=team, username=username, role=self.cleaned_data["role"])
 
 
 @admin.register(Membership)
-class MembershipAdmin(_ServiceDeleteMixin):
+class MembershipAdmin(_ServiceDeleteMixin, ServiceFormAdmin):
     """Who is in which team with which role (people; a team's service accounts are on their own
-    page). Added, changed and removed through :func:`~tasks_app.teams.member_set` and
-    :func:`~tasks_app.teams.member_remove`, with the API's rules: a team's admins (or staff with
+    page). Added, changed and removed through :func:`~tasks_app.teams.services.member_set` and
+    :func:`~tasks_app.teams.services.member_remove`, with the API's rules: a team's admins (or staff with
     ``tasks_app.change_team``), never without an admin, a personal team one member only."""
 
     form = MembershipAdminForm
@@ -331,12 +305,6 @@ class MembershipAdmin(_ServiceDeleteMixin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return people(super().get_queryset(request))
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        assert issubclass(form, MembershipAdminForm)  # modelform_factory subclasses self.form
-        form.request = request
-        return form
-
     def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         if obj is None:
             return ("team", "username", "role")
@@ -344,9 +312,6 @@ class MembershipAdmin(_ServiceDeleteMixin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [] if obj is None else ["team", "user", "sso", "created_at"]
-
-    def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved the membership through the service when it was validated."""
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set, list]:
         rows = list(objs)

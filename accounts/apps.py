@@ -16,7 +16,7 @@ class AccountsConfig(AppConfig):
         from accounts.support_group import ensure_support_group_after_migrate
         from tasks_app.teams import register_reserved_slugs
 
-        # Team slugs the group mapping names are an administrator's to give (tasks_app.teams.team_create).
+        # Team slugs the group mapping names are an administrator's to give (tasks_app.teams.services.team_create).
         register_reserved_slugs(mapped_team_slugs)
         # After the executions app's migrations: its permissions exist by then (auth creates each
         # app's permissions in its own post_migrate receiver, connected before this one).

@@ -23,7 +23,7 @@ ROLES = frozenset({STAFF, SUPERUSER})
 #: A team role, lowest first: tasks_app.models.TeamRole's values (a test keeps them equal).
 TEAM_ROLES = ("viewer", "operator", "editor", "admin")
 TEAM_PREFIX = "team:"
-#: A team's slug as tasks_app.teams.team_create accepts it.
+#: A team's slug as tasks_app.teams.services.team_create accepts it.
 SLUG_RE = re.compile(r"[-a-zA-Z0-9_]{1,60}")
 
 

@@ -106,7 +106,7 @@ def service_account_create(*, team: Team, name: str, role: str, creator: Any | N
                 raise InvalidInput.on("name", f"The team already has a service account named {name!r}.")
             user = get_user_model()(username=_free_username(team, name), is_active=True)
             user.set_unusable_password()
-            setattr(user, NO_PERSONAL_TEAM, True)  # see tasks_app.teams.personal_team_on_user_created
+            setattr(user, NO_PERSONAL_TEAM, True)  # see tasks_app.teams.services.personal_team_on_user_created
             user.save()
             account = ServiceAccount.objects.create(
                 user=user, team=team, name=name, created_by=creator if getattr(creator, "pk", None) else None

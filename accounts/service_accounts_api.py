@@ -29,9 +29,9 @@ from accounts.service_accounts import (
     service_account_delete,
     service_account_token_create,
 )
-from accounts.teams_api import TEAM_ID, _TeamScoped
 from accounts.tokens import token_revoke
 from tasks_app.models import Team
+from teams_api.api import TEAM_ID, _TeamScoped
 from tms_core.api.base import StrictInputMixin
 from tms_core.auth import request_user
 

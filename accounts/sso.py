@@ -17,7 +17,7 @@ from accounts.roles import STAFF, SUPERUSER, RoleError, TeamGrant, parse_role
 from accounts.support_group import ensure_support_group
 from tasks_app.audit import audit_context, current_context
 from tasks_app.models import Membership, Team
-from tasks_app.teams import member_remove, member_set
+from tasks_app.teams.services import member_remove, member_set
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,10 @@ def sync_team_memberships(user: AbstractUser, groups: list[str], group_roles: Ma
       ``tms_team_managed`` marked it) receives grants. A team any user made under a mapped slug is
       skipped with a warning: otherwise whoever made it first would collect the group's members
       and, as its admin, see and manage them.
-    * The last-admin rule does not stop a removal or a demotion here (:func:`tasks_app.teams.member_set`).
+    * The last-admin rule does not stop a removal or a demotion here (:func:`tasks_app.teams.services.member_set`).
 
-    Every change goes through :func:`~tasks_app.teams.member_set` /
-    :func:`~tasks_app.teams.member_remove`, audited with the source ``sso`` and the user as actor.
+    Every change goes through :func:`~tasks_app.teams.services.member_set` /
+    :func:`~tasks_app.teams.services.member_remove`, audited with the source ``sso`` and the user as actor.
     Teams are changed in id order, so two sign-ins at once lock them in the same order.
     """
     wanted = team_roles_for_groups(groups, group_roles)

@@ -10,7 +10,7 @@ Every change is audited (``token.create``, ``token.revoke``) in the transaction 
 
 What a token may make that outlives it: a task's trigger URL secret (``POST /tasks/{id}/hook``)
 and a team membership below admin (the admin role cannot be granted through a token:
-:func:`tasks_app.teams.member_set`). It cannot make another token, nor an account key. Each
+:func:`tasks_app.teams.services.member_set`). It cannot make another token, nor an account key. Each
 such credential records the token (``created_by_token``); :func:`token_made` lists those it still
 holds, and :func:`token_made_revoke` removes them. Revoking a token does not remove them by
 itself: a trigger URL a CI job made is often meant to stay, so the owner decides (the API's
@@ -34,7 +34,7 @@ from accounts.models import AccessToken, TokenScope
 from tasks_api.hooks import task_hook_delete
 from tasks_app.audit import audit_record
 from tasks_app.models import Membership, TaskHook, Team
-from tasks_app.teams import member_remove
+from tasks_app.teams.services import member_remove
 from tms_core.errors import InvalidInput
 
 #: What every key starts with.

@@ -1,6 +1,6 @@
 """The back office's teams: the user's teams with their role, a new team, and each team's members.
 
-Every write calls the services the API calls (:mod:`tasks_app.teams`), with the same rules: a team
+Every write calls the services the API calls (:mod:`tasks_app.teams.services`), with the same rules: a team
 the user is not in answers 404, a change by a member who is not an admin 403, and the services'
 refusals (a taken slug, the last admin, a personal team's one member) are shown on the form.
 
@@ -12,6 +12,7 @@ answer to the POST that made it, and stored nowhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -35,18 +36,8 @@ from accounts.service_accounts import (
 from backoffice.forms import AccessTokenForm
 from backoffice.token_views import revoke_with_message, token_rows
 from tasks_app.models import Membership, Team, TeamRole
-from tasks_app.teams import (
-    SERVICE_ACCOUNT,
-    includes,
-    member_remove,
-    member_set,
-    people,
-    require,
-    team_create,
-    team_delete,
-    team_rename,
-    visible_teams,
-)
+from tasks_app.teams import SERVICE_ACCOUNT, includes, people, require, visible_teams
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete, team_rename
 from tms_core.auth import request_user
 from tms_core.form_errors import (
     add_errors,
@@ -80,6 +71,14 @@ class ServiceAccountForm(forms.Form):
 
 def _team(request: HttpRequest, pk: int) -> Team:
     return get_object_or_404(visible_teams(request.user), pk=pk)
+
+
+#: Where :func:`_team_context` takes each admin form of the team page (shown again when refused).
+_FORM_SLOTS: dict[type[forms.Form], str] = {
+    MemberForm: "member_form",
+    RenameForm: "rename_form",
+    ServiceAccountForm: "account_form",
+}
 
 
 def _admin(request: HttpRequest, team: Team) -> None:
@@ -131,6 +130,30 @@ def _can_manage(request: HttpRequest, team: Team) -> bool:
     )
 
 
+def _admin_form_post(
+    request: HttpRequest,
+    pk: int,
+    form_class: type[forms.Form],
+    save: Callable[[Team, dict[str, Any]], Any],
+    said: Callable[[Team, Any], str],
+    then: Callable[[Team, Any], HttpResponse] | None = None,
+) -> HttpResponse:
+    """A team admin's form POST from the team page: the team (404 unless the user sees it), the
+    admin role in it (403), the form saved through the service ``save(team, cleaned data)``, then
+    the message ``said(team, what it returned)`` and ``then`` (default: back to the team page). A
+    refused form (by itself or by the service, its errors on its fields) is the team page again
+    with it, 400."""
+    team = _team(request, pk)
+    _admin(request, team)
+    form = form_class(request.POST)
+    made = save_cleaned(form, lambda data: save(team, data))
+    if made is None:
+        slot = _FORM_SLOTS[form_class]
+        return render(request, "backoffice/team.html", _team_context(request, team, **{slot: form}), status=400)
+    messages.success(request, said(team, made))
+    return then(team, made) if then is not None else redirect("backoffice:team", pk=team.pk)
+
+
 @login_required
 @require_GET
 def team_page(request: HttpRequest, pk: int) -> HttpResponse:
@@ -142,13 +165,13 @@ def team_page(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def team_member_set_view(request: HttpRequest, pk: int) -> HttpResponse:
     """Add a member or change a member's role (the same form: username and role)."""
-    team = _team(request, pk)
-    _admin(request, team)
-    form = MemberForm(request.POST)
-    if save_cleaned(form, lambda data: member_set(team=team, **data)) is not None:
-        messages.success(request, f"{form.cleaned_data['username']} is {form.cleaned_data['role']} of {team.name}.")
-        return redirect("backoffice:team", pk=team.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, member_form=form), status=400)
+    return _admin_form_post(
+        request,
+        pk,
+        MemberForm,
+        lambda team, data: member_set(team=team, **data),
+        lambda team, member: f"{member.user.get_username()} is {member.role} of {team.name}.",
+    )
 
 
 @login_required
@@ -168,14 +191,13 @@ def team_member_remove_view(request: HttpRequest, pk: int, username: str) -> Htt
 @login_required
 @require_POST
 def team_rename_view(request: HttpRequest, pk: int) -> HttpResponse:
-    team = _team(request, pk)
-    _admin(request, team)
-    form = RenameForm(request.POST)
-    if form.is_valid():
-        team_rename(team=team, name=form.cleaned_data["name"])
-        messages.success(request, f"Renamed to {team.name}.")
-        return redirect("backoffice:team", pk=team.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, rename_form=form), status=400)
+    return _admin_form_post(
+        request,
+        pk,
+        RenameForm,
+        lambda team, data: team_rename(team=team, **data),
+        lambda _, team: f"Renamed to {team.name}.",
+    )
 
 
 @login_required
@@ -194,14 +216,14 @@ def team_delete_view(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def service_account_create_view(request: HttpRequest, pk: int) -> HttpResponse:
-    team = _team(request, pk)
-    _admin(request, team)
-    form = ServiceAccountForm(request.POST)
-    account = save_cleaned(form, lambda data: service_account_create(team=team, creator=request_user(request), **data))
-    if account is not None:
-        messages.success(request, f"Service account {account.name} created: give it a token below.")
-        return redirect("backoffice:service-account", pk=team.pk, account=account.pk)
-    return render(request, "backoffice/team.html", _team_context(request, team, account_form=form), status=400)
+    return _admin_form_post(
+        request,
+        pk,
+        ServiceAccountForm,
+        lambda team, data: service_account_create(team=team, creator=request_user(request), **data),
+        lambda _, account: f"Service account {account.name} created: give it a token below.",
+        lambda team, account: redirect("backoffice:service-account", pk=team.pk, account=account.pk),
+    )
 
 
 def _account(request: HttpRequest, pk: int, account: int) -> tuple[Team, ServiceAccount]:

@@ -71,15 +71,8 @@ from tasks_app.masking import mask_config
 from tasks_app.models import AuditEntry, TaskHook, TaskStatus, Team, TeamRole
 from tasks_app.schedule_words import runs_only_after, schedule_words, short_duration
 from tasks_app.schedules import dst_rules, parse_cron
-from tasks_app.teams import (
-    default_team_of,
-    includes,
-    may,
-    team_resolve,
-    teams_with_role,
-    visible_teams,
-    with_role,
-)
+from tasks_app.teams import includes, may, team_resolve, teams_with_role, visible_teams, with_role
+from tasks_app.teams.services import default_team_of
 from tasks_app.versions import version_comparison
 from tms_core.auth import actor_for, request_user
 from tms_core.errors import InvalidInput

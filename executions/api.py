@@ -38,11 +38,12 @@ from executions.serializers import (
 )
 from executions.services import execution_cancel_by_user, execution_retry_by_user, workflow_run_cancel_by_user
 from tasks_app.models import Task, TaskStatus
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tasks_app.teams import scope_to_teams
+from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tms_core.api.base import ApiViewMixin, IsSupportStaff, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
+from tms_core.api.stops import stop_response, stop_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
 
@@ -216,16 +217,14 @@ class ExecutionViewSet(
         request=None,
         parameters=[EXECUTION_ID],
         responses={
-            200: CancelReportSerializer,
-            202: OpenApiResponse(CancelReportSerializer, description="Cancelled; the external run may go on."),
+            **stop_responses(CancelReportSerializer, "Cancelled"),
             **error_responses(409),
         },
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         report = execution_cancel_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
-        code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
-        return Response(CancelReportSerializer(report).data, status=code)
+        return stop_response(report, CancelReportSerializer)
 
     @extend_schema(
         summary="Cancel the workflow run of an execution",

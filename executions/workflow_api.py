@@ -41,7 +41,7 @@ from executions.workflow_selectors import (
     workflows_read,
 )
 from tasks_app.models import Task, TaskStatus
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
+from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tms_core.api.base import StrictFilterSet, StrictInputMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.db import models, transaction
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -16,10 +14,11 @@ from executions.admin import ReadOnlyAdmin
 from notifications import services
 from notifications.models import Channel, Delivery, Rule
 from tms_core.durations import DurationFormField
-from tms_core.form_errors import SERVICE_ERRORS, add_service_errors, exception_messages
+from tms_core.form_errors import SERVICE_ERRORS, exception_messages
+from tms_core.service_forms import ServiceFormAdmin, ServiceModelForm
 
 
-class ServiceForm(forms.ModelForm):
+class ServiceForm(ServiceModelForm):
     """Validates and saves through the notification services while the form is validated, so a
     service's refusal becomes an error on the form's fields."""
 
@@ -30,20 +29,9 @@ class ServiceForm(forms.ModelForm):
         if "team" in self.fields:
             self.fields["team"].required = False  # the services' default
 
-    def _post_clean(self) -> None:
-        if self.errors:
-            return
-        data = {name: self.cleaned_data[name] for name in self.service_fields if name in self.cleaned_data}
-        try:
-            with transaction.atomic():
-                self.instance = self.save_through_services(data)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
-            self.add_error("team" if "team" in self.fields else None, str(exc))
-
-    def save_through_services(self, data: dict[str, Any]) -> Any:
-        raise NotImplementedError
+    def service_data(self) -> dict[str, Any]:
+        """The fields the services take, as the form has them."""
+        return {name: self.cleaned_data[name] for name in self.service_fields if name in self.cleaned_data}
 
 
 class ChannelForm(ServiceForm):
@@ -63,7 +51,8 @@ class ChannelForm(ServiceForm):
             # Staff see the target masked, as in the API; sending the mask back keeps it.
             self.initial["target"] = self.instance.shown_target()
 
-    def save_through_services(self, data: dict[str, Any]) -> Channel:
+    def save_through_services(self) -> Channel:
+        data = self.service_data()
         if self.instance._state.adding:
             team = self.cleaned_data.get("team")
             return services.channel_create(owner=self.cleaned_data["owner"], data=data, team=team)
@@ -81,20 +70,16 @@ class RuleForm(ServiceForm):
             "the task must be of the team.",
         }
 
-    def save_through_services(self, data: dict[str, Any]) -> Rule:
+    def save_through_services(self) -> Rule:
+        data = self.service_data()
         if self.instance._state.adding:
             team = self.cleaned_data.get("team")
             return services.rule_create(owner=self.cleaned_data["owner"], data=data, team=team)
         return services.rule_update(rule=self.instance, data=data)
 
 
-class ServiceSavedAdmin(admin.ModelAdmin):
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved through the services when it was validated."""
-
-
 @admin.register(Channel)
-class ChannelAdmin(ServiceSavedAdmin):
+class ChannelAdmin(ServiceFormAdmin):
     form = ChannelForm
     list_display = ["name", "kind", "shown_target", "team", "owner", "state", "failing_since", "failed_attempts"]
     list_filter = ["kind", "state", ("team", admin.RelatedOnlyFieldListFilter)]
@@ -139,7 +124,7 @@ class ChannelAdmin(ServiceSavedAdmin):
 
 
 @admin.register(Rule)
-class RuleAdmin(ServiceSavedAdmin):
+class RuleAdmin(ServiceFormAdmin):
     form = RuleForm
     list_display = [
         "id", "team", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip",

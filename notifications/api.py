@@ -21,8 +21,8 @@ from notifications import services
 from notifications.models import Channel, Delivery, DeliveryStatus, Rule
 from notifications.serializers import ChannelSerializer, DeliverySerializer, RuleSerializer
 from tasks_app.models import TeamRole
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, filter_by_team, refuse_team_change
 from tasks_app.teams import has_role
+from teams_api.scope import TEAM_FILTER_HELP, TeamOwnedMixin, filter_by_team, refuse_team_change
 from tms_core.api.base import StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.auth import request_user

@@ -8,8 +8,8 @@ from rest_framework import serializers
 
 from notifications.models import Channel, ChannelKind, Delivery, Rule
 from tasks_app.models import Task, TaskStatus
-from tasks_app.team_scope import TeamRefField, team_field
 from tasks_app.teams import member_team_ids
+from teams_api.scope import TeamRefField, team_field
 from tms_core.api.base import ClockTimeField, StrictInputMixin
 from tms_core.durations import DurationField
 

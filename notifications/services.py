@@ -41,7 +41,7 @@ from tasks_app.models import Task, TaskStatus, Team
 from tasks_app.quotas import rate_take
 from tasks_app.schedules import ScheduleError, validate_timezone
 from tasks_app.secrets import SecretsUnavailable, text_rotate
-from tasks_app.teams import team_for_new
+from tasks_app.teams.services import team_for_new
 from tms_core.errors import InvalidInput, QuotaExceeded
 
 CHANNEL_FIELDS = ("name", "kind", "target", "quiet_from", "quiet_to", "timezone", "failing_after")

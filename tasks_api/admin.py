@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.db import models, transaction
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -51,7 +50,8 @@ from tasks_app.schedules import CRON_FIELDS_HELP
 from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
 from tms_core.errors import InvalidInput
-from tms_core.form_errors import SERVICE_ERRORS, add_service_errors
+from tms_core.form_errors import SERVICE_ERRORS
+from tms_core.service_forms import ServiceFormAdmin, ServiceModelForm
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -109,15 +109,10 @@ def _api_value(value: Any) -> Any:
     return value
 
 
-class TaskAdminForm(forms.ModelForm):
-    """Validates with the API's serializer and saves through the task services.
-
-    The service call happens while the form is validated (inside the admin's transaction), so a
-    refusal from the service, not only from the serializer, becomes an error on the form.
-    """
-
-    #: Set by :meth:`TaskAdmin.get_form`: the request (for the actor and the serializer context).
-    request: HttpRequest
+class TaskAdminForm(ServiceModelForm):
+    """Validates with the API's serializer and saves through the task services while the form is
+    validated, so a refusal from the service, not only from the serializer, becomes an error on
+    the form (the request gives the actor and the serializer's context)."""
 
     runner = forms.ChoiceField(
         choices=lambda: [(alias, alias) for alias in runner_aliases()],
@@ -161,17 +156,8 @@ class TaskAdminForm(forms.ModelForm):
         config = self.cleaned_data.get("config")
         return {} if config is None else config
 
-    def _post_clean(self) -> None:
-        # Not ModelForm's: the service validates and writes the task.
-        if self.errors:
-            return
-        try:
-            with transaction.atomic():
-                self.instance = self._create() if self.instance._state.adding else self._update()
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
-            self.add_error("team" if "team" in self.fields else None, str(exc))
+    def save_through_services(self) -> Task:
+        return self._create() if self.instance._state.adding else self._update()
 
     def _create(self) -> Task:
         data = {name: _api_value(self.cleaned_data.get(name)) for name in CREATE_FIELDS if name in self.cleaned_data}
@@ -194,7 +180,7 @@ class TaskAdminForm(forms.ModelForm):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(ServiceFormAdmin):
     form = TaskAdminForm
     list_display = [
         "name_or_id",
@@ -231,12 +217,6 @@ class TaskAdmin(admin.ModelAdmin):
         if request.GET.get("app_label") == "notifications":  # a rule's task picker: live tasks only
             queryset = queryset.exclude(status=TaskStatus.DELETED)
         return queryset, duplicates
-
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        assert issubclass(form, TaskAdminForm)  # modelform_factory subclasses self.form
-        form.request = request  # a class made for this request by modelform_factory
-        return form
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return with_state(super().get_queryset(request))
@@ -315,9 +295,6 @@ class TaskAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         deleted = obj is not None and obj.status == TaskStatus.DELETED
         return not deleted and super().has_delete_permission(request, obj)
-
-    def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved the task through the services when it was validated."""
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         # Not form.save_m2m(): the services set the task's limits (and has_limits) already.
@@ -468,20 +445,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     search_fields = ["=object_id", "=task_id", "actor_name", "owner__username"]
     list_select_related = ["owner"]
     show_full_result_count = False
-    readonly_fields = [
-        "at",
-        "actor",
-        "actor_name",
-        "source",
-        "remote_addr",
-        "action",
-        "object_type",
-        "object_id",
-        "task_id",
-        "owner",
-        "changes",
-        "detail",
-    ]
+    # An entry's page shows every column, in the model's order.
+    readonly_fields = [field.name for field in AuditEntry._meta.concrete_fields if field.name != "id"]
 
 
 @admin.register(TeamQuota)
@@ -539,7 +504,7 @@ class TeamQuotaAdmin(admin.ModelAdmin):
 _LIMIT_FIELDS = ("owner", "team", "name", "scope", "key", "max_concurrency", "windows")
 
 
-class LimitAdminForm(forms.ModelForm):
+class LimitAdminForm(ServiceModelForm):
     """Saves through the limit services while it is validated, so their refusals (a window that
     cannot be met, no window and no cap, a duplicate name, an owner who is not an editor of the
     team) are errors on the form's fields."""
@@ -554,28 +519,19 @@ class LimitAdminForm(forms.ModelForm):
             "windows": '[{"count": 10, "seconds": 1}, {"count": 1000, "seconds": 3600}]',
         }
 
-    def _post_clean(self) -> None:
-        if self.errors:
-            return
+    def save_through_services(self) -> Limit:
         data: dict[str, Any] = {name: self.cleaned_data.get(name) for name in _LIMIT_FIELDS}
-        try:
-            with transaction.atomic():
-                if self.instance._state.adding:
-                    if data["owner"] is None and data["team"] is not None:
-                        raise InvalidInput.on("owner", "A limit of a team is defined by one of its editors.")
-                    self.instance = limit_create(**data)
-                else:
-                    fixed = ("owner", "team")
-                    changes = {name: data[name] for name in self.changed_data if name in data and name not in fixed}
-                    self.instance = limit_update(limit=self.instance, changes=changes)
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
-            self.add_error("team", str(exc))
+        if self.instance._state.adding:
+            if data["owner"] is None and data["team"] is not None:
+                raise InvalidInput.on("owner", "A limit of a team is defined by one of its editors.")
+            return limit_create(**data)
+        fixed = ("owner", "team")
+        changes = {name: data[name] for name in self.changed_data if name in data and name not in fixed}
+        return limit_update(limit=self.instance, changes=changes)
 
 
 @admin.register(Limit)
-class LimitAdmin(admin.ModelAdmin):
+class LimitAdmin(ServiceFormAdmin):
     """Named limits and their current use; every change goes through :mod:`tasks_api.limits`."""
 
     form = LimitAdminForm
@@ -604,9 +560,6 @@ class LimitAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return ["use", "owner", "team"] if obj is not None else ["use"]
 
-    def save_model(self, request: HttpRequest, obj: Limit, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved the limit through the services when it was validated."""
-
     def delete_model(self, request: HttpRequest, obj: Limit) -> None:
         try:
             limit_delete(limit=obj)
@@ -618,13 +571,10 @@ class LimitAdmin(admin.ModelAdmin):
             self.delete_model(request, limit)
 
 
-class CalendarAdminForm(forms.ModelForm):
+class CalendarAdminForm(ServiceModelForm):
     """Saves through the calendar services while it is validated, so their refusals (an unknown
     country or subdivision, a closed run too long, a duplicate name) are errors on the form's
     fields; a change of what it closes re-plans the tasks that use it."""
-
-    #: Set by :meth:`CalendarAdmin.get_form`: the request (for the actor).
-    request: HttpRequest
 
     class Meta:
         model = Calendar
@@ -641,28 +591,17 @@ class CalendarAdminForm(forms.ModelForm):
         if "team" in self.fields:
             self.fields["team"].required = False  # the service's default: the owner's personal team
 
-    def _post_clean(self) -> None:
-        if self.errors:
-            return
+    def save_through_services(self) -> Calendar:
         data: dict[str, Any] = {name: self.cleaned_data.get(name) for name in CALENDAR_FIELDS}
-        try:
-            with transaction.atomic():
-                if self.instance._state.adding:
-                    owner = self.cleaned_data.get("owner") or request_user(self.request)
-                    self.instance = calendar_create(owner=owner, team=self.cleaned_data.get("team"), **data)
-                else:
-                    changes = {name: data[name] for name in self.changed_data if name in data}
-                    self.instance = calendar_update(
-                        calendar=self.instance, changes=changes, actor=actor_for(request_user(self.request))
-                    )
-        except SERVICE_ERRORS as exc:
-            add_service_errors(self, exc)
-        except PermissionDenied as exc:  # the owner is not an editor of the team chosen
-            self.add_error("team", str(exc))
+        if self.instance._state.adding:
+            owner = self.cleaned_data.get("owner") or request_user(self.request)
+            return calendar_create(owner=owner, team=self.cleaned_data.get("team"), **data)
+        changes = {name: data[name] for name in self.changed_data if name in data}
+        return calendar_update(calendar=self.instance, changes=changes, actor=actor_for(request_user(self.request)))
 
 
 @admin.register(Calendar)
-class CalendarAdmin(admin.ModelAdmin):
+class CalendarAdmin(ServiceFormAdmin):
     """Business calendars; every change goes through :mod:`tasks_api.calendars`."""
 
     form = CalendarAdminForm
@@ -676,17 +615,8 @@ class CalendarAdmin(admin.ModelAdmin):
     def tasks_using(self, calendar: Calendar) -> int:
         return calendar.tasks.exclude(status=TaskStatus.DELETED).count()
 
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, change=change, **kwargs)
-        assert issubclass(form, CalendarAdminForm)  # modelform_factory subclasses self.form
-        form.request = request
-        return form
-
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return ["owner", "team"] if obj is not None else []
-
-    def save_model(self, request: HttpRequest, obj: Calendar, form: Any, change: bool) -> None:
-        """Nothing to do: the form saved the calendar through the services when it was validated."""
 
     def delete_model(self, request: HttpRequest, obj: Calendar) -> None:
         try:

@@ -57,11 +57,12 @@ from tasks_app.calendars import CalendarRules
 from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
-from tasks_app.teams import default_team_of
+from tasks_app.teams.services import default_team_of
+from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
 from tms_core.api.base import ApiViewMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
+from tms_core.api.stops import stop_response, stop_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
 
@@ -199,14 +200,12 @@ class TaskViewSet(
             "an external run may go on (see each execution's `external_run`)."
         ),
         responses={
-            200: TaskDeleteSerializer,
-            202: OpenApiResponse(TaskDeleteSerializer, description="Deleted; an external run may still go on."),
+            **stop_responses(TaskDeleteSerializer, "Deleted"),
         },
     )
     def destroy(self, request: Request, pk: str | None = None) -> Response:
         report = task_delete(task=self.get_object(), actor=actor_for(request_user(request)))
-        code = status.HTTP_202_ACCEPTED if report.may_still_run else status.HTTP_200_OK
-        return Response(TaskDeleteSerializer(report).data, status=code)
+        return stop_response(report, TaskDeleteSerializer)
 
     @extend_schema(
         summary="Pause a task",

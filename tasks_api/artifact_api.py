@@ -23,7 +23,7 @@ from tasks_app.artifacts import (
     artifact_upload_receive,
 )
 from tasks_app.models import Artifact, ArtifactStatus
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, team_field
+from teams_api.scope import TEAM_FILTER_HELP, TeamOwnedMixin, team_field
 from tms_core.api.base import StrictInputMixin
 from tms_core.api.schema import error_response, error_responses
 from tms_core.auth import request_user

@@ -13,7 +13,7 @@ from rest_framework import mixins, serializers, viewsets
 from executions.api import UtcDateTimeFilter
 from tasks_app.audit_scope import audit_visible
 from tasks_app.models import AuditEntry, Task
-from tasks_app.team_scope import TEAM_FILTER_HELP, filter_by_team
+from teams_api.scope import TEAM_FILTER_HELP, filter_by_team
 from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
 

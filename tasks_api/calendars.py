@@ -16,11 +16,11 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from executions.models import ExecutionStatus
-from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, listed, name_taken
 from tasks_api.replan import task_replan
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES, CalendarRules, supported_countries
 from tasks_app.models import Calendar, Task, TaskStatus, Team
-from tasks_app.teams import team_for_new
+from tasks_app.teams.services import team_for_new
 from tms_core.errors import ConflictError, InvalidInput
 
 #: What a calendar's create, update and audit entries show.
@@ -39,14 +39,15 @@ def calendar_clean_extra(extra: Any) -> list[dict[str, str]]:
     """Normalise extra closed dates: ``[{"start": "2027-12-24", "end": "2027-12-31", "label":
     "shutdown"}]`` (``end`` optional: one day; ``date`` accepted for ``start``). Errors on
     ``extra_dates``."""
-    if extra in (None, ""):
-        return []
-    if not isinstance(extra, list):
-        raise InvalidInput.on("extra_dates", 'Expected a list of {"start": date, "end": date, "label": text}.')
-    if len(extra) > MAX_EXTRA_DATES:
-        raise InvalidInput.on("extra_dates", f"At most {MAX_EXTRA_DATES} extra dates or ranges.")
+    items = listed(
+        extra,
+        field="extra_dates",
+        expected='{"start": date, "end": date, "label": text}',
+        most=MAX_EXTRA_DATES,
+        too_many=f"At most {MAX_EXTRA_DATES} extra dates or ranges.",
+    )
     cleaned = []
-    for index, item in enumerate(extra):
+    for index, item in enumerate(items):
         where = f"Item {index}"
         if not isinstance(item, Mapping) or not set(item) <= {"start", "end", "date", "label"}:
             raise InvalidInput.on("extra_dates", f'{where}: expected {{"start": date, "end": date, "label": text}}.')
@@ -155,12 +156,10 @@ def calendar_update(*, calendar: Calendar, changes: Mapping[str, Any], actor: st
     (not deleted): their SCHEDULED executions that never started are replaced by ones placed
     by the new calendar (:func:`~tasks_api.replan.task_replan`); running, published and
     finished ones are left alone. Audited."""
-    refuse_unknown(changes, CALENDAR_FIELDS)
     with transaction.atomic():
-        locked = Calendar.objects.select_for_update().get(pk=calendar.pk)
-        before = _snapshot(locked)
-        for name, value in changes.items():
-            setattr(locked, name, calendar_clean_extra(value) if name == "extra_dates" else value)
+        locked, before = change_locked(
+            calendar, changes, fields=CALENDAR_FIELDS, snapshot=_snapshot, clean={"extra_dates": calendar_clean_extra}
+        )
         if locked.weekend_days is None:
             locked.weekend_days = [6, 7]
         _validate(locked)

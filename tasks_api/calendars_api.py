@@ -18,7 +18,7 @@ from rest_framework.serializers import BaseSerializer
 from tasks_api.calendars import calendar_closed_days, calendar_create, calendar_delete, calendar_update
 from tasks_app.calendars import MAX_CLOSED_RUN, MAX_EXTRA_DATES
 from tasks_app.models import Calendar
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, refuse_team_change, team_field
+from teams_api.scope import TEAM_FILTER_HELP, TeamOwnedMixin, refuse_team_change, team_field
 from tms_core.api.base import StrictInputMixin
 from tms_core.api.schema import error_responses
 from tms_core.auth import request_user

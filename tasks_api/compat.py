@@ -21,7 +21,7 @@ from executions.models import Execution, ExecutionStatus
 from tasks_api.creation import task_create
 from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_app.models import Task, TaskStatus
-from tasks_app.team_scope import TeamScopedMixin
+from teams_api.scope import TeamScopedMixin
 from tms_core.api.base import BlankIsNone, BoundedDateTimeField, StrictInputMixin
 from tms_core.api.conf import api_settings
 from tms_core.api.schema import error_responses

@@ -50,7 +50,7 @@ from tasks_app.quotas import quota_check_tasks
 from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import config_seal
-from tasks_app.teams import team_for_new
+from tasks_app.teams.services import team_for_new
 from tasks_app.versions import NOT_VERSIONED, version_record_many
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now

@@ -20,7 +20,7 @@ from tasks_api.hooks import HookNotFound, hook_fire, hook_url, task_hook_delete,
 from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE, HookRefused
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
 from tasks_app.models import Task, TaskHook, TaskStatus
-from tasks_app.team_scope import TeamScopedMixin
+from teams_api.scope import TeamScopedMixin
 from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
 from tms_core.api.throttling import SimpleRateThrottle

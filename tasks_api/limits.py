@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from executions.models import Execution, ExecutionStatus
-from tasks_api.named import audit_update, create_audited, delete_audited, name_taken, refuse_unknown
+from tasks_api.named import audit_update, change_locked, create_audited, delete_audited, listed, name_taken
 from tasks_app.models import (
     MAX_LIMIT_CONCURRENCY,
     MAX_LIMITS_PER_TASK,
@@ -31,7 +31,8 @@ from tasks_app.models import (
     Team,
     claims_exclusive,
 )
-from tasks_app.teams import member_team_ids, sees_all, team_for_new
+from tasks_app.teams import member_team_ids, sees_all
+from tasks_app.teams.services import team_for_new
 from tms_core.errors import InvalidInput
 
 #: What an audit entry shows of a limit.
@@ -45,14 +46,15 @@ def _snapshot(limit: Limit) -> dict[str, Any]:
 def limit_clean_windows(windows: Any) -> list[dict[str, float | int]]:
     """Normalise rate windows (``[{"count": 10, "seconds": 1}]``); a window that cannot be met
     (count or length not positive, out of bounds) is an error on ``windows``."""
-    if windows in (None, ""):
-        return []
-    if not isinstance(windows, list):
-        raise InvalidInput.on("windows", 'Expected a list of {"count": N, "seconds": S}.')
-    if len(windows) > MAX_WINDOWS:
-        raise InvalidInput.on("windows", f"At most {MAX_WINDOWS} rate windows.")
+    given = listed(
+        windows,
+        field="windows",
+        expected='{"count": N, "seconds": S}',
+        most=MAX_WINDOWS,
+        too_many=f"At most {MAX_WINDOWS} rate windows.",
+    )
     cleaned: list[dict[str, float | int]] = []
-    for index, window in enumerate(windows):
+    for index, window in enumerate(given):
         where = f"Window {index}"
         if not isinstance(window, Mapping) or set(window) != {"count", "seconds"}:
             raise InvalidInput.on("windows", f'{where}: expected exactly {{"count": N, "seconds": S}}.')
@@ -132,13 +134,11 @@ def limit_create(
 def limit_update(*, limit: Limit, changes: Mapping[str, Any]) -> Limit:
     """Change a limit (partial). Takes effect at the next claim of each run; runs already
     holding a slot keep it. Audited."""
-    refuse_unknown(changes, LIMIT_FIELDS)
     with transaction.atomic():
         # The limit's row, not its buckets: claims lock buckets, so an update never waits on them.
-        locked = Limit.objects.select_for_update().get(pk=limit.pk)
-        before = _snapshot(locked)
-        for name, value in changes.items():
-            setattr(locked, name, limit_clean_windows(value) if name == "windows" else value)
+        locked, before = change_locked(
+            limit, changes, fields=LIMIT_FIELDS, snapshot=_snapshot, clean={"windows": limit_clean_windows}
+        )
         _validate(locked)
         if "name" in changes and _name_taken(team_id=locked.team_id, name=locked.name, exclude=locked.pk):
             raise name_taken("limit", locked.name)

@@ -16,8 +16,8 @@ from rest_framework.serializers import BaseSerializer
 from executions.limits import limit_usage
 from tasks_api.limits import limit_create, limit_delete, limit_update
 from tasks_app.models import MAX_LIMIT_CONCURRENCY, MAX_WINDOWS, Limit, LimitScope
-from tasks_app.team_scope import TEAM_FILTER_HELP, TeamOwnedMixin, refuse_team_change, team_field
 from tasks_app.teams import member_team_ids, sees_all
+from teams_api.scope import TEAM_FILTER_HELP, TeamOwnedMixin, refuse_team_change, team_field
 from tms_core.api.base import StrictInputMixin
 from tms_core.auth import request_user
 from tms_core.errors import InvalidInput

@@ -9,12 +9,14 @@ on ``name``, and a concurrent create of the same name (the unique constraint) sa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import IntegrityError, models, transaction
 
 from tasks_app.audit import audit_diff, audit_record
 from tms_core.errors import InvalidInput
+
+ModelT = TypeVar("ModelT", bound=models.Model)
 
 
 def name_taken(kind: str, name: str) -> InvalidInput:
@@ -41,11 +43,48 @@ def create_audited(
         raise name_taken(kind, obj.name) from None  # type: ignore[attr-defined]
 
 
+def listed(value: Any, *, field: str, expected: str, most: int, too_many: str) -> list[Any]:
+    """A JSON field that holds a list of at most ``most`` entries (a limit's windows, a calendar's
+    extra dates): None or "" is the empty list; anything else but a list is an error on ``field``
+    saying what was ``expected``, a longer list one saying ``too_many``."""
+    if value in (None, ""):
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput.on(field, f"Expected a list of {expected}.")
+    if len(value) > most:
+        raise InvalidInput.on(field, too_many)
+    return value
+
+
 def refuse_unknown(changes: Mapping[str, Any], fields: Iterable[str]) -> None:
     """InvalidInput naming each field of a partial change that is not one of ``fields``."""
     unknown = set(changes) - set(fields)
     if unknown:
         raise InvalidInput({name: ["This field cannot be changed."] for name in sorted(unknown)})
+
+
+def change_locked(
+    obj: ModelT,
+    changes: Mapping[str, Any],
+    *,
+    fields: Iterable[str],
+    snapshot: Callable[[Any], Mapping[str, Any]],
+    clean: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> tuple[ModelT, Mapping[str, Any]]:
+    """The first steps of a partial change, in the caller's transaction: ``changes`` checked
+    against ``fields`` (:func:`refuse_unknown`), ``obj``'s row locked and read again, each change
+    set on it (through ``clean[field]`` where given). Returns the locked object, not saved yet,
+    and its ``snapshot`` from before the change (for :func:`audit_update`)."""
+    refuse_unknown(changes, fields)
+    locked = type(obj)._default_manager.select_for_update().get(pk=obj.pk)
+    before = snapshot(locked)
+    for name, value in changes.items():
+        setattr(locked, name, (clean or {}).get(name, _as_is)(value))
+    return locked, before
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def audit_update(obj: Any, *, kind: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:

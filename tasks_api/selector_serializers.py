@@ -25,7 +25,7 @@ from tasks_api.serializers import (
 )
 from tasks_app.models import CalendarPolicy
 from tasks_app.schedules import CRON_HELP
-from tasks_app.team_scope import TeamRefField
+from teams_api.scope import TeamRefField
 from tms_core.api.base import (
     BoundedDateTimeField,
     OffsetDateTimeField,

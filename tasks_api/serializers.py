@@ -45,7 +45,7 @@ from tasks_app.models import (
     default_timeout,
 )
 from tasks_app.run_config import task_validate_runner
-from tasks_app.run_input import check_input_fills, check_input_schema
+from tasks_app.run_input import check_input_fills, check_input_schema, has_nul
 from tasks_app.schedule_words import schedule_words
 from tasks_app.schedules import (
     CRON_BLANKS,
@@ -56,9 +56,9 @@ from tasks_app.schedules import (
     wall_time_to_utc,
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
-from tasks_app.team_scope import TeamRefField
 from tasks_app.teams import member_team_ids
 from tasks_app.workflow_rules import ConditionError, condition_check
+from teams_api.scope import TeamRefField
 from tms_core.api.base import (
     MAX_DATETIME,
     MIN_DATETIME,
@@ -531,7 +531,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         return value.strip(CRON_BLANKS)
 
     def validate_config(self, value: Any) -> Any:
-        if _has_nul(value):
+        if has_nul(value):
             raise serializers.ValidationError("Null characters are not allowed.")
         return value
 
@@ -576,16 +576,6 @@ def _check_runner(runner: str, config: Any) -> None:
         task_validate_runner(runner=runner, config=config)
     except InvalidInput as exc:
         raise serializers.ValidationError(exc.errors) from None
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
 
 
 def check_task(attrs: Mapping[str, Any]) -> None:

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from tasks_api.restore import task_version_restore
 from tasks_app.models import Task, TaskStatus, TaskVersion
-from tasks_app.team_scope import TeamScopedMixin
+from teams_api.scope import TeamScopedMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.auth import actor_for, request_user
 

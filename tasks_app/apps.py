@@ -9,7 +9,7 @@ class TasksAppConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_save
 
-        from tasks_app.teams import personal_team_on_user_created
+        from tasks_app.teams.services import personal_team_on_user_created
 
         # Every user has a personal team from the moment they exist, whatever made them.
         post_save.connect(

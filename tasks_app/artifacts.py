@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from tasks_app.models import Artifact, ArtifactStatus, Task, TaskStatus, Team, artifact_upload_to
 from tasks_app.quotas import quota_check_artifact
-from tasks_app.teams import team_for_new
+from tasks_app.teams.services import team_for_new
 from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 from tms_core.public_url import public_url

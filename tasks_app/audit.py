@@ -172,31 +172,16 @@ def audit_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str,
     return diff
 
 
-def _entry(
-    *,
-    action: str,
-    object_type: str,
-    object_id: Any,
-    owner: AbstractBaseUser | int | None,
-    task_id: Any = None,
-    changes: Mapping[str, Any] | None = None,
-    detail: str = "",
-) -> AuditEntry:
+def _who() -> dict[str, Any]:
+    """The columns that say who acted, from the current context (a system action outside one)."""
     context = current_context()
     actor, actor_name = context.who() if context is not None else (None, "system")
-    return AuditEntry(
-        actor_id=actor.pk if actor is not None else None,
-        actor_name=actor_name[:150],
-        source=(context.source if context is not None else "system")[:100],
-        remote_addr=context.remote_addr if context is not None else None,
-        action=action,
-        object_type=object_type,
-        object_id=str(object_id),
-        task_id=task_id,
-        owner_id=owner if isinstance(owner, int) or owner is None else owner.pk,
-        changes=_jsonable(dict(changes or {})),
-        detail=detail[:500],
-    )
+    return {
+        "actor_id": actor.pk if actor is not None else None,
+        "actor_name": actor_name[:150],
+        "source": (context.source if context is not None else "system")[:100],
+        "remote_addr": context.remote_addr if context is not None else None,
+    }
 
 
 def audit_record(
@@ -212,17 +197,16 @@ def audit_record(
     """Write one audit entry for an action on an object of ``owner``, as the current context's
     actor and source. Call it inside the transaction of the change. ``changes`` must already
     have its secrets masked."""
-    entry = _entry(
+    return AuditEntry.objects.create(
+        **_who(),
         action=action,
         object_type=object_type,
-        object_id=object_id,
-        owner=owner,
+        object_id=str(object_id),
         task_id=task_id,
-        changes=changes,
-        detail=detail,
+        owner_id=owner if isinstance(owner, int) or owner is None else owner.pk,
+        changes=_jsonable(dict(changes or {})),
+        detail=detail[:500],
     )
-    entry.save()
-    return entry
 
 
 def audit_record_many(entries: Sequence[Mapping[str, Any]]) -> None:
@@ -234,16 +218,11 @@ def audit_record_many(entries: Sequence[Mapping[str, Any]]) -> None:
     :func:`audit_values` return them (converting them again was a fifth of a bulk create)."""
     if not entries:
         return
-    context = current_context()
-    actor, actor_name = context.who() if context is not None else (None, "system")
     count = len(entries)
     insert_columns(
         AuditEntry,
         {
-            "actor_id": [actor.pk if actor is not None else None] * count,
-            "actor_name": [actor_name[:150]] * count,
-            "source": [(context.source if context is not None else "system")[:100]] * count,
-            "remote_addr": [context.remote_addr if context is not None else None] * count,
+            **{column: [value] * count for column, value in _who().items()},
             "action": [entry["action"] for entry in entries],
             "object_type": [entry["object_type"] for entry in entries],
             "object_id": [str(entry["object_id"]) for entry in entries],

@@ -36,7 +36,7 @@ from django.db.models import Sum
 
 from tasks_app.audit import audit_record
 from tasks_app.models import Artifact, ArtifactStatus, QuotaUse, Task, TaskStatus, Team, TeamQuota
-from tasks_app.teams import personal_team_of
+from tasks_app.teams.services import personal_team_of
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tms_core.errors import InvalidInput, QuotaExceeded

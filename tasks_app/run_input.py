@@ -48,14 +48,15 @@ def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _has_nul(value: Any) -> bool:
-    """PostgreSQL's ``jsonb`` refuses ``\\u0000``: refused here with a message instead."""
+def has_nul(value: Any) -> bool:
+    """Whether a JSON value holds NUL anywhere (in a key too): PostgreSQL's ``jsonb`` refuses
+    ``\\u0000``, so the API refuses it with a message instead (a run's input, a task's config)."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
+        return any(has_nul(key) or has_nul(item) for key, item in value.items())
     if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
+        return any(has_nul(item) for item in value)
     return False
 
 
@@ -72,7 +73,7 @@ def check_input_schema(schema: Any) -> list[str]:
         return ['A JSON Schema: an object, such as {"type": "object", "required": ["date"]}.']
     if len(_text(schema)) > SCHEMA_MAX_CHARS:
         return [f"At most {SCHEMA_MAX_CHARS} characters of JSON."]
-    if _has_nul(schema):
+    if has_nul(schema):
         return ["Null characters are not allowed."]
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
@@ -91,7 +92,7 @@ def check_input(value: Any, schema: Mapping[str, Any] | None) -> None:
         size = len(_text(value))
         if size > INPUT_MAX_CHARS:
             raise InvalidInput.on("input", f"At most {INPUT_MAX_CHARS} characters of JSON; this one has {size}.")
-        if _has_nul(value):
+        if has_nul(value):
             raise InvalidInput.on("input", "Null characters are not allowed.")
         if has_reserved_key(value):
             raise InvalidInput.on("input", 'The key "$enc" is reserved (it marks encrypted values).')

@@ -9,7 +9,7 @@ from django.utils import timezone
 from executions import transitions
 from executions.models import Execution, ExecutionStatus
 from tasks_app.models import Task
-from tasks_app.teams import personal_team_of
+from tasks_app.teams.services import personal_team_of
 
 
 class UserFactory(factory.django.DjangoModelFactory):

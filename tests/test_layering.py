@@ -26,14 +26,22 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS: tuple[tuple[str, str], ...] = (
     ("tms_core", "basics below everything; `api/`: REST plumbing (base views, errors, keyset pages, parsers, schema)"),
     ("runners", "the runner interface, registry and backends; never touch the database"),
-    ("tasks_app", "the task core the engine needs: Task model, schedules, secrets, quotas, audit log, artifacts"),
+    (
+        "tasks_app",
+        "the task core the engine needs: Task model, teams (`teams/`: the rule and its services), schedules, "
+        "secrets, quotas, audit log, artifacts",
+    ),
+    (
+        "teams_api",
+        "the teams' REST layer: `/api/v1/teams` and members, and the scoping every API over team-owned rows "
+        "shares (views, the `team` field, `?team=`); the rule itself is `tasks_app/teams/`",
+    ),
     ("executions", "the engine: Execution models, transitions, materialiser, monitor, worker services, Celery tasks"),
     ("tasks_api", "tasks as users see them: task services, REST API, serializers, selectors, admin, named limits"),
     (
         "accounts",
         "who calls the API and the pages: personal access tokens, their authentication and scopes; single sign-on "
-        "(OpenID Connect: `oidc.py`, `sso.py`, the groups' roles in `roles.py`); service accounts and their tokens; "
-        "the teams API (teams, members)",
+        "(OpenID Connect: `oidc.py`, `sso.py`, the groups' roles in `roles.py`); service accounts and their tokens",
     ),
     ("notifications", "channels, rules, the outbox's dispatch"),
     ("ops", "health checks, metrics, the outage middleware, `manage.py tms_check`"),

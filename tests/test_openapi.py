@@ -30,7 +30,7 @@ from accounts.service_accounts import service_account_create, service_account_to
 from executions.models import ExecutionStatus as S
 from executions.models import Worker
 from tasks_api.calendars import calendar_create
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.factories import ExecutionFactory, TaskFactory
 from tests.processes import running
 from tms_project.wsgi import application

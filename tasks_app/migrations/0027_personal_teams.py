@@ -15,7 +15,7 @@ def personal_teams(apps, schema_editor):
     taken = set(Team.objects.using(db).values_list("slug", flat=True))
     have = set(Team.objects.using(db).filter(personal_of__isnull=False).values_list("personal_of_id", flat=True))
     for user in User.objects.using(db).exclude(pk__in=have).order_by("pk").iterator():
-        # The same slug as tasks_app.teams.personal_team_of gives a new user.
+        # The same slug as tasks_app.teams.services.personal_team_of gives a new user.
         slug = slugify(user.username)[:50].strip("-") or f"user-{user.pk}"
         if slug in taken:
             slug = f"{slug[:40]}-user-{user.pk}"

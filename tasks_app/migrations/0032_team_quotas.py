@@ -28,7 +28,7 @@ def _personal_teams(apps, db, user_ids):
     if missing:
         taken = set(Team.objects.using(db).values_list("slug", flat=True))
         for user in User.objects.using(db).filter(pk__in=missing).order_by("pk"):
-            # The same slug as tasks_app.teams.personal_team_of gives a new user.
+            # The same slug as tasks_app.teams.services.personal_team_of gives a new user.
             slug = slugify(user.username)[:50].strip("-") or f"user-{user.pk}"
             if slug in taken:
                 slug = f"{slug[:40]}-user-{user.pk}"

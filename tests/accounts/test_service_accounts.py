@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from accounts.models import AccessToken, ServiceAccount
 from accounts.service_accounts import service_account_create
 from tasks_app.models import AuditEntry, Membership, Task, Team, TeamRole
-from tasks_app.teams import member_remove, member_set, team_create, team_delete
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete
 from tests.conftest import client_for
 from tms_core.errors import InvalidInput
 
@@ -305,7 +305,7 @@ def test_a_service_account_counts_in_its_team_where_a_user_counts_in_their_perso
     """What counts per user (a channel's send rate, the per-user quota form) counts for a service
     account in its team: it has no personal team, and none is made for it."""
     from tasks_app.quotas import personal_team_id
-    from tasks_app.teams import personal_team_of
+    from tasks_app.teams.services import personal_team_of
 
     account = service_account_create(team=world["ops"], name="ci", role=TeamRole.EDITOR, creator=world["ann"])
     assert personal_team_of(account.user) == world["ops"]

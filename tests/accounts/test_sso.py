@@ -31,7 +31,7 @@ from accounts.sso import team_roles_for_groups
 from accounts.support_group import SUPPORT_GROUP
 from accounts.tokens import token_create
 from tasks_app.models import AuditEntry, Membership, Team, TeamRole
-from tasks_app.teams import member_remove, member_set, team_create
+from tasks_app.teams.services import member_remove, member_set, team_create
 from tms_core.errors import InvalidInput
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 

@@ -1,5 +1,5 @@
 """Teams and memberships in the Django admin (issue 46): every write goes through the team
-services the API calls (:mod:`tasks_app.teams`), with the same rules: a taken slug, the last
+services the API calls (:mod:`tasks_app.teams.services`), with the same rules: a taken slug, the last
 admin demoted or removed, a team that still holds tasks, a personal team's one member, a staff
 member who is neither the team's admin nor holds ``tasks_app.change_team``: each an error on
 the form or an error message, never a 500 and never Django's "deleted successfully"."""
@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from accounts.service_accounts import service_account_create
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Membership, Team
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 pytestmark = pytest.mark.django_db
 

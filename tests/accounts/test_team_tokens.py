@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from accounts.models import AccessToken
 from executions.models import Execution
 from tasks_app.models import AuditEntry, Membership, Task, TeamRole
-from tasks_app.teams import member_set, personal_team_of, team_create
+from tasks_app.teams.services import member_set, personal_team_of, team_create
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

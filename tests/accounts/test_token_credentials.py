@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from accounts.tokens import token_create
 from tasks_api.creation import task_create
 from tasks_app.models import Membership, TaskHook
-from tasks_app.teams import team_create
+from tasks_app.teams.services import team_create
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

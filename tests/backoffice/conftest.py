@@ -14,7 +14,7 @@ def crew(db):
     """A team ("crew") with a member of each role (viewer, operator, editor) besides its admin."""
     from django.contrib.auth import get_user_model
 
-    from tasks_app.teams import member_set, team_create
+    from tasks_app.teams.services import member_set, team_create
 
     users = get_user_model().objects
     admin = users.create_user("crew-admin")

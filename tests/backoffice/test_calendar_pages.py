@@ -14,7 +14,7 @@ from backoffice.calendar_views import extra_text, parse_extra
 from tasks_api.calendars import calendar_create
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Calendar
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 
 @pytest.fixture

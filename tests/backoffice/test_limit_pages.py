@@ -11,7 +11,7 @@ from backoffice.limit_views import parse_windows, windows_text
 from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
 from tasks_app.models import AuditEntry, Limit
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def _forbidden(response) -> str:
 
 def test_a_page_the_role_forbids_is_the_styled_403_naming_the_role_needed(user, support, django_user_model):
     """Issue 44: a page the role forbids answered a bare "403 Forbidden" with no navigation."""
-    from tasks_app.teams import member_set, team_create
+    from tasks_app.teams.services import member_set, team_create
 
     team = team_create(creator=user, name="Ops")
     django_user_model.objects.create_user("olga")

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from accounts.models import AccessToken, ServiceAccount
 from accounts.service_accounts import service_account_create
 from tasks_app.models import AuditEntry, Team
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 pytestmark = pytest.mark.django_db
 

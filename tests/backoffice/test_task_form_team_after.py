@@ -11,7 +11,7 @@ from tasks_api.calendars import calendar_create
 from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
 from tasks_app.models import AuditEntry, Task, TaskDependency
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 
 def _new(**fields):

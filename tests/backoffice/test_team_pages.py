@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_api.creation import task_create
 from tasks_app.models import Membership, Team
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.backoffice.helpers import run
 from tests.factories import ExecutionFactory
 

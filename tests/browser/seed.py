@@ -13,7 +13,7 @@ from notifications import services as notification_services
 from notifications.models import Delivery
 from tasks_api.creation import task_create
 from tasks_api.lifecycle import task_pause
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.backoffice.helpers import run
 
 

@@ -19,7 +19,7 @@ from executions.models import Execution, ExecutionOrigin
 from tasks_api.creation import task_create
 from tasks_api.editing import task_update
 from tasks_app.models import Task
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.backoffice.helpers import run
 from tests.browser.conftest import log_in, make_browser
 

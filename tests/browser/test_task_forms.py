@@ -17,7 +17,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
 from tasks_app.models import Calendar, Task, TaskDependency
-from tasks_app.teams import team_create
+from tasks_app.teams.services import team_create
 from tests.browser.axe import BLOCKING, axe_run, describe, impact_counts
 from tests.browser.conftest import log_in, submit_and_wait
 

@@ -27,7 +27,7 @@ from executions.periodic import periodic_jobs
 from executions.rollup import CARRY_MINUTE, COUNTER_COLUMNS, floor_minute, rollup_compact, rollup_prune, rollup_rebuild
 from tasks_api.moving import task_move
 from tasks_app.models import Membership, Task
-from tasks_app.teams import member_remove, member_set, personal_team_of, team_create
+from tasks_app.teams.services import member_remove, member_set, personal_team_of, team_create
 from tests.factories import TaskFactory, UserFactory
 
 pytestmark = pytest.mark.django_db

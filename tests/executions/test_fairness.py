@@ -22,7 +22,7 @@ from executions.monitor import Monitor
 from tasks_api.creation import task_bulk_create
 from tasks_app.models import Membership, TeamQuota, TeamRole
 from tasks_app.quotas import owner_limits, owner_quota_set, team_limits, team_quota_set
-from tasks_app.teams import personal_team_of, team_create
+from tasks_app.teams.services import personal_team_of, team_create
 from tests.executions.test_monitor import FlakyPublisher
 from tests.factories import ExecutionFactory, TaskFactory, UserFactory
 from tests.processes import running, start_monitor, start_worker, wait_worker_ready

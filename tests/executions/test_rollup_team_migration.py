@@ -15,7 +15,7 @@ from executions import transitions
 from executions.dashboard import dashboard_snapshot
 from executions.models import RunRollup, TaskRollup
 from tasks_api.moving import task_move
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.factories import TaskFactory, UserFactory
 
 BEFORE = [("executions", "0028_execution_team_fair_idx")]

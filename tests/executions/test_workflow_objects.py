@@ -23,7 +23,7 @@ from executions.models import ExecutionStatus as S
 from executions.transitions import follow, hold
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.workflows import after, end
 
 pytestmark = pytest.mark.django_db

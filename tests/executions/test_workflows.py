@@ -397,7 +397,7 @@ def test_steps_wait_for_the_monitor_while_another_team_s_run_is_due(user, django
 def test_steps_go_out_while_a_run_of_another_user_of_their_team_is_due(user, django_capture_on_commit_callbacks):
     # Fair share is between teams: a teammate's run waiting is the team's own backlog.
     from tasks_app.models import Membership, TeamRole
-    from tasks_app.teams import team_create
+    from tasks_app.teams.services import team_create
     from tests.factories import UserFactory
 
     team = team_create(creator=user, name="Pipelines")
@@ -416,7 +416,7 @@ def test_steps_wait_for_the_monitor_while_their_user_s_run_in_another_team_is_du
     user, django_capture_on_commit_callbacks
 ):
     # The same user, another team: that team's turn is the monitor's to give.
-    from tasks_app.teams import team_create
+    from tasks_app.teams.services import team_create
 
     _, b, roots, handed = _published_steps(user)
     task_create(owner=user, runner="noop", team=team_create(creator=user, name="Elsewhere"))

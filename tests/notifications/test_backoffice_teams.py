@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from notifications import services
 from notifications.models import Channel, Rule
 from tasks_api.creation import task_create
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.backoffice.helpers import csrf_client, csrf_token
 
 pytestmark = pytest.mark.django_db

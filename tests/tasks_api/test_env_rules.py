@@ -21,7 +21,7 @@ from executions.models import ExecutionStatus as S
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Task, TaskVersion
 from tasks_app.secrets import config_open
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.factories import ExecutionFactory
 from tests.runners.conftest import SYSTEM_PYTHON
 

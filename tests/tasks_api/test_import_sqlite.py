@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_app.models import Task, TaskStatus
 from tasks_app.secrets import config_open
-from tasks_app.teams import personal_team_of
+from tasks_app.teams.services import personal_team_of
 from tests.factories import UserFactory
 from tests.processes import run_command
 from tms_project.settings.base import DEVELOPMENT_SECRET_KEY, development_secrets_key

@@ -20,7 +20,7 @@ from tasks_api.calendars import calendar_create
 from tasks_api.limits import limit_create
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Artifact, Calendar, Limit
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 pytestmark = pytest.mark.django_db
 

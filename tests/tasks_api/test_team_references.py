@@ -23,7 +23,7 @@ from tasks_api.creation import task_create
 from tasks_api.limits import limit_create
 from tasks_app.artifacts import artifact_create
 from tasks_app.models import Task
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from accounts.support_group import ensure_support_group
 from executions.models import Execution, ExecutionStatus
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Membership, Task, TaskStatus, Team, TeamRole
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tests.factories import ExecutionFactory
 
 ROLES = ["viewer", "operator", "editor", "admin", "outsider", "staff"]

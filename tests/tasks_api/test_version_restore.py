@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry, Task, TaskVersion
 from tasks_app.secrets import config_open
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from tasks_api.editing import task_update
 from tasks_api.moving import task_move
 from tasks_app.audit import audit_context
 from tasks_app.models import TeamRole
-from tasks_app.teams import member_remove, member_set, team_create
+from tasks_app.teams.services import member_remove, member_set, team_create
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

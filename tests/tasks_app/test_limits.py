@@ -19,7 +19,7 @@ from tasks_api.creation import task_create
 from tasks_app.models import ApiIdempotencyKey, Artifact, QuotaUse, Task, TeamQuota
 from tasks_app.quotas import json_size, owner_limits, owner_quota_set
 from tasks_app.schedules import Schedule, shortest_gap
-from tasks_app.teams import personal_team_of
+from tasks_app.teams.services import personal_team_of
 from tests.conftest import account_key_for
 from tests.factories import TaskFactory
 from tms_core.errors import InvalidInput

@@ -20,7 +20,7 @@ from tasks_api.creation import task_create
 from tasks_api.moving import task_move
 from tasks_app.models import AuditEntry, Membership, QuotaUse, Task, Team, TeamQuota, TeamRole
 from tasks_app.quotas import owner_limits, owner_quota_set, rate_take, team_limits, team_quota_set
-from tasks_app.teams import personal_team_of, team_create
+from tasks_app.teams.services import personal_team_of, team_create
 from tests.conftest import client_for
 from tests.factories import ExecutionFactory
 from tms_core.conf import tms_settings

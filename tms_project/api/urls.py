@@ -8,7 +8,6 @@ from accounts.service_accounts_api import (
     ServiceAccountTokenView,
     ServiceAccountView,
 )
-from accounts.teams_api import TeamMemberListView, TeamMemberView, TeamViewSet
 from executions.api import (
     ExecutionViewSet,
     TaskArchiveFileView,
@@ -27,6 +26,7 @@ from tasks_api.hooks_api import TaskTriggerUrlView
 from tasks_api.limits_api import LimitViewSet
 from tasks_api.quota_api import TeamQuotaView
 from tasks_api.versions_api import TaskVersionListView, TaskVersionRestoreView
+from teams_api.api import TeamMemberListView, TeamMemberView, TeamViewSet
 
 router = SimpleRouter()
 router.trailing_slash = "/?"  # both /tasks and /tasks/ resolve, without a redirect

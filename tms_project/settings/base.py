@@ -492,34 +492,28 @@ def _queue_arguments() -> dict[str, Any] | None:
     return {"x-max-priority": 9}
 
 
+def _durable_queue(name: str) -> Queue:
+    """A durable queue on a direct exchange of its name, with :func:`_queue_arguments`: every queue
+    written out alike, so every declarer (workers, publishers, tms_check) declares it alike
+    (RabbitMQ refuses a second declaration with other arguments)."""
+    return Queue(
+        name,
+        Exchange(name, type="direct", durable=True),
+        routing_key=name,
+        durable=True,
+        queue_arguments=_queue_arguments(),
+    )
+
+
 #: Queue that carries execution work. On a classic queue, priorities 0-9 map to RabbitMQ's
 #: x-max-priority; a quorum queue delivers in publish order (the monitor publishes in priority order).
 TMS_QUEUE = env.str("TMS_QUEUE", default="tms.executions")
 CELERY_TASK_DEFAULT_QUEUE = TMS_QUEUE
-CELERY_TASK_QUEUES: tuple[Queue, ...] = (
-    Queue(
-        TMS_QUEUE,
-        Exchange(TMS_QUEUE, type="direct", durable=True),
-        routing_key=TMS_QUEUE,
-        durable=True,
-        queue_arguments=_queue_arguments(),
-    ),
-)
 #: Queue of the notification dispatcher and senders: a slow webhook never delays execution work.
-#: A worker started without -Q consumes both queues.
+#: A worker started without -Q consumes both queues. (The same arguments as Celery gives a queue
+#: under CELERY_TASK_QUEUE_MAX_PRIORITY.)
 TMS_NOTIFY_QUEUE = env.str("TMS_NOTIFY_QUEUE", default="tms.notifications")
-CELERY_TASK_QUEUES += (
-    # The same arguments as Celery gives a queue under CELERY_TASK_QUEUE_MAX_PRIORITY, written out so
-    # that every declarer (workers, publishers, tms_check) declares it alike: RabbitMQ refuses a
-    # second declaration with other arguments.
-    Queue(
-        TMS_NOTIFY_QUEUE,
-        Exchange(TMS_NOTIFY_QUEUE, type="direct", durable=True),
-        routing_key=TMS_NOTIFY_QUEUE,
-        durable=True,
-        queue_arguments=_queue_arguments(),
-    ),
-)
+CELERY_TASK_QUEUES: tuple[Queue, ...] = (_durable_queue(TMS_QUEUE), _durable_queue(TMS_NOTIFY_QUEUE))
 CELERY_TASK_ROUTES = {"tms.notify_*": {"queue": TMS_NOTIFY_QUEUE, "routing_key": TMS_NOTIFY_QUEUE}}
 # Celery adds x-max-priority to the queues it declares of its own (none here: every queue is
 # above); a quorum queue would refuse it.

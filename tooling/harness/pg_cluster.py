@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tooling.harness.servers import command_loop, free_ports, kill_session, listening, wait_listening
+from tooling.harness.servers import Started, command_loop, free_ports, kill_session, listening, run_tool, wait_listening
 
 PG_BIN = Path(os.environ.get("TMS_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: The DCS timings (see the module's docstring).
@@ -83,7 +83,7 @@ class PgNode:
         return pid if _cmdline_has(pid, str(self.data_dir)) else None
 
 
-class PgCluster:
+class PgCluster(Started):
     """etcd and two Patroni nodes ``<scope>-1`` and ``<scope>-2``; the first bootstraps the
     cluster and creates the ``tms`` database, the second becomes its synchronous standby.
 
@@ -309,16 +309,8 @@ class PgCluster:
 
     def psql(self, node: PgNode, sql: str, *, dbname: str = DATABASE, timeout: float = 30.0) -> str:
         """Run ``sql`` on ``node`` with psql; its unaligned output."""
-        result = subprocess.run(
-            [str(PG_BIN / "psql"), "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql, node.dsn(dbname)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"psql {node.name}: {result.stderr.strip()}")
-        return result.stdout
+        argv = [str(PG_BIN / "psql"), "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql, node.dsn(dbname)]
+        return run_tool(argv, what=f"psql {node.name}", timeout=timeout)
 
     # -- faults ---------------------------------------------------------------------------------
 
@@ -345,16 +337,8 @@ class PgCluster:
         return target
 
     def patronictl(self, *args: str, timeout: float = 60.0) -> str:
-        result = subprocess.run(
-            ["patronictl", "-c", str(self.nodes[0].config), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"patronictl {' '.join(args)}: {result.stdout}{result.stderr}")
-        return result.stdout
+        argv = ["patronictl", "-c", str(self.nodes[0].config), *args]
+        return run_tool(argv, what=f"patronictl {' '.join(args)}", timeout=timeout)
 
     # -- teardown -------------------------------------------------------------------------------
 
@@ -382,12 +366,6 @@ class PgCluster:
                     popen.wait(10)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PgCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _cmdline_has(pid: int, text: str) -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tooling.harness.servers import command_loop, kill_session, listening
+from tooling.harness.servers import Started, command_loop, kill_session, listening, run_tool
 
 RABBITMQ_BIN = Path(os.environ.get("TMS_HA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 #: AMQP ports of the nodes, and their Erlang distribution ports.
@@ -62,7 +62,7 @@ class Node:
         return self.popen is not None and self.popen.poll() is None
 
 
-class RabbitCluster:
+class RabbitCluster(Started):
     """Three nodes ``tmsha1@localhost`` .. ``tmsha3@localhost``, clustered with ``join_cluster``.
 
     Use as a context manager (or call :meth:`start` and :meth:`close`); :meth:`stop_node` and
@@ -139,17 +139,9 @@ class RabbitCluster:
 
     def ctl(self, node: Node, *args: str, timeout: float = 60.0, check: bool = True) -> str:
         """``rabbitmqctl -n <node> args``; the output, or :class:`RuntimeError` on failure."""
-        result = subprocess.run(
-            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.name, *args],
-            env=self.env(node),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,  # the Erlang CLI reads its stdin: make ha-broker's commands
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(f"rabbitmqctl -n {node.name} {' '.join(args)}: {result.stdout}{result.stderr}")
-        return result.stdout
+        argv = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.name, *args]
+        what = f"rabbitmqctl -n {node.name} {' '.join(args)}"
+        return run_tool(argv, what=what, env=self.env(node), timeout=timeout, check=check)
 
     def _spawn(self, node: Node) -> None:
         log = open(node.base / "server.out", "ab")  # noqa: SIM115 - the child keeps it
@@ -291,12 +283,6 @@ class RabbitCluster:
                     os.kill(pid, signal.SIGKILL)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> RabbitCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _is_our_beam(pid: int, node: Node) -> bool:

@@ -68,7 +68,45 @@ def kill_session(sid: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
 
 
-class ForegroundServer:
+def run_tool(
+    argv: list[str], *, what: str, timeout: float, env: Mapping[str, str] | None = None, check: bool = True
+) -> str:
+    """Run a server's command-line tool (psql, patronictl, rabbitmqctl) with no input (the Erlang
+    CLI would read the terminal of a ``make ha-*`` target) and return what it printed; with
+    ``check``, RuntimeError saying ``what`` ran (not the whole command line: a DSN may hold a
+    password) and all it printed when it fails."""
+    result = subprocess.run(
+        argv,
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{what}: {result.stdout}{result.stderr}".strip())
+    return result.stdout
+
+
+class Started:
+    """What a server or a cluster of them is to its caller: :meth:`start` (returns itself, ready)
+    and :meth:`close` (stops it, whatever state it is in), so ``with X(...) as x:`` closes it
+    however the block ends."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ForegroundServer(Started):
     """A server process of a Debian package run in the foreground, with its files in a folder of
     its own (``/tmp/<prefix>*``): the base of :class:`~tooling.harness.pgbouncer.PgBouncer` and
     :class:`~tooling.harness.haproxy.HAProxy`.
@@ -91,9 +129,6 @@ class ForegroundServer:
     @property
     def output_log(self) -> Path:
         return self.root / "output.log"
-
-    def start(self) -> Self:
-        raise NotImplementedError
 
     def _launch(self, argv: list[str], *, ports: Iterable[int], env: Mapping[str, str] | None = None) -> None:
         """Start ``argv`` in the folder, as the leader of a new session, and wait until it
@@ -135,12 +170,6 @@ class ForegroundServer:
                 self.popen.wait(timeout=10)
             self.popen = None
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def command_loop(prompt: str, commands: Mapping[str, Callable[..., str]], usage: str) -> None:

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from tasks_app.audit import AuditedCommand
 from tasks_app.models import Team, TeamQuota
 from tasks_app.quotas import QUOTA_FIELDS, team_limits, team_quota_set, team_quota_use
-from tasks_app.teams import personal_team_of
+from tasks_app.teams.services import personal_team_of
 from tms_core.errors import InvalidInput
 
 

@@ -3,7 +3,7 @@
 Only a managed team receives the members single sign-on's group mapping grants
 (``TMS_OIDC_GROUPS`` ``team:<slug>:<role>``, :func:`accounts.sso.sync_team_memberships`). Teams
 staff create are managed from the start; this is for a team made before the flag existed, once an
-administrator has checked who runs it. Through :func:`tasks_app.teams.team_set_managed`, audited as
+administrator has checked who runs it. Through :func:`tasks_app.teams.services.team_set_managed`, audited as
 ``command:tms_team_managed``.
 """
 
@@ -15,7 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.audit import AuditedCommand
 from tasks_app.models import Team
-from tasks_app.teams import team_set_managed
+from tasks_app.teams.services import team_set_managed
 from tms_core.errors import InvalidInput
 
 

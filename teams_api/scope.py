@@ -1,5 +1,7 @@
-"""The API side of :mod:`tasks_app.teams`: views over tasks and their runs see the caller's
-teams' rows (every team's for staff) and check the caller's role before a write."""
+"""The REST side of the team rule (:mod:`tasks_app.teams`), shared by every API over team-owned rows
+(tasks, runs, limits, calendars, artifacts, notifications): views see the caller's teams' rows
+(every team's for staff) and check the caller's role before a write; the ``team`` field and
+``?team=``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
@@ -63,7 +66,7 @@ class TeamOwnedMixin(TeamScopedMixin):
     channels and rules. Members read them; writing needs the editor role in the object's team (or
     the model's permission); a non-member gets 404. The list takes ``?team=`` (400 on ``team`` for
     a team the caller is not in). A create goes in the team given (editor there), by default the
-    caller's personal team: the services decide (:func:`tasks_app.teams.team_for_new`). An object
+    caller's personal team: the services decide (:func:`tasks_app.teams.services.team_for_new`). An object
     never changes team (:func:`refuse_team_change`)."""
 
     def get_queryset(self) -> QuerySet:
@@ -124,11 +127,6 @@ TEAM_FILTER_HELP = "Only those of this team (its slug or id); one you are not a 
 def filter_by_team(queryset: QuerySet, request: Any, value: str, team_field: str = "team_id") -> QuerySet:
     """``?team=``: ``queryset`` narrowed to one of the caller's teams; a team they are not in (or
     that does not exist) is a 400 on ``team``, not an empty list that would look like "no tasks"."""
-    from rest_framework.exceptions import ValidationError
-
-    from tasks_app.teams import team_resolve
-    from tms_core.errors import InvalidInput
-
     try:
         team = team_resolve(request.user, value)
     except InvalidInput as exc:

@@ -19,16 +19,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks_app.models import Membership, Team, TeamRole
-from tasks_app.teams import (
-    member_remove,
-    member_set,
-    people,
-    require,
-    team_create,
-    team_delete,
-    team_rename,
-    visible_teams,
-)
+from tasks_app.teams import people, require, visible_teams
+from tasks_app.teams.services import member_remove, member_set, team_create, team_delete, team_rename
 from tms_core.api.base import ApiViewMixin, StrictInputMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
