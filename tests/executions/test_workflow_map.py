@@ -1,0 +1,203 @@
+"""Workflows round 2 (issue 48, item 3): map steps. A task with ``map_over`` runs once per item of
+a list in its upstream's output (each item its run's input, ``map_index`` its place), at most
+``map_concurrency`` at once, and what follows it gets the items' outputs in order, once.
+
+These drive the ends through the transitions directly (no monitor, no worker), as
+tests/executions/test_workflow_joins.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from django.db import connections
+
+from executions import transitions
+from executions.models import Execution, WorkflowMap
+from executions.models import ExecutionStatus as S
+from executions.transitions.resume import held_ends
+from executions.workflow_runs import workflow_run_read
+from tasks_api.creation import task_create
+from tests.workflows import WORKER, end
+
+pytestmark = pytest.mark.django_db
+
+
+def _link(task, on: str = "success") -> dict:
+    return {"task": str(task.pk), "on": on}
+
+
+def _items(task, workflow_run: int) -> list[Execution]:
+    return list(Execution.objects.filter(task=task, workflow_run=workflow_run).order_by("map_index", "id"))
+
+
+def _flow(user, *, concurrency: int = 10, join_on: str = "success"):
+    """list -> each (map over $.files) -> summary."""
+    listing = task_create(owner=user, runner="noop", name="list")
+    each = task_create(
+        owner=user, runner="noop", name="each", after=[_link(listing)], map_over="$.files", map_concurrency=concurrency
+    )
+    summary = task_create(owner=user, runner="noop", name="summary", after=[_link(each, join_on)])
+    return listing, each, summary
+
+
+def _start(listing, files) -> int:
+    root = transitions.execution_trigger(task_id=listing.pk, actor="test")
+    end(root, output=json.dumps({"files": files}))
+    return root
+
+
+def test_each_item_gets_a_run_with_the_item_as_its_input_and_the_join_gets_the_outputs_in_order(user):
+    listing, each, summary = _flow(user)
+    root = _start(listing, ["a.csv", {"name": "b.csv"}, 3])
+    items = _items(each, root)
+    assert [(run.map_index, run.input, run.upstream, run.status) for run in items] == [
+        (0, {"item": "a.csv"}, [root], S.SCHEDULED),
+        (1, {"name": "b.csv"}, [root], S.SCHEDULED),
+        (2, {"item": 3}, [root], S.SCHEDULED),
+    ]
+    assert not Execution.objects.filter(task=summary).exists()
+    for run in reversed(items):  # in any order: the result is in the items' order
+        assert not Execution.objects.filter(task=summary).exists()
+        end(run.pk, output=json.dumps({"rows": run.map_index}))
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == [{"rows": 0}, {"rows": 1}, {"rows": 2}]
+    assert step.upstream == [items[0].pk], "the end that ended the map step"
+    record = WorkflowMap.objects.get(task=each, workflow_run=root)
+    assert (record.status, record.error) == (S.SUCCEEDED, "")
+    steps = workflow_run_read(Execution.objects.get(pk=root)).steps
+    assert steps[each.pk].items == {S.SUCCEEDED: 3}
+    assert steps[each.pk].state == S.SUCCEEDED
+
+
+def test_at_most_map_concurrency_items_run_and_the_next_start_as_items_end(user):
+    listing, each, summary = _flow(user, concurrency=2)
+    root = _start(listing, list(range(5)))
+    assert [run.map_index for run in _items(each, root)] == [0, 1]
+    end(_items(each, root)[1].pk, output='{"n": 1}')
+    assert [run.map_index for run in _items(each, root)] == [0, 1, 2]
+    active = [run for run in _items(each, root) if run.status == S.SCHEDULED]
+    assert [run.map_index for run in active] == [0, 2]
+    for expected in ([0, 1, 2, 3], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]):
+        runs = _items(each, root)
+        end(next(run for run in runs if run.status == S.SCHEDULED).pk, output="{}")
+        assert [run.map_index for run in _items(each, root)] == expected
+        assert sum(run.status == S.SCHEDULED for run in _items(each, root)) <= 2
+    assert Execution.objects.filter(task=summary, workflow_run=root).count() == 1
+
+
+def test_an_empty_list_ends_the_map_step_at_once_and_its_follower_gets_an_empty_list(user):
+    listing, each, summary = _flow(user)
+    root = _start(listing, [])
+    assert _items(each, root) == []
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == []
+    assert WorkflowMap.objects.get(task=each, workflow_run=root).status == S.SUCCEEDED
+
+
+def test_no_list_at_the_path_fails_the_map_step_with_why(user):
+    listing, each, summary = _flow(user, join_on="failure")
+    root = transitions.execution_trigger(task_id=listing.pk, actor="test")
+    end(root, output=json.dumps({"files": "a.csv"}))
+    assert _items(each, root) == []
+    record = WorkflowMap.objects.get(task=each, workflow_run=root)
+    assert record.status == S.FAILED and record.error == (
+        f"map_over $.files: a text, not a list, in the output of execution {root}"
+    )
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == {"output": "", "error": record.error}
+
+
+def test_a_failed_item_fails_the_map_step_and_its_failure_path_gets_every_item(user):
+    listing, each, summary = _flow(user, join_on="completion")
+    on_success = task_create(owner=user, runner="noop", name="on success", after=[_link(each)])
+    root = _start(listing, ["a", "b"])
+    first, second = _items(each, root)
+    end(first.pk, ok=False)
+    assert not Execution.objects.filter(task=summary).exists(), "the other item still runs"
+    end(second.pk, output='{"ok": true}')
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == [{"output": "", "error": "boom"}, {"ok": True}]
+    assert not Execution.objects.filter(task=on_success).exists()
+    record = WorkflowMap.objects.get(task=each, workflow_run=root)
+    assert record.status == S.FAILED and record.error == "1 of 2 items failed; item 0: boom"
+    steps = workflow_run_read(Execution.objects.get(pk=root)).steps
+    assert steps[each.pk].items == {S.FAILED: 1, S.SUCCEEDED: 1}
+
+
+def test_an_item_s_retry_stays_the_same_item_and_its_success_ends_the_step_after_all(user):
+    listing, each, summary = _flow(user)
+    root = _start(listing, ["a", "b"])
+    first, second = _items(each, root)
+    end(second.pk, output='{"b": 1}')
+    end(first.pk, ok=False)
+    assert not Execution.objects.filter(task=summary).exists(), "the map step failed; summary runs on success"
+    retry = transitions.execution_retry(execution_id=first.pk, actor="test")
+    again = Execution.objects.get(pk=retry)
+    assert (again.map_index, again.retry_of_id, again.input, again.workflow_run) == (0, first.pk, {"item": "a"}, root)
+    Execution.objects.filter(pk=retry).update(status=S.PENDING)
+    assert transitions.execution_claim_loaded(
+        execution_id=retry, attempt=again.attempt, worker_id=WORKER, lease_seconds=60, checked=True
+    )
+    assert transitions.execution_succeed(
+        execution_id=retry, attempt=again.attempt, worker_id=WORKER, output='{"a": 1}', max_chars=100
+    )
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == [{"a": 1}, {"b": 1}]
+
+
+def test_an_end_recorded_twice_creates_nothing_twice(user):
+    listing, each, summary = _flow(user, concurrency=1)
+    root = _start(listing, ["a", "b"])
+    (first,) = _items(each, root)
+    end(first.pk, output="{}")
+    again = transitions.execution_succeed(execution_id=first.pk, attempt=1, worker_id=WORKER, output="{}", max_chars=10)
+    assert not again
+    assert [run.map_index for run in _items(each, root)] == [0, 1]
+    end(_items(each, root)[1].pk, output="{}")
+    assert Execution.objects.filter(task=summary, workflow_run=root).count() == 1
+    # A resume would start nothing more: the items are no ends of their task, the step's end was followed.
+    assert [end.items for end in held_ends(root) if end.task_id == each.pk] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_two_items_ending_at_once_start_the_join_once(user):
+    """The last two items end in concurrent transactions: the join is created once, by whichever
+    end takes the workflow run's lock second, never twice and never not at all."""
+    listing, each, summary = _flow(user)
+    for attempt in range(3):
+        root = _start(listing, ["a", "b"])
+        items = [run.pk for run in _items(each, root)]
+        for pk, worker in zip(items, ("wa", "wb"), strict=True):
+            Execution.objects.filter(pk=pk).update(status=S.PENDING)
+            assert transitions.execution_claim_loaded(
+                execution_id=pk, attempt=1, worker_id=f"{worker}{attempt}", lease_seconds=60, checked=True
+            )
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def finish(execution_id: int, worker: str, barrier=barrier, errors=errors) -> None:
+            try:
+                barrier.wait()
+                assert transitions.execution_succeed(
+                    execution_id=execution_id, attempt=1, worker_id=worker, output=f'{{"id": {execution_id}}}',
+                    max_chars=100,
+                )  # fmt: skip
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [
+            threading.Thread(target=finish, args=(items[0], f"wa{attempt}")),
+            threading.Thread(target=finish, args=(items[1], f"wb{attempt}")),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+        assert step.input == [{"id": items[0]}, {"id": items[1]}]
