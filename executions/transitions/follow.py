@@ -210,11 +210,11 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
     for run in followed:
         by_run[run.workflow_run or run.execution_id].append(run)
     # A paused or cancelled workflow run starts nothing and rules nothing out (issue 48; .hold:
-    # a resume decides its steps then, through here). A map step that started goes on with its
-    # items, as a step that started runs to its end; only what follows it is held.
-    halted = halted_runs(set(by_run) | set(items))
-    for run_id in halted & set(by_run):
-        del by_run[run_id]
+    # a resume decides its steps then, through here): nor a map step's next items, nor its end
+    # (a resume goes on with each map step that has not ended, through here too).
+    for run_id in halted_runs(set(by_run) | set(items)):
+        by_run.pop(run_id, None)
+        items.pop(run_id, None)
     if not by_run and not items:
         return []
     # A root's workflow run is its own id from now on (before a fan-in's check reads it).
@@ -226,7 +226,7 @@ def follow_ended(ended: Sequence[Ended]) -> list[int]:
         if workflow_run in items:
             _lock_workflow_run(workflow_run)
             finished = _items_ended(workflow_run, items[workflow_run], more)
-            if workflow_run not in halted and finished:
+            if finished:
                 graph.grow({run.task_id for run in finished})
                 runs = runs + finished
         runs = [run for run in runs if graph.downstream.get(run.task_id)]
@@ -815,7 +815,8 @@ def _items_ended(workflow_run: int, ends: Sequence[Ended], more: list[tuple[int,
             continue  # an item still runs, or was cancelled: the step has not ended
         documents, error = _map_result(latest)
         ended_as = S.FAILED if error else S.SUCCEEDED
-        ended_by = max(run.execution_id for run in ends if run.task_id == task)
+        # The end that ended it (a resume's has none: its latest item's run).
+        ended_by = max(run.execution_id for run in ends if run.task_id == task) or max(row[1] for row in latest)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {MAPS} SET status = %s, result = %s::jsonb, error = %s, ended_by = %s,"  # noqa: S608
@@ -828,9 +829,10 @@ def _items_ended(workflow_run: int, ends: Sequence[Ended], more: list[tuple[int,
 
 
 def map_ends(workflow_run: int) -> list[Ended]:
-    """The map steps of ``workflow_run`` that ended, each as its end (for a resume: what follows
-    them may be missing)."""
-    rows = WorkflowMap.objects.filter(workflow_run=workflow_run).exclude(status="")
+    """For a resume of ``workflow_run``: each map step that ended, as its end (what follows it may
+    be missing), and each one that has not, as an item's end (``map_index`` -1, no run): its
+    next items are created, or it ends, as a real item's end would have done."""
+    rows = WorkflowMap.objects.filter(workflow_run=workflow_run).order_by("id")
     return [
         Ended(
             row.ended_by or workflow_run,
@@ -841,5 +843,7 @@ def map_ends(workflow_run: int) -> list[Ended]:
             row.error,
             items=row.result if row.result is not None else None,
         )
-        for row in rows.order_by("id")
+        if row.status
+        else Ended(0, row.task_id, "", workflow_run, "", "", map_index=-1)
+        for row in rows
     ]

@@ -56,7 +56,7 @@ def held_ends(workflow_run: int) -> list[Ended]:
     links = TaskDependency.objects.filter(upstream_id__in={end.task_id for end in ends})
     for task_id, upstream_id in links.values_list("task_id", "upstream_id"):
         followers.setdefault(upstream_id, set()).add(task_id)
-    return [end for end in ends if followers.get(end.task_id, set()) - present]
+    return [end for end in ends if end.map_index is not None or followers.get(end.task_id, set()) - present]
 
 
 def workflow_run_retry(

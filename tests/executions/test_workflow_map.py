@@ -201,3 +201,116 @@ def test_the_last_two_items_ending_at_once_start_the_join_once(user):
         assert errors == []
         (step,) = Execution.objects.filter(task=summary, workflow_run=root)
         assert step.input == [{"id": items[0]}, {"id": items[1]}]
+
+
+def test_the_workflow_run_api_shows_a_map_step_s_items_in_constant_queries(user, api_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def read(root: int) -> tuple[dict, int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = api_client.get(f"/api/v1/workflow-runs/{root}")
+        assert response.status_code == 200, response.json()
+        return response.json(), len(queries)
+
+    listing, each, summary = _flow(user, concurrency=2)
+    small = _start(listing, ["a", "b"])
+    end(_items(each, small)[0].pk, output="{}")
+    body, few = read(small)
+    step = next(step for step in body["steps"] if step["name"] == "each")
+    assert step["map"] == {"total": 2, "items": {"SUCCEEDED": 1, "SCHEDULED": 1}}
+    assert step["state"] == "RUNNING" and body["state"] == "running"
+    assert step["note"] == "2 of 2 items started"
+    large = _start(listing, list(range(12)))
+    for _ in range(6):
+        end(next(run for run in _items(each, large) if run.status == S.SCHEDULED).pk, output="{}")
+    body, many = read(large)
+    step = next(step for step in body["steps"] if step["name"] == "each")
+    assert step["map"] == {"total": 12, "items": {"SUCCEEDED": 6, "SCHEDULED": 2}}
+    assert many == few, "the same queries whatever the number of items"
+
+
+def test_map_over_is_checked_when_written(api_client):
+    def post(**fields):
+        return api_client.post("/api/v1/tasks", {"runner": "noop", **fields}, format="json")
+
+    a = post().json()["id"]
+    b = post().json()["id"]
+    response = post(map_over="files", after=[{"task": a}])
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"map_over": ["path must be a text starting with $, like $.status: got 'files'."]}
+    assert post(map_over="$.files").json()["errors"] == {
+        "map_over": ["A map step (map_over) follows exactly one task, whose output lists its items: it follows 0."]
+    }
+    two = post(map_over="$.files", after=[{"task": a}, {"task": b}])
+    assert list(two.json()["errors"]) == ["after"]
+    for bad in (0, 1001, "x"):
+        assert list(post(map_concurrency=bad, after=[{"task": a}]).json()["errors"]) == ["map_concurrency"]
+    created = post(map_over="$.files", map_concurrency=5, after=[{"task": a}])
+    assert created.status_code == 201, created.json()
+    task = created.json()
+    assert (task["map_over"], task["map_concurrency"]) == ("$.files", 5)
+    patched = api_client.patch(f"/api/v1/tasks/{task['id']}", {"after": [{"task": a}, {"task": b}]}, format="json")
+    assert patched.status_code == 400 and list(patched.json()["errors"]) == ["after"]
+    patched = api_client.patch(f"/api/v1/tasks/{task['id']}", {"map_over": "$[0"}, format="json")
+    assert patched.status_code == 400 and list(patched.json()["errors"]) == ["map_over"]
+    patched = api_client.patch(f"/api/v1/tasks/{task['id']}", {"map_over": ""}, format="json")
+    assert patched.status_code == 200 and patched.json()["map_over"] == ""
+
+
+def test_a_list_longer_than_the_bound_fails_the_map_step(user, monkeypatch):
+    from executions.transitions import follow
+
+    monkeypatch.setattr(follow, "MAX_MAP_ITEMS", 3)
+    listing, each, summary = _flow(user, join_on="failure")
+    root = _start(listing, ["a", "b", "c", "d"])
+    assert _items(each, root) == []
+    record = WorkflowMap.objects.get(task=each, workflow_run=root)
+    assert record.status == S.FAILED
+    assert record.error == f"map_over $.files: 4 items in the output of execution {root}; a map step runs at most 3"
+    assert Execution.objects.filter(task=summary, workflow_run=root).count() == 1
+
+
+def test_a_paused_workflow_run_starts_no_more_items_and_the_resume_goes_on(user):
+    listing, each, summary = _flow(user, concurrency=1)
+    root = _start(listing, ["a", "b"])
+    assert transitions.workflow_run_hold_set(workflow_run=root, hold="paused", sources=["active"], actor="test")
+    end(_items(each, root)[0].pk, output='{"a": 1}')
+    assert [run.map_index for run in _items(each, root)] == [0], "paused: no next item"
+    created = transitions.workflow_run_resume(workflow_run=root, actor="test")
+    (second,) = [run for run in _items(each, root) if run.map_index == 1]
+    assert created == [second.pk]
+    assert transitions.workflow_run_hold_set(workflow_run=root, hold="paused", sources=["active"], actor="test")
+    end(second.pk, output='{"b": 1}')
+    assert not Execution.objects.filter(task=summary).exists(), "paused: the step's end starts nothing"
+    assert WorkflowMap.objects.get(task=each, workflow_run=root).status == ""
+    created = transitions.workflow_run_resume(workflow_run=root, actor="test")
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert created == [step.pk] and step.input == [{"a": 1}, {"b": 1}] and step.upstream == [second.pk]
+
+
+def test_a_failed_workflow_run_s_retry_runs_its_failed_items_again(user):
+    from executions.workflow_control import workflow_run_retry
+    from executions.workflow_selectors import workflow_runs_annotated
+
+    listing, each, summary = _flow(user)
+    root = _start(listing, ["a", "b", "c"])
+    first, second, third = _items(each, root)
+    end(first.pk, output='{"a": 1}')
+    end(second.pk, ok=False)
+    end(third.pk, output='{"c": 1}')
+    annotated = workflow_runs_annotated(Execution.objects.filter(pk=root)).select_related("task").get()
+    assert annotated.state == "failed"
+    report = workflow_run_retry(user=user, root=annotated, actor="test")
+    assert report.retried == [second.pk]
+    (again,) = Execution.objects.filter(pk__in=report.created)
+    assert (again.map_index, again.input) == (1, {"item": "b"})
+    Execution.objects.filter(pk=again.pk).update(status=S.PENDING)
+    assert transitions.execution_claim_loaded(
+        execution_id=again.pk, attempt=again.attempt, worker_id=WORKER, lease_seconds=60, checked=True
+    )
+    assert transitions.execution_succeed(
+        execution_id=again.pk, attempt=again.attempt, worker_id=WORKER, output='{"b": 1}', max_chars=100
+    )
+    (step,) = Execution.objects.filter(task=summary, workflow_run=root)
+    assert step.input == [{"a": 1}, {"b": 1}, {"c": 1}]
