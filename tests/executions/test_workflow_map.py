@@ -213,7 +213,7 @@ def test_the_workflow_run_api_shows_a_map_step_s_items_in_constant_queries(user,
         assert response.status_code == 200, response.json()
         return response.json(), len(queries)
 
-    listing, each, summary = _flow(user, concurrency=2)
+    listing, each, _ = _flow(user, concurrency=2)
     small = _start(listing, ["a", "b"])
     end(_items(each, small)[0].pk, output="{}")
     body, few = read(small)
@@ -238,7 +238,9 @@ def test_map_over_is_checked_when_written(api_client):
     b = post().json()["id"]
     response = post(map_over="files", after=[{"task": a}])
     assert response.status_code == 400
-    assert response.json()["errors"] == {"map_over": ["path must be a text starting with $, like $.status: got 'files'."]}
+    assert response.json()["errors"] == {
+        "map_over": ["path must be a text starting with $, like $.status: got 'files'."]
+    }
     assert post(map_over="$.files").json()["errors"] == {
         "map_over": ["A map step (map_over) follows exactly one task, whose output lists its items: it follows 0."]
     }
