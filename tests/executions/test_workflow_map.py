@@ -228,6 +228,8 @@ def test_the_workflow_run_api_shows_a_map_step_s_items_in_constant_queries(user,
     step = next(step for step in body["steps"] if step["name"] == "each")
     assert step["map"] == {"total": 12, "items": {"SUCCEEDED": 6, "SCHEDULED": 2}}
     assert many == few, "the same queries whatever the number of items"
+    shown = api_client.get(f"/api/v1/executions?workflow_run={large}").json()["results"]
+    assert sorted(run["map_index"] for run in shown if run["task"] == str(each.pk)) == list(range(8))
 
 
 def test_map_over_is_checked_when_written(api_client):
