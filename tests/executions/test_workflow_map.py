@@ -318,3 +318,25 @@ def test_a_failed_workflow_run_s_retry_runs_its_failed_items_again(user):
     )
     (step,) = Execution.objects.filter(task=summary, workflow_run=root)
     assert step.input == [{"a": 1}, {"b": 1}, {"c": 1}]
+
+
+def test_a_fan_in_after_a_map_step_and_another_step_gets_the_list_keyed_by_task(user):
+    listing = task_create(owner=user, runner="noop", name="list")
+    each = task_create(owner=user, runner="noop", name="each", after=[_link(listing)], map_over="$.files")
+    other = task_create(owner=user, runner="noop", name="other", after=[_link(listing)])
+    both = task_create(
+        owner=user,
+        runner="noop",
+        name="both",
+        after=[{**_link(each), "condition": {"path": "$.length", "op": "==", "value": 2}}, _link(other)],
+    )
+    root = _start(listing, ["a", "b"])
+    first, second = _items(each, root)
+    end(first.pk, output='{"a": 1}')
+    (sibling,) = Execution.objects.filter(task=other, workflow_run=root)
+    end(sibling.pk, output='{"o": 1}')
+    assert not Execution.objects.filter(task=both).exists(), "an item's end is no end of the map step"
+    end(second.pk, output='{"b": 1}')
+    (step,) = Execution.objects.filter(task=both, workflow_run=root)
+    assert step.input == {str(each.pk): [{"a": 1}, {"b": 1}], str(other.pk): {"o": 1}}
+    assert step.upstream == sorted([second.pk, sibling.pk])
