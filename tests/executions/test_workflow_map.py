@@ -340,3 +340,27 @@ def test_a_fan_in_after_a_map_step_and_another_step_gets_the_list_keyed_by_task(
     (step,) = Execution.objects.filter(task=both, workflow_run=root)
     assert step.input == {str(each.pk): [{"a": 1}, {"b": 1}], str(other.pk): {"o": 1}}
     assert step.upstream == sorted([second.pk, sibling.pk])
+
+
+def test_pruning_a_root_removes_its_workflow_run_s_map_steps(user, settings, tmp_path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from executions.retention import retention_prune
+
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "tms_archive": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "archive")},
+        },
+    }
+    settings.TMS = {**settings.TMS, "RETENTION_KEEP_LAST": 1, "RETENTION_KEEP_FOR": 3600.0}
+    listing, each, _ = _flow(user)
+    old, new = _start(listing, []), _start(listing, [])
+    assert WorkflowMap.objects.filter(task=each).count() == 2
+    later = timezone.now() + timedelta(days=2)
+    retention_prune(now=later)
+    assert not Execution.objects.filter(pk=old).exists() and Execution.objects.filter(pk=new).exists()
+    assert list(WorkflowMap.objects.filter(task=each).values_list("workflow_run", flat=True)) == [new]
