@@ -32,6 +32,12 @@ read then (their latest runs' ends and the skip records). A skipped step is reco
 of the task in it), and its followers are decided in turn in the same transaction, transitively:
 a skipped upstream is done, neither a success nor a failure. Each workflow run is decided whole
 (its skips' followers included) before the next, in their order, so locks are taken in one order.
+
+Map steps (a follower with ``map_over``): see the section below :func:`_map_start`. A map step's
+items are runs of its task with a ``map_index`` (unique per task, workflow run and index, beside
+``execution_workflow_step`` for the other steps); an item's end is never its task's end (it is
+never written alone: :func:`unfollowed`), it creates the next items and the last one ends the
+step as a whole, whose followers are then decided as after any end.
 """
 
 from __future__ import annotations
