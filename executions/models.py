@@ -130,6 +130,9 @@ class Execution(models.Model):
     #: body, a workflow step's upstream output. Fills its task's ``input_fills`` at run time. Null:
     #: nothing.
     input = models.JSONField(null=True, blank=True)
+    #: A map step's item (``Task.map_over``): the item's index in its list (0 first), kept by its
+    #: retries. Null for any other run.
+    map_index = models.PositiveIntegerField(null=True, blank=True)
     #: The runner config this run uses instead of its task's, as a task's is stored (secrets
     #: encrypted): a replay's config override laid over the task's config. Null: the task's.
     config_override = models.JSONField(null=True, blank=True)
@@ -176,8 +179,14 @@ class Execution(models.Model):
             # retry on request (retry_of) of a step stays in its workflow run, beside it.
             models.UniqueConstraint(
                 fields=["task", "workflow_run"],
-                condition=Q(workflow_run__isnull=False, retry_of__isnull=True),
+                condition=Q(workflow_run__isnull=False, retry_of__isnull=True, map_index__isnull=True),
                 name="execution_workflow_step",
+            ),
+            # A map step's item runs once per workflow run, as a step does (its retries beside it).
+            models.UniqueConstraint(
+                fields=["task", "workflow_run", "map_index"],
+                condition=Q(workflow_run__isnull=False, retry_of__isnull=True, map_index__isnull=False),
+                name="execution_workflow_map_item",
             ),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="execution_attempt_positive"),
             models.CheckConstraint(
@@ -306,6 +315,41 @@ class SkippedOccurrence(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} at {self.scheduled_for:%Y-%m-%d %H:%M:%S}: {self.reason}"
+
+
+class WorkflowMap(models.Model):
+    """A map step of a workflow run (a task with ``map_over``): the items its upstream's output
+    listed, and once every item's run ended, how the step as a whole ended and what its followers
+    get (the items' outputs in order). Written by :mod:`executions.transitions.follow` under the
+    workflow run's lock: created when the step is due (with its first items' runs), finished by
+    the end of its last item. Unique per task and workflow run."""
+
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="+", db_index=False)
+    #: The workflow run (its root's execution id), as ``Execution.workflow_run``.
+    workflow_run = models.BigIntegerField()
+    #: The upstream run whose output listed the items.
+    upstream = models.BigIntegerField()
+    #: The items (each one an item run's input), in order.
+    items = models.JSONField(default=list)
+    #: How many items run at once (the task's ``map_concurrency`` when the step started).
+    concurrency = models.PositiveSmallIntegerField()
+    #: Empty while items run; SUCCEEDED (every item succeeded) or FAILED once every item ended
+    #: (one failed for good), or at once when the list could not be read.
+    status = models.CharField(max_length=16, blank=True, default="")
+    #: Once ended: what its followers get as input, the list of its items' documents in order.
+    result = models.JSONField(null=True, blank=True)
+    #: Why it failed without running items (no list at its path, too many items).
+    error = models.TextField(blank=True, default="")
+    #: The run whose end ended the step (its last item's; the upstream's when it had no items).
+    ended_by = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow_run", "task"], name="workflow_map_once")]
+
+    def __str__(self) -> str:
+        return f"map of {self.task_id} in workflow run {self.workflow_run}: {len(self.items)} items"
 
 
 class WorkflowSkip(models.Model):

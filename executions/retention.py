@@ -48,6 +48,7 @@ from executions.models import (
     ExecutionEvent,
     ExecutionStatus,
     SkippedOccurrence,
+    WorkflowMap,
     WorkflowSkip,
 )
 from tasks_app.models import Task
@@ -218,8 +219,9 @@ def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneRe
             )
         cursor.execute(f"DELETE FROM {skipped_table} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         skipped_count = cursor.rowcount
-        # The steps a pruned root's workflow runs skipped: nothing shows that workflow run any more.
+        # The steps a pruned root's workflow runs skipped, and its map steps: nothing shows that workflow run any more.
         cursor.execute(f"DELETE FROM {WorkflowSkip._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
+        cursor.execute(f"DELETE FROM {WorkflowMap._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
         cursor.execute(f"DELETE FROM {event} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         event_count = cursor.rowcount
         cursor.execute(f"DELETE FROM {execution} WHERE id = ANY(%s)", [locked])  # noqa: S608

@@ -116,6 +116,11 @@ class ExecutionSerializer(serializers.ModelSerializer):
         help_text="A workflow step's upstream executions: the runs whose ends started it (several for a task that "
         "follows several). Null for any other run.",
     )
+    map_index = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="A map step's item (its task's `map_over`): its place in the list (0 first). Null for any other run.",
+    )
     input = MaskedInputField(
         read_only=True,
         allow_null=True,
@@ -152,6 +157,7 @@ class ExecutionSerializer(serializers.ModelSerializer):
             "retry_of",
             "workflow_run",
             "upstream",
+            "map_index",
             "input",
             "replay_of",
             "config",

@@ -105,6 +105,13 @@ class WorkflowRunSerializer(serializers.Serializer):
     )
 
 
+class WorkflowRunMapSerializer(serializers.Serializer):
+    total = serializers.IntegerField(help_text="The items of its list.")
+    items = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Its items' latest runs by status (items not started: not counted)."
+    )
+
+
 class WorkflowRunStepSerializer(serializers.Serializer):
     task = serializers.UUIDField()
     name = serializers.CharField(allow_blank=True)
@@ -120,6 +127,9 @@ class WorkflowRunStepSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     input = serializers.JSONField(allow_null=True, help_text="The run's input.")
+    map = WorkflowRunMapSerializer(
+        allow_null=True, help_text="A map step's items (null: no map step): how many, and their runs by status."
+    )
 
 
 class WorkflowRunLinkSerializer(WorkflowEdgeSerializer):
@@ -262,6 +272,7 @@ def _run_detail(root: Execution) -> dict[str, Any]:
                 "started_at": execution.started_at if execution else None,
                 "finished_at": execution.finished_at if execution else None,
                 "input": masked_input(execution.input) if execution else None,
+                "map": {"total": step.map_total, "items": step.items} if step.map_total is not None else None,
             }
         )
     ends = [step.execution.finished_at for step in run.steps.values() if step.execution and step.execution.finished_at]

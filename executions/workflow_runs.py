@@ -16,12 +16,16 @@ back office's workflow run page, "why", and the notifications about workflow run
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from executions.models import ACTIVE_STATUSES, Execution, WorkflowSkip
+from django.db import connection
+from django.db.models import Q
+
+from executions.models import ACTIVE_STATUSES, Execution, WorkflowMap, WorkflowSkip
 from executions.models import ExecutionStatus as S
 from executions.transitions.follow import SATISFIES, input_from
 from tasks_app.models import DependencyOn, JoinRule, Task, TaskDependency, TaskStatus
@@ -63,6 +67,10 @@ class Step:
     state: str = WAITING
     #: Why a task without a run waits or was skipped, in words.
     note: str = ""
+    #: A map step's: how many items its list has (None: no map step), and its items' latest runs
+    #: counted by status (the items not started yet are not counted).
+    map_total: int | None = None
+    items: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -168,13 +176,16 @@ def workflow_run_read(root: Execution) -> WorkflowRun:
         # Each task's first run in the run through the unique (task, workflow_run) index, then
         # the retries on request of those, round by round, through the unique index on retry_of.
         executions += list(
-            Execution.objects.filter(task_id__in=task_ids[1:], workflow_run=run.id, retry_of__isnull=True).order_by(
-                "id"
-            )
+            Execution.objects.filter(
+                task_id__in=task_ids[1:], workflow_run=run.id, retry_of__isnull=True, map_index__isnull=True
+            ).order_by("id")
         )
         frontier = [execution.pk for execution in executions]
         for _ in range(MAX_RETRY_ROUNDS):
-            retries = list(Execution.objects.filter(retry_of_id__in=frontier, workflow_run=run.id).order_by("id"))
+            items = Q(map_index__isnull=False)
+            retries = list(
+                Execution.objects.filter(retry_of_id__in=frontier, workflow_run=run.id).exclude(items).order_by("id")
+            )
             if not retries:
                 break
             executions += retries
@@ -188,6 +199,8 @@ def workflow_run_read(root: Execution) -> WorkflowRun:
         if step is None:
             continue
         step.execution, step.runs, step.state = execution, step.runs + 1, execution.status
+    if root.workflow_run is not None:
+        _maps(run)
     _depths(run, links)
     conditions = _conditions(run, links)
     for follower, upstream, on in links:
@@ -240,7 +253,54 @@ def _conditions(
 
 
 def _ended_of(execution: Execution) -> dict[str, Any]:
-    return {"output": execution.output, "error": execution.error, "status": execution.status}
+    ended = {"output": execution.output, "error": execution.error, "status": execution.status}
+    result = getattr(execution, "map_result", None)  # a map step's: its items' documents
+    return ended | {"items": result} if result is not None else ended
+
+
+def _maps(run: WorkflowRun) -> None:
+    """The map steps of ``run`` (:class:`~executions.models.WorkflowMap`): each stands as its record
+    says (running while its items run, then SUCCEEDED or FAILED as a whole), its items counted by
+    their latest runs' status; its ``execution`` is the run whose end ended it (an item's; the
+    upstream's for a step that ended without items), else its latest item, shown with the step's
+    status and result. Three queries whatever the number of items, none without a map step."""
+    records = list(WorkflowMap.objects.filter(workflow_run=run.id, task_id__in=list(run.steps)))
+    if not records:
+        return
+    counts: dict[uuid.UUID, dict[str, int]] = {}
+    last: dict[uuid.UUID, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT task_id, status, count(*), max(id) FROM (SELECT DISTINCT ON (task_id, map_index)"  # noqa: S608
+            f" task_id, map_index, status, id FROM {Execution._meta.db_table}"
+            " WHERE workflow_run = %s AND map_index IS NOT NULL AND task_id = ANY(%s::uuid[])"
+            " ORDER BY task_id, map_index, id DESC) latest GROUP BY 1, 2",
+            [run.id, [str(record.task_id) for record in records]],
+        )
+        for task_id, status, count, newest in cursor.fetchall():
+            task = task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id))
+            counts.setdefault(task, {})[status] = int(count)
+            last[task] = max(last.get(task, 0), int(newest))
+    shown_ids = {record.ended_by if record.status else last.get(record.task_id) for record in records}
+    runs = Execution.objects.in_bulk([pk for pk in shown_ids if pk is not None])
+    for record in records:
+        step = run.steps[record.task_id]
+        step.map_total, step.items = len(record.items or []), counts.get(record.task_id, {})
+        base = runs.get((record.ended_by if record.status else last.get(record.task_id)) or 0)
+        shown = copy.copy(base) if base is not None else Execution(workflow_run=run.id, attempt=1, team_id=0)
+        shown.task = step.task
+        status = record.status
+        if not status:
+            started = sum(step.items.values())
+            active = any(state in ACTIVE_STATUSES for state in step.items)
+            status = S.CANCELLED if step.items.get(S.CANCELLED) and not active else S.RUNNING
+            shown.finished_at = None
+            step.note = f"{started} of {step.map_total} items started"
+        elif record.error:
+            step.note = record.error
+        shown.status, shown.output, shown.error, shown.input = status, "", record.error, None
+        shown.map_result = record.result  # type: ignore[attr-defined]
+        step.execution, step.state, step.runs = shown, status, sum(step.items.values())
 
 
 def _unrun(run: WorkflowRun) -> None:

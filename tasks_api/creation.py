@@ -34,7 +34,7 @@ from tasks_api.checks import (
 from tasks_api.limits import limits_resolve
 from tasks_api.task_config import task_check_secret_fields, task_config_masked
 from tasks_api.task_writes import _snapshot
-from tasks_api.workflows import After, after_links, after_resolve, join_check_links, join_parse
+from tasks_api.workflows import After, after_links, after_resolve, join_check_links, join_parse, map_check
 from tasks_app.audit import audit_record_many, audit_values
 from tasks_app.models import (
     AuditAction,
@@ -269,6 +269,7 @@ def _build_spec(
     if "join" in spec:
         spec["join"] = join_parse(spec["join"] or JoinRule.ALL_SUCCESS)
     join_check_links(join=spec.get("join", JoinRule.ALL_SUCCESS), after=after, field="after")
+    map_check(map_over=spec.get("map_over") or "", after=after, field="after" if after else "map_over")
     _calendar_settings(team.pk, spec)
     artifact_check_team(team_id=team.pk, artifact=spec.get("artifact"))
     task = _build_task(rows=rows, owner=owner, team=team, now=now, **spec)

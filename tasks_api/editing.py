@@ -22,6 +22,7 @@ from tasks_api.workflows import (
     after_resolve,
     join_check_links,
     join_parse,
+    map_check,
     task_after_entries,
     task_links,
     task_set_after,
@@ -96,6 +97,12 @@ def task_update(*, task: Task, actor: str, changes: Mapping[str, Any], detail: s
                 join=changes.get("join", task.join),
                 after=task_links(task),
                 field="after" if new_after is not None else "join",
+            )
+        if "map_over" in changes or new_after is not None:
+            map_check(
+                map_over=changes.get("map_over", task.map_over) or "",
+                after=task_links(task),
+                field="after" if new_after is not None else "map_over",
             )
         changed, dropped = _apply_changes(task, changes, before=before)
         after = (task.runner, task.config, list(task.secret_fields or []))

@@ -21,11 +21,13 @@ from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
+    DEFAULT_MAP_CONCURRENCY,
     MAX_AFTER,
     MAX_CATCH_UP_LIMIT,
     MAX_CONCURRENCY,
     MAX_KEEP_FOR_DELTA,
     MAX_LIMITS_PER_TASK,
+    MAX_MAP_CONCURRENCY,
     MAX_TRIGGER_DEBOUNCE,
     MAX_WORKFLOW_RETRIES,
     MIN_KEEP_FOR_DELTA,
@@ -57,7 +59,7 @@ from tasks_app.schedules import (
 )
 from tasks_app.secrets import check_secret_fields, config_unmask
 from tasks_app.teams import member_team_ids
-from tasks_app.workflow_rules import ConditionError, condition_check
+from tasks_app.workflow_rules import ConditionError, condition_check, path_parse
 from teams_api.scope import TeamRefField
 from tms_core.api.base import (
     MAX_DATETIME,
@@ -483,6 +485,24 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
             "about a minute of its failure (0: never)."
         ),
     )
+    map_over = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=200,
+        help_text=(
+            "A map step: a path (`$.files`) into the output of the one task it follows, naming a list; it then runs "
+            'once per item (each item its run\'s input; an item that is no object as `{"item": ...}`), '
+            "`map_concurrency` at once, and what follows it gets the items' outputs in order. Empty: an ordinary step."
+        ),
+    )
+    map_concurrency = serializers.IntegerField(
+        required=False,
+        default=DEFAULT_MAP_CONCURRENCY,
+        min_value=1,
+        max_value=MAX_MAP_CONCURRENCY,
+        help_text="How many items of a map step run at once.",
+    )
     tracing_id = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     expose_metrics = serializers.BooleanField(required=False, default=False)
     keep_last = serializers.IntegerField(
@@ -514,6 +534,13 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         if isinstance(data, dict) and "notification_target" in data:
             raise serializers.ValidationError({"notification_target": [NOTIFICATION_TARGET_REMOVED]})
         return super().to_internal_value(data)
+
+    def validate_map_over(self, value: str) -> str:
+        try:
+            path_parse(value) if value else None
+        except ConditionError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
     def validate_timezone(self, value: str) -> str:
         try:

@@ -22,7 +22,7 @@ from django.db.models import Q
 
 from tasks_app.models import MAX_AFTER, DependencyOn, JoinRule, Task, TaskDependency, TaskStatus
 from tasks_app.schedule_words import AFTER_ENDS, runs_only_after
-from tasks_app.workflow_rules import ConditionError, condition_check, join_check
+from tasks_app.workflow_rules import ConditionError, condition_check, join_check, path_parse
 from tms_core.errors import InvalidInput
 
 #: Namespace of the transaction-level advisory lock (two-key form) under which a team's links
@@ -85,6 +85,22 @@ def join_check_links(*, join: str, after: Sequence[After], field: str) -> None:
     problem = join_check(join, [(str(link.upstream_id), link.on, link.condition) for link in after])
     if problem:
         raise InvalidInput.on(field, problem[0].upper() + problem[1:])
+
+
+def map_check(*, map_over: str, after: Sequence[After], field: str) -> None:
+    """A map step's path is one, and it follows exactly one task (a 400 on ``field``, or on
+    ``map_over`` for its path)."""
+    if not map_over:
+        return
+    try:
+        path_parse(map_over)
+    except ConditionError as exc:
+        raise InvalidInput.on("map_over", str(exc)) from None
+    if len(after) != 1:
+        raise InvalidInput.on(
+            field,
+            f"A map step (map_over) follows exactly one task, whose output lists its items: it follows {len(after)}.",
+        )
 
 
 def task_links(task: Task) -> list[After]:

@@ -72,6 +72,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     *_settings(POLICIES, "max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter", "timeout", "priority"),
     # The workflow runs it roots: cancelled past this long, retried when failed (executions.workflow_control).
     *_settings(POLICIES, "workflow_timeout", "workflow_retries"),
+    # A map step: once per item of a list in its upstream's output (executions.transitions.follow).
+    *_settings(POLICIES, "map_over", "map_concurrency"),
     *_settings(OTHER, "tracing_id", "expose_metrics"),
     *_settings(RETENTION, "keep_last", "keep_for", "keep_failed_longer"),
     # The team it belongs to (its members see and run it by their role): set when it is created

@@ -111,6 +111,11 @@ class Artifact(models.Model):
 
 #: The most retries of a failed workflow run a task may ask for (``Task.workflow_retries``).
 MAX_WORKFLOW_RETRIES = 10
+#: The most items of a map step (``Task.map_over``) run at once a task may ask for, and its default.
+MAX_MAP_CONCURRENCY = 1000
+DEFAULT_MAP_CONCURRENCY = 10
+#: The most items a map step runs in one workflow run: a longer list fails the step.
+MAX_MAP_ITEMS = 10_000
 
 
 def default_timeout() -> timedelta:
@@ -503,6 +508,17 @@ class Task(models.Model):
     join = models.CharField(
         max_length=16, choices=JoinRule.choices, default=JoinRule.ALL_SUCCESS, db_default=JoinRule.ALL_SUCCESS
     )
+    #: A map step (executions.transitions.follow): a path (``$.files``) into its one upstream's
+    #: output naming a list; the task then runs once per item of it, each item its run's input.
+    #: Empty: an ordinary step.
+    map_over = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: How many items of a map step run at once (1 to MAX_MAP_CONCURRENCY).
+    map_concurrency = models.PositiveSmallIntegerField(
+        default=DEFAULT_MAP_CONCURRENCY,
+        db_default=DEFAULT_MAP_CONCURRENCY,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_MAP_CONCURRENCY)],
+        help_text="How many items of a map step run at once.",
+    )
 
     # Retries and limits.
     max_attempts = models.PositiveSmallIntegerField(
@@ -631,6 +647,10 @@ class Task(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(workflow_retries__lte=MAX_WORKFLOW_RETRIES), name="task_workflow_retries_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(map_concurrency__gte=1, map_concurrency__lte=MAX_MAP_CONCURRENCY),
+                name="task_map_concurrency_range",
             ),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True)

@@ -145,6 +145,12 @@ def _read(document: Any, steps: Sequence[str | int]) -> Any:
     return value
 
 
+def path_read(document: Any, path: str) -> tuple[bool, Any]:
+    """The value at ``path`` (checked: :class:`ConditionError`) in ``document``: (found, value)."""
+    value = _read(document, path_parse(path))
+    return (False, None) if value is _MISSING else (True, value)
+
+
 def json_equal(a: Any, b: Any) -> bool:
     """Equality of JSON values: numbers by value, a boolean equal only to a boolean."""
     if isinstance(a, bool) or isinstance(b, bool):

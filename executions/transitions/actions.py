@@ -93,14 +93,16 @@ _COLUMNS = (
 _EXCLUSIVE = "(t.overlap_policy <> %s OR t.max_concurrency IS NOT NULL OR t.has_limits)"
 
 
-def _insert_now(select_sql: str, params: list[object], *, actor: str, detail: str) -> int | None:
+def _insert_now(
+    select_sql: str, params: list[object], *, actor: str, detail: str, columns: str = _COLUMNS
+) -> int | None:
     """Run ``INSERT INTO execution (…) SELECT …`` for one SCHEDULED row due now, with its event.
 
     The SELECT carries the conditions (it yields no row when they do not hold) and the unique
     constraints decide races (``ON CONFLICT DO NOTHING``); it locks the task's row as a foreign
     key's check would (:func:`~executions.transitions.sql.key_share`). Returns the new id, or None if lost.
     """
-    statement = f"INSERT INTO {EXECUTIONS} ({_COLUMNS}) {select_sql} ON CONFLICT DO NOTHING"
+    statement = f"INSERT INTO {EXECUTIONS} ({columns}) {select_sql} ON CONFLICT DO NOTHING"
     rows = with_events(statement, params, Event("", S.SCHEDULED, actor, detail))
     if rows:
         stamp_trace([rows[0][0]])
@@ -177,7 +179,7 @@ def execution_retry(*, execution_id: int, actor: str, run_input: Mapping[str, ob
     select_sql = (
         f"SELECT e.task_id, %s, %s, t.priority, {_EXCLUSIVE}, %s, %s, e.attempt + 1, e.id,"  # noqa: S608
         f" '', '', '{{}}', '', '', '', t.owner_id, t.team_id, e.workflow_run, e.upstream, {given_input},"
-        " e.config_override, NULL"
+        " e.config_override, NULL, e.map_index"
         f" FROM {EXECUTIONS} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
         f" WHERE e.id = %s AND e.status IN (%s, %s) AND t.status <> %s{key_share('t')}"
     )
@@ -186,7 +188,10 @@ def execution_retry(*, execution_id: int, actor: str, run_input: Mapping[str, ob
         params.append(_json_param(dict(run_input)))
     params.append(execution_id)
     params += [*sorted(RETRYABLE_STATUSES), TaskStatus.DELETED]
-    return _insert_now(select_sql, params, actor=actor, detail=f"retry of execution {execution_id}")
+    # A map step's item stays the same item (its index) when retried.
+    return _insert_now(
+        select_sql, params, actor=actor, detail=f"retry of execution {execution_id}", columns=_COLUMNS + ", map_index"
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, Q
 from executions.models import Execution, WorkflowRunHold
 from executions.models import ExecutionStatus as S
 from executions.transitions.actions import execution_retry
-from executions.transitions.follow import Ended, follow_ended
+from executions.transitions.follow import Ended, follow_ended, map_ends
 from executions.transitions.hold import workflow_run_hold_set
 from executions.transitions.sql import EXECUTIONS
 from tasks_app.models import TaskDependency
@@ -42,7 +42,7 @@ def held_ends(workflow_run: int) -> list[Ended]:
     """The ended latest runs of ``workflow_run`` that a follower's step may still be missing for."""
     runs = Q(workflow_run=workflow_run) | Q(pk=workflow_run, workflow_run__isnull=True)
     rows = list(
-        Execution.objects.filter(runs, status__in=[S.SUCCEEDED, S.FAILED])
+        Execution.objects.filter(runs, status__in=[S.SUCCEEDED, S.FAILED], map_index__isnull=True)
         .exclude(Exists(Execution.objects.filter(retry_of_id=OuterRef("pk"))))
         .order_by("id")
         .values_list("id", "task_id", "status", "workflow_run", "output", "error")
@@ -50,16 +50,13 @@ def held_ends(workflow_run: int) -> list[Ended]:
     present = set(
         Execution.objects.filter(Q(workflow_run=workflow_run) | Q(pk=workflow_run)).values_list("task_id", flat=True)
     )
+    # A map step's items are no ends of its task: the step's own end is (one that ended while paused).
+    ends = [Ended(*row) for row in rows] + map_ends(workflow_run)
     followers: dict = {}
-    for task_id, upstream_id in TaskDependency.objects.filter(upstream_id__in={row[1] for row in rows}).values_list(
-        "task_id", "upstream_id"
-    ):
+    links = TaskDependency.objects.filter(upstream_id__in={end.task_id for end in ends})
+    for task_id, upstream_id in links.values_list("task_id", "upstream_id"):
         followers.setdefault(upstream_id, set()).add(task_id)
-    return [
-        Ended(execution_id, task_id, status, run, output, error)
-        for execution_id, task_id, status, run, output, error in rows
-        if followers.get(task_id, set()) - present
-    ]
+    return [end for end in ends if end.map_index is not None or followers.get(end.task_id, set()) - present]
 
 
 def workflow_run_retry(

@@ -58,7 +58,10 @@ _CLAIMED = "SELECT {} FROM done JOIN {} t ON t.id = done.task_id".format(  # noq
 #: ``Execution.followed`` by :func:`executions_succeed`, which then writes the end with what follows
 #: it at once, instead of first as a run that nothing follows (a statement that would lose).
 _CLAIMED_SEVERAL = _CLAIMED.replace(
-    " FROM done ", f", NOT ({UNFOLLOWED_SQL.replace('e.task_id', 'done.task_id')}) FROM done "
+    " FROM done ",
+    ", NOT ({}) FROM done ".format(
+        UNFOLLOWED_SQL.replace("e.task_id", "done.task_id").replace("e.map_index", "done.map_index")
+    ),
 )
 
 
