@@ -203,10 +203,8 @@ class AccessTokenViewSet(
     serializer_class = AccessTokenSerializer
     queryset = AccessToken.objects.all()
 
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return AccessToken.objects.none()
-        tokens = AccessToken.objects.filter(user=request_user(self.request))
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
+        tokens = queryset.filter(user=request_user(self.request))
         restricted = token_team_id(self.request.user)
         return tokens if restricted is None else tokens.filter(team_id=restricted)
 

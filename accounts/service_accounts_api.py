@@ -140,9 +140,7 @@ class ServiceAccountListView(_AccountScoped, generics.ListAPIView):
     serializer_class = ServiceAccountSerializer
     queryset = ServiceAccount.objects.all()
 
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return ServiceAccount.objects.none()
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
         return live_accounts(self.team()).select_related("created_by")
 
     def post(self, request: Request, id: str) -> Response:
@@ -208,13 +206,11 @@ class ServiceAccountTokenListView(_AccountScoped, generics.ListAPIView):
     serializer_class = ServiceAccountTokenSerializer
     queryset = AccessToken.objects.all()
 
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return AccessToken.objects.none()
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
         team = self.team()
         account = self.account(team)
         self.require_admin(team)
-        return AccessToken.objects.filter(user_id=account.user_id)
+        return queryset.filter(user_id=account.user_id)
 
     def post(self, request: Request, id: str, sa_id: str) -> Response:
         team = self.team()

@@ -22,7 +22,7 @@ from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
-from tasks_app.masking import ENV_NAMES, MASK, environment_changes
+from tasks_app.masking import ENV_NAMES, environment_changes, masks_left
 from tasks_app.models import AuditAction, Task, TaskStatus, TaskVersion, TeamRole
 from tasks_app.quotas import quota_charge_executions_of
 from tasks_app.run_config import config_override, input_check, task_validate_runner
@@ -331,7 +331,7 @@ def _original_config(task: Task, number: int) -> dict[str, Any]:
             "a replay cannot change the runner (restore the version: POST .../versions/{n}/restore)."
         )
     old = config_unmask(snapshot.get("config") or {}, config_open(task.config))
-    if _masks_left(old):
+    if masks_left(old):
         raise InvalidInput.on(
             "version",
             f"Version {number}'s config held a secret that the task no longer has (versions never keep secrets).",
@@ -342,14 +342,6 @@ def _original_config(task: Task, number: int) -> dict[str, Any]:
         raise InvalidInput.on("version", f"Version {number}'s config is no longer valid: {error}") from error
     fields = [path for path in (task.secret_fields or []) if path]
     return dict(config_seal(task.runner, plain, fields))
-
-
-def _masks_left(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_masks_left(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_masks_left(item) for item in value)
-    return isinstance(value, str) and MASK in value
 
 
 def execution_replay_one(

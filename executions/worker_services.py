@@ -260,6 +260,17 @@ def _run_claimed(
     runner gave at once (:func:`execution_record_outcome` unless a chunk collects them);
     ``lease=False``: the caller keeps the lease."""
     task = task_for_run(execution, execution.task)
+    with _working_on(execution, task, worker_id, lease=lease):
+        logger.info(
+            "execution %s attempt %s: claimed; starting runner %s", execution.pk, execution.attempt, task.runner
+        )
+        return _start(execution, task, worker_id, record=record or execution_record_outcome)
+
+
+@contextmanager
+def _working_on(execution: Execution, task: Task, worker_id: str, *, lease: bool = True) -> Iterator[None]:
+    """While this worker starts or polls an execution's run: its ids in the log context, its task's
+    secret values redacted from the log, and (``lease``) its lease kept from the keeper thread."""
     execution_id, attempt = execution.pk, execution.attempt
     keeping: AbstractContextManager[object] = (
         keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits)
@@ -277,8 +288,7 @@ def _run_claimed(
         logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
         keeping,
     ):
-        logger.info("execution %s attempt %s: claimed; starting runner %s", execution_id, attempt, task.runner)
-        return _start(execution, task, worker_id, record=record or execution_record_outcome)
+        yield
 
 
 def executions_run_batch(
@@ -550,17 +560,7 @@ def execution_resume(*, execution_id: int, attempt: int, worker_id: str) -> str:
                 )
             )
             return "deferred" if released else "lost"
-    with (
-        log_context(
-            execution_id=execution_id,
-            attempt=attempt,
-            worker_id=worker_id,
-            **_task_ids(task),
-            **traces.log_ids(execution),
-        ),
-        logcontext.redacting(secret_values(task.runner, task.config, task.secret_fields or [])),
-        keep_lease(execution_id=execution_id, attempt=attempt, worker_id=worker_id, slots=task.has_limits),
-    ):
+    with _working_on(execution, task, worker_id):
         logger.info("execution %s attempt %s: leased; resuming", execution_id, attempt)
         return _resume(execution, task, worker_id)
 

@@ -136,9 +136,7 @@ class LimitViewSet(TeamOwnedMixin, viewsets.ModelViewSet):
     serializer_class = LimitSerializer
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
-    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return queryset.none()
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
         user = self.request.user
         if sees_all(user):
             return queryset

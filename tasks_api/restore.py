@@ -20,7 +20,7 @@ from tasks_api.editing import task_update
 from tasks_api.serializers import TaskUpdateSerializer
 from tasks_api.task_config import task_config
 from tasks_app.fields import UPDATABLE_FIELDS
-from tasks_app.masking import MASK
+from tasks_app.masking import masks_left
 from tasks_app.models import Task, TaskVersion, TeamRole
 from tasks_app.secrets import config_unmask
 from tasks_app.teams import require
@@ -39,14 +39,6 @@ class RestoreReport:
     version: int
 
 
-def _masks_left(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_masks_left(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_masks_left(item) for item in value)
-    return isinstance(value, str) and MASK in value
-
-
 def version_changes(task: Task, snapshot: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of ``snapshot`` (an earlier version) that differ from ``current`` (the task's
     version now), as the API's PATCH takes them."""
@@ -60,7 +52,7 @@ def version_changes(task: Task, snapshot: Mapping[str, Any], current: Mapping[st
             old, now = snapshot[name], current.get(name)
         if old != now:
             changes[name] = old
-    if "config" in changes and _masks_left(config_unmask(changes["config"], task_config(task))):
+    if "config" in changes and masks_left(config_unmask(changes["config"], task_config(task))):
         raise InvalidInput.on(
             "config",
             "This version's config held a secret that the task no longer has (versions never keep secrets): "

@@ -34,6 +34,16 @@ def is_environment_key(key: object) -> bool:
     return isinstance(key, str) and bool(_ENVIRONMENT_KEY.match(key))
 
 
+def masks_left(value: Any) -> bool:
+    """Whether a mask still stands anywhere in ``value`` (a config put back from what was shown:
+    a masked value its holder did not give again, which must not be stored or run as it reads)."""
+    if isinstance(value, dict):
+        return any(masks_left(item) for item in value.values())
+    if isinstance(value, list):
+        return any(masks_left(item) for item in value)
+    return isinstance(value, str) and MASK in value
+
+
 def mask_url(url: str) -> str:
     """``url`` with the password of its userinfo and secret-named query parameters masked."""
     try:

@@ -151,9 +151,7 @@ class TeamViewSet(
     lookup_url_kwarg = "id"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return Team.objects.none()
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
         return _teams(request_user(self.request))
 
     def get_object(self) -> Team:
@@ -202,11 +200,9 @@ class TeamMemberListView(_TeamScoped, generics.ListAPIView):
     serializer_class = MemberSerializer
     queryset = Membership.objects.all()
 
-    def get_queryset(self) -> QuerySet:
-        if getattr(self, "swagger_fake_view", False):
-            return Membership.objects.none()
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
         # People only: the team's service accounts are listed at /teams/{id}/service-accounts.
-        return people(Membership.objects.filter(team=self.team())).select_related("user")
+        return people(queryset.filter(team=self.team())).select_related("user")
 
     def post(self, request: Request, id: str) -> Response:
         team = self.team()

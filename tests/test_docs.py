@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.processes import ROOT
 from tms_core import metrics as process_metrics
+from tms_core.conf import TmsSettings
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -59,6 +61,9 @@ def settings_the_code_reads() -> dict[str, set[str]]:
         for match in pattern.finditer(path.read_text(errors="replace")):
             variable = next(group for group in match.groups() if group)
             found.setdefault(variable, set()).add(name)
+    # The settings read each TmsSettings field NAME from TMS_NAME (tms_core.conf.tms_from_environment).
+    for field in fields(TmsSettings):
+        found.setdefault(f"TMS_{field.name}", set()).add("tms_core/conf.py")
     return found
 
 

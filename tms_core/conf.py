@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    import environ
 
 #: Bounds of the retention settings (a task's ``keep_last`` and ``keep_for`` and their defaults).
 MAX_KEEP_LAST = 1_000_000
@@ -114,7 +118,8 @@ class TmsSettings:
     #: Most tasks with ``expose_metrics`` that get a per-task series (the label cardinality bound).
     METRICS_MAX_TASKS: int = 100
     #: Proxies (addresses or CIDR networks) in front of the web whose ``X-Forwarded-For`` is
-    #: believed, for the client address (:mod:`tms_core.client_address`). Empty: none, the peer is the client.
+    #: believed, for the client address (:mod:`tms_core.client_address`;
+    #: docs/configuration.md#client-addresses). Empty: none, the peer is the client.
     TRUSTED_PROXIES: tuple[str, ...] = ()
     #: Longest life of a callback token, in seconds, before its grace (a shorter task timeout
     #: shortens it); a job that reports for longer renews it with each heartbeat.
@@ -294,6 +299,27 @@ class TmsSettings:
             raise ImproperlyConfigured("TMS_NOTIFY_TIMEOUT must be above 0 and below TMS_NOTIFY_LEASE.")
         if self.NOTIFY_MAX_ATTEMPTS < 1 or self.NOTIFY_INTERVAL <= 0 or self.NOTIFY_CHECK_INTERVAL <= 0:
             raise ImproperlyConfigured("TMS_NOTIFY_MAX_ATTEMPTS, _INTERVAL and _CHECK_INTERVAL must be positive.")
+
+
+#: django-environ's reader of each field type (a tuple is a comma-separated list).
+_READERS = {"int": "int", "float": "float", "str": "str", "tuple[str, ...]": "list"}
+
+
+def tms_from_environment(env: environ.Env, **given: Any) -> dict[str, Any]:
+    """The ``TMS`` settings dict, for the settings modules: each :class:`TmsSettings` field
+    ``NAME`` read from the environment variable ``TMS_NAME``, with the field's type and default,
+    so that a default is written once, here. ``given`` holds the fields the settings read
+    themselves (needed earlier, or read in a way of their own)."""
+    values = dict(given)
+    for field in fields(TmsSettings):
+        if field.name in values:
+            continue
+        read = getattr(env, _READERS[str(field.type)])
+        if isinstance(field.default, tuple):
+            values[field.name] = tuple(read(f"TMS_{field.name}", default=list(field.default)))
+        else:
+            values[field.name] = read(f"TMS_{field.name}", default=field.default)
+    return values
 
 
 #: The last ``settings.TMS`` read and what it gave: building and checking a TmsSettings costs

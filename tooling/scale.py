@@ -184,56 +184,50 @@ def _fill_mix(owner_id: int, tasks: int) -> None:
     # The local minute, in each zone, of a fire time one to two minutes from now.
     soon = db_now() + timedelta(minutes=2)
     crons = [f"{soon.astimezone(ZoneInfo(zone)).minute} * * * *" for zone in ZONES]
-    with connection.cursor() as cursor:
-        insert_tasks(
-            cursor,
-            owner_id=owner_id,
-            count=tasks,
-            columns={
-                "name": "'scale ' || g",
-                "start_at": "s.start_at",
-                "interval": "CASE WHEN g %% 2 = 0 THEN interval '1 hour' END",
-                "cron": "CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END",
-                "timezone": "CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END",
-                "next_run_at": "s.start_at",
-            },
-            params={"crons": crons, "names": list(ZONES), "zones": len(ZONES)},
-            # Interval tasks each on a grid of their own; cron tasks from now.
-            lateral=", LATERAL (SELECT CASE WHEN g %% 2 = 0 THEN date_trunc('second', now()) "
-            "+ g %% 240 * interval '1 second' + g %% 997 * interval '1 millisecond' "
-            "ELSE date_trunc('second', now()) END AS start_at) AS s",
-        )
+    insert_tasks(
+        owner_id=owner_id,
+        count=tasks,
+        columns={
+            "name": "'scale ' || g",
+            "start_at": "s.start_at",
+            "interval": "CASE WHEN g %% 2 = 0 THEN interval '1 hour' END",
+            "cron": "CASE WHEN g %% 2 = 1 THEN (%(crons)s::text[])[1 + g / 2 %% %(zones)s] ELSE '' END",
+            "timezone": "CASE WHEN g %% 2 = 1 THEN (%(names)s::text[])[1 + g / 2 %% %(zones)s] ELSE 'UTC' END",
+            "next_run_at": "s.start_at",
+        },
+        params={"crons": crons, "names": list(ZONES), "zones": len(ZONES)},
+        # Interval tasks each on a grid of their own; cron tasks from now.
+        lateral=", LATERAL (SELECT CASE WHEN g %% 2 = 0 THEN date_trunc('second', now()) "
+        "+ g %% 240 * interval '1 second' + g %% 997 * interval '1 millisecond' "
+        "ELSE date_trunc('second', now()) END AS start_at) AS s",
+    )
 
 
 def _fill_herd(owner_id: int, tasks: int) -> None:
-    with connection.cursor() as cursor:
-        insert_tasks(
-            cursor,
-            owner_id=owner_id,
-            count=tasks,
-            columns={"name": "'herd ' || g", "start_at": "now()", "cron": "'* * * * *'", "next_run_at": "now()"},
-        )
+    insert_tasks(
+        owner_id=owner_id,
+        count=tasks,
+        columns={"name": "'herd ' || g", "start_at": "now()", "cron": "'* * * * *'", "next_run_at": "now()"},
+    )
 
 
 def _fill_steady(owner_id: int, tasks: int, horizon: float, anchor: datetime) -> None:
     # Each on its own grid (start spread over a minute, to the millisecond), its cursor at its
     # first occurrence after the horizon: materialised up to there.
-    with connection.cursor() as cursor:
-        insert_tasks(
-            cursor,
-            owner_id=owner_id,
-            count=tasks,
-            columns={
-                "name": "'steady ' || g",
-                "start_at": "s.start_at",
-                "interval": "interval '1 minute'",
-                "next_run_at": "s.start_at + ceil(extract(epoch FROM %(anchor)s + %(horizon)s * interval '1 second' "
-                "- s.start_at) / 60) * interval '1 minute'",
-            },
-            params={"horizon": horizon, "anchor": anchor},
-            lateral=", LATERAL (SELECT date_trunc('second', %(anchor)s) - interval '1 hour' "
-            "+ g::bigint * 60000 / %(count)s * interval '1 millisecond' AS start_at) AS s",
-        )
+    insert_tasks(
+        owner_id=owner_id,
+        count=tasks,
+        columns={
+            "name": "'steady ' || g",
+            "start_at": "s.start_at",
+            "interval": "interval '1 minute'",
+            "next_run_at": "s.start_at + ceil(extract(epoch FROM %(anchor)s + %(horizon)s * interval '1 second' "
+            "- s.start_at) / 60) * interval '1 minute'",
+        },
+        params={"horizon": horizon, "anchor": anchor},
+        lateral=", LATERAL (SELECT date_trunc('second', %(anchor)s) - interval '1 hour' "
+        "+ g::bigint * 60000 / %(count)s * interval '1 millisecond' AS start_at) AS s",
+    )
 
 
 def _cleanup(owner_id: int) -> None:

@@ -128,7 +128,7 @@ def test_a_small_teams_list_is_read_along_its_teams_index_among_many_tasks(alice
     Task.objects.filter(pk__in=[task.pk for task in mine]).update(created_at=timezone.now() - timedelta(days=30))
     with connection.cursor() as cursor:
         columns = {"start_at": "now() + interval '1 day'", "interval": "interval '1 hour'", "next_run_at": "now()"}
-        insert_tasks(cursor, owner_id=other_user.pk, count=5000, columns=columns)
+        insert_tasks(cursor=cursor, owner_id=other_user.pk, count=5000, columns=columns)
         cursor.execute(f"ANALYZE {Task._meta.db_table}")
     with CaptureQueriesContext(connection) as queries:
         page = alice_client.get("/ui/tasks/")

@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from executions.models import Execution, ExecutionEvent
 from tasks_app.models import Task
@@ -20,14 +19,12 @@ pytestmark = pytest.mark.django_db
 def test_herd_account_counts_lost_and_duplicated_starts():
     owner = get_user_model().objects.create(username="herd-owner")
     due = db_now().replace(microsecond=0) - timedelta(minutes=1)
-    with connection.cursor() as cursor:
-        insert_tasks(
-            cursor,
-            owner_id=owner.pk,
-            count=5,
-            columns={"cron": "'* * * * *'", "start_at": "%(due)s", "next_run_at": "%(due)s", "max_runs": "1"},
-            params={"due": due},
-        )
+    insert_tasks(
+        owner_id=owner.pk,
+        count=5,
+        columns={"cron": "'* * * * *'", "start_at": "%(due)s", "next_run_at": "%(due)s", "max_runs": "1"},
+        params={"due": due},
+    )
     tasks = list(Task.objects.filter(owner=owner).order_by("id"))
     started = due + timedelta(milliseconds=250)
     # Task 0: started once. Task 1: started twice (a duplicate). Task 2: its run never started.

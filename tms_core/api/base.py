@@ -48,6 +48,22 @@ class ApiViewMixin(_ViewBase):
         if bad:
             raise ValidationError({key.replace("\x00", "\\x00"): ["Null characters are not allowed."] for key in bad})
 
+    def get_queryset(self) -> QuerySet:
+        return self.owner_scope(super().get_queryset(), getattr(self, "owner_field", "owner"))
+
+    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
+        """``queryset`` narrowed to what the requesting user may see (:meth:`visible_rows`). While
+        drf-spectacular generates the schema its views are fakes, with no user and no path
+        arguments: then nothing, without asking. Every view's queryset, and the code that scopes
+        other querysets by the caller, go through here, so that guard is written once."""
+        if getattr(self, "swagger_fake_view", False):
+            return queryset.none()
+        return self.visible_rows(queryset, owner_field)
+
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
+        """What the requesting user may see of ``queryset``: all of it, unless a view narrows it."""
+        return queryset
+
 
 class IsSupportStaff(BasePermission):
     """Staff, as DRF's ``IsAdminUser``, but not through a token scoped to one team: such a key
@@ -87,9 +103,6 @@ class OwnerScopedMixin(ApiViewMixin):
         if not may_act_for(request.user, owner_id, f"{meta.app_label}.{verb}_{meta.model_name}"):
             raise PermissionDenied("You may read another owner's objects but not change them.")
 
-    def get_queryset(self) -> QuerySet:
-        return self.owner_scope(super().get_queryset(), self.owner_field)
-
     # DRF's APIView.options takes DRF's Request where Django's View takes an HttpRequest; the DRF
     # stubs ignore the same override on APIView itself.
     def options(self, request: Request, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -102,11 +115,9 @@ class OwnerScopedMixin(ApiViewMixin):
             self.get_queryset()
         return super().options(request, *args, **kwargs)
 
-    def owner_scope(self, queryset: QuerySet, owner_field: str = "owner") -> QuerySet:
-        """``queryset`` narrowed to what the requesting user may see (all of it for staff)."""
+    def visible_rows(self, queryset: QuerySet, owner_field: str) -> QuerySet:
+        """The requesting user's rows (all of them for staff)."""
         user = self.request.user
-        if getattr(self, "swagger_fake_view", False):
-            return queryset.none()
         if sees_everything(user):  # staff, unless a team-scoped token narrows them
             return queryset
         return queryset.filter(**{owner_field: user})

@@ -22,6 +22,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
+from tms_core.conf import tms_from_environment
 from tms_project.log_config import LoggingConfigError, build_logging
 from tms_project.oidc_config import OidcConfigError, build_oidc_settings
 
@@ -527,73 +528,18 @@ CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = CELERY_TASK_DEFAULT_QUEUE_TYPE
 CELERY_TASK_DEFAULT_PRIORITY = 5
 
 # --- TMS --------------------------------------------------------------------------------------
-# Read through tms_core.conf.tms_settings; see that module for what each knob does.
-TMS = {
-    "DATABASE_POOLER": DATABASE_POOLER,
-    "LISTEN_DATABASE_URL": LISTEN_DATABASE_URL,
-    "MATERIALISE_HORIZON": env.float("TMS_MATERIALISE_HORIZON", default=300.0),
-    "MATERIALISE_INTERVAL": env.float("TMS_MATERIALISE_INTERVAL", default=5.0),
-    "MATERIALISE_BATCH": env.int("TMS_MATERIALISE_BATCH", default=2000),
-    "MATERIALISE_THREADS": env.int("TMS_MATERIALISE_THREADS", default=2),
-    "MONITOR_BATCH": env.int("TMS_MONITOR_BATCH", default=500),
-    "DISPATCH_BATCH": env.int("TMS_DISPATCH_BATCH", default=16),
-    "MONITOR_MAX_SLEEP": env.float("TMS_MONITOR_MAX_SLEEP", default=1.0),
-    "PENDING_REPUBLISH_AFTER": env.float("TMS_PENDING_REPUBLISH_AFTER", default=120.0),
-    "MONITOR_QUEUE_SECONDS": env.float("TMS_MONITOR_QUEUE_SECONDS", default=0.5),
-    "MONITOR_MIN_PENDING": env.int("TMS_MONITOR_MIN_PENDING", default=8),
-    "MONITOR_TOPUP_INTERVAL": env.float("TMS_MONITOR_TOPUP_INTERVAL", default=0.1),
-    "MONITOR_LOOKAHEAD": env.float("TMS_MONITOR_LOOKAHEAD", default=0.1),
-    "QUEUE_TYPE": TMS_QUEUE_TYPE,
-    "DISPATCH_WINDOW": env.float("TMS_DISPATCH_WINDOW", default=0.005),
-    "FAIR_WEIGHT": env.int("TMS_FAIR_WEIGHT", default=1),
-    "HEARTBEAT_INTERVAL": env.float("TMS_HEARTBEAT_INTERVAL", default=5.0),
-    "WORKER_TIMEOUT": env.float("TMS_WORKER_TIMEOUT", default=30.0),
-    "MAX_HANDBACKS": env.int("TMS_MAX_HANDBACKS", default=3),
-    "SHUTDOWN_GRACE": env.float("TMS_SHUTDOWN_GRACE", default=5.0),
-    "OUTPUT_MAX_CHARS": env.int("TMS_OUTPUT_MAX_CHARS", default=16384),
-    "DEFAULT_TIMEOUT": env.float("TMS_DEFAULT_TIMEOUT", default=1200.0),
-    "MISFIRE_GRACE": env.float("TMS_MISFIRE_GRACE", default=60.0),
-    "CATCH_UP_LIMIT": env.int("TMS_CATCH_UP_LIMIT", default=100),
-    "MATERIALISE_MAX": env.int("TMS_MATERIALISE_MAX", default=1000),
-    "MATERIALISE_MAX_AHEAD": env.float("TMS_MATERIALISE_MAX_AHEAD", default=7 * 86400.0),
-    "IDEMPOTENCY_KEY_TTL": env.float("TMS_IDEMPOTENCY_KEY_TTL", default=86400.0),
-    "CALLBACK_TOKEN_MAX_AGE": env.float("TMS_CALLBACK_TOKEN_MAX_AGE", default=3600.0),
-    "CALLBACK_TOKEN_GRACE": env.float("TMS_CALLBACK_TOKEN_GRACE", default=300.0),
-    "ACCESS_TOKEN_DEFAULT_AGE": env.float("TMS_ACCESS_TOKEN_DEFAULT_AGE", default=90 * 86400.0),
-    "ACCESS_TOKEN_MAX_AGE": env.float("TMS_ACCESS_TOKEN_MAX_AGE", default=365 * 86400.0),
-    "ROLLUP_RETENTION": env.float("TMS_ROLLUP_RETENTION", default=7 * 86400.0),
-    "TASK_ROLLUP_RETENTION": env.float("TMS_TASK_ROLLUP_RETENTION", default=2 * 86400.0),
-    "RETENTION_KEEP_LAST": env.int("TMS_RETENTION_KEEP_LAST", default=1000),
-    "RETENTION_KEEP_FOR": env.float("TMS_RETENTION_KEEP_FOR", default=30 * 86400.0),
-    "RETENTION_BATCH": env.int("TMS_RETENTION_BATCH", default=1000),
-    "RETENTION_INTERVAL": env.float("TMS_RETENTION_INTERVAL", default=3600.0),
-    "METRICS_TOKEN": env.str("TMS_METRICS_TOKEN", default=""),
-    "METRICS_ALLOWED_NETWORKS": tuple(env.list("TMS_METRICS_ALLOWED_NETWORKS", default=[])),
-    # The proxies whose X-Forwarded-For is believed (docs/configuration.md#client-addresses).
-    "TRUSTED_PROXIES": tuple(env.list("TMS_TRUSTED_PROXIES", default=[])),
-    "METRICS_MAX_TASKS": env.int("TMS_METRICS_MAX_TASKS", default=100),
-    "SUBPROCESS_SANDBOX": env.str("TMS_SUBPROCESS_SANDBOX", default="auto"),
-    "SUBPROCESS_RUN_USER_PREFIX": env.str("TMS_SUBPROCESS_RUN_USER_PREFIX", default="tms-run-"),
-    "SUBPROCESS_RUN_USERS": env.int("TMS_SUBPROCESS_RUN_USERS", default=32),
-    "SUBPROCESS_RUN_USER_LOCKS": env.str("TMS_SUBPROCESS_RUN_USER_LOCKS", default="/run/tms-run-users"),
-    "SUBPROCESS_RUN_RETENTION": env.float("TMS_SUBPROCESS_RUN_RETENTION", default=7 * 86400.0),
-    "ARTIFACT_UPLOAD_TTL": env.float("TMS_ARTIFACT_UPLOAD_TTL", default=900.0),
+# Read through tms_core.conf.tms_settings; see that module for what each knob does. Each TmsSettings
+# field NAME is read from the environment variable TMS_NAME, with the field's type and default
+# (docs/configuration.md); these few are read above, or read in a way of their own.
+TMS = tms_from_environment(
+    env,
+    DATABASE_POOLER=DATABASE_POOLER,
+    LISTEN_DATABASE_URL=LISTEN_DATABASE_URL,
+    QUEUE_TYPE=TMS_QUEUE_TYPE,
     # Comma-separated Fernet keys, newest first (tasks_app/secrets.py). local.py derives a
     # development key when unset; production.py refuses to start without them.
-    "SECRET_KEYS": tuple(key.strip() for key in env.list("TMS_SECRET_KEYS", default=[]) if key.strip()),
-    "MAX_CONFIG_BYTES": env.int("TMS_MAX_CONFIG_BYTES", default=65536),
-    "BACKFILL_MAX": env.int("TMS_BACKFILL_MAX", default=500),
-    "QUOTA_MAX_TASKS": env.int("TMS_QUOTA_MAX_TASKS", default=1000),
-    "QUOTA_EXECUTIONS_PER_HOUR": env.int("TMS_QUOTA_EXECUTIONS_PER_HOUR", default=1000),
-    "QUOTA_ARTIFACT_BYTES": env.int("TMS_QUOTA_ARTIFACT_BYTES", default=1024**3),
-    "NOTIFY_INTERVAL": env.float("TMS_NOTIFY_INTERVAL", default=2.0),
-    "NOTIFY_CHECK_INTERVAL": env.float("TMS_NOTIFY_CHECK_INTERVAL", default=10.0),
-    "NOTIFY_LEASE": env.float("TMS_NOTIFY_LEASE", default=60.0),
-    "NOTIFY_TIMEOUT": env.float("TMS_NOTIFY_TIMEOUT", default=10.0),
-    "NOTIFY_MAX_ATTEMPTS": env.int("TMS_NOTIFY_MAX_ATTEMPTS", default=8),
-    "NOTIFY_BACKOFF": env.float("TMS_NOTIFY_BACKOFF", default=5.0),
-    "NOTIFY_BACKOFF_MAX": env.float("TMS_NOTIFY_BACKOFF_MAX", default=3600.0),
-}
+    SECRET_KEYS=tuple(key.strip() for key in env.list("TMS_SECRET_KEYS", default=[]) if key.strip()),
+)
 
 TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},

@@ -738,7 +738,7 @@ class Bench:
         started = time.monotonic()
         with connection.cursor() as cursor:
             insert_tasks(
-                cursor,
+                cursor=cursor,
                 owner_id=filler.pk,
                 count=tasks,
                 columns={
@@ -922,7 +922,7 @@ class Bench:
         """The history's recurring tasks: a tenth the bench user's, the rest the filler's."""
         for owner, count in ((self.owner.pk, tasks // 10), (filler_id, tasks - tasks // 10)):
             insert_tasks(
-                cursor,
+                cursor=cursor,
                 owner_id=owner,
                 count=count,
                 columns={

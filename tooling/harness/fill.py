@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from tasks_app.models import Task, Team
@@ -51,19 +52,20 @@ _PERSONAL_TEAM = f"SELECT id FROM {Team._meta.db_table} WHERE personal_of_id = %
 
 
 def insert_tasks(
-    cursor: CursorWrapper,
     *,
     owner_id: int,
     count: int,
     columns: Mapping[str, str],
     params: Mapping[str, Any] | None = None,
     lateral: str = "",
+    cursor: CursorWrapper | None = None,
 ) -> None:
     """Insert ``count`` tasks of ``owner_id`` in one ``INSERT … SELECT … generate_series``.
 
     ``columns`` gives SQL expressions for the columns that differ from :data:`_DEFAULTS`
     (``start_at`` and ``next_run_at`` have none); ``params`` fills their ``%(name)s``
-    placeholders (a literal ``%`` is ``%%``); ``lateral`` joins more per-row expressions.
+    placeholders (a literal ``%`` is ``%%``); ``lateral`` joins more per-row expressions. On
+    ``cursor`` when given (a caller that goes on with it), else on a cursor of its own.
     """
     values = {**_DEFAULTS, **columns}
     sql = (
@@ -71,4 +73,9 @@ def insert_tasks(
         f"SELECT %(owner)s, ({_PERSONAL_TEAM}), {', '.join(values.values())}"
         f" FROM generate_series(1, %(count)s) AS g{lateral}"
     )
-    cursor.execute(sql, {**(params or {}), "owner": owner_id, "count": count})
+    arguments = {**(params or {}), "owner": owner_id, "count": count}
+    if cursor is not None:
+        cursor.execute(sql, arguments)
+        return
+    with connection.cursor() as own:
+        own.execute(sql, arguments)

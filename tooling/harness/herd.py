@@ -338,7 +338,7 @@ class Herd:
             own = [0]
             with connection.execute_wrapper(_count_statements(own)), connection.cursor() as cursor:
                 insert_tasks(
-                    cursor,
+                    cursor=cursor,
                     owner_id=self.owner_id,
                     count=self.tasks,
                     columns={

@@ -116,7 +116,7 @@ def fill_history(
     finished = executions - live
     with connection.cursor() as cursor:
         insert_tasks(
-            cursor,
+            cursor=cursor,
             owner_id=owner_id,
             count=tasks,
             columns={

@@ -210,27 +210,24 @@ class RabbitCluster(Started):
 
     def queue_home(self, queue: str, vhost: str = "/") -> str:
         """The node a classic queue lives on ('' when no running node knows it)."""
-        for node in self.nodes:
-            if node.running:
-                for line in self.ctl(
-                    node, "list_queues", "-p", vhost, "name", "pid", "--no-table-headers", "-q"
-                ).splitlines():
-                    name, _, pid = line.partition("\t")
-                    if name == queue:
-                        return pid.strip().strip("<>").split(".")[0]
-        return ""
+        return self._queue_column(queue, "pid", vhost).strip("<>").split(".")[0]
 
     def queue_leader(self, queue: str, vhost: str = "/") -> str:
         """The node leading a quorum queue ('' when no running node knows it, or it has no leader
         now: an election under way)."""
+        return self._queue_column(queue, "leader", vhost)
+
+    def _queue_column(self, queue: str, column: str, vhost: str) -> str:
+        """A column of ``rabbitmqctl list_queues`` for ``queue``, from the first running node that
+        knows it ('' when none does)."""
         for node in self.nodes:
             if node.running:
                 for line in self.ctl(
-                    node, "list_queues", "-p", vhost, "name", "leader", "--no-table-headers", "-q"
+                    node, "list_queues", "-p", vhost, "name", column, "--no-table-headers", "-q"
                 ).splitlines():
-                    name, _, leader = line.partition("\t")
+                    name, _, value = line.partition("\t")
                     if name == queue:
-                        return leader.strip()
+                        return value.strip()
         return ""
 
     def node_named(self, name: str) -> Node:

@@ -55,7 +55,7 @@ def measure(*, batch: int, rounds: int) -> dict[str, Any]:
     user = get_user_model().objects.create_user(f"transition-cpu-{time.time_ns()}")
     runs = batch * rounds
     with connection.cursor() as cursor:
-        insert_tasks(cursor, owner_id=user.pk, count=runs, columns={"start_at": "now() + interval '10 days'"})
+        insert_tasks(cursor=cursor, owner_id=user.pk, count=runs, columns={"start_at": "now() + interval '10 days'"})
         cursor.execute("SELECT pg_backend_pid()")
         pid = cursor.fetchone()[0]
         before = _rows(cursor)
