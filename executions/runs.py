@@ -117,6 +117,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         artifact_sha256=task.artifact.sha256 if artifact_path and task.artifact is not None else None,
         tracing_id=task.tracing_id,
         resend=resend,
+        input=execution.input,
     )
 
 
