@@ -28,40 +28,30 @@ DEADLINE_SLACK = 2.0
 MAX_APPROVERS = 100
 
 
-class ApproversField(serializers.Field):
-    """A list of usernames, or a team role (``operator``, ``editor``, ``admin``)."""
-
-    default_error_messages = {
-        "invalid": f"Expected a list of usernames or one of the roles {', '.join(APPROVER_ROLES)}."
-    }
-
-    def to_internal_value(self, data: Any) -> str | list[str]:
-        if isinstance(data, str):
-            if data not in APPROVER_ROLES:
-                self.fail("invalid")
-            return data
-        if (
-            not isinstance(data, list)
-            or not data
-            or len(data) > MAX_APPROVERS
-            or not all(isinstance(name, str) and 0 < len(name) <= 150 for name in data)
-        ):
-            self.fail("invalid")
-        return list(dict.fromkeys(data))
-
-    def to_representation(self, value: Any) -> Any:
-        return value
-
-
 class ApprovalConfigSerializer(serializers.Serializer):
     message = serializers.CharField(
         required=False, allow_blank=True, max_length=2000, help_text="What the approvers are asked, shown to them."
     )
-    approvers = ApproversField(
+    approvers = serializers.JSONField(
         required=False,
         help_text="Who may decide: a list of usernames (each also needs the operator role in the task's team), or a "
         'team role ("operator", "editor", "admin"). Default: the operators of the task\'s team.',
     )
+
+    def validate_approvers(self, data: Any) -> str | list[str]:
+        """A list of usernames, or a team role (``operator``, ``editor``, ``admin``)."""
+        if isinstance(data, str) and data in APPROVER_ROLES:
+            return data
+        if (
+            isinstance(data, list)
+            and 0 < len(data) <= MAX_APPROVERS
+            and all(isinstance(name, str) and 0 < len(name) <= 150 for name in data)
+        ):
+            return list(dict.fromkeys(data))
+        raise serializers.ValidationError(
+            f"Expected a list of usernames (at most {MAX_APPROVERS}) or one of the roles {', '.join(APPROVER_ROLES)}."
+        )
+
     on_timeout = serializers.ChoiceField(
         choices=["reject", "approve"],
         default="reject",

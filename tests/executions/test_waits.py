@@ -86,9 +86,7 @@ def test_sleep_bad_config_is_a_400_on_its_field(api_client, config, field):
 
 
 def test_sleep_for_holds_no_worker_and_is_polled_at_its_wake_up_time(user):
-    task = task_create(
-        owner=user, runner="sleep", config={"for": "1h"}, timeout=timedelta(hours=2), start_at=LATER
-    )
+    task = task_create(owner=user, runner="sleep", config={"for": "1h"}, timeout=timedelta(hours=2), start_at=LATER)
     execution = _started(task, {"order": 7})
     assert (execution.status, execution.lease_owner) == (S.RUNNING, "")
     assert 3590 < _seconds_to_poll(execution.pk) <= 3600, "due at the wake-up time, not by the backoff"
