@@ -98,6 +98,11 @@ def approval_decide(*, user: Any, execution_id: int, approve: bool, comment: str
     config = runner.validate_config(run_config(execution, task))
     _require_approver(user, execution, config)
     if not is_waiting(execution, task.runner):
+        done = Approval.objects.filter(execution_id=execution.pk, attempt=execution.attempt).first()
+        if done is not None:
+            raise ConflictError(
+                f"Execution {execution_id} was decided already: {done.decision} by {done.decided_by_name}."
+            )
         raise ConflictError(f"Execution {execution_id} is {execution.status}: it does not wait for a decision.")
     comment = (comment or "")[:MAX_COMMENT]
     now = db_now()
