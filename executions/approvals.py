@@ -24,6 +24,7 @@ from runners.registry import UnknownRunner, all_runners, get_runner
 from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, TeamRole
 from tasks_app.teams import require, scope_to_teams
+from tms_core.auth import actor_for
 from tms_core.clock import db_now
 from tms_core.errors import ConflictError, GoneError, RoleRequired
 
@@ -116,7 +117,9 @@ def approval_decide(*, user: Any, execution_id: int, approve: bool, comment: str
         why = f"approval rejected by {user.username}" + (f": {comment}" if comment else "")
         result = RunResult.failed(why, output=output, retryable=False)
     with transaction.atomic():
-        word = execution_record_outcome(execution=execution, task=task, worker_id=None, result=result)
+        word = execution_record_outcome(
+            execution=execution, task=task, worker_id=None, result=result, actor=actor_for(user)
+        )
         if word != "finished":
             raise ConflictError(f"Execution {execution_id} was decided already, or no longer waits for a decision.")
         approval = Approval.objects.create(

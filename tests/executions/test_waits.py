@@ -165,6 +165,7 @@ def test_an_operator_approves_once_and_the_run_ends_with_who_and_when(gate, othe
         "input": {"version": "1.2"},
     }
     assert Approval.objects.get(execution_id=execution.pk).decided_by == other_user
+    assert execution.events.get(to_status=S.SUCCEEDED).actor == "user:bob", "the timeline names the approver"
     (entry,) = AuditEntry.objects.filter(object_type="execution", object_id=str(execution.pk), action="approve")
     assert entry.actor_name == "bob"
     # Decided already: 409, nothing more recorded.
