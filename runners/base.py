@@ -253,6 +253,11 @@ class BaseRunner:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return dict(serializer.validated_data)
 
+    def timeout_problems(self, config: Mapping[str, Any], timeout: float) -> dict[str, list[str]]:
+        """Per-field messages for a validated ``config`` that cannot work within the task's
+        ``timeout`` (seconds): a pause longer than the run may last. None by default."""
+        return {}
+
     def refuse(self, field: str, what: str, option: str, *, action: str = "add it to") -> None:
         """Raise the per-field error for a value this runner's operator has not allowed.
 

@@ -135,6 +135,17 @@ class SleepRunner(BaseRunner):
     config_serializer_class = SleepConfigSerializer
     supports_cancel = True
 
+    def timeout_problems(self, config: Mapping[str, Any], timeout: float) -> dict[str, list[str]]:
+        pause = config.get("for")
+        if pause is not None and pause.total_seconds() >= timeout:
+            return {
+                "for": [
+                    f"The pause ({pause.total_seconds():g}s) is not shorter than the task's timeout "
+                    f"({timeout:g}s): the run would time out. Set a longer timeout."
+                ]
+            }
+        return {}
+
     def start(self, spec: RunSpec) -> RunHandle:
         if "duration" not in spec.config:
             return self._start_pause(spec)

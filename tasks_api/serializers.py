@@ -44,7 +44,7 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
-from tasks_app.run_config import task_validate_runner
+from tasks_app.run_config import task_check_runner_timeout, task_validate_runner
 from tasks_app.run_input import check_input_fills, check_input_schema
 from tasks_app.schedule_words import schedule_words
 from tasks_app.schedules import (
@@ -539,6 +539,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         localize_wall_times(attrs, attrs["timezone"])
         check_task(attrs)
         _check_runner(attrs["runner"], attrs["config"])
+        _check_runner_timeout(attrs["runner"], attrs["config"], attrs.get("timeout"))
         _check_secret_fields(attrs["config"], attrs["secret_fields"])
         _check_input_settings(attrs)
         return attrs
@@ -574,6 +575,14 @@ def _check_runner(runner: str, config: Any) -> None:
     reports them per item)."""
     try:
         task_validate_runner(runner=runner, config=config)
+    except InvalidInput as exc:
+        raise serializers.ValidationError(exc.errors) from None
+
+
+def _check_runner_timeout(runner: str, config: Any, timeout: Any) -> None:
+    """A config that cannot work within the task's timeout (a ``sleep`` pause longer than it)."""
+    try:
+        task_check_runner_timeout(runner=runner, config=config, timeout=timeout)
     except InvalidInput as exc:
         raise serializers.ValidationError(exc.errors) from None
 
@@ -745,6 +754,8 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])
+        if {"runner", "config", "timeout"} & set(attrs):
+            _check_runner_timeout(merged["runner"], merged["config"], merged.get("timeout"))
         if "config" in attrs or "secret_fields" in attrs:
             _check_secret_fields(merged["config"], merged["secret_fields"])
         if {"runner", "config", "secret_fields", "input_schema", "input_fills"} & set(attrs):

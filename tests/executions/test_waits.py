@@ -85,6 +85,17 @@ def test_sleep_bad_config_is_a_400_on_its_field(api_client, config, field):
     assert set(response.json()["errors"]["config"]) == {field}, response.json()
 
 
+def test_a_pause_not_shorter_than_the_timeout_is_a_400_on_for(api_client):
+    body = {"runner": "sleep", "config": {"for": "2h"}, "timeout": "1h", "start_at": LATER.isoformat()}
+    response = api_client.post("/api/v1/tasks", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "timeout" in response.json()["errors"]["config"]["for"][0]
+    created = api_client.post("/api/v1/tasks", body | {"timeout": "3h"}, format="json")
+    assert created.status_code == 201, created.content
+    shortened = api_client.patch(f"/api/v1/tasks/{created.json()['id']}", {"timeout": "1h"}, format="json")
+    assert shortened.status_code == 400 and set(shortened.json()["errors"]["config"]) == {"for"}
+
+
 def test_sleep_for_holds_no_worker_and_is_polled_at_its_wake_up_time(user):
     task = task_create(owner=user, runner="sleep", config={"for": "1h"}, timeout=timedelta(hours=2), start_at=LATER)
     execution = _started(task, {"order": 7})
