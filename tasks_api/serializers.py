@@ -19,6 +19,7 @@ from tasks_api.states import TaskState, task_next_run, task_state
 from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
+from tasks_app import run_config
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
     MAX_AFTER,
@@ -44,7 +45,7 @@ from tasks_app.models import (
     default_misfire_grace,
     default_timeout,
 )
-from tasks_app.run_config import task_check_runner_timeout, task_validate_runner
+from tasks_app.run_config import task_validate_runner
 from tasks_app.run_input import check_input_fills, check_input_schema
 from tasks_app.schedule_words import schedule_words
 from tasks_app.schedules import (
@@ -570,19 +571,19 @@ def _check_secret_fields(config: Any, secret_fields: Any) -> None:
         raise serializers.ValidationError(errors)
 
 
+def _check_runner_timeout(runner: str, config: Any, timeout: Any) -> None:
+    """A config that cannot work within the task's timeout (a ``sleep`` pause longer than it)."""
+    try:
+        run_config.task_check_runner_timeout(runner=runner, config=config, timeout=timeout)
+    except InvalidInput as exc:
+        raise serializers.ValidationError(exc.errors) from None
+
+
 def _check_runner(runner: str, config: Any) -> None:
     """The runner's verdict on ``config``, as this serializer's errors (so that a list of tasks
     reports them per item)."""
     try:
         task_validate_runner(runner=runner, config=config)
-    except InvalidInput as exc:
-        raise serializers.ValidationError(exc.errors) from None
-
-
-def _check_runner_timeout(runner: str, config: Any, timeout: Any) -> None:
-    """A config that cannot work within the task's timeout (a ``sleep`` pause longer than it)."""
-    try:
-        task_check_runner_timeout(runner=runner, config=config, timeout=timeout)
     except InvalidInput as exc:
         raise serializers.ValidationError(exc.errors) from None
 
