@@ -3,6 +3,7 @@ from django.urls import path
 
 from accounts.oidc import LogoutView
 from backoffice import (
+    approval_views,
     calendar_views,
     dashboard_views,
     limit_views,
@@ -51,6 +52,9 @@ urlpatterns = [
     path("ui/executions/<int:pk>/replay/", run_views.execution_replay_view, name="execution-replay"),
     path("ui/executions/<int:pk>/cancel/", views.execution_cancel_view, name="execution-cancel"),
     path("ui/executions/<int:pk>/retry/", views.execution_retry_view, name="execution-retry"),
+    path("ui/executions/<int:pk>/approve/", approval_views.approval_approve_view, name="execution-approve"),
+    path("ui/executions/<int:pk>/reject/", approval_views.approval_reject_view, name="execution-reject"),
+    path("ui/approvals/", approval_views.approvals_page, name="approvals"),
     path("ui/workflow-runs/<int:pk>/", views.workflow_run_detail, name="workflow-run"),
     path(
         "ui/workflow-runs/<int:pk>/<str:verb>/",

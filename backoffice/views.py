@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from backoffice.approval_views import approval_panel
 from backoffice.forms import BackfillForm, OccurrenceWindowForm, RuleForm, TaskForm, WhyForm, local_text
 from backoffice.keyset import BadCursor, keyset_page
 from backoffice.rules import rule_rows, task_rules
@@ -640,6 +641,7 @@ def execution_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["version"] = version_comparison(
         task_id=execution.task_id, ran=execution.task_version, current=execution.task.version
     )
+    context["approval"] = approval_panel(request.user, execution)
     return render(request, "backoffice/execution_detail.html", context)
 
 

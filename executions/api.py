@@ -21,6 +21,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
+from executions.approval_api import ApprovalSerializer, DecisionSerializer
+from executions.approvals import approval_decide
 from executions.models import ArchiveIndex, Execution, ExecutionOrigin, ExecutionStatus, Worker, WorkerStatus
 from executions.replay import MAX_REPLAY, execution_replay_one, executions_replay_by_user, replay_select
 from executions.retention import archive_read
@@ -191,7 +193,7 @@ class ExecutionViewSet(
     """Executions of your teams' tasks, each with its event timeline; cancel and retry them."""
 
     #: Every write here is an operator's (tasks_app.teams).
-    operator_actions = frozenset({"cancel", "cancel_workflow", "retry"})
+    operator_actions = frozenset({"cancel", "cancel_workflow", "retry", "approve", "reject"})
     queryset = Execution.objects.all()
     lookup_value_regex = r"[0-9]{1,18}"
     filterset_class = ExecutionFilter
@@ -367,6 +369,50 @@ class ExecutionViewSet(
         execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
         headers = {"Location": f"/api/v1/executions/{execution.pk}"}
         return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
+
+    @extend_schema(
+        summary="Approve a run waiting for approval",
+        description=(
+            "Ends a run of an `approval` step that waits for a decision as SUCCEEDED, its output "
+            "`{approved: true, by, at, comment, input}` (what the next step gets). Needs the operator role in the "
+            "task's team, and to be among the step's `approvers` (403). Recorded with who and when, and audited. "
+            "409 when the run does not wait for a decision: not an approval step, not yet started, ended, or "
+            "decided already (of two decisions at once exactly one wins)."
+        ),
+        request=DecisionSerializer,
+        parameters=[EXECUTION_ID],
+        responses={200: ApprovalSerializer, **error_responses(404, 409)},
+    )
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._decide(request, approve=True)
+
+    @extend_schema(
+        summary="Reject a run waiting for approval",
+        description=(
+            "Ends a run of an `approval` step that waits for a decision as FAILED (not retried), its error naming "
+            "who rejected it and why; its output `{approved: false, by, at, comment, input}` is what an "
+            "`on: failure` step gets. The same rules as `approve`."
+        ),
+        request=DecisionSerializer,
+        parameters=[EXECUTION_ID],
+        responses={200: ApprovalSerializer, **error_responses(404, 409)},
+    )
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        return self._decide(request, approve=False)
+
+    def _decide(self, request: Request, *, approve: bool) -> Response:
+        execution = self.get_object()
+        serializer = DecisionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        approval = approval_decide(
+            user=request_user(request),
+            execution_id=execution.pk,
+            approve=approve,
+            comment=serializer.validated_data["comment"],
+        )
+        return Response(ApprovalSerializer(approval).data, status=status.HTTP_200_OK)
 
 
 @extend_schema(

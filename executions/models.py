@@ -5,6 +5,7 @@ Status columns are written only by :mod:`executions.transitions`.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
@@ -635,3 +636,39 @@ class WorkflowRunControl(models.Model):
 
     def __str__(self) -> str:
         return f"workflow run {self.workflow_run}: {self.hold}"
+
+
+class ApprovalDecision(models.TextChoices):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Approval(models.Model):
+    """A person's decision on a run of an ``approval`` step (issue 48): who, when, what, why.
+
+    Written by :mod:`executions.approvals` in the transaction of the run's end, and only by the
+    decision that won that end (a conditional transition): one row per run and attempt. A run
+    still waiting has no row (it is a RUNNING execution of an approval runner). No foreign key to
+    the execution: retention deletes executions with SQL of its own (as for
+    :class:`WorkflowRunControl`); ``task_id`` and the execution's id name what was decided."""
+
+    id = models.BigAutoField(primary_key=True)
+    execution_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    task_id = models.UUIDField()
+    #: When the run began waiting (the attempt's start).
+    requested_at = models.DateTimeField(null=True, blank=True)
+    decision = models.CharField(max_length=16, choices=ApprovalDecision.choices)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    #: The approver's username when they decided (kept if the user is deleted).
+    decided_by_name = models.CharField(max_length=150)
+    decided_at = models.DateTimeField(db_default=Now())
+    comment = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["execution_id", "attempt"], name="approval_once_per_attempt")]
+
+    def __str__(self) -> str:
+        return f"execution {self.execution_id}: {self.decision} by {self.decided_by_name}"

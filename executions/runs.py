@@ -117,6 +117,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         artifact_sha256=task.artifact.sha256 if artifact_path and task.artifact is not None else None,
         tracing_id=task.tracing_id,
         resend=resend,
+        input=execution.input,
     )
 
 
@@ -158,21 +159,33 @@ def execution_record_outcome(
     worker_id: str | None,
     result: RunResult,
     external_run_id: str | None = None,
+    actor: str | None = None,
 ) -> str:
     """Record a finished attempt: SUCCEEDED, a retry per the task's policy, or FAILED.
 
-    ``worker_id=None`` records what the job itself reported through its callback URL.
+    ``worker_id=None`` records what the job itself reported through its callback URL, or, with
+    ``actor``, a person's decision (an approval step's).
     Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
     outcome already recorded).
     """
     if not tracing.ON:
         return _record_outcome(
-            execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=result,
+            external_run_id=external_run_id,
+            actor=actor,
         )
     attributes = {"tms.execution_id": execution.pk, "tms.attempt": execution.attempt, "tms.result": result.state.value}
     with tracing.run_span("tms.execution.outcome", traces.trace_of(execution), attributes) as span:
         word = _record_outcome(
-            execution=execution, task=task, worker_id=worker_id, result=result, external_run_id=external_run_id
+            execution=execution,
+            task=task,
+            worker_id=worker_id,
+            result=result,
+            external_run_id=external_run_id,
+            actor=actor,
         )
         status = getattr(execution, "_traced_status", "")
         span.set_attribute("tms.recorded", word)
@@ -190,6 +203,7 @@ def _record_outcome(
     worker_id: str | None,
     result: RunResult,
     external_run_id: str | None = None,
+    actor: str | None = None,
 ) -> str:
     conf = tms_settings()
     result = redacted(task, result)
@@ -199,6 +213,7 @@ def _record_outcome(
         "worker_id": worker_id,
         "max_chars": conf.OUTPUT_MAX_CHARS,
         "external_run_id": external_run_id,
+        "actor": actor,
     }
     new_status: str | None = None
     if result.state is RunState.SUCCEEDED:

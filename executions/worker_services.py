@@ -609,6 +609,8 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
             result = RunResult.failed(f"timed out after {task.timeout.total_seconds():g}s; external run cancelled")
         else:
             delay = exponential_backoff(attempt=execution.poll_count, base=POLL_BASE, factor=POLL_FACTOR, cap=POLL_CAP)
+            if result.poll_at is not None:
+                delay = _poll_in_at(execution, task, result.poll_at)
             persist(
                 lambda: transitions.execution_release(
                     execution_id=execution.pk, attempt=execution.attempt, worker_id=worker_id, poll_in=delay
@@ -709,6 +711,7 @@ def _record_async_run(
     execution: Execution, task: Task, runner: BaseRunner, spec: RunSpec, handle: RunHandle, worker_id: str
 ) -> str:
     """Store an asynchronous run's id and hand it to the monitor's polls: ``polling`` or ``lost``."""
+    poll_in = POLL_BASE if handle.poll_at is None else _poll_in_at(execution, task, handle.poll_at)
     recorded = persist(
         lambda: transitions.execution_record_run(
             execution_id=execution.pk,
@@ -716,15 +719,30 @@ def _record_async_run(
             worker_id=worker_id,
             external_run_id=handle.external_run_id,
             run_handle=handle.data,
-            poll_in=POLL_BASE,
+            poll_in=poll_in,
         )
     )
     if not recorded:
         logger.warning("execution %s: lease lost before the run id was recorded; cancelling run", execution.pk)
         _call(runner.cancel, spec, handle)
         return "lost"
-    _keep_slots_until_poll(execution, task, POLL_BASE)
+    _keep_slots_until_poll(execution, task, poll_in)
     return "polling"
+
+
+#: A poll a runner asked for past the attempt's timeout comes this long after it instead, so that
+#: the poll finds the timeout passed (:func:`_resume` ends the attempt there).
+TIMEOUT_POLL_MARGIN = 1.0
+
+
+def _poll_in_at(execution: Execution, task: Task, poll_at: float) -> float:
+    """Seconds until the poll a runner asked for at ``poll_at`` (epoch seconds; at once if it is
+    past), never later than just after the attempt's timeout."""
+    delay = max(0.0, poll_at - time.time())
+    if execution.started_at is not None:
+        left = (execution.started_at + task.timeout - db_now()).total_seconds()
+        delay = min(delay, max(left, 0.0) + TIMEOUT_POLL_MARGIN)
+    return delay
 
 
 def _keep_slots_until_poll(execution: Execution, task: Task, poll_in: float) -> None:

@@ -57,10 +57,14 @@ class RunResult:
     error: str = ""
     #: False when retrying cannot help (bad request, missing binary, ...): the attempt ends FAILED.
     retryable: bool = True
+    #: For a run still going: when (epoch seconds) to poll it next, instead of the platform's
+    #: exponential backoff (a sleep that wakes at a known time, a wait with a deadline). The
+    #: task's timeout still bounds the wait: the poll is never later than the attempt's end.
+    poll_at: float | None = None
 
     @classmethod
-    def running(cls, output: str = "") -> RunResult:
-        return cls(RunState.RUNNING, output=output)
+    def running(cls, output: str = "", *, poll_at: float | None = None) -> RunResult:
+        return cls(RunState.RUNNING, output=output, poll_at=poll_at)
 
     @classmethod
     def succeeded(cls, output: str = "") -> RunResult:
@@ -108,6 +112,9 @@ class RunSpec:
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
     #: the executor may still be working on the first request with this idempotency key.
     resend: bool = False
+    #: The run's input (a trigger's, or a workflow step's upstream output), or None: runners that
+    #: pass it on (sleep, approval) or read a time from it.
+    input: Any = None
 
     @functools.cached_property
     def callback_token(self) -> str | None:
@@ -147,6 +154,9 @@ class RunHandle:
     data: Mapping[str, Any] = field(default_factory=dict)
     #: Set when ``start`` already ran the work to completion (synchronous runners).
     result: RunResult | None = None
+    #: For an asynchronous run: when (epoch seconds) to poll it first, instead of at once
+    #: (:attr:`RunResult.poll_at`).
+    poll_at: float | None = None
 
 
 class RunnerError(Exception):
@@ -242,6 +252,11 @@ class BaseRunner:
         if unknown:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return dict(serializer.validated_data)
+
+    def timeout_problems(self, config: Mapping[str, Any], timeout: float) -> dict[str, list[str]]:
+        """Per-field messages for a validated ``config`` that cannot work within the task's
+        ``timeout`` (seconds): a pause longer than the run may last. None by default."""
+        return {}
 
     def refuse(self, field: str, what: str, option: str, *, action: str = "add it to") -> None:
         """Raise the per-field error for a value this runner's operator has not allowed.

@@ -19,6 +19,7 @@ from tasks_api.states import TaskState, task_next_run, task_state
 from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
+from tasks_app import run_config
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
     DEFAULT_MAP_CONCURRENCY,
@@ -566,6 +567,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         localize_wall_times(attrs, attrs["timezone"])
         check_task(attrs)
         _check_runner(attrs["runner"], attrs["config"])
+        _check_runner_timeout(attrs["runner"], attrs["config"], attrs.get("timeout"))
         _check_secret_fields(attrs["config"], attrs["secret_fields"])
         _check_input_settings(attrs)
         return attrs
@@ -594,6 +596,14 @@ def _check_secret_fields(config: Any, secret_fields: Any) -> None:
     errors = check_secret_fields(config, secret_fields)
     if errors:
         raise serializers.ValidationError(errors)
+
+
+def _check_runner_timeout(runner: str, config: Any, timeout: Any) -> None:
+    """A config that cannot work within the task's timeout (a ``sleep`` pause longer than it)."""
+    try:
+        run_config.task_check_runner_timeout(runner=runner, config=config, timeout=timeout)
+    except InvalidInput as exc:
+        raise serializers.ValidationError(exc.errors) from None
 
 
 def _check_runner(runner: str, config: Any) -> None:
@@ -762,6 +772,8 @@ class TaskUpdateSerializer(TaskCreateSerializer):
         check_task(merged)
         if "runner" in attrs or "config" in attrs:
             _check_runner(merged["runner"], merged["config"])
+        if {"runner", "config", "timeout"} & set(attrs):
+            _check_runner_timeout(merged["runner"], merged["config"], merged.get("timeout"))
         if "config" in attrs or "secret_fields" in attrs:
             _check_secret_fields(merged["config"], merged["secret_fields"])
         if {"runner", "config", "secret_fields", "input_schema", "input_fills"} & set(attrs):

@@ -756,6 +756,8 @@ class AuditAction(models.TextChoices):
     CANCEL = "cancel"
     RETRY = "retry"
     REPLAY = "replay"
+    APPROVE = "approve"
+    REJECT = "reject"
 
 
 class AuditEntry(models.Model):

@@ -51,6 +51,21 @@ def task_validate_runner(*, runner: str, config: Any) -> dict[str, Any]:
     return config
 
 
+def task_check_runner_timeout(*, runner: str, config: Any, timeout: Any) -> None:
+    """:class:`InvalidInput` on ``config`` when the runner says ``config`` cannot work within the
+    task's ``timeout`` (a ``sleep`` pause longer than it); nothing for a config it refuses anyway."""
+    try:
+        backend = get_runner(runner)
+        checked = backend.validate_config(config)
+    except (UnknownRunner, serializers.ValidationError):
+        return
+    if timeout is None:
+        return
+    problems = backend.timeout_problems(checked, timeout.total_seconds())
+    if problems:
+        raise InvalidInput({"config": problems})
+
+
 def destination_moved(before: tuple[str, Any, Any], after: tuple[str, Any], *, artifact: bool) -> bool:
     """Whether a change sends the task's runs elsewhere: another runner or artifact, or a change
     of what the runner's :meth:`~runners.base.BaseRunner.destination` reads (URL and host,

@@ -246,16 +246,18 @@ def execution_succeed(
     output: str,
     max_chars: int,
     external_run_id: str | None = None,
+    actor: str | None = None,
 ) -> bool:
     """RUNNING → SUCCEEDED; fenced by lease and attempt. The runs that follow it (its task's
-    followers, :mod:`.follow`) are created in the same transaction."""
+    followers, :mod:`.follow`) are created in the same transaction. ``actor`` names who ended a
+    run without a worker (a person's decision on an approval step; default: the callback)."""
     binds: dict[str, Any] = {"execution_id": execution_id, "attempt": attempt, "output": bounded(output, max_chars)}
     if worker_id is not None:
         binds["worker_id"] = worker_id
     if external_run_id:
         binds["external_run_id"] = external_run_id[:255]
     shape = (worker_id is None, bool(external_run_id))
-    actor = worker_id or CALLBACK_ACTOR
+    actor = worker_id or actor or CALLBACK_ACTOR
     # Most runs start nothing: their end is one statement. One that lost the first write is
     # either followed or lost for good (then the second write loses too).
     if write_prepared(states.SUCCEED, (*shape, "alone"), succeed_alone_write, binds, actor=actor):
@@ -350,9 +352,11 @@ def execution_fail(
     retry_in: float | None,
     max_chars: int,
     external_run_id: str | None = None,
+    actor: str | None = None,
 ) -> str | None:
     """End a failed attempt: RUNNING → SCHEDULED (attempt + 1, due in ``retry_in`` seconds), or,
     with ``retry_in=None``, RUNNING → FAILED. Returns the new status, or None if the write lost.
+    ``actor``: as for :func:`execution_succeed`.
     """
     values: dict[str, object] = {"error": bounded(error, max_chars), "output": bounded(output, max_chars), **_ENDED}
     if external_run_id:
@@ -371,7 +375,7 @@ def execution_fail(
             "handbacks": 0,
             "orphaned": False,
         }
-    actor, condition = worker_id or CALLBACK_ACTOR, fenced(execution_id, attempt, worker_id)
+    actor, condition = worker_id or actor or CALLBACK_ACTOR, fenced(execution_id, attempt, worker_id)
     if edge is states.RETRY_LATER:
         won = write(edge, condition, values, actor=actor, detail=detail)
     # Ended for good: alone if nothing follows its task (see execution_succeed), else with the

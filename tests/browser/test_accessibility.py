@@ -16,6 +16,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from accounts.service_accounts import service_account_create
+from executions import transitions, worker_services
 from tasks_api.calendars import calendar_create
 from tasks_api.creation import task_create
 from tasks_api.editing import task_update
@@ -90,6 +91,15 @@ def test_every_back_office_page_has_no_critical_or_serious_axe_violation(live_se
         ("calendars", "/ui/calendars/"),
         ("calendar page", f"/ui/calendars/{calendar.pk}/"),
     ]
+    # Approval steps (issue 48): the Approvals page and a waiting run's page, with their Approve/Reject forms.
+    gate = task_create(
+        owner=admin_user, team=data["team"], runner="approval", name="deploy gate",
+        config={"message": "Deploy to production?"}, start_at=datetime(2099, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    waiting = transitions.execution_trigger(task_id=gate.pk, actor="test")
+    transitions.executions_take_due(limit=100, actor="monitor")
+    worker_services.execution_run(execution_id=waiting, attempt=1, worker_id="w:axe:1")
+    pages += [("approvals", "/ui/approvals/"), ("approval page", f"/ui/executions/{waiting}/")]
     rule = data["task"].notification_rules.get()
     pages += [
         ("channel edit", f"/ui/notifications/channels/{data['channel'].pk}/edit/"),

@@ -15,6 +15,7 @@ from executions.api import (
     TaskExecutionListView,
     WorkerViewSet,
 )
+from executions.approval_api import ApprovalListView
 from executions.callback_api import ExecutionCallbackView
 from executions.workflow_api import WorkflowRunViewSet, WorkflowViewSet
 from notifications.api import ChannelViewSet, DeliveryViewSet, RuleViewSet
@@ -86,6 +87,7 @@ urlpatterns = [
         name="team-service-account-token",
     ),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
+    re_path(r"^approvals/?$", ApprovalListView.as_view(), name="approval-list"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),
     *router.urls,

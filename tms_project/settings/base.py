@@ -544,6 +544,7 @@ TMS = tms_from_environment(
 TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},
     "sleep": {"BACKEND": "runners.noop.SleepRunner"},
+    "approval": {"BACKEND": "runners.approval.ApprovalRunner"},
     "http": {
         "BACKEND": "runners.http.HttpRunner",
         "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},
