@@ -26,7 +26,7 @@ from executions.models import Approval, Execution
 from executions.models import ExecutionStatus as S
 from tasks_api.creation import task_create
 from tasks_app.models import AuditEntry
-from tasks_app.teams import member_set, team_create
+from tasks_app.teams.services import member_set, team_create
 from tms_core.errors import ConflictError
 
 pytestmark = pytest.mark.django_db

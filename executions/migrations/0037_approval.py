@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('executions', '0035_workflow_run_control'),
+        ('executions', '0036_workflow_map'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
