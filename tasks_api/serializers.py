@@ -19,6 +19,7 @@ from tasks_api.states import TaskState, task_next_run, task_state
 from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
+from tasks_app.event_subscriptions import subscriptions_clean
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
     MAX_AFTER,
@@ -442,6 +443,16 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
             "runs of their own. The first trigger's run wins. Null: every trigger runs at once."
         ),
     )
+    on_events = serializers.JSONField(
+        required=False,
+        default=list,
+        help_text=(
+            "Named events that start a run of it (`POST /api/v1/events/{name}`): a list of names, or of objects "
+            '`{"name", "debounce", "debounce_key", "debounce_max_wait"}` (seconds; debounce_key a JSON path into '
+            "the payload such as `$.customer_id`): events of the same key within `debounce` make one run, due "
+            "`debounce` after the last of them, never later than `debounce_max_wait` after the first."
+        ),
+    )
     limits = serializers.ListField(
         child=serializers.CharField(max_length=100),
         required=False,
@@ -514,6 +525,9 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         if isinstance(data, dict) and "notification_target" in data:
             raise serializers.ValidationError({"notification_target": [NOTIFICATION_TARGET_REMOVED]})
         return super().to_internal_value(data)
+
+    def validate_on_events(self, value: Any) -> list[dict[str, Any]]:
+        return subscriptions_clean(value)
 
     def validate_timezone(self, value: str) -> str:
         try:
@@ -654,6 +668,7 @@ class TaskSerializer(BuiltOnceFieldsMixin, serializers.ModelSerializer):
     max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
     workflow_timeout = DurationField(allow_null=True, help_text="Seconds; null: its workflow runs have no limit.")
     trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
+    on_events = serializers.JSONField(help_text="The named events it subscribes to, each with its debounce.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
     after = serializers.SerializerMethodField(help_text="The tasks it follows and how their runs must end.")
     calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(

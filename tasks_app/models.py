@@ -491,6 +491,14 @@ class Task(models.Model):
         help_text="A trigger (run now) starts its run this long later; triggers meanwhile join that run (empty: "
         "each trigger runs at once).",
     )
+    #: The named events it subscribes to (``POST /api/v1/events/{name}`` starts a run of it): a list
+    #: of ``{"name", "debounce", "debounce_key", "debounce_max_wait"}`` (seconds, a JSON path),
+    #: checked by :mod:`tasks_app.event_subscriptions`.
+    on_events = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Named events that start a run of it, each with an optional debounce by a key of the payload.",
+    )
 
     #: Named limits its runs are subject to; ``has_limits`` mirrors "any", so a claim knows
     #: without a query (tasks without limits pay nothing).

@@ -81,6 +81,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/api/v1/tasks/{id}/occurrences"),
         ("POST", "/api/v1/tasks/{id}/backfill"),
         ("POST", "/api/v1/schedules/preview"),
+        ("POST", "/api/v1/events/{name}"),
         ("GET", "/api/v1/tokens"),
         ("POST", "/api/v1/tokens"),
         ("GET", "/api/v1/tokens/{id}"),

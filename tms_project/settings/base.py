@@ -604,6 +604,7 @@ TMS = {
 TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},
     "sleep": {"BACKEND": "runners.noop.SleepRunner"},
+    "wait_event": {"BACKEND": "runners.wait_event.WaitEventRunner"},
     "http": {
         "BACKEND": "runners.http.HttpRunner",
         "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},
