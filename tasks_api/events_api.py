@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,6 +21,11 @@ from tms_core.auth import actor_for, request_user
 from tms_core.errors import RoleRequired
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ErrorsField(serializers.JSONField):
+    """Per-field messages, as a 400's ``errors``."""
+
+
 class EventTaskSerializer(serializers.Serializer):
     task = serializers.UUIDField(source="task.pk", help_text="The subscribed task.")
     task_name = serializers.CharField(source="task.name")
@@ -31,7 +36,7 @@ class EventTaskSerializer(serializers.Serializer):
     )
     execution = serializers.IntegerField(source="execution_id", allow_null=True, help_text="The run (null: refused).")
     due_at = serializers.DateTimeField(allow_null=True)
-    errors = serializers.JSONField(  # type: ignore[assignment]
+    errors = ErrorsField(  # type: ignore[assignment]
         allow_null=True, help_text="Why the task refused the event, per field."
     )
 

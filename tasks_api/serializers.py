@@ -19,7 +19,7 @@ from tasks_api.states import TaskState, task_next_run, task_state
 from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
-from tasks_app.event_subscriptions import subscriptions_clean
+from tasks_app.event_subscriptions import SubscriptionsField, subscriptions_clean
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
     MAX_AFTER,
@@ -443,7 +443,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
             "runs of their own. The first trigger's run wins. Null: every trigger runs at once."
         ),
     )
-    on_events = serializers.JSONField(
+    on_events = SubscriptionsField(
         required=False,
         default=list,
         help_text=(
@@ -668,7 +668,7 @@ class TaskSerializer(BuiltOnceFieldsMixin, serializers.ModelSerializer):
     max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
     workflow_timeout = DurationField(allow_null=True, help_text="Seconds; null: its workflow runs have no limit.")
     trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
-    on_events = serializers.JSONField(help_text="The named events it subscribes to, each with its debounce.")
+    on_events = SubscriptionsField(help_text="The named events it subscribes to, each with its debounce.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
     after = serializers.SerializerMethodField(help_text="The tasks it follows and how their runs must end.")
     calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tms_core.durations import DurationField
@@ -82,6 +83,23 @@ class SubscriptionSerializer(serializers.Serializer):
                 {"debounce": ["Set a debounce to use debounce_key or debounce_max_wait."]}
             )
         return attrs
+
+
+_SUBSCRIPTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "debounce": {"type": "number", "nullable": True},
+        "debounce_key": {"type": "string"},
+        "debounce_max_wait": {"type": "number", "nullable": True},
+    },
+    "required": ["name"],
+}
+
+
+@extend_schema_field({"type": "array", "items": {"oneOf": [{"type": "string"}, _SUBSCRIPTION_SCHEMA]}})
+class SubscriptionsField(serializers.JSONField):
+    """A task's ``on_events``: event names, or subscriptions with a debounce."""
 
 
 def subscriptions_clean(value: Any) -> list[dict[str, Any]]:
