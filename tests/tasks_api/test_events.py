@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from executions import transitions, worker_services
 from executions.models import EventRun, Execution, ExecutionOrigin, ExecutionStatus, ReceivedEvent
+from executions.retention import retention_prune
 from tasks_api.creation import task_create
 from tasks_api.events import event_post
 from tasks_api.triggers import task_trigger
@@ -262,3 +263,17 @@ def test_wait_event_without_its_key_in_the_input_fails_at_its_poll(user):
     execution = Execution.objects.get(pk=dispatch.execution_id)
     assert execution.status == ExecutionStatus.FAILED and "has no $.order" in execution.error
     assert task.status == TaskStatus.ACTIVE
+
+
+def test_retention_prunes_events_older_than_keep_for(api_client):
+    task = _task(api_client, on_events=["tick"])
+    api_client.post("/api/v1/events/tick", {"n": 1}, format="json")
+    api_client.post("/api/v1/events/tick", {"n": 2}, format="json")
+    old = ReceivedEvent.objects.order_by("id").first()
+    ReceivedEvent.objects.filter(pk=old.pk).update(received_at=timezone.now() - timedelta(days=31))
+
+    report = retention_prune()
+
+    assert report.received_events == 1
+    assert list(ReceivedEvent.objects.values_list("payload", flat=True)) == [{"n": 2}]
+    assert EventRun.objects.count() == 1 and _runs(task).count() == 2
