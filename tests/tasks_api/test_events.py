@@ -277,3 +277,15 @@ def test_retention_prunes_events_older_than_keep_for(api_client):
     assert report.received_events == 1
     assert list(ReceivedEvent.objects.values_list("payload", flat=True)) == [{"n": 2}]
     assert EventRun.objects.count() == 1 and _runs(task).count() == 2
+
+
+def test_payloads_the_database_cannot_store_are_400_not_500(api_client):
+    _task(api_client, on_events=["odd"])
+    nul = api_client.post("/api/v1/events/odd", {"a": "x\u0000y"}, format="json")
+    text = api_client.post("/api/v1/events/odd", "just text", content_type="text/plain")
+    bad_team = api_client.post("/api/v1/events/odd?team=nope", {}, format="json")
+
+    assert nul.status_code == 400 and "payload" in nul.json()["errors"]
+    assert text.status_code in (400, 415)
+    assert bad_team.status_code == 400 and "team" in bad_team.json()["errors"]
+    assert not ReceivedEvent.objects.exists()
