@@ -5,9 +5,11 @@ on a matching event or on its timeout."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -19,6 +21,7 @@ from tasks_api.events import event_post
 from tasks_api.triggers import task_trigger
 from tasks_app.models import TaskStatus
 from tasks_app.teams import member_set, personal_team_of, team_create
+from tests.conftest import client_for
 from tms_core.clock import db_now
 
 pytestmark = pytest.mark.django_db
@@ -289,3 +292,29 @@ def test_payloads_the_database_cannot_store_are_400_not_500(api_client):
     assert text.status_code in (400, 415)
     assert bad_team.status_code == 400 and "team" in bad_team.json()["errors"]
     assert not ReceivedEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_events_of_one_key_make_one_debounced_run(user):
+    client = client_for(user)
+    task = _debounced(client)
+    barrier = threading.Barrier(10)
+    outcomes: list[str] = []
+
+    def post(n: int) -> None:
+        try:
+            mine = client_for(user)
+            barrier.wait()
+            response = mine.post("/api/v1/events/cart", {"customer": 1, "n": n}, format="json")
+            outcomes.append(response.json()["tasks"][0]["outcome"])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post, args=(n,)) for n in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert sorted(outcomes) == ["created"] + ["joined"] * 9
+    assert _runs(task).count() == 1 and EventRun.objects.count() == 10
