@@ -445,7 +445,7 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
     )
     on_events = SubscriptionsField(
         required=False,
-        default=list,
+        default=list,  # type: ignore[arg-type]
         help_text=(
             "Named events that start a run of it (`POST /api/v1/events/{name}`): a list of names, or of objects "
             '`{"name", "debounce", "debounce_key", "debounce_max_wait"}` (seconds; debounce_key a JSON path into '
