@@ -928,3 +928,41 @@ class TaskHookSignature(models.Model):
 
     def __str__(self) -> str:
         return f"{self.digest[:12]} ({self.hook_id})"
+
+
+class EventHook(models.Model):
+    """A signed event URL: ``/hooks/v1/events/<id>`` posts the named event ``name`` in ``team``
+    (as ``POST /api/v1/events/{name}`` with ``?team=`` does) when the request is signed with (or
+    bears) ``secret``, exactly as a trigger URL's (:mod:`tasks_app.hooks`). One per team and name."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=200)
+    #: Who made it (or last rotated its secret): its requests' Idempotency-Keys are stored under them.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    #: ``$enc:<Fernet token>`` of the secret (never the secret in the clear).
+    secret = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="event_hook_one_per_name")]
+
+    def __str__(self) -> str:
+        return f"event URL {self.id[:8]} ({self.name})"
+
+
+class EventHookSignature(models.Model):
+    """A signed request an event URL accepted, remembered as :class:`TaskHookSignature` is."""
+
+    hook = models.ForeignKey(EventHook, on_delete=models.CASCADE, related_name="+")
+    digest = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="event_hook_signature_seen_once")]
+        indexes = [models.Index(fields=["expires_at"], name="event_hook_signature_exp_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.digest[:12]} ({self.hook_id})"
