@@ -318,3 +318,18 @@ def test_concurrent_events_of_one_key_make_one_debounced_run(user):
 
     assert sorted(outcomes) == ["created"] + ["joined"] * 9
     assert _runs(task).count() == 1 and EventRun.objects.count() == 10
+
+
+def test_a_patch_changes_the_subscriptions_and_is_versioned(api_client):
+    task = _task(api_client, on_events=["a"])
+
+    changed = api_client.patch(f"/api/v1/tasks/{task}", {"on_events": ["b"]}, format="json")
+    api_client.post("/api/v1/events/a", {}, format="json")
+    api_client.post("/api/v1/events/b", {}, format="json")
+
+    assert changed.status_code == 200 and [item["name"] for item in changed.json()["on_events"]] == ["b"]
+    assert _runs(task).count() == 1
+    versions = api_client.get(f"/api/v1/tasks/{task}/versions").json()["results"]
+    assert versions[0]["changed"] == ["on_events"]
+    cleared = api_client.patch(f"/api/v1/tasks/{task}", {"on_events": []}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["on_events"] == []
