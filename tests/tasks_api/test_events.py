@@ -333,3 +333,18 @@ def test_a_patch_changes_the_subscriptions_and_is_versioned(api_client):
     assert versions[0]["changed"] == ["on_events"]
     cleared = api_client.patch(f"/api/v1/tasks/{task}", {"on_events": []}, format="json")
     assert cleared.status_code == 200 and cleared.json()["on_events"] == []
+
+
+def test_over_the_teams_quota_a_task_is_refused_and_the_event_still_recorded(api_client, settings):
+    first = _task(api_client, name="first", on_events=["burst"])
+    second = _task(api_client, name="second", on_events=["burst"])
+    settings.TMS = {**settings.TMS, "QUOTA_EXECUTIONS_PER_HOUR": 1}
+
+    body = api_client.post("/api/v1/events/burst", {}, format="json").json()
+
+    assert [(row["task_name"], row["outcome"]) for row in body["tasks"]] == [
+        ("first", "created"),
+        ("second", "refused"),
+    ]
+    assert "quota" in body["tasks"][1]["errors"]["non_field_errors"][0].lower()
+    assert _runs(first).count() == 1 and not _runs(second).exists() and ReceivedEvent.objects.count() == 1
