@@ -17,6 +17,7 @@ from tasks_api.events import EventPosted, event_post
 from tasks_api.hooks import HookNotFound
 from tasks_api.hooks_api import HookView
 from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
+from tasks_app.event_subscriptions import EVENT_NAME, EVENT_NAME_HELP
 from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, HookRefused
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
 from tasks_app.models import EventHook, Team, TeamRole
@@ -25,12 +26,26 @@ from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.client_address import client_address
-from tms_core.errors import RoleRequired
+from tms_core.errors import InvalidInput, RoleRequired
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
 class ErrorsField(serializers.JSONField):
     """Per-field messages, as a 400's ``errors``."""
+
+
+NAME_PARAMETER = OpenApiParameter(
+    "name", str, OpenApiParameter.PATH, pattern=EVENT_NAME.pattern, description=f"The event's name: {EVENT_NAME_HELP}"
+)
+TEAM_PARAMETER = OpenApiParameter("team", str, description="The team (slug or id; default: yours; 404: none of yours).")
+
+
+def _resolve_team(user: Any, value: str) -> Team:
+    """The caller's team ``value`` names; 404 (not a 400: a query parameter names a resource) if none."""
+    try:
+        return team_resolve(user, value, members_only=True)
+    except InvalidInput as exc:
+        raise NotFound(exc.errors["team"][0]) from None
 
 
 class EventTaskSerializer(serializers.Serializer):
@@ -79,7 +94,8 @@ class EventView(ApiViewMixin, APIView):
         ),
         request={"application/json": {"type": "object", "additionalProperties": True}},
         parameters=[
-            OpenApiParameter("team", str, description="Only this team (its slug or id)."),
+            NAME_PARAMETER,
+            OpenApiParameter("team", str, description="Only this team (its slug or id; 404: no team of yours)."),
             IDEMPOTENCY_PARAMETER,
             REPLAYED_HEADER_PARAMETER,
         ],
@@ -89,7 +105,7 @@ class EventView(ApiViewMixin, APIView):
         user = request_user(request)
         team = request.query_params.get("team")
         if team:
-            chosen = team_resolve(user, team, members_only=True)
+            chosen = _resolve_team(user, team)
             require(user, chosen.pk, TeamRole.OPERATOR, "tasks_app.change_task", what="this team's tasks")
             team_ids = [chosen.pk]
         else:
@@ -131,7 +147,7 @@ def _team(request: Request) -> Team:
     """The team of ``?team=`` (default: the caller's own), where the caller must be an editor."""
     user = request_user(request)
     value = request.query_params.get("team")
-    team = team_resolve(user, value, members_only=True) if value else default_team_of(user)
+    team = _resolve_team(user, value) if value else default_team_of(user)
     require(user, team.pk, TeamRole.EDITOR, "tasks_app.change_task", what="this team's event URLs")
     return team
 
@@ -148,8 +164,8 @@ class EventUrlView(ApiViewMixin, APIView):
     @extend_schema(
         summary="Get an event URL",
         description="Never shows the secret.",
-        parameters=[OpenApiParameter("team", str, description="The team (slug or id; default: yours).")],
-        responses={200: EventUrlSerializer},
+        parameters=[NAME_PARAMETER, TEAM_PARAMETER],
+        responses={200: EventUrlSerializer, **error_responses(400)},
     )
     def get(self, request: Request, name: str) -> Response:
         hook = self._hook(_team(request), name)
@@ -163,8 +179,8 @@ class EventUrlView(ApiViewMixin, APIView):
             "event by POSTing to `url`, signed as a trigger URL's requests are (editor)."
         ),
         request=None,
-        parameters=[OpenApiParameter("team", str, description="The team (slug or id; default: yours).")],
-        responses={201: EventUrlMadeSerializer, 200: EventUrlMadeSerializer},
+        parameters=[NAME_PARAMETER, TEAM_PARAMETER],
+        responses={201: EventUrlMadeSerializer, 200: EventUrlMadeSerializer, **error_responses(400)},
     )
     def post(self, request: Request, name: str) -> Response:
         made = event_hook_set(team=_team(request), name=name, owner=request_user(request))
@@ -175,8 +191,8 @@ class EventUrlView(ApiViewMixin, APIView):
         summary="Remove an event URL",
         description="Its requests answer 404 from now on.",
         request=None,
-        parameters=[OpenApiParameter("team", str, description="The team (slug or id; default: yours).")],
-        responses={204: None},
+        parameters=[NAME_PARAMETER, TEAM_PARAMETER],
+        responses={204: None, **error_responses(400)},
     )
     def delete(self, request: Request, name: str) -> Response:
         if not event_hook_delete(team=_team(request), name=name, actor=request_user(request)):
