@@ -157,7 +157,7 @@ class TaskForm(ApiInputForm):
     tasks) or id, each with ``on``; :meth:`after_entries` turns them into the API's ``after``."""
 
     local_times = ("start_at", "end_at")
-    json_fields = ("config", "input_schema")
+    json_fields = ("config", "input_schema", "on_events")
     wall_times_to_api = True
     layout = ("name", "team", "runner", "config", "start_at", "timezone", "interval", "cron", "end_at", "max_runs")
     more_layout = (
@@ -174,8 +174,9 @@ class TaskForm(ApiInputForm):
         "trigger_debounce",
         "limits",
         "input_schema",
+        "on_events",
     )
-    wide_fields = ("config", "input_schema")
+    wide_fields = ("config", "input_schema", "on_events")
     #: Fields whose changes an edit does not send as they are (the team moves the task; ``after``
     #: is built from its rows by :meth:`after_entries`).
     composed = ("team", "after")
@@ -256,6 +257,13 @@ class TaskForm(ApiInputForm):
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
         help_text='A JSON Schema that a run\'s input must satisfy, e.g. {"type": "object", "required": ["date"]}. '
         "Empty: any JSON object.",
+    )
+    on_events = forms.CharField(
+        required=False,
+        label="Named events",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "mono"}),
+        help_text='JSON: the events that start a run, e.g. ["order.paid"] or [{"name": "cart.changed", '
+        '"debounce": "60s", "debounce_key": "$.customer", "debounce_max_wait": "5m"}]. Empty: none.',
     )
     #: Where the errors of ``after`` as a whole land (the API's field); the rows are the pickers.
     after = forms.CharField(required=False, widget=forms.HiddenInput)
@@ -438,6 +446,7 @@ class TaskForm(ApiInputForm):
             "trigger_debounce": seconds(task.trigger_debounce),
             "limits": task_limit_names(task) if task.has_limits else [],
             "input_schema": "" if task.input_schema is None else json.dumps(task.input_schema, indent=2),
+            "on_events": json.dumps(task.on_events) if task.on_events else "",
         }
 
     def payload(self, names: Any = None) -> dict[str, Any]:
@@ -467,7 +476,7 @@ class TaskForm(ApiInputForm):
             before = str(self.initial.get(name, "") or "")
             after = str(self.data.get(name, "") or "")
             if name in self.json_fields:
-                empty = "{}" if name == "config" else "null"
+                empty = {"config": "{}", "on_events": "[]"}.get(name, "null")
                 try:
                     unchanged = json.loads(before or empty) == json.loads(after or empty)
                 except ValueError:
@@ -481,6 +490,8 @@ class TaskForm(ApiInputForm):
                 value = (
                     {}
                     if name == "config"
+                    else []
+                    if name == "on_events"
                     else ("" if name in ("cron", "name", "dst_gap", "dst_fold", "calendar_policy") else None)
                 )
             changed[name] = value

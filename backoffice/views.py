@@ -387,10 +387,27 @@ def _settings_rows(task: Any) -> list[tuple[str, Any]]:
         ("Priority", task.priority),
         ("Misfire", f"{task.misfire_policy} (grace {short_duration(_seconds(task.misfire_grace))})"),
         ("Overlap", task.overlap_policy),
+        *([("Named events", _events_text(task.on_events))] if task.on_events else []),
         ("Version", task.version),
         ("Team", task.team.name),
         ("Owner", task.owner.get_username()),
     ]
+
+
+def _events_text(on_events: Any) -> str:
+    """A task's subscriptions in words: ``order.paid, cart.changed (debounce 1m by $.customer, at most 5m)``."""
+    parts = []
+    for item in on_events:
+        text = item.get("name", "")
+        if item.get("debounce"):
+            text += f" (debounce {short_duration(item['debounce'])}"
+            if item.get("debounce_key"):
+                text += f" by {item['debounce_key']}"
+            if item.get("debounce_max_wait"):
+                text += f", at most {short_duration(item['debounce_max_wait'])}"
+            text += ")"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 @login_required

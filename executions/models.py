@@ -672,3 +672,45 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"execution {self.execution_id}: {self.decision} by {self.decided_by_name}"
+
+
+class ReceivedEvent(models.Model):
+    """A named event posted to ``POST /api/v1/events/{name}`` (or a signed event URL), kept for
+    the wait-for-event steps that match it (``wait_event`` runner) and for the record of what it
+    started. One row per team it was posted in: an event only ever reaches its team's tasks.
+    Pruned with the executions by retention (``executions.retention``)."""
+
+    name = models.CharField(max_length=200)
+    team_id = models.IntegerField()
+    payload = models.JSONField(default=dict, blank=True)
+    #: The ``Idempotency-Key`` it came with (empty: none).
+    key = models.CharField(max_length=255, blank=True, default="")
+    received_at = models.DateTimeField(db_default=Now())
+    #: Who posted it (a username, or ``event-url:<id>``).
+    actor = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team_id", "name", "received_at"], name="received_event_match_idx"),
+            models.Index(fields=["received_at"], name="received_event_age_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.received_at:%Y-%m-%d %H:%M:%S})"
+
+
+class EventRun(models.Model):
+    """A run a :class:`ReceivedEvent` started (or joined, debounced) for one subscribed task, with
+    the debounce key it was given: the pending run the next event of the same key joins."""
+
+    event = models.ForeignKey(ReceivedEvent, on_delete=models.CASCADE, related_name="runs")
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="+", db_index=False)
+    execution_id = models.BigIntegerField()
+    #: The value of the subscription's ``debounce_key`` in the payload, as JSON text ('' without debounce).
+    debounce_key = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["task", "debounce_key", "-execution_id"], name="event_run_debounce_idx")]
+
+    def __str__(self) -> str:
+        return f"event {self.event_id}: execution {self.execution_id}"

@@ -47,6 +47,7 @@ from executions.models import (
     Execution,
     ExecutionEvent,
     ExecutionStatus,
+    ReceivedEvent,
     SkippedOccurrence,
     WorkflowMap,
     WorkflowSkip,
@@ -78,6 +79,8 @@ class PruneReport:
     skipped: int = 0
     files: int = 0
     orphans_removed: int = 0
+    #: Named events received longer ago than ``TMS_RETENTION_KEEP_FOR`` (with the runs they record).
+    received_events: int = 0
     seconds: float = 0.0
     #: Another pruning run held the lock: this one did nothing.
     busy: bool = False
@@ -327,6 +330,7 @@ def retention_prune(
             return report
         try:
             report.orphans_removed = archive_remove_orphans()
+            report.received_events = received_events_prune(now=now, size=size)
             return _prune(
                 report,
                 size=size,
@@ -339,6 +343,21 @@ def retention_prune(
             )
         finally:
             report.seconds = time.monotonic() - started
+
+
+def received_events_prune(*, now: datetime, size: int) -> int:
+    """Delete the named events received longer than ``TMS_RETENTION_KEEP_FOR`` before ``now``
+    (and the records of the runs they started), ``size`` at a time; returns how many went. A
+    wait-for-event step only matches events received since it started, and a debounce only joins
+    a run still waiting, so an event that old serves neither."""
+    cutoff = now - timedelta(seconds=tms_settings().RETENTION_KEEP_FOR)
+    removed = 0
+    while True:
+        ids = list(ReceivedEvent.objects.filter(received_at__lt=cutoff).values_list("id", flat=True)[:size])
+        if not ids:
+            return removed
+        ReceivedEvent.objects.filter(id__in=ids).delete()
+        removed += len(ids)
 
 
 def _prune(

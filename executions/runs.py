@@ -24,6 +24,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from executions import limits, traces, transitions
 from executions.backoff import exponential_backoff
 from executions.callbacks import callback_token, callback_url
+from executions.event_waits import event_lookup_for
 from executions.models import Execution
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
@@ -118,6 +119,7 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         tracing_id=task.tracing_id,
         resend=resend,
         input=execution.input,
+        event_lookup=event_lookup_for(execution),
     )
 
 

@@ -85,6 +85,23 @@ def idempotency_key(execution_id: int, attempt: int) -> str:
 
 
 @dataclass(frozen=True)
+class EventCheck:
+    """What the platform found for a wait-for-event run (:mod:`runners.wait_event`), which cannot
+    read the database itself: the payload of the first matching event received since the run
+    started (None: none yet), how long the run has waited by the database clock, and a problem
+    that ends the wait (the run's input has no correlation key)."""
+
+    payload: Mapping[str, Any] | None = None
+    waited: float = 0.0
+    problem: str = ""
+
+
+#: Looks up a named event for a waiting run: ``(event name, path in the run's input, path in the
+#: event's payload)`` (both paths empty: any event of that name).
+EventLookup = Callable[[str, str, str], EventCheck]
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a runner needs to start one attempt of one execution."""
 
@@ -109,6 +126,8 @@ class RunSpec:
     #: The W3C trace context of the launch (or poll) span, when tracing is on (tms_core/tracing.py):
     #: HTTP runners send it as ``traceparent``, process runs get it as ``TRACEPARENT``.
     traceparent: str = ""
+    #: Finds the named event a wait-for-event run waits for (set by the worker-side services).
+    event_lookup: EventLookup | None = field(default=None, repr=False, compare=False)
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
     #: the executor may still be working on the first request with this idempotency key.
     resend: bool = False

@@ -20,6 +20,7 @@ from tasks_api.task_config import task_config, task_config_masked
 from tasks_api.workflows import task_after_entries
 from tasks_app import fields as task_fields
 from tasks_app import run_config
+from tasks_app.event_subscriptions import SubscriptionsField, subscriptions_clean
 from tasks_app.fields import UPDATABLE_FIELDS
 from tasks_app.models import (
     DEFAULT_MAP_CONCURRENCY,
@@ -445,6 +446,16 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
             "runs of their own. The first trigger's run wins. Null: every trigger runs at once."
         ),
     )
+    on_events = SubscriptionsField(
+        required=False,
+        default=list,  # type: ignore[arg-type]
+        help_text=(
+            "Named events that start a run of it (`POST /api/v1/events/{name}`): a list of names, or of objects "
+            '`{"name", "debounce", "debounce_key", "debounce_max_wait"}` (seconds; debounce_key a JSON path into '
+            "the payload such as `$.customer_id`): events of the same key within `debounce` make one run, due "
+            "`debounce` after the last of them, never later than `debounce_max_wait` after the first."
+        ),
+    )
     limits = serializers.ListField(
         child=serializers.CharField(max_length=100),
         required=False,
@@ -542,6 +553,9 @@ class TaskCreateSerializer(BuiltOnceFieldsMixin, StrictInputMixin, serializers.S
         except ConditionError as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value
+
+    def validate_on_events(self, value: Any) -> list[dict[str, Any]]:
+        return subscriptions_clean(value)
 
     def validate_timezone(self, value: str) -> str:
         try:
@@ -681,6 +695,7 @@ class TaskSerializer(BuiltOnceFieldsMixin, serializers.ModelSerializer):
     max_age = DurationField(allow_null=True, help_text="Seconds; null: runs never expire.")
     workflow_timeout = DurationField(allow_null=True, help_text="Seconds; null: its workflow runs have no limit.")
     trigger_debounce = DurationField(allow_null=True, help_text="Seconds a trigger's run waits for others to join it.")
+    on_events = SubscriptionsField(help_text="The named events it subscribes to, each with its debounce.")
     limits = serializers.SerializerMethodField(help_text="Names of the named limits its runs are subject to.")
     after = serializers.SerializerMethodField(help_text="The tasks it follows and how their runs must end.")
     calendar: serializers.SlugRelatedField = serializers.SlugRelatedField(

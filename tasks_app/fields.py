@@ -69,6 +69,8 @@ TASK_FIELDS: tuple[TaskField, ...] = (
     ),
     TaskField("limits", POLICIES, many=True),
     TaskField("trigger_debounce", POLICIES),
+    # The named events that start a run of it, with their debounce (tasks_app.event_subscriptions).
+    TaskField("on_events", WHEN),
     *_settings(POLICIES, "max_attempts", "retry_backoff", "retry_backoff_max", "retry_jitter", "timeout", "priority"),
     # The workflow runs it roots: cancelled past this long, retried when failed (executions.workflow_control).
     *_settings(POLICIES, "workflow_timeout", "workflow_retries"),

@@ -20,8 +20,12 @@ import hmac
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from tms_core.errors import ConflictError
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 SIGNATURE_HEADER = "X-TMS-Signature"
 TIMESTAMP_HEADER = "X-TMS-Timestamp"
@@ -93,7 +97,9 @@ def hook_check(*, secret: str, headers: Mapping[str, str], body: bytes, now: flo
     return "signature"
 
 
-def hook_signature_remember(*, hook_id: str, headers: Mapping[str, str], now: float) -> None:
+def hook_signature_remember(
+    *, hook_id: str, headers: Mapping[str, str], now: float, model: type[Model] | None = None
+) -> None:
     """Remember the signed request ``headers`` carry (checked by :func:`hook_check`) as accepted
     by trigger URL ``hook_id``, until its timestamp leaves the tolerance; raise
     :class:`HookReplayed` when it was already (a request can be accepted once). Call it in the
@@ -106,13 +112,14 @@ def hook_signature_remember(*, hook_id: str, headers: Mapping[str, str], now: fl
 
     from tasks_app.models import TaskHookSignature
 
+    memory: Any = model or TaskHookSignature  # an event URL's: EventHookSignature
     timestamp = headers.get(TIMESTAMP_HEADER, "").strip()
     signature = headers.get(SIGNATURE_HEADER, "").strip().lower().removeprefix("sha256=")
     digest = hashlib.sha256(f"{timestamp}.{signature}".encode()).hexdigest()
-    TaskHookSignature.objects.filter(hook_id=hook_id, expires_at__lt=datetime.fromtimestamp(now, UTC)).delete()
+    memory.objects.filter(hook_id=hook_id, expires_at__lt=datetime.fromtimestamp(now, UTC)).delete()
     try:
         with transaction.atomic():
-            TaskHookSignature.objects.create(
+            memory.objects.create(
                 hook_id=hook_id,
                 digest=digest,
                 expires_at=datetime.fromtimestamp(int(timestamp) + TOLERANCE, UTC),
@@ -127,37 +134,41 @@ def hook_signature_remember(*, hook_id: str, headers: Mapping[str, str], now: fl
 def hook_signatures_expire() -> int:
     """Forget the signed requests whose timestamps can no longer be accepted (with a margin of
     the tolerance again, for a web clock ahead of the database's); returns how many."""
-    from tasks_app.models import TaskHookSignature
+    from tasks_app.models import EventHookSignature, TaskHookSignature
     from tms_core.clock import db_now
 
-    deleted, _ = TaskHookSignature.objects.filter(expires_at__lt=db_now() - timedelta(seconds=TOLERANCE)).delete()
-    return deleted
+    cutoff = db_now() - timedelta(seconds=TOLERANCE)
+    deleted, _ = TaskHookSignature.objects.filter(expires_at__lt=cutoff).delete()
+    events, _ = EventHookSignature.objects.filter(expires_at__lt=cutoff).delete()
+    return deleted + events
 
 
 def rotate_hook_secrets(batch: int) -> tuple[int, int, list[str]]:
-    """Re-encrypt every trigger URL's secret with the first key of ``TMS_SECRET_KEYS``
-    (``manage.py tms_rotate_keys`` calls this): (rows, values, ids no key opens). In batches of
-    locked rows, by id."""
+    """Re-encrypt every trigger URL's and event URL's secret with the first key of
+    ``TMS_SECRET_KEYS`` (``manage.py tms_rotate_keys`` calls this): (rows, values, ids no key
+    opens). In batches of locked rows, by id."""
     from django.db import transaction
 
-    from tasks_app.models import TaskHook
+    from tasks_app.models import EventHook, TaskHook
     from tasks_app.secrets import SecretsUnavailable, text_rotate
 
     rows = 0
     failed: list[str] = []
-    last = ""
-    while True:
-        with transaction.atomic():
-            found = list(TaskHook.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch])
-            for hook in found:
-                try:
-                    secret = text_rotate(hook.secret)
-                except SecretsUnavailable:
-                    failed.append(hook.pk)
-                    continue
-                TaskHook.objects.filter(pk=hook.pk).update(secret=secret)
-                rows += 1
-        if len(found) < batch:
-            break
-        last = found[-1].pk
+    model: Any
+    for model in (TaskHook, EventHook):
+        last = ""
+        while True:
+            with transaction.atomic():
+                found = list(model.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch])
+                for hook in found:
+                    try:
+                        secret = text_rotate(hook.secret)
+                    except SecretsUnavailable:
+                        failed.append(hook.pk)
+                        continue
+                    model.objects.filter(pk=hook.pk).update(secret=secret)
+                    rows += 1
+            if len(found) < batch:
+                break
+            last = found[-1].pk
     return rows, rows, failed

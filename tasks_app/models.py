@@ -496,6 +496,14 @@ class Task(models.Model):
         help_text="A trigger (run now) starts its run this long later; triggers meanwhile join that run (empty: "
         "each trigger runs at once).",
     )
+    #: The named events it subscribes to (``POST /api/v1/events/{name}`` starts a run of it): a list
+    #: of ``{"name", "debounce", "debounce_key", "debounce_max_wait"}`` (seconds, a JSON path),
+    #: checked by :mod:`tasks_app.event_subscriptions`.
+    on_events = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Named events that start a run of it, each with an optional debounce by a key of the payload.",
+    )
 
     #: Named limits its runs are subject to; ``has_limits`` mirrors "any", so a claim knows
     #: without a query (tasks without limits pay nothing).
@@ -939,6 +947,44 @@ class TaskHookSignature(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="hook_signature_seen_once")]
         indexes = [models.Index(fields=["expires_at"], name="hook_signature_expires_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.digest[:12]} ({self.hook_id})"
+
+
+class EventHook(models.Model):
+    """A signed event URL: ``/hooks/v1/events/<id>`` posts the named event ``name`` in ``team``
+    (as ``POST /api/v1/events/{name}`` with ``?team=`` does) when the request is signed with (or
+    bears) ``secret``, exactly as a trigger URL's (:mod:`tasks_app.hooks`). One per team and name."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=200)
+    #: Who made it (or last rotated its secret): its requests' Idempotency-Keys are stored under them.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
+    #: ``$enc:<Fernet token>`` of the secret (never the secret in the clear).
+    secret = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="event_hook_one_per_name")]
+
+    def __str__(self) -> str:
+        return f"event URL {self.id[:8]} ({self.name})"
+
+
+class EventHookSignature(models.Model):
+    """A signed request an event URL accepted, remembered as :class:`TaskHookSignature` is."""
+
+    hook = models.ForeignKey(EventHook, on_delete=models.CASCADE, related_name="+")
+    digest = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="event_hook_signature_seen_once")]
+        indexes = [models.Index(fields=["expires_at"], name="event_hook_signature_exp_idx")]
 
     def __str__(self) -> str:
         return f"{self.digest[:12]} ({self.hook_id})"

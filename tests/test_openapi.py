@@ -81,6 +81,10 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("GET", "/api/v1/tasks/{id}/occurrences"),
         ("POST", "/api/v1/tasks/{id}/backfill"),
         ("POST", "/api/v1/schedules/preview"),
+        ("POST", "/api/v1/events/{name}"),
+        ("GET", "/api/v1/events/{name}/url"),
+        ("POST", "/api/v1/events/{name}/url"),
+        ("DELETE", "/api/v1/events/{name}/url"),
         ("GET", "/api/v1/tokens"),
         ("POST", "/api/v1/tokens"),
         ("GET", "/api/v1/tokens/{id}"),
@@ -174,6 +178,7 @@ def test_schema_documents_every_route_and_every_error_with_the_error_shape():
         ("POST", "/tasks"),
         ("GET", "/tasks/{id}"),
         ("POST", "/hooks/v1/{hook_id}"),
+        ("POST", "/hooks/v1/events/{hook_id}"),
     }
     error_ref = {"$ref": "#/components/schemas/Error"}
     for (method, path), operation in operations.items():

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from accounts.oidc import LogoutView
 from tasks_api.compat import CompatTaskDetailView, CompatTaskListView
+from tasks_api.events_api import EventHookView
 from tasks_api.hooks_api import HookView
 from tms_project.pages import favicon
 
@@ -29,6 +30,7 @@ urlpatterns = [
     # Single sign-on (OpenID Connect): answers 404 unless TMS_OIDC_CLIENT_ID is set (docs/sso.md).
     path("oidc/", include("accounts.oidc_urls")),
     # Trigger URLs: outside systems start a task's run, signed with the URL's secret (no user).
+    path("hooks/v1/events/<str:hook_id>", EventHookView.as_view(), name="event-hook"),
     path("hooks/v1/<str:hook_id>", HookView.as_view(), name="hook"),
     # The original service's API, at the root as its clients expect.
     re_path(r"^tasks/?$", CompatTaskListView.as_view(), name="compat-task-list"),

@@ -13,7 +13,8 @@ database clock, never from the host.
   and the concurrency cap; :mod:`.misfire`: the misfire policy and skips;
   :mod:`.actions`: cancel, trigger and retry; :mod:`.follow`: the runs that follow a run's end
   (workflows), created in the transaction that records it; :mod:`.hold`: a workflow run's pause
-  and cancel, read by those ends; :mod:`.resume`: a paused workflow run's resume, a failed one's retry.
+  and cancel, read by those ends; :mod:`.resume`: a paused workflow run's resume, a failed one's
+  retry; :mod:`.events`: a debounced event run's due time, the wait-for-event steps' nudge.
 
 Callers import the package (``from executions import transitions``) and use the names below.
 """
@@ -41,6 +42,11 @@ from executions.transitions.dispatch import (
     executions_take_stale_pending,
     executions_untake,
     next_due_in,
+)
+from executions.transitions.events import (
+    WAIT_EVENT_HANDLE_KEY,
+    execution_debounce_event,
+    executions_nudge_event_waits,
 )
 from executions.transitions.follow import INPUT_MAX_CHARS, WORKFLOW_ACTOR, input_from, publishing_steps
 from executions.transitions.hold import halted_runs, workflow_run_hold_set, workflow_run_retry_bump
@@ -81,6 +87,7 @@ __all__ = [
     "QUEUE_RETRY_SECONDS",
     "RETRYABLE_STATUSES",
     "STEPS_PUBLISHED",
+    "WAIT_EVENT_HANDLE_KEY",
     "WAIT_RECHECK_SECONDS",
     "WORKFLOW_ACTOR",
     "CancelOutcome",
@@ -96,6 +103,7 @@ __all__ = [
     "execution_cancel",
     "execution_claim_exclusive",
     "execution_claim_loaded",
+    "execution_debounce_event",
     "execution_extend_lease",
     "execution_fail",
     "execution_join_trigger",
@@ -112,6 +120,7 @@ __all__ = [
     "executions_create",
     "executions_create_arrays",
     "executions_expire_leases",
+    "executions_nudge_event_waits",
     "executions_release_limit_waiters",
     "executions_release_waiting",
     "executions_replay",

@@ -23,6 +23,7 @@ from tasks_api.api import SchedulePreviewView, TaskViewSet
 from tasks_api.artifact_api import ArtifactUploadReceiveView, ArtifactViewSet
 from tasks_api.audit_api import AuditEntryViewSet
 from tasks_api.calendars_api import CalendarViewSet
+from tasks_api.events_api import EventUrlView, EventView
 from tasks_api.hooks_api import TaskTriggerUrlView
 from tasks_api.limits_api import LimitViewSet
 from tasks_api.quota_api import TeamQuotaView
@@ -88,6 +89,8 @@ urlpatterns = [
     ),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     re_path(r"^approvals/?$", ApprovalListView.as_view(), name="approval-list"),
+    re_path(r"^events/(?P<name>[^/]{1,200})/?$", EventView.as_view(), name="event-post"),
+    re_path(r"^events/(?P<name>[^/]{1,200})/url/?$", EventUrlView.as_view(), name="event-url"),
     path("executions/<int:pk>/callback", ExecutionCallbackView.as_view(), name="execution-callback"),
     path("artifacts/uploads/<str:token>", ArtifactUploadReceiveView.as_view(), name="artifact-upload-receive"),
     *router.urls,

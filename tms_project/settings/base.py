@@ -545,6 +545,7 @@ TMS_RUNNERS: dict[str, dict[str, Any]] = {
     "noop": {"BACKEND": "runners.noop.NoopRunner"},
     "sleep": {"BACKEND": "runners.noop.SleepRunner"},
     "approval": {"BACKEND": "runners.approval.ApprovalRunner"},
+    "wait_event": {"BACKEND": "runners.wait_event.WaitEventRunner"},
     "http": {
         "BACKEND": "runners.http.HttpRunner",
         "OPTIONS": {"allowed_networks": env.list("TMS_HTTP_ALLOWED_NETWORKS", default=[])},

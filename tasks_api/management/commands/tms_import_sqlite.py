@@ -36,7 +36,7 @@ ALIAS = "tms_legacy_file"
 NOT_CARRIED = {"team", "artifact", "calendar", "limits", "after"}
 #: Task columns added since that release: not read from the file (its table has none), so the
 #: imported tasks get their defaults (as their ``after`` links, whose ``condition`` came later).
-ADDED_SINCE = ("join", "workflow_timeout", "workflow_retries", "map_over", "map_concurrency")
+ADDED_SINCE = ("join", "workflow_timeout", "workflow_retries", "map_over", "map_concurrency", "on_events")
 USER_FIELDS = ("username", "email", "password", "first_name", "last_name", "is_active", "is_staff", "is_superuser")
 
 
