@@ -114,20 +114,27 @@ FAST = {
 
 
 def _kill_a_running_item(task: str, spared: set[int]) -> int:
-    """SIGKILL the pool process that holds one of the map step's items mid-sleep; return the item's run id."""
-    held = wait_for(
-        lambda: (
-            Execution.objects.filter(task_id=task, status=S.RUNNING)
-            .exclude(lease_owner="")
-            .exclude(pk__in=spared)
-            .order_by("map_index")
-            .first()
-        ),
-        timeout=30,
-        what="an item held by a pool process",
-    )
-    os.kill(int(held.lease_owner.rsplit(":", 1)[1]), signal.SIGKILL)
-    return held.pk
+    """SIGKILL the pool process that holds one of the map step's items mid-sleep; return the item's
+    run id. The latest item started is the one chosen (the earliest may be about to end); a kill
+    that came after its item ended (the run no longer RUNNING under that lease once the process is
+    dead) does not count, and another item's process is killed instead."""
+    for _ in range(10):
+        held = wait_for(
+            lambda: (
+                Execution.objects.filter(task_id=task, status=S.RUNNING)
+                .exclude(lease_owner="")
+                .exclude(pk__in=spared)
+                .order_by("-map_index")
+                .first()
+            ),
+            timeout=30,
+            what="an item held by a pool process",
+        )
+        assert isinstance(held, Execution)
+        os.kill(int(held.lease_owner.rsplit(":", 1)[1]), signal.SIGKILL)
+        if Execution.objects.filter(pk=held.pk, status=S.RUNNING, lease_owner=held.lease_owner).exists():
+            return held.pk  # the dead process still holds it: killed mid-step
+    raise AssertionError("no kill landed mid-step in 10 tries")
 
 
 @pytest.mark.timeout(120)
