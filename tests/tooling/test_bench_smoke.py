@@ -108,10 +108,19 @@ def test_tms_bench_workflows_runs_every_chain_to_its_last_step(tmp_path, capsys)
     out = tmp_path / "bench.json"
     call_command(
         "tms_bench", "--scenario", "workflows", "--workflow-runs", "12", "--workflow-steps", "3",
-        "--json", str(out),
+        "--workflow-map-runs", "3", "--workflow-map-items", "12", "--json", str(out),
     )  # fmt: skip
     (row,) = json.loads(out.read_text())["results"]
     assert row["scenario"] == "workflows"
     assert row["executions"] == 36  # every step of every chain, once
     assert row["extra"]["workflow_runs"] == 12 and row["extra"]["steps"] == 3
     assert row["extra"]["seconds"] > 0 and row["extra"]["independent_seconds"] > 0
+    # The map-and-join phase (issue 48): 3 workflow runs each mapping 12 items and joining them,
+    # against the chains' 36 independent runs (as many: not run again); each item ran once and
+    # each join got its 12 documents.
+    mapped = row["extra"]["map"]
+    assert mapped["workflow_runs"] == 3 and mapped["items"] == 12
+    assert mapped["executions"] == 3 * (12 + 2)  # each root, its 12 items and its join
+    assert mapped["map_runs_seen"] == 3
+    assert mapped["lost"] == mapped["duplicated"] == mapped["joins_short"] == 0
+    assert mapped["seconds"] > 0 and mapped["independent_seconds"] > 0 and mapped["time_ratio"] > 0

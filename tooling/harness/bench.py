@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Count, Max
 
 from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent, ExecutionStatus
 from tasks_api.creation import task_bulk_create
@@ -106,6 +106,11 @@ _CLEANUP = (
     """DELETE FROM executions_taskrollup WHERE team_id IN (
         SELECT t.id FROM tasks_app_team t JOIN auth_user u ON u.id = t.personal_of_id WHERE u.username = %s)""",
     """DELETE FROM executions_skippedoccurrence WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    # What a workflow run records of its map steps and skipped steps (the workflows scenario).
+    """DELETE FROM executions_workflowmap WHERE task_id IN (
+        SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
+    """DELETE FROM executions_workflowskip WHERE task_id IN (
         SELECT t.id FROM tasks_app_task t JOIN auth_user u ON u.id = t.owner_id WHERE u.username = %s)""",
     """DELETE FROM executions_executionevent WHERE execution_id IN (
         SELECT e.id FROM executions_execution e JOIN tasks_app_task t ON t.id = e.task_id
@@ -198,6 +203,10 @@ class BenchConfig:
     #: beside as many independent noop runs as they have steps, all due at one instant.
     workflow_runs: int = 1000
     workflow_steps: int = 5
+    #: ... and then this many workflow runs that each map ``workflow_map_items`` noop
+    #: items and join them, beside as many independent noop runs as they have items.
+    workflow_map_runs: int = 100
+    workflow_map_items: int = 50
     #: Run the burst a second time with a named limit on every task (a cap and a rate window
     #: too wide to bind): what enforcing limits costs per execution, beside the burst without.
     with_limit: bool = False
@@ -1229,7 +1238,88 @@ class Bench:
         figures.lateness_ms = {}  # a step is due when the one before ends: no lateness to read
         figures.baseline_per_second = flat.per_second
         self._cleanup()
+        if self.config.workflow_map_runs:
+            figures.extra["map"] = self._workflow_maps(flat if count == self._map_items() else None)
         return figures
+
+    def _map_items(self) -> int:
+        return self.config.workflow_map_runs * self.config.workflow_map_items
+
+    def _workflow_maps(self, flat: Figures | None) -> dict[str, Any]:
+        """``workflow_map_runs`` workflow runs of a root (a ``subprocess`` echo of the list), a map
+        step of ``workflow_map_items`` noop items (``map_concurrency`` the items: the bound does not
+        bind) and a noop join after it, against as many independent noop runs as there are items
+        (those of the chains' phase when the counts are equal). Each figure is the time from the
+        due instant to the last run's end; the map-and-join's runs/s counts its items. Counted
+        after: the items not run once per workflow run and index (lost, duplicated), the joins that
+        did not get every item's document."""
+        runs, items = self.config.workflow_map_runs, self.config.workflow_map_items
+        count = runs * items
+        if flat is None:
+            lead = max(3.0, count / 800 + 3.0)
+
+            def independent() -> tuple[list[dict[str, Any]], datetime]:
+                due = db_now() + timedelta(seconds=lead)
+                return [{"runner": "noop", "start_at": due, "name": f"flat {i}"} for i in range(count)], due
+
+            self.config.progress(f"workflows: {count} independent noop runs due at one instant {lead:.0f}s ahead")
+            flat = self._run_load("workflows_map_independent", independent, count)
+            self._cleanup()
+
+        def mapped() -> tuple[list[dict[str, Any]], datetime]:
+            # As the chains': roots parked within the materialising horizon, brought forward once
+            # every map step and join exists.
+            parked = db_now() + timedelta(seconds=0.8 * tms_settings().MATERIALISE_HORIZON)
+            listing = json.dumps({"items": list(range(items))})
+            roots: list[Any] = []
+            for chunk in range(0, runs, 500):
+                block = range(chunk, min(runs, chunk + 500))
+                heads = task_bulk_create(
+                    owner=self.owner,
+                    specs=[
+                        {"runner": "subprocess", "config": {"command": ["echo", listing]}, "start_at": parked,
+                         "name": f"map {i} list"}
+                        for i in block
+                    ],
+                )  # fmt: skip
+                maps = task_bulk_create(
+                    owner=self.owner,
+                    specs=[
+                        {"runner": "noop", "name": f"map {i} item", "after": [{"task": str(head.pk)}],
+                         "map_over": "$.items", "map_concurrency": min(1000, items)}
+                        for i, head in zip(block, heads, strict=True)
+                    ],
+                )  # fmt: skip
+                task_bulk_create(
+                    owner=self.owner,
+                    specs=[
+                        {"runner": "noop", "name": f"map {i} join", "after": [{"task": str(step.pk)}]}
+                        for i, step in zip(block, maps, strict=True)
+                    ],
+                )
+                roots += heads
+            return [], _bring_forward([root.pk for root in roots], seconds=3.0)
+
+        expected = runs * (items + 2)
+        self.config.progress(f"workflows: {runs} workflow runs mapping {items} noop items each, then a join")
+        figures = self._run_load("workflows_map", mapped, expected)
+        counted = _map_counts(self.owner, runs=runs, items=items)
+        self._cleanup()
+        seconds = figures.seconds
+        return {
+            "workflow_runs": runs,
+            "items": items,
+            "executions": figures.executions,
+            "seconds": round(seconds, 3),
+            "items_per_second": round(count / seconds, 1) if seconds else None,
+            "independent_seconds": round(flat.seconds, 3),
+            "independent_per_second": round(flat.per_second, 1),
+            "time_ratio": round(seconds / flat.seconds, 3) if flat.seconds else None,
+            "cpu_ms_per_exec": figures.extra.get("cpu_ms_per_exec"),
+            "independent_cpu_ms_per_exec": flat.extra.get("cpu_ms_per_exec"),
+            "commits_per_exec": figures.commits_per_execution,
+            **counted,
+        }
 
     def _burst_lateness(self, name: str) -> dict[str, float]:
         count = self.config.tasks
@@ -1478,6 +1568,42 @@ def _process_cpu(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return 0.0
+
+
+def _map_counts(owner: Any, *, runs: int, items: int) -> dict[str, int]:
+    """The map-and-join phase's runs, counted per workflow run: items lost (an index of 0 to
+    ``items - 1`` with no ended run), items duplicated (a second run of one index), joins that did
+    not run or did not get ``items`` documents, and workflow runs seen (``runs`` expected)."""
+    lost = duplicated = joins_short = 0
+    seen: dict[int | None, dict[int, int]] = {}
+    joins: dict[int | None, Any] = {}
+    rows = Execution.objects.filter(task__owner=owner, task__name__startswith="map ").values_list(
+        "task__name", "workflow_run", "map_index", "status", "input"
+    )
+    for name, workflow_run, index, status, run_input in rows:
+        if name.endswith(" item") and index is not None:
+            per_index = seen.setdefault(workflow_run, {})
+            if status in TERMINAL_STATUSES:
+                per_index[index] = per_index.get(index, 0) + 1
+        elif name.endswith(" join"):
+            joins[workflow_run] = run_input
+    for per_index in seen.values():
+        lost += sum(1 for index in range(items) if not per_index.get(index))
+        duplicated += sum(found - 1 for found in per_index.values() if found > 1)
+    lost += items * max(0, runs - len(seen))
+    # An index run twice to its end: a second terminal event on one run (a second run of an index
+    # is counted above; the unique index on task, workflow run and map_index refuses it anyway).
+    duplicated += (
+        ExecutionEvent.objects.filter(
+            execution__task__owner=owner, execution__task__name__startswith="map ", to_status__in=TERMINAL_STATUSES
+        )
+        .values("execution")
+        .annotate(ends=Count("id"))
+        .filter(ends__gt=1)
+        .count()
+    )
+    joins_short = runs - sum(1 for got in joins.values() if isinstance(got, list) and len(got) == items)
+    return {"map_runs_seen": len(seen), "lost": lost, "duplicated": duplicated, "joins_short": joins_short}
 
 
 def _cpu_per_run(figures: Figures) -> float | None:

@@ -113,6 +113,18 @@ class Command(BaseCommand):
             "--workflow-steps", type=positive(int), default=defaults.workflow_steps, help="workflows: steps per run"
         )
         parser.add_argument(
+            "--workflow-map-runs",
+            type=positive(int),
+            default=defaults.workflow_map_runs,
+            help="workflows: workflow runs that map items and join them (beside as many independent runs as items)",
+        )
+        parser.add_argument(
+            "--workflow-map-items",
+            type=positive(int),
+            default=defaults.workflow_map_items,
+            help="workflows: items each map-and-join workflow run maps",
+        )
+        parser.add_argument(
             "--herd-concurrency",
             type=positive(int),
             default=defaults.herd_concurrency,
@@ -263,6 +275,8 @@ class Command(BaseCommand):
             restore_tasks=options["restore_tasks"],
             workflow_runs=options["workflow_runs"],
             workflow_steps=options["workflow_steps"],
+            workflow_map_runs=options["workflow_map_runs"],
+            workflow_map_items=options["workflow_map_items"],
             herd_concurrency=options["herd_concurrency"],
             monitors=options["monitors"],
             herd_soon=options["herd_soon"],
