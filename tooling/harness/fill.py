@@ -38,6 +38,7 @@ _DEFAULTS: Mapping[str, str] = {
     "keep_failed_longer": "false",
     "secret_fields": "'[]'",
     "input_fills": "'{}'",
+    "on_events": "'[]'",
     "timeout": "interval '20 minutes'",
     "priority": "5",
     "tracing_id": "''",
