@@ -28,11 +28,15 @@ from tms_core.conf import tms_settings
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 
-def _audit_execution(execution: Execution, action: str, *, changes: dict, detail: str = "") -> None:
+def audit_execution(
+    execution: Execution, action: str, *, changes: dict, detail: str = "", object_type: str = "execution"
+) -> None:
+    """Record ``action`` on ``execution`` in the audit log, owned as its task is (``object_type``
+    ``workflow_run``: the act was on the workflow run this execution is the root of)."""
     owner_id = Task.objects.filter(pk=execution.task_id).values_list("owner_id", flat=True).first()
     audit_record(
         action=action,
-        object_type="execution",
+        object_type=object_type,
         object_id=execution.pk,
         owner=owner_id,
         task_id=execution.task_id,
@@ -50,7 +54,7 @@ def execution_cancel_by_user(*, execution: Execution, actor: str, reason: str = 
     with transaction.atomic():
         outcome = transitions.execution_cancel(execution_id=execution.pk, actor=actor, reason=reason)
         if outcome.won:
-            _audit_execution(
+            audit_execution(
                 execution,
                 AuditAction.CANCEL,
                 changes={"status": {"from": outcome.from_status, "to": "CANCELLED"}},
@@ -138,7 +142,7 @@ def execution_retry_by_user(*, execution: Execution, actor: str) -> Execution:
         if new_id is None:
             transaction.set_rollback(True)  # nothing created: nothing counted
         else:
-            _audit_execution(execution, AuditAction.RETRY, changes={"retry": new_id}, detail=f"execution {new_id}")
+            audit_execution(execution, AuditAction.RETRY, changes={"retry": new_id}, detail=f"execution {new_id}")
     if new_id is None:
         current = Execution.objects.select_related("task").filter(pk=execution.pk).first()
         if current is None:

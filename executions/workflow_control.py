@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -22,9 +23,8 @@ from executions import transitions
 from executions.models import ACTIVE_STATUSES, Execution, WorkflowRunControl, WorkflowRunHold
 from executions.notify import notify_due
 from executions.runs import CancelReport
-from executions.services import workflow_run_cancel_by_user
+from executions.services import audit_execution, workflow_run_cancel_by_user
 from executions.workflow_selectors import RunState, failed_steps, workflow_runs_annotated
-from tasks_app.audit import audit_record
 from tasks_app.models import AuditAction, Task, TaskStatus, TeamRole
 from tasks_app.quotas import quota_charge_executions
 from tasks_app.run_config import input_check
@@ -43,22 +43,13 @@ def _require(user: Any, root: Execution) -> None:
     require(user, root.team_id, TeamRole.OPERATOR, "executions.change_execution", what=WHAT)
 
 
+#: A workflow run's audit entry: on its root execution, as the workflow run.
+_audit = partial(audit_execution, object_type="workflow_run")
+
+
 def _who(user: Any, actor: str) -> str:
     """Who acted, as a hold's reason names them: the username, else the actor."""
     return str(getattr(user, "username", "") or actor)
-
-
-def _audit(root: Execution, action: str, *, changes: dict, detail: str) -> None:
-    owner_id = Task.objects.filter(pk=root.task_id).values_list("owner_id", flat=True).first()
-    audit_record(
-        action=action,
-        object_type="workflow_run",
-        object_id=root.pk,
-        owner=owner_id,
-        task_id=root.task_id,
-        changes=changes,
-        detail=detail,
-    )
 
 
 def workflow_run_pause(*, user: Any, root: Execution, actor: str) -> None:
