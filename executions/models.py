@@ -499,11 +499,15 @@ class TaskRollup(models.Model):
     #: The task's team (the execution's, when it ended; moved with the task,
     #: :func:`tasks_api.moving.task_move`). No foreign key, as :attr:`RunRollup.team_id`.
     team_id = models.IntegerField()
+    #: As :attr:`RunRollup.shard`: the writing transaction's id modulo :data:`ROLLUP_SHARDS`, so that
+    #: transactions ending runs of one task at once (a map step's items) do not take turns on one
+    #: row; :func:`executions.rollup.rollup_compact` folds an hour's shards into 0 once it is past.
+    shard = models.SmallIntegerField(default=0, db_default=0)
     attempts = models.PositiveIntegerField(default=0, db_default=0)
     failures = models.PositiveIntegerField(default=0, db_default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["task", "hour"], name="taskrollup_unique_key")]
+        constraints = [models.UniqueConstraint(fields=["task", "hour", "shard"], name="taskrollup_unique_shard")]
         indexes = [
             # Only hours with failures: "failing most" reads these, not every task's every hour.
             # Covering (PostgreSQL): the top ten are picked by an index-only scan.

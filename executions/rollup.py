@@ -336,19 +336,32 @@ def rollup_compact(*, older_than: float = 120.0) -> int:
     they only multiply what the dashboard reads (by up to ``ROLLUP_SHARDS``). On PostgreSQL the
     fold is one statement (``DELETE … RETURNING`` feeding an upsert), so a finish counted
     concurrently into a folded shard is never lost: it lands in a new row, folded next time.
-    Counters are added, the extremes kept (the smallest minimum, the largest maximum).
+    Counters are added, the extremes kept (the smallest minimum, the largest maximum). The
+    task-hour rows (:class:`~executions.models.TaskRollup`, sharded alike) of every hour that
+    ended ``older_than`` seconds ago are folded the same way.
     Returns the number of shard rows folded. Beat runs it every minute.
     """
     prep = RunRollup._meta.get_field("minute").get_db_prep_value
-    cutoff = prep(floor_minute(db_now() - timedelta(seconds=older_than)), connection)
+    ended = db_now() - timedelta(seconds=older_than)
+    cutoff = prep(floor_minute(ended), connection)
+    tasks = TaskRollup._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
-        return _fold(
+        minutes = _fold(
             cursor,
             picked="shard > 0 AND minute < %s",
             minute="minute",
             group_by="minute, team_id, runner",
             params=[cutoff],
         )
+        cursor.execute(
+            f"WITH folded AS (DELETE FROM {tasks} WHERE shard > 0 AND hour < %s RETURNING *)"  # noqa: S608
+            f" , merged AS (INSERT INTO {tasks} (hour, task_id, team_id, shard, attempts, failures)"
+            " SELECT hour, task_id, max(team_id), 0, sum(attempts), sum(failures) FROM folded GROUP BY hour, task_id"
+            f" ON CONFLICT (task_id, hour, shard) DO UPDATE SET attempts = {tasks}.attempts + EXCLUDED.attempts,"
+            f" failures = {tasks}.failures + EXCLUDED.failures) SELECT count(*) FROM folded",
+            [prep(floor_hour(ended), connection)],
+        )
+        return minutes + cursor.fetchone()[0]
 
 
 def _fold(cursor: Any, *, picked: str, minute: str, group_by: str, params: list[Any]) -> int:

@@ -149,8 +149,11 @@ def _rollup() -> list[str]:
 
     Each row also keeps its smallest and largest lateness and duration (the columns of
     ``MIN_COLUMNS`` and ``MAX_COLUMNS``, since migration 0031), which bound the percentiles read
-    off its histograms. The earlier forms, which going back through those migrations installs,
-    are frozen in migration 0029."""
+    off its histograms. A task's hour is sharded the same way (since migration 0039): the items
+    of a workflow's map step are runs of one task, and the workers' transactions that end them
+    (each also starting what follows) took turns on that task's hour row until they committed.
+    The earlier forms, which going back through those migrations installs, are frozen in
+    migrations 0029 and 0039."""
     retried = f"c.old_status = {literal(S.RUNNING)} AND c.status = {literal(S.SCHEDULED)}"
     counted = f"({among('c.status', TERMINAL_STATUSES)} OR ({retried}))"
     ended = f"CASE WHEN c.status = {literal(S.SCHEDULED)} THEN {NOW} ELSE coalesce(c.finished_at, {NOW}) END"
@@ -184,10 +187,10 @@ def _rollup() -> list[str]:
         f" FROM {rows} JOIN {task} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
         f" ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {_add_on_conflict(runs, added)},"
         f" {_widen_on_conflict(runs)}",
-        f"INSERT INTO {tasks} (hour, task_id, team_id, attempts, failures)"  # noqa: S608 - our names
-        f" SELECT {truncate('hour', 'r.ended')}, r.task_id, r.team_id, count(*), sum({flag(failed)})"
-        f" FROM {rows} GROUP BY 1, 2, 3 ORDER BY 2, 1"
-        f" ON CONFLICT (task_id, hour) DO UPDATE SET {_add_on_conflict(tasks, ('attempts', 'failures'))}",
+        f"INSERT INTO {tasks} (hour, task_id, team_id, shard, attempts, failures)"  # noqa: S608 - our names
+        f" SELECT {truncate('hour', 'r.ended')}, r.task_id, r.team_id, {shard}, count(*), sum({flag(failed)})"
+        f" FROM {rows} GROUP BY 1, 2, 3, 4 ORDER BY 2, 1, 4"
+        f" ON CONFLICT (task_id, hour, shard) DO UPDATE SET {_add_on_conflict(tasks, ('attempts', 'failures'))}",
     ]
 
 

@@ -11,11 +11,13 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from executions import transitions, triggers
 from executions.models import Execution, RunRollup, TaskRollup
 from executions.models import ExecutionStatus as S
+from executions.rollup import rollup_compact
 from executions.triggers import NAME
 from notifications import services
 from notifications import triggers as notify
@@ -161,7 +163,7 @@ def test_concurrent_several_row_successes_sharing_rollup_rows_do_not_deadlock():
         thread.join(30)
     assert results == {"w:a": set(first), "w:b": set(second)}
     assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 16
-    assert TaskRollup.objects.get(task=task).attempts == 16
+    assert sum(TaskRollup.objects.filter(task=task).values_list("attempts", flat=True)) == 16
 
 
 @pytest.mark.django_db(transaction=True)
@@ -172,10 +174,10 @@ def test_a_transaction_that_ends_runs_holds_one_rollup_row_and_others_do_not_wai
     commit, so each other worker's end, whatever its run, waited for it: in the workflows
     benchmark the pool processes' ends took turns (pg_stat_activity: waits on a transaction id,
     inside the trigger). The shard is now the transaction's: its ends write one row, and an end
-    in a transaction of another shard goes through at once."""
+    in a transaction of another shard goes through at once, even of the same task (its hour's
+    row is sharded too: a map step's items are runs of one task, and they took turns on it)."""
     task = TaskFactory(runner="noop")
-    # Another task of the team (a task's hour is a row of its own, which these do not share).
-    held, other = _running(task, 16, "w:a"), _running(TaskFactory(owner=task.owner, runner="noop"), 1, "w:b")
+    held, other = _running(task, 16, "w:a"), _running(task, 17, "w:b")[16:]
     table, execution = RunRollup._meta.db_table, Execution._meta.db_table
     holder = connections.create_connection("default")
     try:
@@ -206,6 +208,12 @@ def test_a_transaction_that_ends_runs_holds_one_rollup_row_and_others_do_not_wai
         holder.close()
     assert sum(row.succeeded for row in RunRollup.objects.filter(team_id=task.team_id)) == 17
     assert RunRollup.objects.filter(team_id=task.team_id).count() == 2
+    hours = TaskRollup.objects.filter(task=task)
+    assert sorted(hours.values_list("attempts", flat=True)) == [1, 16]
+    # Once the hour is past, its shards are folded into one row (and counted once).
+    TaskRollup.objects.filter(task=task).update(hour=F("hour") - timedelta(hours=2))
+    assert rollup_compact() >= 2
+    assert list(hours.values_list("shard", "attempts")) == [(0, 17)]
 
 
 def test_executions_own_migrations_install_the_parts_notifications_installs():
