@@ -141,22 +141,24 @@ FAIR_USER = "tms-bench-fair"
 Plan = Callable[[], tuple[list[dict[str, Any]], datetime]]
 
 
-def _bring_forward(task_ids: list[Any], *, seconds: float) -> datetime:
+def _bring_forward(task_ids: list[Any], *, seconds: float, run_input: Any = None) -> datetime:
     """Make the one-shot tasks ``task_ids`` (and their SCHEDULED runs) due ``seconds`` from now,
     in one transaction; the monitor, which sleeps at most ``TMS_MONITOR_MAX_SLEEP`` and is woken by
     the NOTIFY, sees the new time. The harness's own write: no product path moves a one-shot's
-    run earlier without replacing it, and a replaced run would not be the one measured."""
+    run earlier without replacing it, and a replaced run would not be the one measured. With
+    ``run_input``, the runs get it as their input, as a trigger's run would."""
     from executions.notify import notify_due
 
     due = db_now() + timedelta(seconds=seconds)
     ids = [str(task_id) for task_id in task_ids]
+    given = None if run_input is None else json.dumps(run_input)
     with transaction.atomic(), connection.cursor() as cursor:
         # Not next_run_at: the materialiser's cursor, past the one occurrence it created.
         cursor.execute("UPDATE tasks_app_task SET start_at = %s WHERE id = ANY(%s::uuid[])", [due, ids])
         cursor.execute(
-            "UPDATE executions_execution SET due_at = %s, scheduled_for = %s "
+            "UPDATE executions_execution SET due_at = %s, scheduled_for = %s, input = COALESCE(%s::jsonb, input) "
             "WHERE status = 'SCHEDULED' AND task_id = ANY(%s::uuid[])",
-            [due, due, ids],
+            [due, due, given, ids],
         )
         notify_due()
     return due
@@ -1270,15 +1272,13 @@ class Bench:
             # As the chains': roots parked within the materialising horizon, brought forward once
             # every map step and join exists.
             parked = db_now() + timedelta(seconds=0.8 * tms_settings().MATERIALISE_HORIZON)
-            listing = json.dumps({"items": list(range(items))})
             roots: list[Any] = []
             for chunk in range(0, runs, 500):
                 block = range(chunk, min(runs, chunk + 500))
                 heads = task_bulk_create(
                     owner=self.owner,
                     specs=[
-                        {"runner": "subprocess", "config": {"command": ["echo", listing]}, "start_at": parked,
-                         "name": f"map {i} list"}
+                        {"runner": "sleep", "config": {"for": "0s"}, "start_at": parked, "name": f"map {i} list"}
                         for i in block
                     ],
                 )  # fmt: skip
@@ -1298,7 +1298,11 @@ class Bench:
                     ],
                 )
                 roots += heads
-            return [], _bring_forward([root.pk for root in roots], seconds=3.0)
+            # The roots hand their input on as their output (a 0 s pause): the list to map costs
+            # no process of its own (an echo's supervisor is a Python start per root, which was
+            # most of the phase on two cores), as the independent runs cost none.
+            listing = {"items": list(range(items))}
+            return [], _bring_forward([root.pk for root in roots], seconds=3.0, run_input=listing)
 
         expected = runs * (items + 2)
         self.config.progress(f"workflows: {runs} workflow runs mapping {items} noop items each, then a join")
@@ -1603,7 +1607,61 @@ def _map_counts(owner: Any, *, runs: int, items: int) -> dict[str, int]:
         .count()
     )
     joins_short = runs - sum(1 for got in joins.values() if isinstance(got, list) and len(got) == items)
-    return {"map_runs_seen": len(seen), "lost": lost, "duplicated": duplicated, "joins_short": joins_short}
+    return {
+        "map_runs_seen": len(seen),
+        "lost": lost,
+        "duplicated": duplicated,
+        "joins_short": joins_short,
+        "phases": _map_phases(owner),
+    }
+
+
+def _map_phases(owner: Any) -> dict[str, float | None]:
+    """Where the map-and-join's time went: seconds from the roots' due instant (their earliest
+    ``scheduled_for``) to the roots' start and end, the items' creation, publishing, start and end, and the
+    joins' end (each the median and the last, ``p50``/``max``): what a slow phase is made of."""
+    kinds = {"list": "roots", "item": "items", "join": "joins"}
+    phases: dict[str, float | None] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT split_part(t.name, ' ', 3) AS kind,"  # noqa: S608 - our table names only
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.created_at)),"
+            " max(extract(epoch FROM e.created_at)),"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.enqueued_at)),"
+            " max(extract(epoch FROM e.enqueued_at)),"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.started_at)),"
+            " max(extract(epoch FROM e.started_at)),"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.finished_at)),"
+            " max(extract(epoch FROM e.finished_at)),"
+            " min(extract(epoch FROM e.scheduled_for))"
+            f" FROM {Execution._meta.db_table} e JOIN {Task._meta.db_table} t ON t.id = e.task_id"
+            " WHERE t.owner_id = %s AND t.name LIKE 'map %%' GROUP BY 1",
+            [owner.pk],
+        )
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    origin = rows.get("list", (None,) * 9)[8]
+    if origin is None:
+        return phases
+    for kind, label in kinds.items():
+        values = rows.get(kind)
+        if values is None:
+            continue
+        for name, value in zip(
+            (
+                "created_p50",
+                "created_max",
+                "enqueued_p50",
+                "enqueued_max",
+                "started_p50",
+                "started_max",
+                "ended_p50",
+                "ended_max",
+            ),
+            values[:8],
+            strict=True,
+        ):
+            phases[f"{label}_{name}"] = None if value is None else round(float(value) - float(origin), 3)
+    return phases
 
 
 def _cpu_per_run(figures: Figures) -> float | None:
