@@ -43,7 +43,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
-from executions.models import ACTIVE_STATUSES, Execution, WorkflowRunControl, WorkflowRunHold
+from executions.models import ACTIVE_STATUSES, Execution, WorkflowMap, WorkflowRunControl, WorkflowRunHold
 from executions.models import ExecutionStatus as S
 from executions.workflow_runs import MAX_STEPS
 from tasks_app.models import DependencyOn, Task, TaskDependency, TaskStatus
@@ -169,6 +169,13 @@ def workflow_runs_annotated(executions: QuerySet[Execution]) -> QuerySet[Executi
                 When(hold=WorkflowRunHold.PAUSED, then=Value(RunState.PAUSED)),
                 When(Exists(steps.filter(status__in=ACTIVE_STATUSES)), then=Value(RunState.RUNNING)),
                 When(Exists(_latest(steps.filter(status=S.FAILED)).filter(_unhandled())), then=Value(RunState.FAILED)),
+                # A map step that failed without an item (no list to read) has its record only.
+                When(
+                    Exists(
+                        WorkflowMap.objects.filter(workflow_run=OuterRef("pk"), status=S.FAILED).filter(_unhandled())
+                    ),
+                    then=Value(RunState.FAILED),
+                ),
                 When(Exists(_latest(steps.filter(status=S.CANCELLED))), then=Value(RunState.CANCELLED)),
                 default=Value(RunState.SUCCEEDED),
             ),

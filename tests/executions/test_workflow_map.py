@@ -364,3 +364,18 @@ def test_pruning_a_root_removes_its_workflow_run_s_map_steps(user, settings, tmp
     retention_prune(now=later)
     assert not Execution.objects.filter(pk=old).exists() and Execution.objects.filter(pk=new).exists()
     assert list(WorkflowMap.objects.filter(task=each).values_list("workflow_run", flat=True)) == [new]
+
+
+def test_a_map_step_failed_before_any_item_fails_its_workflow_run_in_the_list_and_its_filter(user, api_client):
+    """A map step that could not read its list has no run of its own (only its record): its
+    workflow run is failed in the list and by ``?state=failed`` as on its own page, not succeeded."""
+    listing, each, _ = _flow(user)  # the summary follows on success: the failure is not handled
+    root = transitions.execution_trigger(task_id=listing.pk, actor="test")
+    end(root, output=json.dumps({"files": "a.csv"}))
+    assert WorkflowMap.objects.get(task=each, workflow_run=root).status == S.FAILED
+    assert api_client.get(f"/api/v1/workflow-runs/{root}").json()["state"] == "failed"
+    listed = api_client.get("/api/v1/workflow-runs").json()["results"]
+    assert [run["state"] for run in listed if run["id"] == root] == ["failed"]
+    for state, wanted in (("failed", [root]), ("succeeded", [])):
+        found = api_client.get(f"/api/v1/workflow-runs?state={state}").json()["results"]
+        assert [run["id"] for run in found if run["id"] == root] == wanted
