@@ -15,7 +15,7 @@ from django.db.models import Q
 
 from executions import traces, transitions
 from executions.materialiser import materialise_task, task_schedule
-from executions.models import ACTIVE_STATUSES, Execution
+from executions.models import ACTIVE_STATUSES, Execution, WorkflowRunHold
 from executions.models import ExecutionStatus as S
 from executions.notify import notify_due
 from executions.runs import CancelReport, ExternalRun, stop_external_run
@@ -81,11 +81,22 @@ def workflow_run_cancel_by_user(
     """Cancel every step still to run or running in the workflow run of ``execution`` (a step
     of it, or its root), each as :func:`execution_cancel_by_user` would; returns the workflow
     run's id and a report per step cancelled. A cancelled step starts nothing, so the workflow
-    run stops there. A step that ends while this runs may start its followers: they are found
-    and cancelled by the next pass, until a pass finds nothing active."""
+    run stops there. While a step is active, the workflow run's hold is set to cancelled first
+    (as ``POST /workflow-runs/{id}/cancel`` does), so that a step ending while this runs starts
+    nothing either; one that started something before the hold is found by the next pass, until
+    a pass finds nothing active. A workflow run that has ended keeps its state (no hold)."""
     workflow_run = execution.workflow_run or execution.pk
     # A root still running has no workflow_run yet: it is written when its end starts a follower.
     steps = Q(workflow_run=workflow_run) | Q(pk=workflow_run)
+    if Execution.objects.filter(steps, status__in=ACTIVE_STATUSES).exists():
+        with transaction.atomic():
+            transitions.workflow_run_hold_set(
+                workflow_run=workflow_run,
+                hold=WorkflowRunHold.CANCELLED,
+                sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED],
+                actor=actor,
+                reason=reason,
+            )
     reports: list[CancelReport] = []
     for _ in range(WORKFLOW_CANCEL_PASSES):
         active = list(Execution.objects.filter(steps, status__in=ACTIVE_STATUSES).order_by("id"))

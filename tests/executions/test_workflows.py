@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from executions import transitions
-from executions.models import Execution, ExecutionEvent, ExecutionOrigin
+from executions.models import Execution, ExecutionEvent, ExecutionOrigin, WorkflowRunControl, WorkflowRunHold
 from executions.models import ExecutionStatus as S
 from tasks_api.creation import task_create
 from tasks_api.editing import task_update
@@ -327,6 +327,10 @@ def test_cancelling_a_workflow_run_cancels_its_pending_steps_and_nothing_follows
     assert _steps(d) == [], "a cancelled step starts nothing, not even on completion"
     assert Execution.objects.get(task=unrelated).status == S.SCHEDULED
     assert Execution.objects.get(pk=root).status == S.SUCCEEDED
+    # Its hold says cancelled, as the workflow run's own cancel sets it: a step that ended while
+    # the steps were being cancelled would have started nothing either.
+    assert WorkflowRunControl.objects.get(workflow_run=root).hold == WorkflowRunHold.CANCELLED
+    assert api_client.post(f"/api/v1/workflow-runs/{root}/resume").status_code == 409
     # Nothing left to cancel: 200 with none.
     again = api_client.post(f"/api/v1/executions/{step_b.pk}/cancel-workflow")
     assert again.status_code == 200 and again.json()["executions"] == []
