@@ -4,6 +4,7 @@ service as the API (:func:`executions.approvals.approval_decide`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -15,8 +16,6 @@ from backoffice.scope import execution_or_404
 from executions.approvals import MAX_COMMENT, approval_decide, approvals_pending, is_waiting, may_decide
 from executions.models import Approval, Execution
 from runners.approval import approvers_of
-from tasks_app.models import TeamRole
-from tasks_app.teams import teams_with_role
 from tms_core.form_errors import flash_outcome
 
 #: The most pending approvals the page lists (oldest first).
@@ -50,18 +49,18 @@ def approval_panel(user: Any, execution: Execution) -> dict[str, Any] | None:
 @login_required
 def approvals_page(request: HttpRequest) -> HttpResponse:
     """The runs waiting for a decision in the user's teams, oldest first, with the buttons where
-    the user may decide (the operator role; a step's ``approvers`` are checked on the decision)."""
+    the user may decide: the decision's own rule (:func:`~executions.approvals.may_decide`: the
+    operator role, and the step's ``approvers``, a higher role or named people), asked once per
+    team and ``approvers`` on the page, not per row."""
     executions = list(approvals_pending(request.user)[:PAGE_ROWS])
-    anywhere = request.user.has_perm("executions.change_execution")
-    operated = set() if anywhere else set(teams_with_role(request.user, TeamRole.OPERATOR).values_list("pk", flat=True))
-    rows = [
-        {
-            "execution": execution,
-            "message": _config(execution).get("message") or "",
-            "can_decide": anywhere or execution.team_id in operated,
-        }
-        for execution in executions
-    ]
+    decides: dict[tuple[int, str], bool] = {}
+    rows = []
+    for execution in executions:
+        config = _config(execution)
+        key = (execution.team_id, json.dumps(approvers_of(config), sort_keys=True))
+        if key not in decides:
+            decides[key] = may_decide(request.user, execution, config)
+        rows.append({"execution": execution, "message": config.get("message") or "", "can_decide": decides[key]})
     return render(request, "backoffice/approvals.html", {"rows": rows, "max_comment": MAX_COMMENT})
 
 

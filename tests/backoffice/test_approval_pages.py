@@ -58,3 +58,36 @@ def test_an_operator_decides_from_the_pages_and_a_viewer_only_reads(client, crew
     assert "decided already" in " ".join(str(m) for m in get_messages(again.wsgi_request))
     page = client.get(f"/ui/executions/{execution_id}/").content.decode()
     assert "Approved by crew-operator" in page and 'id="approve"' not in page
+
+
+def test_the_approvals_page_shows_the_buttons_only_to_whom_the_step_names(client, crew):
+    """A step whose ``approvers`` name people (or a higher role) lists for every member, with the
+    buttons only for those it names: an operator it does not name would only get a 403."""
+    people = crew["people"]
+    ids = {}
+    for name, approvers in (("named", [people["admin"].username]), ("by role", "admin"), ("open", None)):
+        task = task_create(
+            owner=people["admin"],
+            team=crew["team"],
+            runner="approval",
+            name=name,
+            config={"message": name} | ({"approvers": approvers} if approvers else {}),
+            timeout=timedelta(hours=1),
+            start_at=datetime(2099, 1, 1, tzinfo=UTC),
+        )
+        ids[name] = transitions.execution_trigger(task_id=task.pk, actor="test")
+    transitions.executions_take_due(limit=100, actor="monitor")
+    for execution_id in ids.values():
+        assert worker_services.execution_run(execution_id=execution_id, attempt=1, worker_id="w:bo:1") == "polling"
+
+    def buttons(who: str) -> dict[str, bool]:
+        client.force_login(people[who])
+        page = client.get("/ui/approvals/").content.decode()
+        assert all(f'id="approval-{execution_id}"' in page for execution_id in ids.values())
+        return {name: f'action="/ui/executions/{pk}/approve/"' in page for name, pk in ids.items()}
+
+    assert buttons("operator") == {"named": False, "by role": False, "open": True}
+    assert buttons("admin") == {"named": True, "by role": True, "open": True}
+    client.force_login(people["operator"])
+    assert client.post(f"/ui/executions/{ids['named']}/approve/").status_code in (302, 403)
+    assert Execution.objects.get(pk=ids["named"]).status == S.RUNNING
