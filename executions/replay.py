@@ -22,7 +22,7 @@ from executions import transitions
 from executions.models import TERMINAL_STATUSES, Execution
 from executions.notify import notify_due
 from tasks_app.audit import audit_record
-from tasks_app.masking import ENV_NAMES, environment_changes, masks_left
+from tasks_app.masking import ENV_NAMES, environment_changes, masks_left, unmask_config
 from tasks_app.models import AuditAction, Task, TaskStatus, TaskVersion, TeamRole
 from tasks_app.quotas import quota_charge_executions_of
 from tasks_app.run_config import config_override, input_check, task_validate_runner
@@ -362,6 +362,10 @@ def execution_replay_one(
         raise GoneError(f"No execution {execution_id} (of yours).")
     task = execution.task
     require(user, task.team_id, TeamRole.OPERATOR, "executions.change_execution", what="this execution")
+    if isinstance(run_input, dict) and execution.input is not None:
+        # The API shows the run's input masked: a value sent back still reading the mask is the
+        # stored one (as a form keeps a secret left alone), never the mask itself.
+        run_input = unmask_config(run_input, execution.input)
     overrides: dict[uuid.UUID, Any] = {}
     number = execution.task_version
     if version == VERSION_ORIGINAL and number is not None and number != task.version:

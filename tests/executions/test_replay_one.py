@@ -100,3 +100,17 @@ def test_bad_requests_are_400_per_field_and_another_team_s_run_is_404(world, oth
     unfinished = operator.post(_url(world["run"]), {}, format="json")
     assert unfinished.status_code == 400
     assert not Execution.objects.filter(origin=ExecutionOrigin.REPLAY).exists()
+
+
+def test_an_input_read_from_the_api_with_its_secrets_masked_keeps_them_when_sent_back(world):
+    """The API shows a run's input masked (a token reads ``********``): a client that edits one
+    value of it and sends it back replays with the stored secrets, not with the mask."""
+    run = world["run"]
+    Execution.objects.filter(pk=run.pk).update(input={"day": "mon", "api_token": "s3cr3t", "env": {"KEY": "v"}})
+    operator = _client(world["people"]["operator"])
+    shown = operator.get(f"/api/v1/executions/{run.pk}").json()["input"]
+    assert shown["api_token"] == "********"
+    done = operator.post(_url(run), {"input": shown | {"day": "tue", "extra": "********x"}}, format="json")
+    assert done.status_code == 201, done.json()
+    new = Execution.objects.get(pk=done.json()["created"][0])
+    assert new.input == {"day": "tue", "api_token": "s3cr3t", "env": {"KEY": "v"}, "extra": "********x"}
