@@ -318,7 +318,8 @@ class ExecutionViewSet(
         operation_id="executions_replay_one",
         description=(
             "Runs one finished execution again: a new execution due now, `origin` replay, `replay_of` it, with "
-            "`input` instead of its own when given. `version`: `current` (default) runs the task as it is now; "
+            "`input` instead of its own when given (a value still reading `********`, as the execution shows a "
+            "secret, keeps the stored one). `version`: `current` (default) runs the task as it is now; "
             "`original` runs the config of the task's version the execution was created from (its "
             "`task_version`), each secret at its current value (400 on `version` when that version had a "
             "secret the task no longer holds; 409 when it ran another runner: restore the version instead). "
