@@ -145,23 +145,47 @@ class RunSpec:
         """Deterministic per execution and attempt: a repeated start must adopt, never relaunch."""
         return idempotency_key(self.execution_id, self.attempt)
 
-    def environment(self) -> dict[str, str]:
-        """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""
-        env = {
-            "TMS_EXECUTION_ID": str(self.execution_id),
-            "TMS_ATTEMPT": str(self.attempt),
-            "TMS_TASK_ID": str(self.task_id),
-            "TMS_IDEMPOTENCY_KEY": self.idempotency_key,
+    def attempt_facts(self) -> dict[str, Any]:
+        """What a run carries about the attempt that made it, each runner under names of its own
+        (environment variables, headers, invocation metadata): the ids, the idempotency key, and
+        those of the callback URL and its token, the tracing id and the W3C traceparent that are set.
+        The token goes only with a URL to send it to."""
+        facts: dict[str, Any] = {
+            "idempotency_key": self.idempotency_key,
+            "execution_id": self.execution_id,
+            "attempt": self.attempt,
+            "task_id": str(self.task_id),
         }
         if self.callback_url:
-            env["TMS_CALLBACK_URL"] = self.callback_url
-        if self.callback_token:
-            env["TMS_CALLBACK_TOKEN"] = self.callback_token
+            facts["callback_url"] = self.callback_url
+            if self.callback_token:
+                facts["callback_token"] = self.callback_token
         if self.tracing_id:
-            env["TMS_TRACING_ID"] = self.tracing_id
+            facts["tracing_id"] = self.tracing_id
         if self.traceparent:
-            env["TRACEPARENT"] = self.traceparent
-        return env
+            facts["traceparent"] = self.traceparent
+        return facts
+
+    def facts_named(self, names: Mapping[str, str]) -> dict[str, str]:
+        """The :meth:`attempt_facts` that ``names`` names (fact -> the runner's name for it), as text."""
+        return {names[fact]: str(value) for fact, value in self.attempt_facts().items() if fact in names}
+
+    def environment(self) -> dict[str, str]:
+        """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""
+        return self.facts_named(ENVIRONMENT_NAMES)
+
+
+#: :meth:`RunSpec.attempt_facts` as a process-based run's environment variables.
+ENVIRONMENT_NAMES = {
+    "execution_id": "TMS_EXECUTION_ID",
+    "attempt": "TMS_ATTEMPT",
+    "task_id": "TMS_TASK_ID",
+    "idempotency_key": "TMS_IDEMPOTENCY_KEY",
+    "callback_url": "TMS_CALLBACK_URL",
+    "callback_token": "TMS_CALLBACK_TOKEN",
+    "tracing_id": "TMS_TRACING_ID",
+    "traceparent": "TRACEPARENT",
+}
 
 
 @dataclass(frozen=True)

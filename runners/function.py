@@ -66,6 +66,17 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 #: On top of the shared ones: the runner sends JSON, and X-TMS-* headers carry the attempt's ids.
 _RESERVED_HEADERS = RESERVED_HEADERS | {"content-type"}
 _RESERVED_HEADER_PREFIXES = ("x-tms-",)
+#: The attempt's facts (:meth:`runners.base.RunSpec.attempt_facts`) as the headers of every request.
+_FACT_HEADERS = {
+    "idempotency_key": "Idempotency-Key",
+    "execution_id": "X-TMS-Execution-Id",
+    "attempt": "X-TMS-Attempt",
+    "task_id": "X-TMS-Task-Id",
+    "callback_url": "X-TMS-Callback-Url",
+    "callback_token": "X-TMS-Callback-Token",
+    "tracing_id": "X-TMS-Tracing-Id",
+    "traceparent": "traceparent",
+}
 #: Largest start or status document read from a platform.
 _DOCUMENT_MAX_BYTES = 2 * 1024 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -251,22 +262,7 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
 
     @staticmethod
     def _tms_headers(spec: RunSpec) -> dict[str, str]:
-        headers = {
-            "Idempotency-Key": spec.idempotency_key,
-            "X-TMS-Execution-Id": str(spec.execution_id),
-            "X-TMS-Attempt": str(spec.attempt),
-            "X-TMS-Task-Id": str(spec.task_id),
-            "Accept": "application/json",
-        }
-        if spec.callback_url:
-            headers["X-TMS-Callback-Url"] = spec.callback_url
-            if spec.callback_token:
-                headers["X-TMS-Callback-Token"] = spec.callback_token
-        if spec.tracing_id:
-            headers["X-TMS-Tracing-Id"] = spec.tracing_id
-        if spec.traceparent:
-            headers["traceparent"] = spec.traceparent
-        return headers
+        return {**spec.facts_named(_FACT_HEADERS), "Accept": "application/json"}
 
     def _may_contact(self, url: str, spec: RunSpec) -> bool:
         """Under ``allowed_urls``, or on the origin of the task's own (allowed) function URL.

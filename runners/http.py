@@ -368,15 +368,7 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
         if not status_url:
             return RunResult.failed("this run has no status URL: it was not started in async mode", retryable=False)
         try:
-            reply = self._exchange(
-                "GET",
-                status_url,
-                headers=self._headers(spec, target=status_url),
-                body=None,
-                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
-                follow_redirects=bool(spec.config.get("follow_redirects", True)),
-                limit=_STATUS_DOCUMENT_MAX_BYTES,
-            )
+            reply = self._status_exchange("GET", spec, status_url, limit=_STATUS_DOCUMENT_MAX_BYTES)
         except RunnerError as exc:
             if exc.retryable:
                 return self.poll_again(logger, "status check of %s failed: %s", handle.external_run_id, exc)
@@ -393,15 +385,7 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
         if not status_url:
             return
         try:
-            reply = self._exchange(
-                "DELETE",
-                status_url,
-                headers=self._headers(spec, target=status_url),
-                body=None,
-                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
-                follow_redirects=bool(spec.config.get("follow_redirects", True)),
-                limit=0,
-            )
+            reply = self._status_exchange("DELETE", spec, status_url, limit=0)
         except RunnerError as exc:
             logger.warning("http runner %r: cancelling %s failed: %s", self.alias, handle.external_run_id, exc)
             return
@@ -411,6 +395,19 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
             )
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _status_exchange(self, method: str, spec: RunSpec, status_url: str, *, limit: int) -> Reply:
+        """A bodyless request to an async run's status URL (a poll's GET, a cancel's DELETE), within
+        the poll timeout, following redirects as the task's config says."""
+        return self._exchange(
+            method,
+            status_url,
+            headers=self._headers(spec, target=status_url),
+            body=None,
+            seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
+            follow_redirects=bool(spec.config.get("follow_redirects", True)),
+            limit=limit,
+        )
 
     def _limit(self, config: Mapping[str, Any]) -> int:
         value = config.get("max_response_bytes")
