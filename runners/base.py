@@ -363,6 +363,42 @@ class UrlHostLimitKey:
         return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
 
 
+class UrlLaunchRunner(UrlHostLimitKey, BaseRunner):
+    """The base of the runners that launch a run with a request to the task's ``url`` carrying
+    the attempt's Idempotency-Key (http, function): the URL is the task's destination and the
+    host its named limits count by, its ``headers`` are secret, a run can be cancelled, and a
+    re-sent launch answered with one of the ``in_progress_statuses`` is sent again
+    (:meth:`resend_while_in_progress`). A subclass's ``option_defaults`` spread this class's."""
+
+    option_defaults: ClassVar[Mapping[str, Any]] = {
+        #: Status codes that answer a re-sent launch with "a request with this Idempotency-Key is
+        #: still in progress": the launch is sent again after a backoff, never judged a failure.
+        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
+    }
+    secret_config_fields = ("headers",)
+    destination_config_fields = ("url",)
+    supports_cancel = True
+    #: How its log lines and errors name the runner's kind ("http runner"), before its alias.
+    label: ClassVar[str]
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(alias, options)
+        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
+
+    def resend_while_in_progress(
+        self, send: Callable[[float], T], status_of: Callable[[T], int], *, spec: RunSpec, log: logging.Logger
+    ) -> T:
+        """:func:`resend_while_in_progress` with this runner's ``in_progress_statuses``."""
+        return resend_while_in_progress(
+            send,
+            status_of,
+            spec=spec,
+            statuses=self.in_progress_statuses,
+            log=log,
+            runner=f"{self.label} {self.alias!r}",
+        )
+
+
 def status_codes_option(alias: str, options: Mapping[str, Any], name: str) -> frozenset[int]:
     """The OPTION ``name``, a list of HTTP status codes (``in_progress_statuses``), checked at start-up."""
     value = options[name]
