@@ -41,10 +41,10 @@ from executions.serializers import (
 from executions.services import execution_cancel_by_user, execution_retry_by_user, workflow_run_cancel_by_user
 from tasks_app.models import Task, TaskStatus
 from tasks_app.teams import scope_to_teams
-from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
+from teams_api.scope import TeamFilterSet, TeamScopedMixin
 from tms_core.api.base import ApiViewMixin, IsSupportStaff, StrictFilterSet
 from tms_core.api.keyset import KeysetPagination, Segment
-from tms_core.api.schema import error_responses
+from tms_core.api.schema import detail_post, error_responses
 from tms_core.api.stops import stop_response, stop_responses
 from tms_core.auth import actor_for, request_user
 from tms_core.clock import db_now
@@ -148,7 +148,7 @@ class WholeNumberFilter(filters.NumberFilter):
     field_class = forms.IntegerField
 
 
-class ExecutionFilter(StrictFilterSet):
+class ExecutionFilter(TeamFilterSet):
     task = filters.UUIDFilter(field_name="task_id", help_text="Only executions of this task.")
     status = filters.ChoiceFilter(choices=ExecutionStatus.choices, help_text="Only executions in this status.")
     origin = filters.ChoiceFilter(choices=ExecutionOrigin.choices, help_text="Only executions with this origin.")
@@ -158,7 +158,6 @@ class ExecutionFilter(StrictFilterSet):
     scheduled_before = UtcDateTimeFilter(
         field_name="scheduled_for", lookup_expr="lt", help_text="Only executions scheduled before this time."
     )
-    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
     workflow_run = WholeNumberFilter(
         field_name="workflow_run",
         min_value=1,
@@ -169,9 +168,6 @@ class ExecutionFilter(StrictFilterSet):
     class Meta:
         model = Execution
         fields = ["task", "status", "origin", "scheduled_after", "scheduled_before", "team", "workflow_run"]
-
-    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
-        return filter_by_team(queryset, self.request, value)
 
 
 @extend_schema_view(
@@ -209,7 +205,8 @@ class ExecutionViewSet(
     def get_serializer_class(self) -> type[BaseSerializer]:
         return ExecutionSerializer if self.action == "list" else ExecutionDetailSerializer
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
         summary="Cancel an execution",
         description=(
             "Cancels a SCHEDULED, PENDING or RUNNING execution. A running one's external run is stopped "
@@ -217,18 +214,18 @@ class ExecutionViewSet(
             "the external run may go on (`external_run` says why). 409 when it already finished."
         ),
         request=None,
-        parameters=[EXECUTION_ID],
         responses={
             **stop_responses(CancelReportSerializer, "Cancelled"),
             **error_responses(409),
         },
     )
-    @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         report = execution_cancel_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
         return stop_response(report, CancelReportSerializer)
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
+        url_path="cancel-workflow",
         summary="Cancel the workflow run of an execution",
         description=(
             "Cancels every step still to run or running of the workflow run this execution belongs to (see "
@@ -237,10 +234,8 @@ class ExecutionViewSet(
             "(none if nothing was active)."
         ),
         request=None,
-        parameters=[EXECUTION_ID],
         responses={200: WorkflowCancelSerializer},
     )
-    @action(detail=True, methods=["post"], url_path="cancel-workflow")
     def cancel_workflow(self, request: Request, pk: str | None = None) -> Response:
         workflow_run, reports = workflow_run_cancel_by_user(
             execution=self.get_object(), actor=actor_for(request_user(request))
@@ -313,7 +308,10 @@ class ExecutionViewSet(
         code = status.HTTP_201_CREATED if report.created else status.HTTP_200_OK
         return Response(ReplayResultSerializer(body).data, status=code)
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
+        url_path="replay",
+        url_name="replay-one",
         summary="Replay one execution",
         operation_id="executions_replay_one",
         description=(
@@ -327,10 +325,8 @@ class ExecutionViewSet(
             "needs the editor role (403 naming it). 404 for an execution that is not yours."
         ),
         request=SingleReplaySerializer,
-        parameters=[EXECUTION_ID],
         responses={201: ReplayResultSerializer, **error_responses(404, 409)},
     )
-    @action(detail=True, methods=["post"], url_path="replay", url_name="replay-one")
     def replay_one(self, request: Request, pk: str | None = None) -> Response:
         serializer = SingleReplaySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -352,7 +348,8 @@ class ExecutionViewSet(
         }
         return Response(ReplayResultSerializer(body).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
         summary="Retry a failed or cancelled execution",
         description=(
             "Runs a FAILED or CANCELLED execution again as a new execution of the same task, due now, with "
@@ -361,17 +358,16 @@ class ExecutionViewSet(
             "or its task was deleted."
         ),
         request=None,
-        parameters=[EXECUTION_ID],
         responses={201: ExecutionDetailSerializer, **error_responses(409)},
     )
-    @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         execution = execution_retry_by_user(execution=self.get_object(), actor=actor_for(request_user(request)))
         execution = Execution.objects.prefetch_related("events").get(pk=execution.pk)
         headers = {"Location": f"/api/v1/executions/{execution.pk}"}
         return Response(ExecutionDetailSerializer(execution).data, status=status.HTTP_201_CREATED, headers=headers)
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
         summary="Approve a run waiting for approval",
         description=(
             "Ends a run of an `approval` step that waits for a decision as SUCCEEDED, its output "
@@ -381,14 +377,13 @@ class ExecutionViewSet(
             "decided already (of two decisions at once exactly one wins)."
         ),
         request=DecisionSerializer,
-        parameters=[EXECUTION_ID],
         responses={200: ApprovalSerializer, **error_responses(404, 409)},
     )
-    @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, approve=True)
 
-    @extend_schema(
+    @detail_post(
+        EXECUTION_ID,
         summary="Reject a run waiting for approval",
         description=(
             "Ends a run of an `approval` step that waits for a decision as FAILED (not retried), its error naming "
@@ -396,10 +391,8 @@ class ExecutionViewSet(
             "`on: failure` step gets. The same rules as `approve`."
         ),
         request=DecisionSerializer,
-        parameters=[EXECUTION_ID],
         responses={200: ApprovalSerializer, **error_responses(404, 409)},
     )
-    @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, approve=False)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -15,7 +14,7 @@ from executions.callbacks import TOKEN_HEADER, CallbackRefused, callback_verify
 from executions.reports import execution_report
 from tms_core import tracing
 from tms_core.api.base import StrictInputMixin
-from tms_core.api.throttling import SimpleRateThrottle
+from tms_core.api.throttling import SettingRateThrottle
 
 
 class CallbackSerializer(StrictInputMixin, serializers.Serializer):
@@ -26,16 +25,11 @@ class CallbackSerializer(StrictInputMixin, serializers.Serializer):
     retryable = serializers.BooleanField(required=False, default=True)
 
 
-class CallbackRateThrottle(SimpleRateThrottle):
-    """Reports per client address, at ``TMS_CALLBACK_THROTTLE`` (read per request, so it can change)."""
+class CallbackRateThrottle(SettingRateThrottle):
+    """Reports per client address, at ``TMS_CALLBACK_THROTTLE``."""
 
     scope = "callback"
-
-    def get_rate(self) -> str | None:
-        return settings.TMS_CALLBACK_THROTTLE
-
-    def get_cache_key(self, request: Request, view: APIView) -> str:
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+    setting = "TMS_CALLBACK_THROTTLE"
 
 
 def _token(request: Request) -> str:

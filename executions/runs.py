@@ -16,8 +16,8 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import Any, TypeVar
+from functools import partial, wraps
+from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
@@ -154,6 +154,37 @@ def redacted(task: Task, result: RunResult) -> RunResult:
     return result
 
 
+_Recorder = TypeVar("_Recorder", bound=Callable[..., str])
+
+
+def _traced_outcome(record: _Recorder) -> _Recorder:
+    """``record`` (an outcome's writer) inside a ``tms.execution.outcome`` span when tracing is
+    on, the run's end traced once its status is final; called as it is when tracing is off, so
+    the writer is written once for both ways."""
+
+    @wraps(record)
+    def traced(*, execution: Execution, task: Task, result: RunResult, **rest: Any) -> str:
+        if not tracing.ON:
+            return record(execution=execution, task=task, result=result, **rest)
+        attributes = {
+            "tms.execution_id": execution.pk,
+            "tms.attempt": execution.attempt,
+            "tms.result": result.state.value,
+        }
+        with tracing.run_span("tms.execution.outcome", traces.trace_of(execution), attributes) as span:
+            word = record(execution=execution, task=task, result=result, **rest)
+            status = getattr(execution, "_traced_status", "")
+            span.set_attribute("tms.recorded", word)
+            if status:
+                span.set_attribute("tms.status", status)
+        if status in (S.SUCCEEDED, S.FAILED):
+            traces.ended(execution, task, status=status, error=result.error if status == S.FAILED else "")
+        return word
+
+    return cast(_Recorder, traced)
+
+
+@_traced_outcome
 def execution_record_outcome(
     *,
     execution: Execution,
@@ -170,43 +201,6 @@ def execution_record_outcome(
     Returns ``finished``, or ``lost`` when the write lost (another worker, a cancel, or an
     outcome already recorded).
     """
-    if not tracing.ON:
-        return _record_outcome(
-            execution=execution,
-            task=task,
-            worker_id=worker_id,
-            result=result,
-            external_run_id=external_run_id,
-            actor=actor,
-        )
-    attributes = {"tms.execution_id": execution.pk, "tms.attempt": execution.attempt, "tms.result": result.state.value}
-    with tracing.run_span("tms.execution.outcome", traces.trace_of(execution), attributes) as span:
-        word = _record_outcome(
-            execution=execution,
-            task=task,
-            worker_id=worker_id,
-            result=result,
-            external_run_id=external_run_id,
-            actor=actor,
-        )
-        status = getattr(execution, "_traced_status", "")
-        span.set_attribute("tms.recorded", word)
-        if status:
-            span.set_attribute("tms.status", status)
-    if status in (S.SUCCEEDED, S.FAILED):
-        traces.ended(execution, task, status=status, error=result.error if status == S.FAILED else "")
-    return word
-
-
-def _record_outcome(
-    *,
-    execution: Execution,
-    task: Task,
-    worker_id: str | None,
-    result: RunResult,
-    external_run_id: str | None = None,
-    actor: str | None = None,
-) -> str:
     conf = tms_settings()
     result = redacted(task, result)
     common: dict[str, Any] = {

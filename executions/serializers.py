@@ -60,6 +60,21 @@ class InputField(serializers.JSONField):
     """A run's input: a JSON object."""
 
 
+class NewInputField(InputField):
+    """An input given for new runs instead of the one they would have (a replay's, a retry's):
+    optional, null by default, and a JSON object, else "A JSON object: ``what``." on the field."""
+
+    def __init__(self, *, what: str, **kwargs: Any) -> None:
+        super().__init__(required=False, allow_null=True, default=None, **kwargs)
+        self.what = what
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(f"A JSON object: {self.what}.")
+        return value
+
+
 def masked_input(value: Any) -> Any:
     """A run's input as people see it: secret-looking values masked as configs are."""
     return mask_config(value)
@@ -313,10 +328,8 @@ class ReplaySerializer(StrictInputMixin, serializers.Serializer):
 class SingleReplaySerializer(StrictInputMixin, serializers.Serializer):
     """A single run's replay: its input, and which version of its task runs."""
 
-    input = InputField(
-        required=False,
-        allow_null=True,
-        default=None,
+    input = NewInputField(
+        what="the new run's input",
         help_text="The new run's input, instead of the replayed execution's (checked as a trigger's is).",
     )
     version = serializers.ChoiceField(
@@ -324,11 +337,6 @@ class SingleReplaySerializer(StrictInputMixin, serializers.Serializer):
         default="current",
         help_text="current: the task as it is now; original: the task's version the execution was created from.",
     )
-
-    def validate_input(self, value: Any) -> Any:
-        if value is not None and not isinstance(value, dict):
-            raise serializers.ValidationError("A JSON object: the new run's input.")
-        return value
 
 
 class ReplayResultSerializer(serializers.Serializer):

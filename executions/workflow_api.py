@@ -17,12 +17,11 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from executions.models import Execution
-from executions.serializers import CancelReportSerializer, InputField, masked_input
+from executions.serializers import CancelReportSerializer, NewInputField, masked_input
 from executions.workflow_control import (
     workflow_run_cancel,
     workflow_run_pause,
@@ -41,10 +40,10 @@ from executions.workflow_selectors import (
     workflows_read,
 )
 from tasks_app.models import Task, TaskStatus
-from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
-from tms_core.api.base import StrictFilterSet, StrictInputMixin
+from teams_api.scope import TeamFilterSet, TeamScopedMixin
+from tms_core.api.base import StrictInputMixin
 from tms_core.api.keyset import KeysetPagination, Segment
-from tms_core.api.schema import error_responses
+from tms_core.api.schema import detail_post, error_responses
 from tms_core.auth import actor_for, request_user
 
 UUID_REGEX = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
@@ -167,17 +166,10 @@ class WorkflowRunCancelResultSerializer(serializers.Serializer):
 
 
 class WorkflowRunRetryRequestSerializer(StrictInputMixin, serializers.Serializer):
-    input = InputField(
-        required=False,
-        allow_null=True,
-        default=None,
+    input = NewInputField(
+        what="the retried steps' input",
         help_text="The retried steps' input, instead of the one each had (checked against each step's task).",
     )
-
-    def validate_input(self, value: Any) -> Any:
-        if value is not None and not isinstance(value, dict):
-            raise serializers.ValidationError("A JSON object: the retried steps' input.")
-        return value
 
 
 class WorkflowRunRetryResultSerializer(serializers.Serializer):
@@ -237,17 +229,13 @@ class WorkflowViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return Response(WorkflowSerializer(workflow_data(flow)).data)
 
 
-class WorkflowRunFilter(StrictFilterSet):
+class WorkflowRunFilter(TeamFilterSet):
     workflow = filters.UUIDFilter(field_name="task_id", help_text="Only the runs of this workflow (its root task).")
     state = filters.ChoiceFilter(field_name="state", choices=RUN_STATE_CHOICES, help_text="Only runs in this state.")
-    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 
     class Meta:
         model = Execution
         fields = ["workflow", "state", "team"]
-
-    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
-        return filter_by_team(queryset, self.request, value)
 
 
 def _run_detail(root: Execution) -> dict[str, Any]:
@@ -342,17 +330,16 @@ class WorkflowRunViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def _state_now(self, pk: int) -> str:
         return str(self.get_queryset().filter(pk=pk).values_list("state", flat=True).first())
 
-    @extend_schema(
+    @detail_post(
+        RUN_ID,
         summary="Pause a workflow run",
         description=(
             "No further step starts: the running ones finish, and the steps their ends would start wait for "
             "`resume`. 409 unless the run is running."
         ),
         request=None,
-        parameters=[RUN_ID],
         responses={200: WorkflowRunResumeSerializer, **error_responses(409)},
     )
-    @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
         root = self.get_object()
         workflow_run_pause(user=request_user(request), root=root, actor=actor_for(request_user(request)))
@@ -360,17 +347,16 @@ class WorkflowRunViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             WorkflowRunResumeSerializer, {"id": root.pk, "state": self._state_now(root.pk), "started": []}
         )
 
-    @extend_schema(
+    @detail_post(
+        RUN_ID,
         summary="Resume a paused workflow run",
         description=(
             "The steps whose upstreams ended while it was paused start now, each once; then it goes on as before. "
             "409 unless it is paused."
         ),
         request=None,
-        parameters=[RUN_ID],
         responses={200: WorkflowRunResumeSerializer, **error_responses(409)},
     )
-    @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         root = self.get_object()
         started = workflow_run_resume(user=request_user(request), root=root, actor=actor_for(request_user(request)))
@@ -378,7 +364,8 @@ class WorkflowRunViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             WorkflowRunResumeSerializer, {"id": root.pk, "state": self._state_now(root.pk), "started": started}
         )
 
-    @extend_schema(
+    @detail_post(
+        RUN_ID,
         summary="Cancel a workflow run",
         description=(
             "No step starts any more, and its scheduled and running steps are cancelled as `cancel` would each "
@@ -386,17 +373,16 @@ class WorkflowRunViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             "cancelled already."
         ),
         request=None,
-        parameters=[RUN_ID],
         responses={200: WorkflowRunCancelResultSerializer, **error_responses(409)},
     )
-    @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         root = self.get_object()
         reports = workflow_run_cancel(user=request_user(request), root=root, actor=actor_for(request_user(request)))
         data = {"id": root.pk, "state": self._state_now(root.pk), "executions": reports}
         return self._answer(WorkflowRunCancelResultSerializer, data)
 
-    @extend_schema(
+    @detail_post(
+        RUN_ID,
         summary="Retry a failed workflow run from its failed steps",
         description=(
             "Each step that failed for good runs again in the same workflow run (`retry_of` it), with `input` "
@@ -405,10 +391,8 @@ class WorkflowRunViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             "(`input` is not config). 409 unless the run failed; 429 past the team's hourly quota."
         ),
         request=WorkflowRunRetryRequestSerializer,
-        parameters=[RUN_ID],
         responses={201: WorkflowRunRetryResultSerializer, **error_responses(409)},
     )
-    @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         root = self.get_object()
         serializer = WorkflowRunRetryRequestSerializer(data=request.data)

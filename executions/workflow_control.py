@@ -101,17 +101,36 @@ def workflow_run_cancel(*, user: Any, root: Execution, actor: str) -> list[Cance
     _require(user, root)
     if root.state not in (RunState.RUNNING, RunState.PAUSED):  # type: ignore[attr-defined]
         raise ConflictError(f"Workflow run {root.pk} is {root.state}: it has ended.")  # type: ignore[attr-defined]
+    reports = _cancel_run(
+        root,
+        actor=actor,
+        hold_reason=f"cancelled by {_who(user, actor)}",
+        audit_detail="workflow run cancelled",
+        steps_reason=f"workflow run cancelled by {actor}",
+    )
+    if reports is None:
+        raise ConflictError(f"Workflow run {root.pk} was cancelled already.")
+    return reports
+
+
+def _cancel_run(
+    root: Execution, *, actor: str, hold_reason: str, audit_detail: str, steps_reason: str
+) -> list[CancelReport] | None:
+    """Cancel the workflow run of ``root``, a person's or the timeout's: its hold set to cancelled
+    (from active or paused) and audited in one transaction, so no step starts any more; then each
+    active step cancelled as a user's cancel would (a report per step). None when its hold was
+    cancelled already."""
     with transaction.atomic():
         if not transitions.workflow_run_hold_set(
             workflow_run=root.pk,
             hold=WorkflowRunHold.CANCELLED,
             sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED],
             actor=actor,
-            reason=f"cancelled by {_who(user, actor)}",
+            reason=hold_reason,
         ):
-            raise ConflictError(f"Workflow run {root.pk} was cancelled already.")
-        _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail="workflow run cancelled")
-    _, reports = workflow_run_cancel_by_user(execution=root, actor=actor, reason=f"workflow run cancelled by {actor}")
+            return None
+        _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail=audit_detail)
+    _, reports = workflow_run_cancel_by_user(execution=root, actor=actor, reason=steps_reason)
     return reports
 
 
@@ -189,18 +208,15 @@ def workflow_runs_time_out(*, limit: int = 100) -> list[int]:
     for root in roots:
         timeout = format_duration(root.task.workflow_timeout) if root.task.workflow_timeout else ""
         reason = f"timed out after {timeout} (workflow_timeout of {root.task})"
-        with transaction.atomic():
-            if not transitions.workflow_run_hold_set(
-                workflow_run=root.pk,
-                hold=WorkflowRunHold.CANCELLED,
-                sources=[WorkflowRunHold.ACTIVE, WorkflowRunHold.PAUSED],
-                actor=TIMEOUT_ACTOR,
-                reason=reason,
-            ):
-                continue
-            _audit(root, AuditAction.CANCEL, changes={"hold": {"to": "cancelled"}}, detail=f"workflow run {reason}")
-        workflow_run_cancel_by_user(execution=root, actor=TIMEOUT_ACTOR, reason=f"workflow run {reason}")
-        done.append(root.pk)
+        reports = _cancel_run(
+            root,
+            actor=TIMEOUT_ACTOR,
+            hold_reason=reason,
+            audit_detail=f"workflow run {reason}",
+            steps_reason=f"workflow run {reason}",
+        )
+        if reports is not None:  # None: cancelled meanwhile
+            done.append(root.pk)
     return done
 
 

@@ -445,18 +445,4 @@ class LambdaRunner(BaseRunner):
 
 def _metadata(spec: RunSpec) -> dict[str, Any]:
     """What every invocation carries about the attempt that made it."""
-    metadata: dict[str, Any] = {
-        "idempotency_key": spec.idempotency_key,
-        "execution_id": spec.execution_id,
-        "attempt": spec.attempt,
-        "task_id": str(spec.task_id),
-    }
-    if spec.callback_url:
-        metadata["callback_url"] = spec.callback_url
-        if spec.callback_token:
-            metadata["callback_token"] = spec.callback_token
-    if spec.tracing_id:
-        metadata["tracing_id"] = spec.tracing_id
-    if spec.traceparent:
-        metadata["traceparent"] = spec.traceparent
-    return metadata
+    return spec.attempt_facts()

@@ -145,23 +145,47 @@ class RunSpec:
         """Deterministic per execution and attempt: a repeated start must adopt, never relaunch."""
         return idempotency_key(self.execution_id, self.attempt)
 
-    def environment(self) -> dict[str, str]:
-        """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""
-        env = {
-            "TMS_EXECUTION_ID": str(self.execution_id),
-            "TMS_ATTEMPT": str(self.attempt),
-            "TMS_TASK_ID": str(self.task_id),
-            "TMS_IDEMPOTENCY_KEY": self.idempotency_key,
+    def attempt_facts(self) -> dict[str, Any]:
+        """What a run carries about the attempt that made it, each runner under names of its own
+        (environment variables, headers, invocation metadata): the ids, the idempotency key, and
+        those of the callback URL and its token, the tracing id and the W3C traceparent that are set.
+        The token goes only with a URL to send it to."""
+        facts: dict[str, Any] = {
+            "idempotency_key": self.idempotency_key,
+            "execution_id": self.execution_id,
+            "attempt": self.attempt,
+            "task_id": str(self.task_id),
         }
         if self.callback_url:
-            env["TMS_CALLBACK_URL"] = self.callback_url
-        if self.callback_token:
-            env["TMS_CALLBACK_TOKEN"] = self.callback_token
+            facts["callback_url"] = self.callback_url
+            if self.callback_token:
+                facts["callback_token"] = self.callback_token
         if self.tracing_id:
-            env["TMS_TRACING_ID"] = self.tracing_id
+            facts["tracing_id"] = self.tracing_id
         if self.traceparent:
-            env["TRACEPARENT"] = self.traceparent
-        return env
+            facts["traceparent"] = self.traceparent
+        return facts
+
+    def facts_named(self, names: Mapping[str, str]) -> dict[str, str]:
+        """The :meth:`attempt_facts` that ``names`` names (fact -> the runner's name for it), as text."""
+        return {names[fact]: str(value) for fact, value in self.attempt_facts().items() if fact in names}
+
+    def environment(self) -> dict[str, str]:
+        """The ``TMS_*`` variables a process-based run gets: ids, key, callback URL, tracing id."""
+        return self.facts_named(ENVIRONMENT_NAMES)
+
+
+#: :meth:`RunSpec.attempt_facts` as a process-based run's environment variables.
+ENVIRONMENT_NAMES = {
+    "execution_id": "TMS_EXECUTION_ID",
+    "attempt": "TMS_ATTEMPT",
+    "task_id": "TMS_TASK_ID",
+    "idempotency_key": "TMS_IDEMPOTENCY_KEY",
+    "callback_url": "TMS_CALLBACK_URL",
+    "callback_token": "TMS_CALLBACK_TOKEN",
+    "tracing_id": "TMS_TRACING_ID",
+    "traceparent": "TRACEPARENT",
+}
 
 
 @dataclass(frozen=True)
@@ -337,6 +361,42 @@ class UrlHostLimitKey:
         """The host of the config's URL (the runner's alias when it has none)."""
         url = config.get("url")
         return (urlsplit(url).hostname or self.alias) if isinstance(url, str) else self.alias
+
+
+class UrlLaunchRunner(UrlHostLimitKey, BaseRunner):
+    """The base of the runners that launch a run with a request to the task's ``url`` carrying
+    the attempt's Idempotency-Key (http, function): the URL is the task's destination and the
+    host its named limits count by, its ``headers`` are secret, a run can be cancelled, and a
+    re-sent launch answered with one of the ``in_progress_statuses`` is sent again
+    (:meth:`resend_while_in_progress`). A subclass's ``option_defaults`` spread this class's."""
+
+    option_defaults: ClassVar[Mapping[str, Any]] = {
+        #: Status codes that answer a re-sent launch with "a request with this Idempotency-Key is
+        #: still in progress": the launch is sent again after a backoff, never judged a failure.
+        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
+    }
+    secret_config_fields = ("headers",)
+    destination_config_fields = ("url",)
+    supports_cancel = True
+    #: How its log lines and errors name the runner's kind ("http runner"), before its alias.
+    label: ClassVar[str]
+
+    def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(alias, options)
+        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
+
+    def resend_while_in_progress(
+        self, send: Callable[[float], T], status_of: Callable[[T], int], *, spec: RunSpec, log: logging.Logger
+    ) -> T:
+        """:func:`resend_while_in_progress` with this runner's ``in_progress_statuses``."""
+        return resend_while_in_progress(
+            send,
+            status_of,
+            spec=spec,
+            statuses=self.in_progress_statuses,
+            log=log,
+            runner=f"{self.label} {self.alias!r}",
+        )
 
 
 def status_codes_option(alias: str, options: Mapping[str, Any], name: str) -> frozenset[int]:

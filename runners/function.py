@@ -34,17 +34,13 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
 from runners.base import (
-    DEFAULT_IN_PROGRESS_STATUSES,
     MAX_OUTPUT_BYTES_LIMIT,
     RESERVED_HEADERS,
-    BaseRunner,
     RunHandle,
     RunnerError,
     RunResult,
     RunSpec,
-    UrlHostLimitKey,
-    resend_while_in_progress,
-    status_codes_option,
+    UrlLaunchRunner,
     validate_headers,
     validate_json_size,
 )
@@ -66,6 +62,17 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 #: On top of the shared ones: the runner sends JSON, and X-TMS-* headers carry the attempt's ids.
 _RESERVED_HEADERS = RESERVED_HEADERS | {"content-type"}
 _RESERVED_HEADER_PREFIXES = ("x-tms-",)
+#: The attempt's facts (:meth:`runners.base.RunSpec.attempt_facts`) as the headers of every request.
+_FACT_HEADERS = {
+    "idempotency_key": "Idempotency-Key",
+    "execution_id": "X-TMS-Execution-Id",
+    "attempt": "X-TMS-Attempt",
+    "task_id": "X-TMS-Task-Id",
+    "callback_url": "X-TMS-Callback-Url",
+    "callback_token": "X-TMS-Callback-Token",
+    "tracing_id": "X-TMS-Tracing-Id",
+    "traceparent": "traceparent",
+}
 #: Largest start or status document read from a platform.
 _DOCUMENT_MAX_BYTES = 2 * 1024 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -132,10 +139,11 @@ class AsyncHttpFunctionConfigSerializer(serializers.Serializer):
         return validate_headers(value, reserved=_RESERVED_HEADERS, reserved_prefixes=_RESERVED_HEADER_PREFIXES)
 
 
-class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
+class AsyncHttpFunctionRunner(UrlLaunchRunner):
     """Starts, polls and cancels runs on an asynchronous HTTP function platform."""
 
-    option_defaults: ClassVar[dict[str, Any]] = {
+    label = "function runner"
+    option_defaults: ClassVar[Mapping[str, Any]] = {
         #: URL prefixes tasks may use, e.g. ``["http://gateway.openfaas:8080/async-function/"]``.
         "allowed_urls": [],
         #: Seconds for each request (connect and read), within the attempt's timeout.
@@ -143,19 +151,13 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
         "verify_ssl": True,
         "max_output_bytes": 65536,
         "user_agent": "TMS-function-runner/1.0",
-        #: Status codes that answer a re-sent start with "a request with this Idempotency-Key is
-        #: still in progress": the start is sent again after a backoff, never judged a failure.
-        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
+        **UrlLaunchRunner.option_defaults,
     }
     config_serializer_class = AsyncHttpFunctionConfigSerializer
-    secret_config_fields = ("headers",)
-    destination_config_fields = ("url",)
-    supports_cancel = True
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         self.allowed_urls = UrlAllowList(self.options["allowed_urls"], alias=alias)
-        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
 
     def validate_config(self, config: Any) -> dict[str, Any]:
         """Validate the config; also refuse a URL outside the operator's ``allowed_urls``."""
@@ -175,13 +177,11 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
         url = spec.config["url"]
         headers = {**spec.config.get("headers", {}), **self._tms_headers(spec), "Content-Type": "application/json"}
         payload = json.dumps(spec.config.get("payload", {}))
-        status, body, location = resend_while_in_progress(
+        status, body, location = self.resend_while_in_progress(
             lambda _seconds: self._exchange("POST", url, spec, headers=headers, data=payload),
             lambda reply: reply[0],
             spec=spec,
-            statuses=self.in_progress_statuses,
             log=logger,
-            runner=f"function runner {self.alias!r}",
         )
         if status_is_retryable(status):
             raise RunnerError(f"starting the function: HTTP {status}: {_excerpt(body)}")
@@ -251,22 +251,7 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
 
     @staticmethod
     def _tms_headers(spec: RunSpec) -> dict[str, str]:
-        headers = {
-            "Idempotency-Key": spec.idempotency_key,
-            "X-TMS-Execution-Id": str(spec.execution_id),
-            "X-TMS-Attempt": str(spec.attempt),
-            "X-TMS-Task-Id": str(spec.task_id),
-            "Accept": "application/json",
-        }
-        if spec.callback_url:
-            headers["X-TMS-Callback-Url"] = spec.callback_url
-            if spec.callback_token:
-                headers["X-TMS-Callback-Token"] = spec.callback_token
-        if spec.tracing_id:
-            headers["X-TMS-Tracing-Id"] = spec.tracing_id
-        if spec.traceparent:
-            headers["traceparent"] = spec.traceparent
-        return headers
+        return {**spec.facts_named(_FACT_HEADERS), "Accept": "application/json"}
 
     def _may_contact(self, url: str, spec: RunSpec) -> bool:
         """Under ``allowed_urls``, or on the origin of the task's own (allowed) function URL.

@@ -34,16 +34,12 @@ from requests.structures import CaseInsensitiveDict
 from rest_framework import serializers
 
 from runners.base import (
-    DEFAULT_IN_PROGRESS_STATUSES,
     RESERVED_HEADERS,
-    BaseRunner,
     RunHandle,
     RunnerError,
     RunResult,
     RunSpec,
-    UrlHostLimitKey,
-    resend_while_in_progress,
-    status_codes_option,
+    UrlLaunchRunner,
     validate_headers,
 )
 from runners.netguard import AddressPolicy, Guard, guarded_session, literal_ip, normalise_host
@@ -247,10 +243,11 @@ def _redirected(status: int, method: str, body: bytes | None) -> tuple[str, byte
     return method, body
 
 
-class HttpRunner(UrlHostLimitKey, BaseRunner):
+class HttpRunner(UrlLaunchRunner):
     """Calls an http(s) URL per task config, behind an SSRF guard; see the module docstring."""
 
-    option_defaults: ClassVar[dict[str, Any]] = {
+    label = "http runner"
+    option_defaults: ClassVar[Mapping[str, Any]] = {
         #: CIDRs, addresses or host names (``*.svc.internal`` too) opened despite the SSRF guard.
         "allowed_networks": [],
         #: Default cap on the response body kept as output; tasks may set their own.
@@ -258,22 +255,16 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
         "user_agent": "TMS-http-runner/1.0",
         #: Redirect hops followed before giving up.
         "max_redirects": 5,
-        #: Status codes that answer a re-sent launch with "a request with this Idempotency-Key is
-        #: still in progress": the launch is sent again after a backoff, never judged a failure.
-        "in_progress_statuses": list(DEFAULT_IN_PROGRESS_STATUSES),
+        **UrlLaunchRunner.option_defaults,
     }
     config_serializer_class = HttpConfigSerializer
-    secret_config_fields = ("headers",)
-    destination_config_fields = ("url",)
-    #: Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
-    supports_cancel = True
+    # Cancelling stops async runs (DELETE on the status URL); synchronous runs end inside ``start``.
 
     def __init__(self, alias: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(alias, options)
         self.policy = AddressPolicy.from_entries(self.options["allowed_networks"], alias=alias)
         self.max_response_bytes = self._int_option("max_response_bytes", upper=MAX_RESPONSE_BYTES_LIMIT)
         self.max_redirects = self._int_option("max_redirects", upper=50)
-        self.in_progress_statuses = status_codes_option(alias, self.options, "in_progress_statuses")
         self.user_agent = self.options["user_agent"]
         if not isinstance(self.user_agent, str) or any(char in self.user_agent for char in "\r\n\0"):
             raise ImproperlyConfigured(f"TMS_RUNNERS[{alias!r}]: user_agent must be a single-line string.")
@@ -334,14 +325,7 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
             )
 
         try:
-            reply = resend_while_in_progress(
-                send,
-                lambda reply: reply.status,
-                spec=spec,
-                statuses=self.in_progress_statuses,
-                log=logger,
-                runner=f"http runner {self.alias!r}",
-            )
+            reply = self.resend_while_in_progress(send, lambda reply: reply.status, spec=spec, log=logger)
         except RunnerError as exc:
             return RunHandle(key, result=RunResult.failed(str(exc), retryable=exc.retryable))
         run_id = self._run_id(reply) or key
@@ -368,15 +352,7 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
         if not status_url:
             return RunResult.failed("this run has no status URL: it was not started in async mode", retryable=False)
         try:
-            reply = self._exchange(
-                "GET",
-                status_url,
-                headers=self._headers(spec, target=status_url),
-                body=None,
-                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
-                follow_redirects=bool(spec.config.get("follow_redirects", True)),
-                limit=_STATUS_DOCUMENT_MAX_BYTES,
-            )
+            reply = self._status_exchange("GET", spec, status_url, limit=_STATUS_DOCUMENT_MAX_BYTES)
         except RunnerError as exc:
             if exc.retryable:
                 return self.poll_again(logger, "status check of %s failed: %s", handle.external_run_id, exc)
@@ -393,15 +369,7 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
         if not status_url:
             return
         try:
-            reply = self._exchange(
-                "DELETE",
-                status_url,
-                headers=self._headers(spec, target=status_url),
-                body=None,
-                seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
-                follow_redirects=bool(spec.config.get("follow_redirects", True)),
-                limit=0,
-            )
+            reply = self._status_exchange("DELETE", spec, status_url, limit=0)
         except RunnerError as exc:
             logger.warning("http runner %r: cancelling %s failed: %s", self.alias, handle.external_run_id, exc)
             return
@@ -411,6 +379,19 @@ class HttpRunner(UrlHostLimitKey, BaseRunner):
             )
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _status_exchange(self, method: str, spec: RunSpec, status_url: str, *, limit: int) -> Reply:
+        """A bodyless request to an async run's status URL (a poll's GET, a cancel's DELETE), within
+        the poll timeout, following redirects as the task's config says."""
+        return self._exchange(
+            method,
+            status_url,
+            headers=self._headers(spec, target=status_url),
+            body=None,
+            seconds=self._seconds(spec, cap=_POLL_TIMEOUT),
+            follow_redirects=bool(spec.config.get("follow_redirects", True)),
+            limit=limit,
+        )
 
     def _limit(self, config: Mapping[str, Any]) -> int:
         value = config.get("max_response_bytes")

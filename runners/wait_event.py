@@ -37,25 +37,20 @@ def _path(value: str) -> None:
             raise serializers.ValidationError(str(exc)) from None
 
 
+def _path_field(help_text: str) -> serializers.CharField:
+    """An optional JSON path (empty: none), checked when the task is saved."""
+    return serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=500, validators=[_path], help_text=help_text
+    )
+
+
 class WaitEventConfigSerializer(serializers.Serializer):
     event = serializers.RegexField(
         _EVENT_NAME, max_length=200, help_text="The event's name, e.g. order.paid (letters, digits, . _ - :)."
     )
-    input_path = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        default="",
-        max_length=500,
-        validators=[_path],
-        help_text='A JSON path into the run\'s input whose value the event must carry, e.g. "$.order_id".',
-    )
-    event_path = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        default="",
-        max_length=500,
-        validators=[_path],
-        help_text='The JSON path in the event\'s payload compared with it, e.g. "$.id" (default: input_path).',
+    input_path = _path_field('A JSON path into the run\'s input whose value the event must carry, e.g. "$.order_id".')
+    event_path = _path_field(
+        'The JSON path in the event\'s payload compared with it, e.g. "$.id" (default: input_path).'
     )
     on_timeout = serializers.ChoiceField(
         choices=["fail", "succeed"],

@@ -58,8 +58,8 @@ from tasks_app.models import Task, TaskStatus
 from tasks_app.schedule_words import schedule_description, schedule_words
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.teams.services import default_team_of
-from teams_api.scope import TEAM_FILTER_HELP, TeamScopedMixin, filter_by_team
-from tms_core.api.base import ApiViewMixin, StrictFilterSet
+from teams_api.scope import TeamFilterSet, TeamScopedMixin
+from tms_core.api.base import ApiViewMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.api.schema import error_responses
 from tms_core.api.stops import stop_response, stop_responses
@@ -79,19 +79,15 @@ class TaskOrdering(OrderingFilter):
         return queryset
 
 
-class TaskFilter(StrictFilterSet):
+class TaskFilter(TeamFilterSet):
     status = filters.ChoiceFilter(
         choices=[(s.value, s.label) for s in TaskStatus if s != TaskStatus.DELETED], help_text="Only tasks in it."
     )
     runner = filters.CharFilter(help_text="Only tasks on this runner alias.")
-    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
 
     class Meta:
         model = Task
         fields = ["status", "runner", "team"]
-
-    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
-        return filter_by_team(queryset, self.request, value)
 
 
 @extend_schema_view(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import generics, serializers, status
@@ -23,7 +22,7 @@ from tasks_app.models import Task, TaskHook, TaskStatus
 from teams_api.scope import TeamScopedMixin
 from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
-from tms_core.api.throttling import SimpleRateThrottle
+from tms_core.api.throttling import SettingRateThrottle
 from tms_core.client_address import client_address
 
 
@@ -87,16 +86,11 @@ class TaskTriggerUrlView(TeamScopedMixin, generics.GenericAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class HookRateThrottle(SimpleRateThrottle):
-    """Requests per client address, at ``TMS_HOOK_THROTTLE`` (read per request, so it can change)."""
+class HookRateThrottle(SettingRateThrottle):
+    """Requests per client address, at ``TMS_HOOK_THROTTLE``."""
 
     scope = "hook"
-
-    def get_rate(self) -> str | None:
-        return settings.TMS_HOOK_THROTTLE
-
-    def get_cache_key(self, request: Request, view: APIView) -> str:
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+    setting = "TMS_HOOK_THROTTLE"
 
 
 class AnyBodyParser(BaseParser):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
@@ -16,7 +17,7 @@ from rest_framework.request import Request
 
 from tasks_app.models import Team, TeamRole
 from tasks_app.teams import require, scope_to_teams, team_resolve
-from tms_core.api.base import OwnerScopedMixin
+from tms_core.api.base import OwnerScopedMixin, StrictFilterSet
 from tms_core.errors import InvalidInput
 
 
@@ -130,3 +131,13 @@ def filter_by_team(queryset: QuerySet, request: Any, value: str, team_field: str
     except InvalidInput as exc:
         raise ValidationError(exc.errors) from None
     return queryset.filter(**{team_field: team.pk})
+
+
+class TeamFilterSet(StrictFilterSet):
+    """A list's filters with ``?team=`` (:func:`filter_by_team` on the rows' ``team_id``); a
+    subclass names ``team`` in its ``Meta.fields`` beside its own filters."""
+
+    team = filters.CharFilter(method="filter_team", help_text=TEAM_FILTER_HELP)
+
+    def filter_team(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return filter_by_team(queryset, self.request, value)

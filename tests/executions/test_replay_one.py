@@ -94,6 +94,7 @@ def test_bad_requests_are_400_per_field_and_another_team_s_run_is_404(world, oth
     operator = _client(world["people"]["operator"])
     bad = operator.post(_url(world["run"]), {"version": "newest", "input": [1]}, format="json")
     assert bad.status_code == 400 and set(bad.json()["errors"]) == {"version", "input"}
+    assert bad.json()["errors"]["input"] == ["A JSON object: the new run's input."]
     assert _client(other_user).post(_url(world["run"]), {}, format="json").status_code == 404
     assert operator.post("/api/v1/executions/999999999/replay", {}, format="json").status_code == 404
     Execution.objects.filter(pk=world["run"].pk).update(status=S.SCHEDULED, finished_at=None)

@@ -329,7 +329,7 @@ def test_a_failed_run_is_retried_from_its_failed_step_with_an_edited_input(user,
     end(check.pk, ok=False)
     assert api_client.get(f"{RUNS}/{root}").json()["state"] == "failed"
     bad = api_client.post(f"{RUNS}/{root}/retry", {"input": [1]}, format="json")
-    assert bad.status_code == 400 and "input" in bad.json()["errors"]
+    assert bad.status_code == 400 and bad.json()["errors"]["input"] == ["A JSON object: the retried steps' input."]
     retried = api_client.post(f"{RUNS}/{root}/retry", {"input": {"rows": 4}}, format="json")
     assert retried.status_code == 201, retried.json()
     (new,) = retried.json()["created"]

@@ -96,3 +96,49 @@ def test_poll_again_logs_the_trouble_and_reports_running(caplog: pytest.LogCaptu
 
     assert result.state is RunState.RUNNING
     assert caplog.messages == ["HttpRunner 'web': status check of run-1 got HTTP 503, will poll again"]
+
+
+def test_every_runner_hands_on_the_same_attempt_facts_under_its_own_names() -> None:
+    """The environment (subprocess, kubernetes), Lambda's metadata and the function runner's
+    headers carry one set of facts; unset ones are left out, and a token goes only with a URL."""
+    from runners.aws_lambda import _metadata
+    from runners.base import RunSpec
+
+    full = RunSpec(
+        execution_id=7,
+        attempt=2,
+        task_id="t-1",
+        config={},
+        timeout=5.0,
+        callback_url="https://tms.example/cb",
+        token_minter=lambda: "tok",
+        tracing_id="trace-1",
+        traceparent="00-abc-def-01",
+    )
+    assert full.environment() == {
+        "TMS_EXECUTION_ID": "7",
+        "TMS_ATTEMPT": "2",
+        "TMS_TASK_ID": "t-1",
+        "TMS_IDEMPOTENCY_KEY": full.idempotency_key,
+        "TMS_CALLBACK_URL": "https://tms.example/cb",
+        "TMS_CALLBACK_TOKEN": "tok",
+        "TMS_TRACING_ID": "trace-1",
+        "TRACEPARENT": "00-abc-def-01",
+    }
+    assert _metadata(full) == {
+        "idempotency_key": full.idempotency_key,
+        "execution_id": 7,
+        "attempt": 2,
+        "task_id": "t-1",
+        "callback_url": "https://tms.example/cb",
+        "callback_token": "tok",
+        "tracing_id": "trace-1",
+        "traceparent": "00-abc-def-01",
+    }
+    headers = AsyncHttpFunctionRunner._tms_headers(full)
+    assert headers["X-TMS-Callback-Token"] == "tok" and headers["traceparent"] == "00-abc-def-01"
+    assert headers["Accept"] == "application/json" and len(headers) == 9
+
+    bare = RunSpec(execution_id=7, attempt=2, task_id="t-1", config={}, timeout=5.0, token_minter=lambda: "tok")
+    assert set(bare.environment()) == {"TMS_EXECUTION_ID", "TMS_ATTEMPT", "TMS_TASK_ID", "TMS_IDEMPOTENCY_KEY"}
+    assert set(_metadata(bare)) == {"idempotency_key", "execution_id", "attempt", "task_id"}

@@ -9,9 +9,10 @@ Operations with their own errors (409, 422, ...) declare them with ``extend_sche
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
@@ -19,8 +20,9 @@ from drf_spectacular.extensions import (
 )
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import force_instance, is_patched_serializer
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.decorators import action
 from rest_framework.settings import api_settings as drf_settings
 
 from tms_core.api.base import CLOCK_TIME_PATTERN, BlankIsNone, StrictInputMixin
@@ -121,6 +123,24 @@ def error_response(code: int, description: str | None = None) -> OpenApiResponse
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
     """``responses=`` entries for errors an operation answers besides the ones added to all."""
     return {code: error_response(code) for code in codes}
+
+
+_View = TypeVar("_View", bound=Callable[..., Any])
+
+
+def detail_post(
+    id_parameter: OpenApiParameter, *, url_path: str | None = None, url_name: str | None = None, **schema: Any
+) -> Callable[[_View], _View]:
+    """A viewset's POST action on one object (``<id>/<name>``, or ``url_path``) and its schema: what
+    every such action declares alike, the object's id as a path parameter and DRF's
+    ``action(detail=True, methods=["post"])``, said once; ``schema`` is the rest of its ``extend_schema``."""
+    routing = {key: value for key, value in (("url_path", url_path), ("url_name", url_name)) if value is not None}
+
+    def decorate(view: _View) -> _View:
+        routed = action(detail=True, methods=["post"], **routing)(view)
+        return cast(_View, extend_schema(parameters=[id_parameter], **schema)(routed))
+
+    return decorate
 
 
 class AutoSchema(SpectacularAutoSchema):

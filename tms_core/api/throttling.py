@@ -4,8 +4,9 @@ does (which, unset, counts per whatever ``X-Forwarded-For`` the client sends).""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from django.conf import settings
 from rest_framework import throttling
 
 from tms_core.client_address import client_address
@@ -27,4 +28,19 @@ class AnonRateThrottle(ClientAddressMixin, throttling.AnonRateThrottle):
 
 
 class SimpleRateThrottle(ClientAddressMixin, throttling.SimpleRateThrottle):
-    """Base of the throttles of trigger URLs and callbacks, per client address."""
+    """DRF's rate by scope, per client address."""
+
+
+class SettingRateThrottle(SimpleRateThrottle):
+    """Requests per client address, at the rate of the setting ``setting`` names (read per
+    request, so it can change), counted under ``scope``: an endpoint outside systems call
+    without an account (trigger URLs, callbacks)."""
+
+    setting: ClassVar[str]
+
+    def get_rate(self) -> str | None:
+        rate: str | None = getattr(settings, self.setting)
+        return rate
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

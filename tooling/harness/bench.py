@@ -42,6 +42,7 @@ from tms_core.clock import db_now
 from tms_core.conf import tms_settings
 from tooling.harness.compare import cpu_speed
 from tooling.harness.fill import insert_tasks
+from tooling.harness.history import LIVE_ROWS
 from tooling.harness.pg_cluster import PgCluster
 from tooling.harness.processes import (
     ROOT,
@@ -972,22 +973,17 @@ class Bench:
     def _history_live(self, cursor: Any, filler_id: int, tasks: int, live: int) -> None:
         """The live executions: running, pending, overdue and upcoming."""
         cursor.execute(
-            """
+            f"""
             WITH t AS (SELECT id, owner_id, team_id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                        WHERE owner_id IN (%(bench)s, %(filler)s))
             INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                 lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
                 enqueued_at, started_at, owner_id, team_id)
-            SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
-                CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
-                     ELSE 'SCHEDULED' END,
-                1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
-                CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
-                CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
+            SELECT t.id, {LIVE_ROWS}
                 CASE WHEN 5 * k < 2 * %(live)s THEN now() END, CASE WHEN 5 * k < %(live)s THEN now() END,
                 t.owner_id, t.team_id
             FROM generate_series(0, %(live)s - 1) AS k JOIN t ON t.n = (k * 7919) %% %(tasks)s
-            """,
+            """,  # noqa: S608 - LIVE_ROWS is a constant of this harness
             {"bench": self.owner.pk, "filler": filler_id, "live": live, "tasks": tasks},
         )
 

@@ -37,6 +37,16 @@ from tooling.harness.fill import insert_tasks
 CHUNK = 1_000_000
 #: Seconds of history per execution of the owner (10,000,000 executions span about 29 days).
 SPACING = 0.25
+#: The live 1 % of a history, one row a ``k`` of ``generate_series(0, %(live)s - 1)``: a fifth running,
+#: a fifth pending, a fifth overdue (due in the last minutes), the rest upcoming. Its columns:
+#: scheduled_for, status, attempt, due_at, priority, lease_owner, lease_expires_at, external_run_id,
+#: run_handle, message_id, output, error (the bench's history and this one's both insert it).
+LIVE_ROWS = """now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
+                CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
+                     ELSE 'SCHEDULED' END,
+                1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
+                CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
+                CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',"""
 
 
 @dataclass
@@ -216,19 +226,14 @@ def _insert_live(cursor: Any, owner_id: int, tasks: int, live: int) -> int:
     """The live executions with the events that brought them where they are: the events inserted."""
     # The live 1 %: a fifth running, a fifth pending, a fifth overdue (due in the last minutes), the rest upcoming.
     cursor.execute(
-        """
+        f"""
         WITH t AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM tasks_app_task
                        WHERE owner_id = %(owner)s),
         ins AS (
             INSERT INTO executions_execution (task_id, scheduled_for, status, attempt, due_at, priority,
                 lease_owner, lease_expires_at, external_run_id, run_handle, message_id, output, error,
                 origin, enqueued_at, started_at, owner_id, team_id)
-            SELECT t.id, now() + (k - %(live)s * 0.6) * interval '100 milliseconds',
-                CASE WHEN 5 * k < %(live)s THEN 'RUNNING' WHEN 5 * k < 2 * %(live)s THEN 'PENDING'
-                     ELSE 'SCHEDULED' END,
-                1, now() + (k - %(live)s * 0.6) * interval '100 milliseconds', 5,
-                CASE WHEN 5 * k < %(live)s THEN 'bench:1:1' ELSE '' END,
-                CASE WHEN 5 * k < %(live)s THEN now() + interval '1 minute' END, '', '{}', '', '', '',
+            SELECT t.id, {LIVE_ROWS}
                 'schedule', CASE WHEN 5 * k < 2 * %(live)s THEN now() END,
                 CASE WHEN 5 * k < %(live)s THEN now() END, %(owner)s,
                 (SELECT id FROM tasks_app_team WHERE personal_of_id = %(owner)s)
@@ -240,7 +245,7 @@ def _insert_live(cursor: Any, owner_id: int, tasks: int, live: int) -> int:
         FROM ins JOIN (VALUES ('PENDING', 'SCHEDULED', 'PENDING'), ('RUNNING', 'SCHEDULED', 'PENDING'),
                            ('RUNNING', 'PENDING', 'RUNNING')) AS s (status, from_status, to_status)
             ON s.status = ins.status
-        """,
+        """,  # noqa: S608 - LIVE_ROWS is a constant of this harness
         {"owner": owner_id, "tasks": tasks, "live": live},
     )
     return cursor.rowcount
