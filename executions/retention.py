@@ -43,6 +43,7 @@ from django.core.files.storage import Storage, storages
 from django.db import connection, transaction
 
 from executions.models import (
+    Approval,
     ArchiveIndex,
     Execution,
     ExecutionEvent,
@@ -50,6 +51,7 @@ from executions.models import (
     ReceivedEvent,
     SkippedOccurrence,
     WorkflowMap,
+    WorkflowRunControl,
     WorkflowSkip,
 )
 from tasks_app.models import Task
@@ -172,6 +174,27 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+#: Decisions on approval steps (archived with their runs, as their events are).
+APPROVALS = Approval._meta.db_table
+
+
+def _by_execution(table: str, locked: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The rows of ``table`` (an ``execution_id`` column) of the executions ``locked``, by execution, in id order."""
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in _rows(f"SELECT * FROM {table} WHERE execution_id = ANY(%s) ORDER BY id", [locked]):  # noqa: S608
+        grouped[row["execution_id"]].append(row)
+    return grouped
+
+
+def _delete_workflow_records(cursor: Any, locked: list[int]) -> None:
+    """What records the workflow runs rooted in ``locked`` and the decisions on them (no foreign
+    keys: tables written beside the execution rows): the steps they skipped, their map steps,
+    their holds; and the approvals of the runs. Nothing shows a pruned workflow run any more."""
+    for table in (WorkflowSkip, WorkflowMap, WorkflowRunControl):
+        cursor.execute(f"DELETE FROM {table._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
+    cursor.execute(f"DELETE FROM {APPROVALS} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
+
+
 def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneReport) -> None:
     """Archive and delete one batch in one transaction (see the module's docstring)."""
     execution, event = Execution._meta.db_table, ExecutionEvent._meta.db_table
@@ -190,17 +213,17 @@ def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneRe
         if not executions:
             return
         locked = [row["id"] for row in executions]
-        events: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for row in _rows(f"SELECT * FROM {event} WHERE execution_id = ANY(%s) ORDER BY id", [locked]):  # noqa: S608
-            events[row["execution_id"]].append(row)
-        skipped: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for row in _rows(f"SELECT * FROM {skipped_table} WHERE execution_id = ANY(%s) ORDER BY id", [locked]):  # noqa: S608
-            skipped[row["execution_id"]].append(row)
+        events, skipped, approvals = (_by_execution(table, locked) for table in (event, skipped_table, APPROVALS))
 
         lines = []
         by_task: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
         for row in executions:
-            record = {**row, "events": events.get(row["id"], []), "skipped_occurrences": skipped.get(row["id"], [])}
+            record = {
+                **row,
+                "events": events.get(row["id"], []),
+                "skipped_occurrences": skipped.get(row["id"], []),
+                "approvals": approvals.get(row["id"], []),
+            }
             lines.append(json.dumps(record, default=_json_default, sort_keys=True))
             by_task[row["task_id"]].append(row)
         # mtime=0: the same rows make the same bytes, so a retried batch's file is identical.
@@ -222,9 +245,7 @@ def _archive_batch(ids: list[int], owners: dict[uuid.UUID, int], report: PruneRe
             )
         cursor.execute(f"DELETE FROM {skipped_table} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         skipped_count = cursor.rowcount
-        # The steps a pruned root's workflow runs skipped, and its map steps: nothing shows that workflow run any more.
-        cursor.execute(f"DELETE FROM {WorkflowSkip._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
-        cursor.execute(f"DELETE FROM {WorkflowMap._meta.db_table} WHERE workflow_run = ANY(%s)", [locked])  # noqa: S608
+        _delete_workflow_records(cursor, locked)
         cursor.execute(f"DELETE FROM {event} WHERE execution_id = ANY(%s)", [locked])  # noqa: S608
         event_count = cursor.rowcount
         cursor.execute(f"DELETE FROM {execution} WHERE id = ANY(%s)", [locked])  # noqa: S608

@@ -8,6 +8,7 @@ tests/executions/test_workflow_joins.py does.
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 
@@ -15,7 +16,7 @@ import pytest
 from django.db import connections
 
 from executions import transitions
-from executions.models import Execution, WorkflowMap
+from executions.models import Approval, Execution, WorkflowMap, WorkflowRunControl, WorkflowRunHold
 from executions.models import ExecutionStatus as S
 from executions.transitions.resume import held_ends
 from executions.workflow_runs import workflow_run_read
@@ -360,10 +361,23 @@ def test_pruning_a_root_removes_its_workflow_run_s_map_steps(user, settings, tmp
     listing, each, _ = _flow(user)
     old, new = _start(listing, []), _start(listing, [])
     assert WorkflowMap.objects.filter(task=each).count() == 2
+    # Its hold and a decision on one of its runs go with it too (the decision into the archive).
+    for run in (old, new):
+        WorkflowRunControl.objects.create(workflow_run=run, hold=WorkflowRunHold.CANCELLED)
+        Approval.objects.create(
+            execution_id=run, attempt=1, task_id=listing.pk, decision="approved", decided_by_name="ann"
+        )
     later = timezone.now() + timedelta(days=2)
     retention_prune(now=later)
     assert not Execution.objects.filter(pk=old).exists() and Execution.objects.filter(pk=new).exists()
     assert list(WorkflowMap.objects.filter(task=each).values_list("workflow_run", flat=True)) == [new]
+    assert list(WorkflowRunControl.objects.values_list("workflow_run", flat=True)) == [new]
+    assert list(Approval.objects.values_list("execution_id", flat=True)) == [new]
+    (archived,) = (tmp_path / "archive").rglob("*.jsonl.gz")
+    records = [json.loads(line) for line in gzip.decompress(archived.read_bytes()).decode().splitlines()]
+    assert [(r["id"], [(a["decision"], a["decided_by_name"]) for a in r["approvals"]]) for r in records] == [
+        (old, [("approved", "ann")])
+    ]
 
 
 def test_a_map_step_failed_before_any_item_fails_its_workflow_run_in_the_list_and_its_filter(user, api_client):
