@@ -1,7 +1,8 @@
 """Creating tasks, one (:func:`task_create`) or a batch (:func:`task_bulk_create`): every spec
-validated first, then the tasks, their limits and after links, audit entries, first versions and
-the executions inside the horizon written in one transaction. A batch of thousands is the bulk
-API's path, so rows and their JSON are built once per batch (docs/benchmarks.md)."""
+validated first, then the tasks, their limits and after links, audit entries (each the task's
+version 1 as well, written from it when first needed) and the executions inside the horizon
+written in one transaction. A batch of thousands is the bulk API's path, so rows and their JSON
+are built once per batch (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import config_seal
 from tasks_app.teams.services import team_for_new
-from tasks_app.versions import NOT_VERSIONED, version_record_many
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -317,12 +317,14 @@ def _insert_links(tasks: list[Task], named: list[list[Limit]], followed: list[li
 
 
 def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> None:
-    """Insert each new task's audit entry and version 1, both from one snapshot (and JSON made once per batch)."""
+    """Insert each new task's audit entry (JSON made once per batch). It holds every setting of the
+    task, so it is version 1 as well: :func:`tasks_app.versions.version_first_ensure` writes that
+    version from it when first needed (a version per task was a third of a bulk create's bytes)."""
     snapshots = [
         _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
         for task, chosen, after in zip(tasks, named, followed, strict=True)
     ]
-    changes, versions = _created_json(snapshots)
+    changes = _created_json(snapshots)
     audit_record_many(
         [
             {
@@ -336,8 +338,6 @@ def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[
             for task, text in zip(tasks, changes, strict=True)
         ]
     )
-    # Version 1 of each (Task.version's default): what its first executions run with.
-    version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
 
 
 def _insert_tasks(tasks: list[Task]) -> None:
@@ -373,40 +373,33 @@ def _created_snapshot(task: Task, limits: list[str], after: list[dict[str, str]]
 _SHARED_JSON_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def _created_json(snapshots: Sequence[Mapping[str, Any]]) -> tuple[list[JsonText], list[JsonText]]:
+def _created_json(snapshots: Sequence[Mapping[str, Any]]) -> list[JsonText]:
     """Each new task's audit changes (every audited field from nothing to its value, as
-    ``audit_diff({}, snapshot)`` gives them) and its first version's snapshot
-    (:func:`~tasks_app.versions.version_snapshot`), as JSON text.
+    ``audit_diff({}, snapshot)`` gives them) as JSON text.
 
-    The tasks of a batch share most of their values, so each field's part of both texts is
-    encoded once per distinct value: encoding each task's two documents whole (about 50 fields
-    each) was a fifth of a bulk create's time."""
+    The tasks of a batch share most of their values, so each field's part is encoded once per
+    distinct value: encoding each task's document whole (about 50 fields) was a fifth of a bulk
+    create's time."""
     encode = json_encoder(DjangoJSONEncoder)
-    parts: dict[tuple[str, type, Any], tuple[str, str]] = {}
-    changes, versions = [], []
+    parts: dict[tuple[str, type, Any], str] = {}
+    changes = []
     for snapshot in snapshots:
-        changed, versioned = [], []
+        changed = []
         for name in sorted(snapshot):
             value = snapshot[name]
+            if value is None:
+                continue  # no change from nothing
             shared = type(value) in _SHARED_JSON_TYPES
             # -0.0 == 0.0, yet each has its own text.
             memo = (name, type(value), value.hex() if type(value) is float else value) if shared else None
             part = parts.get(memo) if memo is not None else None
             if part is None:
-                key, text = encode(name), encode(value)
-                part = (
-                    "" if value is None else f'{key}:{{"from":null,"to":{text}}}',
-                    "" if name in NOT_VERSIONED else f"{key}:{text}",
-                )
+                part = f'{encode(name)}:{{"from":null,"to":{encode(value)}}}'
                 if memo is not None:
                     parts[memo] = part
-            if part[0]:
-                changed.append(part[0])
-            if part[1]:
-                versioned.append(part[1])
+            changed.append(part)
         changes.append(JsonText("{" + ",".join(changed) + "}"))
-        versions.append(JsonText("{" + ",".join(versioned) + "}"))
-    return changes, versions
+    return changes
 
 
 def _set_created_state(
