@@ -21,6 +21,7 @@ from tasks_api.creation import task_bulk_create
 from tasks_app.models import AuditAction, AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import ENCRYPTED, MASK
+from tms_core import bulk
 from tms_core.errors import InvalidInput
 
 URL = "/api/v1/tasks"
@@ -78,6 +79,40 @@ def test_a_bulk_create_stores_what_a_single_create_stores(user):
         assert getattr(stored, name) == value, name
     assert stored.created_at == task.created_at and stored.updated_at == task.updated_at
     assert stored.next_run_at == task.next_run_at == start
+
+
+@pytest.mark.parametrize("copy_from", [1, 10**9], ids=["copy", "insert"])
+def test_a_bulk_create_by_copy_stores_what_the_insert_stores(user, monkeypatch, copy_from):
+    """From bulk.COPY_FROM_ROWS rows on, tasks and audit entries go in by COPY: every value (text
+    with tabs, newlines, backslashes and quotes, JSON, durations, NULLs) reads back as given."""
+    monkeypatch.setattr(bulk, "COPY_FROM_ROWS", copy_from)
+    odd = 'tab\there, line\nbreak\r, back\\slash \\N, "quoted", ünïcödé'
+    fields = {
+        "start_at": timezone.now() + timedelta(hours=3),
+        "interval": timedelta(days=1, minutes=5, microseconds=250),
+        "keep_for": timedelta(days=2),
+        "tracing_id": odd[:60],
+        "expose_metrics": True,
+    }
+    config = {"url": "https://example.com/a", "headers": {"Authorization": SECRET}, "json": {"odd": odd}}
+    specs = [{"runner": "http", "name": f"{odd} {index}", "config": config, **fields} for index in range(3)]
+    with CaptureQueriesContext(connection) as queries:
+        tasks = task_bulk_create(owner=user, specs=specs)
+    inserted = any('INTO "tasks_app_task"' in query["sql"] for query in queries.captured_queries)
+    assert inserted == (copy_from > len(specs))  # a COPY is not among the statements Django logs
+    stored = {task.pk: task for task in Task.objects.filter(pk__in=[task.pk for task in tasks])}
+    for task in tasks:
+        row = stored[task.pk]
+        for field in Task._meta.concrete_fields:
+            if field.attname != "config":  # sealed: each secret's ciphertext differs
+                assert getattr(row, field.attname) == getattr(task, field.attname), field.attname
+        assert row.name.startswith(odd) and row.end_at is None and row.calendar_id is None
+    entries = AuditEntry.objects.filter(task_id__in=stored, action=AuditAction.CREATE)
+    assert len(entries) == 3
+    for entry in entries:
+        assert entry.changes["name"]["to"].startswith(odd) and entry.remote_addr is None and entry.detail == ""
+        assert entry.changes["config"]["to"] == {**config, "headers": {"Authorization": MASK}}
+        assert entry.changes["interval"]["to"] == fields["interval"].total_seconds()
 
 
 def test_a_bulk_create_is_a_fixed_number_of_statements_whatever_its_size(user):
