@@ -191,7 +191,7 @@ def _copy_column(field: Field, values: Sequence[Any]) -> list[str]:
 def _copy(model: type[Model], targets: list[Field], columns: Mapping[str, Sequence[Any]]) -> bool:
     """COPY the rows in; False where COPY is not at hand (another database or driver)."""
     with connection.cursor() as cursor:
-        raw = getattr(cursor, "cursor", None)
+        raw: Any = getattr(cursor, "cursor", None)
         if connection.vendor != "postgresql" or not hasattr(raw, "copy_expert"):
             return False
         flush()  # the statements kept back go first, in order
