@@ -36,7 +36,7 @@ from tasks_api.limits import limits_resolve
 from tasks_api.task_config import task_check_secret_fields, task_config_masked
 from tasks_api.task_writes import _snapshot
 from tasks_api.workflows import After, after_links, after_resolve, join_check_links, join_parse, map_check
-from tasks_app.audit import audit_record_many, audit_values
+from tasks_app.audit import audit_record_many, audit_value
 from tasks_app.models import (
     AuditAction,
     JoinRule,
@@ -320,11 +320,7 @@ def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[
     """Insert each new task's audit entry (JSON made once per batch). It holds every setting of the
     task, so it is version 1 as well: :func:`tasks_app.versions.version_first_ensure` writes that
     version from it when first needed (a version per task was a third of a bulk create's bytes)."""
-    snapshots = [
-        _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
-        for task, chosen, after in zip(tasks, named, followed, strict=True)
-    ]
-    changes = _created_json(snapshots)
+    changes = _created_changes(tasks, named, followed)
     audit_record_many(
         [
             {
@@ -358,46 +354,55 @@ def _insert_tasks(tasks: list[Task]) -> None:
         task._state.db = "default"
 
 
-def _created_snapshot(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
-    """A new task's audited values as the audit log stores them (config masked, and the names of
-    its limits and the tasks it follows if it has any, as an update records them)."""
+def _created_values(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
+    """A new task's audited values (config masked, and the names of its limits and the tasks it
+    follows if it has any, as an update records them), before :func:`tasks_app.audit.audit_values` converts them."""
     snapshot = _snapshot(task, task_config_masked(task))
     if limits:
         snapshot["limits"] = limits
     if after:
         snapshot["after"] = after
-    return audit_values(snapshot)
+    return snapshot
 
 
-#: Values a batch's tasks share by the thousand (names, numbers, defaults): their JSON is made once.
-_SHARED_JSON_TYPES = frozenset({str, int, float, bool, type(None)})
+#: Values a batch's tasks share by the thousand (names, numbers, times, defaults): each one's part of
+#: the JSON is made once. (A datetime is keyed by its text: equal instants in two zones read apart.)
+_SHARED_TYPES = frozenset({str, int, float, bool, timedelta, uuid.UUID})
 
 
-def _created_json(snapshots: Sequence[Mapping[str, Any]]) -> list[JsonText]:
+def _created_changes(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> list[JsonText]:
     """Each new task's audit changes (every audited field from nothing to its value, as
-    ``audit_diff({}, snapshot)`` gives them) as JSON text.
+    ``audit_diff({}, audit_values(_created_values(...)))`` gives them) as JSON text.
 
-    The tasks of a batch share most of their values, so each field's part is encoded once per
-    distinct value: encoding each task's document whole (about 50 fields) was a fifth of a bulk
-    create's time."""
+    The tasks of a batch share most of their values, so each field's part is converted and
+    encoded once per distinct value: encoding each task's document whole (about 45 fields) was a
+    fifth of a bulk create's time, converting each value (:func:`tasks_app.audit.audit_values`) another tenth."""
     encode = json_encoder(DjangoJSONEncoder)
     parts: dict[tuple[str, type, Any], str] = {}
     changes = []
-    for snapshot in snapshots:
+    for task, chosen, after in zip(tasks, named, followed, strict=True):
+        snapshot = _created_values(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
         changed = []
         for name in sorted(snapshot):
             value = snapshot[name]
             if value is None:
                 continue  # no change from nothing
-            shared = type(value) in _SHARED_JSON_TYPES
-            # -0.0 == 0.0, yet each has its own text.
-            memo = (name, type(value), value.hex() if type(value) is float else value) if shared else None
+            kind = type(value)
+            if kind in _SHARED_TYPES:
+                # -0.0 == 0.0 and True == 1, yet each has its own text.
+                memo = (name, kind, value.hex() if kind is float else value)
+            elif kind is datetime:
+                memo = (name, kind, value.isoformat())
+            else:
+                memo = None
             part = parts.get(memo) if memo is not None else None
             if part is None:
-                part = f'{encode(name)}:{{"from":null,"to":{encode(value)}}}'
+                converted = audit_value(value)
+                part = "" if converted is None else f'{encode(name)}:{{"from":null,"to":{encode(converted)}}}'
                 if memo is not None:
                     parts[memo] = part
-            changed.append(part)
+            if part:
+                changed.append(part)
         changes.append(JsonText("{" + ",".join(changed) + "}"))
     return changes
 

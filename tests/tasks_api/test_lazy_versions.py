@@ -12,9 +12,9 @@ import pytest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from tasks_api.creation import _created_snapshot, task_bulk_create
+from tasks_api.creation import _created_values, task_bulk_create
 from tasks_api.limits import limit_create
-from tasks_app.audit import audit_context
+from tasks_app.audit import audit_context, audit_diff, audit_values
 from tasks_app.models import AuditAction, AuditEntry, TaskVersion
 from tasks_app.versions import version_first_ensure, version_snapshot
 
@@ -26,8 +26,14 @@ LATER = timezone.now() + timedelta(days=1)
 
 def _eager(task, limits, after) -> dict:
     """What a create wrote as version 1 before versions were lazy (as it reads back)."""
-    snapshot = version_snapshot(_created_snapshot(task, limits, after))
+    snapshot = version_snapshot(_created_values(task, limits, after))
     return json.loads(json.dumps(snapshot, cls=DjangoJSONEncoder))
+
+
+def _diff(task, limits, after) -> dict:
+    """The create entry's changes: every audited value from nothing (audit_diff, the reference)."""
+    changes = audit_diff({}, audit_values(_created_values(task, limits, after)))
+    return json.loads(json.dumps(changes, cls=DjangoJSONEncoder))
 
 
 def test_every_task_of_a_bulk_create_reads_its_version_1_as_a_create_wrote_it(api_client, user):
@@ -49,16 +55,12 @@ def test_every_task_of_a_bulk_create_reads_its_version_1_as_a_create_wrote_it(ap
     with audit_context(source="command:test", actor_name="ops"):
         tasks = task_bulk_create(owner=user, specs=specs)
     assert TaskVersion.objects.filter(task__in=tasks).count() == 0  # nothing written per task but the entry
-    expected = {
-        tasks[0].pk: _eager(tasks[0], [], []),
-        tasks[1].pk: _eager(tasks[1], [], []),
-        tasks[2].pk: _eager(tasks[2], ["api"], []),
-        tasks[3].pk: _eager(tasks[3], [], [{"task": str(upstream.pk), "on": "success"}]),
-        tasks[4].pk: _eager(tasks[4], [], []),
-    }
+    links = {tasks[2].pk: (["api"], []), tasks[3].pk: ([], [{"task": str(upstream.pk), "on": "success"}])}
+    expected = {task.pk: _eager(task, *links.get(task.pk, ([], []))) for task in tasks}
     assert expected[tasks[3].pk]["after"] and expected[tasks[2].pk]["limits"] == ["api"]
     for task in tasks:
         entry = AuditEntry.objects.get(task_id=task.pk, action=AuditAction.CREATE)
+        assert entry.changes == _diff(task, *links.get(task.pk, ([], []))), task.name
         listed = api_client.get(f"/api/v1/tasks/{task.pk}/versions").json()["results"]
         assert len(listed) == 1, listed
         (version,) = listed
