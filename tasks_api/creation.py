@@ -6,6 +6,7 @@ are built once per batch (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -14,7 +15,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import ForeignKey
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
@@ -45,13 +46,15 @@ from tasks_app.models import (
     TaskDependency,
     TaskStatus,
     Team,
+    TeamQuota,
     status_for_cursor,
 )
-from tasks_app.quotas import quota_check_tasks
+from tasks_app.quotas import quota_check_tasks, quota_tasks_unlimited
 from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import config_seal
 from tasks_app.teams.services import team_for_new
+from tms_core.auth import token_team_id
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -204,14 +207,19 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     The tasks returned carry what the API shows of a new task (its state, when it next runs,
     its first execution) so that reading them back costs no query.
     """
-    now = db_now()
+    unlimited: bool | None = None  # the team's task quota, when read with the time and the team
+    found = _personal_team(owner) if team is None and token_team_id(owner) is None else None
+    if found is not None:
+        now, team, unlimited = found
+    else:
+        now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
     team = team_for_new(owner, team, permission="tasks_app.add_task", what="this team's tasks")
     tasks, named, followed = _build_tasks(specs, owner=owner, team=team, now=now)
     rows, skipped, planned = _plan_tasks(tasks, now=now, until=until)
     ids: list[int] = []
     with transaction.atomic():
-        quota_check_tasks(team_id=team.pk, adding=len(tasks))
+        quota_check_tasks(team_id=team.pk, adding=len(tasks), unlimited=unlimited)
         # The writes below go to PostgreSQL in one round trip (the last one carries the others).
         with sent_together():
             _insert_tasks(tasks)
@@ -224,6 +232,38 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
         _set_created_state(tasks, rows, ids, planned, now=now)
     return tasks
+
+
+@functools.cache
+def _personal_team_statement() -> tuple[str, list[str]]:
+    """The database's time, the owner's personal team and its task quota, in one statement."""
+    quote = connection.ops.quote_name
+    columns = [str(field.attname) for field in Team._meta.concrete_fields]
+    quota, team = TeamQuota._meta, Team._meta
+    limit = quote(str(quota.get_field("max_tasks").column))
+    quota_team = quote(str(getattr(quota.pk, "column", "team_id")))
+    team_id, personal = quote(str(getattr(team.pk, "column", "id"))), quote(str(team.get_field("personal_of").column))
+    selected = ", ".join(f"t.{quote(str(field.column))}" for field in team.concrete_fields)
+    statement = (
+        f"SELECT statement_timestamp(), (SELECT {limit} FROM {quote(quota.db_table)} AS q "  # noqa: S608 - the models' names
+        f"WHERE q.{quota_team} = t.{team_id}), {selected} FROM {quote(team.db_table)} AS t WHERE t.{personal} = %s"
+    )
+    return statement, columns
+
+
+def _personal_team(owner: User) -> tuple[datetime, Team, bool] | None:
+    """The time (:func:`~tms_core.clock.db_now`), ``owner``'s personal team (where a create naming
+    no team goes, through no team-scoped token) and whether its task quota is unlimited, read in
+    one round trip instead of three (a single create's). None when the owner has none yet (a
+    service account, or a user made before teams): :func:`team_for_new` finds or makes it."""
+    statement, columns = _personal_team_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [owner.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    now, max_tasks, *values = row
+    return now, Team.from_db(connection.alias, columns, values), quota_tasks_unlimited(max_tasks)
 
 
 def _build_tasks(
