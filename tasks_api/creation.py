@@ -6,6 +6,7 @@ are built once per batch (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import config_seal
 from tasks_app.teams.services import team_for_new
+from tms_core import bulk, tracing
 from tms_core.auth import token_team_id
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
@@ -218,7 +220,7 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     tasks, named, followed = _build_tasks(specs, owner=owner, team=team, now=now)
     rows, skipped, planned = _plan_tasks(tasks, now=now, until=until)
     ids: list[int] = []
-    with transaction.atomic():
+    with contextlib.nullcontext() if _one_trip(tasks, named, followed, skipped, unlimited) else transaction.atomic():
         quota_check_tasks(team_id=team.pk, adding=len(tasks), unlimited=unlimited)
         # The writes below go to PostgreSQL in one round trip (the last one carries the others).
         with sent_together():
@@ -264,6 +266,31 @@ def _personal_team(owner: User) -> tuple[datetime, Team, bool] | None:
         return None
     now, max_tasks, *values = row
     return now, Team.from_db(connection.alias, columns, values), quota_tasks_unlimited(max_tasks)
+
+
+def _one_trip(
+    tasks: list[Task],
+    named: list[list[Limit]],
+    followed: list[list[After]],
+    skipped: list[SkippedOccurrence],
+    unlimited: bool | None,
+) -> bool:
+    """Whether the create's writes go as one statement text outside a transaction block, where
+    PostgreSQL runs them in one transaction of their own (a simple query of several statements is
+    one: all or nothing, committed when they end), saving a single create the round trips of
+    BEGIN and COMMIT: a few tasks (their rows go as one INSERT each, not by COPY), no limits, no
+    ``after`` links and no skipped occurrence (each of those is an ORM statement of its own), no
+    quota to lock, no caller's transaction to join, and executions written by one statement."""
+    return (
+        unlimited is True
+        and not connection.in_atomic_block
+        and connection.vendor == "postgresql"
+        and len(tasks) < bulk.COPY_FROM_ROWS
+        and not any(named)
+        and not any(followed)
+        and not skipped
+        and not tracing.ON
+    )
 
 
 def _build_tasks(

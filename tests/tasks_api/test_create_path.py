@@ -11,18 +11,20 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from executions.models import Execution
+from tasks_api import creation
 from tasks_api.creation import task_bulk_create
 from tasks_app.models import AuditAction, AuditEntry, Task
 from tasks_app.quotas import owner_quota_set
 from tasks_app.secrets import ENCRYPTED, MASK
 from tms_core import bulk
 from tms_core.errors import InvalidInput
+from tms_core.together import execute_soon
 
 URL = "/api/v1/tasks"
 SECRET = "Bearer sk-live-bulk-0123456789"
@@ -220,3 +222,25 @@ def test_a_create_sends_its_writes_in_one_round_trip(api_client, user):
     assert [version["number"] for version in listed] == [1]
     assert task.versions.count() == 1
     assert Execution.objects.filter(task=task).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_single_create_outside_a_transaction_is_two_statements_all_or_nothing(api_client, user, monkeypatch):
+    """With no quota to lock (an unlimited team), a create outside any transaction reads the time,
+    team and quota in one statement and sends its writes in one more, which PostgreSQL runs as one
+    transaction of their own: no BEGIN, no COMMIT, and a failure of any part writes nothing."""
+    owner_quota_set(owner=user, max_tasks=0)
+    with CaptureQueriesContext(connection) as queries:
+        created = api_client.post(URL, {"runner": "noop", "name": "two trips"}, format="json")
+    assert created.status_code == 201, created.content
+    assert len(queries.captured_queries) == 2, [query["sql"][:60] for query in queries.captured_queries]
+    task = Task.objects.get(pk=created.json()["id"])
+    assert AuditEntry.objects.filter(task_id=task.pk, action=AuditAction.CREATE).count() == 1
+    assert Execution.objects.filter(task=task).count() == 1
+
+    # The wake-up goes with the writes: one that fails takes the task, its entry and its run with it.
+    monkeypatch.setattr(creation, "notify_due", lambda: execute_soon("SELECT 1 / 0"))
+    with pytest.raises(DataError):
+        task_bulk_create(owner=user, specs=_specs(1, start_at=None))
+    assert Task.objects.count() == 1 and AuditEntry.objects.filter(action=AuditAction.CREATE).count() == 1
+    assert Execution.objects.count() == 1
