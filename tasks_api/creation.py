@@ -460,6 +460,8 @@ def _created_changes(tasks: list[Task], named: list[list[Limit]], followed: list
                 memo = (name, kind, value.hex() if kind is float else value)
             elif kind is datetime:
                 memo = (name, kind, value.isoformat())
+            elif (kind is dict or kind is list) and not value:
+                memo = (name, kind, None)  # an empty config, list of secrets, input schema ...
             else:
                 memo = None
             part = parts.get(memo) if memo is not None else None

@@ -166,13 +166,18 @@ _COPY_FORMATS: dict[type, Callable[[Any], str]] = {
 
 def _copy_column(field: Field, values: Sequence[Any]) -> list[str]:
     """``values`` of ``field`` as COPY text values, each distinct one formatted once."""
+    count = len(values)
+    first = values[0]
+    if all(value is first for value in values):  # a column of one value (a default, the owner ...)
+        values = values[:1]
     if isinstance(field, JSONField):
         encoder: Any = field.encoder
         encode = json_encoder(encoder)
-        return [
+        encoded = [
             "\\N" if value is None else _copy_text(value if isinstance(value, JsonText) else encode(value))
             for value in values
         ]
+        return encoded if len(encoded) == count else encoded * count
     formatted: dict[Any, str] = {}
     texts = []
     for value in values:
@@ -185,7 +190,7 @@ def _copy_column(field: Field, values: Sequence[Any]) -> list[str]:
                 text = write(value) if write is not None else _copy_text(str(value))
             formatted[value] = text
         texts.append(text)
-    return texts
+    return texts if len(texts) == count else texts * count
 
 
 def _copy(model: type[Model], targets: list[Field], columns: Mapping[str, Sequence[Any]]) -> bool:
