@@ -117,6 +117,19 @@ def test_a_bulk_create_by_copy_stores_what_the_insert_stores(user, monkeypatch, 
         assert entry.changes["interval"]["to"] == fields["interval"].total_seconds()
 
 
+def test_a_value_checked_once_per_batch_still_fails_every_spec_that_gives_it(user):
+    """A batch checks each distinct value of a field once: a bad one is refused at every position
+    that gives it, the good ones pass, and the batch writes nothing."""
+    long_name = "n" * 300
+    specs = [*_specs(1, name=long_name), *_specs(2, start_at=None), *_specs(1, name=long_name)]
+    with pytest.raises(InvalidInput) as refused:
+        task_bulk_create(owner=user, specs=specs)
+    assert sorted(refused.value.errors) == ["0", "3"]
+    assert all("name" in refused.value.errors[index] for index in ("0", "3"))
+    assert not Task.objects.exists() and not AuditEntry.objects.exists()
+    assert len(task_bulk_create(owner=user, specs=specs[1:3])) == 2
+
+
 def test_a_bulk_create_is_a_fixed_number_of_statements_whatever_its_size(user):
     owner_quota_set(owner=user, max_tasks=1000)  # a quota to check (its row exists from here on)
 
