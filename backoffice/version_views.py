@@ -17,7 +17,7 @@ from backoffice.scope import task_abilities, task_to_change, visible_tasks
 from tasks_api.restore import task_version_restore
 from tasks_app.models import TaskVersion
 from tasks_app.teams import with_role
-from tasks_app.versions import version_comparison
+from tasks_app.versions import version_comparison, version_first_ensure
 from tms_core.auth import actor_for, request_user
 from tms_core.form_errors import SERVICE_ERRORS, flash_errors
 
@@ -29,6 +29,8 @@ VERSIONS_PAGE = 50
 def task_versions(request: HttpRequest, pk: Any) -> HttpResponse:
     """A task's versions, newest first: who made each, when, from where and what it changed."""
     task = get_object_or_404(with_role(visible_tasks(request.user), request.user), pk=pk)
+    if task.version == 1:
+        version_first_ensure(task.pk)  # written lazily (tasks_app.versions)
     rows = TaskVersion.objects.filter(task_id=task.pk).only(
         "number", "created_at", "actor_name", "source", "changed", "task_id"
     )

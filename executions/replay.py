@@ -29,6 +29,7 @@ from tasks_app.run_config import config_override, input_check, task_validate_run
 from tasks_app.run_input import check_input
 from tasks_app.secrets import config_masked, config_open, config_seal, config_unmask
 from tasks_app.teams import require, require_config_change, scope_to_teams
+from tasks_app.versions import version_first_ensure
 from tms_core.errors import ConflictError, GoneError, InvalidInput
 
 #: The most executions one replay request may run again.
@@ -322,6 +323,8 @@ def _original_config(task: Task, number: int) -> dict[str, Any]:
     the task's current value (versions never hold secrets). :class:`ConflictError` (409) when that
     version ran another runner (restore the version instead); :class:`InvalidInput` on ``version``
     when it had a secret the task no longer holds, or no longer passes its runner's checks."""
+    if number == 1:
+        version_first_ensure(task.pk)  # written lazily (tasks_app.versions)
     snapshot = TaskVersion.objects.filter(task_id=task.pk, number=number).values_list("snapshot", flat=True).first()
     if snapshot is None:
         raise InvalidInput.on("version", f"The task no longer has version {number} (the run's).")

@@ -1,10 +1,13 @@
 """Creating tasks, one (:func:`task_create`) or a batch (:func:`task_bulk_create`): every spec
-validated first, then the tasks, their limits and after links, audit entries, first versions and
-the executions inside the horizon written in one transaction. A batch of thousands is the bulk
-API's path, so rows and their JSON are built once per batch (docs/benchmarks.md)."""
+validated first, then the tasks, their limits and after links, audit entries (each the task's
+version 1 as well, written from it when first needed) and the executions inside the horizon
+written in one transaction. A batch of thousands is the bulk API's path, so rows and their JSON
+are built once per batch (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -13,9 +16,11 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import ForeignKey
+from django.db.models.base import ModelState
 from django.db.models.expressions import DatabaseDefault
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from executions import transitions
@@ -35,7 +40,7 @@ from tasks_api.limits import limits_resolve
 from tasks_api.task_config import task_check_secret_fields, task_config_masked
 from tasks_api.task_writes import _snapshot
 from tasks_api.workflows import After, after_links, after_resolve, join_check_links, join_parse, map_check
-from tasks_app.audit import audit_record_many, audit_values
+from tasks_app.audit import audit_record_many, audit_value
 from tasks_app.models import (
     AuditAction,
     JoinRule,
@@ -44,14 +49,16 @@ from tasks_app.models import (
     TaskDependency,
     TaskStatus,
     Team,
+    TeamQuota,
     status_for_cursor,
 )
-from tasks_app.quotas import quota_check_tasks
+from tasks_app.quotas import quota_check_tasks, quota_tasks_unlimited
 from tasks_app.run_config import task_validate_runner
 from tasks_app.schedules import Schedule, ScheduleError
 from tasks_app.secrets import config_seal
 from tasks_app.teams.services import team_for_new
-from tasks_app.versions import NOT_VERSIONED, version_record_many
+from tms_core import bulk, tracing
+from tms_core.auth import token_team_id
 from tms_core.bulk import JsonText, insert_columns, json_encoder
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
@@ -67,18 +74,29 @@ _BUILT = frozenset(
 _UNCHECKED = frozenset(field.name for field in Task._meta.concrete_fields) - _BUILT
 
 
+#: Values whose field check a batch's tasks share (a check depends on the value only): made once.
+#: Not a datetime: two equal instants in two zones are two values.
+_CHECKED_ONCE_TYPES = frozenset({str, int, bool, float, timedelta, uuid.UUID})
+
+
 class _TaskRows:
-    """Builds a batch's unsaved tasks positionally (``Task(*values)``, Django's fast path) from
-    one list of the model's defaults evaluated once per batch: by keywords each task looked up
-    26 defaults and was the largest single item of a bulk create's profile."""
+    """Builds a batch's unsaved tasks positionally from one list of the model's defaults evaluated
+    once per batch (by keywords each task looked up 26 defaults and was the largest single item of
+    a bulk create's profile), and checks their fields, each distinct value once per batch."""
 
     def __init__(self) -> None:
         self.fields = Task._meta.concrete_fields
+        self.attnames = [field.attname for field in self.fields]
         self.index = {name: i for i, field in enumerate(self.fields) for name in {field.name, field.attname}}
         # Per task below: the primary key, and the two JSON fields (a shared dict would be shared).
         self.defaults = [
             None if field.name in ("id", "config", "secret_fields") else field.get_default() for field in self.fields
         ]
+        # Model.__init__ sets each attribute through its descriptor and sends pre_init and
+        # post_init: with no receiver of either, a new task's attributes are set at once (a
+        # tenth of a bulk create's Python time went to Task(*values)).
+        self.direct = not (pre_init.has_listeners(Task) or post_init.has_listeners(Task))
+        self.checked: dict[tuple[str, type, Any], Any] = {}  # (field, type, value) -> its cleaned value
 
     def default(self, name: str) -> Any:
         return self.defaults[self.index[name]]
@@ -97,10 +115,47 @@ class _TaskRows:
                 value = value.pk
             row[index] = value
         row[self.index["id"]] = uuid.uuid4()
-        task = Task(*row)  # type: ignore[misc]  # django-stubs types keyword construction only
+        if self.direct:
+            task = Task.__new__(Task)
+            task._state = ModelState()
+            task.__dict__.update(zip(self.attnames, row, strict=True))
+        else:
+            task = Task(*row)  # type: ignore[misc]  # django-stubs types keyword construction only
         for field, value in related:
             field.set_cached_value(task, value)
         return task
+
+    def check(self, task: Task, given: set[str]) -> None:
+        """``task.full_clean()`` of the fields :func:`_build_task` sets and those in ``given``
+        (no uniqueness or constraint checks), each field's check of a value shared by the batch's
+        tasks made once: Django's DjangoValidationError of every field that fails."""
+        errors: dict[str, Any] = {}
+        for field in Task._meta.fields:
+            name = field.name
+            if (name in _UNCHECKED and name not in given) or getattr(field, "generated", False):
+                continue
+            raw = getattr(task, field.attname)
+            if field.blank and raw in field.empty_values:
+                continue
+            kind = type(raw)
+            memo = (name, kind, raw.hex() if kind is float else raw) if kind in _CHECKED_ONCE_TYPES else None
+            if memo is not None and memo in self.checked:
+                value = self.checked[memo]
+            else:
+                try:
+                    value = field.clean(raw, task)
+                except DjangoValidationError as exc:
+                    errors[name] = exc.error_list
+                    continue
+                if memo is not None:
+                    self.checked[memo] = value
+            setattr(task, field.attname, value)
+        try:
+            task.clean()
+        except DjangoValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if errors:
+            raise DjangoValidationError(errors)
 
 
 def _build_task(
@@ -171,8 +226,7 @@ def _build_task(
         # back it up (validating constraints here would cost a query each). A field left at its
         # model default is valid by construction: only the ones given are checked (their
         # validators were a third of a bulk create's Python time).
-        exclude = _UNCHECKED - set(options)
-        task.full_clean(exclude=exclude, validate_unique=False, validate_constraints=False)
+        rows.check(task, set(options))
     except DjangoValidationError as exc:
         raise InvalidInput(exc.message_dict) from None
     return task
@@ -204,14 +258,19 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     The tasks returned carry what the API shows of a new task (its state, when it next runs,
     its first execution) so that reading them back costs no query.
     """
-    now = db_now()
+    unlimited: bool | None = None  # the team's task quota, when read with the time and the team
+    found = _personal_team(owner) if team is None and token_team_id(owner) is None else None
+    if found is not None:
+        now, team, unlimited = found
+    else:
+        now = db_now()
     until = now + timedelta(seconds=tms_settings().MATERIALISE_HORIZON)
     team = team_for_new(owner, team, permission="tasks_app.add_task", what="this team's tasks")
     tasks, named, followed = _build_tasks(specs, owner=owner, team=team, now=now)
     rows, skipped, planned = _plan_tasks(tasks, now=now, until=until)
     ids: list[int] = []
-    with transaction.atomic():
-        quota_check_tasks(team_id=team.pk, adding=len(tasks))
+    with contextlib.nullcontext() if _one_trip(tasks, named, followed, skipped, unlimited) else transaction.atomic():
+        quota_check_tasks(team_id=team.pk, adding=len(tasks), unlimited=unlimited)
         # The writes below go to PostgreSQL in one round trip (the last one carries the others).
         with sent_together():
             _insert_tasks(tasks)
@@ -224,6 +283,63 @@ def task_bulk_create(*, owner: User, specs: Sequence[Mapping[str, Any]], team: T
     if len(ids) == len(rows):  # always, for new tasks: no occurrence of theirs existed
         _set_created_state(tasks, rows, ids, planned, now=now)
     return tasks
+
+
+@functools.cache
+def _personal_team_statement() -> tuple[str, list[str]]:
+    """The database's time, the owner's personal team and its task quota, in one statement."""
+    quote = connection.ops.quote_name
+    columns = [str(field.attname) for field in Team._meta.concrete_fields]
+    quota, team = TeamQuota._meta, Team._meta
+    limit = quote(str(quota.get_field("max_tasks").column))
+    quota_team = quote(str(getattr(quota.pk, "column", "team_id")))
+    team_id, personal = quote(str(getattr(team.pk, "column", "id"))), quote(str(team.get_field("personal_of").column))
+    selected = ", ".join(f"t.{quote(str(field.column))}" for field in team.concrete_fields)
+    statement = (
+        f"SELECT statement_timestamp(), (SELECT {limit} FROM {quote(quota.db_table)} AS q "  # noqa: S608 - the models' names
+        f"WHERE q.{quota_team} = t.{team_id}), {selected} FROM {quote(team.db_table)} AS t WHERE t.{personal} = %s"
+    )
+    return statement, columns
+
+
+def _personal_team(owner: User) -> tuple[datetime, Team, bool] | None:
+    """The time (:func:`~tms_core.clock.db_now`), ``owner``'s personal team (where a create naming
+    no team goes, through no team-scoped token) and whether its task quota is unlimited, read in
+    one round trip instead of three (a single create's). None when the owner has none yet (a
+    service account, or a user made before teams): :func:`team_for_new` finds or makes it."""
+    statement, columns = _personal_team_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [owner.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    now, max_tasks, *values = row
+    return now, Team.from_db(connection.alias, columns, values), quota_tasks_unlimited(max_tasks)
+
+
+def _one_trip(
+    tasks: list[Task],
+    named: list[list[Limit]],
+    followed: list[list[After]],
+    skipped: list[SkippedOccurrence],
+    unlimited: bool | None,
+) -> bool:
+    """Whether the create's writes go as one statement text outside a transaction block, where
+    PostgreSQL runs them in one transaction of their own (a simple query of several statements is
+    one: all or nothing, committed when they end), saving a single create the round trips of
+    BEGIN and COMMIT: a few tasks (their rows go as one INSERT each, not by COPY), no limits, no
+    ``after`` links and no skipped occurrence (each of those is an ORM statement of its own), no
+    quota to lock, no caller's transaction to join, and executions written by one statement."""
+    return (
+        unlimited is True
+        and not connection.in_atomic_block
+        and connection.vendor == "postgresql"
+        and len(tasks) < bulk.COPY_FROM_ROWS
+        and not any(named)
+        and not any(followed)
+        and not skipped
+        and not tracing.ON
+    )
 
 
 def _build_tasks(
@@ -317,12 +433,10 @@ def _insert_links(tasks: list[Task], named: list[list[Limit]], followed: list[li
 
 
 def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> None:
-    """Insert each new task's audit entry and version 1, both from one snapshot (and JSON made once per batch)."""
-    snapshots = [
-        _created_snapshot(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
-        for task, chosen, after in zip(tasks, named, followed, strict=True)
-    ]
-    changes, versions = _created_json(snapshots)
+    """Insert each new task's audit entry (JSON made once per batch). It holds every setting of the
+    task, so it is version 1 as well: :func:`tasks_app.versions.version_first_ensure` writes that
+    version from it when first needed (a version per task was a third of a bulk create's bytes)."""
+    changes = _created_changes(tasks, named, followed)
     audit_record_many(
         [
             {
@@ -336,8 +450,6 @@ def _record_created(tasks: list[Task], named: list[list[Limit]], followed: list[
             for task, text in zip(tasks, changes, strict=True)
         ]
     )
-    # Version 1 of each (Task.version's default): what its first executions run with.
-    version_record_many([(task.pk, 1, text, []) for task, text in zip(tasks, versions, strict=True)])
 
 
 def _insert_tasks(tasks: list[Task]) -> None:
@@ -358,55 +470,59 @@ def _insert_tasks(tasks: list[Task]) -> None:
         task._state.db = "default"
 
 
-def _created_snapshot(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
-    """A new task's audited values as the audit log stores them (config masked, and the names of
-    its limits and the tasks it follows if it has any, as an update records them)."""
+def _created_values(task: Task, limits: list[str], after: list[dict[str, str]]) -> dict[str, Any]:
+    """A new task's audited values (config masked, and the names of its limits and the tasks it
+    follows if it has any, as an update records them), before :func:`tasks_app.audit.audit_values` converts them."""
     snapshot = _snapshot(task, task_config_masked(task))
     if limits:
         snapshot["limits"] = limits
     if after:
         snapshot["after"] = after
-    return audit_values(snapshot)
+    return snapshot
 
 
-#: Values a batch's tasks share by the thousand (names, numbers, defaults): their JSON is made once.
-_SHARED_JSON_TYPES = frozenset({str, int, float, bool, type(None)})
+#: Values a batch's tasks share by the thousand (names, numbers, times, defaults): each one's part of
+#: the JSON is made once. (A datetime is keyed by its text: equal instants in two zones read apart.)
+_SHARED_TYPES = frozenset({str, int, float, bool, timedelta, uuid.UUID})
 
 
-def _created_json(snapshots: Sequence[Mapping[str, Any]]) -> tuple[list[JsonText], list[JsonText]]:
+def _created_changes(tasks: list[Task], named: list[list[Limit]], followed: list[list[After]]) -> list[JsonText]:
     """Each new task's audit changes (every audited field from nothing to its value, as
-    ``audit_diff({}, snapshot)`` gives them) and its first version's snapshot
-    (:func:`~tasks_app.versions.version_snapshot`), as JSON text.
+    ``audit_diff({}, audit_values(_created_values(...)))`` gives them) as JSON text.
 
-    The tasks of a batch share most of their values, so each field's part of both texts is
-    encoded once per distinct value: encoding each task's two documents whole (about 50 fields
-    each) was a fifth of a bulk create's time."""
+    The tasks of a batch share most of their values, so each field's part is converted and
+    encoded once per distinct value: encoding each task's document whole (about 45 fields) was a
+    fifth of a bulk create's time, converting each value (:func:`tasks_app.audit.audit_values`) another tenth."""
     encode = json_encoder(DjangoJSONEncoder)
-    parts: dict[tuple[str, type, Any], tuple[str, str]] = {}
-    changes, versions = [], []
-    for snapshot in snapshots:
-        changed, versioned = [], []
+    parts: dict[tuple[str, type, Any], str] = {}
+    changes = []
+    for task, chosen, after in zip(tasks, named, followed, strict=True):
+        snapshot = _created_values(task, sorted(limit.name for limit in chosen), [link.entry() for link in after])
+        changed = []
         for name in sorted(snapshot):
             value = snapshot[name]
-            shared = type(value) in _SHARED_JSON_TYPES
-            # -0.0 == 0.0, yet each has its own text.
-            memo = (name, type(value), value.hex() if type(value) is float else value) if shared else None
+            if value is None:
+                continue  # no change from nothing
+            kind = type(value)
+            if kind in _SHARED_TYPES:
+                # -0.0 == 0.0 and True == 1, yet each has its own text.
+                memo = (name, kind, value.hex() if kind is float else value)
+            elif kind is datetime:
+                memo = (name, kind, value.isoformat())
+            elif (kind is dict or kind is list) and not value:
+                memo = (name, kind, None)  # an empty config, list of secrets, input schema ...
+            else:
+                memo = None
             part = parts.get(memo) if memo is not None else None
             if part is None:
-                key, text = encode(name), encode(value)
-                part = (
-                    "" if value is None else f'{key}:{{"from":null,"to":{text}}}',
-                    "" if name in NOT_VERSIONED else f"{key}:{text}",
-                )
+                converted = audit_value(value)
+                part = "" if converted is None else f'{encode(name)}:{{"from":null,"to":{encode(converted)}}}'
                 if memo is not None:
                     parts[memo] = part
-            if part[0]:
-                changed.append(part[0])
-            if part[1]:
-                versioned.append(part[1])
+            if part:
+                changed.append(part)
         changes.append(JsonText("{" + ",".join(changed) + "}"))
-        versions.append(JsonText("{" + ",".join(versioned) + "}"))
-    return changes, versions
+    return changes
 
 
 def _set_created_state(

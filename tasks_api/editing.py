@@ -42,7 +42,7 @@ from tasks_app.secrets import (
     config_seal,
     config_unmask_kept,
 )
-from tasks_app.versions import NOT_VERSIONED, version_record, version_snapshot
+from tasks_app.versions import NOT_VERSIONED, version_first_ensure, version_record, version_snapshot
 from tms_core.clock import db_now
 from tms_core.errors import InvalidInput
 
@@ -322,7 +322,9 @@ def _new_version(task: Task, *, before: dict[str, Any], after: dict[str, Any], c
         before = {**before, "after": follows}
     if not before["after"]:
         before = {key: value for key, value in before.items() if key != "after"}
-    if not TaskVersion.objects.filter(task_id=task.pk).exists():
+    if task.version == 1:
+        version_first_ensure(task.pk)  # a task created since versions are lazy: from its create entry
+    if not TaskVersion.objects.filter(task_id=task.pk).exists():  # a task older than versions
         version_record(task_id=task.pk, number=task.version, snapshot=version_snapshot(before), changed=[])
     task.version += 1
     Task.objects.filter(pk=task.pk).update(version=task.version)

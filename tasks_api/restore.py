@@ -24,6 +24,7 @@ from tasks_app.masking import masks_left
 from tasks_app.models import Task, TaskVersion, TeamRole
 from tasks_app.secrets import config_unmask
 from tasks_app.teams import require
+from tasks_app.versions import version_first_ensure
 from tms_core.errors import GoneError, InvalidInput
 
 #: Settings a version names only when they hold something: missing means none.
@@ -67,6 +68,8 @@ def task_version_restore(*, task: Task, number: int, user: Any, actor: str, requ
     for a version the task does not have; the PATCH's refusals (400 per field) when those
     settings are no longer valid (a calendar or an upstream task since deleted ...)."""
     require(user, task.team_id, TeamRole.EDITOR, "tasks_app.change_task")
+    if 1 in (number, task.version):
+        version_first_ensure(task.pk)  # written lazily (tasks_app.versions)
     versions = {
         row.number: row for row in TaskVersion.objects.filter(task_id=task.pk, number__in={number, task.version})
     }

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from tasks_api.restore import task_version_restore
 from tasks_app.models import Task, TaskStatus, TaskVersion
+from tasks_app.versions import version_first_ensure
 from teams_api.scope import TeamScopedMixin
 from tms_core.api.keyset import KeysetPagination, Segment
 from tms_core.auth import actor_for, request_user
@@ -50,6 +51,8 @@ class TaskVersionListView(TeamScopedMixin, generics.ListAPIView):
     def get_queryset(self) -> QuerySet:
         tasks = self.owner_scope(Task.objects.exclude(status=TaskStatus.DELETED))
         task = get_object_or_404(tasks, pk=self.kwargs["task_id"])
+        if task.version == 1:
+            version_first_ensure(task.pk)  # written lazily (tasks_app.versions)
         return TaskVersion.objects.filter(task=task)
 
     def keyset_segments(self, queryset: QuerySet, state: dict) -> list[Segment]:

@@ -156,6 +156,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def audit_value(value: Any) -> Any:
+    """One value as an audit entry stores it (see :func:`audit_values`)."""
+    return _jsonable(value)
+
+
 def audit_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` as an audit entry stores them (durations in seconds, times in ISO 8601, ids as text)."""
     return {name: _jsonable(value) for name, value in values.items()}

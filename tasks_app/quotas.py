@@ -203,11 +203,20 @@ def check_config_size(config: Any, *, field: str = "config") -> None:
 # --- tasks and artifacts (400) -------------------------------------------------------------------
 
 
-def quota_check_tasks(*, team_id: int, adding: int) -> None:
+def quota_tasks_unlimited(max_tasks: int | None) -> bool:
+    """Whether a team whose quota row says ``max_tasks`` (None: no row, or no value) holds any
+    number of tasks: what :func:`quota_check_tasks` reads, for a caller that read the row already."""
+    return _limit(max_tasks, tms_settings().QUOTA_MAX_TASKS) == 0
+
+
+def quota_check_tasks(*, team_id: int, adding: int, unlimited: bool | None = None) -> None:
     """Inside the creating (or moving) transaction: raise :class:`InvalidInput` unless the team
     may hold ``adding`` more tasks (tasks not deleted count, paused and completed ones included,
-    whoever created them)."""
-    if adding <= 0 or _unlimited(team_id, "max_tasks", tms_settings().QUOTA_MAX_TASKS):
+    whoever created them). ``unlimited``: :func:`quota_tasks_unlimited` of the team's quota row,
+    when the caller read it already (None: read here)."""
+    if unlimited is None:
+        unlimited = _unlimited(team_id, "max_tasks", tms_settings().QUOTA_MAX_TASKS)
+    if adding <= 0 or unlimited:
         return
     quota = _lock(team_id)
     limit = _limit(quota.max_tasks, tms_settings().QUOTA_MAX_TASKS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -90,8 +91,11 @@ def executions_create(
     event = Event("", S.SCHEDULED, actor, detail)
     ids: list[int] = []
     # No savepoint inside a caller's transaction (a task create's): a failure fails the caller's
-    # write as a whole anyway, and the savepoint cost two round trips per create.
-    with transaction.atomic(savepoint=False):
+    # write as a whole anyway, and the savepoint cost two round trips per create. One statement
+    # and no trace to stamp need no transaction of their own: it is one already (or the caller's,
+    # or with the statements sent with it, tms_core.together: a single create's one round trip).
+    several = len(rows) > _INSERT_CHUNK or tracing.ON
+    with transaction.atomic(savepoint=False) if several else contextlib.nullcontext():
         for start in range(0, len(rows), _INSERT_CHUNK):
             statement, params = _insert(rows[start : start + _INSERT_CHUNK], origin)
             ids += [row[0] for row in with_events(statement, params, event)]

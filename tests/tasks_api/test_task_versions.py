@@ -61,7 +61,10 @@ def test_a_change_that_changes_nothing_makes_no_version(api_client, user):
     api_client.patch(f"/api/v1/tasks/{task.pk}", {"name": "versioned"}, format="json")
     api_client.post(f"/api/v1/tasks/{task.pk}/pause")
 
-    assert list(TaskVersion.objects.filter(task=task).values_list("number", flat=True)) == [1]
+    assert list(TaskVersion.objects.filter(task=task).values_list("number", flat=True)) == []  # lazy
+    listed = api_client.get(f"/api/v1/tasks/{task.pk}/versions").json()["results"]
+    assert [version["number"] for version in listed] == [1]
+    assert listed[0]["settings"]["name"] == "versioned" and listed[0]["changed"] == []
     assert Task.objects.get(pk=task.pk).version == 1
 
 

@@ -59,6 +59,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     from backoffice.scope import visible_executions, visible_tasks
     from executions.models import ExecutionStatus
     from tasks_app.models import TaskVersion
+    from tasks_app.versions import version_first_ensure
 
     ran = visible_executions(user).exclude(status=ExecutionStatus.SCHEDULED).order_by("-scheduled_for", "-id")
     newest = ran.first()
@@ -67,6 +68,7 @@ def page_paths(user: Any) -> list[tuple[str, str]]:
     middle = ran.only("scheduled_for")[ran.count() // 2]
     task = visible_tasks(user).get(pk=newest.task_id)
     at = newest.scheduled_for.isoformat()
+    version_first_ensure(task.pk)  # a task made by the service has its version 1 written when first needed
     version = TaskVersion.objects.filter(task_id=task.pk).order_by("-number").values_list("number", flat=True).first()
     return [
         ("dashboard", "/"),
