@@ -57,9 +57,10 @@ class EventPosted:
 def subscribed_tasks(*, team_ids: Iterable[int], name: str) -> list[Task]:
     """The ACTIVE tasks of these teams subscribed to ``name``, oldest first."""
     return list(
-        Task.objects.filter(
-            team_id__in=list(team_ids), status=TaskStatus.ACTIVE, on_events__contains=[{"name": name}]
-        ).order_by("created_at", "id")
+        Task.objects.filter(team_id__in=list(team_ids), status=TaskStatus.ACTIVE, on_events__contains=[{"name": name}])
+        # Said again for the planner: the subscribers' index holds only tasks that subscribe (task_on_events_idx).
+        .exclude(on_events=[])
+        .order_by("created_at", "id")
     )
 
 

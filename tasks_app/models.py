@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -629,6 +630,14 @@ class Task(models.Model):
             models.Index(fields=["calendar"], condition=Q(calendar__isnull=False), name="task_calendar_idx"),
             # /metrics lists the opted-in tasks at every scrape: a few rows of a large table.
             models.Index(fields=["id"], condition=Q(expose_metrics=True), name="task_expose_metrics_idx"),
+            # A named event's subscribers (``on_events @> [{"name": ...}]``): only the tasks that
+            # subscribe to any are in it, so a task without pays nothing at insert.
+            GinIndex(
+                fields=["on_events"],
+                opclasses=["jsonb_path_ops"],
+                condition=~Q(on_events=[]),
+                name="task_on_events_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__lte=9), name="task_priority_0_9"),

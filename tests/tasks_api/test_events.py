@@ -348,3 +348,38 @@ def test_over_the_teams_quota_a_task_is_refused_and_the_event_still_recorded(api
     ]
     assert "quota" in body["tasks"][1]["errors"]["non_field_errors"][0].lower()
     assert _runs(first).count() == 1 and not _runs(second).exists() and ReceivedEvent.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_subscribers_of_an_event_are_read_through_their_index(user, settings):
+    """``POST /api/v1/events/{name}`` reads a team's subscribers through the partial GIN index of
+    the tasks that subscribe to anything, not by walking the team's every task."""
+    from tasks_api.creation import task_bulk_create
+    from tasks_api.events import subscribed_tasks
+    from tasks_app.models import Task
+
+    settings.TMS = {**settings.TMS, "QUOTA_MAX_TASKS": 0}  # no quota: a team of thousands of tasks
+    task_bulk_create(
+        owner=user, specs=[{"runner": "noop", "name": f"quiet {i}", "cron": "0 3 * * *"} for i in range(3000)]
+    )
+    (paid,) = task_bulk_create(
+        owner=user, specs=[{"runner": "noop", "name": "paid", "cron": "0 3 * * *", "on_events": [{"name": "paid"}]}]
+    )
+    team = paid.team_id
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_app_task")
+        # Bitmap scans only (what a GIN index gives): of the indexes the query could use, the
+        # subscribers' is the one that reads only them (with plain index scans on, a small test
+        # table is as cheap to walk by status).
+        cursor.execute("SET LOCAL enable_indexscan = off")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        query = (
+            Task.objects.filter(team_id__in=[team], status="ACTIVE", on_events__contains=[{"name": "paid"}])
+            .exclude(on_events=[])
+            .order_by("created_at", "id")
+        )
+        sql, params = query.query.sql_with_params()
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "task_on_events_idx" in plan, plan
+    assert subscribed_tasks(team_ids=[team], name="paid") == [paid]
