@@ -6,24 +6,20 @@ does is :func:`tasks_api.events.event_post`'s, in the URL's team alone."""
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
 from django.http import HttpRequest
 
 from tasks_api.events import EventPosted, event_post
-from tasks_api.hooks import HookNotFound, body_input
-from tasks_app.audit import audit_context, audit_record
+from tasks_api.hooks import HookNotFound, SignedRequest, body_input, hook_prove
+from tasks_app.audit import audit_record
 from tasks_app.event_subscriptions import event_name_check
-from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret, hook_signature_remember
-from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint
-from tasks_app.models import EventHook, EventHookSignature, Team
-from tasks_app.secrets import SecretsUnavailable, text_open, text_seal
+from tasks_app.hooks import hook_new_id, hook_new_secret
+from tasks_app.idempotency import StoredResponse
+from tasks_app.models import EventHook, Team
+from tasks_app.secrets import text_seal
 from tms_core.clock import db_now
 from tms_core.errors import InvalidInput
 from tms_core.public_url import public_url
@@ -101,14 +97,7 @@ def event_hook_delete(*, team: Team, name: str, actor: Any) -> bool:
     return True
 
 
-def event_hook_fire(
-    *,
-    hook_id: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    idempotency_key: str | None,
-    remote_addr: str | None = None,
-) -> StoredResponse:
+def event_hook_fire(*, hook_id: str, request: SignedRequest) -> StoredResponse:
     """Post the event URL's event if the request proves itself: the body, when a JSON object, is
     the payload (else ``{}``). Raises :class:`HookNotFound`, :class:`HookRefused`,
     :class:`~tasks_app.hooks.HookReplayed` (409) and :func:`event_post`'s errors (a payload it
@@ -116,14 +105,9 @@ def event_hook_fire(
     hook = EventHook.objects.select_related("owner").filter(pk=hook_id).first()
     if hook is None:
         raise HookNotFound(hook_id)
-    try:
-        secret = text_open(hook.secret)
-    except SecretsUnavailable:
-        raise HookRefused("This event URL's secret cannot be read (a key was removed): make a new one.") from None
-    now = time.time()
-    proof = hook_check(secret=secret, headers=headers, body=body, now=now)
+    proven = hook_prove(hook, request, what="event URL", path=PATH + hook.pk)
     actor = event_hook_actor(hook.pk)
-    payload = body_input(body) or {}
+    payload = body_input(request.body) or {}
 
     def create() -> tuple[int, Any]:
         posted: EventPosted = event_post(team_ids=[hook.team_id], name=hook.name, payload=payload, actor=actor)
@@ -138,20 +122,4 @@ def event_hook_fire(
         }
         return 202, answer
 
-    fingerprint = (
-        request_fingerprint(method="POST", path=PATH + hook.pk, body=hashlib.sha256(body).hexdigest())
-        if idempotency_key
-        else ""
-    )
-    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr), transaction.atomic():
-        if proof == "signature":
-            hook_signature_remember(hook_id=hook.pk, headers=headers, now=now, model=EventHookSignature)
-        stored = idempotent_create(
-            owner=hook.owner,
-            key=idempotency_key,
-            fingerprint=fingerprint,
-            create=create,
-            scope=f"event-url:{hook.pk}",
-        )
-    EventHook.objects.filter(pk=hook.pk).update(last_used_at=Now())
-    return stored
+    return proven.answer(owner=hook.owner, scope=f"event-url:{hook.pk}", source=SOURCE, actor=actor, create=create)
