@@ -13,14 +13,12 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from tasks_api.events import EventPosted, event_post
-from tasks_api.hooks import HookNotFound, SignedRequest, body_input, hook_prove
+from tasks_api.hooks import AUDIT_SAID, HookNotFound, SignedRequest, body_input, hook_prove, hook_secret_put
 from tasks_app.audit import audit_record
 from tasks_app.event_subscriptions import event_name_check
-from tasks_app.hooks import hook_new_id, hook_new_secret
+from tasks_app.hooks import hook_new_secret
 from tasks_app.idempotency import StoredResponse
 from tasks_app.models import EventHook, Team
-from tasks_app.secrets import text_seal
-from tms_core.clock import db_now
 from tms_core.errors import InvalidInput
 from tms_core.public_url import public_url
 
@@ -60,21 +58,10 @@ def event_hook_set(*, team: Team, name: str, owner: Any) -> EventHookMade:
     with transaction.atomic():
         Team.objects.select_for_update().filter(pk=team.pk).first()  # one maker at a time per team
         hook = EventHook.objects.filter(team=team, name=name).first()
-        rotated = hook is not None
-        if hook is None:
-            hook = EventHook.objects.create(
-                id=hook_new_id(), team=team, name=name, owner=owner, secret=text_seal(secret)
-            )
-        else:
-            hook.secret, hook.rotated_at, hook.owner = text_seal(secret), db_now(), owner
-            hook.save(update_fields=["secret", "rotated_at", "owner"])
-        audit_record(
-            action="event_url.rotate" if rotated else "event_url.create",
-            object_type="team",
-            object_id=team.pk,
-            owner=None,
-            detail=f"{'secret rotated' if rotated else 'made'}: {event_hook_actor(hook.pk)} for event {name}",
+        hook, rotated = hook_secret_put(
+            EventHook, hook, secret, keys={"team": team, "name": name}, holder={"owner": owner}
         )
+        _audit(team, "rotate" if rotated else "create", hook.pk, name)
     hook.refresh_from_db()
     return EventHookMade(hook=hook, secret=secret, rotated=rotated)
 
@@ -87,14 +74,14 @@ def event_hook_delete(*, team: Team, name: str, actor: Any) -> bool:
             return False
         hook_id = hook.pk
         hook.delete()
-        audit_record(
-            action="event_url.delete",
-            object_type="team",
-            object_id=team.pk,
-            owner=None,
-            detail=f"removed: {event_hook_actor(hook_id)} for event {name}",
-        )
+        _audit(team, "delete", hook_id, name)
     return True
+
+
+def _audit(team: Team, verb: str, hook_id: str, name: str) -> None:
+    """The audit entry of ``team``'s event URL ``hook_id``'s change (never its secret)."""
+    detail = f"{AUDIT_SAID[verb]}: {event_hook_actor(hook_id)} for event {name}"
+    audit_record(action=f"event_url.{verb}", object_type="team", object_id=team.pk, owner=None, detail=detail)
 
 
 def event_hook_fire(*, hook_id: str, request: SignedRequest) -> StoredResponse:

@@ -212,10 +212,7 @@ EVENT_URL_ACCEPTED = inline_serializer(
 class EventHookView(HookView):
     """``POST /hooks/v1/events/<id>``: posts the URL's event, authenticated by its secret."""
 
-    what = "event URL"
-
-    def get_authenticate_header(self, request: Request) -> str:
-        return 'TMS-Signature realm="event-url"'
+    what, realm = "event URL", "event-url"
 
     @extend_schema(
         summary="Post a named event from an outside system (event URL)",

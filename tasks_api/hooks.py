@@ -58,6 +58,44 @@ class HookMade:
     rotated: bool
 
 
+#: What a signed URL's audit entry says it did, by its action's verb (``trigger_url.<verb>``).
+AUDIT_SAID = {"create": "made", "rotate": "secret rotated", "delete": "removed"}
+
+
+def hook_secret_put(
+    model: type[TaskHook] | type[EventHook],
+    hook: TaskHook | EventHook | None,
+    secret: str,
+    *,
+    keys: dict[str, Any],
+    holder: dict[str, Any],
+) -> tuple[Any, bool]:
+    """``hook`` (a trigger URL or an event URL) with ``secret`` (sealed) as its secret and
+    ``holder``'s fields (who made it) set, or when it is None a new ``model`` row for ``keys`` (what
+    it belongs to); and whether it was rotated (the URL kept, the old secret refused from now on).
+    Call it in the caller's transaction, the row locked."""
+    if hook is None:
+        return model.objects.create(id=hook_new_id(), secret=text_seal(secret), **keys, **holder), False
+    hook.secret, hook.rotated_at = text_seal(secret), db_now()
+    for name, value in holder.items():
+        setattr(hook, name, value)
+    hook.save(update_fields=["secret", "rotated_at", *holder])
+    return hook, True
+
+
+def _audit(task: Task, verb: str, hook_id: str) -> None:
+    """The audit entry of ``task``'s trigger URL ``hook_id``'s change (never its secret)."""
+    detail = f"{AUDIT_SAID[verb]}: {hook_actor(hook_id)}"
+    audit_record(
+        action=f"trigger_url.{verb}",
+        object_type="task",
+        object_id=task.pk,
+        owner=task.owner_id,
+        task_id=task.pk,
+        detail=detail,
+    )
+
+
 def task_hook_set(*, task: Task) -> HookMade:
     """Give ``task`` a trigger URL with a new secret; if it has one, only the secret changes (the
     URL stays) and the old secret stops working at once. Audited (``trigger_url.create`` or
@@ -66,24 +104,10 @@ def task_hook_set(*, task: Task) -> HookMade:
     with transaction.atomic():
         task = _lock(task.pk)
         hook = TaskHook.objects.select_for_update().filter(task=task).first()
-        rotated = hook is not None
         # The new secret is a credential of whoever made it: a token's, listed and undone with it.
-        token_id = acting_token()
-        if hook is None:
-            hook = TaskHook.objects.create(
-                id=hook_new_id(), task=task, secret=text_seal(secret), created_by_token=token_id
-            )
-        else:
-            hook.secret, hook.rotated_at, hook.created_by_token = text_seal(secret), db_now(), token_id
-            hook.save(update_fields=["secret", "rotated_at", "created_by_token"])
-        audit_record(
-            action="trigger_url.rotate" if rotated else "trigger_url.create",
-            object_type="task",
-            object_id=task.pk,
-            owner=task.owner_id,
-            task_id=task.pk,
-            detail=f"{'secret rotated' if rotated else 'made'}: {hook_actor(hook.pk)}",
-        )
+        holder = {"created_by_token": acting_token()}
+        hook, rotated = hook_secret_put(TaskHook, hook, secret, keys={"task": task}, holder=holder)
+        _audit(task, "rotate" if rotated else "create", hook.pk)
     hook.refresh_from_db()
     return HookMade(hook=hook, secret=secret, rotated=rotated)
 
@@ -97,14 +121,7 @@ def task_hook_delete(*, task: Task) -> bool:
             return False
         hook_id = hook.pk
         hook.delete()
-        audit_record(
-            action="trigger_url.delete",
-            object_type="task",
-            object_id=task.pk,
-            owner=task.owner_id,
-            task_id=task.pk,
-            detail=f"removed: {hook_actor(hook_id)}",
-        )
+        _audit(task, "delete", hook_id)
     return True
 
 

@@ -135,11 +135,11 @@ class HookView(ApiViewMixin, APIView):
     permission_classes = [AllowAny]
     throttle_classes = [HookRateThrottle]
     parser_classes = [AnyBodyParser]
-    #: What a 404's message calls the URL.
-    what = "trigger URL"
+    #: What a 404's message calls the URL, and the realm a 401 names.
+    what, realm = "trigger URL", "trigger-url"
 
     def get_authenticate_header(self, request: Request) -> str:
-        return 'TMS-Signature realm="trigger-url"'
+        return f'TMS-Signature realm="{self.realm}"'
 
     @extend_schema(
         summary="Start a task's run from an outside system (trigger URL)",
