@@ -33,6 +33,20 @@ class ServiceForm(ServiceModelForm):
         """The fields the services take, as the form has them."""
         return {name: self.cleaned_data[name] for name in self.service_fields if name in self.cleaned_data}
 
+    def save_through_services(self) -> Any:
+        data = self.service_data()
+        if self.instance._state.adding:
+            return self.service_create(owner=self.cleaned_data["owner"], data=data, team=self.cleaned_data.get("team"))
+        return self.service_update(data)
+
+    def service_create(self, *, owner: Any, data: dict[str, Any], team: Any) -> Any:
+        """The service that makes a new row (``channel_create``, ``rule_create``)."""
+        raise NotImplementedError
+
+    def service_update(self, data: dict[str, Any]) -> Any:
+        """The service that changes :attr:`instance`."""
+        raise NotImplementedError
+
 
 class ChannelForm(ServiceForm):
     service_fields = services.CHANNEL_FIELDS
@@ -51,11 +65,10 @@ class ChannelForm(ServiceForm):
             # Staff see the target masked, as in the API; sending the mask back keeps it.
             self.initial["target"] = self.instance.shown_target()
 
-    def save_through_services(self) -> Channel:
-        data = self.service_data()
-        if self.instance._state.adding:
-            team = self.cleaned_data.get("team")
-            return services.channel_create(owner=self.cleaned_data["owner"], data=data, team=team)
+    def service_create(self, *, owner: Any, data: dict[str, Any], team: Any) -> Channel:
+        return services.channel_create(owner=owner, data=data, team=team)
+
+    def service_update(self, data: dict[str, Any]) -> Channel:
         return services.channel_update(channel=self.instance, data=data)
 
 
@@ -70,16 +83,30 @@ class RuleForm(ServiceForm):
             "the task must be of the team.",
         }
 
-    def save_through_services(self) -> Rule:
-        data = self.service_data()
-        if self.instance._state.adding:
-            team = self.cleaned_data.get("team")
-            return services.rule_create(owner=self.cleaned_data["owner"], data=data, team=team)
+    def service_create(self, *, owner: Any, data: dict[str, Any], team: Any) -> Rule:
+        return services.rule_create(owner=owner, data=data, team=team)
+
+    def service_update(self, data: dict[str, Any]) -> Rule:
         return services.rule_update(rule=self.instance, data=data)
 
 
+class ServiceDeleteAdmin(ServiceFormAdmin):
+    """Deletes a row, or each row of a selection, through its service (which also removes what
+    depends on it), never the ORM's delete."""
+
+    def service_delete(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        self.service_delete(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for obj in queryset:
+            self.service_delete(obj)
+
+
 @admin.register(Channel)
-class ChannelAdmin(ServiceFormAdmin):
+class ChannelAdmin(ServiceDeleteAdmin):
     form = ChannelForm
     list_display = ["name", "kind", "shown_target", "team", "owner", "state", "failing_since", "failed_attempts"]
     list_filter = ["kind", "state", ("team", admin.RelatedOnlyFieldListFilter)]
@@ -102,12 +129,8 @@ class ChannelAdmin(ServiceFormAdmin):
     def shown_target(self, obj: Channel) -> str:
         return obj.shown_target()
 
-    def delete_model(self, request: HttpRequest, obj: Channel) -> None:
+    def service_delete(self, obj: Channel) -> None:
         services.channel_delete(channel=obj)
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for channel in queryset:
-            services.channel_delete(channel=channel)
 
     # A test sends on the owner's behalf: for those who may change channels, not for viewers.
     @admin.action(description="Send a test message", permissions=["change"])
@@ -124,7 +147,7 @@ class ChannelAdmin(ServiceFormAdmin):
 
 
 @admin.register(Rule)
-class RuleAdmin(ServiceFormAdmin):
+class RuleAdmin(ServiceDeleteAdmin):
     form = RuleForm
     list_display = [
         "id", "team", "owner", "task", "channel", "enabled", "on_failure", "on_recovery", "on_retry", "on_skip",
@@ -140,12 +163,8 @@ class RuleAdmin(ServiceFormAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [] if obj is None else ["team", "created_at"]
 
-    def delete_model(self, request: HttpRequest, obj: Rule) -> None:
+    def service_delete(self, obj: Rule) -> None:
         services.rule_delete(rule=obj)
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for rule in queryset:
-            services.rule_delete(rule=rule)
 
 
 @admin.register(Delivery)

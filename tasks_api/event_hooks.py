@@ -6,25 +6,19 @@ does is :func:`tasks_api.events.event_post`'s, in the URL's team alone."""
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
 from django.http import HttpRequest
 
 from tasks_api.events import EventPosted, event_post
-from tasks_api.hooks import HookNotFound, body_input
-from tasks_app.audit import audit_context, audit_record
+from tasks_api.hooks import AUDIT_SAID, HookNotFound, SignedRequest, body_input, hook_prove, hook_secret_put
+from tasks_app.audit import audit_record
 from tasks_app.event_subscriptions import event_name_check
-from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret, hook_signature_remember
-from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint
-from tasks_app.models import EventHook, EventHookSignature, Team
-from tasks_app.secrets import SecretsUnavailable, text_open, text_seal
-from tms_core.clock import db_now
+from tasks_app.hooks import hook_new_secret
+from tasks_app.idempotency import StoredResponse
+from tasks_app.models import EventHook, Team
 from tms_core.errors import InvalidInput
 from tms_core.public_url import public_url
 
@@ -64,21 +58,10 @@ def event_hook_set(*, team: Team, name: str, owner: Any) -> EventHookMade:
     with transaction.atomic():
         Team.objects.select_for_update().filter(pk=team.pk).first()  # one maker at a time per team
         hook = EventHook.objects.filter(team=team, name=name).first()
-        rotated = hook is not None
-        if hook is None:
-            hook = EventHook.objects.create(
-                id=hook_new_id(), team=team, name=name, owner=owner, secret=text_seal(secret)
-            )
-        else:
-            hook.secret, hook.rotated_at, hook.owner = text_seal(secret), db_now(), owner
-            hook.save(update_fields=["secret", "rotated_at", "owner"])
-        audit_record(
-            action="event_url.rotate" if rotated else "event_url.create",
-            object_type="team",
-            object_id=team.pk,
-            owner=None,
-            detail=f"{'secret rotated' if rotated else 'made'}: {event_hook_actor(hook.pk)} for event {name}",
+        hook, rotated = hook_secret_put(
+            EventHook, hook, secret, keys={"team": team, "name": name}, holder={"owner": owner}
         )
+        _audit(team, "rotate" if rotated else "create", hook.pk, name)
     hook.refresh_from_db()
     return EventHookMade(hook=hook, secret=secret, rotated=rotated)
 
@@ -91,24 +74,17 @@ def event_hook_delete(*, team: Team, name: str, actor: Any) -> bool:
             return False
         hook_id = hook.pk
         hook.delete()
-        audit_record(
-            action="event_url.delete",
-            object_type="team",
-            object_id=team.pk,
-            owner=None,
-            detail=f"removed: {event_hook_actor(hook_id)} for event {name}",
-        )
+        _audit(team, "delete", hook_id, name)
     return True
 
 
-def event_hook_fire(
-    *,
-    hook_id: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    idempotency_key: str | None,
-    remote_addr: str | None = None,
-) -> StoredResponse:
+def _audit(team: Team, verb: str, hook_id: str, name: str) -> None:
+    """The audit entry of ``team``'s event URL ``hook_id``'s change (never its secret)."""
+    detail = f"{AUDIT_SAID[verb]}: {event_hook_actor(hook_id)} for event {name}"
+    audit_record(action=f"event_url.{verb}", object_type="team", object_id=team.pk, owner=None, detail=detail)
+
+
+def event_hook_fire(*, hook_id: str, request: SignedRequest) -> StoredResponse:
     """Post the event URL's event if the request proves itself: the body, when a JSON object, is
     the payload (else ``{}``). Raises :class:`HookNotFound`, :class:`HookRefused`,
     :class:`~tasks_app.hooks.HookReplayed` (409) and :func:`event_post`'s errors (a payload it
@@ -116,14 +92,9 @@ def event_hook_fire(
     hook = EventHook.objects.select_related("owner").filter(pk=hook_id).first()
     if hook is None:
         raise HookNotFound(hook_id)
-    try:
-        secret = text_open(hook.secret)
-    except SecretsUnavailable:
-        raise HookRefused("This event URL's secret cannot be read (a key was removed): make a new one.") from None
-    now = time.time()
-    proof = hook_check(secret=secret, headers=headers, body=body, now=now)
+    proven = hook_prove(hook, request, what="event URL", path=PATH + hook.pk)
     actor = event_hook_actor(hook.pk)
-    payload = body_input(body) or {}
+    payload = body_input(request.body) or {}
 
     def create() -> tuple[int, Any]:
         posted: EventPosted = event_post(team_ids=[hook.team_id], name=hook.name, payload=payload, actor=actor)
@@ -138,20 +109,4 @@ def event_hook_fire(
         }
         return 202, answer
 
-    fingerprint = (
-        request_fingerprint(method="POST", path=PATH + hook.pk, body=hashlib.sha256(body).hexdigest())
-        if idempotency_key
-        else ""
-    )
-    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr), transaction.atomic():
-        if proof == "signature":
-            hook_signature_remember(hook_id=hook.pk, headers=headers, now=now, model=EventHookSignature)
-        stored = idempotent_create(
-            owner=hook.owner,
-            key=idempotency_key,
-            fingerprint=fingerprint,
-            create=create,
-            scope=f"event-url:{hook.pk}",
-        )
-    EventHook.objects.filter(pk=hook.pk).update(last_used_at=Now())
-    return stored
+    return proven.answer(owner=hook.owner, scope=f"event-url:{hook.pk}", source=SOURCE, actor=actor, create=create)

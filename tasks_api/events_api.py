@@ -7,18 +7,16 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import AuthenticationFailed, NotFound
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tasks_api.event_hooks import event_hook_delete, event_hook_fire, event_hook_set, event_hook_url
 from tasks_api.events import EventPosted, event_post
-from tasks_api.hooks import HookNotFound
-from tasks_api.hooks_api import HookView
+from tasks_api.hooks_api import SIGNED_REQUEST_HEADERS, HookView
 from tasks_api.idempotent_requests import IDEMPOTENCY_PARAMETER, REPLAYED_HEADER_PARAMETER, idempotent_create_response
 from tasks_app.event_subscriptions import EVENT_NAME, EVENT_NAME_HELP
-from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, HookRefused
 from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
 from tasks_app.models import EventHook, Team, TeamRole
 from tasks_app.teams import require, team_resolve, teams_with_role
@@ -26,7 +24,6 @@ from tasks_app.teams.services import default_team_of
 from tms_core.api.base import ApiViewMixin
 from tms_core.api.schema import error_responses
 from tms_core.auth import actor_for, request_user
-from tms_core.client_address import client_address
 from tms_core.errors import InvalidInput, RoleRequired
 
 
@@ -215,8 +212,7 @@ EVENT_URL_ACCEPTED = inline_serializer(
 class EventHookView(HookView):
     """``POST /hooks/v1/events/<id>``: posts the URL's event, authenticated by its secret."""
 
-    def get_authenticate_header(self, request: Request) -> str:
-        return 'TMS-Signature realm="event-url"'
+    what, realm = "event URL", "event-url"
 
     @extend_schema(
         summary="Post a named event from an outside system (event URL)",
@@ -229,25 +225,11 @@ class EventHookView(HookView):
         ),
         request={"application/json": OpenApiTypes.OBJECT},
         parameters=[
-            OpenApiParameter(TIMESTAMP_HEADER, str, OpenApiParameter.HEADER, required=False),
-            OpenApiParameter(SIGNATURE_HEADER, str, OpenApiParameter.HEADER, required=False),
+            *SIGNED_REQUEST_HEADERS,
             IDEMPOTENCY_PARAMETER,
             OpenApiParameter(REPLAYED_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, response=[202]),
         ],
         responses={202: EVENT_URL_ACCEPTED, **error_responses(400, 401, 409, 413, 422)},
     )
     def post(self, request: Request, hook_id: str) -> Response:
-        try:
-            stored = event_hook_fire(
-                hook_id=hook_id,
-                headers=request.headers,
-                body=request.body,
-                idempotency_key=idempotency_key_clean(request.headers.get(HEADER)),
-                remote_addr=client_address(request),
-            )
-        except HookNotFound:
-            raise NotFound("No event URL has this id (it was never made, or was removed).") from None
-        except HookRefused as exc:
-            raise AuthenticationFailed(str(exc)) from None
-        headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
-        return Response(stored.body, status=stored.status, headers=headers)
+        return self.fire(event_hook_fire, request, hook_id)

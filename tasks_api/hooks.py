@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from tasks_api.triggers import task_check_input, task_trigger
 from tasks_app.audit import acting_token, audit_context, audit_record
 from tasks_app.hooks import HookRefused, hook_check, hook_new_id, hook_new_secret, hook_signature_remember
 from tasks_app.idempotency import StoredResponse, idempotent_create, request_fingerprint, trigger_url_scope
-from tasks_app.models import Task, TaskHook, TaskStatus
+from tasks_app.models import EventHook, EventHookSignature, Task, TaskHook, TaskHookSignature, TaskStatus
 from tasks_app.secrets import SecretsUnavailable, text_open, text_seal
 from tms_core.clock import db_now
 from tms_core.errors import ConflictError
@@ -58,6 +58,44 @@ class HookMade:
     rotated: bool
 
 
+#: What a signed URL's audit entry says it did, by its action's verb (``trigger_url.<verb>``).
+AUDIT_SAID = {"create": "made", "rotate": "secret rotated", "delete": "removed"}
+
+
+def hook_secret_put(
+    model: type[TaskHook] | type[EventHook],
+    hook: TaskHook | EventHook | None,
+    secret: str,
+    *,
+    keys: dict[str, Any],
+    holder: dict[str, Any],
+) -> tuple[Any, bool]:
+    """``hook`` (a trigger URL or an event URL) with ``secret`` (sealed) as its secret and
+    ``holder``'s fields (who made it) set, or when it is None a new ``model`` row for ``keys`` (what
+    it belongs to); and whether it was rotated (the URL kept, the old secret refused from now on).
+    Call it in the caller's transaction, the row locked."""
+    if hook is None:
+        return model.objects.create(id=hook_new_id(), secret=text_seal(secret), **keys, **holder), False
+    hook.secret, hook.rotated_at = text_seal(secret), db_now()
+    for name, value in holder.items():
+        setattr(hook, name, value)
+    hook.save(update_fields=["secret", "rotated_at", *holder])
+    return hook, True
+
+
+def _audit(task: Task, verb: str, hook_id: str) -> None:
+    """The audit entry of ``task``'s trigger URL ``hook_id``'s change (never its secret)."""
+    detail = f"{AUDIT_SAID[verb]}: {hook_actor(hook_id)}"
+    audit_record(
+        action=f"trigger_url.{verb}",
+        object_type="task",
+        object_id=task.pk,
+        owner=task.owner_id,
+        task_id=task.pk,
+        detail=detail,
+    )
+
+
 def task_hook_set(*, task: Task) -> HookMade:
     """Give ``task`` a trigger URL with a new secret; if it has one, only the secret changes (the
     URL stays) and the old secret stops working at once. Audited (``trigger_url.create`` or
@@ -66,24 +104,10 @@ def task_hook_set(*, task: Task) -> HookMade:
     with transaction.atomic():
         task = _lock(task.pk)
         hook = TaskHook.objects.select_for_update().filter(task=task).first()
-        rotated = hook is not None
         # The new secret is a credential of whoever made it: a token's, listed and undone with it.
-        token_id = acting_token()
-        if hook is None:
-            hook = TaskHook.objects.create(
-                id=hook_new_id(), task=task, secret=text_seal(secret), created_by_token=token_id
-            )
-        else:
-            hook.secret, hook.rotated_at, hook.created_by_token = text_seal(secret), db_now(), token_id
-            hook.save(update_fields=["secret", "rotated_at", "created_by_token"])
-        audit_record(
-            action="trigger_url.rotate" if rotated else "trigger_url.create",
-            object_type="task",
-            object_id=task.pk,
-            owner=task.owner_id,
-            task_id=task.pk,
-            detail=f"{'secret rotated' if rotated else 'made'}: {hook_actor(hook.pk)}",
-        )
+        holder = {"created_by_token": acting_token()}
+        hook, rotated = hook_secret_put(TaskHook, hook, secret, keys={"task": task}, holder=holder)
+        _audit(task, "rotate" if rotated else "create", hook.pk)
     hook.refresh_from_db()
     return HookMade(hook=hook, secret=secret, rotated=rotated)
 
@@ -97,14 +121,7 @@ def task_hook_delete(*, task: Task) -> bool:
             return False
         hook_id = hook.pk
         hook.delete()
-        audit_record(
-            action="trigger_url.delete",
-            object_type="task",
-            object_id=task.pk,
-            owner=task.owner_id,
-            task_id=task.pk,
-            detail=f"removed: {hook_actor(hook_id)}",
-        )
+        _audit(task, "delete", hook_id)
     return True
 
 
@@ -125,21 +142,7 @@ class HookNotFound(LookupError):
     """No trigger URL has this id (never made, removed, or its task deleted)."""
 
 
-@dataclass(frozen=True)
-class HookFired:
-    """What a request to a trigger URL did: the response to give (stored, for a repeated key)."""
-
-    response: StoredResponse
-
-
-def hook_fire(
-    *,
-    hook_id: str,
-    headers: Mapping[str, str],
-    body: bytes,
-    idempotency_key: str | None,
-    remote_addr: str | None = None,
-) -> HookFired:
+def hook_fire(*, hook_id: str, request: SignedRequest) -> StoredResponse:
     """Start a run of the trigger URL's task if the request proves itself (:func:`hook_check`).
 
     Raises :class:`HookNotFound` (unknown id, deleted task), :class:`HookRefused` (bad or missing
@@ -153,17 +156,12 @@ def hook_fire(
     hook = TaskHook.objects.select_related("task", "task__owner").filter(pk=hook_id).first()
     if hook is None or hook.task.status == TaskStatus.DELETED:
         raise HookNotFound(hook_id)
-    try:
-        secret = text_open(hook.secret)
-    except SecretsUnavailable:
-        raise HookRefused("This trigger URL's secret cannot be read (a key was removed): make a new one.") from None
-    now = time.time()
-    proof = hook_check(secret=secret, headers=headers, body=body, now=now)
+    proven = hook_prove(hook, request, what="trigger URL", path=PATH + hook.pk)
     task = hook.task
     if task.status == TaskStatus.PAUSED:
         raise ConflictError("The task is paused: its trigger URL starts no run until it is resumed.")
     actor = hook_actor(hook.pk)
-    run_input = body_input(body)
+    run_input = body_input(request.body)
     task_check_input(task=task, run_input=run_input)  # 400 on ``input``, before anything is stored
 
     def create() -> tuple[int, Any]:
@@ -178,24 +176,72 @@ def hook_fire(
         }
         return (200 if trigger.joined else 202), answer
 
-    # The body's digest, not the body: an event's body may be anything (and large); the
-    # timestamp and signature are left out, so a retried event (signed again) is the same request.
-    fingerprint = (
-        request_fingerprint(method="POST", path=PATH + hook.pk, body=hashlib.sha256(body).hexdigest())
-        if idempotency_key
-        else ""
-    )
-    with audit_context(source=SOURCE, actor_name=actor, remote_addr=remote_addr), transaction.atomic():
-        if proof == "signature":
-            # Remembered with the run it starts: a copy of this request sent again is a 409.
-            hook_signature_remember(hook_id=hook.pk, headers=headers, now=now)
-        # The trigger URL's own key namespace: its holder cannot replay or block the owner's.
-        stored = idempotent_create(
-            owner=task.owner,
-            key=idempotency_key,
-            fingerprint=fingerprint,
-            create=create,
-            scope=trigger_url_scope(hook.pk),
+    # The trigger URL's own key namespace: its holder cannot replay or block the owner's.
+    return proven.answer(owner=task.owner, scope=trigger_url_scope(hook.pk), source=SOURCE, actor=actor, create=create)
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """A request to a signed URL (a trigger URL or an event URL), as it arrived."""
+
+    headers: Mapping[str, str]
+    body: bytes
+    #: Its ``Idempotency-Key`` (cleaned), if any.
+    idempotency_key: str | None = None
+    #: The client's address, for the audit log.
+    remote_addr: str | None = None
+
+
+@dataclass(frozen=True)
+class ProvenRequest:
+    """A :class:`SignedRequest` that proved itself with the URL's secret (:func:`hook_prove`);
+    :meth:`answer` answers it once. Both kinds of URL share this so that they prove, remember and
+    replay requests alike."""
+
+    hook: TaskHook | EventHook
+    #: The request's path (the fingerprint of an ``Idempotency-Key``).
+    path: str
+    request: SignedRequest
+    #: How it proved itself: ``"signature"`` or ``"bearer"`` (:func:`hook_check`).
+    proof: str
+    #: The server's Unix time the proof was judged by.
+    now: float
+
+    def answer(
+        self, *, owner: Any, scope: str, source: str, actor: str, create: Callable[[], tuple[int, Any]]
+    ) -> StoredResponse:
+        """What ``create`` answers, stored under the request's ``Idempotency-Key`` in ``scope``
+        (a repeated key answers the stored response), in one transaction with the signed request
+        remembered (a copy sent again is :class:`~tasks_app.hooks.HookReplayed`), audited as
+        ``actor`` from ``source``; then the URL's ``last_used_at`` moves."""
+        request = self.request
+        # The body's digest, not the body: an event's body may be anything (and large); the
+        # timestamp and signature are left out, so a retried event (signed again) is the same request.
+        fingerprint = (
+            request_fingerprint(method="POST", path=self.path, body=hashlib.sha256(request.body).hexdigest())
+            if request.idempotency_key
+            else ""
         )
-    TaskHook.objects.filter(pk=hook.pk).update(last_used_at=Now())
-    return HookFired(response=stored)
+        signatures = EventHookSignature if isinstance(self.hook, EventHook) else TaskHookSignature
+        with audit_context(source=source, actor_name=actor, remote_addr=request.remote_addr), transaction.atomic():
+            if self.proof == "signature":
+                # Remembered with what it starts: a copy of this request sent again is a 409.
+                hook_signature_remember(hook_id=self.hook.pk, headers=request.headers, now=self.now, model=signatures)
+            stored = idempotent_create(
+                owner=owner, key=request.idempotency_key, fingerprint=fingerprint, create=create, scope=scope
+            )
+        type(self.hook).objects.filter(pk=self.hook.pk).update(last_used_at=Now())
+        return stored
+
+
+def hook_prove(hook: TaskHook | EventHook, request: SignedRequest, *, what: str, path: str) -> ProvenRequest:
+    """``request`` to ``hook``'s ``path``, proven with its secret (:func:`hook_check`), or
+    :class:`HookRefused` (``what`` names the URL in the message) when it does not prove itself or
+    the secret cannot be read. Writes nothing."""
+    try:
+        secret = text_open(hook.secret)
+    except SecretsUnavailable:
+        raise HookRefused(f"This {what}'s secret cannot be read (a key was removed): make a new one.") from None
+    now = time.time()
+    proof = hook_check(secret=secret, headers=request.headers, body=request.body, now=now)
+    return ProvenRequest(hook=hook, path=path, request=request, proof=proof, now=now)

@@ -3,6 +3,7 @@ the inbound endpoint ``/hooks/v1/<id>`` that outside systems call (no user, the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -15,9 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tasks_api.hooks import HookNotFound, hook_fire, hook_url, task_hook_delete, task_hook_set
+from tasks_api.hooks import HookNotFound, SignedRequest, hook_fire, hook_url, task_hook_delete, task_hook_set
 from tasks_app.hooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE, HookRefused
-from tasks_app.idempotency import HEADER, REPLAYED_HEADER, idempotency_key_clean
+from tasks_app.idempotency import HEADER, REPLAYED_HEADER, StoredResponse, idempotency_key_clean
 from tasks_app.models import Task, TaskHook, TaskStatus
 from teams_api.scope import TeamScopedMixin
 from tms_core.api.base import ApiViewMixin
@@ -114,6 +115,13 @@ HOOK_ACCEPTED = inline_serializer(
 )
 
 
+#: The headers a signed request (a trigger URL's, an event URL's) proves itself with.
+SIGNED_REQUEST_HEADERS = [
+    OpenApiParameter(TIMESTAMP_HEADER, str, OpenApiParameter.HEADER, required=False),
+    OpenApiParameter(SIGNATURE_HEADER, str, OpenApiParameter.HEADER, required=False),
+]
+
+
 class HookView(ApiViewMixin, APIView):
     """``POST /hooks/v1/<id>``: authenticated by the trigger URL's secret, not by a user."""
 
@@ -121,9 +129,11 @@ class HookView(ApiViewMixin, APIView):
     permission_classes = [AllowAny]
     throttle_classes = [HookRateThrottle]
     parser_classes = [AnyBodyParser]
+    #: What a 404's message calls the URL, and the realm a 401 names.
+    what, realm = "trigger URL", "trigger-url"
 
     def get_authenticate_header(self, request: Request) -> str:
-        return 'TMS-Signature realm="trigger-url"'
+        return f'TMS-Signature realm="{self.realm}"'
 
     @extend_schema(
         summary="Start a task's run from an outside system (trigger URL)",
@@ -145,8 +155,7 @@ class HookView(ApiViewMixin, APIView):
         # signed as bytes): a "*/*" body made clients generated from the schema skip the endpoint.
         request={"application/json": OpenApiTypes.OBJECT},
         parameters=[
-            OpenApiParameter(TIMESTAMP_HEADER, str, OpenApiParameter.HEADER, required=False),
-            OpenApiParameter(SIGNATURE_HEADER, str, OpenApiParameter.HEADER, required=False),
+            *SIGNED_REQUEST_HEADERS,
             OpenApiParameter(
                 HEADER,
                 OpenApiTypes.STR,
@@ -164,19 +173,23 @@ class HookView(ApiViewMixin, APIView):
         },
     )
     def post(self, request: Request, hook_id: str) -> Response:
-        key = idempotency_key_clean(request.headers.get(HEADER))
+        return self.fire(hook_fire, request, hook_id)
+
+    def fire(self, fire: Callable[..., StoredResponse], request: Request, hook_id: str) -> Response:
+        """The answer of ``fire`` (:func:`~tasks_api.hooks.hook_fire` or an event URL's) to the
+        request: the stored response (marked replayed for a repeated key), 404 for an unknown URL,
+        401 when the request does not prove itself."""
         try:
-            fired = hook_fire(
-                hook_id=hook_id,
+            signed = SignedRequest(
                 headers=request.headers,
                 body=request.body,
-                idempotency_key=key,
+                idempotency_key=idempotency_key_clean(request.headers.get(HEADER)),
                 remote_addr=client_address(request),
             )
+            stored = fire(hook_id=hook_id, request=signed)
         except HookNotFound:
-            raise NotFound("No trigger URL has this id (it was never made, or was removed).") from None
+            raise NotFound(f"No {self.what} has this id (it was never made, or was removed).") from None
         except HookRefused as exc:
             raise AuthenticationFailed(str(exc)) from None
-        stored = fired.response
         headers = {REPLAYED_HEADER: "true"} if stored.replayed else {}
         return Response(stored.body, status=stored.status, headers=headers)

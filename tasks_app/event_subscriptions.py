@@ -40,15 +40,23 @@ def event_name_check(name: Any) -> str:
     return name
 
 
-class SubscriptionSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, help_text=EVENT_NAME_HELP)
-    debounce = DurationField(
+def _debounce_length(help_text: str) -> DurationField:
+    """An optional length of a debounce window (null: none), from 1 s to :data:`MAX_DEBOUNCE`:
+    the window and its maximum wait have the same bounds."""
+    return DurationField(
         required=False,
         allow_null=True,
         default=None,
         min_value=timedelta(seconds=1),
         max_value=MAX_DEBOUNCE,
-        help_text="Events of the same debounce_key within this long make one run, due this long after the last.",
+        help_text=help_text,
+    )
+
+
+class SubscriptionSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, help_text=EVENT_NAME_HELP)
+    debounce = _debounce_length(
+        "Events of the same debounce_key within this long make one run, due this long after the last."
     )
     debounce_key = serializers.CharField(
         required=False,
@@ -57,13 +65,8 @@ class SubscriptionSerializer(serializers.Serializer):
         max_length=500,
         help_text='A JSON path into the payload ("$.customer_id"): the events debounced together (empty: all).',
     )
-    debounce_max_wait = DurationField(
-        required=False,
-        allow_null=True,
-        default=None,
-        min_value=timedelta(seconds=1),
-        max_value=MAX_DEBOUNCE,
-        help_text="The run is never due later than this long after the first event of its window (null: no limit).",
+    debounce_max_wait = _debounce_length(
+        "The run is never due later than this long after the first event of its window (null: no limit)."
     )
 
     def validate_name(self, value: str) -> str:

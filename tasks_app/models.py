@@ -942,23 +942,35 @@ class TaskHook(models.Model):
         return f"hook {self.id} of {self.task_id}"
 
 
-class TaskHookSignature(models.Model):
+class SignedRequestMemory(models.Model):
+    """What a signed URL (trigger URL, event URL) remembers of a request it accepted; each
+    subclass adds its ``hook`` and a unique (hook, digest) constraint (read by
+    :func:`tasks_app.hooks.hook_signature_remember`)."""
+
+    #: sha256 of the request's timestamp and signature (the signature covers the body).
+    digest = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()
+
+    hook_id: str  # the subclass's hook (both kinds have string ids)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.digest[:12]} ({self.hook_id})"
+
+
+class TaskHookSignature(SignedRequestMemory):
     """A signed request a trigger URL accepted, remembered while its timestamp could still be
     accepted (``expires_at``: the timestamp plus :data:`tasks_app.hooks.TOLERANCE`), so that the
     same request sent again (captured and replayed) is refused instead of starting another run.
     The unique (hook, digest) constraint decides between two copies sent at once."""
 
     hook = models.ForeignKey(TaskHook, on_delete=models.CASCADE, related_name="+")
-    #: sha256 of the request's timestamp and signature (the signature covers the body).
-    digest = models.CharField(max_length=64)
-    expires_at = models.DateTimeField()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="hook_signature_seen_once")]
         indexes = [models.Index(fields=["expires_at"], name="hook_signature_expires_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.digest[:12]} ({self.hook_id})"
 
 
 class EventHook(models.Model):
@@ -984,16 +996,11 @@ class EventHook(models.Model):
         return f"event URL {self.id[:8]} ({self.name})"
 
 
-class EventHookSignature(models.Model):
+class EventHookSignature(SignedRequestMemory):
     """A signed request an event URL accepted, remembered as :class:`TaskHookSignature` is."""
 
     hook = models.ForeignKey(EventHook, on_delete=models.CASCADE, related_name="+")
-    digest = models.CharField(max_length=64)
-    expires_at = models.DateTimeField()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["hook", "digest"], name="event_hook_signature_seen_once")]
         indexes = [models.Index(fields=["expires_at"], name="event_hook_signature_exp_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.digest[:12]} ({self.hook_id})"

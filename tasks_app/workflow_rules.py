@@ -291,24 +291,27 @@ class Decision:
 WAIT = Decision()
 
 
+def _first_of(chosen: tuple[Upstream, ...], upstreams: Sequence[Upstream], everyone: bool, none_did: str) -> Decision:
+    """The decision of a join that runs on the first upstream to qualify (one_success,
+    one_failed): run with the ``chosen`` ones as soon as there is one; once every upstream is done
+    and none qualified, skip ("none of ... ``none_did``"); else wait."""
+    if chosen:
+        return Decision(run=True, sources=chosen)
+    if everyone:
+        return Decision(skip=True, reason=f"none of {_names(upstreams)} {none_did}")
+    return WAIT
+
+
 def join_decide(join: str, upstreams: Sequence[Upstream]) -> Decision:
     """Apply ``join`` to a step's ``upstreams`` (each link and how its upstream stands)."""
     everyone = all(upstream.done for upstream in upstreams)
     ended = tuple(upstream for upstream in upstreams if upstream.ended)
     if join == JoinRule.ONE_SUCCESS:
         met = tuple(upstream for upstream in upstreams if upstream.met)
-        if met:
-            return Decision(run=True, sources=met)
-        if everyone:
-            return Decision(skip=True, reason=f"none of {_names(upstreams)} ended as asked (join one_success)")
-        return WAIT
+        return _first_of(met, upstreams, everyone, "ended as asked (join one_success)")
     if join == JoinRule.ONE_FAILED:
         failed = tuple(upstream for upstream in upstreams if upstream.failed_as_asked)
-        if failed:
-            return Decision(run=True, sources=failed)
-        if everyone:
-            return Decision(skip=True, reason=f"none of {_names(upstreams)} failed as asked (join one_failed)")
-        return WAIT
+        return _first_of(failed, upstreams, everyone, "failed as asked (join one_failed)")
     if join == JoinRule.ALL_DONE:
         return Decision(run=True, sources=ended) if everyone else WAIT
     if join == JoinRule.NONE_FAILED:
