@@ -35,9 +35,13 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _interval(value: timedelta) -> str:
+def _interval_text(value: timedelta) -> str:
     # Exact (no float seconds) and accepted by PostgreSQL's interval input whatever the sign.
-    return f'"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"'
+    return f"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"
+
+
+def _interval(value: timedelta) -> str:
+    return f'"{_interval_text(value)}"'
 
 
 #: How a Python value becomes an array element; a type not listed is written as quoted text.
@@ -147,21 +151,9 @@ def _copy_text(text: str) -> str:
     return text
 
 
-def _interval_text(value: timedelta) -> str:
-    return f"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"
-
-
-#: How a Python value becomes a value of COPY's text format; a type not listed is written as its text.
-_COPY_FORMATS: dict[type, Callable[[Any], str]] = {
-    str: _copy_text,
-    bool: lambda value: "t" if value else "f",
-    int: int.__repr__,
-    float: float.__repr__,
-    uuid.UUID: uuid.UUID.__str__,
-    datetime: datetime.isoformat,
-    date: date.isoformat,
-    timedelta: _interval_text,
-}
+#: How a Python value becomes a value of COPY's text format (as an array element, but for text
+#: and intervals: no quotes); a type not listed is written as its text.
+_COPY_FORMATS: dict[type, Callable[[Any], str]] = {**_FORMATS, str: _copy_text, timedelta: _interval_text}
 
 
 def _copy_column(field: Field, values: Sequence[Any]) -> list[str]:
