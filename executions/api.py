@@ -496,7 +496,8 @@ ARCHIVE_ID = OpenApiParameter(
     summary="Get a task's archived executions",
     description=(
         "The executions of one archive entry as JSON Lines (`application/x-ndjson`): one execution per line, "
-        "as it was when pruned, with its `events`, `skipped_occurrences` and `approvals`. Streamed from the archive storage."
+        "as it was when pruned, with its `events`, `skipped_occurrences` and `approvals`. Streamed from the "
+        "archive storage."
     ),
     parameters=[ARCHIVE_ID],
     responses={

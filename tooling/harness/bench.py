@@ -1570,7 +1570,7 @@ def _process_cpu(pid: int) -> float:
     return 0.0
 
 
-def _map_counts(owner: Any, *, runs: int, items: int) -> dict[str, int]:
+def _map_counts(owner: Any, *, runs: int, items: int) -> dict[str, Any]:
     """The map-and-join phase's runs, counted per workflow run: items lost (an index of 0 to
     ``items - 1`` with no ended run), items duplicated (a second run of one index), joins that did
     not run or did not get ``items`` documents, and workflow runs seen (``runs`` expected)."""
