@@ -648,7 +648,7 @@ def _start(
     try:
         if tracing.ON:
             with tracing.run_span("tms.runner.start", traces.trace_of(execution), _span_ids(execution, task)) as span:
-                handle = runner.start(replace(spec, traceparent=tracing.current_traceparent()))
+                handle = runner.start(_in_trace(spec))
                 if handle.external_run_id:
                     span.set_attribute("tms.external_run_id", handle.external_run_id)
         else:
@@ -765,6 +765,12 @@ def _span_ids(execution: Execution, task: Task) -> dict[str, Any]:
     }
 
 
+def _in_trace(spec: RunSpec) -> RunSpec:
+    """``spec`` with the current span's trace context (in a runner call's span): handed on."""
+    traceparent, tracestate = tracing.current_trace_context()
+    return replace(spec, traceparent=traceparent, tracestate=tracestate)
+
+
 def _traced_call(
     name: str,
     execution: Execution,
@@ -776,9 +782,7 @@ def _traced_call(
     """:func:`_call` of a poll in a span of the run (its trace context given to the runner)."""
     attributes = {**_span_ids(execution, task), "tms.poll": execution.poll_count + 1}
     with tracing.run_span(name, traces.trace_of(execution), attributes) as span:
-        result = _call(
-            method, replace(spec, traceparent=tracing.current_traceparent()), handle, transient_is_running=True
-        )
+        result = _call(method, _in_trace(spec), handle, transient_is_running=True)
         span.set_attribute("tms.result", result.state.value)
     return result
 

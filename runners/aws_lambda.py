@@ -459,4 +459,6 @@ def _metadata(spec: RunSpec) -> dict[str, Any]:
         metadata["tracing_id"] = spec.tracing_id
     if spec.traceparent:
         metadata["traceparent"] = spec.traceparent
+        if spec.tracestate:
+            metadata["tracestate"] = spec.tracestate
     return metadata

@@ -126,6 +126,8 @@ class RunSpec:
     #: The W3C trace context of the launch (or poll) span, when tracing is on (tms_core/tracing.py):
     #: HTTP runners send it as ``traceparent``, process runs get it as ``TRACEPARENT``.
     traceparent: str = ""
+    #: The W3C tracestate that goes with it ('' when none): ``tracestate``, ``TRACESTATE``.
+    tracestate: str = ""
     #: Finds the named event a wait-for-event run waits for (set by the worker-side services).
     event_lookup: EventLookup | None = field(default=None, repr=False, compare=False)
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
@@ -161,6 +163,8 @@ class RunSpec:
             env["TMS_TRACING_ID"] = self.tracing_id
         if self.traceparent:
             env["TRACEPARENT"] = self.traceparent
+            if self.tracestate:
+                env["TRACESTATE"] = self.tracestate
         return env
 
 

@@ -266,6 +266,8 @@ class AsyncHttpFunctionRunner(UrlHostLimitKey, BaseRunner):
             headers["X-TMS-Tracing-Id"] = spec.tracing_id
         if spec.traceparent:
             headers["traceparent"] = spec.traceparent
+            if spec.tracestate:
+                headers["tracestate"] = spec.tracestate
         return headers
 
     def _may_contact(self, url: str, spec: RunSpec) -> bool:
