@@ -48,6 +48,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, TypeGuard
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,9 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
 
 #: Whether tracing is on in this process: read by every hook first. Set by :func:`setup`.
 ON = False
+#: The OpenTelemetry API the hooks use, bound by :func:`setup` (an import inside a hook costs
+#: more than the hook's own work for an unsampled run).
+_otel: Any = None
 
 _lock = threading.Lock()
 _provider: Any = None
@@ -97,12 +101,13 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
     """Turn tracing on in this process if the environment asks for it (or ``exporter`` is given:
     tests). Idempotent; returns whether tracing is on. ``salt``: what the derived ids are keyed
     with (default: the Django ``SECRET_KEY``, shared by every process of one installation)."""
-    global ON, _provider, _tracer, _salt
+    global ON, _provider, _tracer, _salt, _otel
     with _lock:
         if ON:
             return True
         if exporter is None and not wanted():
             return False
+        names = instrumentations() if instrument else []  # an unknown name: an error, before anything
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -134,14 +139,29 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
 
                 exporter = OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
+        from opentelemetry import context as otel_context
         from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.sdk.trace.sampling import Decision
+        from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+        _otel = SimpleNamespace(
+            trace=trace,
+            context=otel_context,
+            empty=Context(),
+            keep=Decision.RECORD_AND_SAMPLE,
+            invalid=INVALID_SPAN,
+            NonRecordingSpan=NonRecordingSpan,
+            SpanContext=SpanContext,
+            TraceFlags=TraceFlags,
+            TraceState=TraceState,
+        )
         trace.set_tracer_provider(provider)
         _provider, _tracer = provider, provider.get_tracer("tms")
         _run_ids.cache_clear()
         ON = True
-    if instrument:
-        _instrument(provider)
+    if names:
+        _instrument(provider, names)
     return True
 
 
@@ -174,12 +194,12 @@ def instrumentations(environ: Mapping[str, str] | None = None) -> list[str]:
     return names
 
 
-def _instrument(provider: Any) -> None:
-    """The maintained instrumentations, each skipped (with a warning) if it fails."""
+def _instrument(provider: Any, names: Sequence[str]) -> None:
+    """The maintained instrumentations ``names``, each skipped (with a warning) if it fails."""
     import importlib
 
     child_only = _ChildOnly(provider)
-    for name in instrumentations():
+    for name in names:
         if name == "botocore" and _role() != "worker":
             continue  # boto3 is imported at first use (tms_core/lazy.py), and only workers call it
         module, _, attr = INSTRUMENTATIONS[name].partition(":")
@@ -190,6 +210,7 @@ def _instrument(provider: Any) -> None:
                 kwargs: dict[str, Any] = {"tracer_provider": child_only if name in _CHILD_ONLY else provider}
                 if name == "psycopg2":
                     kwargs["skip_dep_check"] = True  # psycopg2-binary is psycopg2
+                    _gate_psycopg2_statements()
                 instrumentor.instrument(**kwargs)
         except Exception:
             logger.warning("tracing: the %s instrumentation could not be turned on", name, exc_info=True)
@@ -197,9 +218,7 @@ def _instrument(provider: Any) -> None:
 
 def _sampled_parent(context: Any = None) -> bool:
     """Whether the span current in ``context`` (default: now) is in a sampled trace."""
-    from opentelemetry import trace
-
-    return bool(trace.get_current_span(context).get_span_context().trace_flags & 1)
+    return bool(_otel.trace.get_current_span(context).get_span_context().trace_flags & 1)
 
 
 class _ChildOnly:
@@ -221,20 +240,38 @@ class _ChildOnlyTracer:
 
     def start_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> Any:
         if not _sampled_parent(context):
-            from opentelemetry.trace import INVALID_SPAN
-
-            return INVALID_SPAN
+            return _otel.invalid
         return self._tracer.start_span(name, context, *args, **kwargs)
 
     @contextlib.contextmanager
     def start_as_current_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> Iterator[Any]:
         if not _sampled_parent(context):
-            from opentelemetry.trace import INVALID_SPAN
-
-            yield INVALID_SPAN
+            yield _otel.invalid
             return
         with self._tracer.start_as_current_span(name, context, *args, **kwargs) as span:
             yield span
+
+
+def _gate_psycopg2_statements() -> None:
+    """Each statement on an instrumented connection goes straight to psycopg2 unless a sampled
+    span is current: the instrumentation otherwise parses its operation name and times it for
+    every statement before it learns that no span is made (its cursor factory takes the module's
+    ``CursorTracer`` when a connection is made: this one skips that work)."""
+    from opentelemetry.instrumentation import psycopg2 as instrumentation
+
+    base = instrumentation.CursorTracer
+    if getattr(base, "tms_gated", False):
+        return
+
+    class CursorTracer(base):  # type: ignore[misc, valid-type]
+        tms_gated = True
+
+        def traced_execution(self, cursor: Any, query_method: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _sampled_parent():
+                return query_method(*args, **kwargs)
+            return super().traced_execution(cursor, query_method, *args, **kwargs)
+
+    instrumentation.CursorTracer = CursorTracer  # type: ignore[misc]
 
 
 @functools.cache
@@ -352,11 +389,11 @@ class RunTrace:
     #: with the traceparent to the external run.
     tracestate: str = ""
 
-    @property
+    @functools.cached_property
     def trace_hex(self) -> str:
         return f"{self.trace_id:032x}"
 
-    @property
+    @functools.cached_property
     def traceparent(self) -> str:
         """The root span's context as a W3C traceparent."""
         return format_traceparent(self.trace_id, self.span_id, self.sampled)
@@ -433,21 +470,16 @@ def _run_ids(
 def _sampled(trace_id: int) -> bool:
     """The sampler's decision for a trace with no parent: a ratio sampler decides on the trace id,
     so every process decides the same for a run."""
-    from opentelemetry.context import Context
-    from opentelemetry.sdk.trace.sampling import Decision
-
     # An empty context: a parent-based sampler must not follow the span current here.
-    result = _provider.sampler.should_sample(Context(), trace_id, "tms.execution")
-    return result.decision is Decision.RECORD_AND_SAMPLE
+    result = _provider.sampler.should_sample(_otel.empty, trace_id, "tms.execution")
+    return result.decision is _otel.keep
 
 
 def _context(trace_id: int, span_id: int, sampled: bool, tracestate: str = "") -> Any:
-    from opentelemetry import trace
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-
-    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
-    state = TraceState.from_header([tracestate]) if tracestate else None
-    return trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, span_id, True, flags, state)))
+    o = _otel
+    flags = o.TraceFlags(o.TraceFlags.SAMPLED if sampled else o.TraceFlags.DEFAULT)
+    state = o.TraceState.from_header([tracestate]) if tracestate else None
+    return o.trace.set_span_in_context(o.NonRecordingSpan(o.SpanContext(trace_id, span_id, True, flags, state)))
 
 
 def _link(trace_id: int, span_id: int) -> Any:
@@ -493,15 +525,13 @@ def run_span(
     if run is None or not ON:
         yield None
         return
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-
+    trace = _otel.trace
     if not run.sampled:
-        token = otel_context.attach(run.context)
+        token = _otel.context.attach(run.context)
         try:
             yield trace.get_current_span(run.context)
         finally:
-            otel_context.detach(token)
+            _otel.context.detach(token)
         return
     parent = None
     if join_current:
@@ -635,13 +665,19 @@ def current_trace_context() -> tuple[str, str]:
     trigger stores, to join its trace, and what the runner hands the external run."""
     if not ON or _creating_outside.get():
         return "", ""
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = _otel.trace.get_current_span().get_span_context()
     if not context.is_valid:
         return "", ""
     state = bounded_tracestate(context.trace_state.to_header()) if context.trace_state else ""
     return format_traceparent(context.trace_id, context.span_id, context.trace_flags.sampled), state
+
+
+def handed_on(run: RunTrace | None) -> tuple[str, str]:
+    """The trace context a runner call of ``run`` hands the external run, inside its
+    :func:`run_span`: the current span's (the call's span); an unsampled run's root's, as it is."""
+    if run is not None and not run.sampled:
+        return run.traceparent, run.tracestate
+    return current_trace_context()
 
 
 def current_traceparent() -> str:

@@ -692,3 +692,11 @@ def test_celery_spans_are_made_only_for_messages_of_a_sampled_trace(traced):
     names = sorted(span.name for span in traced.spans)
     assert names == ["apply_async/tms.run_execution", "run/tms.run_execution", "tms.runner.start"]
     assert {span.trace_id for span in traced.spans} == {CALLER_TRACE}
+
+
+def test_tms_tracing_instrument_picks_the_instrumentations():
+    assert tracing.instrumentations({}) == list(tracing.INSTRUMENTATIONS)
+    assert tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "django, requests"}) == ["django", "requests"]
+    assert tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "none"}) == []
+    with pytest.raises(ValueError, match="psycopg3"):
+        tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "django,psycopg3"})
