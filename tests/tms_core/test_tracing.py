@@ -700,3 +700,37 @@ def test_tms_tracing_instrument_picks_the_instrumentations():
     assert tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "none"}) == []
     with pytest.raises(ValueError, match="psycopg3"):
         tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "django,psycopg3"})
+
+
+@pytest.mark.django_db
+def test_sql_statements_make_spans_only_under_a_sampled_span(traced):
+    import psycopg2
+    from django.db import connection
+    from opentelemetry.instrumentation.psycopg2 import Psycopg2Instrumentor
+
+    tracing._gate_psycopg2_statements()
+    instrumentor = Psycopg2Instrumentor()
+    instrumentor.instrument(tracer_provider=tracing._ChildOnly(tracing._provider), skip_dep_check=True)
+    db = connection.settings_dict
+    sampled = tracing.RunTrace(1, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16))
+    unsampled = tracing.RunTrace(2, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16), sampled=False)
+    try:
+        conn = psycopg2.connect(
+            dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"], host=db["HOST"], port=db["PORT"]
+        )
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT 1")  # no traced work current
+                with tracing.run_span("tms.execution.outcome", unsampled):
+                    cursor.execute("SELECT 2")
+                with tracing.run_span("tms.execution.outcome", sampled):
+                    cursor.execute("SELECT 3")
+                assert cursor.fetchone() == (3,)
+        finally:
+            conn.close()
+    finally:
+        instrumentor.uninstrument()
+    tracing.flush()
+    (statement,) = traced.named("SELECT")
+    (outcome,) = traced.named("tms.execution.outcome")
+    assert statement.parent == outcome.span_id and statement.trace_id == CALLER_TRACE
