@@ -150,6 +150,9 @@ class Execution(models.Model):
     #: (tms_core/tracing.py): the run's trace continues that request's. Empty: a trace of its
     #: own (a scheduled run), whose ids are derived from the execution's id.
     traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
+    #: The W3C tracestate that came with that traceparent (vendors' entries, at most 512
+    #: characters): handed on with the run's trace context to the external run.
+    tracestate = models.CharField(max_length=512, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField(db_default=Now())
     enqueued_at = models.DateTimeField(null=True, blank=True)

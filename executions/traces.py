@@ -16,34 +16,57 @@ from executions.models import ACTIVE_STATUSES, Execution
 from tms_core import tracing
 from tms_core.tracing import RunTrace
 
-#: The first runs' traceparents of workflow runs seen by this process (a step's trace is its
-#: workflow run's): a workflow run's first run never changes its traceparent.
-_workflow_parents: dict[int, str] = {}
+#: The first runs' trace contexts (traceparent, tracestate) of workflow runs seen by this process
+#: (a step's trace is its workflow run's): a workflow run's first run never changes them.
+_workflow_parents: dict[int, tuple[str, str]] = {}
 
 
-def _workflow_traceparents(roots: Iterable[int]) -> dict[int, str]:
+def _workflow_contexts(roots: Iterable[int]) -> dict[int, tuple[str, str]]:
     missing = {root for root in roots if root not in _workflow_parents}
     if missing:
         if len(_workflow_parents) > 10_000:
             _workflow_parents.clear()
-        found = dict(Execution.objects.filter(pk__in=missing).values_list("id", "traceparent"))
+        found = {
+            pk: (traceparent, tracestate)
+            for pk, traceparent, tracestate in Execution.objects.filter(pk__in=missing).values_list(
+                "id", "traceparent", "tracestate"
+            )
+        }
         for root in missing:
-            _workflow_parents[root] = found.get(root, "")
+            _workflow_parents[root] = found.get(root, ("", ""))
     return _workflow_parents
 
 
+def _ids(
+    ids: Any, execution_id: int, traceparent: str, tracestate: str, workflow: int | None, parents: dict
+) -> RunTrace | None:
+    """``ids`` (tracing.run_trace or run_ids) of a run, a workflow step's in its first run's trace."""
+    workflow = workflow if workflow != execution_id else None
+    first = parents.get(workflow, ("", "")) if workflow is not None else ("", "")
+    return ids(
+        execution_id,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        workflow_run=workflow,
+        workflow_traceparent=first[0],
+        workflow_tracestate=first[1],
+    )
+
+
 def trace_of(execution: Execution) -> RunTrace | None:
-    """The run's trace ids (None when tracing is off)."""
+    """The run's trace ids (None when tracing is off): worked out once per loaded row (the claim,
+    the launch, the outcome and the end of a run ask for them in turn)."""
     if not tracing.ON:
         return None
+    key = (execution.traceparent, execution.tracestate, execution.workflow_run)
+    cached = execution.__dict__.get("_tms_trace")
+    if cached is not None and cached[0] == key:
+        return cached[1]
     workflow = execution.workflow_run if execution.workflow_run != execution.pk else None
-    parents = _workflow_traceparents([workflow]) if workflow is not None else {}
-    return tracing.run_trace(
-        execution.pk,
-        traceparent=execution.traceparent,
-        workflow_run=workflow,
-        workflow_traceparent=parents.get(workflow, "") if workflow is not None else "",
-    )
+    parents = _workflow_contexts([workflow]) if workflow is not None else {}
+    trace = _ids(tracing.run_trace, execution.pk, *key, parents)
+    execution.__dict__["_tms_trace"] = (key, trace)
+    return trace
 
 
 def log_ids(execution: Execution) -> dict[str, str]:
@@ -58,13 +81,9 @@ def trace_page_url(execution: Execution) -> str:
     if not tracing.trace_url("0"):
         return ""
     workflow = execution.workflow_run if execution.workflow_run != execution.pk else None
-    parents = _workflow_traceparents([workflow]) if workflow is not None else {}
-    ids = tracing.run_ids(
-        execution.pk,
-        traceparent=execution.traceparent,
-        workflow_run=workflow,
-        workflow_traceparent=parents.get(workflow, "") if workflow is not None else "",
-    )
+    parents = _workflow_contexts([workflow]) if workflow is not None else {}
+    ids = _ids(tracing.run_ids, execution.pk, execution.traceparent, execution.tracestate, workflow, parents)
+    assert ids is not None
     return tracing.trace_url(ids.trace_hex)
 
 
@@ -72,17 +91,17 @@ def traces_of(ids: Sequence[int]) -> dict[int, RunTrace]:
     """The trace ids of several runs, read in one query (two for workflow steps)."""
     if not tracing.ON or not ids:
         return {}
-    rows = list(Execution.objects.filter(pk__in=list(ids)).values_list("id", "traceparent", "workflow_run"))
-    parents = _workflow_traceparents(row[2] for row in rows if row[2] is not None and row[2] != row[0])
+    rows = list(
+        Execution.objects.filter(pk__in=list(ids)).values_list("id", "traceparent", "tracestate", "workflow_run")
+    )
+    return _traces_of_rows(rows)
+
+
+def _traces_of_rows(rows: Sequence[tuple[int, str, str, int | None]]) -> dict[int, RunTrace]:
+    parents = _workflow_contexts(row[3] for row in rows if row[3] is not None and row[3] != row[0])
     traces: dict[int, RunTrace] = {}
-    for execution_id, traceparent, workflow in rows:
-        workflow = workflow if workflow != execution_id else None
-        trace = tracing.run_trace(
-            execution_id,
-            traceparent=traceparent,
-            workflow_run=workflow,
-            workflow_traceparent=parents.get(workflow, "") if workflow is not None else "",
-        )
+    for execution_id, traceparent, tracestate, workflow in rows:
+        trace = _ids(tracing.run_trace, execution_id, traceparent, tracestate, workflow, parents)
         if trace is not None:
             traces[execution_id] = trace
     return traces
@@ -98,9 +117,15 @@ def published(taken: Sequence[Any], *, taken_ns: int, start_ns: int, end_ns: int
     pass's ``span`` is linked to each run."""
     if not tracing.ON or not taken:
         return
-    traces = traces_of([item.execution_id for item in taken])
+    # What the take read of each run (Dispatch.trace), else one query for the rest.
+    known = [(item.execution_id, *item.trace) for item in taken if getattr(item, "trace", None) is not None]
+    traces = _traces_of_rows(known)
+    if len(known) < len(taken):
+        traces.update(traces_of([item.execution_id for item in taken if item.execution_id not in traces]))
     for item in taken:
         trace = traces.get(item.execution_id)
+        if not tracing.recorded(trace):
+            continue
         ids = {"tms.execution_id": item.execution_id, "tms.attempt": item.attempt, "tms.dispatch": item.kind}
         if item.kind == "run" and item.due_at is not None:
             due_ns = _ns(item.due_at)
@@ -120,10 +145,11 @@ def published(taken: Sequence[Any], *, taken_ns: int, start_ns: int, end_ns: int
 def claimed(execution: Execution, *, start_ns: int, worker_id: str, resumed: bool = False) -> None:
     """A worker's claim of the run (``resumed``: its lease taken to poll or resume it), from
     ``start_ns`` to now."""
-    if tracing.ON:
+    trace = trace_of(execution) if tracing.ON else None
+    if tracing.recorded(trace):
         tracing.record_run_span(
             "tms.execution.claim",
-            trace_of(execution),
+            trace,
             start_ns=start_ns,
             attributes={
                 "tms.execution_id": execution.pk,
@@ -137,9 +163,9 @@ def claimed(execution: Execution, *, start_ns: int, worker_id: str, resumed: boo
 def ended(execution: Execution, task: Any, *, status: str, error: str = "") -> None:
     """The run ended (SUCCEEDED, FAILED or CANCELLED): its root span; and the workflow run's
     span when this was a step and nothing of its workflow run is left to run."""
-    if not tracing.ON:
-        return
-    trace = trace_of(execution)
+    trace = trace_of(execution) if tracing.ON else None
+    if not tracing.recorded(trace):
+        return  # off, or an unsampled run (its workflow run, in its trace, is unsampled too)
     links = []
     if not execution.traceparent and execution.workflow_run is None and task is not None:
         links.append(tracing.task_link(task.pk, task.tracing_id))
@@ -160,7 +186,7 @@ def ended(execution: Execution, task: Any, *, status: str, error: str = "") -> N
             return
         first = (
             Execution.objects.filter(pk=workflow)
-            .only("id", "scheduled_for", "traceparent", "task_id", "workflow_run")
+            .only("id", "scheduled_for", "traceparent", "tracestate", "task_id", "workflow_run")
             .first()
         )
         if first is not None:

@@ -647,8 +647,9 @@ def _start(
         return deferred
     try:
         if tracing.ON:
-            with tracing.run_span("tms.runner.start", traces.trace_of(execution), _span_ids(execution, task)) as span:
-                handle = runner.start(replace(spec, traceparent=tracing.current_traceparent()))
+            run = traces.trace_of(execution)
+            with tracing.run_span("tms.runner.start", run, _span_ids(execution, task)) as span:
+                handle = runner.start(_in_trace(spec, run))
                 if handle.external_run_id:
                     span.set_attribute("tms.external_run_id", handle.external_run_id)
         else:
@@ -765,6 +766,12 @@ def _span_ids(execution: Execution, task: Task) -> dict[str, Any]:
     }
 
 
+def _in_trace(spec: RunSpec, run: tracing.RunTrace | None) -> RunSpec:
+    """``spec`` with the trace context of ``run``'s runner call (inside its span): handed on."""
+    traceparent, tracestate = tracing.handed_on(run)
+    return replace(spec, traceparent=traceparent, tracestate=tracestate)
+
+
 def _traced_call(
     name: str,
     execution: Execution,
@@ -775,10 +782,9 @@ def _traced_call(
 ) -> RunResult:
     """:func:`_call` of a poll in a span of the run (its trace context given to the runner)."""
     attributes = {**_span_ids(execution, task), "tms.poll": execution.poll_count + 1}
-    with tracing.run_span(name, traces.trace_of(execution), attributes) as span:
-        result = _call(
-            method, replace(spec, traceparent=tracing.current_traceparent()), handle, transient_is_running=True
-        )
+    run = traces.trace_of(execution)
+    with tracing.run_span(name, run, attributes) as span:
+        result = _call(method, _in_trace(spec, run), handle, transient_is_running=True)
         span.set_attribute("tms.result", result.state.value)
     return result
 

@@ -126,6 +126,8 @@ class RunSpec:
     #: The W3C trace context of the launch (or poll) span, when tracing is on (tms_core/tracing.py):
     #: HTTP runners send it as ``traceparent``, process runs get it as ``TRACEPARENT``.
     traceparent: str = ""
+    #: The W3C tracestate that goes with it ('' when none): ``tracestate``, ``TRACESTATE``.
+    tracestate: str = ""
     #: Finds the named event a wait-for-event run waits for (set by the worker-side services).
     event_lookup: EventLookup | None = field(default=None, repr=False, compare=False)
     #: This attempt was started before, by a worker that was lost before it recorded a run id:
@@ -148,7 +150,7 @@ class RunSpec:
     def attempt_facts(self) -> dict[str, Any]:
         """What a run carries about the attempt that made it, each runner under names of its own
         (environment variables, headers, invocation metadata): the ids, the idempotency key, and
-        those of the callback URL and its token, the tracing id and the W3C traceparent that are set.
+        those of the callback URL and its token, the tracing id and the W3C traceparent (and tracestate) that are set.
         The token goes only with a URL to send it to."""
         facts: dict[str, Any] = {
             "idempotency_key": self.idempotency_key,
@@ -164,6 +166,8 @@ class RunSpec:
             facts["tracing_id"] = self.tracing_id
         if self.traceparent:
             facts["traceparent"] = self.traceparent
+            if self.tracestate:
+                facts["tracestate"] = self.tracestate
         return facts
 
     def facts_named(self, names: Mapping[str, str]) -> dict[str, str]:
@@ -185,6 +189,7 @@ ENVIRONMENT_NAMES = {
     "callback_token": "TMS_CALLBACK_TOKEN",
     "tracing_id": "TMS_TRACING_ID",
     "traceparent": "TRACEPARENT",
+    "tracestate": "TRACESTATE",
 }
 
 

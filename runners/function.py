@@ -72,6 +72,7 @@ _FACT_HEADERS = {
     "callback_token": "X-TMS-Callback-Token",
     "tracing_id": "X-TMS-Tracing-Id",
     "traceparent": "traceparent",
+    "tracestate": "tracestate",
 }
 #: Largest start or status document read from a platform.
 _DOCUMENT_MAX_BYTES = 2 * 1024 * 1024

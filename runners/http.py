@@ -434,6 +434,10 @@ class HttpRunner(UrlLaunchRunner):
         headers["Idempotency-Key"] = spec.idempotency_key
         if spec.traceparent:
             headers["traceparent"] = spec.traceparent
+            if spec.tracestate:
+                headers["tracestate"] = spec.tracestate
+            else:
+                headers.pop("tracestate", None)  # a task's own would not go with this traceparent
         if spec.callback_url and same_origin:
             headers["X-TMS-Callback-URL"] = spec.callback_url
             if spec.callback_token:

@@ -396,6 +396,8 @@ class KubernetesRunner(BaseRunner):
             annotations[f"{TMS_PREFIX}tracing-id"] = spec.tracing_id
         if spec.traceparent:
             annotations[f"{TMS_PREFIX}traceparent"] = spec.traceparent
+            if spec.tracestate:
+                annotations[f"{TMS_PREFIX}tracestate"] = spec.tracestate
         env = {**config.get("env", {}), **spec.environment()}
         resources = config.get("resources") or {}
         container = k8s.V1Container(

@@ -23,11 +23,22 @@ worker resuming a run after its first worker's death, the web process applying a
 
 The functions take plain values (ids, times, traceparent strings): the engine's side (which rows,
 which moments) is ``executions/traces.py``.
+
+What an unsampled run costs: a run's sampling is decided once, from its trace id (or its
+creating request's ``traceparent`` flags), and kept on its :class:`RunTrace`. For a run the
+sampler drops, every hook returns at once: no span object, no attributes, no id generated; a
+block around a runner call only makes the run's root context current (so that the external run
+and the client instrumentations propagate the run's trace, flagged unsampled). The client and
+SQL instrumentations (psycopg2, requests, urllib3, botocore) make a span only as a child of a
+sampled span (:class:`_ChildOnly`), and Celery's only for a message published inside a sampled
+span (:class:`_celery_instrumentor`): a statement, a client call or a message outside any traced
+work starts no trace of its own. ``TMS_TRACING_INSTRUMENT`` chooses the instrumentations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -37,7 +48,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeGuard
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +72,9 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
 
 #: Whether tracing is on in this process: read by every hook first. Set by :func:`setup`.
 ON = False
+#: The OpenTelemetry API the hooks use, bound by :func:`setup` (an import inside a hook costs
+#: more than the hook's own work for an unsampled run).
+_otel: Any = None
 
 _lock = threading.Lock()
 _provider: Any = None
@@ -86,12 +101,13 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
     """Turn tracing on in this process if the environment asks for it (or ``exporter`` is given:
     tests). Idempotent; returns whether tracing is on. ``salt``: what the derived ids are keyed
     with (default: the Django ``SECRET_KEY``, shared by every process of one installation)."""
-    global ON, _provider, _tracer, _salt
+    global ON, _provider, _tracer, _salt, _otel
     with _lock:
         if ON:
             return True
         if exporter is None and not wanted():
             return False
+        names = instrumentations() if instrument else []  # an unknown name: an error, before anything
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -123,41 +139,175 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
 
                 exporter = OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
+        from opentelemetry import context as otel_context
         from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.sdk.trace.sampling import Decision
+        from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+        _otel = SimpleNamespace(
+            trace=trace,
+            context=otel_context,
+            empty=Context(),
+            keep=Decision.RECORD_AND_SAMPLE,
+            invalid=INVALID_SPAN,
+            NonRecordingSpan=NonRecordingSpan,
+            SpanContext=SpanContext,
+            TraceFlags=TraceFlags,
+            TraceState=TraceState,
+        )
         trace.set_tracer_provider(provider)
         _provider, _tracer = provider, provider.get_tracer("tms")
+        _run_ids.cache_clear()
         ON = True
-    if instrument:
-        _instrument(provider)
+    if names:
+        _instrument(provider, names)
     return True
 
 
-def _instrument(provider: Any) -> None:
-    """The maintained instrumentations, each skipped (with a warning) if it fails."""
-    names = {
-        "django": "opentelemetry.instrumentation.django:DjangoInstrumentor",
-        "celery": "opentelemetry.instrumentation.celery:CeleryInstrumentor",
-        "psycopg2": "opentelemetry.instrumentation.psycopg2:Psycopg2Instrumentor",
-        "requests": "opentelemetry.instrumentation.requests:RequestsInstrumentor",
-        "botocore": "opentelemetry.instrumentation.botocore:BotocoreInstrumentor",
-        "urllib3": "opentelemetry.instrumentation.urllib3:URLLib3Instrumentor",
-    }
+#: The maintained instrumentations (``TMS_TRACING_INSTRUMENT`` names a subset, or ``none``).
+INSTRUMENTATIONS = {
+    "django": "opentelemetry.instrumentation.django:DjangoInstrumentor",
+    "celery": "opentelemetry.instrumentation.celery:CeleryInstrumentor",
+    "psycopg2": "opentelemetry.instrumentation.psycopg2:Psycopg2Instrumentor",
+    "requests": "opentelemetry.instrumentation.requests:RequestsInstrumentor",
+    "botocore": "opentelemetry.instrumentation.botocore:BotocoreInstrumentor",
+    "urllib3": "opentelemetry.instrumentation.urllib3:URLLib3Instrumentor",
+}
+#: Client and SQL instrumentations: their spans are made only as children of a sampled span.
+_CHILD_ONLY = frozenset({"psycopg2", "requests", "botocore", "urllib3"})
+
+
+def instrumentations(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The instrumentations ``TMS_TRACING_INSTRUMENT`` asks for (comma-separated; default: all;
+    ``none``: none). An unknown name is an error."""
+    env = os.environ if environ is None else environ
+    value = env.get("TMS_TRACING_INSTRUMENT", "").strip().lower()
+    if not value:
+        return list(INSTRUMENTATIONS)
+    if value in _OFF_WORDS:
+        return []
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(INSTRUMENTATIONS))
+    if unknown:
+        raise ValueError(f"TMS_TRACING_INSTRUMENT: unknown instrumentation(s) {', '.join(unknown)}")
+    return names
+
+
+def _instrument(provider: Any, names: Sequence[str]) -> None:
+    """The maintained instrumentations ``names``, each skipped (with a warning) if it fails."""
     import importlib
 
-    for name, path in names.items():
+    child_only = _ChildOnly(provider)
+    for name in names:
         if name == "botocore" and _role() != "worker":
             continue  # boto3 is imported at first use (tms_core/lazy.py), and only workers call it
-        module, _, attr = path.partition(":")
+        module, _, attr = INSTRUMENTATIONS[name].partition(":")
         try:
-            instrumentor = getattr(importlib.import_module(module), attr)()
+            cls = getattr(importlib.import_module(module), attr)
+            instrumentor = _celery_instrumentor(cls)() if name == "celery" else cls()
             if not instrumentor.is_instrumented_by_opentelemetry:
-                kwargs: dict[str, Any] = {"tracer_provider": provider}
+                kwargs: dict[str, Any] = {"tracer_provider": child_only if name in _CHILD_ONLY else provider}
                 if name == "psycopg2":
                     kwargs["skip_dep_check"] = True  # psycopg2-binary is psycopg2
+                    _gate_psycopg2_statements()
                 instrumentor.instrument(**kwargs)
         except Exception:
             logger.warning("tracing: the %s instrumentation could not be turned on", name, exc_info=True)
+
+
+def _sampled_parent(context: Any = None) -> bool:
+    """Whether the span current in ``context`` (default: now) is in a sampled trace."""
+    return bool(_otel.trace.get_current_span(context).get_span_context().trace_flags & 1)
+
+
+class _ChildOnly:
+    """A tracer provider whose tracers make a span only as a child of a sampled span; otherwise
+    they make nothing (the invalid span, nothing made current). Given to the client and SQL
+    instrumentations: a statement (or a client call) outside any traced work starts no trace of
+    its own, and one under an unsampled run costs no span."""
+
+    def __init__(self, provider: Any) -> None:
+        self._provider = provider
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        return _ChildOnlyTracer(self._provider.get_tracer(*args, **kwargs))
+
+
+class _ChildOnlyTracer:
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+
+    def start_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not _sampled_parent(context):
+            return _otel.invalid
+        return self._tracer.start_span(name, context, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def start_as_current_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        if not _sampled_parent(context):
+            yield _otel.invalid
+            return
+        with self._tracer.start_as_current_span(name, context, *args, **kwargs) as span:
+            yield span
+
+
+def _gate_psycopg2_statements() -> None:
+    """Each statement on an instrumented connection goes straight to psycopg2 unless a sampled
+    span is current: the instrumentation otherwise parses its operation name and times it for
+    every statement before it learns that no span is made (its cursor factory takes the module's
+    ``CursorTracer`` when a connection is made: this one skips that work)."""
+    from opentelemetry.instrumentation import psycopg2 as instrumentation
+
+    base = instrumentation.CursorTracer
+    if getattr(base, "tms_gated", False):
+        return
+
+    class CursorTracer(base):  # type: ignore[misc, valid-type]
+        tms_gated = True
+
+        def traced_execution(self, cursor: Any, query_method: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _sampled_parent():
+                return query_method(*args, **kwargs)
+            return super().traced_execution(cursor, query_method, *args, **kwargs)
+
+    instrumentation.CursorTracer = CursorTracer  # type: ignore[misc]
+
+
+@functools.cache
+def _celery_instrumentor(base: Any) -> Any:
+    """Celery's instrumentation, made for messages published inside a sampled span only: a
+    publish outside one makes no span and sends no context, and a message that carries no
+    sampled ``traceparent`` is run without a span (with the stock instrumentation every message
+    made spans, and one published outside a trace started one of its own)."""
+    from opentelemetry.instrumentation.celery import utils
+
+    class Instrumentor(base):
+        _instance = None  # a singleton of its own (BaseInstrumentor's __new__)
+
+        def _trace_before_publish(self, *args: Any, **kwargs: Any) -> None:
+            if _sampled_parent():
+                super()._trace_before_publish(*args, **kwargs)
+
+        @staticmethod
+        def _trace_after_publish(*args: Any, **kwargs: Any) -> None:
+            task, task_id = utils.retrieve_task_from_sender(kwargs), utils.retrieve_task_id_from_message(kwargs)
+            if task_id is not None and utils.retrieve_context(task, task_id, is_publish=True) is not None:
+                base._trace_after_publish(*args, **kwargs)
+
+        def _trace_prerun(self, *args: Any, **kwargs: Any) -> None:
+            request = getattr(kwargs.get("task"), "request", None)
+            parsed = parse_traceparent(getattr(request, "traceparent", None))
+            if parsed is not None and parsed[2]:
+                super()._trace_prerun(*args, **kwargs)
+
+        def _trace_postrun(self, *args: Any, **kwargs: Any) -> None:
+            task_id = kwargs.get("task_id")
+            if task_id is not None and utils.retrieve_context(kwargs.get("task"), task_id) is not None:
+                super()._trace_postrun(*args, **kwargs)
+
+    Instrumentor.__name__ = Instrumentor.__qualname__ = "TmsCeleryInstrumentor"
+    return Instrumentor
 
 
 def flush(timeout_millis: int = 2000) -> None:
@@ -173,6 +323,7 @@ def reset() -> None:
         if ON:
             _provider.shutdown()
         ON, _provider, _tracer, _salt = False, None, None, b""
+        _run_ids.cache_clear()
 
 
 # --- ids ---------------------------------------------------------------------------------------
@@ -230,16 +381,27 @@ class RunTrace:
     span_id: int
     #: The root span's parent: the creating request's span, or a workflow run's; 0: none.
     parent_span_id: int = 0
+    #: Whether the sampler keeps the run's spans: decided once, from its trace id (a run created
+    #: under a request: that request's ``traceparent`` flags). Every hook of an unsampled run
+    #: returns at once.
     sampled: bool = True
+    #: The W3C ``tracestate`` of the request that created the run ('' when none): handed on
+    #: with the traceparent to the external run.
+    tracestate: str = ""
 
-    @property
+    @functools.cached_property
     def trace_hex(self) -> str:
         return f"{self.trace_id:032x}"
 
-    @property
+    @functools.cached_property
     def traceparent(self) -> str:
         """The root span's context as a W3C traceparent."""
         return format_traceparent(self.trace_id, self.span_id, self.sampled)
+
+    @functools.cached_property
+    def context(self) -> Any:
+        """The root span's context, as the parent of the run's other spans (made once a run)."""
+        return _context(self.trace_id, self.span_id, self.sampled, self.tracestate)
 
 
 def workflow_span_id(workflow_run: int) -> int:
@@ -250,41 +412,57 @@ def run_trace(
     execution_id: int,
     *,
     traceparent: str = "",
+    tracestate: str = "",
     workflow_run: int | None = None,
     workflow_traceparent: str = "",
+    workflow_tracestate: str = "",
 ) -> RunTrace | None:
-    """A run's trace ids (None when tracing is off). ``traceparent``: the one stored when it
-    was created; a workflow step (``workflow_run`` not its own id) is in its workflow run's trace
-    (the first run's ``workflow_traceparent``), its root a child of the workflow run's span."""
+    """A run's trace ids (None when tracing is off). ``traceparent`` (``tracestate``): the ones
+    stored when it was created; a workflow step (``workflow_run`` not its own id) is in its
+    workflow run's trace (the first run's ``workflow_traceparent``), its root a child of the
+    workflow run's span. Computed once per process for the same arguments (a small cache)."""
     if not ON:
         return None
-    return run_ids(
-        execution_id, traceparent=traceparent, workflow_run=workflow_run, workflow_traceparent=workflow_traceparent
-    )
+    return _run_ids(execution_id, traceparent, tracestate, workflow_run, workflow_traceparent, workflow_tracestate)
 
 
 def run_ids(
     execution_id: int,
     *,
     traceparent: str = "",
+    tracestate: str = "",
     workflow_run: int | None = None,
     workflow_traceparent: str = "",
+    workflow_tracestate: str = "",
 ) -> RunTrace:
     """:func:`run_trace` whether or not tracing is on in this process (the back office's link to
     a run's trace); ``sampled`` is then only known for a run created under a traced request."""
+    return _run_ids(execution_id, traceparent, tracestate, workflow_run, workflow_traceparent, workflow_tracestate)
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_ids(
+    execution_id: int,
+    traceparent: str,
+    tracestate: str,
+    workflow_run: int | None,
+    workflow_traceparent: str,
+    workflow_tracestate: str,
+) -> RunTrace:
     if workflow_run is not None and workflow_run != execution_id:
-        first = run_ids(workflow_run, traceparent=workflow_traceparent)
+        first = _run_ids(workflow_run, workflow_traceparent, workflow_tracestate, None, "", "")
         return RunTrace(
             execution_id,
             first.trace_id,
             derived_span_id("execution", execution_id),
             workflow_span_id(workflow_run),
             first.sampled,
+            first.tracestate,
         )
     parsed = parse_traceparent(traceparent)
     span_id = derived_span_id("execution", execution_id)
     if parsed is not None:
-        return RunTrace(execution_id, parsed[0], span_id, parsed[1], parsed[2])
+        return RunTrace(execution_id, parsed[0], span_id, parsed[1], parsed[2], tracestate)
     trace_id = derived_trace_id("trace", execution_id)
     return RunTrace(execution_id, trace_id, span_id, 0, _sampled(trace_id) if ON else True)
 
@@ -292,20 +470,16 @@ def run_ids(
 def _sampled(trace_id: int) -> bool:
     """The sampler's decision for a trace with no parent: a ratio sampler decides on the trace id,
     so every process decides the same for a run."""
-    from opentelemetry.context import Context
-    from opentelemetry.sdk.trace.sampling import Decision
-
     # An empty context: a parent-based sampler must not follow the span current here.
-    result = _provider.sampler.should_sample(Context(), trace_id, "tms.execution")
-    return result.decision is Decision.RECORD_AND_SAMPLE
+    result = _provider.sampler.should_sample(_otel.empty, trace_id, "tms.execution")
+    return result.decision is _otel.keep
 
 
-def _context(trace_id: int, span_id: int, sampled: bool) -> Any:
-    from opentelemetry import trace
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-
-    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
-    return trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, span_id, True, flags)))
+def _context(trace_id: int, span_id: int, sampled: bool, tracestate: str = "") -> Any:
+    o = _otel
+    flags = o.TraceFlags(o.TraceFlags.SAMPLED if sampled else o.TraceFlags.DEFAULT)
+    state = o.TraceState.from_header([tracestate]) if tracestate else None
+    return o.trace.set_span_in_context(o.NonRecordingSpan(o.SpanContext(trace_id, span_id, True, flags, state)))
 
 
 def _link(trace_id: int, span_id: int) -> Any:
@@ -332,6 +506,11 @@ def _attributes(values: Mapping[str, Any] | None) -> dict[str, Any]:
     return {key: value for key, value in (values or {}).items() if value is not None and value != ""}
 
 
+def recorded(run: RunTrace | None) -> TypeGuard[RunTrace]:
+    """Whether ``run``'s spans are recorded: tracing on and the run sampled."""
+    return run is not None and run.sampled and ON
+
+
 @contextlib.contextmanager
 def run_span(
     name: str, run: RunTrace | None, attributes: Mapping[str, Any] | None = None, *, join_current: bool = False
@@ -339,19 +518,28 @@ def run_span(
     """A span of ``run`` (a child of its root) around the block, current inside it, so that the
     instrumented calls inside (HTTP, SQL, the Kubernetes API) are its children. Yields the span,
     or None when tracing is off. ``join_current``: a child of the current span instead when that
-    span is in the run's trace (a callback request that carried the run's traceparent)."""
+    span is in the run's trace (a callback request that carried the run's traceparent).
+
+    An unsampled run gets no span: its root's context is made current (a span that records
+    nothing, yielded), so that the calls inside hand the run's trace on, flagged unsampled."""
     if run is None or not ON:
         yield None
         return
-    from opentelemetry import trace
-
+    trace = _otel.trace
+    if not run.sampled:
+        token = _otel.context.attach(run.context)
+        try:
+            yield trace.get_current_span(run.context)
+        finally:
+            _otel.context.detach(token)
+        return
     parent = None
     if join_current:
         current = trace.get_current_span().get_span_context()
         if current.is_valid and current.trace_id == run.trace_id:
             parent = trace.set_span_in_context(trace.get_current_span())
     if parent is None:
-        parent = _context(run.trace_id, run.span_id, run.sampled)
+        parent = run.context
     with _tracer.start_as_current_span(
         name, context=parent, attributes=_attributes(attributes), record_exception=True
     ) as span:
@@ -367,14 +555,9 @@ def record_run_span(
     attributes: Mapping[str, Any] | None = None,
 ) -> None:
     """A span of ``run`` that already took place (from ``start_ns`` to ``end_ns`` or now)."""
-    if run is None or not ON:
+    if not recorded(run):
         return
-    span = _tracer.start_span(
-        name,
-        context=_context(run.trace_id, run.span_id, run.sampled),
-        start_time=start_ns,
-        attributes=_attributes(attributes),
-    )
+    span = _tracer.start_span(name, context=run.context, start_time=start_ns, attributes=_attributes(attributes))
     span.end(end_time=end_ns)
 
 
@@ -385,41 +568,20 @@ def end_run(
     attributes: Mapping[str, Any] | None = None,
     links: Sequence[Any] = (),
     error: str = "",
+    name: str = "tms.execution",
 ) -> None:
-    """Write a run's root span (``tms.execution``), from ``start_ns`` (its due time) to now."""
-    _root("tms.execution", run, start_ns=start_ns, attributes=attributes, links=links, error=error)
-
-
-def end_workflow_run(run: RunTrace | None, *, workflow_run: int, start_ns: int, attributes: Mapping[str, Any]) -> None:
-    """Write a workflow run's span: a child of its first run's root, parent of its steps' roots."""
-    if run is None or not ON:
+    """Write a run's root span (``name``: ``tms.execution``), from ``start_ns`` (its due time)
+    to now, with the run's derived ids."""
+    if not recorded(run):
         return
-    workflow = RunTrace(workflow_run, run.trace_id, workflow_span_id(workflow_run), run.span_id, run.sampled)
-    _root("tms.workflow_run", workflow, start_ns=start_ns, attributes=attributes)
-
-
-def _root(
-    name: str,
-    run: RunTrace | None,
-    *,
-    start_ns: int,
-    attributes: Mapping[str, Any] | None = None,
-    links: Sequence[Any] = (),
-    error: str = "",
-) -> None:
-    if run is None or not ON:
-        return
+    from opentelemetry.context import Context
     from opentelemetry.trace import Status, StatusCode
 
-    parent = _context(run.trace_id, run.parent_span_id, run.sampled) if run.parent_span_id else None
+    parent = (
+        _context(run.trace_id, run.parent_span_id, run.sampled, run.tracestate) if run.parent_span_id else Context()
+    )
     token = _next_ids.set((run.trace_id, run.span_id))
     try:
-        if parent is None:
-            from opentelemetry.context import Context
-
-            parent = Context()
-            if not run.sampled:
-                return
         span = _tracer.start_span(
             name, context=parent, start_time=start_ns, attributes=_attributes(attributes), links=list(links)
         )
@@ -428,6 +590,16 @@ def _root(
     if error:
         span.set_status(Status(StatusCode.ERROR, error[:200]))
     span.end()
+
+
+def end_workflow_run(run: RunTrace | None, *, workflow_run: int, start_ns: int, attributes: Mapping[str, Any]) -> None:
+    """Write a workflow run's span: a child of its first run's root, parent of its steps' roots."""
+    if not recorded(run):
+        return
+    workflow = RunTrace(
+        workflow_run, run.trace_id, workflow_span_id(workflow_run), run.span_id, run.sampled, run.tracestate
+    )
+    end_run(workflow, start_ns=start_ns, attributes=attributes, name="tms.workflow_run")
 
 
 @contextlib.contextmanager
@@ -462,25 +634,55 @@ def drop(span: Any) -> None:
 
 
 def add_links(span: Any, runs: Sequence[RunTrace | None], most: int = 64) -> None:
-    """Link ``span`` to the roots of ``runs`` (at most ``most``)."""
-    if span is None:
+    """Link a recorded ``span`` to the roots of the sampled ``runs`` (at most ``most``): an
+    unsampled run has no trace to link to."""
+    if span is None or not span.is_recording():
         return
-    for run in runs[:most]:
-        if run is not None:
-            span.add_link(_link(run.trace_id, run.span_id).context)
+    for run in [run for run in runs if run is not None and run.sampled][:most]:
+        span.add_link(_link(run.trace_id, run.span_id).context)
+
+
+#: The longest ``tracestate`` kept with a run (the W3C limit a vendor must be able to carry).
+TRACESTATE_MAX = 512
+
+
+def bounded_tracestate(value: str) -> str:
+    """``value`` with its last list members left off until it fits :data:`TRACESTATE_MAX` (the
+    W3C way to shorten one: whole members, from the right)."""
+    if len(value) <= TRACESTATE_MAX:
+        return value
+    kept: list[str] = []
+    for member in value.split(","):
+        if len(",".join([*kept, member])) > TRACESTATE_MAX:
+            break
+        kept.append(member)
+    return ",".join(kept)
+
+
+def current_trace_context() -> tuple[str, str]:
+    """The current span's context as a W3C ``traceparent`` and ``tracestate`` (both '' when off
+    or there is none; the state '' when it has none): what a run created in this request or
+    trigger stores, to join its trace, and what the runner hands the external run."""
+    if not ON or _creating_outside.get():
+        return "", ""
+    context = _otel.trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return "", ""
+    state = bounded_tracestate(context.trace_state.to_header()) if context.trace_state else ""
+    return format_traceparent(context.trace_id, context.span_id, context.trace_flags.sampled), state
+
+
+def handed_on(run: RunTrace | None) -> tuple[str, str]:
+    """The trace context a runner call of ``run`` hands the external run, inside its
+    :func:`run_span`: the current span's (the call's span); an unsampled run's root's, as it is."""
+    if run is not None and not run.sampled:
+        return run.traceparent, run.tracestate
+    return current_trace_context()
 
 
 def current_traceparent() -> str:
-    """The current span's context as a W3C traceparent ('' when off or there is none): what a
-    run created in this request or trigger stores, to join its trace."""
-    if not ON or _creating_outside.get():
-        return ""
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return ""
-    return format_traceparent(context.trace_id, context.span_id, context.trace_flags.sampled)
+    """The current span's context as a W3C traceparent: :func:`current_trace_context`'s first."""
+    return current_trace_context()[0]
 
 
 #: Runs created inside this context start traces of their own (a materialiser pass, whose span is

@@ -104,12 +104,13 @@ def executions_create(
 
 
 def stamp_trace(ids: Sequence[int]) -> None:
-    """With tracing on, under a traced API request or trigger: store its traceparent on the runs
-    it created, so that their traces continue it (tms_core/tracing.py). Nothing otherwise."""
+    """With tracing on, under a traced API request or trigger: store its traceparent (and its
+    tracestate) on the runs it created, so that their traces continue it (tms_core/tracing.py).
+    Nothing otherwise."""
     if tracing.ON and ids:
-        traceparent = tracing.current_traceparent()
+        traceparent, tracestate = tracing.current_trace_context()
         if traceparent:
-            Execution.objects.filter(pk__in=list(ids)).update(traceparent=traceparent)
+            Execution.objects.filter(pk__in=list(ids)).update(traceparent=traceparent, tracestate=tracestate)
 
 
 def executions_create_arrays(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import groupby
 from typing import Any
@@ -21,6 +21,7 @@ from executions.models import ExecutionStatus as S
 from executions.transitions import states
 from executions.transitions.misfire import drop_misfires, on_time
 from executions.transitions.sql import EXECUTIONS, db_now_plus, pg_array, write, write_quiet
+from tms_core import tracing
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class Dispatch:
     kind: str = "run"
     #: When the run is due (runs only): one taken ahead of it goes out with this as its ETA.
     due_at: datetime | None = None
+    #: With tracing on, the run's (traceparent, tracestate, workflow_run), read by the monitor's
+    #: take for its spans (executions/traces.py); None: not read.
+    trace: tuple[str, str, int | None] | None = field(default=None, compare=False, repr=False)
+
+
+#: What the take reads for the monitor's spans with tracing on (:attr:`Dispatch.trace`).
+_TRACE_COLUMNS = ("traceparent", "tracestate", "workflow_run")
 
 
 @transaction.atomic
@@ -45,7 +53,9 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
         .order_by("due_at" if from_status == S.SCHEDULED else "enqueued_at")
         .select_for_update(skip_locked=True, of=("self",))
         .annotate(maybe_stale=ExpressionWrapper(~on_time(), output_field=BooleanField()))
-        .values_list("id", "attempt", "priority", "maybe_stale", "due_at")[:limit]
+        .values_list("id", "attempt", "priority", "maybe_stale", "due_at", *_TRACE_COLUMNS if tracing.ON else ())[
+            :limit
+        ]
     )
     if not locked_rows:
         return []
@@ -54,9 +64,12 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
     # max_age) are looked at one by one: a herd's later batches are seconds late, yet on time,
     # and the annotation above (the task's columns read only for rows over a second late)
     # answers for them in the same statement instead of a query and a commit per row.
-    dropped = drop_misfires([(i, a, stale) for i, a, _, stale, _ in locked_rows], from_status=from_status, actor=actor)
-    priorities = {i: p for i, _, p, _, _ in locked_rows if i not in dropped}
-    due = {i: d for i, _, _, _, d in locked_rows}
+    dropped = drop_misfires([(i, a, stale) for i, a, _, stale, *_ in locked_rows], from_status=from_status, actor=actor)
+    priorities = {row[0]: row[2] for row in locked_rows if row[0] not in dropped}
+    due = {row[0]: row[4] for row in locked_rows}
+    trace: dict[int, tuple[str, str, int | None]] = (
+        {row[0]: (row[5], row[6], row[7]) for row in locked_rows} if tracing.ON else {}
+    )
     if not priorities:
         return []
     token = uuid.uuid4().hex[:12]
@@ -71,8 +84,8 @@ def _take(base: Q, edge: states.Edge, *, limit: int, actor: str, detail: str) ->
     order = {i: n for n, i in enumerate(priorities)}
     taken = sorted(won, key=lambda row: order[row[0]])  # in the order they were locked (due first)
     if kind != "run":
-        return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind) for i, a in taken]
-    return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind, due[i]) for i, a in taken]
+        return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind, trace=trace.get(i)) for i, a in taken]
+    return [Dispatch(i, a, priorities[i], f"{i}-{token}", kind, due[i], trace.get(i)) for i, a in taken]
 
 
 def executions_take_due(

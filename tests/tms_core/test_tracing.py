@@ -6,6 +6,9 @@ started here, which decodes the wire messages (opentelemetry-proto) and checks t
   runner's launch, and the resumed run stays in the trace; the http runner's target receives a
   traceparent of the run's trace.
 - A workflow run (in this process): its steps' runs are children of the workflow run's span.
+- A run's tracestate (from the request that created it) reaches its http target and every runner.
+- At a sampler that keeps nothing, a run makes no span and still hands its trace on (unsampled);
+  SQL/client spans only under a sampled span, Celery's only for messages of a sampled trace.
 - Tracing off: no opentelemetry module imported.
 """
 
@@ -559,3 +562,175 @@ def test_with_tracing_off_no_opentelemetry_module_is_imported():
         timeout=60,
     )
     assert done.stdout.strip().splitlines()[-1] == "True", done.stderr
+
+
+# --- tracestate, and what an unsampled run costs -------------------------------------------------
+
+CALLER_STATE = "vendor=abc123,other=t61rcWkgMzE"
+
+
+@pytest.mark.django_db
+def test_a_runs_tracestate_is_kept_and_handed_to_its_http_target(traced, user):
+    caller = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", "tracestate": CALLER_STATE}
+    with webhook_receiver() as target:
+        with tracing.continued(caller):  # the API request (or trigger) that creates the run
+            task = task_create(owner=user, runner="http", config={"url": target.url, "method": "POST", "json": {}})
+        (run,) = Execution.objects.filter(task=task)
+        assert run.traceparent.startswith(f"00-{CALLER_TRACE}-") and run.tracestate == CALLER_STATE
+        assert _run_due() == 1
+        tracing.flush()
+        (arrival,) = target.arrivals
+    run.refresh_from_db()
+    (start,) = traced.named("tms.runner.start")
+    assert run.status == S.SUCCEEDED
+    # The target gets the launch's context, and the caller's tracestate with it.
+    assert arrival.headers["traceparent"] == f"00-{CALLER_TRACE}-{start.span_id}-01"
+    assert arrival.headers["tracestate"] == CALLER_STATE
+
+
+def test_runners_hand_the_tracestate_on():
+    spec = RunSpec(
+        execution_id=7,
+        attempt=1,
+        task_id="t",
+        config={"url": "http://127.0.0.1:9/hook"},
+        timeout=5,
+        traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+        tracestate=CALLER_STATE,
+    )
+    assert spec.environment()["TRACESTATE"] == CALLER_STATE  # subprocess runs, Kubernetes Jobs
+    assert _metadata(spec)["tracestate"] == CALLER_STATE
+    assert AsyncHttpFunctionRunner._tms_headers(spec)["tracestate"] == CALLER_STATE
+    job = KubernetesRunner("k8s", {"host": "http://127.0.0.1:9"}).job_manifest(
+        replace(spec, config={"image": "ghcr.io/acme/report:1.4"}), "default"
+    )
+    assert job.metadata.annotations["tms.io/tracestate"] == CALLER_STATE
+    assert "TRACESTATE" not in replace(spec, tracestate="").environment()
+    # The longest kept: whole members left off from the right.
+    long = ",".join(f"k{i}={'v' * 60}" for i in range(12))
+    assert tracing.bounded_tracestate(long) == ",".join(long.split(",")[:8])  # 8 x 63 + 7 commas: 511
+
+
+@pytest.fixture
+def sampled_none(receiver, monkeypatch) -> Iterator[Receiver]:
+    """Tracing on with a ratio sampler that keeps no trace (what 90 % of runs see at 10 %)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    tracing.setup(exporter=OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"), instrument=False, salt="test")
+    try:
+        yield receiver
+    finally:
+        tracing.reset()
+
+
+@pytest.mark.django_db
+def test_an_unsampled_run_makes_no_span_and_hands_its_trace_on_unsampled(sampled_none, user):
+    task = task_create(owner=user, runner="subprocess", config={"command": ["/usr/bin/env"]})
+    (run,) = Execution.objects.filter(task=task)
+    trace = tracing.run_trace(run.pk)
+    assert trace is not None and not trace.sampled
+    with tracing.pass_span("tms.monitor.pass"):  # an unsampled pass: nothing made for it either
+        assert _run_due() == 1
+    tracing.flush()
+    run.refresh_from_db()
+    assert run.status == S.SUCCEEDED
+    assert sampled_none.spans == []
+    # The external run still gets the run's trace (its root's context), flagged unsampled.
+    assert f"TRACEPARENT=00-{trace.trace_hex}-{trace.span_id:016x}-00" in run.output.splitlines()
+
+
+def test_client_and_sql_spans_are_made_only_under_a_sampled_span(traced):
+    tracer = tracing._ChildOnly(tracing._provider).get_tracer("test.sql")
+    with tracer.start_as_current_span("SELECT") as alone:
+        assert not alone.is_recording()  # outside any traced work: no trace of its own
+    sampled = tracing.RunTrace(1, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16))
+    unsampled = tracing.RunTrace(2, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16), sampled=False)
+    with tracing.run_span("tms.runner.start", unsampled), tracer.start_as_current_span("SELECT") as under:
+        assert not under.is_recording()
+        assert tracing.current_traceparent() == f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
+    with tracing.run_span("tms.runner.start", sampled) as span, tracer.start_as_current_span("SELECT") as child:
+        assert child.is_recording() and child.parent.span_id == span.get_span_context().span_id
+    tracing.flush()
+    assert [s.name for s in traced.spans] == ["SELECT", "tms.runner.start"]
+
+
+def test_celery_spans_are_made_only_for_messages_of_a_sampled_trace(traced):
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    from executions.tasks import run_execution
+
+    instrumentor = tracing._celery_instrumentor(CeleryInstrumentor)()
+    instrumentor.instrument(tracer_provider=tracing._provider)
+    sampled = tracing.RunTrace(1, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16))
+    sent: dict[str, dict[str, str]] = {}
+
+    def publish(message_id: str) -> None:
+        headers = sent[message_id] = {"id": message_id}
+        instrumentor._trace_before_publish(sender=run_execution.name, headers=headers, body=())
+        instrumentor._trace_after_publish(sender=run_execution.name, headers=headers, body=())
+
+    def run(message_id: str) -> None:
+        run_execution.push_request(**sent[message_id])
+        try:
+            instrumentor._trace_prerun(task=run_execution, task_id=message_id)
+            instrumentor._trace_postrun(task=run_execution, task_id=message_id)
+        finally:
+            run_execution.pop_request()
+
+    try:
+        publish("outside")  # no traced work current: no span, no context sent
+        with tracing.run_span("tms.runner.start", sampled):
+            publish("inside")
+        run("outside")
+        run("inside")
+    finally:
+        instrumentor.uninstrument()
+    tracing.flush()
+    assert set(sent["outside"]) == {"id"} and sent["inside"]["traceparent"].split("-")[1] == CALLER_TRACE
+    names = sorted(span.name for span in traced.spans)
+    assert names == ["apply_async/tms.run_execution", "run/tms.run_execution", "tms.runner.start"]
+    assert {span.trace_id for span in traced.spans} == {CALLER_TRACE}
+
+
+def test_tms_tracing_instrument_picks_the_instrumentations():
+    assert tracing.instrumentations({}) == list(tracing.INSTRUMENTATIONS)
+    assert tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "django, requests"}) == ["django", "requests"]
+    assert tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "none"}) == []
+    with pytest.raises(ValueError, match="psycopg3"):
+        tracing.instrumentations({"TMS_TRACING_INSTRUMENT": "django,psycopg3"})
+
+
+@pytest.mark.django_db
+def test_sql_statements_make_spans_only_under_a_sampled_span(traced):
+    import psycopg2
+    from django.db import connection
+    from opentelemetry.instrumentation.psycopg2 import Psycopg2Instrumentor
+
+    tracing._gate_psycopg2_statements()
+    instrumentor = Psycopg2Instrumentor()
+    instrumentor.instrument(tracer_provider=tracing._ChildOnly(tracing._provider), skip_dep_check=True)
+    db = connection.settings_dict
+    sampled = tracing.RunTrace(1, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16))
+    unsampled = tracing.RunTrace(2, int(CALLER_TRACE, 16), int(CALLER_SPAN, 16), sampled=False)
+    try:
+        conn = psycopg2.connect(
+            dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"], host=db["HOST"], port=db["PORT"]
+        )
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT 1")  # no traced work current
+                with tracing.run_span("tms.execution.outcome", unsampled):
+                    cursor.execute("SELECT 2")
+                with tracing.run_span("tms.execution.outcome", sampled):
+                    cursor.execute("SELECT 3")
+                assert cursor.fetchone() == (3,)
+        finally:
+            conn.close()
+    finally:
+        instrumentor.uninstrument()
+    tracing.flush()
+    (statement,) = traced.named("SELECT")
+    (outcome,) = traced.named("tms.execution.outcome")
+    assert statement.parent == outcome.span_id and statement.trace_id == CALLER_TRACE
