@@ -212,7 +212,8 @@ def test_a_transaction_that_ends_runs_holds_one_rollup_row_and_others_do_not_wai
     assert sorted(hours.values_list("attempts", flat=True)) == [1, 16]
     # Once the hour is past, its shards are folded into one row (and counted once).
     TaskRollup.objects.filter(task=task).update(hour=F("hour") - timedelta(hours=2))
-    assert rollup_compact() >= 2
+    sharded = hours.filter(shard__gt=0).count()  # shard 0 is where the fold adds up (one of them may be it)
+    assert sharded >= 1 and rollup_compact() >= sharded
     assert list(hours.values_list("shard", "attempts")) == [(0, 17)]
 
 
