@@ -701,6 +701,23 @@ def own_traces() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """No span is current in the block (an empty context): what it does makes no span of the
+    instrumentations and sends no trace context (the monitor's publishes: each run's message
+    belongs to the run's trace, told by its own spans, not to the pass's)."""
+    if not ON:
+        yield
+        return
+    from opentelemetry import context as otel_context
+
+    token = otel_context.attach(otel_context.Context())
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@contextlib.contextmanager
 def continued(headers: Mapping[str, str]) -> Iterator[None]:
     """Make the ``traceparent`` (and ``tracestate``) of an incoming request current in the block:
     a job's callback that carries one continues its trace."""

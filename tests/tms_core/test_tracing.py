@@ -734,3 +734,20 @@ def test_sql_statements_make_spans_only_under_a_sampled_span(traced):
     (statement,) = traced.named("SELECT")
     (outcome,) = traced.named("tms.execution.outcome")
     assert statement.parent == outcome.span_id and statement.trace_id == CALLER_TRACE
+
+
+def test_the_monitor_publishes_outside_its_pass_s_span(traced):
+    """A sampled monitor pass made Celery's publish span for each message it sent, and sent its
+    context, so each run of a burst got message and SQL spans in the pass's trace whatever its own
+    sampling: the publishes now run with no span current (a run's message is told by its own spans)."""
+    import inspect
+
+    from executions.monitor import Monitor
+
+    with tracing.pass_span("tms.monitor.pass") as span:
+        assert span.is_recording() and tracing.current_traceparent()
+        with tracing.untraced():
+            assert tracing.current_traceparent() == ""
+            assert not tracing._sampled_parent()
+        assert tracing.current_traceparent()
+    assert "with tracing.untraced():" in inspect.getsource(Monitor._publish)
