@@ -125,6 +125,12 @@ def page_context(request: HttpRequest, **forms: Any) -> dict[str, Any]:
     }
 
 
+def _edit_page(request: HttpRequest, form: ChannelForm | RuleForm, what: str, obj: Any, **more: Any) -> HttpResponse:
+    """The edit page of a channel or a rule (``what``): 400 when it shows a refused POST."""
+    context = {what: obj, "form": form, "what": what, **more}
+    return render(request, "backoffice/notification_edit.html", context, status=400 if form.is_bound else 200)
+
+
 @login_required
 def notifications_page(request: HttpRequest) -> HttpResponse:
     return render(request, "backoffice/notifications.html", page_context(request))
@@ -172,8 +178,7 @@ def channel_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
     if request.method == "POST" and _save_channel(request, form, channel) is not None:
         messages.success(request, f"Channel {channel.name} saved.")
         return redirect("backoffice:notifications")
-    context = {"channel": channel, "form": form, "what": "channel"}
-    return render(request, "backoffice/notification_edit.html", context, status=400 if form.is_bound else 200)
+    return _edit_page(request, form, "channel", channel)
 
 
 @login_required
@@ -232,8 +237,7 @@ def rule_edit_view(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(request, f"Rule saved: to {rule.channel.name} when {rule_words(rule)}.")
         return _back(request)
     from_task = request.POST.get("from_task") or request.GET.get("from_task", "")
-    context = {"rule": rule, "form": form, "what": "rule", "from_task": from_task}
-    return render(request, "backoffice/notification_edit.html", context, status=400 if form.is_bound else 200)
+    return _edit_page(request, form, "rule", rule, from_task=from_task)
 
 
 @login_required
