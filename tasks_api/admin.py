@@ -16,7 +16,9 @@ Who may do what: :mod:`tms_core.roles`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,7 @@ from tasks_app.models import AuditEntry, Calendar, Limit, Task, TaskHook, TaskSt
 from tasks_app.quotas import QUOTA_FIELDS, team_limits, team_quota_set
 from tasks_app.schedule_words import runs_only_after
 from tasks_app.schedules import CRON_FIELDS_HELP
+from tasks_app.versions import version_first_ensure_many
 from tms_core.auth import actor_for, request_user
 from tms_core.durations import DurationFormField
 from tms_core.errors import InvalidInput
@@ -639,6 +642,18 @@ class TaskVersionAdmin(ReadOnlyAdmin):
     list_select_related = ["task"]
     show_full_result_count = False
     readonly_fields = ["task", "number", "created_at", "actor_name", "source", "changed", "snapshot"]
+    #: Tasks a search may write the version 1 of (a name that matches many tasks is a wide search).
+    search_ensures_at_most = 200
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        # Version 1 is written when first needed (tasks_app.versions): a task nothing has read
+        # yet has no row. A search names its tasks, so theirs are written before the rows are read.
+        if search_term:
+            named = Task.objects.filter(name__icontains=search_term)
+            with contextlib.suppress(ValueError):
+                named = named | Task.objects.filter(pk=uuid.UUID(search_term))
+            version_first_ensure_many(named.values_list("pk", flat=True)[: self.search_ensures_at_most])
+        return super().get_search_results(request, queryset, search_term)
 
 
 @admin.register(TaskHook)

@@ -80,21 +80,21 @@ _FIRST_TEMPLATE = json.dumps(dict.fromkeys(sorted(FIRST_VERSION_KEYS)))
 
 @functools.cache
 def _first_statement() -> str:
-    """Version 1 from the task's create entry, unless the task has a version: one statement."""
+    """Version 1 of each task named, from its first create entry, unless the task has a version: one
+    statement."""
     quote = connection.ops.quote_name
     versions, audit = quote(TaskVersion._meta.db_table), quote(AuditEntry._meta.db_table)
     skipped = ", ".join(f"'{name}'" for name in sorted(NOT_VERSIONED))
     return f"""
         INSERT INTO {versions} (task_id, number, snapshot, changed, actor_name, source, created_at)
-        SELECT a.task_id, 1, %s::jsonb || COALESCE(
+        SELECT DISTINCT ON (a.task_id) a.task_id, 1, %s::jsonb || COALESCE(
                 (SELECT jsonb_object_agg(c.key, c.value -> 'to') FROM jsonb_each(a.changes) AS c
                  WHERE c.key NOT IN ({skipped})), '{{}}'::jsonb),
             '[]'::jsonb, a.actor_name, a.source, a.at
         FROM {audit} AS a
-        WHERE a.task_id = %s AND a.object_type = 'task' AND a.action = %s
-            AND NOT EXISTS (SELECT FROM {versions} AS v WHERE v.task_id = %s)
-        ORDER BY a.id
-        LIMIT 1
+        WHERE a.task_id = ANY(%s::uuid[]) AND a.object_type = 'task' AND a.action = %s
+            AND NOT EXISTS (SELECT FROM {versions} AS v WHERE v.task_id = a.task_id)
+        ORDER BY a.task_id, a.id
         ON CONFLICT DO NOTHING
     """  # noqa: S608 - the models' table names; every value is a parameter
 
@@ -105,8 +105,16 @@ def version_first_ensure(task_id: Any) -> None:
     when the task has a version, or no create entry (a task older than versions: its first change
     records the settings it had, ``tasks_api.editing``). Idempotent, and safe from two places at
     once (the unique number: the second insert does nothing). One statement."""
-    with connection.cursor() as cursor:
-        cursor.execute(_first_statement(), [_FIRST_TEMPLATE, str(task_id), AuditAction.CREATE, str(task_id)])
+    version_first_ensure_many([task_id])
+
+
+def version_first_ensure_many(task_ids: Iterable[Any]) -> None:
+    """:func:`version_first_ensure` for each of ``task_ids``, in one statement (a list that names
+    many tasks, such as the admin's search over every task's versions)."""
+    ids = [str(task_id) for task_id in task_ids]
+    if ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_first_statement(), [_FIRST_TEMPLATE, ids, AuditAction.CREATE])
 
 
 def _lines(snapshot: Mapping[str, Any]) -> list[str]:

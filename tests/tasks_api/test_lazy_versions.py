@@ -89,3 +89,26 @@ def test_a_task_without_a_create_entry_gets_no_version_from_nothing(user):
     AuditEntry.objects.filter(task_id=task.pk).delete()  # as a task inserted by SQL has none
     version_first_ensure(task.pk)
     assert not TaskVersion.objects.filter(task=task).exists()
+
+
+def test_the_admins_versions_list_searched_by_a_task_shows_its_unread_version_1(django_user_model, user):
+    """The admin's list of every task's versions, searched by a task's id or name, shows version 1
+    of a task that nothing has read yet (it lists stored rows: version 1 is written when needed)."""
+    from django.test import Client
+
+    admin = django_user_model.objects.create_superuser(username="boss", password="boss-password")
+    client = Client()
+    client.force_login(admin)
+    first, second = task_bulk_create(
+        owner=user,
+        specs=[{"runner": "noop", "name": "nightly export", "start_at": LATER}, {"runner": "noop", "start_at": LATER}],
+    )
+    assert not TaskVersion.objects.exists()
+    for term, task in ((str(first.pk), first), ("nightly export", first), (str(second.pk), second)):
+        response = client.get("/admin/tasks_app/taskversion/", {"q": term})
+        assert response.status_code == 200
+        assert [(v.task_id, v.number) for v in response.context["cl"].result_list] == [(task.pk, 1)], term
+    # An unsearched list writes nothing for the tasks it does not name.
+    TaskVersion.objects.all().delete()
+    assert client.get("/admin/tasks_app/taskversion/").status_code == 200
+    assert not TaskVersion.objects.exists()
