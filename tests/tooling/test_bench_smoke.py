@@ -21,14 +21,15 @@ def test_tms_bench_runs_the_engine_scenarios_and_compares_with_a_record(tmp_path
         "--scenario", "burst", "--scenario", "herd", "--scenario", "restore", "--scenario", "sustained",
         "--scenario", "fairness",
         "--tasks", "40", "--herd-tasks", "20", "--herd-soon", "--restore-tasks", "20",
-        "--rate", "10", "--duration", "2", "--fair-herd", "30", "--fair-few", "3", "--json", str(out),
+        "--rate", "10", "--sustained-rate", "6", "--duration", "2", "--fair-herd", "30", "--fair-few", "3",
+        "--json", str(out),
         "--compare", str(recorded), "--record",
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "| burst |" in printed
     figures = json.loads(out.read_text())
     scenarios = {row["scenario"]: row for row in figures["results"]}
-    assert set(scenarios) == {"burst", "herd", "restore", "sustained", "fairness"}
+    assert set(scenarios) == {"burst", "herd", "restore", "sustained", "sustained_at_6", "fairness"}
     assert scenarios["burst"]["executions"] == 40
     fair = scenarios["fairness"]["extra"]
     assert fair["started_exactly_once"] == fair["runs"] == 33 and fair["never_started"] == 0
@@ -47,6 +48,9 @@ def test_tms_bench_runs_the_engine_scenarios_and_compares_with_a_record(tmp_path
     assert extra["idle_wait_s"] > 0 and extra["idle_cpu_ms_per_s"]
     assert 0 < extra["herd_cpu_ms_per_exec_total"] <= extra["cpu_ms_per_exec_total"]
     assert scenarios["sustained"]["executions"] == 20
+    # A fixed rate beside it, with Celery's ETA tasks at that rate too.
+    at_6 = scenarios["sustained_at_6"]
+    assert at_6["executions"] == 12 and at_6["extra"]["target_rate"] == 6 and at_6["extra"]["celery_eta_runs"] == 12
     # Celery's own ETA tasks at the same rate beside it (issue 33), and the noise of its figures.
     sustained = scenarios["sustained"]["extra"]
     assert sustained["celery_eta_runs"] == 20 and set(sustained["celery_eta_lateness_ms"]) >= {"p50", "p99"}

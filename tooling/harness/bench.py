@@ -174,6 +174,9 @@ class BenchConfig:
     #: Sustained runs at these fractions of the burst rate of this run (one figure each, named
     #: ``sustained`` for the first and ``sustained_75`` for 0.75 and so on), instead of ``rate``.
     sustained_shares: tuple[float, ...] = ()
+    #: And at these fixed rates (executions/s), whatever the burst's: one figure each, named
+    #: ``sustained_at_123`` for 123/s (issue 50's steady-load goal is set at 123/s and 500/s).
+    sustained_rates: tuple[float, ...] = ()
     #: The sustained scenario also runs Celery's own ETA tasks at the same rate on the same workers.
     celery_eta: bool = True
     duration: float = 20.0
@@ -727,6 +730,27 @@ class Bench:
         figures.extra.setdefault("noise", {})["celery_eta_p50"] = noise(
             [_quantiles(part)["p50"] for part in slices(by_time)]
         )
+
+    def _sustained_runs(self, burst: Figures | None, *, rate_asked: bool) -> Figures | None:
+        """The sustained scenario's runs: at each share of this run's burst rate, else at ``rate``
+        (given, or half the burst's) unless only fixed rates were asked for; then at each fixed
+        rate. Returns the first (the figure other scenarios compare with)."""
+        first: Figures | None = None
+        if self.config.sustained_shares and burst is not None:
+            for index, share in enumerate(self.config.sustained_shares):
+                name = "sustained" if index == 0 else f"sustained_{round(share * 100)}"
+                figures = self.sustained(name, rate=max(1.0, round(burst.per_second * share)))
+                figures.extra["share_of_burst"] = share
+                first = first or figures
+                self.results.append(figures)
+        elif rate_asked or not self.config.sustained_rates:
+            first = self.sustained()
+            self.results.append(first)
+        for rate in self.config.sustained_rates:
+            figures = self.sustained(f"sustained_at_{rate:g}", rate=rate)
+            first = first or figures
+            self.results.append(figures)
+        return first
 
     def scale(self, empty: Figures | None) -> Figures:
         self._fill()
@@ -1341,6 +1365,7 @@ class Bench:
         if not self.config.keep_history:  # the lists scenario reuses the history it kept
             self._cleanup()
         burst = sustained = None
+        rate_asked = self.config.rate is not None  # the burst sets it when it is not
         for scenario in self.config.scenarios:
             if scenario == "burst":
                 burst = self.burst()
@@ -1353,16 +1378,8 @@ class Bench:
                 self.results.append(self.herd())
             elif scenario == "restore":
                 self.results.append(self.restore())
-            elif scenario == "sustained" and self.config.sustained_shares and burst is not None:
-                for index, share in enumerate(self.config.sustained_shares):
-                    name = "sustained" if index == 0 else f"sustained_{round(share * 100)}"
-                    figures = self.sustained(name, rate=max(1.0, round(burst.per_second * share)))
-                    figures.extra["share_of_burst"] = share
-                    sustained = sustained or figures
-                    self.results.append(figures)
             elif scenario == "sustained":
-                sustained = self.sustained()
-                self.results.append(sustained)
+                sustained = self._sustained_runs(burst, rate_asked=rate_asked)
             elif scenario == "scale":
                 self.results.append(self.scale(sustained))
             elif scenario == "create":

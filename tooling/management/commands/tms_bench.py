@@ -86,6 +86,13 @@ class Command(BaseCommand):
             "scenario; overrides --rate)",
         )
         parser.add_argument(
+            "--sustained-rate",
+            type=positive(float),
+            action="append",
+            default=None,
+            help="repeatable: a sustained run at this many executions/s as well (named sustained_at_<rate>)",
+        )
+        parser.add_argument(
             "--no-celery-eta",
             action="store_true",
             help="sustained: skip the comparison with Celery's own ETA tasks at the same rate",
@@ -244,6 +251,8 @@ class Command(BaseCommand):
             raise CommandError("--scale-tasks must not exceed --scale-executions")
         if options["sustained_share"] and not {"burst", "sustained"} <= set(scenarios):
             raise CommandError("--sustained-share needs the burst and sustained scenarios")
+        if options["sustained_rate"] and "sustained" not in scenarios:
+            raise CommandError("--sustained-rate needs the sustained scenario")
         if options["record"] and options["compare"] is None:
             raise CommandError("--record needs --compare FILE (the file to record into)")
         if through and not set(THROUGH_SCENARIOS) & set(scenarios):
@@ -267,6 +276,7 @@ class Command(BaseCommand):
             tasks=options["tasks"],
             rate=options["rate"],
             sustained_shares=tuple(options["sustained_share"] or ()),
+            sustained_rates=tuple(options["sustained_rate"] or ()),
             celery_eta=not options["no_celery_eta"],
             duration=options["duration"],
             workers=options["workers"],
