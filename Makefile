@@ -69,6 +69,18 @@ bench: install services
 		--herd-soon --sustained-share 0.5 --sustained-share 0.75 --sustained-rate 123 --sustained-rate 500 --prepare --json var/bench/last.json \
 		--compare $(BENCH_BASELINE) $(if $(RECORD),--record)
 
+## Shell snippets of the recipes below that install Debian's packages a test needs. CHOOSE_SUDO
+## sets $sudo: empty as root, "sudo" where sudo asks for no password, "none" otherwise;
+## NEED_SUDO does the same but stops with the recipe's $need instead of "none". apt_install
+## installs the packages $(1) with $sudo, quietly; if that fails it stops, naming $(2) and $need.
+CHOOSE_SUDO = if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	else sudo="none"; fi
+NEED_SUDO = $(CHOOSE_SUDO); [ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }
+apt_install = $$sudo apt-get update -q >/dev/null \
+	&& DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $(1) >/dev/null \
+	|| { echo "Installing $(2) failed. $$need" >&2; exit 1; }
+
 ## Chromium and chromedriver for the browser tests (tests/browser), from Debian's packages:
 ## installed as root (or with sudo) when missing; otherwise stop and say what to install.
 CHROMIUM ?= /usr/bin/chromium
@@ -76,12 +88,9 @@ CHROMEDRIVER ?= /usr/bin/chromedriver
 browser:
 	@if [ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ]; then exit 0; fi; \
 	need="The browser tests need Chromium and its WebDriver: install Debian's packages with 'apt-get install -y chromium chromium-driver' (as root), then run make test again."; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else echo "$$need" >&2; exit 1; fi; \
+	$(NEED_SUDO); \
 	echo "Installing chromium and chromium-driver for the browser tests..."; \
-	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium chromium-driver >/dev/null \
-		|| { echo "Installing chromium and chromium-driver failed. $$need" >&2; exit 1; }; \
+	$(call apt_install,chromium chromium-driver,chromium and chromium-driver); \
 	[ -x "$(CHROMIUM)" ] && [ -x "$(CHROMEDRIVER)" ] || { echo "$$need" >&2; exit 1; }
 
 ## axe-core for the accessibility checks of the browser tests (tests/browser/axe.py): npm's package,
@@ -92,12 +101,9 @@ AXE_DIR := $(VENV)/axe
 $(AXE_DIR)/.installed-$(AXE_VERSION): | $(BIN)/python
 	@if ! command -v npm >/dev/null 2>&1; then \
 		need="The accessibility tests need npm to install axe-core: install Debian's package with 'apt-get install -y npm' (as root), then run make test again."; \
-		if [ "$$(id -u)" = 0 ]; then sudo=""; \
-		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-		else echo "$$need" >&2; exit 1; fi; \
+		$(NEED_SUDO); \
 		echo "Installing npm for the accessibility tests..."; \
-		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q npm >/dev/null \
-			|| { echo "Installing npm failed. $$need" >&2; exit 1; }; \
+		$(call apt_install,npm,npm); \
 	fi
 	rm -rf $(AXE_DIR) && mkdir -p $(AXE_DIR)
 	npm install --prefix $(AXE_DIR) --no-save --no-package-lock --no-audit --no-fund --silent axe-core@$(AXE_VERSION)
@@ -113,41 +119,42 @@ BWRAP ?= /usr/bin/bwrap
 SLIRP4NETNS ?= /usr/bin/slirp4netns
 NFT ?= /usr/sbin/nft
 sandbox: install
-	@if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else sudo="none"; fi; \
+	@$(CHOOSE_SUDO); \
 	need="Sandboxed runs need bubblewrap, slirp4netns, nftables and the run users: as root, run 'apt-get install -y bubblewrap slirp4netns nftables iproute2' and '$(BIN)/python manage.py tms_sandbox_setup', then make test again."; \
 	if [ ! -x "$(BWRAP)" ] || [ ! -x "$(SLIRP4NETNS)" ] || [ ! -x "$(NFT)" ] || ! command -v ip >/dev/null 2>&1; then \
 		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
 		echo "Installing bubblewrap, slirp4netns, nftables and iproute2 for sandboxed subprocess runs..."; \
-		$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q bubblewrap slirp4netns nftables iproute2 >/dev/null \
-			|| { echo "Installing the sandbox's packages failed. $$need" >&2; exit 1; }; \
+		$(call apt_install,bubblewrap slirp4netns nftables iproute2,the sandbox's packages); \
 	fi; \
 	if ! $(BIN)/python manage.py tms_sandbox_setup --check >/dev/null 2>&1; then \
 		[ "$$sudo" != none ] || { echo "$$need" >&2; exit 1; }; \
 		$$sudo $(BIN)/python manage.py tms_sandbox_setup || { echo "$$need" >&2; exit 1; }; \
 	fi
 
+## A Debian package a test needs, installed as root (or with sudo) when its binary $(1) is
+## missing, its own service stopped and disabled (the tests start private ones); otherwise stop
+## and say what to install. $(2): the package; $(3): who needs it (`The X tests need`); $(4): the
+## same for the progress line (`the X tests`).
+define debian_package
+	@if [ -x "$(1)" ]; then exit 0; fi; \
+	need="$(3) Debian's $(2): install it with 'apt-get install -y $(2)' (as root), then run make test again."; \
+	$(NEED_SUDO); \
+	echo "Installing $(2) for $(4)..."; \
+	$(call apt_install,$(2),$(2)); \
+	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now $(2) >/dev/null 2>&1 || true; \
+	else \
+		$$sudo service $(2) stop >/dev/null 2>&1 || true; \
+	fi; \
+	[ -x "$(1)" ] || { echo "$$need" >&2; exit 1; }
+endef
+
 ## PgBouncer for the tests of TMS behind a transaction-pooling pooler (tests/ha/test_pgbouncer.py,
-## tooling/harness/pgbouncer.py, which starts a private one on a free port): Debian's package,
-## installed as root (or with sudo) when missing; otherwise stop and say what to install. The
-## package's own service (port 6432) is stopped and disabled: the tests never use it.
+## tooling/harness/pgbouncer.py, which starts a private one on a free port): Debian's package, as
+## debian_package does it (the package's own service, on port 6432, is stopped and disabled).
 PGBOUNCER_BIN ?= /usr/sbin/pgbouncer
 pgbouncer:
-	@if [ -x "$(PGBOUNCER_BIN)" ]; then exit 0; fi; \
-	need="The PgBouncer tests need Debian's pgbouncer: install it with 'apt-get install -y pgbouncer' (as root), then run make test again."; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else echo "$$need" >&2; exit 1; fi; \
-	echo "Installing pgbouncer for the PgBouncer tests..."; \
-	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q pgbouncer >/dev/null \
-		|| { echo "Installing pgbouncer failed. $$need" >&2; exit 1; }; \
-	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
-		$$sudo systemctl disable --now pgbouncer >/dev/null 2>&1 || true; \
-	else \
-		$$sudo service pgbouncer stop >/dev/null 2>&1 || true; \
-	fi; \
-	[ -x "$(PGBOUNCER_BIN)" ] || { echo "$$need" >&2; exit 1; }
+	$(call debian_package,$(PGBOUNCER_BIN),pgbouncer,The PgBouncer tests need,the PgBouncer tests)
 
 ## Prometheus and promtool for the metrics checks (tests/ops/test_prometheus.py), from Debian's
 ## package `prometheus` at a pinned version, unpacked into $(PROMETHEUS_DIR), not installed: installing
@@ -160,9 +167,7 @@ prometheus:
 	if [ -x "$(PROMETHEUS_DIR)/usr/bin/prometheus" ] && [ -x "$(PROMETHEUS_DIR)/usr/bin/promtool" ] \
 		&& [ "$$(cat $$stamp 2>/dev/null)" = "$(PROMETHEUS_VERSION)" ]; then exit 0; fi; \
 	need="The metrics checks need Debian's prometheus package $(PROMETHEUS_VERSION) (prometheus and promtool): as root, run 'apt-get update', then make test again."; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else sudo="none"; fi; \
+	$(CHOOSE_SUDO); \
 	echo "Unpacking Debian's prometheus $(PROMETHEUS_VERSION) into $(PROMETHEUS_DIR) for the metrics checks..."; \
 	rm -rf "$(PROMETHEUS_DIR)" && mkdir -p "$(PROMETHEUS_DIR)/deb" && cd "$(PROMETHEUS_DIR)/deb" || exit 1; \
 	if ! apt-get download -q "prometheus=$(PROMETHEUS_VERSION)" >/dev/null 2>&1; then \
@@ -198,12 +203,9 @@ ETCD ?= /usr/bin/etcd
 patroni:
 	@if [ -x "$(PATRONI)" ] && [ -x "$(ETCD)" ]; then exit 0; fi; \
 	need="The PostgreSQL failover tests need Patroni and etcd: install Debian's packages with 'apt-get install -y patroni etcd-server etcd-client' (as root), stop the etcd service it starts ('service etcd stop'), then run make test again."; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else echo "$$need" >&2; exit 1; fi; \
+	$(NEED_SUDO); \
 	echo "Installing patroni, etcd-server and etcd-client for the PostgreSQL failover tests..."; \
-	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q patroni etcd-server etcd-client >/dev/null \
-		|| { echo "Installing patroni and etcd failed. $$need" >&2; exit 1; }; \
+	$(call apt_install,patroni etcd-server etcd-client,patroni and etcd); \
 	$$sudo service etcd stop >/dev/null 2>&1 || true; \
 	if command -v systemctl >/dev/null 2>&1; then $$sudo systemctl disable --now etcd patroni >/dev/null 2>&1 || true; fi; \
 	[ -x "$(PATRONI)" ] && [ -x "$(ETCD)" ] || { echo "$$need" >&2; exit 1; }
@@ -216,24 +218,10 @@ ha-db: install patroni
 
 ## HAProxy for the PostgreSQL failover test through one address (tests/ha/test_haproxy_failover.py,
 ## tooling/harness/haproxy.py, which runs docker/haproxy/haproxy.cfg on free ports): Debian's
-## package, installed as root (or with sudo) when missing; otherwise stop and say what to install.
-## The package's own service (/etc/haproxy) is stopped and disabled: the tests never use it.
+## package, as debian_package does it (the package's own service, /etc/haproxy, is stopped and disabled).
 HAPROXY ?= /usr/sbin/haproxy
 haproxy:
-	@if [ -x "$(HAPROXY)" ]; then exit 0; fi; \
-	need="The HAProxy failover test needs Debian's haproxy: install it with 'apt-get install -y haproxy' (as root), then run make test again."; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; \
-	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"; \
-	else echo "$$need" >&2; exit 1; fi; \
-	echo "Installing haproxy for the HAProxy failover test..."; \
-	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q haproxy >/dev/null \
-		|| { echo "Installing haproxy failed. $$need" >&2; exit 1; }; \
-	if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then \
-		$$sudo systemctl disable --now haproxy >/dev/null 2>&1 || true; \
-	else \
-		$$sudo service haproxy stop >/dev/null 2>&1 || true; \
-	fi; \
-	[ -x "$(HAPROXY)" ] || { echo "$$need" >&2; exit 1; }
+	$(call debian_package,$(HAPROXY),haproxy,The HAProxy failover test needs,the HAProxy failover test)
 
 ## The private Patroni pair of ha-db with HAProxy in front of it (docker/haproxy/haproxy.cfg on a
 ## free port): prints the single-host DATABASE_URL, takes kill / switchover / status / quit.

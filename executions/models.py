@@ -423,6 +423,11 @@ OUTCOME_COLUMNS = {"SUCCEEDED": "succeeded", "FAILED": "failed", "CANCELLED": "c
 #: ``*_max``. A percentile read off the buckets is clamped to them (executions.histogram.percentile).
 MIN_COLUMNS = ("lateness_min", "duration_min")
 MAX_COLUMNS = ("lateness_max", "duration_max")
+#: Every counter column of :class:`RunRollup`, in a fixed order.
+COUNTER_COLUMNS: tuple[str, ...] = (*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS)
+#: Every column of :class:`RunRollup` that rows are merged by: the counters (added), then the
+#: extremes (the smallest of the ``*_min``, the largest of the ``*_max``).
+MERGED_COLUMNS: tuple[str, ...] = (*COUNTER_COLUMNS, *MIN_COLUMNS, *MAX_COLUMNS)
 
 
 class RunRollup(models.Model):

@@ -24,10 +24,10 @@ from django.db import connection, transaction
 
 from executions.histogram import BUCKETS, EDGES, Extremes, widen
 from executions.models import (
+    COUNTER_COLUMNS,
     DURATION_COLUMNS,
     LATENESS_COLUMNS,
-    MAX_COLUMNS,
-    MIN_COLUMNS,
+    MERGED_COLUMNS,
     OUTCOME_COLUMNS,
     ROLLUP_SHARDS,
     Execution,
@@ -35,31 +35,10 @@ from executions.models import (
     RunRollup,
     TaskRollup,
 )
-from executions.triggers import extreme
+from executions.triggers import merged_aggregates, merged_set
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tms_core.conf import tms_settings
-
-#: Every counter column of RunRollup, in a fixed order.
-COUNTER_COLUMNS: tuple[str, ...] = (*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS)
-#: Every column of RunRollup that rows are merged by: the counters (added), then the extremes
-#: (the smallest of the ``*_min``, the largest of the ``*_max``).
-MERGED_COLUMNS: tuple[str, ...] = (*COUNTER_COLUMNS, *MIN_COLUMNS, *MAX_COLUMNS)
-
-
-def _merged_aggregates() -> str:
-    """The aggregates of :data:`MERGED_COLUMNS` over rows merged into one, in that order."""
-    return ", ".join(
-        [f"SUM({c})" for c in COUNTER_COLUMNS] + [f"MIN({c})" for c in MIN_COLUMNS] + [f"MAX({c})" for c in MAX_COLUMNS]
-    )
-
-
-def _merged_set(table: str) -> str:
-    """An upsert's SET merging the new values of :data:`MERGED_COLUMNS` into ``table``'s row."""
-    added = [f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS]
-    widened = [f"{c} = {extreme('min', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MIN_COLUMNS]
-    widened += [f"{c} = {extreme('max', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MAX_COLUMNS]
-    return ", ".join(added + widened)
 
 
 def floor_minute(when: datetime) -> datetime:
@@ -300,7 +279,7 @@ def _settled_hours(since: datetime, before: datetime, teams: Teams | None) -> di
     result: dict[datetime, RollupSeries] = {}
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT minute, runner, {_merged_aggregates()} FROM {table} WHERE {where} GROUP BY minute, runner",  # noqa: S608
+            f"SELECT minute, runner, {merged_aggregates()} FROM {table} WHERE {where} GROUP BY minute, runner",  # noqa: S608
             params,
         )
         for row in cursor.fetchall():
@@ -374,8 +353,8 @@ def _fold(cursor: Any, *, picked: str, minute: str, group_by: str, params: list[
     cursor.execute(
         f"WITH folded AS (DELETE FROM {table} WHERE {picked} RETURNING *), "  # noqa: S608 - names are ours
         f"merged AS (INSERT INTO {table} (minute, team_id, runner, shard, {columns}) "
-        f"SELECT {minute}, team_id, runner, 0, {_merged_aggregates()} FROM folded WHERE true GROUP BY {group_by} "
-        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {_merged_set(table)}) "
+        f"SELECT {minute}, team_id, runner, 0, {merged_aggregates()} FROM folded WHERE true GROUP BY {group_by} "
+        f"ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {merged_set(table)}) "
         "SELECT count(*) FROM folded",
         params,
     )

@@ -35,9 +35,11 @@ from dataclasses import dataclass
 
 from executions.histogram import EDGES
 from executions.models import (
+    COUNTER_COLUMNS,
     DURATION_COLUMNS,
     LATENESS_COLUMNS,
     MAX_COLUMNS,
+    MERGED_COLUMNS,
     MIN_COLUMNS,
     OUTCOME_COLUMNS,
     ROLLUP_SHARDS,
@@ -123,13 +125,20 @@ def _add_on_conflict(table: str, columns: Iterable[str]) -> str:
     return ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in columns)
 
 
-def _widen_on_conflict(table: str) -> str:
-    """The upsert's SET of the extremes columns: the row's and the new values' smallest and largest."""
+def merged_aggregates() -> str:
+    """The aggregates of ``MERGED_COLUMNS`` over rows merged into one, in that order."""
     return ", ".join(
-        f"{c} = {extreme(function, f'{table}.{c}', f'EXCLUDED.{c}')}"
-        for function, columns in (("min", MIN_COLUMNS), ("max", MAX_COLUMNS))
-        for c in columns
+        [f"SUM({c})" for c in COUNTER_COLUMNS] + [f"MIN({c})" for c in MIN_COLUMNS] + [f"MAX({c})" for c in MAX_COLUMNS]
     )
+
+
+def merged_set(table: str) -> str:
+    """An upsert's SET merging the new values of ``MERGED_COLUMNS`` into ``table``'s row: the
+    counters added, the extremes widened (the smallest of the ``*_min``, the largest of the ``*_max``)."""
+    added = [f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS]
+    widened = [f"{c} = {extreme('min', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MIN_COLUMNS]
+    widened += [f"{c} = {extreme('max', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MAX_COLUMNS]
+    return ", ".join(added + widened)
 
 
 def _rollup() -> list[str]:
@@ -173,20 +182,17 @@ def _rollup() -> list[str]:
         counters += [f"sum({flag(f'r.{variable} = {i}')})" for i in range(len(columns))]
     # The extremes, in MIN_COLUMNS then MAX_COLUMNS order (lateness, duration).
     runs, tasks, task = RunRollup._meta.db_table, TaskRollup._meta.db_table, Task._meta.db_table
-    added = [*OUTCOME_COLUMNS.values(), *LATENESS_COLUMNS, *DURATION_COLUMNS]
     counters += ["min(r.late_s)", "min(r.took_s)", "max(r.late_s)", "max(r.took_s)"]
-    targets = [*added, *MIN_COLUMNS, *MAX_COLUMNS]
     shard = f"(txid_current() % {ROLLUP_SHARDS})::smallint"
     failed = among("r.outcome", (S.FAILED, "RETRIED"))
     # The team is the execution's own column (its task's, copied when it was made or moved): no
     # lookup per row; the runner is the task's. Each upsert in its key's order (see the module's
     # docstring).
     return [
-        f"INSERT INTO {runs} (minute, team_id, runner, shard, {', '.join(targets)})"  # noqa: S608 - our names
+        f"INSERT INTO {runs} (minute, team_id, runner, shard, {', '.join(MERGED_COLUMNS)})"  # noqa: S608 - our names
         f" SELECT {truncate('minute', 'r.ended')}, r.team_id, t.runner, {shard}, {', '.join(counters)}"
         f" FROM {rows} JOIN {task} t ON t.id = r.task_id GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
-        f" ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {_add_on_conflict(runs, added)},"
-        f" {_widen_on_conflict(runs)}",
+        f" ON CONFLICT (minute, team_id, runner, shard) DO UPDATE SET {merged_set(runs)}",
         f"INSERT INTO {tasks} (hour, task_id, team_id, shard, attempts, failures)"  # noqa: S608 - our names
         f" SELECT {truncate('hour', 'r.ended')}, r.task_id, r.team_id, {shard}, count(*), sum({flag(failed)})"
         f" FROM {rows} GROUP BY 1, 2, 3, 4 ORDER BY 2, 1, 4"

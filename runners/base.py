@@ -481,6 +481,20 @@ def validate_headers(
     return headers
 
 
+def arguments_field(**options: Any) -> serializers.ListField:
+    """A task's arguments to a process (argv after the command): strings taken as they are, blank
+    ones and surrounding white space kept."""
+    return serializers.ListField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), **options)
+
+
+def environment_field(**options: Any) -> serializers.DictField:
+    """A task's environment variables for a process, empty by default: values taken as they are,
+    blank ones and surrounding white space kept (the runner checks the names)."""
+    return serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), default=dict, **options
+    )
+
+
 def validate_json_size(value: Any, limit: int) -> Any:
     """Refuse a JSON document larger than ``limit`` bytes once encoded."""
     if len(json.dumps(value).encode()) > limit:

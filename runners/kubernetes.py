@@ -34,7 +34,7 @@ import urllib3
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
-from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec
+from runners.base import BaseRunner, RunHandle, RunnerError, RunResult, RunSpec, arguments_field, environment_field
 from runners.transport import status_is_retryable
 from tms_core.lazy import LazyModule
 
@@ -96,16 +96,8 @@ class KubernetesConfigSerializer(serializers.Serializer):
     command = serializers.ListField(
         child=serializers.CharField(trim_whitespace=False), required=False, help_text="Entrypoint override (argv)."
     )
-    args = serializers.ListField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
-        required=False,
-        help_text="Arguments to the entrypoint.",
-    )
-    env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
-        default=dict,
-        help_text="Environment variables of the container.",
-    )
+    args = arguments_field(required=False, help_text="Arguments to the entrypoint.")
+    env = environment_field(help_text="Environment variables of the container.")
     namespace = serializers.CharField(required=False, max_length=63, help_text="Defaults to the runner's namespace.")
     resources = serializers.DictField(
         required=False, help_text='{"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {...}}'

@@ -49,7 +49,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, TypeGuard
+from typing import Any, TypedDict, TypeGuard, Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -408,36 +408,36 @@ def workflow_span_id(workflow_run: int) -> int:
     return derived_span_id("workflow", workflow_run)
 
 
-def run_trace(
-    execution_id: int,
-    *,
-    traceparent: str = "",
-    tracestate: str = "",
-    workflow_run: int | None = None,
-    workflow_traceparent: str = "",
-    workflow_tracestate: str = "",
-) -> RunTrace | None:
-    """A run's trace ids (None when tracing is off). ``traceparent`` (``tracestate``): the ones
-    stored when it was created; a workflow step (``workflow_run`` not its own id) is in its
-    workflow run's trace (the first run's ``workflow_traceparent``), its root a child of the
-    workflow run's span. Computed once per process for the same arguments (a small cache)."""
-    if not ON:
-        return None
-    return _run_ids(execution_id, traceparent, tracestate, workflow_run, workflow_traceparent, workflow_tracestate)
+class TraceSource(TypedDict, total=False):
+    """What a run's trace ids are worked out from: ``traceparent`` (``tracestate``), the ones
+    stored when it was created; a workflow step's ``workflow_run`` (not its own id) and that
+    run's first ``workflow_traceparent`` (``workflow_tracestate``). Each defaults to empty."""
+
+    traceparent: str
+    tracestate: str
+    workflow_run: int | None
+    workflow_traceparent: str
+    workflow_tracestate: str
 
 
-def run_ids(
-    execution_id: int,
-    *,
-    traceparent: str = "",
-    tracestate: str = "",
-    workflow_run: int | None = None,
-    workflow_traceparent: str = "",
-    workflow_tracestate: str = "",
-) -> RunTrace:
-    """:func:`run_trace` whether or not tracing is on in this process (the back office's link to
-    a run's trace); ``sampled`` is then only known for a run created under a traced request."""
-    return _run_ids(execution_id, traceparent, tracestate, workflow_run, workflow_traceparent, workflow_tracestate)
+def run_trace(execution_id: int, **source: Unpack[TraceSource]) -> RunTrace | None:
+    """A run's trace ids (None when tracing is off): :func:`run_ids` in a process that traces."""
+    return run_ids(execution_id, **source) if ON else None
+
+
+def run_ids(execution_id: int, **source: Unpack[TraceSource]) -> RunTrace:
+    """A run's trace ids whether or not tracing is on in this process (the back office's link to
+    a run's trace; ``sampled`` is then only known for a run created under a traced request). A
+    workflow step is in its workflow run's trace, its root a child of the workflow run's span.
+    Computed once per process for the same arguments (a small cache)."""
+    return _run_ids(
+        execution_id,
+        source.get("traceparent", ""),
+        source.get("tracestate", ""),
+        source.get("workflow_run"),
+        source.get("workflow_traceparent", ""),
+        source.get("workflow_tracestate", ""),
+    )
 
 
 @functools.lru_cache(maxsize=4096)

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework import serializers
 
 from runners import supervisor
-from runners.base import MAX_OUTPUT_BYTES_LIMIT, RunSpec
+from runners.base import MAX_OUTPUT_BYTES_LIMIT, RunSpec, arguments_field, environment_field
 
 #: Environment variables the runner sets itself (a task may not override them).
 _RESERVED_ENV_PREFIX = "TMS_"
@@ -62,24 +62,18 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: (bwrap mode). Their defaults, which are also what a task may ask for at most unless the
 #: operator's ``max_limits`` says more, and the ceilings of what an operator may set.
 LIMIT_NAMES = (*supervisor.RLIMITS, "disk_bytes", "tmp_bytes")
-DEFAULT_LIMITS = {
-    "cpu_seconds": 3600,
-    "memory_bytes": 2 * 1024**3,
-    "file_bytes": 64 * 1024**2,
-    "processes": 64,
-    "open_files": 1024,
-    "disk_bytes": 256 * 1024**2,
-    "tmp_bytes": 64 * 1024**2,
+#: (default, ceiling) of each limit.
+_LIMITS: dict[str, tuple[int, int]] = {
+    "cpu_seconds": (3600, 86400),
+    "memory_bytes": (2 * 1024**3, 16 * 1024**3),
+    "file_bytes": (64 * 1024**2, 4 * 1024**3),
+    "processes": (64, 1024),
+    "open_files": (1024, 65536),
+    "disk_bytes": (256 * 1024**2, 64 * 1024**3),
+    "tmp_bytes": (64 * 1024**2, 4 * 1024**3),
 }
-LIMIT_CEILINGS = {
-    "cpu_seconds": 86400,
-    "memory_bytes": 16 * 1024**3,
-    "file_bytes": 4 * 1024**3,
-    "processes": 1024,
-    "open_files": 65536,
-    "disk_bytes": 64 * 1024**3,
-    "tmp_bytes": 4 * 1024**3,
-}
+DEFAULT_LIMITS = {name: default for name, (default, _) in _LIMITS.items()}
+LIMIT_CEILINGS = {name: ceiling for name, (_, ceiling) in _LIMITS.items()}
 
 
 class SubprocessConfigSerializer(serializers.Serializer):
@@ -92,16 +86,8 @@ class SubprocessConfigSerializer(serializers.Serializer):
     artifact = serializers.BooleanField(
         default=False, help_text="Run the task's uploaded artifact (binary or script) instead of a command."
     )
-    args = serializers.ListField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
-        default=list,
-        help_text="Arguments appended to the command (or passed to the artifact).",
-    )
-    env = serializers.DictField(
-        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
-        default=dict,
-        help_text="Extra environment variables, on top of a scrubbed base environment.",
-    )
+    args = arguments_field(default=list, help_text="Arguments appended to the command (or passed to the artifact).")
+    env = environment_field(help_text="Extra environment variables, on top of a scrubbed base environment.")
     cwd = serializers.CharField(
         required=False,
         help_text="Working directory, relative to the attempt's own work folder (created if missing).",

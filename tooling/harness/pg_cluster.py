@@ -36,11 +36,20 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tooling.harness.servers import Started, command_loop, free_ports, kill_session, listening, run_tool, wait_listening
+from tooling.harness.servers import (
+    ClusterNode,
+    Started,
+    command_loop,
+    free_ports,
+    kill_session,
+    listening,
+    run_tool,
+    wait_listening,
+)
 
 PG_BIN = Path(os.environ.get("TMS_HA_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: The DCS timings (see the module's docstring).
@@ -51,13 +60,9 @@ DATABASE = "tms"
 
 
 @dataclass
-class PgNode:
-    index: int
-    name: str
-    port: int
-    rest_port: int
-    base: Path
-    popen: subprocess.Popen[bytes] | None = None
+class PgNode(ClusterNode):
+    #: Patroni's REST API.
+    rest_port: int = field(kw_only=True)
 
     @property
     def data_dir(self) -> Path:
@@ -66,10 +71,6 @@ class PgNode:
     @property
     def config(self) -> Path:
         return self.base / "patroni.yml"
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
 
     def dsn(self, dbname: str = DATABASE) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname} connect_timeout=3"
@@ -98,8 +99,8 @@ class PgCluster(Started):
         self.scope = scope or f"tmsha{os.getpid()}"
         pg1, pg2, rest1, rest2, self.etcd_port, self.etcd_peer_port = ports or free_ports(6)
         self.nodes = [
-            PgNode(0, f"{self.scope}-1", pg1, rest1, self.root / "node1"),
-            PgNode(1, f"{self.scope}-2", pg2, rest2, self.root / "node2"),
+            PgNode(0, f"{self.scope}-1", pg1, self.root / "node1", rest_port=rest1),
+            PgNode(1, f"{self.scope}-2", pg2, self.root / "node2", rest_port=rest2),
         ]
         self.etcd: subprocess.Popen[bytes] | None = None
         self._user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None

@@ -29,10 +29,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tooling.harness.servers import Started, command_loop, kill_session, listening, run_tool
+from tooling.harness.servers import ClusterNode, Started, command_loop, kill_session, listening, run_tool
 
 RABBITMQ_BIN = Path(os.environ.get("TMS_HA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 #: AMQP ports of the nodes, and their Erlang distribution ports.
@@ -45,21 +45,13 @@ BOOT_TIMEOUT = 90.0
 
 
 @dataclass
-class Node:
-    index: int
-    name: str
-    port: int
-    dist_port: int
-    base: Path
-    popen: subprocess.Popen[bytes] | None = None
+class Node(ClusterNode):
+    #: Erlang distribution (the nodes' links to each other).
+    dist_port: int = field(kw_only=True)
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
 
 
 class RabbitCluster(Started):
@@ -80,7 +72,8 @@ class RabbitCluster(Started):
         self.root = root or Path(tempfile.mkdtemp(prefix="tms-ha-rabbit-", dir="/tmp"))
         self._own_root = root is None
         self.nodes = [
-            Node(i, f"{prefix}{i + 1}@localhost", ports[i], dist_ports[i], self.root / f"node{i + 1}") for i in range(3)
+            Node(i, f"{prefix}{i + 1}@localhost", ports[i], self.root / f"node{i + 1}", dist_port=dist_ports[i])
+            for i in range(3)
         ]
         self.home = self.root / "home"
 

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
@@ -104,6 +105,23 @@ class Started:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class ClusterNode:
+    """One node of a private cluster (the Patroni pair's, the RabbitMQ cluster's): its index, its
+    name, the port clients reach it on, its folder and, while it was started, its process. A
+    node type adds its other ports as keyword-only fields."""
+
+    index: int
+    name: str
+    port: int
+    base: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
 
 
 class ForegroundServer(Started):

@@ -57,6 +57,31 @@ def prepare_database() -> None:
         admin.close()
 
 
+#: The sizes of the scenarios' runs: each option a positive whole number, by default the
+#: :class:`BenchConfig` field of its name; (option, help).
+_SCENARIO_SIZES: tuple[tuple[str, str | None], ...] = (
+    ("--herd-tasks", "herd size"),
+    ("--restore-tasks", "restore size: tasks that appear all due at once, not materialised"),
+    ("--workflow-runs", "workflows: workflow runs of chained noop steps (beside as many independent runs as steps)"),
+    ("--workflow-steps", "workflows: steps per run"),
+    (
+        "--workflow-map-runs",
+        "workflows: workflow runs that map items and join them (beside as many independent runs as items)",
+    ),
+    ("--workflow-map-items", "workflows: items each map-and-join workflow run maps"),
+    ("--herd-concurrency", "processes per herd worker"),
+    ("--monitors", "herd monitors"),
+    ("--scale-executions", None),
+    ("--scale-tasks", None),
+    ("--create-requests", None),
+    ("--bulk-tasks", None),
+    ("--dashboard-renders", "per user"),
+    ("--list-requests", "per list path (lists)"),
+    ("--fair-herd", "owner A's runs (fairness)"),
+    ("--fair-few", "owner B's runs (fairness)"),
+)
+
+
 class Command(BaseCommand):
     help = (
         "Benchmark the platform on the configured PostgreSQL and RabbitMQ with real monitor and worker "
@@ -103,66 +128,18 @@ class Command(BaseCommand):
 
     def _add_scenario_sizes(self, parser: CommandParser, defaults: BenchConfig) -> None:
         """The size and shape of the herd, restore, workflows, scale, create, dashboard, lists and fairness runs."""
-        parser.add_argument("--herd-tasks", type=positive(int), default=defaults.herd_tasks, help="herd size")
-        parser.add_argument(
-            "--restore-tasks",
-            type=positive(int),
-            default=defaults.restore_tasks,
-            help="restore size: tasks that appear all due at once, not materialised",
-        )
-        parser.add_argument(
-            "--workflow-runs",
-            type=positive(int),
-            default=defaults.workflow_runs,
-            help="workflows: workflow runs of chained noop steps (beside as many independent runs as steps)",
-        )
-        parser.add_argument(
-            "--workflow-steps", type=positive(int), default=defaults.workflow_steps, help="workflows: steps per run"
-        )
-        parser.add_argument(
-            "--workflow-map-runs",
-            type=positive(int),
-            default=defaults.workflow_map_runs,
-            help="workflows: workflow runs that map items and join them (beside as many independent runs as items)",
-        )
-        parser.add_argument(
-            "--workflow-map-items",
-            type=positive(int),
-            default=defaults.workflow_map_items,
-            help="workflows: items each map-and-join workflow run maps",
-        )
-        parser.add_argument(
-            "--herd-concurrency",
-            type=positive(int),
-            default=defaults.herd_concurrency,
-            help="processes per herd worker",
-        )
-        parser.add_argument("--monitors", type=positive(int), default=defaults.monitors, help="herd monitors")
+        for option, help_text in _SCENARIO_SIZES:
+            default = getattr(defaults, option.removeprefix("--").replace("-", "_"))
+            parser.add_argument(option, type=positive(int), default=default, help=help_text)
+
+    def _add_run_switches(self, parser: CommandParser) -> None:
+        """What a run keeps, adds or sets up: the herd's due time, the history, a run with limits, the database."""
         parser.add_argument(
             "--herd-soon",
             action="store_true",
             help="herd due as soon as it is materialised, on every-minute interval tasks, instead of on the next "
             "minute boundary (a smoke run: up to a minute less waiting)",
         )
-        parser.add_argument("--scale-executions", type=positive(int), default=defaults.scale_executions)
-        parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
-        parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
-        parser.add_argument("--bulk-tasks", type=positive(int), default=defaults.bulk_tasks)
-        parser.add_argument(
-            "--dashboard-renders", type=positive(int), default=defaults.dashboard_renders, help="per user"
-        )
-        parser.add_argument(
-            "--list-requests", type=positive(int), default=defaults.list_requests, help="per list path (lists)"
-        )
-        parser.add_argument(
-            "--fair-herd", type=positive(int), default=defaults.fair_herd, help="owner A's runs (fairness)"
-        )
-        parser.add_argument(
-            "--fair-few", type=positive(int), default=defaults.fair_few, help="owner B's runs (fairness)"
-        )
-
-    def _add_run_switches(self, parser: CommandParser) -> None:
-        """What a run keeps, adds or sets up: the history, a run with limits, the database."""
         parser.add_argument(
             "--keep-history",
             action="store_true",
