@@ -12,6 +12,8 @@ from django.db import connection
 
 from tms_core.clock import db_now
 from tooling.harness.bench import (
+    DEFAULT_SCENARIOS,
+    ON_REQUEST,
     SCENARIOS,
     THROUGH,
     THROUGH_SCENARIOS,
@@ -65,7 +67,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = BenchConfig()
-        parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
+        parser.add_argument(
+            "--scenario",
+            action="append",
+            choices=[*SCENARIOS, "all"],
+            help=f"repeatable; default all, which is every scenario but {', '.join(ON_REQUEST)} (run only when named)",
+        )
         # In this order, which is the order --help lists them in.
         self._add_load_arguments(parser, defaults)
         self._add_scenario_sizes(parser, defaults)
@@ -137,8 +144,19 @@ class Command(BaseCommand):
             help="herd due as soon as it is materialised, on every-minute interval tasks, instead of on the next "
             "minute boundary (a smoke run: up to a minute less waiting)",
         )
-        parser.add_argument("--scale-executions", type=positive(int), default=defaults.scale_executions)
-        parser.add_argument("--scale-tasks", type=positive(int), default=defaults.scale_tasks)
+        parser.add_argument(
+            "--scale-executions",
+            type=positive(int),
+            default=defaults.scale_executions,
+            help="sustained_filled, dashboard, pages, lists, prune: executions in the tables",
+        )
+        parser.add_argument(
+            "--scale-tasks",
+            type=positive(int),
+            default=defaults.scale_tasks,
+            help="sustained_filled, dashboard, pages, lists, prune: tasks in the tables",
+        )
+        self._add_curve_arguments(parser, defaults)
         parser.add_argument("--create-requests", type=positive(int), default=defaults.create_requests)
         parser.add_argument("--bulk-tasks", type=positive(int), default=defaults.bulk_tasks)
         parser.add_argument(
@@ -152,6 +170,42 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--fair-few", type=positive(int), default=defaults.fair_few, help="owner B's runs (fairness)"
+        )
+
+    def _add_curve_arguments(self, parser: CommandParser, defaults: BenchConfig) -> None:
+        """The scale scenario: the cost curve's sizes, its window, its requests and its plot."""
+        parser.add_argument(
+            "--scale-size",
+            type=positive(int),
+            action="append",
+            default=None,
+            help="scale: repeatable, a number of tasks on the curve (default "
+            + ", ".join(f"{size:,}" for size in defaults.scale_sizes)
+            + ")",
+        )
+        parser.add_argument(
+            "--scale-every-minute",
+            type=positive(int),
+            default=defaults.scale_every_minute,
+            help="scale: the every-minute tasks among them (all of a smaller size)",
+        )
+        parser.add_argument(
+            "--scale-minutes",
+            type=positive(int),
+            default=defaults.scale_minutes,
+            help="scale: whole minutes of every-minute runs measured at each size",
+        )
+        parser.add_argument(
+            "--scale-requests",
+            type=positive(int),
+            default=defaults.scale_requests,
+            help="scale: requests timed per path (the API's and the back office's task lists) at each size",
+        )
+        parser.add_argument(
+            "--scale-plot",
+            type=Path,
+            default=defaults.scale_plot,
+            help="scale: where the curve's PNG goes (matplotlib; docs/bench-scale.png for the documentation)",
         )
 
     def _add_run_switches(self, parser: CommandParser) -> None:
@@ -213,7 +267,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         _stop_on_sigterm()
         chosen = options["scenario"] or ["all"]
-        scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
+        scenarios = tuple(s for s in SCENARIOS if s in chosen or ("all" in chosen and s in DEFAULT_SCENARIOS))
         through = tuple(dict.fromkeys(options["through"] or ()))
         self._check_options(options, scenarios, through)
         recorded, about = self._load_recorded(options["compare"])
@@ -282,6 +336,11 @@ class Command(BaseCommand):
             herd_soon=options["herd_soon"],
             scale_executions=options["scale_executions"],
             scale_tasks=options["scale_tasks"],
+            scale_sizes=tuple(options["scale_size"] or BenchConfig.scale_sizes),
+            scale_every_minute=options["scale_every_minute"],
+            scale_minutes=options["scale_minutes"],
+            scale_requests=options["scale_requests"],
+            scale_plot=options["scale_plot"],
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
             dashboard_renders=options["dashboard_renders"],
