@@ -261,3 +261,14 @@ def test_the_scale_curve_runs_only_when_named():
     assert "scale" in SCENARIOS and "scale" not in DEFAULT_SCENARIOS
     assert "sustained_filled" in DEFAULT_SCENARIOS
     assert BenchConfig().scenarios == DEFAULT_SCENARIOS
+
+
+def test_a_curve_run_a_size_at_a_time_takes_the_earlier_sizes_from_their_json(tmp_path):
+    from tooling.harness.scale_curve import earlier_points
+
+    earlier = tmp_path / "small.json"
+    row = {"scenario": "scale", "extra": {"points": [_point(10_000, 20.0, 0.3), _point(100_000, 21.0, 0.3)]}}
+    earlier.write_text(json.dumps({"when": "2026-12-07T12:00:00+00:00", "results": [row]}))
+    found = earlier_points((earlier,), besides=[100_000])  # 100,000 measured again now: this run's
+    assert [point["size"] for point in found] == [10_000]
+    assert found[0]["from"].startswith(str(earlier))

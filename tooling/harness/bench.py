@@ -205,6 +205,9 @@ class BenchConfig:
     scale_minutes: int = 3
     scale_requests: int = 60
     scale_plot: Path | None = field(default_factory=lambda: ROOT / "var" / "bench" / "bench-scale.png")
+    #: Sizes measured by earlier runs of the scenario (their ``--json`` files), tabled, judged and
+    #: drawn with this run's: a curve can be run a size at a time on a shared machine.
+    scale_with: tuple[Path, ...] = ()
     create_requests: int = 300
     bulk_tasks: int = 20_000
     #: Dashboard renders timed (for each of a staff user and an owner).
@@ -761,7 +764,14 @@ class Bench:
         """Issue 50's cost curve (tooling/harness/scale_curve.py): for each of ``scale_sizes`` task
         counts, the every-minute runs' lateness, the materialiser's passes, CPU per run, bytes per
         row, resident memory and two list requests' p95; the plot to ``scale_plot``."""
-        from tooling.harness.scale_curve import CurveConfig, ScaleCurve, goal, staff_user, write_plot
+        from tooling.harness.scale_curve import (
+            CurveConfig,
+            ScaleCurve,
+            earlier_points,
+            goal,
+            staff_user,
+            write_plot,
+        )
 
         filler = get_user_model().objects.get_or_create(username=FILLER_USER)[0]
         owner_quota_set(owner=filler, max_tasks=0, max_executions_per_hour=0)
@@ -786,10 +796,16 @@ class Bench:
         )
         points = curve.run()
         figures = Figures("scale")
-        last = points[-1] if points else {}
+        earlier = earlier_points(config.scale_with, besides=[point["size"] for point in points])
+        if earlier:
+            figures.extra["earlier_runs"] = [str(path) for path in config.scale_with]
+        points = sorted([*earlier, *points], key=lambda point: point["size"])
+        last = points[-1] if points else {}  # the largest size
         runs = last.get("every_minute_runs", {})
         figures.executions = int(runs.get("started", 0))
         figures.lateness_ms = dict(runs.get("lateness_ms", {}))
+        figures.per_second = float(last.get("runs_per_second") or 0.0)  # every run's, in the window
+        figures.seconds = 60.0 * config.scale_minutes
         figures.extra["points"] = points
         figures.extra["goal"] = goal(points)
         if config.scale_plot is not None and points:

@@ -43,6 +43,7 @@ curve with matplotlib (Agg), one panel per kind of figure, the tasks on a logari
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -400,6 +401,21 @@ class ScaleCurve:
             "cpu_ms_per_run": per_run,
             "materialiser": _passes(materialiser.log()[opened[1] : closed[1]]),
         }
+
+
+def earlier_points(paths: tuple[Path, ...], *, besides: list[int]) -> list[dict[str, Any]]:
+    """The sizes measured in earlier runs' JSON files (``tms_bench --scenario scale --json``),
+    each marked with the run it came from; a size of ``besides`` (measured now) or met twice is
+    taken from the later source."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        for row in payload.get("results", []):
+            if row.get("scenario") != "scale":
+                continue
+            for point in row.get("extra", {}).get("points", []):
+                found[point["size"]] = {**point, "from": f"{path} ({payload.get('when', '?')})"}
+    return [point for size, point in found.items() if size not in besides]
 
 
 def _get(point: Mapping[str, Any], path: tuple[str, ...]) -> float | None:

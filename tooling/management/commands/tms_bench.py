@@ -208,6 +208,15 @@ class Command(BaseCommand):
             help="scale: where the curve's PNG goes (matplotlib; docs/bench-scale.png for the documentation)",
         )
 
+        parser.add_argument(
+            "--scale-with",
+            type=Path,
+            action="append",
+            default=None,
+            help="scale: repeatable, an earlier run's --json file whose sizes go into this run's table, goal and "
+            "plot (a curve run a size at a time)",
+        )
+
     def _add_run_switches(self, parser: CommandParser) -> None:
         """What a run keeps, adds or sets up: the history, a run with limits, the database."""
         parser.add_argument(
@@ -341,6 +350,7 @@ class Command(BaseCommand):
             scale_minutes=options["scale_minutes"],
             scale_requests=options["scale_requests"],
             scale_plot=options["scale_plot"],
+            scale_with=tuple(options["scale_with"] or ()),
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
             dashboard_renders=options["dashboard_renders"],
