@@ -143,7 +143,7 @@ def test_tms_bench_scale_draws_the_cost_curve_with_every_every_minute_run_once(t
     for point in points:
         runs = point["every_minute_runs"]
         assert runs["expected"] == runs["started"] == 20  # each task due once in the one-minute window
-        assert runs["lost"] == runs["duplicated"] == 0
+        assert runs["lost"] == runs["duplicated"] == runs["coalesced"] == runs["unfinished"] == 0
         assert {"p50", "p95", "p99", "max"} <= set(runs["lateness_ms"])
         assert point["runs_in_window"] >= 20
         assert point["materialiser"]["passes"] > 0 and "pass_ms" in point["materialiser"]

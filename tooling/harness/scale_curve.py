@@ -56,7 +56,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from executions.models import Execution, ExecutionEvent
+from executions.models import TERMINAL_STATUSES, Execution, ExecutionEvent
 from tasks_app.models import Task
 from tms_core.clock import db_now
 from tooling.harness.fill import insert_tasks
@@ -208,12 +208,16 @@ def time_requests(user: Any, paths: Mapping[str, str], times: int) -> dict[str, 
 
 
 def every_minute_account(*, owner_id: int, since: datetime, until: datetime, expected: int) -> dict[str, Any]:
-    """The bench user's runs due in ``[since, until)``: lateness quantiles (ms), started, lost
-    (expected minus started) and duplicated (a run's second start, once per extra start)."""
+    """The bench user's runs due in ``[since, until)``: lateness quantiles (ms) of those started;
+    started; coalesced (cancelled unstarted: the misfire policy ran a later occurrence instead, by
+    design, when the platform is behind by more than the grace); unfinished (still waiting or
+    running when counted: late, not lost); lost (the rest of ``expected``: an occurrence with no
+    run, or a run that ended without starting otherwise); duplicated (a run's second start, once
+    per extra start)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT extract(epoch FROM e.started_at - e.scheduled_for) * 1000,
+            SELECT extract(epoch FROM e.started_at - e.scheduled_for) * 1000, e.status,
                 (SELECT count(*) FROM {ExecutionEvent._meta.db_table} ev
                  WHERE ev.execution_id = e.id AND ev.to_status = 'RUNNING' AND ev.from_status <> 'RUNNING')
             FROM {Execution._meta.db_table} e JOIN {Task._meta.db_table} t ON t.id = e.task_id
@@ -222,8 +226,10 @@ def every_minute_account(*, owner_id: int, since: datetime, until: datetime, exp
             [owner_id, since, until],
         )
         rows = cursor.fetchall()
-    late = [float(ms) for ms, starts in rows if ms is not None and starts]
+    late = [float(ms) for ms, _, starts in rows if ms is not None and starts]
     started = len(late)
+    coalesced = sum(1 for _, status, starts in rows if status == "CANCELLED" and not starts)
+    unfinished = sum(1 for _, status, starts in rows if status not in TERMINAL_STATUSES and not starts)
     lateness = {k: round(v, 1) for k, v in quantiles(late).items()}
     if late:
         ordered = sorted(late)
@@ -232,8 +238,10 @@ def every_minute_account(*, owner_id: int, since: datetime, until: datetime, exp
         "expected": expected,
         "runs": len(rows),
         "started": started,
-        "lost": expected - started,
-        "duplicated": sum(max(0, int(starts) - 1) for _, starts in rows),
+        "coalesced": coalesced,
+        "unfinished": unfinished,
+        "lost": expected - started - coalesced - unfinished,
+        "duplicated": sum(max(0, int(starts) - 1) for _, _, starts in rows),
         "lateness_ms": lateness,
     }
 
@@ -348,10 +356,11 @@ class ScaleCurve:
             cursor.execute(f"ANALYZE {Task._meta.db_table}, {Execution._meta.db_table}")
         for first in range(0, size - every, CHUNK):
             _fill_daily_hourly(self.filler_id, min(CHUNK, size - every - first), first)
-            # Statistics as autovacuum keeps them for a table that grows over months, not minutes:
-            # on the first 1,000,000 run (2026-12-07, without this), beat's workflow_timeouts query
-            # started mid-fill ran for over 10 minutes, holding the system worker (and with it the
-            # materialiser) and a core of PostgreSQL.
+            # Statistics as autovacuum keeps them for a table that grows over months, not minutes.
+            # Not a cure for what the first 1,000,000 run met (2026-12-07): beat's workflow_timeouts
+            # query, started mid-fill, ran for over 10 minutes, holding the system worker (and with
+            # it the materialiser) and a core of PostgreSQL; with this it still did in the second
+            # run (cancelled by hand after 2 min 19 s). See docs/benchmarks.md, the cost curve.
             with connection.cursor() as cursor:
                 cursor.execute(f"ANALYZE {Task._meta.db_table}, {Execution._meta.db_table}")
             self.progress(f"scale {size}: {every + first + min(CHUNK, size - every - first)} tasks inserted")
@@ -470,8 +479,8 @@ _ROWS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
     ("fill s / whole size s / deleting s", (("fill_s",), ("seconds",), ("cleanup_s",))),
     ("runs in the window / runs/s", (("runs_in_window",), ("runs_per_second",))),
     (
-        "every-minute runs: started / lost / duplicated",
-        tuple(("every_minute_runs", k) for k in ("started", "lost", "duplicated")),
+        "every-minute runs: started / coalesced / unfinished / lost / duplicated",
+        tuple(("every_minute_runs", k) for k in ("started", "coalesced", "unfinished", "lost", "duplicated")),
     ),
     (
         "every-minute lateness p50 / p95 / p99 / max (ms)",
