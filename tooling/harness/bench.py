@@ -788,6 +788,7 @@ class Bench:
                 workers=config.workers,
                 concurrency=config.concurrency,
                 monitors=config.monitors,
+                keep_last=config.keep_history,
             ),
             log_dir=config.log_dir,
             env=self._env(),
