@@ -202,3 +202,73 @@ def test_a_platform_process_is_given_the_database_as_configured_multi_host_and_o
     assert database_url({"NAME": "tms", "USER": "postgres", "HOST": "", "PORT": ""}) == (
         "postgres://postgres@127.0.0.1:5432/tms"
     )
+
+
+# --- the cost curve (issue 50), its pure parts ------------------------------------------------
+
+
+def _point(size: int, p99: float, pg_cpu: float) -> dict:
+    return {
+        "size": size,
+        "every_minute": 10_000,
+        "every_minute_runs": {"started": 30_000, "lost": 0, "duplicated": 0, "lateness_ms": {"p50": 5.0, "p99": p99}},
+        "cpu_ms_per_run": {"postgresql": pg_cpu, "platform": 1.0, "worker": 0.7},
+        "materialiser": {"passes": 36, "pass_ms": {"p50": 40.0, "p95": 80.0}, "ms_per_row": 0.05},
+        "bytes": {"tasks_per_task": 1500, "executions_per_execution": 900, "tasks_heap_per_task": 700},
+        "requests": {"api_tasks": {"p50": 9.0, "p95": 12.0}, "ui_tasks": {"p50": 20.0, "p95": 30.0}},
+        "rss_mib": {"worker": {"max_mib": 80.0}},
+    }
+
+
+def test_the_curve_s_goal_compares_100_000_with_1_000_000_tasks_and_names_what_grew():
+    from tooling.harness.scale_curve import goal
+
+    points = [_point(10_000, 20.0, 0.3), _point(100_000, 20.0, 0.3), _point(1_000_000, 23.0, 0.36)]
+    found = goal(points)
+    assert found["ratios"]["every-minute p99"] == 1.15 and found["p99_within_20_percent"]
+    assert found["ratios"]["postgresql CPU ms/run"] == 1.2
+    assert found["grown"] == ["postgresql CPU ms/run"]
+    assert goal(points[:2]) == {}  # no 1,000,000: nothing to judge
+
+
+def test_the_curve_s_table_has_a_column_per_size_and_the_materialiser_s_passes_are_read_from_its_log():
+    from tooling.harness.scale_curve import _passes, curve_table
+
+    lines = curve_table([_point(10_000, 20.0, 0.3), _point(100_000, 21.0, 0.3)])
+    assert lines[0] == "| figure | 10,000 tasks | 100,000 tasks |"
+    assert "| every-minute lateness p50 / p95 / p99 / max (ms) | 5.0 / - / 20.0 / - | 5.0 / - / 21.0 / - |" in lines
+    log = (
+        "[2026-12-07 12:00:00,001: INFO/ForkPoolWorker-1] Task tms.materialise[ab-1] succeeded in 0.25s: 1200\n"
+        "[2026-12-07 12:00:05,001: INFO/ForkPoolWorker-1] Task tms.liveness[ab-2] succeeded in 0.01s: []\n"
+        "[2026-12-07 12:00:05,002: INFO/ForkPoolWorker-1] Task tms.materialise[ab-3] succeeded in 0.05s: 0\n"
+    )
+    passes = _passes(log)
+    assert passes["passes"] == 2 and passes["rows"] == 1200 and passes["ms_per_row"] == 0.25
+    assert passes["pass_ms"]["max"] == 250.0
+
+
+def test_the_curve_is_drawn_as_a_png(tmp_path):
+    from tooling.harness.scale_curve import write_plot
+
+    path = tmp_path / "curve.png"
+    write_plot([_point(10_000, 20.0, 0.3), _point(100_000, 21.0, 0.3)], path)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_scale_curve_runs_only_when_named():
+    from tooling.harness.bench import DEFAULT_SCENARIOS, SCENARIOS, BenchConfig
+
+    assert "scale" in SCENARIOS and "scale" not in DEFAULT_SCENARIOS
+    assert "sustained_filled" in DEFAULT_SCENARIOS
+    assert BenchConfig().scenarios == DEFAULT_SCENARIOS
+
+
+def test_a_curve_run_a_size_at_a_time_takes_the_earlier_sizes_from_their_json(tmp_path):
+    from tooling.harness.scale_curve import earlier_points
+
+    earlier = tmp_path / "small.json"
+    row = {"scenario": "scale", "extra": {"points": [_point(10_000, 20.0, 0.3), _point(100_000, 21.0, 0.3)]}}
+    earlier.write_text(json.dumps({"when": "2026-12-07T12:00:00+00:00", "results": [row]}))
+    found = earlier_points((earlier,), besides=[100_000])  # 100,000 measured again now: this run's
+    assert [point["size"] for point in found] == [10_000]
+    assert found[0]["from"].startswith(str(earlier))

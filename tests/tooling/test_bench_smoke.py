@@ -68,17 +68,17 @@ def test_tms_bench_runs_the_data_scenarios(tmp_path, capsys):
     out = tmp_path / "bench.json"
     call_command(
         "tms_bench",
-        "--scenario", "scale", "--scenario", "create", "--scenario", "dashboard", "--scenario", "pages",
+        "--scenario", "sustained_filled", "--scenario", "create", "--scenario", "dashboard", "--scenario", "pages",
         "--rate", "10", "--duration", "2", "--scale-executions", "2000", "--scale-tasks", "200",
         "--create-requests", "5", "--bulk-tasks", "200", "--dashboard-renders", "3", "--list-requests", "3",
         "--json", str(out),
     )  # fmt: skip
     printed = capsys.readouterr().out
-    assert "| scale |" in printed
+    assert "| sustained_filled |" in printed
     scenarios = {row["scenario"]: row for row in json.loads(out.read_text())["results"]}
-    assert set(scenarios) == {"scale", "create", "dashboard", "pages"}
-    assert "celery_eta_runs" not in scenarios["scale"]["extra"]
-    assert scenarios["scale"]["extra"]["filler_executions"] == 2000
+    assert set(scenarios) == {"sustained_filled", "create", "dashboard", "pages"}
+    assert "celery_eta_runs" not in scenarios["sustained_filled"]["extra"]
+    assert scenarios["sustained_filled"]["extra"]["filler_executions"] == 2000
     assert scenarios["create"]["extra"]["bulk_tasks_per_second"] > 0
     dashboard = scenarios["dashboard"]
     assert dashboard["executions"] == 2000
@@ -128,3 +128,38 @@ def test_tms_bench_workflows_runs_every_chain_to_its_last_step(tmp_path, capsys)
     assert mapped["map_runs_seen"] == 3
     assert mapped["lost"] == mapped["duplicated"] == mapped["joins_short"] == 0
     assert mapped["seconds"] > 0 and mapped["independent_seconds"] > 0 and mapped["time_ratio"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_tms_bench_scale_draws_the_cost_curve_with_every_every_minute_run_once(tmp_path, capsys):
+    # Issue 50's curve at two tiny sizes: 20 every-minute tasks among 200 and 400, one minute each.
+    out, plot = tmp_path / "bench.json", tmp_path / "curve.png"
+    call_command(
+        "tms_bench", "--scenario", "scale", "--scale-size", "200", "--scale-size", "400",
+        "--scale-every-minute", "20", "--scale-minutes", "1", "--scale-requests", "3",
+        "--scale-plot", str(plot), "--json", str(out),
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["scenario"] == "scale"
+    points = row["extra"]["points"]
+    assert [point["size"] for point in points] == [200, 400]
+    for point in points:
+        runs = point["every_minute_runs"]
+        assert runs["expected"] == runs["started"] == 20  # each task due once in the one-minute window
+        assert runs["lost"] == runs["duplicated"] == runs["coalesced"] == runs["unfinished"] == 0
+        assert {"p50", "p95", "p99", "max"} <= set(runs["lateness_ms"])
+        assert point["runs_in_window"] >= 20
+        assert point["materialiser"]["passes"] > 0 and "pass_ms" in point["materialiser"]
+        assert point["cpu_ms_per_run"]["postgresql"] > 0 and point["cpu_ms_per_run"]["worker"] > 0
+        assert point["bytes"]["tasks"] == point["size"]
+        assert point["bytes"]["tasks_heap_per_task"] > 0 and point["bytes"]["executions_indexes_per_execution"] > 0
+        assert point["rss_mib"]["worker"]["max_mib"] > 0 and point["rss_mib"]["monitor"]["max_mib"] > 0
+        assert point["requests"]["api_tasks"]["p95"] > 0 and point["requests"]["ui_tasks"]["p95"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert row["extra"]["plot"] == str(plot)
+    assert "| every-minute lateness p50 / p95 / p99 / max (ms) |" in printed
+    # The filler is gone afterwards.
+    from tasks_app.models import Task
+
+    assert not Task.objects.exists()

@@ -60,6 +60,7 @@ SCENARIOS = (
     "herd",
     "restore",
     "sustained",
+    "sustained_filled",
     "scale",
     "create",
     "dashboard",
@@ -69,6 +70,11 @@ SCENARIOS = (
     "pages",
     "workflows",
 )
+#: Scenarios run only when named (``--scenario scale``), never by ``all``: the cost curve fills a
+#: million tasks and runs for tens of minutes (issue 50: a scenario of its own, outside make bench).
+ON_REQUEST = ("scale",)
+#: What ``all`` (and no ``--scenario``) runs.
+DEFAULT_SCENARIOS = tuple(name for name in SCENARIOS if name not in ON_REQUEST)
 #: The scenarios ``BenchConfig.through`` runs again through a pooler or on the HA topology.
 THROUGH_SCENARIOS = ("sustained", "herd")
 #: What the platform's processes can be put behind: a pooler, or the high-availability topology.
@@ -89,7 +95,7 @@ _VACUUMED = (
     "tasks_app_taskdependency",
     "tasks_app_auditentry",
 )
-#: Deletes what a bench user owns, set-based (the scale scenario leaves a million rows).
+#: Deletes what a bench user owns, set-based (the scale and sustained_filled scenarios leave a million rows).
 _CLEANUP = (
     # Named limits of the burst with limits: their slots and starts, through their buckets.
     """DELETE FROM executions_limitslot WHERE bucket_id IN (SELECT b.id FROM executions_limitbucket b
@@ -167,7 +173,7 @@ def _bring_forward(task_ids: list[Any], *, seconds: float, run_input: Any = None
 
 @dataclass
 class BenchConfig:
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     tasks: int = 5000
     #: Sustained executions per second; default: half the burst throughput of this run (or 100).
     rate: float | None = None
@@ -194,6 +200,17 @@ class BenchConfig:
     restore_tasks: int = 100_000
     scale_executions: int = 1_000_000
     scale_tasks: int = 100_000
+    #: The scale scenario (the cost curve, tooling/harness/scale_curve.py): its task counts, the
+    #: every-minute tasks among them, the window's minutes, the requests timed per path and size,
+    #: and where its plot goes.
+    scale_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    scale_every_minute: int = 10_000
+    scale_minutes: int = 3
+    scale_requests: int = 60
+    scale_plot: Path | None = field(default_factory=lambda: ROOT / "var" / "bench" / "bench-scale.png")
+    #: Sizes measured by earlier runs of the scenario (their ``--json`` files), tabled, judged and
+    #: drawn with this run's: a curve can be run a size at a time on a shared machine.
+    scale_with: tuple[Path, ...] = ()
     create_requests: int = 300
     bulk_tasks: int = 20_000
     #: Dashboard renders timed (for each of a staff user and an owner).
@@ -466,7 +483,7 @@ class Bench:
             time.sleep(0.5)
 
     def _cleanup(self) -> None:
-        """Delete what this run created (set-based: the scale scenario leaves a million rows),
+        """Delete what this run created (set-based: the scale scenario leaves a million tasks),
         then vacuum what the deletes left dead: the next scenario (or phase of one) starts on tables
         as the first did. Autovacuum lags behind deletes this size, and the dead index entries a
         query then steps over made the later phase slow: the workflows scenario's chains, run
@@ -752,12 +769,14 @@ class Bench:
             self.results.append(figures)
         return first
 
-    def scale(self, empty: Figures | None) -> Figures:
+    def sustained_filled(self, empty: Figures | None) -> Figures:
+        """The sustained load with ``scale_executions`` future executions of ``scale_tasks`` idle
+        recurring tasks in the tables (named ``scale`` before issue 50 made that the cost curve)."""
         self._fill()
         try:
-            figures = self.sustained("scale", celery_eta=False)  # the comparison is the sustained run's
+            figures = self.sustained("sustained_filled", celery_eta=False)  # compared with the sustained run
         finally:
-            self.config.progress("scale: deleting the filler rows")
+            self.config.progress("sustained_filled: deleting the filler rows")
             self._cleanup()
         figures.extra["filler_executions"] = self.config.scale_executions
         figures.extra["filler_tasks"] = self.config.scale_tasks
@@ -765,12 +784,68 @@ class Bench:
             figures.extra["throughput_vs_empty"] = round(figures.per_second / empty.per_second, 3)
         return figures
 
+    def scale(self) -> Figures:
+        """Issue 50's cost curve (tooling/harness/scale_curve.py): for each of ``scale_sizes`` task
+        counts, the every-minute runs' lateness, the materialiser's passes, CPU per run, bytes per
+        row, resident memory and two list requests' p95; the plot to ``scale_plot``."""
+        from tooling.harness.scale_curve import (
+            CurveConfig,
+            ScaleCurve,
+            earlier_points,
+            goal,
+            staff_user,
+            write_plot,
+        )
+
+        filler = get_user_model().objects.get_or_create(username=FILLER_USER)[0]
+        owner_quota_set(owner=filler, max_tasks=0, max_executions_per_hour=0)
+        config = self.config
+        curve = ScaleCurve(
+            owner_id=self.owner.pk,
+            filler_id=filler.pk,
+            staff=staff_user(),
+            config=CurveConfig(
+                sizes=config.scale_sizes,
+                every_minute=config.scale_every_minute,
+                minutes=config.scale_minutes,
+                requests=config.scale_requests,
+                workers=config.workers,
+                concurrency=config.concurrency,
+                monitors=config.monitors,
+                keep_last=config.keep_history,
+            ),
+            log_dir=config.log_dir,
+            env=self._env(),
+            progress=config.progress,
+            cleanup=self._cleanup,
+        )
+        points = curve.run()
+        figures = Figures("scale")
+        earlier = earlier_points(config.scale_with, besides=[point["size"] for point in points])
+        if earlier:
+            figures.extra["earlier_runs"] = [str(path) for path in config.scale_with]
+        points = sorted([*earlier, *points], key=lambda point: point["size"])
+        last = points[-1] if points else {}  # the largest size
+        runs = last.get("every_minute_runs", {})
+        figures.executions = int(runs.get("started", 0))
+        figures.lateness_ms = dict(runs.get("lateness_ms", {}))
+        figures.per_second = float(last.get("runs_per_second") or 0.0)  # every run's, in the window
+        figures.seconds = 60.0 * config.scale_minutes
+        figures.extra["points"] = points
+        figures.extra["goal"] = goal(points)
+        if config.scale_plot is not None and points:
+            write_plot(points, config.scale_plot)
+            figures.extra["plot"] = str(config.scale_plot)
+        return figures
+
     def _fill(self) -> None:
-        """Insert the scale scenario's idle rows set-based: recurring tasks not due for a day,
+        """Insert the sustained_filled scenario's idle rows set-based: recurring tasks not due for a day,
         and their future executions."""
         filler = get_user_model().objects.get_or_create(username=FILLER_USER)[0]
         tasks, per_task = self.config.scale_tasks, max(1, self.config.scale_executions // self.config.scale_tasks)
-        self.config.progress(f"scale: inserting {tasks} recurring tasks and {tasks * per_task} future executions")
+        self.config.progress(
+            f"sustained_filled: inserting {tasks} recurring tasks and {tasks * per_task} future executions"
+        )
         started = time.monotonic()
         with connection.cursor() as cursor:
             insert_tasks(
@@ -798,7 +873,7 @@ class Bench:
             )
             cursor.execute("ANALYZE tasks_app_task")
             cursor.execute("ANALYZE executions_execution")
-        self.config.progress(f"scale: filled in {time.monotonic() - started:.1f}s")
+        self.config.progress(f"sustained_filled: filled in {time.monotonic() - started:.1f}s")
 
     def baseline(self, count: int) -> float:
         """Bare Celery no-op tasks through the same broker, queue and worker settings; per second."""
@@ -1380,8 +1455,10 @@ class Bench:
                 self.results.append(self.restore())
             elif scenario == "sustained":
                 sustained = self._sustained_runs(burst, rate_asked=rate_asked)
+            elif scenario == "sustained_filled":
+                self.results.append(self.sustained_filled(sustained))
             elif scenario == "scale":
-                self.results.append(self.scale(sustained))
+                self.results.append(self.scale())
             elif scenario == "create":
                 self.results.append(self.create())
             elif scenario == "dashboard":
@@ -1857,6 +1934,12 @@ def table(results: list[Figures]) -> list[str]:
         elif f.scenario == "lists":
             lines_after = _lists_table(f)
             notes = f"fill={json.dumps(f.extra.get('fill'))}; per path below"
+        elif f.scenario == "scale":
+            from tooling.harness.scale_curve import curve_table
+
+            lines_after += ["", "The cost curve (every-minute runs' lateness in the row above: the largest size):"]
+            lines_after += curve_table(f.extra.get("points", []))
+            notes = f"goal={json.dumps(f.extra.get('goal'))}; plot={f.extra.get('plot')}; per size below"
         else:
             notes = ", ".join(f"{k}={json.dumps(v)}" for k, v in f.extra.items())
         lines.append(

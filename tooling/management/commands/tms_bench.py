@@ -12,6 +12,8 @@ from django.db import connection
 
 from tms_core.clock import db_now
 from tooling.harness.bench import (
+    DEFAULT_SCENARIOS,
+    ON_REQUEST,
     SCENARIOS,
     THROUGH,
     THROUGH_SCENARIOS,
@@ -71,8 +73,8 @@ _SCENARIO_SIZES: tuple[tuple[str, str | None], ...] = (
     ("--workflow-map-items", "workflows: items each map-and-join workflow run maps"),
     ("--herd-concurrency", "processes per herd worker"),
     ("--monitors", "herd monitors"),
-    ("--scale-executions", None),
-    ("--scale-tasks", None),
+    ("--scale-executions", "sustained_filled, dashboard, pages, lists, prune: executions in the tables"),
+    ("--scale-tasks", "sustained_filled, dashboard, pages, lists, prune: tasks in the tables"),
     ("--create-requests", None),
     ("--bulk-tasks", None),
     ("--dashboard-renders", "per user"),
@@ -90,7 +92,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = BenchConfig()
-        parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"], help="repeatable; default all")
+        parser.add_argument(
+            "--scenario",
+            action="append",
+            choices=[*SCENARIOS, "all"],
+            help=f"repeatable; default all, which is every scenario but {', '.join(ON_REQUEST)} (run only when named)",
+        )
         # In this order, which is the order --help lists them in.
         self._add_load_arguments(parser, defaults)
         self._add_scenario_sizes(parser, defaults)
@@ -131,6 +138,51 @@ class Command(BaseCommand):
         for option, help_text in _SCENARIO_SIZES:
             default = getattr(defaults, option.removeprefix("--").replace("-", "_"))
             parser.add_argument(option, type=positive(int), default=default, help=help_text)
+        self._add_curve_arguments(parser, defaults)
+
+    def _add_curve_arguments(self, parser: CommandParser, defaults: BenchConfig) -> None:
+        """The scale scenario: the cost curve's sizes, its window, its requests and its plot."""
+        parser.add_argument(
+            "--scale-size",
+            type=positive(int),
+            action="append",
+            default=None,
+            help="scale: repeatable, a number of tasks on the curve (default "
+            + ", ".join(f"{size:,}" for size in defaults.scale_sizes)
+            + ")",
+        )
+        parser.add_argument(
+            "--scale-every-minute",
+            type=positive(int),
+            default=defaults.scale_every_minute,
+            help="scale: the every-minute tasks among them (all of a smaller size)",
+        )
+        parser.add_argument(
+            "--scale-minutes",
+            type=positive(int),
+            default=defaults.scale_minutes,
+            help="scale: whole minutes of every-minute runs measured at each size",
+        )
+        parser.add_argument(
+            "--scale-requests",
+            type=positive(int),
+            default=defaults.scale_requests,
+            help="scale: requests timed per path (the API's and the back office's task lists) at each size",
+        )
+        parser.add_argument(
+            "--scale-plot",
+            type=Path,
+            default=defaults.scale_plot,
+            help="scale: where the curve's PNG goes (matplotlib; docs/bench-scale.png for the documentation)",
+        )
+        parser.add_argument(
+            "--scale-with",
+            type=Path,
+            action="append",
+            default=None,
+            help="scale: repeatable, an earlier run's --json file whose sizes go into this run's table, goal and "
+            "plot (a curve run a size at a time)",
+        )
 
     def _add_run_switches(self, parser: CommandParser) -> None:
         """What a run keeps, adds or sets up: the herd's due time, the history, a run with limits, the database."""
@@ -197,7 +249,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         _stop_on_sigterm()
         chosen = options["scenario"] or ["all"]
-        scenarios = SCENARIOS if "all" in chosen else tuple(s for s in SCENARIOS if s in chosen)
+        scenarios = tuple(s for s in SCENARIOS if s in chosen or ("all" in chosen and s in DEFAULT_SCENARIOS))
         through = tuple(dict.fromkeys(options["through"] or ()))
         self._check_options(options, scenarios, through)
         recorded, about = self._load_recorded(options["compare"])
@@ -269,6 +321,12 @@ class Command(BaseCommand):
             herd_soon=options["herd_soon"],
             scale_executions=options["scale_executions"],
             scale_tasks=options["scale_tasks"],
+            scale_sizes=tuple(options["scale_size"] or BenchConfig.scale_sizes),
+            scale_every_minute=options["scale_every_minute"],
+            scale_minutes=options["scale_minutes"],
+            scale_requests=options["scale_requests"],
+            scale_plot=options["scale_plot"],
+            scale_with=tuple(options["scale_with"] or ()),
             create_requests=options["create_requests"],
             bulk_tasks=options["bulk_tasks"],
             dashboard_renders=options["dashboard_renders"],
