@@ -638,6 +638,9 @@ class Task(models.Model):
                 condition=~Q(on_events=[]),
                 name="task_on_events_idx",
             ),
+            # Beat's workflow-timeout job reads the few tasks with a timeout every minute
+            # (executions.workflow_control.workflow_runs_time_out), not every task.
+            models.Index(fields=["id"], condition=Q(workflow_timeout__isnull=False), name="task_workflow_timeout_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(priority__lte=9), name="task_priority_0_9"),

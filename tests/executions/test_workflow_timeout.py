@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from executions import transitions
@@ -61,6 +63,32 @@ def test_a_workflow_run_past_its_timeout_is_cancelled_with_the_reason_once(user,
     assert AuditEntry.objects.filter(object_type="workflow_run", action="cancel").count() == 1
     assert workflow_runs_time_out() == []
     assert ("tms.workflow_timeouts", 60.0) in periodic_jobs().values()
+
+
+def test_a_root_still_running_past_its_timeout_is_cancelled_before_any_step(user):
+    a = task_create(owner=user, runner="noop", name="extract", start_at=LATER, workflow_timeout=timedelta(minutes=1))
+    task_create(owner=user, runner="noop", name="load", after=after((a, "success")))
+    root = transitions.execution_trigger(task_id=a.pk, actor="t")
+    Execution.objects.filter(pk=root).update(status=S.PENDING)
+    assert transitions.execution_claim_loaded(
+        execution_id=root, attempt=1, worker_id="w", lease_seconds=60, checked=True
+    )
+    Execution.objects.filter(pk=root).update(started_at=timezone.now() - timedelta(minutes=2))
+
+    assert workflow_runs_time_out() == [root]
+    assert Execution.objects.get(pk=root).status == S.CANCELLED
+
+
+def test_with_no_task_timed_the_job_reads_no_execution(user):
+    """The job runs every minute on every install; most have no workflow timeout at all. It reads
+    the timed tasks (a partial index) and stops there: not a row of the executions, however many."""
+    a = task_create(owner=user, runner="noop", name="extract", start_at=LATER)
+    task_create(owner=user, runner="noop", name="load", after=after((a, "success")))
+    end(transitions.execution_trigger(task_id=a.pk, actor="t"))
+    with CaptureQueriesContext(connection) as queries:
+        assert workflow_runs_time_out() == []
+    assert len(queries) == 1
+    assert Execution._meta.db_table not in queries[0]["sql"]
 
 
 def test_a_failed_workflow_run_is_retried_from_its_failed_step_up_to_workflow_retries(user, api_client):
