@@ -135,10 +135,9 @@ def merged_aggregates() -> str:
 def merged_set(table: str) -> str:
     """An upsert's SET merging the new values of ``MERGED_COLUMNS`` into ``table``'s row: the
     counters added, the extremes widened (the smallest of the ``*_min``, the largest of the ``*_max``)."""
-    added = [f"{c} = {table}.{c} + EXCLUDED.{c}" for c in COUNTER_COLUMNS]
     widened = [f"{c} = {extreme('min', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MIN_COLUMNS]
     widened += [f"{c} = {extreme('max', f'{table}.{c}', f'EXCLUDED.{c}')}" for c in MAX_COLUMNS]
-    return ", ".join(added + widened)
+    return ", ".join([_add_on_conflict(table, COUNTER_COLUMNS), *widened])
 
 
 def _rollup() -> list[str]:
