@@ -92,10 +92,18 @@ def run_config(execution: Execution, task: Task, *, starting: bool = False) -> A
     return config
 
 
-def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend: bool = False) -> RunSpec:
+def run_spec(
+    execution: Execution,
+    task: Task,
+    *,
+    starting: bool = False,
+    resend: bool = False,
+    handed_on: tuple[str, str] = ("", ""),
+) -> RunSpec:
     """What the runner needs for this attempt. ``starting`` also fetches the task's artifact (a
     verified local copy); polls and cancels find the run without it. ``resend``: a lost worker
-    may have launched this attempt already (see :attr:`RunSpec.resend`)."""
+    may have launched this attempt already (see :attr:`RunSpec.resend`). ``handed_on``: the
+    W3C traceparent and tracestate the external run is given (tms_core.tracing.handed_on)."""
     if starting and task.input_schema is not None and execution.input is not None:
         # A trigger's input was checked when it was given; a workflow step's (an upstream's
         # output) is first seen here, and the schema may have changed since.
@@ -117,6 +125,8 @@ def run_spec(execution: Execution, task: Task, *, starting: bool = False, resend
         artifact_path=artifact_path,
         artifact_sha256=task.artifact.sha256 if artifact_path and task.artifact is not None else None,
         tracing_id=task.tracing_id,
+        traceparent=handed_on[0],
+        tracestate=handed_on[1],
         resend=resend,
         input=execution.input,
         event_lookup=event_lookup_for(execution),

@@ -587,9 +587,10 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
                 execution=execution, task=task, worker_id=worker_id, result=RunResult.failed(error)
             )
         return _start(execution, task, worker_id, resend=True)
+    run = traces.trace_of(execution) if tracing.ON else None
     try:
         runner = get_runner(task.runner)
-        spec = run_spec(execution, task)
+        spec = run_spec(execution, task, handed_on=_unsampled_context(run))
         handle = RunHandle(execution.external_run_id, execution.run_handle)
     except Exception as exc:  # noqa: BLE001 - a bad config or a lost runner must end the attempt, not loop
         return execution_record_outcome(
@@ -598,8 +599,8 @@ def _resume(execution: Execution, task: Task, worker_id: str) -> str:
             worker_id=worker_id,
             result=RunResult.failed(describe_error(exc), retryable=False),
         )
-    if tracing.ON:
-        result = _traced_call("tms.runner.poll", execution, task, runner.poll, spec, handle)
+    if run is not None:
+        result = _traced_call("tms.runner.poll", run, execution, task, runner.poll, spec, handle)
     else:
         result = _call(runner.poll, spec, handle, transient_is_running=True)
     if result.state is RunState.RUNNING:
@@ -632,9 +633,10 @@ def _start(
     record: Callable[..., str] = execution_record_outcome,
 ) -> str:
     """Launch the leased RUNNING execution's external run and record what came of it."""
+    run = traces.trace_of(execution) if tracing.ON else None
     try:
         runner: BaseRunner = get_runner(task.runner)
-        spec = run_spec(execution, task, starting=True, resend=resend)
+        spec = run_spec(execution, task, starting=True, resend=resend, handed_on=_unsampled_context(run))
     except Exception as exc:  # noqa: BLE001 - as in _resume
         return execution_record_outcome(
             execution=execution,
@@ -646,9 +648,8 @@ def _start(
     if deferred is not None:
         return deferred
     try:
-        if tracing.ON:
-            run = traces.trace_of(execution)
-            with tracing.run_span("tms.runner.start", run, _span_ids(execution, task)) as span:
+        if run is not None:
+            with tracing.run_span("tms.runner.start", run, _span_ids(execution, task, run)) as span:
                 handle = runner.start(_in_trace(spec, run))
                 if handle.external_run_id:
                     span.set_attribute("tms.external_run_id", handle.external_run_id)
@@ -757,7 +758,10 @@ def _keep_slots_until_poll(execution: Execution, task: Task, poll_in: float) -> 
         )
 
 
-def _span_ids(execution: Execution, task: Task) -> dict[str, Any]:
+def _span_ids(execution: Execution, task: Task, run: tracing.RunTrace) -> dict[str, Any] | None:
+    """A runner call's span attributes; None for an unsampled run, which makes no span."""
+    if not run.sampled:
+        return None
     return {
         "tms.execution_id": execution.pk,
         "tms.attempt": execution.attempt,
@@ -766,14 +770,26 @@ def _span_ids(execution: Execution, task: Task) -> dict[str, Any]:
     }
 
 
-def _in_trace(spec: RunSpec, run: tracing.RunTrace | None) -> RunSpec:
-    """``spec`` with the trace context of ``run``'s runner call (inside its span): handed on."""
+def _unsampled_context(run: tracing.RunTrace | None) -> tuple[str, str]:
+    """The trace context an unsampled run hands its external run (its root's, flagged
+    unsampled), known before its runner call, so that its spec is built with it; a sampled run's
+    is its call's span's, known inside it (:func:`_in_trace`)."""
+    return tracing.handed_on(run) if run is not None and not run.sampled else ("", "")
+
+
+def _in_trace(spec: RunSpec, run: tracing.RunTrace) -> RunSpec:
+    """``spec`` with the trace context of ``run``'s runner call (inside its span): handed on. An
+    unsampled run's spec already has it: copying a spec (``dataclasses.replace``) on every launch
+    was 4 % of a pool process's samples in a herd with tracing on (docs/operations.md)."""
     traceparent, tracestate = tracing.handed_on(run)
+    if spec.traceparent == traceparent and spec.tracestate == tracestate:
+        return spec
     return replace(spec, traceparent=traceparent, tracestate=tracestate)
 
 
 def _traced_call(
     name: str,
+    run: tracing.RunTrace,
     execution: Execution,
     task: Task,
     method: Callable[..., RunResult | None],
@@ -781,8 +797,8 @@ def _traced_call(
     handle: RunHandle,
 ) -> RunResult:
     """:func:`_call` of a poll in a span of the run (its trace context given to the runner)."""
-    attributes = {**_span_ids(execution, task), "tms.poll": execution.poll_count + 1}
-    run = traces.trace_of(execution)
+    ids = _span_ids(execution, task, run)
+    attributes = None if ids is None else {**ids, "tms.poll": execution.poll_count + 1}
     with tracing.run_span(name, run, attributes) as span:
         result = _call(method, _in_trace(spec, run), handle, transient_is_running=True)
         span.set_attribute("tms.result", result.state.value)
