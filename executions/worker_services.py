@@ -781,9 +781,9 @@ def _in_trace(spec: RunSpec, run: tracing.RunTrace) -> RunSpec:
     """``spec`` with the trace context of ``run``'s runner call (inside its span): handed on. An
     unsampled run's spec already has it: copying a spec (``dataclasses.replace``) on every launch
     was 4 % of a pool process's samples in a herd with tracing on (docs/operations.md)."""
-    traceparent, tracestate = tracing.handed_on(run)
-    if spec.traceparent == traceparent and spec.tracestate == tracestate:
+    if not run.sampled:
         return spec
+    traceparent, tracestate = tracing.handed_on(run)
     return replace(spec, traceparent=traceparent, tracestate=tracestate)
 
 
