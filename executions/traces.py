@@ -63,8 +63,10 @@ def trace_of(execution: Execution) -> RunTrace | None:
     if cached is not None and cached[0] == key:
         return cached[1]
     workflow = execution.workflow_run if execution.workflow_run != execution.pk else None
-    parents = _workflow_contexts([workflow]) if workflow is not None else {}
-    trace = _ids(tracing.run_trace, execution.pk, *key, parents)
+    if workflow is None:
+        trace: RunTrace | None = tracing.own_run_ids(execution.pk, key[0], key[1])
+    else:
+        trace = _ids(tracing.run_trace, execution.pk, *key, _workflow_contexts([workflow]))
     execution.__dict__["_tms_trace"] = (key, trace)
     return trace
 
@@ -97,12 +99,19 @@ def traces_of(ids: Sequence[int]) -> dict[int, RunTrace]:
     return _traces_of_rows(rows)
 
 
-def _traces_of_rows(rows: Sequence[tuple[int, str, str, int | None]]) -> dict[int, RunTrace]:
+def _traces_of_rows(
+    rows: Sequence[tuple[int, str, str, int | None]], *, sampled_only: bool = False
+) -> dict[int, RunTrace]:
+    """The trace ids of ``rows`` (id, traceparent, tracestate, workflow run); ``sampled_only``:
+    only the runs the sampler keeps (a run that is not a workflow step is tested first, without
+    making its ids)."""
     parents = _workflow_contexts(row[3] for row in rows if row[3] is not None and row[3] != row[0])
     traces: dict[int, RunTrace] = {}
     for execution_id, traceparent, tracestate, workflow in rows:
-        trace = _ids(tracing.run_trace, execution_id, traceparent, tracestate, workflow, parents)
-        if trace is not None:
+        if workflow is None or workflow == execution_id:
+            if not sampled_only or tracing.own_sampled(execution_id, traceparent):
+                traces[execution_id] = tracing.own_run_ids(execution_id, traceparent, tracestate)
+        elif (trace := _ids(tracing.run_trace, execution_id, traceparent, tracestate, workflow, parents)) is not None:
             traces[execution_id] = trace
     return traces
 
@@ -119,9 +128,9 @@ def published(taken: Sequence[Any], *, taken_ns: int, start_ns: int, end_ns: int
         return
     # What the take read of each run (Dispatch.trace), else one query for the rest.
     known = [(item.execution_id, *item.trace) for item in taken if getattr(item, "trace", None) is not None]
-    traces = _traces_of_rows(known)
+    traces = _traces_of_rows(known, sampled_only=True)
     if len(known) < len(taken):
-        traces.update(traces_of([item.execution_id for item in taken if item.execution_id not in traces]))
+        traces.update(traces_of([item.execution_id for item in taken if getattr(item, "trace", None) is None]))
     for item in taken:
         trace = traces.get(item.execution_id)
         if not tracing.recorded(trace):

@@ -80,9 +80,11 @@ _lock = threading.Lock()
 _provider: Any = None
 _tracer: Any = None
 _salt: bytes = b""
-#: A span id (and trace id) the next span started in this context must take (a run's root span,
-#: whose ids every process derives): read by the provider's id generator.
-_next_ids: ContextVar[tuple[int, int] | None] = ContextVar("tms_next_span_ids", default=None)
+#: The configured sampler's decision for a root span as a plain test of the trace id, when the
+#: sampler is one of the SDK's own (always on or off, a trace id ratio, each alone or under
+#: parent-based): asking the sampler builds a sampling result with its attributes and trace state
+#: for each of a burst's thousands of runs, most of them dropped. None: ask the sampler.
+_decide: Any = None
 
 
 def _role() -> str:
@@ -101,7 +103,7 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
     """Turn tracing on in this process if the environment asks for it (or ``exporter`` is given:
     tests). Idempotent; returns whether tracing is on. ``salt``: what the derived ids are keyed
     with (default: the Django ``SECRET_KEY``, shared by every process of one installation)."""
-    global ON, _provider, _tracer, _salt, _otel
+    global ON, _provider, _tracer, _salt, _otel, _decide
     with _lock:
         if ON:
             return True
@@ -111,25 +113,13 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-        class _Ids(RandomIdGenerator):
-            """Random ids, unless the context names the next span's (a run's derived root)."""
-
-            def generate_span_id(self) -> int:
-                ids = _next_ids.get()
-                return ids[1] if ids else super().generate_span_id()
-
-            def generate_trace_id(self) -> int:
-                ids = _next_ids.get()
-                return ids[0] if ids else super().generate_trace_id()
 
         if salt is not None:
             _salt = _salt_of(salt)
         service = os.environ.get("OTEL_SERVICE_NAME") or f"tms-{_role()}"
         # With OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) for the rest.
         resource = Resource.create({"service.name": service, "tms.role": _role()})
-        provider = TracerProvider(resource=resource, id_generator=_Ids())
+        provider = TracerProvider(resource=resource)
         if exporter is None:
             kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
             if kind == "console":
@@ -138,12 +128,16 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
                 exporter = OTLPSpanExporter()
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        processor = BatchSpanProcessor(exporter)
+        provider.add_span_processor(processor)
         from opentelemetry import context as otel_context
         from opentelemetry import trace
         from opentelemetry.context import Context
+        from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.trace.sampling import Decision
-        from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, SpanContext, TraceFlags, TraceState
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import INVALID_SPAN, Link, NonRecordingSpan, SpanContext, TraceFlags, TraceState
+        from opentelemetry.trace.status import Status, StatusCode
 
         _otel = SimpleNamespace(
             trace=trace,
@@ -155,9 +149,20 @@ def setup(*, exporter: Any = None, instrument: bool = True, salt: str | None = N
             SpanContext=SpanContext,
             TraceFlags=TraceFlags,
             TraceState=TraceState,
+            Link=Link,
+            ReadableSpan=ReadableSpan,
+            Status=Status,
+            error=StatusCode.ERROR,
+            unset=Status(StatusCode.UNSET),
+            sampled=TraceFlags(TraceFlags.SAMPLED),
+            processor=processor,
+            resource=resource,
+            scope=InstrumentationScope("tms"),
+            span_id=provider.id_generator.generate_span_id,
         )
         trace.set_tracer_provider(provider)
         _provider, _tracer = provider, provider.get_tracer("tms")
+        _decide = _root_decision(provider.sampler)
         _run_ids.cache_clear()
         ON = True
     if names:
@@ -318,11 +323,11 @@ def flush(timeout_millis: int = 2000) -> None:
 
 def reset() -> None:
     """Turn tracing off again in this process (tests): flush and forget the provider."""
-    global ON, _provider, _tracer, _salt
+    global ON, _provider, _tracer, _salt, _decide
     with _lock:
         if ON:
             _provider.shutdown()
-        ON, _provider, _tracer, _salt = False, None, None, b""
+        ON, _provider, _tracer, _salt, _decide = False, None, None, b"", None
         _run_ids.cache_clear()
 
 
@@ -399,9 +404,14 @@ class RunTrace:
         return format_traceparent(self.trace_id, self.span_id, self.sampled)
 
     @functools.cached_property
+    def span_context(self) -> Any:
+        """The root span's ``SpanContext``, as the parent of the run's other spans."""
+        return _span_context(self.trace_id, self.span_id, self.sampled, self.tracestate)
+
+    @functools.cached_property
     def context(self) -> Any:
         """The root span's context, as the parent of the run's other spans (made once a run)."""
-        return _context(self.trace_id, self.span_id, self.sampled, self.tracestate)
+        return _otel.trace.set_span_in_context(_otel.NonRecordingSpan(self.span_context))
 
 
 def workflow_span_id(workflow_run: int) -> int:
@@ -440,6 +450,20 @@ def run_ids(execution_id: int, **source: Unpack[TraceSource]) -> RunTrace:
     )
 
 
+def own_run_ids(execution_id: int, traceparent: str = "", tracestate: str = "") -> RunTrace:
+    """:func:`run_ids` of a run that is not a workflow step, for the per-run hot paths (a
+    burst's claims and launches: the keyword layers of :func:`run_ids` cost as much as its
+    cache lookup)."""
+    return _run_ids(execution_id, traceparent, tracestate, None, "", "")
+
+
+def own_sampled(execution_id: int, traceparent: str = "") -> bool:
+    """:func:`own_run_ids`' ``sampled``, without making the ids (tracing on): the monitor's test
+    of each run it published, most of them dropped by a ratio sampler."""
+    parsed = parse_traceparent(traceparent)
+    return parsed[2] if parsed is not None else _sampled(derived_trace_id("trace", execution_id))
+
+
 @functools.lru_cache(maxsize=4096)
 def _run_ids(
     execution_id: int,
@@ -470,22 +494,84 @@ def _run_ids(
 def _sampled(trace_id: int) -> bool:
     """The sampler's decision for a trace with no parent: a ratio sampler decides on the trace id,
     so every process decides the same for a run."""
+    decide = _decide
+    if decide is not None:
+        return decide(trace_id)
     # An empty context: a parent-based sampler must not follow the span current here.
     result = _provider.sampler.should_sample(_otel.empty, trace_id, "tms.execution")
     return result.decision is _otel.keep
 
 
-def _context(trace_id: int, span_id: int, sampled: bool, tracestate: str = "") -> Any:
+def _root_decision(sampler: Any) -> Any:
+    """:data:`_decide` for ``sampler`` (None when only the sampler itself can tell)."""
+    from opentelemetry.sdk.trace import sampling
+
+    parent_based = (
+        sampling.ParentBased,
+        sampling.ParentBasedTraceIdRatio,
+        sampling._ParentBasedAlwaysOn,
+        sampling._ParentBasedAlwaysOff,
+    )
+    root = sampler._root if type(sampler) in parent_based else sampler
+    # Exact types: a subclass may decide otherwise.
+    if type(root) is sampling.TraceIdRatioBased:
+        bound, limit = root.bound, root.TRACE_ID_LIMIT
+        return lambda trace_id: trace_id & limit < bound
+    if type(root) in (sampling.StaticSampler, sampling._AlwaysOn, sampling._AlwaysOff):
+        keep = root._decision is sampling.Decision.RECORD_AND_SAMPLE
+        return lambda trace_id: keep
+    return None
+
+
+def _span_context(trace_id: int, span_id: int, sampled: bool, tracestate: str = "") -> Any:
+    """A span of another process (remote), as a parent."""
     o = _otel
-    flags = o.TraceFlags(o.TraceFlags.SAMPLED if sampled else o.TraceFlags.DEFAULT)
+    flags = o.sampled if sampled else o.TraceFlags(o.TraceFlags.DEFAULT)
     state = o.TraceState.from_header([tracestate]) if tracestate else None
-    return o.trace.set_span_in_context(o.NonRecordingSpan(o.SpanContext(trace_id, span_id, True, flags, state)))
+    return o.SpanContext(trace_id, span_id, True, flags, state)
 
 
 def _link(trace_id: int, span_id: int) -> Any:
-    from opentelemetry.trace import Link, SpanContext, TraceFlags
+    return _otel.Link(_span_context(trace_id, span_id, True))
 
-    return Link(SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED)))
+
+def _finished(
+    name: str,
+    trace_id: int,
+    span_id: int,
+    parent: Any,
+    *,
+    start_ns: int,
+    end_ns: int | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    links: Sequence[Any] = (),
+    error: str = "",
+) -> None:
+    """Hand the exporter a span that already took place (``parent``: a ``SpanContext``, or None
+    for a root), as the finished record the SDK's own span hands it when it ends.
+
+    Why not the tracer: a span started and ended at once goes through the sampler (a sampled
+    run's child is kept whatever it says), attribute checks, a lock and a copy of itself at its
+    end; 36 µs a span against 13 this way, and a sampled run's four after-the-fact spans were
+    a tenth of a burst's run at a 10 % sampler (docs/operations.md, "What tracing costs"). The
+    attributes are TMS's own (integers, strings, booleans), a handful a span, within the SDK's
+    limits; the span is kept, and given the trace state, as the SDK would (its parent's)."""
+    o = _otel
+    state = parent.trace_state if parent is not None else None
+    o.processor.on_end(
+        o.ReadableSpan(
+            name,
+            o.SpanContext(trace_id, span_id, False, o.sampled, state),
+            parent,
+            o.resource,
+            _attributes(attributes),
+            links=tuple(links),
+            status=o.Status(o.error, error[:200]) if error else o.unset,
+            start_time=start_ns,
+            end_time=end_ns if end_ns is not None else time.time_ns(),
+            instrumentation_scope=o.scope,
+        )
+    )
 
 
 def task_link(task_id: object, tracing_id: str = "") -> Any:
@@ -557,8 +643,9 @@ def record_run_span(
     """A span of ``run`` that already took place (from ``start_ns`` to ``end_ns`` or now)."""
     if not recorded(run):
         return
-    span = _tracer.start_span(name, context=run.context, start_time=start_ns, attributes=_attributes(attributes))
-    span.end(end_time=end_ns)
+    _finished(
+        name, run.trace_id, _otel.span_id(), run.span_context, start_ns=start_ns, end_ns=end_ns, attributes=attributes
+    )
 
 
 def end_run(
@@ -574,22 +661,12 @@ def end_run(
     to now, with the run's derived ids."""
     if not recorded(run):
         return
-    from opentelemetry.context import Context
-    from opentelemetry.trace import Status, StatusCode
-
-    parent = (
-        _context(run.trace_id, run.parent_span_id, run.sampled, run.tracestate) if run.parent_span_id else Context()
+    parent = None
+    if run.parent_span_id:
+        parent = _span_context(run.trace_id, run.parent_span_id, run.sampled, run.tracestate)
+    _finished(
+        name, run.trace_id, run.span_id, parent, start_ns=start_ns, attributes=attributes, links=links, error=error
     )
-    token = _next_ids.set((run.trace_id, run.span_id))
-    try:
-        span = _tracer.start_span(
-            name, context=parent, start_time=start_ns, attributes=_attributes(attributes), links=list(links)
-        )
-    finally:
-        _next_ids.reset(token)
-    if error:
-        span.set_status(Status(StatusCode.ERROR, error[:200]))
-    span.end()
 
 
 def end_workflow_run(run: RunTrace | None, *, workflow_run: int, start_ns: int, attributes: Mapping[str, Any]) -> None:

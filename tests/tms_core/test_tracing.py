@@ -65,6 +65,9 @@ class Span:
     end: int
     attributes: dict[str, Any]
     links: list[tuple[str, str]]
+    #: (code, message): 0 unset, 1 ok, 2 error.
+    status: tuple[int, str] = (0, "")
+    trace_state: str = ""
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Receiver:
                             end=span.end_time_unix_nano,
                             attributes={kv.key: _value(kv.value) for kv in span.attributes},
                             links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                            status=(span.status.code, span.status.message),
+                            trace_state=span.trace_state,
                         )
                     )
         with self.lock:
@@ -391,6 +396,7 @@ def test_a_runs_retries_stay_in_its_trace(traced, user):
     assert [span.attributes["tms.status"] for span in outcomes] == ["SCHEDULED", "FAILED"]
     assert [span.attributes["tms.attempt"] for span in starts] == [1, 2]
     assert root.attributes["tms.attempt"] == 2 and root.attributes["tms.status"] == "FAILED"
+    assert root.status[0] == 2 and "exit" in root.status[1]  # an error, with the run's error
     assert all(span.parent == root.span_id for span in [*outcomes, *starts])
 
 
@@ -586,6 +592,10 @@ def test_a_runs_tracestate_is_kept_and_handed_to_its_http_target(traced, user):
     # The target gets the launch's context, and the caller's tracestate with it.
     assert arrival.headers["traceparent"] == f"00-{CALLER_TRACE}-{start.span_id}-01"
     assert arrival.headers["tracestate"] == CALLER_STATE
+    # Every span of the run carries it, as a span made under the caller's context would.
+    spans = traced.trace(CALLER_TRACE)
+    assert {"tms.execution", "tms.execution.claim", "tms.runner.start"} <= {span.name for span in spans}
+    assert {span.trace_state for span in spans} == {CALLER_STATE}
 
 
 def test_runners_hand_the_tracestate_on():
@@ -631,6 +641,7 @@ def test_an_unsampled_run_makes_no_span_and_hands_its_trace_on_unsampled(sampled
     (run,) = Execution.objects.filter(task=task)
     trace = tracing.run_trace(run.pk)
     assert trace is not None and not trace.sampled
+    assert tracing._decide is not None  # the environment's sampler, decided without asking it
     with tracing.pass_span("tms.monitor.pass"):  # an unsampled pass: nothing made for it either
         assert _run_due() == 1
     tracing.flush()
@@ -639,6 +650,77 @@ def test_an_unsampled_run_makes_no_span_and_hands_its_trace_on_unsampled(sampled
     assert sampled_none.spans == []
     # The external run still gets the run's trace (its root's context), flagged unsampled.
     assert f"TRACEPARENT=00-{trace.trace_hex}-{trace.span_id:016x}-00" in run.output.splitlines()
+
+
+def _samplers() -> list[Any]:
+    from opentelemetry.sdk.trace import sampling
+
+    return [
+        sampling.TraceIdRatioBased(0.1),
+        sampling.ParentBasedTraceIdRatio(0.25),
+        sampling.ParentBased(sampling.TraceIdRatioBased(0.5)),
+        sampling.ALWAYS_ON,
+        sampling.ALWAYS_OFF,
+        sampling.DEFAULT_ON,
+        sampling.DEFAULT_OFF,
+    ]
+
+
+@pytest.mark.parametrize("sampler", _samplers(), ids=lambda sampler: sampler.get_description())
+def test_a_runs_sampling_is_decided_as_its_sampler_would(sampler):
+    """A run's sampling is a plain test of its trace id for the SDK's own samplers (asking the
+    sampler cost a burst's every run a sampling result): for every run it is the sampler's own
+    decision, the same in every process."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    decide = tracing._root_decision(sampler)
+    assert decide is not None
+    trace_ids = [tracing.derived_trace_id("trace", n) for n in range(4000)]
+    expected = [
+        sampler.should_sample(Context(), trace_id, "tms.execution").decision is Decision.RECORD_AND_SAMPLE
+        for trace_id in trace_ids
+    ]
+    assert [decide(trace_id) for trace_id in trace_ids] == expected
+    rate = getattr(getattr(sampler, "_root", sampler), "rate", None)
+    if rate is not None:  # the ratio kept, within a few percent of 4,000
+        assert abs(sum(expected) - rate * len(trace_ids)) < 0.05 * len(trace_ids)
+
+
+def test_the_monitors_test_of_a_runs_sampling_is_its_ids_own(receiver, monkeypatch):
+    """The monitor tests each run it published for sampling without making its ids
+    (``own_sampled``): the same answer as the ids every other process makes, for scheduled runs
+    (their derived trace id) and runs created under a request (its traceparent's flag)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.3")
+    tracing.setup(exporter=OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"), instrument=False, salt="test")
+    try:
+        parents = ["", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00", "not-one"]
+        answers = [
+            (tracing.own_sampled(run, parent), tracing.own_run_ids(run, parent).sampled)
+            for run in range(1, 2001)
+            for parent in parents
+        ]
+        assert all(own == ids for own, ids in answers)
+        scheduled = [own for own, _ in answers[::4]]
+        assert 0.25 * len(scheduled) < sum(scheduled) < 0.35 * len(scheduled)
+    finally:
+        tracing.reset()
+
+
+def test_a_sampler_the_sdk_does_not_ship_is_asked_itself():
+    """A sampler the SDK does not ship (a subclass may decide otherwise) is asked itself."""
+    from opentelemetry.sdk.trace import sampling
+
+    class EveryOther(sampling.TraceIdRatioBased):
+        def should_sample(self, parent_context, trace_id, *args: Any, **kwargs: Any) -> Any:
+            keep = sampling.Decision.RECORD_AND_SAMPLE if trace_id % 2 else sampling.Decision.DROP
+            return sampling.SamplingResult(keep)
+
+    assert tracing._root_decision(EveryOther(1.0)) is None
+    assert tracing._root_decision(sampling.ParentBased(EveryOther(1.0))) is None
 
 
 def test_client_and_sql_spans_are_made_only_under_a_sampled_span(traced):

@@ -452,7 +452,7 @@ class Bench:
         figures.commits_per_execution = round(commits / figures.executions, 2) if figures.executions else None
         if figures.executions:
             # Workers' and monitor's CPU (PostgreSQL's is shared with other users of the server).
-            figures.extra["cpu_ms_per_exec"] = round(cpu * 1000 / figures.executions, 2)
+            figures.extra["cpu_ms_per_exec"] = round(cpu * 1000 / figures.executions, 3)
         figures.monitor = self._monitor_stats(mon)
         return figures
 
