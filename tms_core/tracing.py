@@ -555,7 +555,12 @@ def _finished(
     end; 36 µs a span against 13 this way, and a sampled run's four after-the-fact spans were
     a tenth of a burst's run at a 10 % sampler (docs/operations.md, "What tracing costs"). The
     attributes are TMS's own (integers, strings, booleans), a handful a span, within the SDK's
-    limits; the span is kept, and given the trace state, as the SDK would (its parent's)."""
+    limits; the span is kept, and given the trace state, as the SDK would (its parent's).
+
+    The SDK's docs expect a ``ReadableSpan`` to come from its tracer: it is made here with the
+    SDK pinned (requirements.txt), and tests/tms_core/test_tracing.py decodes these spans from
+    real OTLP (names, ids, parents, attributes, links, status, trace state), so an SDK that
+    changes the record fails the suite, not the traces."""
     o = _otel
     state = parent.trace_state if parent is not None else None
     o.processor.on_end(
