@@ -503,22 +503,23 @@ def _sampled(trace_id: int) -> bool:
 
 
 def _root_decision(sampler: Any) -> Any:
-    """:data:`_decide` for ``sampler`` (None when only the sampler itself can tell)."""
+    """:data:`_decide` for ``sampler`` (None when only the sampler itself can tell). Read from the
+    SDK's samplers' own fields, some of them private: an SDK without them is asked instead."""
     from opentelemetry.sdk.trace import sampling
 
-    parent_based = (
-        sampling.ParentBased,
-        sampling.ParentBasedTraceIdRatio,
-        sampling._ParentBasedAlwaysOn,
-        sampling._ParentBasedAlwaysOff,
-    )
-    root = sampler._root if type(sampler) in parent_based else sampler
+    def kinds(*names: str) -> tuple[type, ...]:
+        return tuple(kind for name in names if isinstance(kind := getattr(sampling, name, None), type))
+
+    parent_based = kinds("ParentBased", "ParentBasedTraceIdRatio", "_ParentBasedAlwaysOn", "_ParentBasedAlwaysOff")
     # Exact types: a subclass may decide otherwise.
-    if type(root) is sampling.TraceIdRatioBased:
-        bound, limit = root.bound, root.TRACE_ID_LIMIT
+    if type(sampler) in parent_based:
+        sampler = getattr(sampler, "_root", None)
+    if type(sampler) is sampling.TraceIdRatioBased:
+        bound, limit = sampler.bound, sampler.TRACE_ID_LIMIT
         return lambda trace_id: trace_id & limit < bound
-    if type(root) in (sampling.StaticSampler, sampling._AlwaysOn, sampling._AlwaysOff):
-        keep = root._decision is sampling.Decision.RECORD_AND_SAMPLE
+    decision = getattr(sampler, "_decision", None)
+    if type(sampler) in kinds("StaticSampler", "_AlwaysOn", "_AlwaysOff") and isinstance(decision, sampling.Decision):
+        keep = decision is sampling.Decision.RECORD_AND_SAMPLE
         return lambda trace_id: keep
     return None
 
