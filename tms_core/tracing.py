@@ -21,6 +21,10 @@ worker resuming a run after its first worker's death, the web process applying a
 - every other span of the run (taken, published, claimed, runner launch, each poll, outcome) is
   a child of that root, with an explicit parent context.
 
+The spans that took place before they are written (taken, published, claimed, the root) go to the
+exporter as finished records (:func:`_finished`); the launch, each poll and the outcome are live
+spans, current around their calls, so that the instrumented calls inside are their children.
+
 The functions take plain values (ids, times, traceparent strings): the engine's side (which rows,
 which moments) is ``executions/traces.py``.
 
