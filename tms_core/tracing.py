@@ -49,7 +49,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -88,7 +88,7 @@ _salt: bytes = b""
 #: sampler is one of the SDK's own (always on or off, a trace id ratio, each alone or under
 #: parent-based): asking the sampler builds a sampling result with its attributes and trace state
 #: for each of a burst's thousands of runs, most of them dropped. None: ask the sampler.
-_decide: Any = None
+_decide: Callable[[int], bool] | None = None
 
 
 def _role() -> str:
@@ -506,7 +506,7 @@ def _sampled(trace_id: int) -> bool:
     return result.decision is _otel.keep
 
 
-def _root_decision(sampler: Any) -> Any:
+def _root_decision(sampler: Any) -> Callable[[int], bool] | None:
     """:data:`_decide` for ``sampler`` (None when only the sampler itself can tell). Read from the
     SDK's samplers' own fields, some of them private: an SDK without them is asked instead."""
     from opentelemetry.sdk.trace import sampling
